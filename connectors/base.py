@@ -1,0 +1,157 @@
+"""The connector contract.
+
+A connector turns launch options into a `LaunchSpec` (argv, a minimal environment, where the
+harness writes its session pointer and which files make up its session store) and drives the
+running harness over its stdio with a `Driver`. The continuity class is derived from the
+declared capability flags only: never from a connector's name, never from probing a live host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from protocol.errors import Refusal
+
+ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
+Anchor = Literal["cwd", "workspace-root", "home"]
+TurnStatus = Literal["ok", "error", "aborted", "unknown"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    supports_resume: bool = False
+    supports_session_continuation: bool = False
+    supports_fresh_start: bool = False
+    supports_prompt: bool = False
+
+
+def continuity_class(caps: Capabilities) -> ContinuityClass:
+    """First match wins: continuation -> exact, resume -> fork, fresh start -> fresh."""
+    if caps.supports_session_continuation:
+        return "exact"
+    if caps.supports_resume:
+        return "fork"
+    if caps.supports_fresh_start:
+        return "fresh"
+    return "drain-only"
+
+
+@dataclass(frozen=True)
+class StoreDecl:
+    """A session-store location the cut must capture, as an anchor plus a relative path.
+
+    Anchors keep a checkpoint portable: the destination resolves `relpath` against its own
+    cwd, workspace root or home, never against an absolute path of the source host.
+    """
+
+    anchor: Anchor
+    relpath: str
+
+
+@dataclass(frozen=True)
+class LaunchOpts:
+    space: str
+    name: str
+    lifecycle_uid: str
+    workspace_root: Path
+    cwd: Path
+    session_pointer_path: Path
+    prompt: str | None = None
+    model: str | None = None
+    # Reopen exactly this session (crash restart or exact resume); set only by the manager.
+    continue_session: str | None = None
+    # Fork from this session id: a new session carrying the history; the source is untouched.
+    resume: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    session_pointer_path: Path | None = None
+    session_store: tuple[StoreDecl, ...] = ()
+    # Session id the manager expects the harness to report (exact continuation proof).
+    expected_session_id: str | None = None
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """How one delivered prompt ended. Only `ok` is a clean terminal boundary worth an ack."""
+
+    status: TurnStatus
+    reply: str = ""
+    detail: str = ""
+
+
+class Driver(Protocol):
+    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome: ...
+
+    async def get_state(self) -> str | None:
+        """The session id the running harness reports, or None before it has one."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class ByteSend(Protocol):
+    async def send(self, item: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ByteReceive(Protocol):
+    async def receive(self, max_bytes: int = 65536) -> bytes: ...
+
+
+class Connector(Protocol):
+    name: str
+    capabilities: Capabilities
+
+    def build_launch(self, opts: LaunchOpts) -> LaunchSpec: ...
+
+    def make_driver(self, stdin: ByteSend, stdout: ByteReceive) -> Driver: ...
+
+
+# Only these variables of the manager's environment reach a seat; the operator's tokens and
+# keys do not leak into a harness by accident.
+ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "USER", "LOGNAME", "TZ")
+
+
+def base_env(opts: LaunchOpts, extra_allow: tuple[str, ...] = ()) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOW or k in extra_allow}
+    env.update(
+        COTAL_SPACE=opts.space,
+        COTAL_NAME=opts.name,
+        COTAL_LIFECYCLE_UID=opts.lifecycle_uid,
+        COTAL_WORKSPACE_ROOT=str(opts.workspace_root),
+        COTAL_SESSION_STATE=str(opts.session_pointer_path),
+    )
+    return env
+
+
+def refuse_resume_with_continuation(agent: str, opts: LaunchOpts) -> None:
+    if opts.resume and opts.continue_session:
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector: resume and continueSession are mutually exclusive",
+            "pass either --resume (fork) or let the manager continue the seat's own session",
+        )
+
+
+def check_prompt(agent: str, prompt: str | None) -> None:
+    if prompt is None:
+        return
+    if not prompt.strip():
+        raise Refusal("bad-prompt", f"{agent} connector refuses an empty prompt", "pass a non-empty --prompt")
+    if prompt.startswith(("-", "@")):
+        raise Refusal(
+            "bad-prompt",
+            f"{agent} connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file)",
+            "reword the prompt so it starts with a letter",
+        )

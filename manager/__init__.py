@@ -1,0 +1,1 @@
+"""The cotal manager daemon and CLI."""

@@ -1,0 +1,90 @@
+"""Where things live under a workspace root's `.cotal/` control directory.
+
+`.cotal/` is never captured into a checkpoint and never moved while a daemon uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.names import check_seat_name, space_hex
+
+CONTROL_DIR = ".cotal"
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @classmethod
+    def at(cls, root: Path | str) -> Layout:
+        return cls(Path(root).resolve())
+
+    @property
+    def control(self) -> Path:
+        return self.root / CONTROL_DIR
+
+    @property
+    def socket(self) -> Path:
+        return self.control / "manager.sock"
+
+    @property
+    def mesh(self) -> Path:
+        return self.control / "mesh.json"
+
+    @property
+    def auth(self) -> Path:
+        return self.control / "auth"
+
+    @property
+    def control_token(self) -> Path:
+        return self.auth / "control.token"
+
+    @property
+    def broker_creds(self) -> Path:
+        return self.auth / "broker.creds"
+
+    @property
+    def broker_user(self) -> Path:
+        return self.auth / "broker.user"
+
+    def instance_identity(self, space: str) -> Path:
+        return self.auth / f"manager-instance.{space_hex(space)}.json"
+
+    def seat_generation_dir(self, space: str, seat: str) -> Path:
+        return self.auth / "seat-generation" / space_hex(space) / check_seat_name(seat)
+
+    @property
+    def nats_store(self) -> Path:
+        return self.control / "nats"
+
+    @property
+    def sessions(self) -> Path:
+        return self.control / "sessions"
+
+    def session_pointer(self, connector: str, seat: str, uid: str) -> Path:
+        return self.sessions / connector / f"{check_seat_name(seat)}-{uid}.json"
+
+    def seat_store(self, connector: str, seat: str, uid: str) -> Path:
+        """A per-seat session store for harnesses whose store the manager chooses."""
+        return self.sessions / connector / f"{check_seat_name(seat)}-{uid}.store"
+
+    @property
+    def maintenance(self) -> Path:
+        return self.control / "maintenance" / "v1"
+
+    @property
+    def logs(self) -> Path:
+        return self.control / "logs"
+
+    @property
+    def manager_log(self) -> Path:
+        return self.logs / "manager.log"
+
+    def seat_log(self, seat: str, uid: str) -> Path:
+        return self.logs / f"seat-{check_seat_name(seat)}-{uid}.log"
+
+    @property
+    def config(self) -> Path:
+        return self.control / "config.json"

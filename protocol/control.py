@@ -1,0 +1,175 @@
+"""Control-socket frames: a 4-byte big-endian length, then one JSON object.
+
+The first frame of every connection is `hello` with the control token; after it, requests
+`{id, op, args}` get replies `{id, ok, result}` or `{id, ok:false, error:{code, message}}`.
+Each op has its own argument record and its own size cap, checked before decoding.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Literal
+
+import msgspec
+
+from protocol.codec import convert, decode_json, encode_json
+from protocol.errors import DecodeError, Refusal
+
+FRAME_CAP = 1024 * 1024
+HELLO_TIMEOUT_S = 5.0
+LENGTH = struct.Struct(">I")
+TOKEN_HEX_LEN = 64
+
+
+
+class Hello(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    op: Literal["hello"]
+    token: str
+
+
+class Request(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    id: int
+    op: str
+    args: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class ErrorBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    code: str
+    message: str
+
+
+class Reply(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    id: int
+    ok: bool
+    result: Any = None
+    error: ErrorBody | None = None
+
+
+# -- per-op arguments --------------------------------------------------------------------------
+
+
+class NoArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    pass
+
+
+class SpawnArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    agent: str = "scribe"
+    prompt: str | None = None
+    model: str | None = None
+    cwd: str | None = None
+    resume: str | None = None
+
+
+class StopSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+
+
+class SendArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    text: str
+    wait: bool = False
+    timeout_s: float = 120.0
+
+
+class AttemptArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+
+
+class CommitPreservationArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    session_stores: list[str] = []
+
+
+class ResumeArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    inventory: msgspec.Raw
+
+
+class FinalizeArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    durable_commit_token: str
+
+
+_KIB = 1024
+OPS: dict[str, tuple[type[Any], int]] = {
+    "status": (NoArgs, 1 * _KIB),
+    "ps": (NoArgs, 1 * _KIB),
+    "spawn": (SpawnArgs, 64 * _KIB),
+    "stop-seat": (StopSeatArgs, 1 * _KIB),
+    "send": (SendArgs, 160 * _KIB),
+    "shutdown": (NoArgs, 1 * _KIB),
+    "prepare-preservation": (AttemptArgs, 1 * _KIB),
+    "commit-preservation": (CommitPreservationArgs, 64 * _KIB),
+    "abort-preservation": (AttemptArgs, 1 * _KIB),
+    "resume-preserved": (ResumeArgs, 512 * _KIB),
+    "commit-resume": (AttemptArgs, 1 * _KIB),
+    "finalize-resume": (FinalizeArgs, 1 * _KIB),
+}
+
+
+def decode_hello(body: bytes) -> Hello:
+    return decode_json(body, Hello, what="hello frame", cap=FRAME_CAP)
+
+
+def decode_request(body: bytes) -> Request:
+    return decode_json(body, Request, what="request frame", cap=FRAME_CAP)
+
+
+def decode_args(request: Request) -> Any:
+    """Decode `request.args` under the op's own record and cap; refuse unknown ops by name."""
+    entry = OPS.get(request.op)
+    if entry is None:
+        raise Refusal(
+            "unknown-op",
+            f"unknown op {request.op!r}",
+            "use one of: " + ", ".join(sorted(OPS)),
+        )
+    kind, cap = entry
+    raw = bytes(request.args)
+    if len(raw) > cap:
+        raise DecodeError(f"{request.op} args", f"{len(raw)} bytes exceeds the {cap}-byte cap")
+    return decode_json(raw, kind, what=f"{request.op} args", cap=cap)
+
+
+def encode_frame(obj: Any) -> bytes:
+    body = encode_json(obj)
+    if len(body) > FRAME_CAP:
+        raise DecodeError("frame", f"{len(body)} bytes exceeds the {FRAME_CAP}-byte cap")
+    return LENGTH.pack(len(body)) + body
+
+
+def ok_reply(request_id: int, result: Any) -> Reply:
+    return Reply(id=request_id, ok=True, result=result)
+
+
+def error_reply(request_id: int, code: str, message: str) -> Reply:
+    return Reply(id=request_id, ok=False, error=ErrorBody(code=code, message=message))
+
+
+def decode_reply(body: bytes) -> Reply:
+    return decode_json(body, Reply, what="reply frame", cap=FRAME_CAP)
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One row of `ps`: what an operator needs to find, address and verify a seat."""
+
+    name: str
+    agent: str
+    state: str
+    pid: int | None
+    cwd: str
+    lifecycle_uid: str
+    instance_id: str
+    session_id: str | None
+    continuity: str
+    restarts: int
+    started_at: str
+    durable: str
+
+
+def seat_rows(obj: Any) -> list[SeatRow]:
+    return convert(obj, list[SeatRow], what="ps result")
