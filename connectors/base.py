@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from anyio import TASK_STATUS_IGNORED
+from anyio.abc import TaskStatus
+
 from protocol.errors import Refusal
 
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
@@ -90,6 +93,11 @@ class TurnOutcome:
 
 
 class Driver(Protocol):
+    async def run(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
+        """Pump the harness's stdout. The caller starts it with `await tg.start(driver.run)` in
+        the seat's task group; `started()` is signalled once prompt/get_state may be used."""
+        ...
+
     async def prompt(self, text: str, *, message_id: str) -> TurnOutcome: ...
 
     async def get_state(self) -> str | None:

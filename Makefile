@@ -1,0 +1,32 @@
+# Two entry points: `make demo` runs the main job, `make test` passes the tests.
+# Both build .venv from nothing on a fresh machine with Python 3.11 and package registries.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint venv clean harnesses
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+harnesses: $(STAMP)
+	$(PY) -m manager.tools install
+
+test: $(STAMP) harnesses
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check protocol connectors manager tests bench
+	$(VENV)/bin/mypy
+
+demo: $(STAMP)
+	$(PY) bench/../deploy/demo.py
+
+clean:
+	rm -rf $(VENV) .tools .demo

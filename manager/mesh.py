@@ -1,0 +1,200 @@
+"""Bringing a workspace root's mesh up and down: broker, control token, daemon, proof of exit."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from manager.broker import embedded
+from manager.control.client import ControlClient
+from manager.procs import alive, pid_identity, prove_gone
+from manager.workspace.layout import Layout
+from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
+from protocol.errors import Refusal
+from protocol.mesh import MeshRecord, ProcRef, decode_mesh, encode_mesh
+from protocol.names import check_space
+
+Report = Callable[[str], None]
+DAEMON_START_TIMEOUT_S = 20.0
+DAEMON_EXIT_TIMEOUT_S = 30.0
+
+
+def _noop(_text: str) -> None:
+    pass
+
+
+def read_mesh(layout: Layout) -> MeshRecord | None:
+    if not layout.mesh.exists():
+        return None
+    return decode_mesh(read_stable(layout.mesh, cap=16 * 1024, what="mesh record").data)
+
+
+def write_mesh(layout: Layout, record: MeshRecord) -> None:
+    write_private_atomic(layout.mesh, encode_mesh(record))
+
+
+def read_token(layout: Layout) -> str:
+    try:
+        return read_stable(layout.control_token, cap=1024, what="control token", require_private=True).data.decode().strip()
+    except Refusal as exc:
+        if exc.code == "missing":
+            raise Refusal("not-up", f"no manager has been started in {layout.root}", "run `cotal up --detach` there") from None
+        raise
+
+
+async def call(root: Path, op: str, args: dict[str, Any], timeout: float = 60.0) -> Any:
+    layout = Layout.at(root)
+    token = read_token(layout)
+    client = await ControlClient.connect(layout.socket, token)
+    async with client:
+        return await client.call(op, args, timeout=timeout)
+
+
+def _daemon_answers(layout: Layout, token: str) -> dict[str, Any] | None:
+    async def probe() -> dict[str, Any] | None:
+        try:
+            client = await ControlClient.connect(layout.socket, token, timeout=2.0)
+        except Refusal:
+            return None
+        async with client:
+            result: dict[str, Any] = await client.call("status", timeout=5.0)
+            return result
+
+    if not layout.socket.exists():
+        return None
+    return anyio.run(probe, backend="asyncio")
+
+
+def up(root: Path, *, space: str, server: str | None, creds: str | None, detach: bool,
+       report: Report = _noop) -> dict[str, Any]:
+    layout = Layout.at(root)
+    check_space(space)
+    ensure_private_dir(layout.control)
+    ensure_private_dir(layout.auth)
+    ensure_private_dir(layout.logs)
+    existing = read_mesh(layout)
+    if existing is not None and layout.control_token.exists():
+        status = _daemon_answers(layout, read_token(layout))
+        if status is not None:
+            raise Refusal("already-up", f"a manager (pid {status['pid']}) already serves {layout.root}",
+                          "use it, or `cotal down` first")
+    token = secrets.token_hex(32)
+    write_private_atomic(layout.control_token, token.encode() + b"\n")
+    broker_ref: ProcRef | None = None
+    if server is None:
+        report("starting the embedded broker")
+        info = embedded.start_embedded(layout.nats_store, layout.broker_creds, log_path=layout.logs / "nats.log")
+        server, creds_path, broker_ref = info.url, layout.broker_creds, info.identity
+    else:
+        creds_path = Path(creds).resolve() if creds else None
+    record = MeshRecord(version=1, space=space, server=server, creds=str(creds_path) if creds_path else None,
+                        embedded_broker=broker_ref, broker_store=str(layout.nats_store) if broker_ref else None)
+    write_mesh(layout, record)
+    argv = [sys.executable, "-m", "manager.cli", "manager", "serve", "--root", str(layout.root),
+            "--space", space, "--server", server]
+    if creds_path:
+        argv += ["--creds", str(creds_path)]
+    if not detach:
+        report(f"manager serving {layout.root} in the foreground (Ctrl-C stops it)")
+        try:
+            subprocess.run(argv, check=False)
+        finally:
+            if broker_ref is not None:
+                embedded.stop_embedded(broker_ref)
+            layout.mesh.unlink(missing_ok=True)
+        return {"root": str(layout.root), "space": space, "server": server, "embedded": broker_ref is not None,
+                "pid": None, "instanceId": None, "socket": str(layout.socket)}
+    report("starting the manager")
+    out = os.open(layout.logs / "daemon.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                cwd=layout.root)
+    finally:
+        os.close(out)
+    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
+    status = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            if broker_ref is not None:
+                embedded.stop_embedded(broker_ref)
+            raise Refusal("daemon-failed", f"the manager exited with code {proc.returncode} during start",
+                          f"read {layout.logs / 'daemon.out'} and {layout.manager_log}")
+        status = _daemon_answers(layout, token)
+        if status is not None:
+            break
+        time.sleep(0.1)
+    if status is None:
+        proc.kill()
+        proc.wait()
+        raise Refusal("daemon-failed", f"the manager did not answer within {DAEMON_START_TIMEOUT_S:.0f}s",
+                      f"read {layout.manager_log}")
+    manager_ref = pid_identity(proc.pid)
+    write_mesh(layout, MeshRecord(version=1, space=space, server=server, creds=record.creds,
+                                  embedded_broker=broker_ref, broker_store=record.broker_store, manager=manager_ref))
+    return {"root": str(layout.root), "space": space, "server": server, "embedded": broker_ref is not None,
+            "pid": status["pid"], "instanceId": status["instanceId"], "socket": str(layout.socket)}
+
+
+def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
+    layout = Layout.at(root)
+    record = read_mesh(layout)
+    if record is None:
+        raise Refusal("not-up", f"nothing is up in {layout.root} (no .cotal/mesh.json)", "nothing to do")
+    seats: list[dict[str, Any]] = []
+    manager_pid: int | None = None
+    token = read_token(layout)
+    status = _daemon_answers(layout, token)
+    if status is not None:
+        manager_pid = int(status["pid"])
+        ref = record.manager if record.manager and record.manager.pid == manager_pid else pid_identity(manager_pid)
+        report(f"stopping {status['seats']} seat(s) and the manager")
+        result = anyio.run(call, layout.root, "shutdown", {}, 120.0, backend="asyncio")
+        seats = result["stopped"]
+        if not prove_gone(ref, timeout=DAEMON_EXIT_TIMEOUT_S):
+            raise Refusal("daemon-stuck", f"manager pid {manager_pid} did not exit after shutdown",
+                          f"kill -9 {manager_pid}, then rerun `cotal down`")
+    elif record.manager is not None and alive(record.manager):
+        raise Refusal("daemon-unresponsive", f"manager pid {record.manager.pid} is alive but does not answer",
+                      f"kill {record.manager.pid} (its seats die with it), then rerun `cotal down`")
+    broker_pid = None
+    if record.embedded_broker is not None:
+        report("stopping the embedded broker")
+        embedded.stop_embedded(record.embedded_broker)
+        broker_pid = record.embedded_broker.pid
+    layout.mesh.unlink(missing_ok=True)
+    return {"seats": seats, "manager": manager_pid, "broker": broker_pid}
+
+
+def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[str], None]) -> int:
+    import json
+
+    ensure_private_dir(store_dir)
+    creds = ensure_private_dir(store_dir / "auth") / "broker.creds"
+    info = embedded.start_embedded(store_dir, creds, port=port)
+    if as_json:
+        say(json.dumps({"url": info.url, "creds": info.creds, "pid": info.pid}))
+    else:
+        say(f"broker  {info.url}")
+        say(f"creds   {info.creds}")
+        say("use: cotal up --server URL --creds FILE   (Ctrl-C stops the broker)")
+    stop = False
+
+    def _stop(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop and alive(info.identity):
+        time.sleep(0.2)
+    embedded.stop_embedded(info.identity)
+    return 0

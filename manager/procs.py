@@ -1,0 +1,67 @@
+"""Process identity that survives pid reuse: a pid is only "ours" if its start time matches.
+
+Proving a process gone means the pid no longer names the process we recorded, not merely
+that signalling it failed once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from protocol.mesh import ProcRef
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses; fields resume after the last ')'.
+    rest = data[data.rindex(b")") + 2 :].split()
+    if rest[0] == b"Z":
+        return None
+    return int(rest[19])
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+ProcIdentity = ProcRef
+
+
+def alive(identity: ProcIdentity) -> bool:
+    if identity.boot_id and identity.boot_id != boot_id():
+        return False
+    return _start_time(identity.pid) == identity.start_time
+
+
+def pid_identity(pid: int) -> ProcIdentity:
+    st = _start_time(pid)
+    if st is None:
+        raise ProcessLookupError(pid)
+    return ProcIdentity(pid=pid, start_time=st, boot_id=boot_id())
+
+
+def prove_gone(identity: ProcIdentity, *, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        reap_if_child(identity.pid)
+        if not alive(identity):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def reap_if_child(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,80 @@
+"""Which connectors a daemon can launch, with their operator configuration."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from connectors.base import Connector
+from protocol.errors import Refusal
+
+CONFIG_NAME = "cotal.toml"
+CONFIG_CAP = 64 * 1024
+
+# Module and class per agent name; imported lazily so a broken optional harness does not stop
+# the daemon from running the others.
+KNOWN: dict[str, tuple[str, str]] = {
+    "scribe": ("connectors.scribe", "ScribeConnector"),
+    "pi": ("connectors.pi", "PiConnector"),
+    "claude": ("connectors.claude_code", "ClaudeCodeConnector"),
+    "jcode": ("connectors.jcode", "JcodeConnector"),
+}
+
+
+def load_connector(agent: str) -> Connector:
+    entry = KNOWN.get(agent)
+    if entry is None:
+        raise Refusal("unknown-agent", f"unknown agent {agent!r}", "use one of: " + ", ".join(sorted(KNOWN)))
+    module, cls = entry
+    try:
+        connector: Connector = getattr(importlib.import_module(module), cls)()
+    except (ImportError, AttributeError) as exc:
+        raise Refusal("agent-unavailable", f"agent {agent!r} is not available in this build ({exc})",
+                      "run `cotal doctor` to see which harnesses are usable") from None
+    return connector
+
+
+class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    binary: str | None = None
+    model: str | None = None
+    base_url: str | None = None
+    provider: str | None = None
+    api_key_env: str | None = None
+    home: str | None = None
+    extra_env: list[str] = []
+
+
+class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    agents: dict[str, AgentConfig] = {}
+
+
+def load_config(root: Path) -> FileConfig:
+    """`<root>/cotal.toml`: per-connector settings. Absent means defaults."""
+    path = root / CONFIG_NAME
+    if not path.exists():
+        return FileConfig()
+    data = path.read_bytes()
+    if len(data) > CONFIG_CAP:
+        raise Refusal("bad-config", f"{path} is over {CONFIG_CAP} bytes", "trim it")
+    try:
+        cfg = msgspec.toml.decode(data, type=FileConfig, strict=True)
+    except msgspec.ValidationError as exc:
+        raise Refusal("bad-config", f"{path} is malformed: {exc}", "see docs/cli.md (Configuration)") from None
+    except msgspec.DecodeError as exc:
+        raise Refusal("bad-config", f"{path} is not valid TOML: {exc}", "see docs/cli.md (Configuration)") from None
+    unknown = set(cfg.agents) - set(KNOWN)
+    if unknown:
+        raise Refusal("bad-config", f"{path} configures unknown agents: {', '.join(sorted(unknown))}",
+                      "use one of: " + ", ".join(sorted(KNOWN)))
+    return cfg
+
+
+def agent_settings(cfg: FileConfig, agent: str) -> Mapping[str, Any]:
+    entry = cfg.agents.get(agent)
+    if entry is None:
+        return {}
+    return {k: v for k, v in msgspec.structs.asdict(entry).items() if v not in (None, [])}

@@ -1,0 +1,96 @@
+"""The manager instance identity: a stable instanceId and an Ed25519 signing key per space.
+
+Kept across restarts so a restarted daemon is the same logical instance and its checkpoints
+carry the same signer. A malformed file is a loud refusal, never re-minted: minting over it is
+how a stale host would quietly become a new authority.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass
+
+import msgspec
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from manager.workspace.layout import Layout
+from manager.workspace.private import create_private_exclusive, ensure_private_dir, read_stable
+from protocol.codec import decode_json, encode_json
+from protocol.errors import DecodeError, Refusal
+from protocol.names import INSTANCE_ID_RE, mint_instance_id
+
+IDENTITY_CAP = 4096
+
+
+class InstanceRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    version: int
+    instance_id: str
+    space: str
+    signing_key: str
+    public_key: str
+    created_at: str
+
+
+@dataclass(frozen=True)
+class InstanceIdentity:
+    instance_id: str
+    space: str
+    key: Ed25519PrivateKey
+
+    @property
+    def public_key_b64(self) -> str:
+        raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return base64.b64encode(raw).decode()
+
+    def sign(self, data: bytes) -> bytes:
+        return self.key.sign(data)
+
+
+def _raw_private(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+
+
+def load_or_create_identity(layout: Layout, space: str) -> InstanceIdentity:
+    path = layout.instance_identity(space)
+    ensure_private_dir(layout.control)
+    ensure_private_dir(layout.auth)
+    if not path.exists() and not path.is_symlink():
+        key = Ed25519PrivateKey.generate()
+        record = InstanceRecord(
+            version=1,
+            instance_id=mint_instance_id(),
+            space=space,
+            signing_key=base64.b64encode(_raw_private(key)).decode(),
+            public_key="",
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        ident = InstanceIdentity(record.instance_id, space, key)
+        record = msgspec.structs.replace(record, public_key=ident.public_key_b64)
+        # A lost create means another daemon of this root minted first: both are the same
+        # logical instance, so adopt the winner's file below.
+        create_private_exclusive(path, encode_json(record))
+    return _load(path, space)
+
+
+def _load(path: object, space: str) -> InstanceIdentity:
+    from pathlib import Path
+
+    p = Path(str(path))
+    cure = f"restore {p} from backup; a restart must preserve the logical instanceId, so cotal will not mint over it"
+    try:
+        data = read_stable(p, cap=IDENTITY_CAP, what="manager instance identity", require_private=True).data
+        record = decode_json(data, InstanceRecord, what=f"manager instance identity {p}", cap=IDENTITY_CAP)
+    except DecodeError as exc:
+        raise Refusal("identity-malformed", exc.message, cure) from None
+    if record.version != 1 or not INSTANCE_ID_RE.fullmatch(record.instance_id) or record.space != space:
+        raise Refusal("identity-malformed", f"manager instance identity {p} is malformed (version, instanceId or space)", cure)
+    try:
+        key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(record.signing_key, validate=True))
+    except ValueError:
+        raise Refusal("identity-malformed", f"manager instance identity {p} holds no valid signing key", cure) from None
+    ident = InstanceIdentity(record.instance_id, space, key)
+    if ident.public_key_b64 != record.public_key:
+        raise Refusal("identity-malformed", f"manager instance identity {p}: public key does not match the signing key", cure)
+    return ident

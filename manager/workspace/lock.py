@@ -1,0 +1,222 @@
+"""The maintenance lock: one coordinator per workspace root runs a cut or a resume at a time.
+
+The lock is a file created exclusively at `.cotal/maintenance/v1/lock`, naming its owner by
+pid, the kernel's start time of that pid and the boot id. Those three together identify one
+process for as long as it lives, so an owner can be judged *provably* gone: the boot id
+changed (the host rebooted), the pid no longer exists, or the pid exists but started at a
+different time (it was reused). Only then is the lock reaped. A live owner, or an owner this
+host cannot judge (another host sharing the directory, an unreadable /proc), is a refusal
+naming the pid and the attempt: a wrong guess here is two coordinators cutting one root.
+
+Reaping is serialized by a kernel `flock` on a sibling file that is never removed. Under it,
+the stale lock is re-read, removed and replaced; nobody else removes a lock except its own
+owner, who is alive, so the file judged stale is the file that gets removed. The flock dies
+with its holder, so a reaper that crashes mid-way blocks nobody.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+from types import TracebackType
+
+import msgspec
+
+from manager.workspace.layout import Layout
+from manager.workspace.private import (
+    FILE_MODE,
+    create_private_exclusive,
+    ensure_private_dir,
+    fsync_dir,
+    read_stable,
+)
+from protocol.codec import decode_json, encode_json
+from protocol.errors import DecodeError, Refusal
+from protocol.names import check_attempt_id
+
+LOCK_FILE = "lock"
+REAPER_FILE = "lock.reaper"
+LOCK_CAP = 4096
+
+
+class LockRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    pid: int
+    # Field 22 of /proc/<pid>/stat (clock ticks since boot): with the boot id, it names one
+    # process, where a pid alone may be reused by an unrelated one.
+    start_time: int
+    boot_id: str
+    # A shared directory seen by two hosts has two boot ids for live owners; the host name
+    # keeps "another host" from reading as "rebooted".
+    host: str
+    attempt_id: str
+    created_at: str
+
+
+def boot_id() -> str:
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot, or None when no such process exists."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses; fields after the last ')'
+    # start at field 3, so field 22 is index 19 there.
+    fields = raw.rpartition(b")")[2].split()
+    return int(fields[19])
+
+
+def _owner_status(owner: LockRecord) -> tuple[str, str]:
+    """("dead" | "alive" | "unknown", why). Only "dead" may be reaped."""
+    if owner.host != socket.gethostname():
+        return "unknown", f"it was taken on host {owner.host!r}, and this host cannot see that process"
+    if owner.boot_id != boot_id():
+        return "dead", "the host has rebooted since"
+    try:
+        os.kill(owner.pid, 0)
+    except ProcessLookupError:
+        return "dead", f"pid {owner.pid} no longer exists"
+    except PermissionError:
+        pass  # exists, under another uid: the start time still decides
+    try:
+        started = process_start_time(owner.pid)
+    except (OSError, ValueError, IndexError) as exc:
+        return "unknown", f"/proc/{owner.pid}/stat could not be read ({exc})"
+    if started is None:
+        # kill(0) just said it exists; a /proc that hides it (hidepid) proves nothing.
+        return "unknown", f"pid {owner.pid} exists but /proc/{owner.pid}/stat is not visible"
+    if started != owner.start_time:
+        return "dead", f"pid {owner.pid} now belongs to another process (started at {started})"
+    return "alive", f"pid {owner.pid} is still running"
+
+
+class MaintenanceLock:
+    """`with MaintenanceLock(layout, attempt_id):` holds the root's maintenance lock."""
+
+    def __init__(self, layout: Layout, attempt_id: str) -> None:
+        self.layout = layout
+        self.attempt_id = check_attempt_id(attempt_id)
+        self.path = layout.maintenance / LOCK_FILE
+        self._reaper = layout.maintenance / REAPER_FILE
+        self._record: LockRecord | None = None
+        self._bytes = b""
+
+    @property
+    def held(self) -> bool:
+        return self._record is not None
+
+    def _read_owner(self) -> tuple[LockRecord, bytes] | None:
+        try:
+            got = read_stable(self.path, cap=LOCK_CAP, what="maintenance lock")
+        except Refusal as exc:
+            if exc.code == "missing":
+                return None
+            raise
+        try:
+            return decode_json(got.data, LockRecord, what=f"maintenance lock {self.path}", cap=LOCK_CAP), got.data
+        except DecodeError as exc:
+            # Published by link after fsync, a lock is never torn: a malformed one was written
+            # by something else, and nothing about it proves its owner is gone.
+            raise Refusal(
+                "lock-malformed",
+                exc.message,
+                f"make sure no cotal is cutting or resuming this root, then remove {self.path}",
+            ) from None
+
+    def _refuse_held(self, owner: LockRecord, why: str) -> Refusal:
+        return Refusal(
+            "lock-held",
+            f"maintenance lock {self.path} is held by pid {owner.pid} for attempt "
+            f"{owner.attempt_id} (since {owner.created_at}; {why})",
+            "wait for that cut or resume to finish, or stop it; a lock whose owner is provably "
+            "gone is reaped automatically",
+        )
+
+    def acquire(self) -> None:
+        if self._record is not None:
+            raise Refusal("lock-held", f"maintenance lock {self.path} is already held by this object", "")
+        ensure_private_dir(self.layout.control)
+        ensure_private_dir(self.layout.maintenance.parent)
+        ensure_private_dir(self.layout.maintenance)
+        pid = os.getpid()
+        start = process_start_time(pid)
+        assert start is not None  # we are running
+        record = LockRecord(
+            pid=pid,
+            start_time=start,
+            boot_id=boot_id(),
+            host=socket.gethostname(),
+            attempt_id=self.attempt_id,
+            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+        data = encode_json(record)
+        if create_private_exclusive(self.path, data):
+            self._record, self._bytes = record, data
+            return
+        fd = os.open(self._reaper, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # Under the reaper lock the lock file can only change by its own owner releasing it
+            # or by a fresh create after that, so what is judged here is what gets removed.
+            found = self._read_owner()
+            if found is not None:
+                owner, _ = found
+                status, why = _owner_status(owner)
+                if status != "dead":
+                    raise self._refuse_held(owner, why)
+                os.unlink(self.path)
+                fsync_dir(self.path.parent)
+            if not create_private_exclusive(self.path, data):
+                raced = self._read_owner()
+                if raced is None:
+                    raise Refusal("lock-held", f"maintenance lock {self.path} is contended", "retry")
+                raise self._refuse_held(raced[0], "it was taken a moment ago")
+            self._record, self._bytes = record, data
+        finally:
+            os.close(fd)  # closing drops the flock
+
+    def verify(self) -> None:
+        """Re-read the lock before a mutating step: refuse if it is no longer ours."""
+        found = self._read_owner() if self._record is not None else None
+        if found is None or found[1] != self._bytes:
+            raise Refusal(
+                "lock-lost",
+                f"maintenance lock {self.path} is no longer held by this coordinator",
+                "stop: another coordinator may be acting on this root; inspect the journal first",
+            )
+
+    def release(self) -> None:
+        """Remove the lock only if it is still exactly ours."""
+        if self._record is None:
+            return
+        try:
+            found = self._read_owner()
+        except Refusal:
+            found = None
+        if found is not None and found[1] == self._bytes:
+            os.unlink(self.path)
+            fsync_dir(self.path.parent)
+        self._record, self._bytes = None, b""
+
+    def __enter__(self) -> MaintenanceLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def lock_path(layout: Layout) -> Path:
+    return layout.maintenance / LOCK_FILE

@@ -1,0 +1,446 @@
+"""Maintenance states: the daemon's fence and the coordinator's journal, as tables.
+
+Two rules, borrowed from h11. Everything that decides whether a maintenance step is legal lives
+in this module; the daemon and the CLI only perform the effects around a transition (stopping a
+child, fsyncing a file). And nothing here performs I/O: callers feed events in and read the new
+state out, so the tables can be driven directly by tests without a daemon.
+
+Theory of operation
+-------------------
+
+The daemon (one machine per manager):
+
+    active --prepare--> preserving --commit--> preserving --stopped--> preserved
+       ^                    |
+       +------abort---------+   (only while no child has been told to stop)
+
+    resume-required --resume--> resuming --commit-resume--> awaiting-finalize --finalize--> active
+
+`prepare` is the fence. The daemon applies it before its first await, which is what makes the
+in-flight counter sound: lifecycle work (spawn, stop-seat, a crash restart, a detached teardown)
+is admitted only by `check_lifecycle`, and the daemon increments its in-flight counter in the
+same synchronous step as that check. So by the time `prepare` has moved the state out of
+`active`, every piece of work that got in has already counted itself, nothing new can get in,
+and the drain (wait until the counter is zero) sees all of it. The counter lives in the daemon,
+because only the daemon knows when a piece of work ends; this machine only answers "may work
+start now?".
+
+`commit` marks the point of no return. Once the daemon has been told to hard-stop children,
+`abort` is illegal: a half-stopped set of seats cannot be handed back as if nothing happened. An
+abort is also refused while preparation or accepted work is still draining, because the plan
+being abandoned would race work that is still finishing. Each `prepare` from `active` and each
+`abort` advances `generation`, so a preparation task that wakes up after its attempt was
+abandoned can tell and stop.
+
+A daemon started for a resume begins in `resume-required`, bound to one attempt. Only the resume
+operations of that attempt are admitted until `finalize`; ordinary work is fenced the whole
+time. `commit-resume` needs a successful activation first (`activated`), and is idempotent in
+`awaiting-finalize`. Tokens and inventories are the daemon's to compare; the machine binds the
+attempt.
+
+The coordinator's journal (one record on disk, `JournalRecord`):
+
+    (absent) --begin-cut--> cut-intent --record-commit--> cut-committed --complete-cut--> ready
+    ready or (absent) --begin-resume--> resume-intent --activate--> resume-active
+        --record-resume-commit--> resume-committed --retire--> retired
+    any non-terminal --degrade--> degraded (with a reason and the operator's recourse)
+
+`retired` and `degraded` are terminal. A journal is removed only from `cut-intent` (the cut was
+abandoned before its manager committed), `retired` (consumed) or `degraded` (the operator took
+the recourse). Re-running a step whose state is already recorded with identical facts is a
+no-op, which is what lets a coordinator that crashed continue from what the journal says.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal, get_args
+
+import msgspec
+
+from protocol.codec import decode_json, encode_json
+from protocol.errors import DecodeError, Refusal
+from protocol.inventory import INVENTORY_CAP, AbsPath, AttemptId, Digest, Instant, SeatName
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+class IllegalTransition(Refusal):
+    """An event the current state does not allow. Names the machine, the state and the event."""
+
+    def __init__(self, machine: str, state: str, event: str, reason: str = "", cure: str = "") -> None:
+        self.machine = machine
+        self.state = state
+        self.event = event
+        self.reason = reason
+        message = f'{machine} state "{state}" does not allow event "{event}"'
+        if reason:
+            message += f": {reason}"
+        super().__init__("illegal-transition", message, cure)
+
+
+# -- the daemon's maintenance machine ------------------------------------------------------------
+
+MaintenanceState = Literal[
+    "active", "preserving", "preserved", "resume-required", "resuming", "awaiting-finalize"
+]
+MaintenanceEvent = Literal[
+    "prepare", "commit", "stopped", "abort", "resume", "activated", "commit-resume", "finalize"
+]
+
+MAINTENANCE_TRANSITIONS: Final[dict[MaintenanceState, dict[MaintenanceEvent, MaintenanceState]]] = {
+    "active": {"prepare": "preserving"},
+    "preserving": {
+        # A repeated prepare by the same attempt joins the one in flight.
+        "prepare": "preserving",
+        # Commit has begun: children are being hard-stopped; the state changes only once every
+        # exit is proven (`stopped`), and a failed stop leaves the manager fenced here.
+        "commit": "preserving",
+        "stopped": "preserved",
+        "abort": "active",
+    },
+    # Terminal for the cut: the daemon exits; repeats of the same attempt are answered as done.
+    "preserved": {"prepare": "preserved", "commit": "preserved"},
+    "resume-required": {"resume": "resuming"},
+    "resuming": {"resume": "resuming", "activated": "resuming", "commit-resume": "awaiting-finalize"},
+    "awaiting-finalize": {"commit-resume": "awaiting-finalize", "finalize": "active"},
+}
+
+PRESERVATION_EVENTS: Final = frozenset({"prepare", "commit", "stopped", "abort"})
+
+_CURE_FINISH_CUT = "finish the cut (cotal down --preserve-state) or abort it before commit"
+_CURE_RESUME = "finish the resume (cotal up --restore) with the attempt the daemon was started for"
+
+
+class Maintenance:
+    """Applies `MAINTENANCE_TRANSITIONS` plus the guards a table cannot express."""
+
+    def __init__(self, *, resume_attempt_id: str | None = None) -> None:
+        self.state: MaintenanceState = "resume-required" if resume_attempt_id else "active"
+        self.attempt_id: str | None = resume_attempt_id
+        self.generation = 0
+        self.commit_started = False
+        self.activated = False
+
+    def check_lifecycle(self, *, resume_operation: bool = False) -> None:
+        """The fence. Admits work, or raises; the caller counts admitted work synchronously."""
+        if self.state == "active":
+            return
+        if self.state in ("resume-required", "resuming", "awaiting-finalize"):
+            if resume_operation and self.state != "awaiting-finalize":
+                return
+            raise Refusal(
+                "fenced",
+                f"manager is waiting for resume attempt {self.attempt_id}; ordinary "
+                "lifecycle/control work is fenced",
+                _CURE_RESUME,
+            )
+        raise Refusal(
+            "fenced",
+            f"manager is in {self.state} mode; new lifecycle/control work is fenced",
+            _CURE_FINISH_CUT,
+        )
+
+    def apply(self, event: MaintenanceEvent, attempt_id: str, *, draining: bool = False) -> MaintenanceState:
+        """Apply `event` for `attempt_id`. `draining` says preparation or accepted work is still
+        in flight (the daemon's counter), which only `abort` consults."""
+        row = MAINTENANCE_TRANSITIONS[self.state]
+        target = row.get(event)
+        if target is None:
+            raise IllegalTransition("maintenance", self.state, event, self._reason(event, attempt_id))
+        self._check_attempt(event, attempt_id)
+        if event == "abort":
+            if draining:
+                raise IllegalTransition(
+                    "maintenance",
+                    self.state,
+                    event,
+                    f"preservation attempt {attempt_id} is still preparing or draining accepted "
+                    "lifecycle work and cannot be aborted",
+                    "retry the abort once the drain has finished",
+                )
+            if self.commit_started:
+                raise IllegalTransition(
+                    "maintenance",
+                    self.state,
+                    event,
+                    f"preservation attempt {attempt_id} has begun stopping children and cannot "
+                    "return to active mode",
+                    "finish the cut (cotal down --preserve-state); its seats resume from the checkpoint",
+                )
+        if event == "commit-resume" and self.state == "resuming" and not self.activated:
+            raise IllegalTransition(
+                "maintenance",
+                self.state,
+                event,
+                f"resume attempt {attempt_id} has no successful activation to commit",
+                "retry resume-preserved until every retained seat is live",
+            )
+
+        if event == "prepare" and self.state == "active":
+            self.attempt_id = attempt_id
+            self.generation += 1
+            self.commit_started = False
+        elif event == "commit":
+            self.commit_started = True
+        elif event == "abort":
+            self.generation += 1
+            self.attempt_id = None
+            self.commit_started = False
+        elif event == "activated":
+            self.activated = True
+        elif event == "finalize":
+            self.attempt_id = None
+            self.activated = False
+        self.state = target
+        return target
+
+    def _check_attempt(self, event: MaintenanceEvent, attempt_id: str) -> None:
+        bound = self.attempt_id
+        if event == "prepare" and self.state == "active":
+            return
+        if attempt_id == bound:
+            return
+        if event == "prepare":
+            message = f"manager is fenced for preservation attempt {bound}; refusing different attempt {attempt_id}"
+        elif event in ("commit", "stopped"):
+            message = f"preservation attempt {attempt_id} was not prepared by this manager"
+        elif event == "abort":
+            message = f"preservation attempt {attempt_id} is not the active manager attempt"
+        else:
+            message = f"manager expects resume attempt {bound or '<none>'}, not {attempt_id}"
+        raise Refusal("attempt-mismatch", message, f"use attempt {bound}" if bound else "")
+
+    def _reason(self, event: MaintenanceEvent, attempt_id: str) -> str:
+        if event == "abort" and self.state == "preserved":
+            return (
+                f"preservation attempt {attempt_id} has begun stopping children and cannot return "
+                "to active mode"
+            )
+        if event in PRESERVATION_EVENTS and self.state in ("resume-required", "resuming", "awaiting-finalize"):
+            return f"manager is waiting for resume attempt {self.attempt_id}"
+        if event not in PRESERVATION_EVENTS and self.state in ("active", "preserving", "preserved"):
+            return "this manager was not started for a resume"
+        return ""
+
+
+# -- the coordinator's journal -------------------------------------------------------------------
+
+JournalState = Literal[
+    "cut-intent",
+    "cut-committed",
+    "ready",
+    "resume-intent",
+    "resume-active",
+    "resume-committed",
+    "retired",
+    "degraded",
+]
+JournalEvent = Literal[
+    "begin-cut",
+    "record-commit",
+    "complete-cut",
+    "begin-resume",
+    "activate",
+    "record-resume-commit",
+    "retire",
+    "degrade",
+]
+ABSENT: Final = "absent"
+
+JOURNAL_TRANSITIONS: Final[dict[str, dict[JournalEvent, JournalState]]] = {
+    ABSENT: {"begin-cut": "cut-intent", "begin-resume": "resume-intent"},
+    "cut-intent": {"record-commit": "cut-committed", "degrade": "degraded"},
+    "cut-committed": {"complete-cut": "ready", "degrade": "degraded"},
+    # Same-root resume continues the cut's journal; a destination root starts from absent.
+    "ready": {"begin-resume": "resume-intent", "degrade": "degraded"},
+    "resume-intent": {"activate": "resume-active", "degrade": "degraded"},
+    "resume-active": {"record-resume-commit": "resume-committed", "degrade": "degraded"},
+    "resume-committed": {"retire": "retired", "degrade": "degraded"},
+    "retired": {},
+    "degraded": {},
+}
+
+# Every target state is reached by exactly one event, so an advance named by its target state
+# still reports the event it attempted.
+EVENT_FOR: Final[dict[JournalState, JournalEvent]] = {
+    target: event for row in JOURNAL_TRANSITIONS.values() for event, target in row.items()
+}
+JOURNAL_STATES: Final[tuple[JournalState, ...]] = get_args(JournalState)
+TERMINAL_STATES: Final = frozenset({"retired", "degraded"})
+DISCARDABLE_STATES: Final = frozenset({"cut-intent", "retired", "degraded"})
+CUT_STATES: Final = frozenset({"cut-intent", "cut-committed", "ready"})
+RESUME_STATES: Final = frozenset({"resume-intent", "resume-active", "resume-committed", "retired"})
+
+JOURNAL_CAP = 256 * 1024
+RESUME_FILE: Final = "resume.json"
+
+CommitToken = Annotated[str, msgspec.Meta(pattern=r"^[a-f0-9]{64}\Z")]
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+
+
+class ResumeDescriptor(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """Names the exact bytes of resume.json: the journal trusts the document only through this."""
+
+    version: Literal["cotal-manager-resume/v1", "cotal-manager-resume/v2"]
+    file: Literal["resume.json"]
+    bytes: Annotated[int, msgspec.Meta(ge=1, le=INVENTORY_CAP)]
+    sha256: Digest
+
+
+class Consent(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """An operator's exercised override of the recency gate, kept as evidence."""
+
+    seat: SeatName
+    captured_at: Instant
+    age_ms: Annotated[int, msgspec.Meta(ge=0)]
+    horizon_ms: Annotated[int, msgspec.Meta(gt=0)]
+
+
+class Degraded(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    reason: Text
+    recourse: Text
+
+
+class JournalRecord(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True, omit_defaults=True
+):
+    version: Literal[1]
+    revision: Annotated[int, msgspec.Meta(ge=1)]
+    attempt_id: AttemptId
+    kind: Literal["cut", "resume"]
+    state: JournalState
+    updated_at: Instant
+    resume: ResumeDescriptor | None
+    consents: Annotated[list[Consent], msgspec.Meta(max_length=50)]
+    checkpoint_dir: AbsPath | None = None
+    durable_commit_token: CommitToken | None = None
+    degraded: Degraded | None = None
+
+    def __post_init__(self) -> None:
+        if self.state in CUT_STATES and self.kind != "cut":
+            raise ValueError(f"state {self.state} belongs to a cut, not a {self.kind}")
+        if self.state in RESUME_STATES and self.kind != "resume":
+            raise ValueError(f"state {self.state} belongs to a resume, not a {self.kind}")
+        if self.state != "degraded" and self.resume is None:
+            raise ValueError(f"state {self.state} requires the resume document descriptor")
+        if self.state in ("resume-committed", "retired") and self.durable_commit_token is None:
+            raise ValueError(f"state {self.state} requires durableCommitToken")
+        if (self.state == "degraded") != (self.degraded is not None):
+            raise ValueError("degraded (reason and recourse) is present exactly in state degraded")
+
+
+def decode_journal(data: bytes, *, what: str = "maintenance journal") -> JournalRecord:
+    return decode_json(data, JournalRecord, what=what, cap=JOURNAL_CAP)
+
+
+def encode_journal(record: JournalRecord) -> bytes:
+    return encode_json(record)
+
+
+_CURE_JOURNAL = "the journal names what this attempt already did; continue it or discard it first"
+
+
+def next_record(
+    prev: JournalRecord | None,
+    attempt_id: str,
+    to_state: JournalState,
+    *,
+    now: str,
+    resume: ResumeDescriptor | None = None,
+    checkpoint_dir: str | None = None,
+    durable_commit_token: str | None = None,
+    consents: list[Consent] | None = None,
+    degraded: Degraded | None = None,
+) -> JournalRecord:
+    """The record after advancing `prev` to `to_state`, or `prev` itself for an identical retry.
+
+    A keyword left as None carries the previous value forward. A fact already recorded may be
+    repeated but never replaced: a journal that changed its mind mid-attempt is not evidence.
+    """
+    state = prev.state if prev is not None else ABSENT
+    event = EVENT_FOR[to_state]
+    if prev is not None and prev.attempt_id != attempt_id and not (event == "begin-resume" and state == "ready"):
+        raise Refusal(
+            "attempt-mismatch",
+            f"maintenance journal belongs to attempt {prev.attempt_id} (state {prev.state}); "
+            f"refusing attempt {attempt_id}",
+            _CURE_JOURNAL,
+        )
+    given = {
+        "resume": resume,
+        "checkpointDir": checkpoint_dir,
+        "durableCommitToken": durable_commit_token,
+        "consents": consents,
+        "degraded": degraded,
+    }
+    if prev is not None and prev.state == to_state:
+        current = {
+            "resume": prev.resume,
+            "checkpointDir": prev.checkpoint_dir,
+            "durableCommitToken": prev.durable_commit_token,
+            "consents": prev.consents,
+            "degraded": prev.degraded,
+        }
+        for name, value in given.items():
+            if value is not None and value != current[name]:
+                raise Refusal(
+                    "journal-mismatch",
+                    f"maintenance journal already records {to_state} for attempt {attempt_id} "
+                    f"with a different {name}",
+                    _CURE_JOURNAL,
+                )
+        return prev
+    if event not in JOURNAL_TRANSITIONS[state]:
+        raise IllegalTransition("maintenance journal", state, event)
+
+    def keep(name: str, old: object, new: object) -> None:
+        if old not in (None, []) and new is not None and new != old:
+            raise Refusal(
+                "journal-mismatch",
+                f"maintenance journal for attempt {attempt_id} already records its {name}; "
+                "refusing to replace it",
+                _CURE_JOURNAL,
+            )
+
+    if prev is not None:
+        keep("resume", prev.resume, resume)
+        keep("checkpointDir", prev.checkpoint_dir, checkpoint_dir)
+        keep("durableCommitToken", prev.durable_commit_token, durable_commit_token)
+        keep("consents", prev.consents, consents)
+    if durable_commit_token is not None and to_state not in ("resume-committed", "retired"):
+        raise IllegalTransition(
+            "maintenance journal", state, event, "a durable commit token is recorded only at resume-committed"
+        )
+    if (degraded is not None) != (to_state == "degraded"):
+        raise IllegalTransition(
+            "maintenance journal", state, event, "a reason and a recourse are recorded exactly when degrading"
+        )
+
+    if to_state == "cut-intent":
+        kind: Literal["cut", "resume"] = "cut"
+    elif to_state == "resume-intent":
+        kind = "resume"
+    else:
+        assert prev is not None  # only begin-* leave ABSENT
+        kind = prev.kind
+    record = JournalRecord(
+        version=1,
+        revision=(prev.revision + 1) if prev is not None else 1,
+        attempt_id=attempt_id,
+        kind=kind,
+        state=to_state,
+        updated_at=now,
+        resume=resume if resume is not None else (prev.resume if prev else None),
+        consents=list(consents if consents is not None else (prev.consents if prev else [])),
+        checkpoint_dir=checkpoint_dir if checkpoint_dir is not None else (prev.checkpoint_dir if prev else None),
+        durable_commit_token=durable_commit_token
+        if durable_commit_token is not None
+        else (prev.durable_commit_token if prev else None),
+        degraded=degraded,
+    )
+    # Constructing a Struct does not run its field constraints; a round trip does, so a record
+    # this function returns is one `decode_journal` will accept after a crash.
+    try:
+        return decode_journal(encode_journal(record), what="new maintenance journal record")
+    except DecodeError as exc:
+        raise IllegalTransition("maintenance journal", state, event, exc.message) from None

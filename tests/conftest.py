@@ -1,0 +1,93 @@
+"""Shared fixtures: real nats-server, real daemon processes, real sockets, real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    # nats-py is asyncio only.
+    return "asyncio"
+
+
+def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COTAL_")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Cli:
+    root: Path
+
+    def run(self, *args: str, check: bool = True, timeout: float = 120.0, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "manager.cli", *args, "--root", str(self.root)],
+            capture_output=True, text=True, timeout=timeout, env=cotal_env(env), cwd=self.root,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"cotal {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def json(self, *args: str) -> Any:
+        out = self.run(*args, "--json").stdout.strip().splitlines()
+        return [json.loads(line) for line in out] if len(out) != 1 else json.loads(out[0])
+
+    def ps(self) -> list[dict[str, Any]]:
+        out = self.run("ps", "--json").stdout.strip().splitlines()
+        return [json.loads(line) for line in out]
+
+
+def _kill_leftovers(root: Path) -> None:
+    """Whatever a failed test left running under this root dies here, so runs stay isolated."""
+    mesh = root / ".cotal" / "mesh.json"
+    if not mesh.exists():
+        return
+    try:
+        record = json.loads(mesh.read_text())
+    except ValueError:
+        return
+    for key in ("manager", "embeddedBroker"):
+        ref = record.get(key)
+        if ref:
+            try:
+                os.kill(ref["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    r = tmp_path / "ws"
+    r.mkdir()
+    yield r
+    _kill_leftovers(r)
+
+
+@pytest.fixture
+def cli(root: Path) -> Cli:
+    return Cli(root)
+
+
+@pytest.fixture
+def mesh(cli: Cli) -> Iterator[Cli]:
+    """A mesh brought up with the real CLI: embedded broker + detached daemon."""
+    cli.run("up", "--detach")
+    yield cli
+    if (cli.root / ".cotal" / "mesh.json").exists():
+        cli.run("down", check=False)
