@@ -77,13 +77,16 @@ class DeliveryBridge:
             )
         task_status.started()
         try:
-            while True:
+            # Once the harness is gone, a further pull would hand a redelivered message to a
+            # subscription nobody reads, stranding it until ack_wait expires.
+            while self.handle.status() == "running":
                 try:
                     msgs = await psub.fetch(1, timeout=FETCH_WAIT_S)
                 except nats.errors.TimeoutError:
                     continue
                 for msg in msgs:
                     await self._deliver(msg)
+            await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                 await psub.unsubscribe()
@@ -106,15 +109,18 @@ class DeliveryBridge:
                 outcome = await self.driver.prompt(dm.text, message_id=dm.id)
                 tg.cancel_scope.cancel()
         finally:
-            if outcome is None:
-                # Cancelled mid-turn: the seat is being stopped. Release the message only once
-                # its process is reaped.
-                with anyio.CancelScope(shield=True):
+            # The seat may be stopping while the turn ends: settle in every case, shielded,
+            # or a finished turn is neither acked nor released and waits out ack_wait.
+            with anyio.CancelScope(shield=True):
+                if outcome is None or outcome.status == "unknown":
+                    if outcome is not None:
+                        log.warning("delivery.unknown_end", seat=self.seat, id=dm.id, detail=outcome.detail)
                     await self._release_after_exit(msg, dm.id)
-        await self._settle(msg, dm, outcome)
-        if waiter is not None and (outcome.status == "ok"):
-            waiter.outcome = outcome
-            waiter.done.set()
+                else:
+                    await self._settle(msg, dm, outcome)
+                    if waiter is not None and outcome.status == "ok":
+                        waiter.outcome = outcome
+                        waiter.done.set()
 
     async def _keep_in_progress(self, msg: Msg) -> None:
         while True:
@@ -144,10 +150,6 @@ class DeliveryBridge:
                 await msg.ack_sync()
             self.delivered += 1
             log.info("delivery.acked", seat=self.seat, id=dm.id, seq=msg.metadata.sequence.stream)
-        elif outcome.status == "unknown":
-            log.warning("delivery.unknown_end", seat=self.seat, id=dm.id, detail=outcome.detail)
-            with anyio.CancelScope(shield=True):
-                await self._release_after_exit(msg, dm.id)
         else:
             log.warning("delivery.retained", seat=self.seat, id=dm.id, status=outcome.status, detail=outcome.detail)
             await msg.nak(delay=RETRY_DELAY_S)

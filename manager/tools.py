@@ -12,6 +12,7 @@ happens to be on PATH may be another version with other flags and another sessio
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -121,10 +122,40 @@ def which(name: str, pin_file: Path = PIN_FILE) -> Path:
     return path
 
 
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    m = re.match(r"^v?(\d+)\.(\d+)\.(\d+)", text.strip())
+    return tuple(int(x) for x in m.groups()) if m else None
+
+
+def check_node(pin: Pin) -> None:
+    """Refuse an installed harness whose declared Node floor this host's node does not meet.
+
+    Only the common `>=x.y.z` form is checked; any other range is left to npm's own warning.
+    """
+    try:
+        meta = json.loads((pin.package_dir / "package.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    wanted = str((meta.get("engines") or {}).get("node") or "")
+    floor = _version_tuple(wanted[2:]) if wanted.startswith(">=") else None
+    if floor is None:
+        return
+    node = shutil.which("node")
+    if node is None:
+        raise Refusal("no-node", f"{pin.package}@{pin.version} needs node {wanted}, and node is not on PATH",
+                      "install Node.js")
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    have = _version_tuple(out.stdout)
+    if have is None or have < floor:
+        raise Refusal("old-node", f"{pin.package}@{pin.version} needs node {wanted}, this host has {out.stdout.strip() or 'an unknown version'}",
+                      "install a newer Node.js")
+
+
 def install(pin: Pin) -> str:
     """Install `pin` under `.tools/<name>/` unless that exact version is already there."""
     have = installed_version(pin)
     if have == pin.version:
+        check_node(pin)
         return f"{pin.name}: {pin.package}@{pin.version} already installed in {pin.prefix}"
     npm = shutil.which("npm")
     if npm is None:
@@ -153,6 +184,7 @@ def install(pin: Pin) -> str:
             f"remove {pin.prefix} and run the install again",
         )
     which(pin.name)
+    check_node(pin)
     return f"{pin.name}: installed {pin.package}@{pin.version} in {pin.prefix}"
 
 

@@ -60,6 +60,7 @@ import msgspec
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.inventory import INVENTORY_CAP, AbsPath, AttemptId, Digest, Instant, SeatName
+from protocol.names import check_attempt_id
 
 # -- errors --------------------------------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class Maintenance:
     def apply(self, event: MaintenanceEvent, attempt_id: str, *, draining: bool = False) -> MaintenanceState:
         """Apply `event` for `attempt_id`. `draining` says preparation or accepted work is still
         in flight (the daemon's counter), which only `abort` consults."""
+        check_attempt_id(attempt_id)
         row = MAINTENANCE_TRANSITIONS[self.state]
         target = row.get(event)
         if target is None:
@@ -423,21 +425,24 @@ def next_record(
     else:
         assert prev is not None  # only begin-* leave ABSENT
         kind = prev.kind
-    record = JournalRecord(
-        version=1,
-        revision=(prev.revision + 1) if prev is not None else 1,
-        attempt_id=attempt_id,
-        kind=kind,
-        state=to_state,
-        updated_at=now,
-        resume=resume if resume is not None else (prev.resume if prev else None),
-        consents=list(consents if consents is not None else (prev.consents if prev else [])),
-        checkpoint_dir=checkpoint_dir if checkpoint_dir is not None else (prev.checkpoint_dir if prev else None),
-        durable_commit_token=durable_commit_token
-        if durable_commit_token is not None
-        else (prev.durable_commit_token if prev else None),
-        degraded=degraded,
-    )
+    try:
+        record = JournalRecord(
+            version=1,
+            revision=(prev.revision + 1) if prev is not None else 1,
+            attempt_id=attempt_id,
+            kind=kind,
+            state=to_state,
+            updated_at=now,
+            resume=resume if resume is not None else (prev.resume if prev else None),
+            consents=list(consents if consents is not None else (prev.consents if prev else [])),
+            checkpoint_dir=checkpoint_dir if checkpoint_dir is not None else (prev.checkpoint_dir if prev else None),
+            durable_commit_token=durable_commit_token
+            if durable_commit_token is not None
+            else (prev.durable_commit_token if prev else None),
+            degraded=degraded,
+        )
+    except ValueError as exc:  # the record's own consistency rules (__post_init__)
+        raise IllegalTransition("maintenance journal", state, event, str(exc)) from None
     # Constructing a Struct does not run its field constraints; a round trip does, so a record
     # this function returns is one `decode_journal` will accept after a crash.
     try:

@@ -1,0 +1,895 @@
+"""The pi connector: launches pi (@mariozechner/pi-coding-agent, pinned in harnesses.json) in
+RPC mode and drives it over JSON lines on stdio.
+
+Files of one seat, all siblings under the directory of the session pointer the manager chose
+(`<root>/.cotal/sessions/pi/` by the workspace layout), with `<base>` = `<name>-<uid>`:
+
+* `<base>.json`   the session pointer `{version:1, sessionId, status}`. pi does not write it; the
+                  driver does, on pi's behalf, once pi has proved over RPC which session it holds.
+* `<base>.store/` pi's own flat session store (`--session-dir`): one `<ts>_<id>.jsonl` per
+                  session. This is the only thing a checkpoint captures (declared below).
+* `<base>.agent/` pi's private agent directory (`PI_CODING_AGENT_DIR`): models.json and
+                  settings.json that point pi at the configured endpoint, rewritten every launch,
+                  so the operator's `~/.pi` is never read and never written.
+
+Sessions are always opened by **file path**, never by id: pi treats a non-path `--session`
+value as an id *prefix*, silently takes the newest match, and may fall through to a global
+search that prompts on stdin and exits 0 having done nothing. pi 0.73.1 also has no
+`--session-id` flag and writes nothing for a new session until its first reply, so a fresh seat
+would have no reopenable id before its first turn. The connector therefore creates the fresh
+session file itself, header only, in pi's v3 format with an id it mints (a UUIDv7, as pi's own),
+and opens it by path: the seat has a recoverable, expected id from its first instant.
+
+pi's RPC mode ignores positional prompt arguments (measured: `runRpcMode` never reads them),
+so a launch prompt is not put in argv; the driver delivers it as the session's first turn.
+
+Why `--no-extensions --no-skills --no-prompt-templates`: an inbox message is a peer's text and
+must reach the model verbatim. With discovery on, a message starting with `/` could run an
+extension command (no agent turn, so no turn boundary ever comes) or expand into a template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from anyio.abc import TaskStatus
+
+from connectors.base import (
+    ByteReceive,
+    ByteSend,
+    Capabilities,
+    LaunchOpts,
+    LaunchSpec,
+    StoreDecl,
+    TurnOutcome,
+    base_env,
+    check_prompt,
+    refuse_resume_with_continuation,
+)
+from protocol.errors import Refusal
+from protocol.names import check_lifecycle_uid, check_seat_name
+from protocol.session import encode_pointer
+
+NAME = "pi"
+DEFAULT_PROVIDER = "cotal"
+# The one provider API measured against pi 0.73.1 (OpenAI-compatible chat completions, SSE).
+PROVIDER_API = "openai-completions"
+# Placeholder sent as the bearer token when no key is configured; pi needs *some* apiKey to
+# consider the provider configured. It is not a secret.
+NO_KEY = "cotal-no-key"
+# pi's session file format version this connector writes and reads headers of.
+SESSION_VERSION = 3
+HEADER_CAP = 64 * 1024
+
+# Keys of the operator's per-agent config this connector honours. Anything else is refused,
+# because a setting that is silently dropped would not survive into a crash restart either.
+CONFIG_KEYS = frozenset({"base_url", "model", "provider", "api_key_env", "binary", "extra_env"})
+
+SESSION_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PROVIDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+
+# A full agent_end line carries every message of the run (tool output included), so the line
+# cap is generous; past it the driver stops rather than buffering without bound.
+LINE_CAP = 64 * 1024 * 1024
+# A harness that stops reading its stdin must not wedge a sender forever.
+SEND_TIMEOUT_S = 10.0
+INITIAL_PROMPT_ID = "initial-prompt"
+
+
+# -- small file helpers (connectors do not import manager) ----------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _private_dir(path: Path) -> Path:
+    """Create `path` 0700 (parents as needed); refuse a symlink or non-directory in its place."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        # Every directory created here is 0700, ancestors included (Path.mkdir(parents=True)
+        # would give the ancestors the umask's mode); existing ones are left as they are.
+        for part in [*reversed(path.parents), path]:
+            try:
+                os.mkdir(part, 0o700)
+            except FileExistsError:
+                pass
+        st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise Refusal(
+            "unsafe-path",
+            f"pi connector: {path} is not a plain directory (a symlink or another file is there)",
+            "remove it so cotal can create the seat's private directory",
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def write_private_atomic(path: Path, data: bytes) -> None:
+    """0600 temp file (O_EXCL), write, fsync, rename over `path`, fsync the directory.
+
+    A reader (the manager) sees the old record or the new one, never a torn one.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _create_exclusive(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_dir(path.parent)
+
+
+def read_session_header(path: Path) -> dict[str, Any]:
+    """Line 1 of a pi session file, which must be a v3 `session` header. Refuses symlinks."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Refusal(
+            "bad-session",
+            f"pi connector cannot open session file {path}: {exc.strerror}",
+            "check the seat's session store",
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refusal("bad-session", f"pi connector: session file {path} is not a regular file",
+                          "check the seat's session store")
+        head = os.read(fd, HEADER_CAP)
+    finally:
+        os.close(fd)
+    line = head.split(b"\n", 1)[0]
+    try:
+        header = json.loads(line)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or header.get("type") != "session" or not isinstance(header.get("id"), str):
+        raise Refusal("bad-session", f"pi connector: {path} does not start with a pi session header",
+                      "check the seat's session store; the file is not a pi session")
+    return header
+
+
+def mint_session_id() -> str:
+    """A UUIDv7 like the ones pi mints: 48-bit unix milliseconds, then random bits."""
+    raw = bytearray((time.time_ns() // 1_000_000).to_bytes(6, "big") + secrets.token_bytes(10))
+    raw[6] = 0x70 | (raw[6] & 0x0F)
+    raw[8] = 0x80 | (raw[8] & 0x3F)
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+# -- paths ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeatPaths:
+    pointer: Path
+    store: Path
+    agent: Path
+    store_relpath: str
+
+
+def seat_paths(opts: LaunchOpts) -> SeatPaths:
+    check_seat_name(opts.name)
+    check_lifecycle_uid(opts.lifecycle_uid)
+    root = Path(os.path.normpath(opts.workspace_root))
+    pointer = Path(os.path.normpath(opts.session_pointer_path))
+    if not root.is_absolute() or not pointer.is_absolute():
+        raise Refusal("bad-launch", f"pi connector needs absolute paths (root {root}, pointer {pointer})",
+                      "pass the workspace root and pointer path as absolute paths")
+    if pointer.suffix != ".json":
+        raise Refusal("bad-launch", f"pi connector: the session pointer {pointer} must end in .json",
+                      "use the workspace layout's pointer path (.cotal/sessions/pi/<name>-<uid>.json)")
+    # The store is the pointer's sibling by construction, so the driver can find the pointer
+    # from the session file pi reports, with no per-launch state outside the files.
+    store = pointer.with_suffix(".store")
+    try:
+        relpath = store.relative_to(root).as_posix()
+    except ValueError:
+        raise Refusal("bad-launch", f"pi connector: the session pointer {pointer} is outside the workspace root {root}",
+                      "keep the pointer under <root>/.cotal so the session store is captured relative to the root") from None
+    return SeatPaths(pointer=pointer, store=store, agent=pointer.with_suffix(".agent"), store_relpath=relpath)
+
+
+def pointer_for_session_file(session_file: str | Path) -> Path | None:
+    """The pointer path that belongs to a session file in a seat store (`<base>.store/x.jsonl`)."""
+    store = Path(session_file).parent
+    if store.suffix != ".store":
+        return None
+    return store.with_suffix(".json")
+
+
+def find_session_file(store: Path, session_id: str) -> list[Path]:
+    """Files of `store` named `<ts>_<session_id>.jsonl`: exact suffix match, no glob, no prefix."""
+    suffix = f"_{session_id}.jsonl"
+    try:
+        names = sorted(e.name for e in os.scandir(store) if e.name.endswith(suffix))
+    except FileNotFoundError:
+        return []
+    return [store / n for n in names]
+
+
+# -- the connector --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """What one launch tells its driver that argv cannot: pi's RPC mode ignores positional
+    prompts, so the initial prompt is delivered as the driver's first turn."""
+
+    expected_session_id: str | None
+    initial_prompt: str | None
+
+
+class PiConnector:
+    name = NAME
+    capabilities = Capabilities(
+        supports_resume=True,
+        supports_session_continuation=True,
+        supports_fresh_start=True,
+        supports_prompt=True,
+    )
+
+    def __init__(self) -> None:
+        # Keyed by the seat's store directory, which the driver learns from pi's get_state.
+        self._launches: dict[Path, _Launch] = {}
+
+    # -- launch -----------------------------------------------------------------------------------
+
+    def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
+        refuse_resume_with_continuation(NAME, opts)
+        check_prompt(NAME, opts.prompt)
+        cfg = _check_config(opts)
+        paths = seat_paths(opts)
+        cwd = Path(os.path.abspath(opts.cwd))
+        env = base_env(opts, extra_allow=cfg.passthrough)
+        argv = _program(cfg.binary, env)
+
+        # Everything that can refuse is read-only and comes first, so a refusal changes nothing.
+        expected: str | None = None
+        if opts.continue_session:
+            session_args = ["--session", str(_continuation_file(paths.store, opts.continue_session, cwd))]
+            expected = opts.continue_session
+        elif opts.resume:
+            session_args = ["--fork", str(_fork_source(paths, opts.resume))]
+
+        _private_dir(paths.pointer.parent)
+        _private_dir(paths.store)
+        _private_dir(paths.agent)
+        _write_agent_config(paths.agent, cfg)
+        if not opts.continue_session:
+            if not opts.resume:
+                expected = mint_session_id()
+                session_args = ["--session", str(_seed_fresh_session(paths.store, expected, cwd))]
+            # A pointer left by an earlier launch of this lifecycle names a session this launch
+            # does not continue; a crash before the driver rewrites it must not reopen that one.
+            try:
+                os.unlink(paths.pointer)
+            except FileNotFoundError:
+                pass
+
+        argv += [
+            "--mode", "rpc",
+            "--offline",
+            "--no-extensions", "--no-skills", "--no-prompt-templates",
+            "--session-dir", str(paths.store),
+            "--provider", cfg.provider,
+            "--model", cfg.model,
+            *session_args,
+        ]
+        env.update(
+            PI_CODING_AGENT_DIR=str(paths.agent),
+            PI_OFFLINE="1",
+            PI_SKIP_VERSION_CHECK="1",
+            PI_TELEMETRY="0",
+        )
+        self._launches[paths.store] = _Launch(expected, opts.prompt.strip() if opts.prompt else None)
+        return LaunchSpec(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            session_pointer_path=paths.pointer,
+            session_store=(StoreDecl("workspace-root", paths.store_relpath),),
+            # For a fresh seat this is the id the connector minted, so readiness proves pi
+            # opened the seeded file rather than some other session.
+            expected_session_id=expected,
+        )
+
+    def make_driver(
+        self,
+        stdin: ByteSend,
+        stdout: ByteReceive,
+        *,
+        pointer_path: Path | None = None,
+        expected_session_id: str | None = None,
+        initial_prompt: str | None = None,
+    ) -> PiDriver:
+        """A driver for one pi process.
+
+        The contract's `make_driver(stdin, stdout)` carries no launch: the driver finds its
+        launch (expected id, initial prompt) by the store of the session pi reports, and the
+        pointer as that store's sibling. The keyword arguments override both, for callers that
+        have the LaunchSpec at hand.
+        """
+        return PiDriver(
+            stdin, stdout,
+            pointer_path=pointer_path,
+            expected_session_id=expected_session_id,
+            initial_prompt=initial_prompt,
+            claim_launch=self._launches.pop if pointer_path is None else None,
+        )
+
+
+@dataclass(frozen=True)
+class _Config:
+    base_url: str
+    model: str
+    provider: str
+    api_key_env: str | None
+    binary: str | None
+    passthrough: tuple[str, ...]
+
+
+def _check_config(opts: LaunchOpts) -> _Config:
+    config: Mapping[str, Any] = opts.config or {}
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise Refusal(
+            "bad-launch",
+            f"pi connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped at launch and on every restart",
+            f"remove them; pi honours {', '.join(sorted(CONFIG_KEYS))}",
+        )
+    base_url = config.get("base_url")
+    if not isinstance(base_url, str) or not re.match(r"^https?://[^\s/@]+(/\S*)?$", base_url):
+        if isinstance(base_url, str) and "@" in base_url:
+            raise Refusal("bad-launch", "pi connector: base_url must not carry credentials (user:password@)",
+                          "put the key in an environment variable and name it with api_key_env")
+        raise Refusal(
+            "bad-launch",
+            f"pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got {base_url!r})",
+            "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
+        )
+    model = opts.model or config.get("model")
+    if not isinstance(model, str) or not MODEL_RE.match(model):
+        raise Refusal("bad-launch", f"pi connector needs a model id (letters, digits, ._:/@+-), got {model!r}",
+                      "pass --model or set agents.pi.model in cotal.toml")
+    provider = config.get("provider") or DEFAULT_PROVIDER
+    if not isinstance(provider, str) or not PROVIDER_RE.match(provider):
+        raise Refusal("bad-launch", f"pi connector: provider {provider!r} is not a simple name",
+                      "use letters, digits, _ and -")
+    api_key_env = config.get("api_key_env")
+    passthrough: list[str] = []
+    if api_key_env is not None:
+        if not isinstance(api_key_env, str) or not ENV_NAME_RE.match(api_key_env):
+            raise Refusal("bad-launch", f"pi connector: api_key_env {api_key_env!r} is not an environment variable name",
+                          "name the variable that holds the key, e.g. OPENAI_API_KEY")
+        if not os.environ.get(api_key_env):
+            # pi would send the variable's *name* as the key (its value resolution falls back
+            # to the literal), which fails late and confusingly at the first turn.
+            raise Refusal("bad-launch", f"pi connector: api_key_env names {api_key_env}, which is not set in the manager's environment",
+                          f"export {api_key_env} before starting the manager, or drop api_key_env")
+        passthrough.append(api_key_env)
+    extra_env = config.get("extra_env") or []
+    if not isinstance(extra_env, list | tuple) or not all(isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env):
+        raise Refusal("bad-launch", f"pi connector: extra_env must be a list of environment variable names, got {extra_env!r}",
+                      "fix agents.pi.extra_env in cotal.toml")
+    passthrough += [n for n in extra_env if not n.startswith("PI_")]
+    binary = config.get("binary")
+    if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
+        raise Refusal("bad-launch", f"pi connector: binary must be an absolute path, got {binary!r}",
+                      "set agents.pi.binary to the absolute path of pi's cli.js, or unset it to use the pinned install")
+    return _Config(base_url, model, provider, api_key_env, binary, tuple(passthrough))
+
+
+def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:
+    if binary is None:
+        # Imported here so the connector module stays importable (and its refusals testable)
+        # where the installer's repository layout is absent.
+        from manager.tools import which
+
+        binary = str(which(NAME))
+    if not os.path.isfile(binary):
+        raise Refusal("not-installed", f"pi connector: binary {binary} does not exist",
+                      "run `python -m manager.tools install` or fix agents.pi.binary")
+    if binary.endswith((".js", ".mjs")):
+        # Run the entry script with an explicit node, not its `#!/usr/bin/env node` shebang, so
+        # the seat's PATH cannot pick another interpreter.
+        node = shutil.which("node", path=env.get("PATH"))
+        if node is None:
+            raise Refusal("no-node", "pi connector: node is not on the manager's PATH", "install Node.js >= 20")
+        return [node, binary]
+    return [binary]
+
+
+def _write_agent_config(agent_dir: Path, cfg: _Config) -> None:
+    """models.json and settings.json for pi's private agent dir, both 0600.
+
+    `apiKey` holds the *name* of the environment variable (pi resolves a name to its value at
+    request time), so no key value is ever written to disk.
+    """
+    models = {
+        "providers": {
+            cfg.provider: {
+                "baseUrl": cfg.base_url,
+                "api": PROVIDER_API,
+                "apiKey": cfg.api_key_env or NO_KEY,
+                # Generic OpenAI-compatible servers reject the `developer` role and
+                # reasoning_effort; plain system messages work everywhere.
+                "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False, "supportsStore": False},
+                "models": [{
+                    "id": cfg.model, "name": cfg.model, "reasoning": False, "input": ["text"],
+                    "contextWindow": 128000, "maxTokens": 4096,
+                    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                }],
+            }
+        }
+    }
+    settings = {
+        "defaultProvider": cfg.provider,
+        "defaultModel": cfg.model,
+        "defaultThinkingLevel": "off",
+        "enableInstallTelemetry": False,
+        "quietStartup": True,
+        # With auto-retry on, pi emits agent_end for a failed attempt and may then retry it; an
+        # agent_end would not be a terminal boundary. Off, every prompt ends in exactly one.
+        "retry": {"enabled": False},
+    }
+    write_private_atomic(agent_dir / "models.json", json.dumps(models, indent=1).encode())
+    write_private_atomic(agent_dir / "settings.json", json.dumps(settings, indent=1).encode())
+
+
+def _check_session_id(session_id: str, what: str) -> None:
+    if not SESSION_ID_RE.match(session_id):
+        raise Refusal(
+            "bad-session",
+            f"pi connector: {what} {session_id!r} is not a full pi session id (a lowercase UUID)",
+            "pass the full id exactly as recorded; pi would treat a partial id as a prefix and silently open the newest match",
+        )
+
+
+def _single_match(session_id: str, matches: list[Path], where: str) -> Path:
+    if not matches:
+        raise Refusal(
+            "no-session",
+            f"pi connector: no session file for id {session_id} in {where} (looked for *_{session_id}.jsonl)",
+            "restore the seat's session store (a checkpoint's harness store) or start the seat fresh",
+        )
+    if len(matches) > 1:
+        raise Refusal(
+            "ambiguous-session",
+            f"pi connector: session id {session_id} names {len(matches)} files: {', '.join(map(str, matches))}",
+            "remove the stale copies so exactly one file carries the id",
+        )
+    return matches[0]
+
+
+def _continuation_file(store: Path, session_id: str, cwd: Path) -> Path:
+    _check_session_id(session_id, "continueSession")
+    path = _single_match(session_id, find_session_file(store, session_id), f"the seat's store {store}")
+    header = read_session_header(path)
+    if header["id"] != session_id:
+        raise Refusal("session-mismatch",
+                      f"pi connector: {path} is named for session {session_id} but its header says {header['id']}",
+                      "the store was edited by hand; restore it from the checkpoint")
+    recorded = header.get("cwd")
+    # pi runs a reopened session in the cwd its header recorded, not in the one it was
+    # launched from, and exits if that directory is gone: both are refused here, by name.
+    if not isinstance(recorded, str) or not os.path.isdir(recorded):
+        raise Refusal("session-cwd-missing",
+                      f"pi connector: session {session_id} was recorded in cwd {recorded!r}, which does not exist on this host",
+                      "restore the workspace at that path (same workspace root on both hosts)")
+    if os.path.realpath(recorded) != os.path.realpath(cwd):
+        raise Refusal("session-cwd-mismatch",
+                      f"pi connector: session {session_id} was recorded in cwd {recorded}, but the seat's cwd is {cwd}; pi would silently run in {recorded}",
+                      f"launch the seat with cwd {recorded}")
+    return path
+
+
+def _fork_source(paths: SeatPaths, resume: str) -> Path:
+    if resume.endswith(".jsonl") and os.path.isabs(resume):
+        source = Path(resume)
+        read_session_header(source)
+        return source
+    _check_session_id(resume, "resume")
+    # The source may be this seat's own earlier session or another pi seat's in this workspace.
+    stores = [paths.store] + sorted(
+        p for p in paths.pointer.parent.glob("*.store") if p != paths.store and p.is_dir()
+    )
+    matches = [f for s in stores for f in find_session_file(s, resume)]
+    source = _single_match(resume, matches, f"the pi stores under {paths.pointer.parent}")
+    if read_session_header(source)["id"] != resume:
+        raise Refusal("session-mismatch", f"pi connector: {source} is named for session {resume} but its header disagrees",
+                      "restore the store from the checkpoint")
+    return source
+
+
+def _seed_fresh_session(store: Path, session_id: str, cwd: Path) -> Path:
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    header = {"type": "session", "version": SESSION_VERSION, "id": session_id, "timestamp": stamp, "cwd": str(cwd)}
+    path = store / f"{stamp.replace(':', '-').replace('.', '-')}_{session_id}.jsonl"
+    _create_exclusive(path, (json.dumps(header, separators=(",", ":")) + "\n").encode())
+    return path
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+
+class HarnessGone(Refusal):
+    """The driver can no longer talk to pi: its stdout ended or the reader stopped."""
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: dict[str, Any] | None = None
+
+    def resolve(self, value: dict[str, Any] | None) -> None:
+        if not self.done.is_set():
+            self.value = value
+            self.done.set()
+
+
+class _Turn:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.started = False
+        self.end = _Waiter()
+
+
+class PiDriver:
+    """pi's RPC protocol over JSON lines (LF-framed; docs/rpc.md of the pinned package).
+
+    The driver owns no task: the caller runs `run()` in the seat's task group, ideally with
+    `await tg.start(driver.run)`. Responses are routed by the `id` we put on each command.
+    Agent events carry no id, so prompts are strictly serialized and a turn is the one
+    `agent_start` .. `agent_end` that follows our accepted prompt, checked against the user
+    text it carries.
+    """
+
+    def __init__(
+        self,
+        stdin: ByteSend,
+        stdout: ByteReceive,
+        *,
+        pointer_path: Path | None = None,
+        expected_session_id: str | None = None,
+        initial_prompt: str | None = None,
+        claim_launch: Callable[[Path, Any], _Launch | None] | None = None,
+        line_cap: int = LINE_CAP,
+    ) -> None:
+        self._stdin = stdin
+        self._stdout = stdout
+        self._pointer_path = pointer_path
+        self._expected = expected_session_id
+        self._initial = initial_prompt
+        self._claim_launch = claim_launch
+        self._line_cap = line_cap
+        self._send_lock = anyio.Lock()
+        self._turn_lock = anyio.Lock()
+        self._pending: dict[str, _Waiter] = {}
+        self._turn: _Turn | None = None
+        self._seq = 0
+        self._reader = "idle"
+        self._stop_detail = "the driver's reader was never started"
+        self._stdin_closed = False
+        self._state_known = anyio.Event()
+        self._written: tuple[str, str] | None = None
+        self.session_id: str | None = None
+        self.session_file: str | None = None
+        self.initial_outcome: TurnOutcome | None = None
+        self.initial_done = anyio.Event()
+        self.protocol_errors: list[str] = []
+
+    # -- reader ---------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Pump pi's stdout until it ends, and deliver the launch's initial prompt once the
+        session is known. Start it once, in the caller's task group."""
+        if self._reader != "idle":
+            raise RuntimeError("PiDriver.run() may be started only once")
+        self._reader = "running"
+        task_status.started()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._deliver_initial)
+                await self._pump()
+                tg.cancel_scope.cancel()
+        finally:
+            self._stop(self._stop_detail if self._reader == "stopped" else "the driver's reader was cancelled")
+            self.initial_done.set()
+
+    async def _pump(self) -> None:
+        buf = bytearray()
+        while True:
+            try:
+                chunk = await self._stdout.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._stop("pi exited (its stdout closed)")
+                return
+            buf += chunk
+            while (nl := buf.find(b"\n")) >= 0:
+                line = bytes(buf[:nl])
+                del buf[: nl + 1]
+                await self._handle(line.rstrip(b"\r"))
+            if len(buf) > self._line_cap:
+                self._stop(f"pi wrote a line over the {self._line_cap}-byte cap")
+                return
+
+    def _stop(self, detail: str) -> None:
+        if self._reader != "stopped":
+            self._reader = "stopped"
+            self._stop_detail = detail
+        for waiter in list(self._pending.values()):
+            waiter.resolve(None)
+        if self._turn is not None:
+            self._turn.end.resolve(None)
+        self._state_known.set()
+
+    async def _handle(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            self._note(f"pi wrote a line that is not JSON: {line[:120]!r}")
+            return
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if kind == "response":
+            waiter = self._pending.get(str(event.get("id")))
+            if waiter is not None:
+                waiter.resolve(event)
+            elif event.get("success") is False:
+                self._note(f"pi rejected a command: {event.get('error')}")
+        elif kind == "agent_start":
+            if self._turn is not None:
+                self._turn.started = True
+        elif kind == "agent_end":
+            if self._turn is not None and self._turn.started:
+                self._turn.end.resolve(event)
+        elif kind == "extension_ui_request" and event.get("method") in ("select", "confirm", "input", "editor"):
+            # Extensions are disabled; should a dialog appear anyway, dismiss it so pi never
+            # blocks waiting for a human who is not there.
+            await self._send({"type": "extension_ui_response", "id": event.get("id"), "cancelled": True})
+
+    def _note(self, detail: str) -> None:
+        self.protocol_errors = [*self.protocol_errors[-31:], detail]
+
+    # -- commands -------------------------------------------------------------------------------
+
+    async def _send(self, obj: dict[str, Any]) -> bool:
+        if self._stdin_closed:
+            return False
+        # ensure_ascii keeps U+2028/U+2029 escaped, so no line-splitting reader can misframe.
+        line = json.dumps(obj, ensure_ascii=True).encode() + b"\n"
+        async with self._send_lock:
+            # Shielded so a caller's deadline cannot cut a line in half (which would corrupt
+            # every later command); bounded so a pi that stopped reading cannot wedge us.
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + SEND_TIMEOUT_S
+                try:
+                    await self._stdin.send(line)
+                    return True
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    return False
+            await self.aclose()
+            return False
+
+    async def _command(self, kind: str, **fields: Any) -> dict[str, Any] | None:
+        """Send one command and wait for its response; None when pi is gone."""
+        if self._reader != "running":
+            return None
+        self._seq += 1
+        cid = f"cotal-{kind}-{self._seq}"
+        waiter = _Waiter()
+        self._pending[cid] = waiter
+        try:
+            if not await self._send({"id": cid, "type": kind, **fields}):
+                return None
+            await waiter.done.wait()
+            return waiter.value
+        finally:
+            self._pending.pop(cid, None)
+
+    async def get_state(self) -> str | None:
+        """The session id pi reports now (and its file); writes the pointer once pi has proved it."""
+        response = await self._command("get_state")
+        if response is None:
+            raise HarnessGone("harness-gone", f"pi connector: cannot query pi's state: {self._stop_detail}",
+                              "read the seat's log for why pi exited, then restart the seat")
+        if not response.get("success"):
+            raise Refusal("harness-error", f"pi connector: pi refused get_state: {response.get('error')}",
+                          "read the seat's log")
+        data = response.get("data") or {}
+        sid, sfile = data.get("sessionId"), data.get("sessionFile")
+        self.session_id = sid if isinstance(sid, str) and sid else None
+        self.session_file = sfile if isinstance(sfile, str) and sfile else None
+        self._bind_launch()
+        await self._write_pointer("running")
+        self._state_known.set()
+        return self.session_id
+
+    def _bind_launch(self) -> None:
+        """Find this launch's record by the store pi reports; the pointer is that store's sibling."""
+        if self._claim_launch is None or self.session_file is None:
+            return
+        claim, self._claim_launch = self._claim_launch, None
+        launch = claim(Path(self.session_file).parent, None)
+        self._pointer_path = pointer_for_session_file(self.session_file)
+        if launch is not None:
+            self._expected = launch.expected_session_id
+            self._initial = launch.initial_prompt
+
+    async def _write_pointer(self, status: Literal["running", "quit"]) -> None:
+        sid, sfile, path = self.session_id, self.session_file, self._pointer_path
+        if path is None or sid is None or sfile is None:
+            return
+        if self._expected is not None and sid != self._expected:
+            # Never let the pointer name a session this launch did not mean to open: the
+            # manager compares the reported id with the expected one and refuses the seat.
+            self._note(f"pi reports session {sid}, expected {self._expected}; pointer not written")
+            return
+        if self._written == (sid, status):
+            return
+        # The pointer must only ever name a session that can be reopened by its file.
+        if not os.path.isfile(sfile):
+            return
+        await anyio.to_thread.run_sync(write_private_atomic, path, encode_pointer(sid, status))
+        self._written = (sid, status)
+
+    # -- turns ----------------------------------------------------------------------------------
+
+    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
+        """Deliver `text` as one pi prompt and wait for its terminal boundary.
+
+        Never raises for a dead pi: a turn whose end was not seen is `unknown`, which the
+        caller must not acknowledge. Bound the wait with a cancel scope around the call.
+        """
+        async with self._turn_lock:
+            await self._initial_locked()
+            return await self._turn_locked(text, message_id)
+
+    async def _deliver_initial(self) -> None:
+        await self._state_known.wait()
+        async with self._turn_lock:
+            await self._initial_locked()
+        self.initial_done.set()
+
+    async def _initial_locked(self) -> None:
+        # Whoever takes the turn lock first sends the launch's prompt, so it always precedes
+        # any inbox message even when the manager delivers one the instant the seat is ready.
+        if self._initial is None or self.session_id is None:
+            return
+        text, self._initial = self._initial, None
+        self.initial_outcome = await self._turn_locked(text, INITIAL_PROMPT_ID)
+
+    async def _turn_locked(self, text: str, message_id: str) -> TurnOutcome:
+        if self._reader != "running":
+            return TurnOutcome("unknown", detail=f"not delivered: {self._stop_detail}")
+        turn = _Turn(text)
+        self._turn = turn
+        try:
+            response = await self._command("prompt", message=text)
+            if response is None:
+                return TurnOutcome("unknown", detail=f"pi did not acknowledge prompt {message_id}: {self._stop_detail}")
+            if not response.get("success"):
+                return TurnOutcome("error", detail=f"pi refused prompt {message_id}: {response.get('error')}")
+            await turn.end.done.wait()
+        finally:
+            self._turn = None
+        if turn.end.value is None:
+            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._stop_detail}")
+        outcome = judge_turn(text, turn.end.value)
+        # Every outcome that reached agent_end left a session file behind (pi persists on the
+        # first assistant message, error or not); make the pointer durable before any ack.
+        if self.session_id is None:
+            try:
+                await self.get_state()
+            except Refusal:
+                pass
+        else:
+            await self._write_pointer("running")
+        return outcome
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def quit(self) -> None:
+        """A deliberate quit: record `status: quit` in the pointer, then close pi's stdin
+        (pi's RPC mode exits 0 at EOF). A crash never passes here, so its pointer stays
+        `running` and the manager may continue the session."""
+        if self.session_id is None and self._reader == "running":
+            try:
+                await self.get_state()
+            except Refusal:
+                pass
+        await self._write_pointer("quit")
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close pi's stdin; pi exits and the reader ends on its own when stdout does."""
+        if self._stdin_closed:
+            return
+        self._stdin_closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stdin.aclose()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+
+
+def _text_of(message: Mapping[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def judge_turn(sent: str, agent_end: Mapping[str, Any]) -> TurnOutcome:
+    """Classify one `agent_end`. Only a run that carries our prompt and ends in a successful
+    assistant message with some output is `ok`; everything else keeps the delivery."""
+    messages = [m for m in agent_end.get("messages") or [] if isinstance(m, dict)]
+    users = [m for m in messages if m.get("role") == "user"]
+    if not users or _text_of(users[0]) != sent:
+        return TurnOutcome("unknown", detail="agent_end does not carry the prompt that was sent")
+    assistants = [m for m in messages if m.get("role") == "assistant"]
+    if not assistants:
+        return TurnOutcome("unknown", detail="pi ended the turn with no assistant message")
+    final = assistants[-1]
+    reason = final.get("stopReason")
+    if reason == "error":
+        return TurnOutcome("error", detail=str(final.get("errorMessage") or "provider error"))
+    if reason == "aborted":
+        return TurnOutcome("aborted", detail=str(final.get("errorMessage") or "aborted"))
+    if reason not in ("stop", "length"):
+        return TurnOutcome("unknown", detail=f"pi ended the turn with stopReason {reason!r}")
+    produced = any(
+        (p.get("type") == "text" and str(p.get("text", "")).strip()) or p.get("type") == "toolCall"
+        for m in assistants for p in (m.get("content") or []) if isinstance(p, dict)
+    )
+    if not produced:
+        return TurnOutcome("unknown", detail="the model produced no output")
+    detail = "reply truncated at the output limit (stopReason length)" if reason == "length" else ""
+    return TurnOutcome("ok", reply=_text_of(final), detail=detail)

@@ -1,0 +1,551 @@
+"""scribe: the built-in offline harness, a deterministic and continuable coding-agent stand-in.
+
+Theory of operation. A session is one JSON-lines transcript `<store>/<sessionId>.jsonl`: a
+header line, then user/assistant message lines. Every answer is a pure function of the prompt
+and of that transcript, so a reply is evidence of what history the reopened process really
+holds: an exact reopen (`--session-id`) and a fork (`--fork`) must both still know a phrase told
+before the cut; a fresh session must not.
+
+A turn is committed by appending its user and assistant lines in one write followed by fsync,
+and only then is `turn_end ok` printed: a prompt the driver saw acknowledged is on disk. Turns
+that end `error`, `aborted` or by a crash append nothing, so redelivering them is safe. A
+redelivered message id that is already on disk replays the recorded reply instead of answering
+twice.
+
+Standard library and msgspec only (plus the pointer record of `protocol.session`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import os
+import re
+import secrets
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, BinaryIO, Literal
+
+import msgspec
+
+from protocol.session import encode_pointer
+
+EXIT_OK = 0
+EXIT_REFUSED = 2
+EXIT_CRASH = 3
+
+LINE_CAP = 1024 * 1024
+MESSAGE_ID_MAX = 256
+ACK_CHARS = 200
+SLOW_CAP_MS = 600_000
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+# A session id names a file in the store, so it must not be able to climb out of it.
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_REMEMBER = re.compile(r"remember the phrase\s+([A-Za-z0-9-]+)", re.IGNORECASE)
+_ASK = re.compile(r"what was the phrase", re.IGNORECASE)
+_ERROR_ONCE = re.compile(r"#error-once:([A-Za-z0-9_-]{1,64})")
+_CRASH = re.compile(r"#crash\b")
+_SLOW = re.compile(r"#slow:(\d{1,9})")
+
+
+# ---------------------------------------------------------------------------------------------
+# The wire: one JSON object per line on stdin/stdout.
+
+MessageId = Annotated[str, msgspec.Meta(min_length=1, max_length=MESSAGE_ID_MAX)]
+
+
+class _Wire(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", rename="camel"):
+    pass
+
+
+class PromptIn(_Wire, tag="prompt"):
+    id: MessageId
+    text: str
+
+
+class GetStateIn(_Wire, tag="get_state"):
+    id: MessageId
+
+
+class QuitIn(_Wire, tag="quit"):
+    pass
+
+
+Inbound = PromptIn | GetStateIn | QuitIn
+
+
+class ReadyOut(_Wire, tag="ready"):
+    session_id: str
+
+
+class TurnStartOut(_Wire, tag="turn_start"):
+    id: str
+
+
+class DeltaOut(_Wire, tag="delta"):
+    id: str
+    text: str
+
+
+class TurnEndOut(_Wire, tag="turn_end"):
+    id: str
+    status: Literal["ok", "error", "aborted"]
+    reply: str
+    detail: str
+
+
+class StateOut(_Wire, tag="state"):
+    id: str
+    session_id: str
+
+
+# `id` is present only when the refused line carried one, so a driver can fail exactly the
+# request that was refused instead of guessing.
+class ProtocolErrorOut(_Wire, tag="protocol_error", omit_defaults=True):
+    detail: str
+    id: str | None = None
+
+
+Outbound = ReadyOut | TurnStartOut | DeltaOut | TurnEndOut | StateOut | ProtocolErrorOut
+
+
+class _IdProbe(msgspec.Struct):
+    id: str | None = None
+
+
+_inbound = msgspec.json.Decoder(Inbound, strict=True)
+_outbound = msgspec.json.Decoder(Outbound, strict=True)
+_id_probe = msgspec.json.Decoder(_IdProbe)
+_encoder = msgspec.json.Encoder()
+
+
+def decode_inbound(line: bytes) -> Inbound:
+    """Strictly decode one driver line; raises `msgspec.DecodeError` when it is not a request."""
+    return _inbound.decode(line)
+
+
+def decode_outbound(line: bytes) -> Outbound:
+    """Strictly decode one harness line; raises `msgspec.DecodeError` when it is not an event."""
+    return _outbound.decode(line)
+
+
+def probe_id(line: bytes) -> str | None:
+    try:
+        found = _id_probe.decode(line).id
+    except msgspec.DecodeError:
+        return None
+    return found[:MESSAGE_ID_MAX] if found else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The transcript records.
+
+
+class SessionHeader(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="session",
+                    rename="camel", frozen=True):
+    id: str
+    parent: str | None
+    created_at: str
+
+
+class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    role: Literal["user", "assistant"]
+    text: str
+    id: str
+    at: str
+
+
+_header = msgspec.json.Decoder(SessionHeader, strict=True)
+_message = msgspec.json.Decoder(Message, strict=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Answering and fault directives: pure functions of the prompt and the history.
+
+
+def phrase_in(text: str) -> str | None:
+    found = _REMEMBER.findall(text)
+    return found[-1] if found else None
+
+
+def recalled_phrase(history: Sequence[Message]) -> str | None:
+    for message in reversed(history):
+        if message.role == "user" and (phrase := phrase_in(message.text)) is not None:
+            return phrase
+    return None
+
+
+def answer(text: str, history: Sequence[Message]) -> str:
+    # A new phrase wins over a question in the same text: the user is redefining the answer.
+    if (phrase := phrase_in(text)) is not None:
+        return f"Noted: {phrase}."
+    if _ASK.search(text):
+        recalled = recalled_phrase(history)
+        return f"The phrase is {recalled}." if recalled else "I do not know the phrase."
+    return f"ack: {text[:ACK_CHARS]}"
+
+
+@dataclass(frozen=True)
+class Directives:
+    error_once: str | None = None
+    crash: bool = False
+    slow_ms: int = 0
+
+
+def parse_directives(text: str) -> Directives:
+    error_once = _ERROR_ONCE.search(text)
+    slow = _SLOW.search(text)
+    return Directives(
+        error_once=error_once.group(1) if error_once else None,
+        crash=_CRASH.search(text) is not None,
+        slow_ms=min(int(slow.group(1)), SLOW_CAP_MS) if slow else 0,
+    )
+
+
+def chunks(reply: str) -> list[str]:
+    """Split a reply into word-sized deltas whose concatenation is the reply."""
+    return re.findall(r"\S+\s*|\s+", reply)
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# ---------------------------------------------------------------------------------------------
+# Durable files.
+
+
+class StoreError(Exception):
+    """The store or the requested session cannot be used; the harness refuses to start."""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: Path) -> None:
+    """Create `path` and any missing parents 0700, so transcripts never sit in a shared dir."""
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(directory, DIR_MODE)
+    if not path.is_dir():
+        raise StoreError(f"{path} is not a directory")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _durable_temp(directory: Path, data: bytes) -> Path:
+    tmp = directory / f".scribe.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+    try:
+        os.fchmod(fd, FILE_MODE)
+        _write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Publish `data` at `path` by rename, so a reader sees the old bytes or the new, never half."""
+    tmp = _durable_temp(path.parent, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def create_exclusive(path: Path, data: bytes) -> bool:
+    """Publish `data` at `path` only if nothing is there yet; False when the file exists."""
+    tmp = _durable_temp(path.parent, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
+
+
+def write_pointer(path: Path, session_id: str, status: Literal["running", "quit"]) -> None:
+    ensure_dir(path.parent)
+    write_atomic(path, encode_pointer(session_id, status))
+
+
+def _line(record: msgspec.Struct) -> bytes:
+    return _encoder.encode(record) + b"\n"
+
+
+@dataclass(frozen=True)
+class Transcript:
+    header: SessionHeader
+    messages: list[Message]
+    # Bytes up to the end of the last complete line; anything after it is a torn append.
+    intact: int
+
+
+def parse_transcript(data: bytes, *, session_id: str, where: Path) -> Transcript:
+    intact = data.rfind(b"\n") + 1
+    lines = data[:intact].splitlines()
+    if not lines:
+        raise StoreError(f"transcript {where} has no session header")
+    try:
+        header = _header.decode(lines[0])
+        messages = [_message.decode(line) for line in lines[1:]]
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise StoreError(f"transcript {where} is malformed: {exc}") from None
+    if header.id != session_id:
+        raise StoreError(f"transcript {where} names session {header.id!r}, not {session_id!r}")
+    return Transcript(header, messages, intact)
+
+
+class Session:
+    """An open session: its transcript fd, held under an exclusive lock, and its history."""
+
+    def __init__(self, session_id: str, path: Path, fd: int, messages: list[Message]) -> None:
+        self.id = session_id
+        self.path = path
+        self._fd = fd
+        self.history = messages
+        self._replies = {m.id: m.text for m in messages if m.role == "assistant"}
+
+    def recorded_reply(self, message_id: str) -> str | None:
+        return self._replies.get(message_id)
+
+    def commit_turn(self, message_id: str, text: str, reply: str) -> None:
+        at = now_iso()
+        user = Message(role="user", text=text, id=message_id, at=at)
+        assistant = Message(role="assistant", text=reply, id=message_id, at=at)
+        # One write for both lines: a kill between them cannot leave a question without its
+        # answer that a later open would have to explain.
+        _write_all(self._fd, _line(user) + _line(assistant))
+        os.fsync(self._fd)
+        self.history.extend((user, assistant))
+        self._replies[message_id] = reply
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @classmethod
+    def open(cls, root: Path) -> Store:
+        ensure_dir(root)
+        return cls(root)
+
+    def transcript_path(self, session_id: str) -> Path:
+        if not _SESSION_ID.fullmatch(session_id):
+            raise StoreError(
+                f"session id {session_id[:80]!r} is not usable as a file name "
+                "(1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)"
+            )
+        return self.root / f"{session_id}.jsonl"
+
+    def read(self, session_id: str) -> Transcript:
+        path = self.transcript_path(session_id)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise StoreError(f"no session {session_id!r} in store {self.root}") from None
+        return parse_transcript(data, session_id=session_id, where=path)
+
+    def create(self, session_id: str, parent: str | None, messages: Sequence[Message]) -> bool:
+        header = SessionHeader(id=session_id, parent=parent, created_at=now_iso())
+        body = _line(header) + b"".join(_line(m) for m in messages)
+        return create_exclusive(self.transcript_path(session_id), body)
+
+    def attach(self, session_id: str) -> Session:
+        path = self.transcript_path(session_id)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StoreError(f"session {session_id!r} is open in another scribe process") from None
+            transcript = self.read(session_id)
+            if transcript.intact != os.fstat(fd).st_size:
+                # A kill mid-append left a partial line; the turn was never acknowledged, so
+                # cutting it off loses nothing and keeps the next append parseable.
+                os.ftruncate(fd, transcript.intact)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Session(session_id, path, fd, transcript.messages)
+
+    def claim_fault(self, tag: str) -> bool:
+        faults = self.root / "faults"
+        ensure_dir(faults)
+        try:
+            fd = os.open(faults / tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        fsync_dir(faults)
+        return True
+
+
+def open_session(store: Store, *, session_id: str | None, fork: str | None) -> Session:
+    if fork is not None:
+        try:
+            source = store.read(fork)
+        except StoreError as exc:
+            raise StoreError(f"cannot fork session {fork[:80]!r}: {exc}") from None
+        new_id = str(uuid.uuid4())
+        store.create(new_id, fork, source.messages)
+        return store.attach(new_id)
+    if session_id is None:
+        session_id = str(uuid.uuid4())
+    if not store.transcript_path(session_id).exists():
+        store.create(session_id, None, ())
+    return store.attach(session_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving loop.
+
+
+class TurnAborted(Exception):
+    pass
+
+
+class Harness:
+    def __init__(self, store: Store, session: Session, out: BinaryIO, pointer: Path | None) -> None:
+        self.store = store
+        self.session = session
+        self.out = out
+        self.pointer = pointer
+        self._in_turn = False
+        self._abortable = False
+        self._abort_requested = False
+
+    def emit(self, message: _Wire) -> None:
+        self.out.write(_line(message))
+        self.out.flush()
+
+    def on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        # SIGINT aborts the turn in flight, like Esc in an interactive harness; between turns
+        # it is ignored because the seat's lifetime belongs to the manager (SIGTERM/SIGKILL).
+        if not self._in_turn:
+            return
+        self._abort_requested = True
+        # Raising is safe only while the turn is pure computation; during I/O it would tear a
+        # line on stdout or in the transcript, so the request is honoured at the next check.
+        if self._abortable:
+            raise TurnAborted
+
+    def _think(self, directives: Directives) -> None:
+        self._abortable = True
+        try:
+            if self._abort_requested:
+                raise TurnAborted
+            if directives.slow_ms:
+                time.sleep(directives.slow_ms / 1000)
+        finally:
+            self._abortable = False
+
+    def run_turn(self, message_id: str, text: str) -> None:
+        self._in_turn, self._abort_requested = True, False
+        try:
+            self._turn(message_id, text)
+        finally:
+            self._in_turn = False
+
+    def _turn(self, message_id: str, text: str) -> None:
+        self.emit(TurnStartOut(id=message_id))
+        recorded = self.session.recorded_reply(message_id)
+        if recorded is not None:
+            self._finish(message_id, recorded, "duplicate delivery: replayed the recorded reply")
+            return
+        directives = parse_directives(text)
+        try:
+            self._think(directives)
+        except TurnAborted:
+            self.emit(TurnEndOut(id=message_id, status="aborted", reply="", detail="interrupted by SIGINT"))
+            return
+        if directives.crash:
+            self.out.flush()
+            os._exit(EXIT_CRASH)
+        if directives.error_once and self.store.claim_fault(directives.error_once):
+            detail = f"injected fault error-once:{directives.error_once}"
+            self.emit(TurnEndOut(id=message_id, status="error", reply="", detail=detail))
+            return
+        if self._abort_requested:
+            self.emit(TurnEndOut(id=message_id, status="aborted", reply="", detail="interrupted by SIGINT"))
+            return
+        reply = answer(text, self.session.history)
+        self.session.commit_turn(message_id, text, reply)
+        self._finish(message_id, reply, "")
+
+    def _finish(self, message_id: str, reply: str, detail: str) -> None:
+        for piece in chunks(reply):
+            self.emit(DeltaOut(id=message_id, text=piece))
+        self.emit(TurnEndOut(id=message_id, status="ok", reply=reply, detail=detail))
+
+    def handle_line(self, line: bytes) -> bool:
+        """Act on one driver line; False when the driver asked the harness to quit."""
+        try:
+            request = decode_inbound(line)
+        except msgspec.DecodeError as exc:
+            self.emit(ProtocolErrorOut(detail=f"refused line: {exc}", id=probe_id(line)))
+            return True
+        match request:
+            case PromptIn(id=message_id, text=text):
+                self.run_turn(message_id, text)
+            case GetStateIn(id=request_id):
+                self.emit(StateOut(id=request_id, session_id=self.session.id))
+            case QuitIn():
+                if self.pointer is not None:
+                    write_pointer(self.pointer, self.session.id, "quit")
+                return False
+        return True
+
+    def serve(self, inp: BinaryIO) -> int:
+        for line in read_lines(inp, LINE_CAP):
+            if line is None:
+                self.emit(ProtocolErrorOut(detail=f"line exceeds the {LINE_CAP}-byte cap"))
+            elif line.strip() and not self.handle_line(line):
+                return EXIT_OK
+        return EXIT_OK
+
+
+def read_lines(inp: BinaryIO, cap: int) -> Iterator[bytes | None]:
+    """Yield each line without its newline, or None for a line longer than `cap` (skipped)."""
+    while True:
+        line = inp.readline(cap + 1)
+        if not line:
+            return
+        if line.endswith(b"\n") or len(line) <= cap:
+            yield line.rstrip(b"\r\n")
+            continue
+        while line and not line.endswith(b"\n"):
+            line = inp.readline(cap)
+        yield None

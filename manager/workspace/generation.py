@@ -1,0 +1,202 @@
+"""Per-seat writer generation: which custody of one seat identity is current in this root.
+
+Each claim is a file `<N>` under `.cotal/auth/seat-generation/<spacehex>/<seat>/`, published by
+exclusive create, so of any number of concurrent claimants of N+1 exactly one wins. The others
+refuse: a lost create means two destinations are claiming one seat, which is the condition this
+fence exists to stop. (The manager instance identity uses the same primitive and adopts the
+winner instead; there, two managers sharing one logical instance is the intended outcome.)
+
+The only exception is the same holder retrying the same attempt: a claim whose record already
+names this instance and this attempt is returned as ours, so a destination that crashed after
+its create can run again.
+
+A malformed record is a loud refusal, never skipped or re-minted: treating a damaged record as
+absent would let a stale root claim a generation that is already taken. Generation numbers may
+skip between roots (a checkpoint cut at 3 is claimed as 4 in a root that has never seen the
+seat); within a root they only grow. This fences one workspace root, not independent hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+import msgspec
+
+from manager.workspace.layout import Layout
+from manager.workspace.private import (
+    create_private_exclusive,
+    ensure_private_dir,
+    fsync_dir,
+    read_stable,
+)
+from protocol.codec import decode_json, encode_json
+from protocol.errors import DecodeError, Refusal
+from protocol.inventory import AttemptId, InstanceId, LifecycleUid, SeatName
+from protocol.names import check_attempt_id, check_lifecycle_uid, check_seat_name
+
+RECORD_CAP = 4096
+_NAME_RE = re.compile(r"[1-9][0-9]{0,17}")
+# create_private_exclusive stages bytes under `.<name>.<hex>.tmp`; a crash can leave one behind.
+_TEMP_RE = re.compile(r"\.[1-9][0-9]{0,17}\.[0-9a-f]+\.tmp")
+
+
+class GenerationRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    seat: SeatName
+    lifecycle_uid: LifecycleUid
+    generation: int
+    # The manager instance that claimed this custody.
+    holder: InstanceId
+    attempt_id: AttemptId
+    claimed_at: str
+
+
+_CURE_MALFORMED = (
+    "a writer generation is never re-minted over a damaged record: restore the file, or, "
+        "only if you are certain no other root holds this seat, move it aside by hand"
+)
+
+
+def _refuse_malformed(path: Path, detail: str) -> Refusal:
+    return Refusal("generation-malformed", f"writer generation record {path} is malformed: {detail}", _CURE_MALFORMED)
+
+
+def _read_record(path: Path, seat: str, generation: int) -> GenerationRecord:
+    try:
+        got = read_stable(path, cap=RECORD_CAP, what="writer generation record", require_private=True)
+        record = decode_json(got.data, GenerationRecord, what=f"writer generation record {path}", cap=RECORD_CAP)
+    except DecodeError as exc:
+        raise Refusal("generation-malformed", exc.message, _CURE_MALFORMED) from None
+    except Refusal as exc:
+        raise Refusal("generation-malformed", exc.message, _CURE_MALFORMED) from None
+    if record.generation != generation:
+        raise _refuse_malformed(path, f"it records generation {record.generation} under the name {generation}")
+    if record.seat != seat:
+        raise _refuse_malformed(path, f"it records seat {record.seat!r}, not {seat!r}")
+    return record
+
+
+def _claims(directory: Path) -> list[int]:
+    """Generation numbers present, refusing any entry that is not a claim or a staging temp."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found: list[int] = []
+    for name in names:
+        if _TEMP_RE.fullmatch(name):
+            continue
+        if not _NAME_RE.fullmatch(name):
+            raise _refuse_malformed(directory / name, "the name is not a generation number")
+        try:
+            st = os.lstat(directory / name)
+        except FileNotFoundError:  # withdrawn while we listed
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise _refuse_malformed(directory / name, "it is not a regular file (a symlink or a directory)")
+        found.append(int(name))
+    return sorted(found)
+
+
+def current_record(layout: Layout, space: str, seat: str) -> GenerationRecord | None:
+    directory = layout.seat_generation_dir(space, seat)
+    claims = _claims(directory)
+    if not claims:
+        return None
+    return _read_record(directory / str(claims[-1]), seat, claims[-1])
+
+
+def current_generation(layout: Layout, space: str, seat: str) -> int:
+    """The highest generation claimed for `seat` in this root; 0 when none was ever claimed."""
+    record = current_record(layout, space, seat)
+    return record.generation if record is not None else 0
+
+
+def _same_claim(record: GenerationRecord, uid: str, instance_id: str, attempt_id: str) -> bool:
+    return (record.lifecycle_uid, record.holder, record.attempt_id) == (uid, instance_id, attempt_id)
+
+
+def _ensure_dirs(layout: Layout, space: str, seat: str) -> Path:
+    directory = layout.seat_generation_dir(space, seat)
+    # ensure_private_dir hardens only the last component; every level must be 0700.
+    for level in (layout.control, layout.auth, directory.parent.parent, directory.parent, directory):
+        ensure_private_dir(level)
+    return directory
+
+
+def claim_successor(
+    layout: Layout,
+    space: str,
+    seat: str,
+    uid: str,
+    expected_current: int,
+    instance_id: str,
+    attempt_id: str,
+) -> int:
+    """Claim generation `expected_current + 1` for `seat`, or refuse. Returns the claimed N.
+
+    `expected_current` is the generation the checkpoint was cut at. A root already past it
+    means another destination took custody after that cut: refuse, never adopt.
+    """
+    check_seat_name(seat)
+    check_lifecycle_uid(uid)
+    check_attempt_id(attempt_id)
+    if expected_current < 0:
+        raise Refusal("bad-generation", f"generation {expected_current} is negative", "pass the checkpoint's generation")
+    target = expected_current + 1
+    directory = _ensure_dirs(layout, space, seat)
+    current = current_record(layout, space, seat)
+    if current is not None and current.generation >= target:
+        if current.generation == target and _same_claim(current, uid, instance_id, attempt_id):
+            return target
+        raise _refuse_taken(seat, target, current)
+    record = GenerationRecord(
+        seat=seat,
+        lifecycle_uid=uid,
+        generation=target,
+        holder=instance_id,
+        attempt_id=attempt_id,
+        claimed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    # Round-trip before publishing: a record this root cannot read back must not become custody.
+    data = encode_json(record)
+    decode_json(data, GenerationRecord, what="new writer generation record", cap=RECORD_CAP)
+    if create_private_exclusive(directory / str(target), data):
+        return target
+    winner = _read_record(directory / str(target), seat, target)
+    if _same_claim(winner, uid, instance_id, attempt_id):
+        return target
+    raise _refuse_taken(seat, target, winner)
+
+
+def _refuse_taken(seat: str, target: int, holder: GenerationRecord) -> Refusal:
+    return Refusal(
+        "custody-lost",
+        f"seat {seat} cannot claim writer generation {target}: this root already records "
+        f"generation {holder.generation}, claimed by instance {holder.holder} for attempt "
+        f"{holder.attempt_id} (lifecycle {holder.lifecycle_uid}, at {holder.claimed_at})",
+        "another resume holds this seat; resume from a checkpoint cut after that custody, or "
+        "stop the other resume first; two writers for one seat are never allowed",
+    )
+
+
+def withdraw_claim(
+    layout: Layout, space: str, seat: str, generation: int, instance_id: str, attempt_id: str
+) -> bool:
+    """Remove a claim this holder made in this attempt (an all-or-nothing batch that lost part-
+    way backs out exactly what it wrote). Someone else's claim is never removed."""
+    directory = layout.seat_generation_dir(space, seat)
+    claims = _claims(directory)
+    # Only the top claim can be ours to back out; one below it was superseded by someone else.
+    if not claims or claims[-1] != generation:
+        return False
+    path = directory / str(generation)
+    record = _read_record(path, seat, generation)
+    if (record.holder, record.attempt_id) != (instance_id, attempt_id):
+        return False
+    os.unlink(path)
+    fsync_dir(directory)
+    return True

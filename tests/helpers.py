@@ -1,0 +1,70 @@
+"""Test helpers that talk to the real broker and the real /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import nats
+from nats.js import JetStreamContext
+
+
+@asynccontextmanager
+async def broker(root: Path) -> AsyncIterator[JetStreamContext]:
+    """A JetStream handle on the broker a root's mesh uses, with the root's own credential."""
+    record = json.loads((root / ".cotal" / "mesh.json").read_text())
+    nc = await nats.connect(record["server"], nkeys_seed=record["creds"])
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.05) -> None:
+    """Poll a condition under a deadline: the test fails with TimeoutError, never hangs."""
+    with anyio.fail_after(timeout):
+        while True:
+            if predicate():
+                return
+            await anyio.sleep(every)
+
+
+async def wait_gone(pids: list[int], timeout: float = 10.0) -> None:
+    await wait_until(lambda: not any(pid_alive(p) for p in pids), timeout)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live pids whose command line or environment names `text` (a workspace root)."""
+    found = []
+    needle = text.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if (needle in cmd or needle in env) and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body

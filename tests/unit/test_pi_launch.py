@@ -1,0 +1,366 @@
+"""How the pi connector turns launch options into argv, env and files, and what it refuses.
+
+No pi process runs here: `binary` points at a placeholder file, so these tests need neither
+node nor the `.tools` install. The driver's turn judgement is checked on synthetic events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from connectors.base import LaunchOpts, StoreDecl, TurnOutcome, continuity_class
+from connectors.pi import (
+    PiConnector,
+    PiDriver,
+    judge_turn,
+    mint_session_id,
+    read_session_header,
+)
+from protocol.errors import Refusal
+from protocol.names import mint_lifecycle_uid
+
+SECRET = "sk-test-0123456789-do-not-leak"
+FLAGS = ["--mode", "rpc", "--offline", "--no-extensions", "--no-skills", "--no-prompt-templates"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "ws"
+    r.mkdir()
+    return r
+
+
+@pytest.fixture
+def binary(tmp_path: Path) -> Path:
+    b = tmp_path / "bin" / "pi"
+    b.parent.mkdir()
+    b.write_text("#!/bin/sh\nexit 99\n")
+    b.chmod(0o755)
+    return b
+
+
+def opts_for(root: Path, binary: Path, name: str = "alice", **kw: Any) -> LaunchOpts:
+    uid = kw.pop("uid", None) or mint_lifecycle_uid()
+    config = {"base_url": "http://127.0.0.1:9/v1", "model": "fake-model", "binary": str(binary)}
+    config.update(kw.pop("config", {}))
+    return LaunchOpts(
+        space="main", name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
+        session_pointer_path=root / ".cotal" / "sessions" / "pi" / f"{name}-{uid}.json",
+        config=config, **kw,
+    )
+
+
+def refusal(opts: LaunchOpts) -> str:
+    with pytest.raises(Refusal) as exc:
+        PiConnector().build_launch(opts)
+    return exc.value.text
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_declares_exact_continuity() -> None:
+    assert continuity_class(PiConnector.capabilities) == "exact"
+    assert PiConnector.name == "pi"
+
+
+def test_fresh_launch_seeds_a_session_file_and_opens_it_by_path(root: Path, binary: Path) -> None:
+    opts = opts_for(root, binary)
+    spec = PiConnector().build_launch(opts)
+    base = root / ".cotal" / "sessions" / "pi" / f"alice-{opts.lifecycle_uid}"
+    store = Path(f"{base}.store")
+    sid = spec.expected_session_id
+    assert sid is not None and sid == read_session_header(Path(spec.argv[-1]))["id"]
+    (seeded,) = store.iterdir()
+    assert seeded.name.endswith(f"_{sid}.jsonl")
+    assert spec.argv == [str(binary), *FLAGS, "--session-dir", str(store),
+                         "--provider", "cotal", "--model", "fake-model", "--session", str(seeded)]
+    header = json.loads(seeded.read_text())
+    assert header == {"type": "session", "version": 3, "id": sid, "timestamp": header["timestamp"], "cwd": str(root)}
+    assert seeded.read_text().count("\n") == 1
+    assert spec.cwd == root
+    assert spec.session_pointer_path == opts.session_pointer_path
+    assert spec.session_store == (StoreDecl("workspace-root", f".cotal/sessions/pi/alice-{opts.lifecycle_uid}.store"),)
+    assert (mode(store), mode(Path(f"{base}.agent")), mode(seeded)) == (0o700, 0o700, 0o600)
+    # Directories the connector had to create are private too, ancestors included.
+    assert [mode(root / d) for d in (".cotal", ".cotal/sessions", ".cotal/sessions/pi")] == [0o700] * 3
+
+
+def test_minted_ids_are_uuidv7() -> None:
+    ids = {mint_session_id() for _ in range(100)}
+    assert len(ids) == 100
+    for sid in ids:
+        assert len(sid) == 36 and sid[14] == "7" and sid[19] in "89ab"
+
+
+def test_continue_opens_exactly_the_recorded_file(root: Path, binary: Path) -> None:
+    connector = PiConnector()
+    first = opts_for(root, binary)
+    sid = connector.build_launch(first).expected_session_id
+    assert sid is not None
+    first.session_pointer_path.write_text("{}")  # stands in for the pointer the driver wrote
+    spec = connector.build_launch(replace(first, continue_session=sid))
+    store = first.session_pointer_path.with_suffix(".store")
+    (path,) = store.glob(f"*_{sid}.jsonl")
+    assert spec.argv[-2:] == ["--session", str(path)]
+    assert spec.argv.count("--session") == 1 and "--fork" not in spec.argv
+    assert spec.expected_session_id == sid
+    # A continuation keeps the pointer: it names the very session being reopened.
+    assert first.session_pointer_path.exists()
+    assert len(list(store.iterdir())) == 1
+
+
+def test_continue_with_unknown_id_names_path_and_id(root: Path, binary: Path) -> None:
+    opts = opts_for(root, binary, continue_session="01a2278a-387f-7559-b3e4-684e516dbf2f")
+    store = opts.session_pointer_path.with_suffix(".store")
+    assert refusal(opts) == (
+        f"pi connector: no session file for id 01a2278a-387f-7559-b3e4-684e516dbf2f in the seat's store {store} "
+        "(looked for *_01a2278a-387f-7559-b3e4-684e516dbf2f.jsonl); "
+        "restore the seat's session store (a checkpoint's harness store) or start the seat fresh"
+    )
+    assert not (root / ".cotal").exists()
+
+
+def test_continue_refuses_an_id_prefix(root: Path, binary: Path) -> None:
+    assert refusal(opts_for(root, binary, continue_session="01a2278a")) == (
+        "pi connector: continueSession '01a2278a' is not a full pi session id (a lowercase UUID); "
+        "pass the full id exactly as recorded; pi would treat a partial id as a prefix and silently open the newest match"
+    )
+
+
+def test_continue_refuses_a_session_recorded_in_another_cwd(root: Path, binary: Path, tmp_path: Path) -> None:
+    connector = PiConnector()
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    first = replace(opts_for(root, binary), cwd=other)
+    sid = connector.build_launch(first).expected_session_id
+    assert refusal(replace(first, cwd=root, continue_session=sid)) == (
+        f"pi connector: session {sid} was recorded in cwd {other}, but the seat's cwd is {root}; "
+        f"pi would silently run in {other}; launch the seat with cwd {other}"
+    )
+    other.rmdir()
+    assert refusal(replace(first, continue_session=sid)) == (
+        f"pi connector: session {sid} was recorded in cwd '{other}', which does not exist on this host; "
+        "restore the workspace at that path (same workspace root on both hosts)"
+    )
+
+
+def test_fork_by_id_finds_another_seats_store_and_drops_a_stale_pointer(root: Path, binary: Path) -> None:
+    connector = PiConnector()
+    source = opts_for(root, binary, name="alice")
+    source_id = connector.build_launch(source).expected_session_id
+    assert source_id is not None
+    (source_file,) = source.session_pointer_path.with_suffix(".store").iterdir()
+    fork = opts_for(root, binary, name="carol", resume=source_id)
+    fork.session_pointer_path.write_text("stale")
+    spec = connector.build_launch(fork)
+    assert spec.argv[-2:] == ["--fork", str(source_file)]
+    assert "--session" not in spec.argv
+    assert spec.expected_session_id is None
+    assert not fork.session_pointer_path.exists()
+    # By absolute path works too, and is passed through unchanged.
+    assert connector.build_launch(replace(fork, resume=str(source_file))).argv[-2:] == ["--fork", str(source_file)]
+
+
+def test_fork_of_a_missing_session_is_refused(root: Path, binary: Path) -> None:
+    sid = "01a2278a-387f-7559-b3e4-684e516dbf2f"
+    opts = opts_for(root, binary, resume=sid)
+    assert refusal(opts) == (
+        f"pi connector: no session file for id {sid} in the pi stores under {opts.session_pointer_path.parent} "
+        f"(looked for *_{sid}.jsonl); "
+        "restore the seat's session store (a checkpoint's harness store) or start the seat fresh"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"prompt": ""}, "pi connector refuses an empty prompt; pass a non-empty --prompt"),
+        ({"prompt": "   "}, "pi connector refuses an empty prompt; pass a non-empty --prompt"),
+        ({"prompt": "-x"}, "pi connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); reword the prompt so it starts with a letter"),
+        ({"prompt": "@f"}, "pi connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); reword the prompt so it starts with a letter"),
+        ({"resume": "01a2278a-387f-7559-b3e4-684e516dbf2f", "continue_session": "01a2278a-387f-7559-b3e4-684e516dbf2f"},
+         "pi connector: resume and continueSession are mutually exclusive; pass either --resume (fork) or let the manager continue the seat's own session"),
+    ],
+)
+def test_prompt_and_session_refusals(root: Path, binary: Path, kw: dict[str, Any], text: str) -> None:
+    assert refusal(opts_for(root, binary, **kw)) == text
+    # A refusal changes nothing: no seat directory was created.
+    assert not (root / ".cotal").exists()
+
+
+@pytest.mark.parametrize(
+    ("config", "text"),
+    [
+        ({"home": "/x", "launch_options": {"a": 1}},
+         "pi connector: config key(s) home, launch_options are not implemented, so they would be dropped at launch and on every restart; "
+         "remove them; pi honours api_key_env, base_url, binary, extra_env, model, provider"),
+        ({"base_url": None},
+         "pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got None); "
+         "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1"),
+        ({"base_url": "http://user:pw@127.0.0.1:9/v1"},
+         "pi connector: base_url must not carry credentials (user:password@); put the key in an environment variable and name it with api_key_env"),
+        ({"api_key_env": "COTAL_TEST_PI_UNSET_KEY"},
+         "pi connector: api_key_env names COTAL_TEST_PI_UNSET_KEY, which is not set in the manager's environment; "
+         "export COTAL_TEST_PI_UNSET_KEY before starting the manager, or drop api_key_env"),
+        ({"api_key_env": "!cat /etc/key"},
+         "pi connector: api_key_env '!cat /etc/key' is not an environment variable name; name the variable that holds the key, e.g. OPENAI_API_KEY"),
+        ({"binary": "pi"},
+         "pi connector: binary must be an absolute path, got 'pi'; set agents.pi.binary to the absolute path of pi's cli.js, or unset it to use the pinned install"),
+        ({"model": None},
+         "pi connector needs a model id (letters, digits, ._:/@+-), got None; pass --model or set agents.pi.model in cotal.toml"),
+    ],
+)
+def test_config_refusals(root: Path, binary: Path, config: dict[str, Any], text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COTAL_TEST_PI_UNSET_KEY", raising=False)
+    opts = opts_for(root, binary)
+    merged = {k: v for k, v in {**opts.config, **config}.items() if v is not None}
+    assert refusal(replace(opts, config=merged)) == text
+
+
+def test_key_reaches_pi_only_by_name(root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COTAL_TEST_PI_KEY", SECRET)
+    # Operator credentials outside the allow-list must not leak into the seat.
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-leak")
+    monkeypatch.setenv("PI_CODING_AGENT_SESSION_DIR", "/somewhere/else")
+    opts = opts_for(root, binary, config={"api_key_env": "COTAL_TEST_PI_KEY", "extra_env": ["COTAL_TEST_EXTRA"]})
+    monkeypatch.setenv("COTAL_TEST_EXTRA", "visible")
+    spec = PiConnector().build_launch(opts)
+    agent = opts.session_pointer_path.with_suffix(".agent")
+
+    assert not any(SECRET in a for a in spec.argv)
+    # pi resolves the key from its environment at request time: the one place the value is.
+    assert [k for k, v in spec.env.items() if SECRET in v] == ["COTAL_TEST_PI_KEY"]
+    assert "OPENAI_API_KEY" not in spec.env and "sk-operator-leak" not in json.dumps(spec.env)
+    assert spec.env["COTAL_TEST_EXTRA"] == "visible"
+    for path in root.rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(), path
+    models = json.loads((agent / "models.json").read_text())
+    assert models["providers"]["cotal"]["apiKey"] == "COTAL_TEST_PI_KEY"
+    assert models["providers"]["cotal"]["baseUrl"] == "http://127.0.0.1:9/v1"
+    assert json.loads((agent / "settings.json").read_text())["retry"] == {"enabled": False}
+    assert (mode(agent / "models.json"), mode(agent / "settings.json")) == (0o600, 0o600)
+    assert {k: spec.env[k] for k in spec.env if k.startswith("PI_")} == {
+        "PI_CODING_AGENT_DIR": str(agent), "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0",
+    }
+    assert spec.env["COTAL_SESSION_STATE"] == str(opts.session_pointer_path)
+
+
+def test_js_entry_point_runs_under_an_explicit_node(root: Path, tmp_path: Path) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH")
+    cli = tmp_path / "cli.js"
+    cli.write_text("// placeholder\n")
+    spec = PiConnector().build_launch(opts_for(root, cli))
+    assert spec.argv[:2] == [node, str(cli)]
+
+
+def test_model_option_wins_over_config(root: Path, binary: Path) -> None:
+    spec = PiConnector().build_launch(opts_for(root, binary, model="other-model"))
+    assert spec.argv[spec.argv.index("--model") + 1] == "other-model"
+
+
+# -- the driver's judgement of a finished turn ----------------------------------------------------
+
+
+def _end(sent: str, *assistants: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "agent_end", "messages": [{"role": "user", "content": [{"type": "text", "text": sent}]}, *assistants]}
+
+
+def _assistant(stop: str, *parts: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": list(parts), "stopReason": stop, **extra}
+
+
+TEXT = {"type": "text", "text": "done."}
+
+
+@pytest.mark.parametrize(
+    ("event", "outcome"),
+    [
+        (_end("hi", _assistant("stop", TEXT)), TurnOutcome("ok", "done.")),
+        (_end("hi", _assistant("length", TEXT)), TurnOutcome("ok", "done.", "reply truncated at the output limit (stopReason length)")),
+        (_end("hi", _assistant("toolUse", {"type": "toolCall", "id": "c", "name": "bash", "arguments": {}}),
+              {"role": "toolResult", "content": []}, _assistant("stop", TEXT)), TurnOutcome("ok", "done.")),
+        (_end("hi", _assistant("error", errorMessage="500 boom")), TurnOutcome("error", detail="500 boom")),
+        (_end("hi", _assistant("aborted", errorMessage="Request was aborted")), TurnOutcome("aborted", detail="Request was aborted")),
+        (_end("hi", _assistant("stop")), TurnOutcome("unknown", detail="the model produced no output")),
+        (_end("hi", _assistant("stop", {"type": "text", "text": "  "})), TurnOutcome("unknown", detail="the model produced no output")),
+        (_end("hi", _assistant("weird", TEXT)), TurnOutcome("unknown", detail="pi ended the turn with stopReason 'weird'")),
+        (_end("hi"), TurnOutcome("unknown", detail="pi ended the turn with no assistant message")),
+        (_end("someone else's prompt", _assistant("stop", TEXT)), TurnOutcome("unknown", detail="agent_end does not carry the prompt that was sent")),
+    ],
+)
+def test_judge_turn(event: dict[str, Any], outcome: TurnOutcome) -> None:
+    assert judge_turn("hi", event) == outcome
+
+
+@pytest.mark.anyio
+async def test_driver_turn_ends_unknown_when_pi_exits_mid_turn() -> None:
+    """A scripted pi on memory streams: it accepts the prompt, starts the agent, then dies."""
+    to_pi_send, to_pi_recv = anyio.create_memory_object_stream[bytes](16)
+    from_pi_send, from_pi_recv = anyio.create_memory_object_stream[bytes](16)
+
+    class Stdout:
+        async def receive(self, max_bytes: int = 65536) -> bytes:
+            return await from_pi_recv.receive()
+
+    driver = PiDriver(to_pi_send, Stdout())
+
+    async def fake_pi() -> None:
+        command = json.loads(await to_pi_recv.receive())
+        assert command == {"id": "cotal-prompt-1", "type": "prompt", "message": "hello"}
+        await from_pi_send.send(b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":true}\n{"type":"agent_st')
+        await from_pi_send.send(b'art"}\n')
+        await from_pi_send.aclose()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(driver.run)
+            tg.start_soon(fake_pi)
+            outcome = await driver.prompt("hello", message_id="m1")
+    assert outcome == TurnOutcome("unknown", detail="turn m1 did not end: pi exited (its stdout closed)")
+    assert await driver.prompt("again", message_id="m2") == TurnOutcome(
+        "unknown", detail="not delivered: pi exited (its stdout closed)")
+
+
+@pytest.mark.anyio
+async def test_driver_reports_a_refused_prompt_as_error() -> None:
+    to_pi_send, to_pi_recv = anyio.create_memory_object_stream[bytes](16)
+    from_pi_send, from_pi_recv = anyio.create_memory_object_stream[bytes](16)
+
+    class Stdout:
+        async def receive(self, max_bytes: int = 65536) -> bytes:
+            return await from_pi_recv.receive()
+
+    driver = PiDriver(to_pi_send, Stdout())
+
+    async def fake_pi() -> None:
+        await to_pi_recv.receive()
+        await from_pi_send.send(
+            b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":false,'
+            b'"error":"Agent is already processing."}\n')
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(driver.run)
+            tg.start_soon(fake_pi)
+            outcome = await driver.prompt("hello", message_id="m1")
+            tg.cancel_scope.cancel()
+    assert outcome == TurnOutcome("error", detail="pi refused prompt m1: Agent is already processing.")
