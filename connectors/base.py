@@ -81,6 +81,10 @@ class LaunchSpec:
     session_store: tuple[StoreDecl, ...] = ()
     # Session id the manager expects the harness to report (exact continuation proof).
     expected_session_id: str | None = None
+    # A first prompt the driver delivers as turn 0, for harnesses that cannot take one in argv.
+    initial_prompt: str | None = None
+    # Names of env variables whose values are secrets: never logged, never persisted.
+    secret_env: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ class Connector(Protocol):
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec: ...
 
-    def make_driver(self, stdin: ByteSend, stdout: ByteReceive) -> Driver: ...
+    def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> Driver: ...
 
 
 # Only these variables of the manager's environment reach a seat; the operator's tokens and

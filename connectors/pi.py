@@ -37,7 +37,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -251,15 +251,6 @@ def find_session_file(store: Path, session_id: str) -> list[Path]:
 # -- the connector --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Launch:
-    """What one launch tells its driver that argv cannot: pi's RPC mode ignores positional
-    prompts, so the initial prompt is delivered as the driver's first turn."""
-
-    expected_session_id: str | None
-    initial_prompt: str | None
-
-
 class PiConnector:
     name = NAME
     capabilities = Capabilities(
@@ -268,10 +259,6 @@ class PiConnector:
         supports_fresh_start=True,
         supports_prompt=True,
     )
-
-    def __init__(self) -> None:
-        # Keyed by the seat's store directory, which the driver learns from pi's get_state.
-        self._launches: dict[Path, _Launch] = {}
 
     # -- launch -----------------------------------------------------------------------------------
 
@@ -322,7 +309,6 @@ class PiConnector:
             PI_SKIP_VERSION_CHECK="1",
             PI_TELEMETRY="0",
         )
-        self._launches[paths.store] = _Launch(expected, opts.prompt.strip() if opts.prompt else None)
         return LaunchSpec(
             argv=argv,
             env=env,
@@ -332,30 +318,17 @@ class PiConnector:
             # For a fresh seat this is the id the connector minted, so readiness proves pi
             # opened the seeded file rather than some other session.
             expected_session_id=expected,
+            # pi's RPC mode ignores a prompt on its command line; the driver sends it as the
+            # first turn once the session is known.
+            initial_prompt=opts.prompt.strip() if opts.prompt else None,
         )
 
-    def make_driver(
-        self,
-        stdin: ByteSend,
-        stdout: ByteReceive,
-        *,
-        pointer_path: Path | None = None,
-        expected_session_id: str | None = None,
-        initial_prompt: str | None = None,
-    ) -> PiDriver:
-        """A driver for one pi process.
-
-        The contract's `make_driver(stdin, stdout)` carries no launch: the driver finds its
-        launch (expected id, initial prompt) by the store of the session pi reports, and the
-        pointer as that store's sibling. The keyword arguments override both, for callers that
-        have the LaunchSpec at hand.
-        """
+    def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> PiDriver:
         return PiDriver(
             stdin, stdout,
-            pointer_path=pointer_path,
-            expected_session_id=expected_session_id,
-            initial_prompt=initial_prompt,
-            claim_launch=self._launches.pop if pointer_path is None else None,
+            pointer_path=spec.session_pointer_path,
+            expected_session_id=spec.expected_session_id,
+            initial_prompt=spec.initial_prompt,
         )
 
 
@@ -594,7 +567,6 @@ class PiDriver:
         pointer_path: Path | None = None,
         expected_session_id: str | None = None,
         initial_prompt: str | None = None,
-        claim_launch: Callable[[Path, Any], _Launch | None] | None = None,
         line_cap: int = LINE_CAP,
     ) -> None:
         self._stdin = stdin
@@ -602,7 +574,6 @@ class PiDriver:
         self._pointer_path = pointer_path
         self._expected = expected_session_id
         self._initial = initial_prompt
-        self._claim_launch = claim_launch
         self._line_cap = line_cap
         self._send_lock = anyio.Lock()
         self._turn_lock = anyio.Lock()
@@ -745,21 +716,9 @@ class PiDriver:
         sid, sfile = data.get("sessionId"), data.get("sessionFile")
         self.session_id = sid if isinstance(sid, str) and sid else None
         self.session_file = sfile if isinstance(sfile, str) and sfile else None
-        self._bind_launch()
         await self._write_pointer("running")
         self._state_known.set()
         return self.session_id
-
-    def _bind_launch(self) -> None:
-        """Find this launch's record by the store pi reports; the pointer is that store's sibling."""
-        if self._claim_launch is None or self.session_file is None:
-            return
-        claim, self._claim_launch = self._claim_launch, None
-        launch = claim(Path(self.session_file).parent, None)
-        self._pointer_path = pointer_for_session_file(self.session_file)
-        if launch is not None:
-            self._expected = launch.expected_session_id
-            self._initial = launch.initial_prompt
 
     async def _write_pointer(self, status: Literal["running", "quit"]) -> None:
         sid, sfile, path = self.session_id, self.session_file, self._pointer_path

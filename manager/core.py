@@ -233,7 +233,7 @@ class Manager:
         seat.state = "starting"
         process = await handle.start()
         assert process.stdin is not None and process.stdout is not None
-        driver = seat.connector.make_driver(process.stdin, process.stdout)
+        driver = seat.connector.make_driver(process.stdin, process.stdout, spec)
         seat.driver = driver
         incarnation = seat.incarnation
         started = False

@@ -145,5 +145,5 @@ class ScribeConnector:
             expected_session_id=opts.continue_session,
         )
 
-    def make_driver(self, stdin: ByteSend, stdout: ByteReceive) -> JsonLinesDriver:
+    def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> JsonLinesDriver:
         return JsonLinesDriver(stdin, stdout, ScribeCodec())

@@ -133,7 +133,7 @@ async def running_pi(connector: PiConnector, opts: LaunchOpts, log_dir: Path) ->
         os.close(err)
     try:
         assert proc.stdin is not None and proc.stdout is not None
-        driver = connector.make_driver(proc.stdin, proc.stdout)
+        driver = connector.make_driver(proc.stdin, proc.stdout, spec)
         async with anyio.create_task_group() as tg:
             await tg.start(driver.run)
             yield Seat(spec, proc, driver)

@@ -88,7 +88,7 @@ async def seat(root: Path, *, own_driver: bool = False, **kw: object) -> AsyncIt
     try:
         assert process.stdin is not None and process.stdout is not None
         driver = (
-            connector.make_driver(process.stdin, process.stdout) if own_driver
+            connector.make_driver(process.stdin, process.stdout, spec) if own_driver
             else JsonLinesDriver(process.stdin, process.stdout, ScribeCodec(), on_event=log)
         )
         async with anyio.create_task_group() as tg:
