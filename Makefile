@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 demo: $(STAMP)
-	$(PY) bench/../deploy/demo.py
+	$(PY) deploy/demo.py
 
 clean:
 	rm -rf $(VENV) .tools .demo
