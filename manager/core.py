@@ -40,6 +40,7 @@ from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
 from protocol import control, names
 from protocol.errors import DecodeError, Refusal
+from protocol.maintenance import Maintenance
 from protocol.messages import DirectMessage, ManagerLease, Presence, encode
 from protocol.session import SessionPointer, decode_pointer
 
@@ -87,7 +88,7 @@ class Seat:
 
 class Manager:
     def __init__(self, layout: Layout, space: str, nc: Client, identity: InstanceIdentity,
-                 server_url: str) -> None:
+                 server_url: str, *, resume_attempt_id: str | None = None) -> None:
         self.layout = layout
         self.space = space
         self.nc = nc
@@ -96,7 +97,8 @@ class Manager:
         self.server_url = server_url
         self.config = registry.load_config(layout.root)
         self.seats: dict[str, Seat] = {}
-        self.state = "active"
+        self.maintenance = Maintenance(resume_attempt_id=resume_attempt_id)
+        self.stopping = False
         self.in_flight = 0
         self._drained = anyio.Event()
         self._drained.set()
@@ -109,14 +111,24 @@ class Manager:
 
     # -- lifecycle fence ------------------------------------------------------------------------
 
+    @property
+    def state(self) -> str:
+        return "stopping" if self.stopping else self.maintenance.state
+
+    @property
+    def active(self) -> bool:
+        return self.maintenance.state == "active" and not self.stopping
+
     @asynccontextmanager
     async def lifecycle(self, what: str) -> AsyncIterator[None]:
-        if self.state != "active":
-            raise Refusal(
-                "fenced",
-                f"{what} refused: the manager is {self.state}",
-                "wait for the maintenance attempt to finish or abort it",
-            )
+        # Check and count in one synchronous step: a fence set before the cut's first await
+        # then sees every operation that got in, and nothing new can.
+        if self.stopping:
+            raise Refusal("fenced", f"{what} refused: the manager is stopping", "wait for it to exit")
+        try:
+            self.maintenance.check_lifecycle()
+        except Refusal as exc:
+            raise Refusal(exc.code, f"{what} refused: {exc.message}", exc.cure) from None
         self.in_flight += 1
         self._drained = anyio.Event() if self.in_flight == 1 else self._drained
         try:
@@ -344,7 +356,7 @@ class Manager:
     # -- exits and crash recovery -----------------------------------------------------------------
 
     async def _on_exit(self, seat: Seat, incarnation: int, code: int | None) -> None:
-        if seat.stopping or self.state != "active" or self.seats.get(seat.name) is not seat:
+        if seat.stopping or not self.active or self.seats.get(seat.name) is not seat:
             # A deliberate stop or a cut owns this exit; the watcher must not deprovision.
             return
         pointer: SessionPointer | None = None
@@ -374,7 +386,7 @@ class Manager:
                 log.info("seat.restarted", seat=seat.name, session=seat.session_id, restarts=seat.restarts)
         except Refusal as exc:
             log.error("seat.recovery_failed", seat=seat.name, error=exc.text)
-            if self.state == "active":
+            if self.active:
                 await self._free(seat)
 
     async def _free(self, seat: Seat) -> None:
@@ -461,8 +473,17 @@ class Manager:
 
     async def op_shutdown(self, _args: control.NoArgs) -> dict[str, Any]:
         stopped: list[dict[str, Any]] = []
+        if self.maintenance.state == "preserving":
+            raise Refusal("fenced", f"shutdown refused: preservation attempt {self.maintenance.attempt_id} is in progress",
+                          "commit or abort it first (cotal down --preserve-state continues it)")
+        if self.maintenance.state != "active":
+            # Cleanup is suppressed outside `active`: the seats' durables are the cut's or the
+            # resume's, so the daemon exits without deprovisioning anything.
+            await self.stop_all_keep_footprint()
+            self.shutdown_requested.set()
+            return {"stopped": [], "footprintKept": True, "state": self.maintenance.state}
         async with self.lifecycle("shutdown"):
-            self.state = "stopping"
+            self.stopping = True
             try:
                 async with anyio.create_task_group() as tg:
                     for seat in list(self.seats.values()):
@@ -479,7 +500,7 @@ class Manager:
 
     async def stop_all_keep_footprint(self) -> None:
         """Daemon stop by signal: seats stop, durables stay (nothing here is a teardown)."""
-        self.state = "stopping"
+        self.stopping = True
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for seat in list(self.seats.values()):

@@ -53,7 +53,7 @@ async def serve(root: Path, space: str, server: str, creds: Path | None) -> None
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
-            if manager.state != "stopping":
+            if not manager.stopping:
                 await manager.stop_all_keep_footprint()
             try:
                 layout.socket.unlink()

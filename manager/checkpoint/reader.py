@@ -1,0 +1,210 @@
+"""The checkpoint reader and gate 1, integrity (record 2.2).
+
+A record is read without following symlinks, under its size cap, and re-stat'd after reading;
+it is then parsed strictly and its Ed25519 signature verified. Integrity then proves every file
+the record names is present, regular, of its recorded size and digest, and did not change while
+it was hashed, and that nothing else sits beside it. Every file-level failure is one stable code,
+`integrity`, with the file, what differed, and the cure; nothing downstream runs after one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import hashlib
+import os
+import stat
+from collections.abc import Collection
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from manager.workspace.private import read_stable
+from protocol.checkpoint import (
+    CHECKPOINT_CAP,
+    CHECKPOINT_FILE,
+    MANIFEST_CAP,
+    MANIFEST_FILE,
+    AttemptManifest,
+    FileRef,
+    SeatCheckpoint,
+    checkpoint_files,
+    decode_manifest,
+    decode_seat_checkpoint,
+    signing_payload,
+)
+from protocol.errors import Refusal
+
+CHUNK = 1024 * 1024
+
+_CURE_DAMAGED = (
+    "the checkpoint was altered or damaged after it was sealed; copy the attempt directory again "
+    "from the source host, or cut a new checkpoint"
+)
+
+
+def _integrity(path: Path, detail: str, cure: str = _CURE_DAMAGED) -> Refusal:
+    return Refusal("integrity", f"checkpoint integrity: {path} {detail}", cure)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def verify_file(directory: Path, ref: FileRef) -> None:
+    """Gate 1 for one file: present, regular, not a symlink, recorded size and sha256, stable."""
+    path = Path(directory) / ref.file
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise _integrity(path, f"is missing from {directory}") from None
+        if exc.errno == errno.ELOOP:
+            raise _integrity(path, "is a symlink; the record names a regular file") from None
+        raise _integrity(path, f"cannot be opened ({exc.strerror})") from None
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise _integrity(path, "is not a regular file")
+        if before.st_size != ref.bytes:
+            raise _integrity(path, f"is {before.st_size} bytes, the record says {ref.bytes}")
+        digest = hashlib.sha256()
+        read = 0
+        while chunk := os.read(fd, CHUNK):
+            digest.update(chunk)
+            read += len(chunk)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    try:
+        again = os.lstat(path)
+    except FileNotFoundError:
+        again = None
+    if again is None or _identity(before) != _identity(after) or _identity(after) != _identity(again):
+        raise _integrity(path, "changed while it was being read", "retry once nothing writes to the checkpoint")
+    if read != ref.bytes:
+        raise _integrity(path, f"ended after {read} of {ref.bytes} bytes")
+    if digest.hexdigest() != ref.sha256:
+        raise _integrity(path, f"hashes to {digest.hexdigest()}, the record says {ref.sha256}")
+
+
+def _read_record(path: Path, cap: int, what: str) -> bytes:
+    try:
+        return read_stable(path, cap=cap, what=what).data
+    except Refusal as exc:
+        # Missing, symlinked, oversized or moving record files are integrity failures too.
+        raise Refusal("integrity", f"checkpoint integrity: {exc.message}", exc.cure or _CURE_DAMAGED) from None
+
+
+def verify_signature(record: SeatCheckpoint | AttemptManifest, *, what: str, trusted_keys: Collection[str] | None = None) -> None:
+    """The signature must verify under the recorded key, and that key must be trusted if a set is given.
+
+    A recorded key alone proves the record is unaltered since a signer sealed it, not who that
+    signer was; `trusted_keys` is how a caller pins the manager that may have sealed it.
+    """
+    if record.signer is None or not record.signature:
+        raise Refusal("bad-signature", f"{what} is not signed", "cut a new checkpoint; an unsigned record is never admitted")
+    try:
+        key = Ed25519PublicKey.from_public_bytes(base64.b64decode(record.signer.public_key, validate=True))
+        key.verify(base64.b64decode(record.signature, validate=True), signing_payload(record))
+    except (InvalidSignature, ValueError, binascii.Error):
+        raise Refusal(
+            "bad-signature",
+            f"{what} signature does not verify under its recorded public key {record.signer.public_key}",
+            "the record was altered after sealing; copy it again from the source host or cut a new checkpoint",
+        ) from None
+    if trusted_keys is not None and record.signer.public_key not in trusted_keys:
+        raise Refusal(
+            "untrusted-signer",
+            f"{what} was sealed by key {record.signer.public_key} (instance {record.signer.instance_id}), "
+            "which this destination does not trust",
+            "admit checkpoints only from the space's own manager, or add its key deliberately",
+        )
+
+
+def _parse_seat(data: bytes, path: Path, trusted_keys: Collection[str] | None) -> SeatCheckpoint:
+    record = decode_seat_checkpoint(data)
+    verify_signature(record, what=f"seat checkpoint {path}", trusted_keys=trusted_keys)
+    return record
+
+
+def read_seat_checkpoint(seat_dir: Path, *, trusted_keys: Collection[str] | None = None) -> SeatCheckpoint:
+    """Read, parse and verify one seat's `checkpoint.json` (it does not hash the files it names)."""
+    path = Path(seat_dir) / CHECKPOINT_FILE
+    return _parse_seat(_read_record(path, CHECKPOINT_CAP, "seat checkpoint"), path, trusted_keys)
+
+
+def read_manifest(attempt_dir: Path, *, trusted_keys: Collection[str] | None = None) -> AttemptManifest:
+    path = Path(attempt_dir) / MANIFEST_FILE
+    manifest = decode_manifest(_read_record(path, MANIFEST_CAP, "checkpoint manifest"))
+    verify_signature(manifest, what=f"checkpoint manifest {path}", trusted_keys=trusted_keys)
+    return manifest
+
+
+def _check_exact_entries(directory: Path, expected: set[str]) -> None:
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        raise _integrity(directory, "is missing") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise _integrity(directory, "is not a plain directory (a symlink or a file is there)")
+    extra = sorted(set(os.listdir(directory)) - expected)
+    if extra:
+        names = ", ".join(extra)
+        raise _integrity(
+            directory,
+            f"holds entries its record does not name: {names}",
+            "a sealed checkpoint holds exactly the files its record names; move the extra entries out "
+            "(a leftover .*.tmp is a write interrupted after sealing) and retry",
+        )
+
+
+def verify_seat_files(seat_dir: Path, record: SeatCheckpoint) -> None:
+    """Gate 1 over one seat directory: every named file, and nothing else."""
+    refs = checkpoint_files(record)
+    _check_exact_entries(Path(seat_dir), {CHECKPOINT_FILE, *(ref.file for ref in refs)})
+    for ref in refs:
+        verify_file(Path(seat_dir), ref)
+
+
+def verify_integrity(attempt_dir: Path, *, trusted_keys: Collection[str] | None = None) -> list[SeatCheckpoint]:
+    """Gate 1 over a whole attempt: the manifest, the resume document, every seat and every file.
+
+    Returns the seat records in manifest order; a single failure anywhere refuses the attempt.
+    """
+    attempt_dir = Path(attempt_dir)
+    manifest = read_manifest(attempt_dir, trusted_keys=trusted_keys)
+    _check_exact_entries(attempt_dir, {MANIFEST_FILE, manifest.resume.file, *(seat.dir for seat in manifest.seats)})
+    verify_file(attempt_dir, manifest.resume)
+    records: list[SeatCheckpoint] = []
+    for seat in manifest.seats:
+        seat_dir = attempt_dir / seat.dir
+        path = seat_dir / CHECKPOINT_FILE
+        data = _read_record(path, CHECKPOINT_CAP, "seat checkpoint")
+        digest = hashlib.sha256(data).hexdigest()
+        if len(data) != seat.checkpoint.bytes or digest != seat.checkpoint.sha256:
+            raise _integrity(
+                path,
+                f"is {len(data)} bytes hashing to {digest}, the manifest says "
+                f"{seat.checkpoint.bytes} bytes hashing to {seat.checkpoint.sha256}",
+            )
+        record = _parse_seat(data, path, trusted_keys)
+        if record.name != seat.name or record.space != manifest.space:
+            raise _integrity(
+                path,
+                f"is for seat {record.name!r} in space {record.space!r}, the manifest says "
+                f"{seat.name!r} in {manifest.space!r}",
+            )
+        assert record.signer is not None and manifest.signer is not None  # verify_signature proved both
+        if record.signer.public_key != manifest.signer.public_key:
+            raise Refusal(
+                "bad-signature",
+                f"seat checkpoint {path} was sealed by key {record.signer.public_key}, "
+                f"the manifest by {manifest.signer.public_key}",
+                "one attempt is sealed by one manager; do not mix seat directories from different cuts",
+            )
+        verify_seat_files(seat_dir, record)
+        records.append(record)
+    return records

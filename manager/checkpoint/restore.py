@@ -1,0 +1,580 @@
+"""The repository half of the resume (record 6 step 7) and session-file placement.
+
+Everything is built in `<target>.incoming`, beside the target so the final renames stay on one
+filesystem, and the target is touched only by the promotion, which runs after every step has
+succeeded and the staged tree already shows the recorded status. A failure before promotion
+leaves the target as it was and the staging directory as the evidence of what failed; nothing
+here ever deletes a staging directory, because it is the only record of that failure.
+
+The sequence, in order: verify every digest before any write; check the bundle carries exactly
+the recorded refs; clone; verify the base; detach at the base; recreate the recorded refs (a
+clone keeps branches and tags only, and would drop refs/stash); apply the index diff with
+--index; put back intent-to-add entries whose file was gone at the cut; apply the worktree diff;
+mark the remaining intent-to-add entries; extract the untracked archive under strict member
+rules; reattach HEAD to its branch; compare `git status`; promote; compare again in place.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import stat
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import anyio.to_thread
+
+from manager.checkpoint.gitstate import STATUS_ARGS, run_git
+from manager.checkpoint.reader import verify_file
+from manager.workspace.private import DIR_MODE, FILE_MODE, fsync_dir
+from protocol.checkpoint import (
+    CONTROL_DIR,
+    RepositoryRecord,
+    SessionFile,
+    check_relpath,
+    parse_refs_list,
+    porcelain_by_path,
+)
+from protocol.errors import Refusal
+
+STAMP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+CHUNK = 1024 * 1024
+_RESTORE_REFLOG = "cotal: restored from checkpoint"
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    target: Path
+    # Where the previous contents of the target went, or None when there was nothing to move.
+    superseded: Path | None
+    head: str | None
+    status: str
+
+
+def _show_status(status: str, limit: int = 600) -> str:
+    text = status.replace("\x00", "\\0")
+    return repr(text if len(text) <= limit else text[:limit] + "…")
+
+
+# -- safe paths beneath a directory fd ----------------------------------------------------------
+
+
+def _open_dirs(root_fd: int, rel: str, *, create: bool) -> tuple[int, str]:
+    """Open the parent of `rel` beneath `root_fd`, creating missing directories if asked.
+
+    Every step is opened with O_NOFOLLOW, so a symlink anywhere on the way (one planted by an
+    earlier archive member or carried in the tracked tree) refuses instead of being written through.
+    """
+    parts = rel.split("/")
+    fd = os.dup(root_fd)
+    try:
+        for part in parts[:-1]:
+            if create:
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Refusal(
+                        "unsafe-archive",
+                        f"{rel} would be written through {part!r}, which is a symlink or not a directory",
+                        "the checkpoint is not one cotal captured; cut a new one on the source host",
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
+
+
+def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
+    name = member.name
+    problem = None
+    if not name or "\x00" in name or "\\" in name:
+        problem = "has an empty or unprintable name"
+    elif name.startswith("/"):
+        problem = "is an absolute path"
+    elif any(part in ("", ".", "..") for part in name.split("/")):
+        problem = "has an empty, '.' or '..' segment"
+    elif name.split("/")[0].casefold() in (".git", CONTROL_DIR):
+        problem = "lands in .git/ or the control directory"
+    elif member.islnk():
+        problem = "is a hard link"
+    elif not (member.isreg() or member.issym()):
+        problem = "is not a regular file or symlink (directory, device, fifo or other)"
+    else:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in symlinks:
+                problem = f"would be written through the symlink {'/'.join(parts[:i])} an earlier member made"
+                break
+    if problem:
+        raise Refusal(
+            "unsafe-archive",
+            f"untracked archive member {name!r} {problem}",
+            "the checkpoint is not one cotal captured; cut a new one on the source host",
+        )
+    return name
+
+
+def _extract_untracked(tar_path: Path, root: Path) -> None:
+    """Extract the untracked archive into `root`, member by member, creating nothing it must replace."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    tar_fd = os.open(tar_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    symlinks: set[str] = set()
+    try:
+        with os.fdopen(tar_fd, "rb") as stream, tarfile.open(fileobj=stream, mode="r:") as tar:
+            for member in tar:
+                name = _check_member(member, symlinks)
+                parent, leaf = _open_dirs(root_fd, name, create=True)
+                try:
+                    if member.issym():
+                        os.symlink(member.linkname, leaf, dir_fd=parent)
+                        symlinks.add(name)
+                        continue
+                    mode = member.mode & 0o777
+                    fd = os.open(
+                        leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent
+                    )
+                    with os.fdopen(fd, "wb") as out:
+                        src = tar.extractfile(member)
+                        assert src is not None  # a regular member always has a data stream
+                        while chunk := src.read(CHUNK):
+                            out.write(chunk)
+                        os.fchmod(out.fileno(), mode)
+                except FileExistsError:
+                    raise Refusal(
+                        "unsafe-archive",
+                        f"untracked archive member {name!r} would replace a path the restore already wrote",
+                        "the checkpoint is not one cotal captured; cut a new one on the source host",
+                    ) from None
+                finally:
+                    os.close(parent)
+    except tarfile.TarError as exc:
+        raise Refusal("unsafe-archive", f"untracked archive {tar_path} cannot be read ({exc})", "cut a new checkpoint") from None
+    finally:
+        os.close(root_fd)
+
+
+def _create_placeholder(root: Path, rel: str) -> None:
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        parent, leaf = _open_dirs(root_fd, rel, create=True)
+        try:
+            os.close(os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=parent))
+        finally:
+            os.close(parent)
+    finally:
+        os.close(root_fd)
+
+
+# -- the staged build ---------------------------------------------------------------------------
+
+
+async def _for_each_ref(repo: Path) -> dict[str, str]:
+    out = await run_git(repo, "for-each-ref", "--format=%(objectname) %(refname)")
+    refs: dict[str, str] = {}
+    for line in out.stdout.decode("utf-8").splitlines():
+        oid, _, name = line.partition(" ")
+        refs[name] = oid
+    return refs
+
+
+async def _mark_intent_to_add(repo: Path, paths: Sequence[str]) -> None:
+    if not paths:
+        return
+    # Literal pathspecs: a path with glob characters must name itself, not a pattern; --force
+    # because `git add -N -f` can mark an ignored path and the cut recorded what was there.
+    await run_git(
+        repo,
+        "add",
+        "--intent-to-add",
+        "--force",
+        "--pathspec-from-file=-",
+        "--pathspec-file-nul",
+        stdin="\0".join(paths).encode() + b"\0",
+        env={"GIT_LITERAL_PATHSPECS": "1"},
+        code="restore-failed",
+        cure="the recorded intent-to-add entries do not fit the restored tree",
+    )
+
+
+async def _build(staging: Path, seat_dir: Path, record: RepositoryRecord, refs: dict[str, str]) -> None:
+    bundle = seat_dir / record.bundle.file
+    await run_git(
+        staging.parent,
+        "clone",
+        "--quiet",
+        "--template=",
+        "--no-checkout",
+        str(bundle),
+        str(staging),
+        code="restore-failed",
+        cure="the bundle cannot be cloned; copy the checkpoint again from the source host",
+    )
+    found = await run_git(staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128))
+    if found.rc != 0:
+        raise Refusal(
+            "base-absent",
+            f"the bundle does not contain the recorded base commit {record.base}, so the diffs do not apply to its history",
+            "the bundle and the record do not belong together; copy the checkpoint again from the source host",
+        )
+    await run_git(staging, "checkout", "--quiet", "--detach", record.base, code="restore-failed")
+
+    # The clone's remote points at the checkpoint's bundle file; the seat never had it.
+    await run_git(staging, "remote", "remove", "origin", code="restore-failed")
+    present = await _for_each_ref(staging)
+    commands = [f"update {name} {oid}\n" for name, oid in sorted(refs.items())]
+    commands += [f"delete {name}\n" for name in sorted(set(present) - set(refs))]
+    if commands:
+        # --create-reflog so refs/stash gets the reflog `git stash list` reads its entries from.
+        await run_git(
+            staging,
+            "update-ref",
+            "--create-reflog",
+            "-m",
+            _RESTORE_REFLOG,
+            "--stdin",
+            stdin="".join(commands).encode(),
+            code="restore-failed",
+            cure="the bundle does not hold the objects the recorded refs name; copy the checkpoint again",
+        )
+    if await _for_each_ref(staging) != refs:
+        raise Refusal(
+            "refs-mismatch",
+            "the restored refs differ from the refs the checkpoint recorded",
+            "copy the checkpoint again from the source host",
+        )
+
+    await run_git(
+        staging,
+        "apply",
+        "--index",
+        "--binary",
+        "--allow-empty",
+        "--whitespace=nowarn",
+        str(seat_dir / record.index_diff.file),
+        code="apply-failed",
+        cure="the index diff does not apply to the recorded base; the checkpoint is inconsistent, cut a new one",
+    )
+    # An intent-to-add entry whose file was gone at the cut shows in the worktree diff as the
+    # deletion of an empty file; that deletion only applies to an entry that exists.
+    status_of = porcelain_by_path(record.status)
+    gone = [p for p in record.intent_to_add if status_of.get(p) == " D"]
+    for path in gone:
+        _create_placeholder(staging, path)
+    await _mark_intent_to_add(staging, gone)
+    await run_git(
+        staging,
+        "apply",
+        "--binary",
+        "--allow-empty",
+        "--whitespace=nowarn",
+        str(seat_dir / record.worktree_diff.file),
+        code="apply-failed",
+        cure="the worktree diff does not apply on top of the index diff; the checkpoint is inconsistent, cut a new one",
+    )
+    # The rest were created as new files by the worktree diff; mark them as the cut had them.
+    await _mark_intent_to_add(staging, [p for p in record.intent_to_add if p not in gone])
+    await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
+
+    if record.head is not None:
+        if refs.get(record.head) != record.base:
+            raise Refusal(
+                "refs-mismatch",
+                f"HEAD was on {record.head} at the cut, but that branch points at "
+                f"{refs.get(record.head, 'nothing')}, not the base {record.base}",
+                "the checkpoint is inconsistent; cut a new one",
+            )
+        await run_git(staging, "symbolic-ref", "HEAD", record.head, code="restore-failed")
+
+    staged = (await run_git(staging, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
+    if staged != record.status:
+        raise Refusal(
+            "restore-mismatch",
+            f"the staged tree's git status is {_show_status(staged)}, the checkpoint recorded {_show_status(record.status)}",
+            "the checkpoint does not reproduce its own tree; cut a new one",
+        )
+
+
+# -- promotion ----------------------------------------------------------------------------------
+
+
+def _claim_aside(target: Path, stamp: str) -> Path:
+    """Claim `<target>.superseded.<stamp>[.<k>]` by exclusive mkdir; the name is ours alone."""
+    for k in range(100):
+        aside = target.with_name(f"{target.name}.superseded.{stamp}" + (f".{k}" if k else ""))
+        try:
+            os.mkdir(aside, DIR_MODE)
+            return aside
+        except FileExistsError:
+            continue
+    raise Refusal(
+        "restore-failed",
+        f"no free name for moving {target} aside ({target.name}.superseded.{stamp}[.1-99] all exist)",
+        "pass a new stamp or clear old superseded directories",
+    )
+
+
+def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Path | None:
+    parent = target.parent
+    if not os.path.lexists(target):
+        os.rename(staging, target)
+        fsync_dir(parent)
+        return None
+    kept = [name for name in keep if os.path.lexists(target / name)]
+    if kept and not set(os.listdir(target)) - set(kept):
+        # Only the control directory is there (a fresh root): nothing to move aside.
+        for name in sorted(os.listdir(staging)):
+            os.rename(staging / name, target / name)
+        os.rmdir(staging)
+        fsync_dir(target)
+        fsync_dir(parent)
+        return None
+    aside = _claim_aside(target, stamp)
+    if not kept:
+        # rename(2) replaces the empty directory just claimed, atomically.
+        os.rename(target, aside)
+        os.rename(staging, target)
+        fsync_dir(parent)
+        return aside
+    # The single-root case: the target holds the destination's own control directory, which a
+    # running daemon may be using and which holds this very checkpoint. It stays where it is
+    # (same inode); everything else moves aside and the staged tree moves in around it.
+    moved_out: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for name in sorted(os.listdir(target)):
+            if name not in kept:
+                os.rename(target / name, aside / name)
+                moved_out.append(name)
+        for name in sorted(os.listdir(staging)):
+            os.rename(staging / name, target / name)
+            moved_in.append(name)
+        os.rmdir(staging)
+    except OSError as exc:
+        for name in reversed(moved_in):
+            os.rename(target / name, staging / name)
+        for name in reversed(moved_out):
+            os.rename(aside / name, target / name)
+        raise Refusal(
+            "restore-failed",
+            f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; {staging} is left as evidence",
+            f"inspect {staging}, remove it and the empty {aside} by hand, then restore again",
+        ) from None
+    fsync_dir(target)
+    fsync_dir(aside)
+    fsync_dir(parent)
+    return aside
+
+
+def _check_target(target: Path, stamp: str, keep_paths: Sequence[str]) -> None:
+    if not STAMP_RE.fullmatch(stamp):
+        raise Refusal("bad-stamp", f"stamp {stamp!r} is not a safe token", "pass a stamp such as 20261129T140000Z")
+    for name in keep_paths:
+        if "/" in name or name in ("", ".", "..", ".git"):
+            raise Refusal("bad-keep", f"keep path {name!r} is not a single top-level name", "pass names such as .cotal")
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise Refusal(
+            "bad-target",
+            f"restore target {target} is a symlink or not a directory",
+            "point the seat's cwd at a real directory, or move what is there aside",
+        )
+
+
+async def restore_repository(
+    seat_dir: Path,
+    record: RepositoryRecord,
+    target: Path,
+    *,
+    stamp: str,
+    keep_paths: tuple[str, ...] = (CONTROL_DIR,),
+) -> RestoreResult:
+    """Rebuild the captured repository at `target` through a staging directory beside it."""
+    seat_dir = Path(os.path.abspath(seat_dir))
+    target = Path(os.path.abspath(target))
+    _check_target(target, stamp, keep_paths)
+    staging = target.with_name(target.name + ".incoming")
+
+    # Every digest is proven before the first write anywhere.
+    for ref in (record.bundle, record.index_diff, record.worktree_diff, record.untracked, record.refs):
+        if ref is not None:
+            await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
+    refs: dict[str, str] = {}
+    if record.refs is not None:
+        try:
+            refs = parse_refs_list((seat_dir / record.refs.file).read_bytes())
+        except ValueError as exc:
+            raise Refusal("refs-mismatch", f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint") from None
+    heads = await run_git(seat_dir, "bundle", "list-heads", str(seat_dir / record.bundle.file), code="restore-failed")
+    carried = {}
+    for line in heads.stdout.decode("utf-8", "replace").splitlines():
+        oid, _, name = line.partition(" ")
+        if name != "HEAD":
+            carried[name] = oid
+    if carried != refs:
+        differ = sorted(name for name in set(carried) | set(refs) if carried.get(name) != refs.get(name))
+        raise Refusal(
+            "refs-mismatch",
+            f"the bundle's refs differ from the refs the checkpoint recorded ({', '.join(differ[:5])})",
+            "the bundle and the record do not belong together; copy the checkpoint again from the source host",
+        )
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(staging)
+    except FileExistsError:
+        raise Refusal(
+            "staging-exists",
+            f"refusing: {staging} already exists; it is the evidence of an earlier failed restore — inspect and remove it by hand",
+            f"inspect {staging}, remove it by hand, then restore again",
+        ) from None
+    try:
+        await _build(staging, seat_dir, record, refs)
+        clash = [name for name in keep_paths if os.path.lexists(staging / name)]
+        if clash:
+            raise Refusal(
+                "restore-failed",
+                f"the restored tree holds {', '.join(clash)}, which the destination keeps in place",
+                "the checkpoint carries a control directory it never should; cut a new one",
+            )
+    except Refusal as exc:
+        raise Refusal(
+            exc.code,
+            f"{exc.message}; {target} is unchanged and {staging} is left as the evidence",
+            f"{exc.cure}; inspect {staging} and remove it by hand before restoring again",
+        ) from None
+    except OSError as exc:
+        raise Refusal(
+            "restore-failed",
+            f"restoring into {staging} failed ({exc}); {target} is unchanged and {staging} is left as the evidence",
+            f"inspect {staging} and remove it by hand before restoring again",
+        ) from None
+
+    aside = _promote(staging, target, stamp, keep_paths)
+    final = (await run_git(target, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
+    if final != record.status:
+        where = f"; the previous tree is at {aside}" if aside else ""
+        raise Refusal(
+            "restore-mismatch",
+            f"after promotion {target} reports git status {_show_status(final)}, the checkpoint recorded "
+            f"{_show_status(record.status)}{where}",
+            f"inspect {target} before starting the seat; something other than the checkpoint is in the tree",
+        )
+    return RestoreResult(target=target, superseded=aside, head=record.head, status=final)
+
+
+# -- session files ------------------------------------------------------------------------------
+
+
+def session_destination(entry: SessionFile, *, cwd: Path, workspace_root: Path, home: Path) -> Path:
+    """Where a captured session file goes back: its anchor resolved on this host, plus its relpath."""
+    base = {"cwd": cwd, "workspace-root": workspace_root, "home": home}[entry.anchor]
+    try:
+        check_relpath("relpath", entry.relpath)
+    except ValueError as exc:
+        raise Refusal("unsafe-path", str(exc), "cut a new checkpoint") from None
+    return Path(base) / entry.relpath
+
+
+def _hash_nofollow(path: Path, what: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refusal("unsafe-path", f"{what} {path} is a symlink", "replace it with the real file") from None
+        raise
+    with os.fdopen(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refusal("unsafe-path", f"{what} {path} is not a regular file", "move it aside")
+        digest = hashlib.sha256()
+        while chunk := stream.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _nofollow_opener(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _make_parents(path: Path) -> None:
+    missing: list[Path] = []
+    probe = path
+    while not os.path.lexists(probe):
+        missing.append(probe)
+        probe = probe.parent
+    if not stat.S_ISDIR(os.stat(probe).st_mode):
+        raise Refusal("unsafe-path", f"{probe} is not a directory", f"move it aside so {path} can be created")
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, DIR_MODE)
+        except FileExistsError:
+            pass
+
+
+def place_session_file(
+    src_file: Path, dest_path: Path, *, expected_sha256: str | None = None
+) -> Literal["placed", "present"]:
+    """Put one session file back: exclusive create 0600 with 0700 parents.
+
+    An existing file with the same digest is accepted (a retried restore); a different one is
+    refused naming both digests, because overwriting a transcript is how a seat loses history.
+    """
+    src_file, dest_path = Path(src_file), Path(dest_path)
+    src_digest = _hash_nofollow(src_file, "session file")
+    if expected_sha256 is not None and src_digest != expected_sha256:
+        raise Refusal(
+            "integrity",
+            f"checkpoint integrity: {src_file} hashes to {src_digest}, the record says {expected_sha256}",
+            "copy the checkpoint again from the source host",
+        )
+    if not os.path.lexists(dest_path):
+        _make_parents(dest_path.parent)
+        tmp = dest_path.with_name(f".{dest_path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        digest = hashlib.sha256()
+        try:
+            with open(src_file, "rb", opener=_nofollow_opener) as src:
+                out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+                with os.fdopen(out_fd, "wb") as out:
+                    while chunk := src.read(CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+            if digest.hexdigest() != src_digest:
+                raise Refusal("unstable", f"session file {src_file} changed while it was copied", "retry")
+            try:
+                # link, not rename: publication must not replace a file that appeared meanwhile.
+                os.link(tmp, dest_path)
+            except FileExistsError:
+                pass
+            else:
+                fsync_dir(dest_path.parent)
+                return "placed"
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+    existing = _hash_nofollow(dest_path, "session destination")
+    if existing != src_digest:
+        raise Refusal(
+            "session-conflict",
+            f"{dest_path} already exists with sha256 {existing}; the checkpoint's file {src_file} has sha256 {src_digest}",
+            f"move {dest_path} aside if the checkpoint's session is the one to resume, then restore again",
+        )
+    return "present"
