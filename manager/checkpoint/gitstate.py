@@ -444,7 +444,14 @@ def _write_untracked_tar(top: Path, paths: Sequence[bytes], out: ExclusiveFile, 
         with tarfile.open(fileobj=Sink(), mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for raw in paths:
                 rel = os.fsdecode(raw)
-                parent, leaf = _open_parent(top_fd, rel)
+                try:
+                    parent, leaf = _open_parent(top_fd, rel)
+                except OSError as exc:
+                    raise Refusal(
+                        "changed-during-capture",
+                        f"untracked file {rel} is no longer beneath a plain directory ({exc.strerror})",
+                        "make sure nothing writes to the seat's tree, then cut again",
+                    ) from None
                 try:
                     st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
                     info = tarfile.TarInfo(rel)
@@ -535,10 +542,10 @@ async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | 
         if name != "HEAD":
             carried[name] = oid
     if carried != refs:
-        missing = sorted(set(refs) - set(carried)) or sorted(set(carried) ^ set(refs)) or ["(differing targets)"]
+        differ = sorted(name for name in set(carried) | set(refs) if carried.get(name) != refs.get(name))
         raise Refusal(
             "bundle-refs",
-            f"the bundle of {cwd} does not carry exactly the repository's refs ({', '.join(missing)})",
+            f"the bundle of {cwd} does not carry exactly the repository's refs ({', '.join(differ[:5])})",
             "make sure nothing changes the repository during the cut, then cut again",
         )
 

@@ -420,7 +420,16 @@ async def restore_repository(
             refs = parse_refs_list((seat_dir / record.refs.file).read_bytes())
         except ValueError as exc:
             raise Refusal("refs-mismatch", f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint") from None
-    heads = await run_git(seat_dir, "bundle", "list-heads", str(seat_dir / record.bundle.file), code="restore-failed")
+    # The ceiling keeps git from discovering the destination's own repository above the
+    # checkpoint: listing a bundle needs none, and that repository is not ours to read.
+    heads = await run_git(
+        seat_dir,
+        "bundle",
+        "list-heads",
+        str(seat_dir / record.bundle.file),
+        env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
+        code="restore-failed",
+    )
     carried = {}
     for line in heads.stdout.decode("utf-8", "replace").splitlines():
         oid, _, name = line.partition(" ")

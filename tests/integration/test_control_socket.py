@@ -109,10 +109,11 @@ try:
 except PermissionError:
     print("EACCES"); sys.exit(0)
 body = json.dumps({"op": "hello", "token": token}).encode()
-s.sendall(struct.pack(">I", len(body)) + body)
+# The server may close before, during or after our send; all of those are "closed".
 try:
+    s.sendall(struct.pack(">I", len(body)) + body)
     data = s.recv(65536)
-except ConnectionResetError:
+except (BrokenPipeError, ConnectionResetError):
     data = b""
 print("CLOSED" if data == b"" else "ANSWERED")
 """

@@ -1,0 +1,406 @@
+"""The sealed checkpoint format: one `checkpoint.json` per seat and one `manifest.json` per attempt.
+
+Layout of an attempt directory (record 1.3 steps 7 and 8; design ARCHITECTURE "The cut"):
+
+    <attemptId>/
+      manifest.json          sealed last of all; names every seat's checkpoint.json by digest
+      resume.json            the resume document, copied in so the attempt travels as one unit
+      <seat>/                one directory per seat, named by the seat
+        repo.bundle  index.diff  worktree.diff  untracked.tar  refs.txt   (repository half)
+        session-*            the harness session pointer and store files (session half)
+        checkpoint.json      sealed last in its directory; names every file above by digest
+
+A directory is sealed exactly when its record file exists: the record is published by an
+exclusive link after every file it names is durable, so a crash leaves a directory with no record
+(never admitted) rather than a record naming bytes that never landed.
+
+This module is pure: records, strict decoders, the signing payload and the continuity cap. The
+writer is `manager/checkpoint/seal.py`, the reader and gates `manager/checkpoint/reader.py`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from protocol.codec import decode_json, encode_json
+from protocol.names import ATTEMPT_ID_RE, INSTANCE_ID_RE, LIFECYCLE_UID_RE, SEAT_NAME_RE, SPACE_RE
+
+SEAT_CHECKPOINT_FORMAT = "cotal-seat-checkpoint/v1"
+MANIFEST_FORMAT = "cotal-checkpoint-manifest/v1"
+
+CHECKPOINT_FILE = "checkpoint.json"
+MANIFEST_FILE = "manifest.json"
+RESUME_FILE = "resume.json"
+# Names the writer itself publishes; a captured file can never take one of them.
+RESERVED_FILES = frozenset({CHECKPOINT_FILE, MANIFEST_FILE})
+
+CHECKPOINT_CAP = 256 * 1024
+MANIFEST_CAP = 1024 * 1024
+DEFAULT_RECENCY_HORIZON_MS = 24 * 60 * 60 * 1000
+
+# Repository artifacts inside a seat directory.
+BUNDLE_FILE = "repo.bundle"
+INDEX_DIFF_FILE = "index.diff"
+WORKTREE_DIFF_FILE = "worktree.diff"
+UNTRACKED_FILE = "untracked.tar"
+REFS_FILE = "refs.txt"
+
+# The one untracked selection rule this format knows. The record carries the text so that a
+# destination can refuse a rule it cannot reproduce (record 1.1) instead of restoring a thinner
+# tree; `.cotal/` is excluded because in the single-root case it holds the manager's secrets.
+UNTRACKED_SELECTION = "git ls-files --others --exclude-standard -z, excluding .cotal/"
+CONTROL_DIR = ".cotal"
+
+ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
+Anchor = Literal["cwd", "workspace-root", "home"]
+
+FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
+FileName = Annotated[str, msgspec.Meta(pattern=FILE_NAME_RE.pattern)]
+Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+# A full object id: SHA-1 repositories give 40 hex, SHA-256 repositories 64.
+ObjectId = Annotated[str, msgspec.Meta(pattern=r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")]
+Instant = Annotated[str, msgspec.Meta(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+SpaceName = Annotated[str, msgspec.Meta(pattern=SPACE_RE.pattern)]
+SeatName = Annotated[str, msgspec.Meta(pattern=SEAT_NAME_RE.pattern)]
+LifecycleUid = Annotated[str, msgspec.Meta(pattern=LIFECYCLE_UID_RE.pattern)]
+InstanceId = Annotated[str, msgspec.Meta(pattern=INSTANCE_ID_RE.pattern)]
+AttemptId = Annotated[str, msgspec.Meta(pattern=ATTEMPT_ID_RE.pattern)]
+# git check-ref-format forbids spaces and control characters, which is what lets refs.txt be
+# one "<oid> <refname>" per line.
+HeadRef = Annotated[str, msgspec.Meta(pattern=r"^refs/heads/[^\x00-\x20\x7f~^:?*\[\\]+$", max_length=1024)]
+
+
+# -- instants -----------------------------------------------------------------------------------
+
+
+def format_instant(when: datetime) -> str:
+    """RFC 3339 in UTC with milliseconds, the one spelling the record accepts."""
+    if when.tzinfo is None:
+        raise ValueError("a checkpoint instant must be timezone-aware")
+    utc = when.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def parse_instant(text: str) -> datetime:
+    """Parse an instant written by `format_instant`; anything else is a ValueError."""
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z", text):
+        raise ValueError(f"{text!r} is not RFC 3339 UTC with milliseconds (2026-11-29T14:00:00.123Z)")
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def _check_instant(field: str, text: str) -> None:
+    try:
+        parse_instant(text)
+    except ValueError:
+        raise ValueError(f"{field} {text!r} is not a real calendar instant") from None
+
+
+# -- paths --------------------------------------------------------------------------------------
+
+
+def check_relpath(field: str, path: str) -> str:
+    """A relative POSIX path that cannot climb out of the directory it is resolved against."""
+    if not path or len(path) > 4096:
+        raise ValueError(f"{field} must be a non-empty relative path of at most 4096 characters")
+    if "\x00" in path or "\\" in path:
+        raise ValueError(f"{field} {path!r} contains a NUL or a backslash")
+    if path.startswith("/"):
+        raise ValueError(f"{field} {path!r} is absolute; it must be relative to its anchor")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise ValueError(f"{field} {path!r} has an empty, '.' or '..' segment")
+    return path
+
+
+def _in_control_dir(path: str) -> bool:
+    return path == CONTROL_DIR or path.startswith(CONTROL_DIR + "/")
+
+
+# -- porcelain status and refs list --------------------------------------------------------------
+
+
+def parse_porcelain_z(status: str) -> list[tuple[str, str]]:
+    """Split `git status --porcelain=v1 -z` text into (XY, path) pairs.
+
+    A rename or copy entry carries its source as an extra NUL-terminated field; it is consumed
+    and not returned, since restore only needs each path's own two status letters.
+    """
+    entries: list[tuple[str, str]] = []
+    fields = status.split("\x00")
+    if fields[-1] != "":
+        raise ValueError("status must be NUL-terminated porcelain v1 -z text")
+    fields.pop()
+    i = 0
+    while i < len(fields):
+        item = fields[i]
+        if len(item) < 4 or item[2] != " ":
+            raise ValueError(f"status entry {item!r} is not 'XY path'")
+        xy, path = item[:2], item[3:]
+        entries.append((xy, path))
+        i += 2 if xy[0] in "RC" else 1
+    if i != len(fields):
+        raise ValueError("status ends inside a rename entry")
+    return entries
+
+
+def porcelain_by_path(status: str) -> dict[str, str]:
+    """Each path's two status letters (XY), keyed by path."""
+    return {path: xy for xy, path in parse_porcelain_z(status)}
+
+
+def format_refs_list(refs: Mapping[str, str]) -> bytes:
+    """refs.txt: one `<oid> <refname>` line per ref, sorted by name, so it diffs and hashes stably."""
+    return "".join(f"{refs[name]} {name}\n" for name in sorted(refs)).encode()
+
+
+def parse_refs_list(data: bytes) -> dict[str, str]:
+    """Inverse of `format_refs_list`; a malformed line is a ValueError naming it."""
+    refs: dict[str, str] = {}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("refs list is not UTF-8") from None
+    if text and not text.endswith("\n"):
+        raise ValueError("refs list does not end with a newline")
+    for line in text.splitlines():
+        m = re.fullmatch(r"([0-9a-f]{40}|[0-9a-f]{64}) (refs/[^\x00-\x20\x7f~^:?*\[\\]+)", line)
+        if not m:
+            raise ValueError(f"refs list line {line!r} is not '<oid> <refname>'")
+        if m.group(2) in refs:
+            raise ValueError(f"refs list names {m.group(2)} twice")
+        refs[m.group(2)] = m.group(1)
+    return refs
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+class FileRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A captured file: its basename inside the seat (or attempt) directory, size and digest."""
+
+    file: FileName
+    bytes: NonNegative
+    sha256: Sha256Hex
+
+
+class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
+
+    `base` is HEAD's commit; `head` is the branch HEAD pointed at (None when detached), so the
+    restore can reattach HEAD instead of leaving the seat on a detached checkout. `status` is
+    `git status --porcelain=v1 -z --untracked-files=all --no-renames` under the selection rule,
+    re-read by the restore in the promoted tree. `intentToAdd` lists the `git add -N` entries the
+    two diffs cannot carry (peers.md 6); their bytes travel in the worktree diff. `refs` lists
+    every ref at the cut, because cloning a bundle recreates only branches and tags and drops
+    refs/stash; it is None only when the repository had no refs at all (a bare detached HEAD).
+    """
+
+    base: ObjectId
+    untracked_selection: str
+    status: str
+    bundle: FileRef
+    index_diff: FileRef
+    worktree_diff: FileRef
+    untracked: FileRef
+    intent_to_add: list[str]
+    head: HeadRef | None = None
+    refs: FileRef | None = None
+
+    def __post_init__(self) -> None:
+        if self.untracked_selection != UNTRACKED_SELECTION:
+            raise ValueError(
+                f"untrackedSelection {self.untracked_selection!r} is not the rule this reader "
+                f"reproduces ({UNTRACKED_SELECTION!r})"
+            )
+        try:
+            entries = porcelain_by_path(self.status)
+        except ValueError as exc:
+            raise ValueError(f"status: {exc}") from None
+        for path in self.intent_to_add:
+            check_relpath("intentToAdd entry", path)
+            if _in_control_dir(path) or path == ".git" or path.startswith(".git/"):
+                raise ValueError(f"intentToAdd entry {path!r} is inside .cotal/ or .git/")
+            # An intent-to-add entry is invisible in the index diff and always differs from
+            # the worktree, so status shows it as " A" (file present) or " D" (file gone).
+            if entries.get(path) not in (" A", " D"):
+                raise ValueError(f"intentToAdd entry {path!r} is not ' A' or ' D' in status")
+        if len(set(self.intent_to_add)) != len(self.intent_to_add):
+            raise ValueError("intentToAdd names a path twice")
+
+
+class SessionFile(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A session file and where it goes back: an anchor plus a relative path, never absolute."""
+
+    anchor: Anchor
+    relpath: str
+    file: FileRef
+
+    def __post_init__(self) -> None:
+        check_relpath("relpath", self.relpath)
+
+
+class SessionRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    continuity: ContinuityClass
+    session_id: str | None = None
+    pointer: SessionFile | None = None
+    store: list[SessionFile] = []
+
+    def __post_init__(self) -> None:
+        if self.session_id is not None and (not self.session_id.strip() or len(self.session_id) > 4096):
+            raise ValueError("sessionId must be non-blank and at most 4096 characters")
+        # A class is a promise about bytes the artifact contains (record, Status): a
+        # continuation or fork needs the pointer, at least one store file and the id to reopen.
+        if self.continuity in ("exact", "fork"):
+            if self.pointer is None or not self.store or self.session_id is None:
+                raise ValueError(
+                    f"continuity {self.continuity!r} requires sessionId, pointer and at least one store file"
+                )
+
+
+class Signer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """Who sealed: the manager instance and its raw Ed25519 public key, base64."""
+
+    public_key: str
+    instance_id: InstanceId
+
+    def __post_init__(self) -> None:
+        if len(_b64("publicKey", self.public_key)) != 32:
+            raise ValueError("publicKey must be 32 bytes of raw Ed25519 key, base64")
+
+
+def _b64(field: str, text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{field} is not valid base64") from None
+
+
+def _check_signature_shape(signature: str) -> None:
+    # "" is the unsigned form the signing payload is computed over; the reader refuses it.
+    if signature and len(_b64("signature", signature)) != 64:
+        raise ValueError("signature must be 64 bytes of Ed25519 signature, base64")
+
+
+class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One seat at the cut (record 1.1). `entry` is the resume-inventory entry, carried unchanged."""
+
+    format: Literal["cotal-seat-checkpoint/v1"]
+    entry: dict[str, Any]
+    space: SpaceName
+    name: SeatName
+    lifecycle_uid: LifecycleUid
+    generation: NonNegative
+    captured_at: Instant
+    profile: Sha256Hex
+    repository: RepositoryRecord
+    session: SessionRecord
+    recency_horizon_ms: Positive = DEFAULT_RECENCY_HORIZON_MS
+    signer: Signer | None = None
+    signature: str = ""
+
+    def __post_init__(self) -> None:
+        _check_instant("capturedAt", self.captured_at)
+        _check_signature_shape(self.signature)
+        names = [ref.file for ref in checkpoint_files(self)]
+        for name in names:
+            if name in RESERVED_FILES:
+                raise ValueError(f"captured file {name!r} takes a name reserved for the sealed record")
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"captured file names must be distinct; {', '.join(dupes)} appear twice")
+
+
+class ManifestSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: SeatName
+    dir: FileName
+    checkpoint: FileRef
+
+    def __post_init__(self) -> None:
+        if self.dir != self.name:
+            raise ValueError(f"seat {self.name!r} must live in a directory of its own name, not {self.dir!r}")
+        if self.checkpoint.file != CHECKPOINT_FILE:
+            raise ValueError(f"seat {self.name!r} checkpoint must be {CHECKPOINT_FILE!r}")
+
+
+class AttemptManifest(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """Every seat sealed by one preservation attempt, and the resume document that goes with them."""
+
+    format: Literal["cotal-checkpoint-manifest/v1"]
+    attempt_id: AttemptId
+    space: SpaceName
+    created_at: Instant
+    seats: list[ManifestSeat]
+    resume: FileRef
+    signer: Signer | None = None
+    signature: str = ""
+
+    def __post_init__(self) -> None:
+        _check_instant("createdAt", self.created_at)
+        _check_signature_shape(self.signature)
+        dirs = [seat.dir for seat in self.seats]
+        if len(set(dirs)) != len(dirs):
+            raise ValueError("seats must name each seat once")
+        if self.resume.file in RESERVED_FILES or self.resume.file in dirs:
+            raise ValueError(f"resume file {self.resume.file!r} collides with the manifest or a seat directory")
+
+
+def checkpoint_files(record: SeatCheckpoint) -> list[FileRef]:
+    """Every file a seat checkpoint names besides itself, in a stable order."""
+    repo = record.repository
+    files = [repo.bundle, repo.index_diff, repo.worktree_diff, repo.untracked]
+    if repo.refs is not None:
+        files.append(repo.refs)
+    if record.session.pointer is not None:
+        files.append(record.session.pointer.file)
+    files.extend(sf.file for sf in record.session.store)
+    return files
+
+
+# -- signing, decoding, continuity --------------------------------------------------------------
+
+Signed = TypeVar("Signed", SeatCheckpoint, AttemptManifest)
+
+
+def signing_payload(record: SeatCheckpoint | AttemptManifest) -> bytes:
+    """The bytes a signature covers: the normalized JSON of the record with `signature` empty.
+
+    Normalized (sorted keys, no whitespace) so the signer and every reader derive the same
+    bytes from the same record whatever the file on disk looks like. The `format` field is
+    inside the payload, so a manifest signature can never verify as a seat checkpoint's.
+    """
+    return encode_json(msgspec.structs.replace(record, signature=""))
+
+
+def with_signature(record: Signed, signer: Signer, signature: bytes) -> Signed:
+    return msgspec.structs.replace(record, signer=signer, signature=base64.b64encode(signature).decode())
+
+
+def decode_seat_checkpoint(data: bytes) -> SeatCheckpoint:
+    return decode_json(data, SeatCheckpoint, what=f"seat checkpoint {CHECKPOINT_FILE}", cap=CHECKPOINT_CAP)
+
+
+def decode_manifest(data: bytes) -> AttemptManifest:
+    return decode_json(data, AttemptManifest, what=f"checkpoint {MANIFEST_FILE}", cap=MANIFEST_CAP)
+
+
+def continuity_capped(
+    declared: ContinuityClass, has_pointer: bool, store_count: int, supports_fresh_start: bool
+) -> ContinuityClass:
+    """The class a checkpoint may record: the declared one, capped by the bytes it carries.
+
+    exact and fork reopen a transcript, so they need the pointer that names the session and at
+    least one store file holding it; without both the promise falls to a fresh start where the
+    connector declares one, and to drain-only otherwise.
+    """
+    if declared in ("exact", "fork") and not (has_pointer and store_count >= 1):
+        return "fresh" if supports_fresh_start else "drain-only"
+    return declared
