@@ -34,6 +34,7 @@ from connectors.base import (
 from manager import registry
 from manager.broker import footprint
 from manager.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
+from manager.preserve import Preservation
 from manager.seats import SeatHandle
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
@@ -108,6 +109,7 @@ class Manager:
         self._presence: KeyValue | None = None
         self._leases: KeyValue | None = None
         self.started_at = now_iso()
+        self.preservation = Preservation(self)
 
     # -- lifecycle fence ------------------------------------------------------------------------
 
@@ -468,6 +470,17 @@ class Manager:
             return result
         finally:
             self.waiters.pop(dm.id, None)
+
+    # -- the cut --------------------------------------------------------------------------------
+
+    async def op_prepare_preservation(self, args: control.AttemptArgs) -> dict[str, Any]:
+        return await self.preservation.prepare(args)
+
+    async def op_commit_preservation(self, args: control.CommitPreservationArgs) -> dict[str, Any]:
+        return await self.preservation.commit(args)
+
+    async def op_abort_preservation(self, args: control.AttemptArgs) -> dict[str, Any]:
+        return await self.preservation.abort(args)
 
     # -- shutdown -------------------------------------------------------------------------------
 

@@ -65,3 +65,21 @@ def reap_if_child(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live pids whose environment holds `name=value`: the proof that no process of a seat's
+    lifecycle survives, including children that left the seat's process group."""
+    needle = f"{name}={value}".encode()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if needle in env and _start_time(int(entry)) is not None:
+            found.append(int(entry))
+    return found

@@ -78,3 +78,18 @@ def agent_settings(cfg: FileConfig, agent: str) -> Mapping[str, Any]:
     if entry is None:
         return {}
     return {k: v for k, v in msgspec.structs.asdict(entry).items() if v not in (None, [])}
+
+
+def profile_digest(agent: str, model: str | None, settings: Mapping[str, Any]) -> str:
+    """The launch profile revision: what a destination must match to run the same intent.
+
+    It covers the connector, the model and the operator's non-secret connector settings (a key
+    is referenced by the name of its variable, never its value), normalized so equal profiles
+    hash equally on every host.
+    """
+    import hashlib
+
+    from protocol.codec import encode_json
+
+    body = {"agent": agent, "model": model, "settings": dict(sorted(settings.items()))}
+    return hashlib.sha256(encode_json(body)).hexdigest()

@@ -1,0 +1,242 @@
+"""Capture and seal one seat after its death is proven, and the attempt's manifest after all.
+
+The same code serves the daemon (inside `commit-preservation`, right after the stop is proven)
+and the coordinator's offline recovery (after a daemon died mid-capture, once no process
+carrying the seat's uid is alive). Its inputs are the seat's inventory entry and paths, never
+the Manager, so what is captured depends only on what the plan recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from connectors.base import ContinuityClass, StoreDecl
+from manager.checkpoint.gitstate import capture_repository
+from manager.checkpoint.seal import (
+    capture_file,
+    create_seat_dir,
+    seal_manifest,
+    seal_seat,
+    write_file_exclusive,
+)
+from manager.workspace.identity import InstanceIdentity
+from manager.workspace.layout import CONTROL_DIR, Layout
+from manager.workspace.private import ensure_private_dir
+from protocol.checkpoint import (
+    DEFAULT_RECENCY_HORIZON_MS,
+    MANIFEST_FORMAT,
+    RESUME_FILE,
+    SEAT_CHECKPOINT_FORMAT,
+    AttemptManifest,
+    FileRef,
+    ManifestSeat,
+    RepositoryRecord,
+    SeatCheckpoint,
+    SessionFile,
+    SessionRecord,
+    continuity_capped,
+    format_instant,
+)
+from protocol.errors import Refusal
+from protocol.inventory import Agent
+
+log = structlog.get_logger("cotal.cut")
+
+Anchor = str
+Progress = Callable[[str, int], None]
+
+# Inside `.cotal/`, only session material may ever be captured; auth, the broker store and the
+# maintenance tree hold secrets or the cut's own state.
+CAPTURABLE_CONTROL = ("sessions",)
+
+
+def attempt_dir(layout: Layout, attempt_id: str) -> Path:
+    return layout.maintenance / "checkpoints" / attempt_id
+
+
+def anchor_of(path: Path, *, root: Path, cwd: Path, home: Path) -> tuple[Anchor, str]:
+    """Express an absolute session path portably, or refuse one no destination could place."""
+    path = Path(os.path.normpath(path))
+    for anchor, base in (("workspace-root", root), ("cwd", cwd), ("home", home)):
+        try:
+            rel = path.relative_to(base)
+        except ValueError:
+            continue
+        if str(rel) == ".":
+            continue
+        parts = rel.parts
+        if anchor in ("workspace-root", "cwd") and parts[0] == CONTROL_DIR and (
+            len(parts) < 2 or parts[1] not in CAPTURABLE_CONTROL
+        ):
+            raise Refusal(
+                "unsafe-store",
+                f"session store {path} lies in the control directory outside .cotal/sessions; it would carry secrets",
+                "name the harness's own session directory, never .cotal itself",
+            )
+        return anchor, str(rel)
+    raise Refusal(
+        "unanchored-store",
+        f"session store {path} is outside the workspace root, the seat's cwd and the home directory",
+        "move the store under the workspace root, or name one a destination can resolve",
+    )
+
+
+def store_dirs(decls: tuple[StoreDecl, ...], *, root: Path, cwd: Path, home: Path) -> list[Path]:
+    bases = {"workspace-root": root, "cwd": cwd, "home": home}
+    return [Path(os.path.normpath(bases[d.anchor] / d.relpath)) for d in decls]
+
+
+def _regular_files(directory: Path) -> list[Path]:
+    """Every regular file under a store, in a stable order; a symlink anywhere refuses."""
+    found: list[Path] = []
+    if not directory.exists():
+        return found
+    for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+        dirnames.sort()
+        for name in dirnames + sorted(filenames):
+            p = Path(dirpath) / name
+            mode = os.lstat(p).st_mode
+            if stat.S_ISLNK(mode):
+                raise Refusal("unsafe-store", f"session store entry {p} is a symlink",
+                              "replace it with the real file; a checkpoint never follows links")
+            if name in filenames:
+                if not stat.S_ISREG(mode):
+                    raise Refusal("unsafe-store", f"session store entry {p} is not a regular file", "move it aside")
+                found.append(p)
+    return found
+
+
+@dataclass
+class SeatSummary:
+    name: str
+    continuity: ContinuityClass
+    session_id: str | None
+    lifecycle_uid: str
+    bytes: int = 0
+    timings_ms: dict[str, int] = field(default_factory=dict)
+    checkpoint: FileRef | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "continuity": self.continuity, "sessionId": self.session_id,
+                "lifecycleUid": self.lifecycle_uid, "bytes": self.bytes, "timingsMs": self.timings_ms}
+
+
+def _refs_bytes(repo: RepositoryRecord) -> int:
+    refs = [repo.bundle, repo.index_diff, repo.worktree_diff, repo.untracked]
+    if repo.refs is not None:
+        refs.append(repo.refs)
+    return sum(r.bytes for r in refs)
+
+
+async def capture_seat(
+    layout: Layout,
+    attempt: Path,
+    agent: Agent,
+    *,
+    pointer_path: Path,
+    extra_stores: list[Path],
+    declared: ContinuityClass,
+    supports_fresh_start: bool,
+    identity: InstanceIdentity,
+    space: str,
+    horizon_ms: int = DEFAULT_RECENCY_HORIZON_MS,
+    progress: Progress | None = None,
+) -> SeatSummary:
+    """Repository, pointer and store files into a fresh 0700 seat directory, then the record."""
+    t0 = time.monotonic()
+    cwd = Path(agent.launch.cwd)
+    home = Path(os.path.expanduser("~"))
+    seat_dir = create_seat_dir(attempt, agent.name)
+    repository = await capture_repository(cwd, seat_dir, progress=progress)
+    t_repo = time.monotonic()
+
+    pointer: SessionFile | None = None
+    if pointer_path.exists():
+        anchor, rel = anchor_of(pointer_path, root=layout.root, cwd=cwd, home=home)
+        ref = capture_file(pointer_path, seat_dir, "session-pointer.json")
+        pointer = SessionFile(anchor=anchor, relpath=rel, file=ref)  # type: ignore[arg-type]
+    store: list[SessionFile] = []
+    dirs = [Path(p) for p in agent.launch.session_stores] + extra_stores
+    seen: set[Path] = set()
+    for directory in dirs:
+        if directory in seen:
+            continue
+        seen.add(directory)
+        for path in _regular_files(directory):
+            anchor, rel = anchor_of(path, root=layout.root, cwd=cwd, home=home)
+            ref = capture_file(path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}")
+            store.append(SessionFile(anchor=anchor, relpath=rel, file=ref))  # type: ignore[arg-type]
+    t_session = time.monotonic()
+
+    continuity = continuity_capped(declared, pointer is not None, len(store), supports_fresh_start)
+    record = SeatCheckpoint(
+        format=SEAT_CHECKPOINT_FORMAT,
+        entry=msgspec.to_builtins(agent),
+        space=space,
+        name=agent.name,
+        lifecycle_uid=agent.identity.lifecycle_uid,
+        generation=agent.generation,
+        captured_at=format_instant(datetime.now(UTC)),
+        profile=agent.launch.profile_sha256,
+        repository=repository,
+        session=SessionRecord(
+            continuity=continuity,
+            session_id=agent.launch.session_id if continuity in ("exact", "fork") else None,
+            pointer=pointer,
+            store=store,
+        ),
+        recency_horizon_ms=horizon_ms,
+    )
+    ref = seal_seat(seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id)
+    t_seal = time.monotonic()
+    summary = SeatSummary(
+        name=agent.name, continuity=continuity, session_id=record.session.session_id,
+        lifecycle_uid=agent.identity.lifecycle_uid,
+        bytes=_refs_bytes(repository) + sum(s.file.bytes for s in store) + (pointer.file.bytes if pointer else 0),
+        timings_ms={"repository": int((t_repo - t0) * 1000), "session": int((t_session - t_repo) * 1000),
+                    "seal": int((t_seal - t_session) * 1000)},
+        checkpoint=ref,
+    )
+    log.info("cut.sealed", seat=agent.name, continuity=continuity, bytes=summary.bytes, dir=str(seat_dir))
+    return summary
+
+
+def seal_attempt(attempt: Path, attempt_id: str, space: str, seats: list[SeatSummary], resume_document: bytes,
+                 identity: InstanceIdentity) -> FileRef:
+    """The manifest lists every sealed seat and carries the resume document: one directory is
+    all a destination needs. Sealed last of all, so its presence means the attempt is whole."""
+    resume = write_file_exclusive(attempt, RESUME_FILE, resume_document)
+    manifest = AttemptManifest(
+        format=MANIFEST_FORMAT,
+        attempt_id=attempt_id,
+        space=space,
+        created_at=format_instant(datetime.now(UTC)),
+        seats=[ManifestSeat(name=s.name, dir=s.name, checkpoint=s.checkpoint) for s in seats if s.checkpoint],
+        resume=resume,
+    )
+    return seal_manifest(attempt, manifest, identity.sign, identity.public_key_b64, identity.instance_id)
+
+
+def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
+    ensure_private_dir(layout.maintenance)
+    ensure_private_dir(layout.maintenance / "checkpoints")
+    path = attempt_dir(layout, attempt_id)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        raise Refusal(
+            "checkpoint-exists",
+            f"checkpoint directory {path} already exists; a sealed checkpoint is never overwritten",
+            "choose a new attempt, or move the directory aside if it is the evidence of a failed cut",
+        ) from None
+    return path

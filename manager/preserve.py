@@ -1,0 +1,248 @@
+"""The cut, daemon side (record 1.3): fence, drain, plan, persist; then stop, prove, capture, seal.
+
+`prepare` stops nothing: a plan that cannot resume fails there, when a failure costs nothing,
+and the fence is lifted again. `commit` is the point of no return: cleanup is suppressed (no
+deprovision, no restart), every seat is hard-stopped in parallel, each exit is proven, and only
+then is anything captured. A seat that cannot be proven stopped fails the cut by name and
+nothing is captured for it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgspec
+import structlog
+
+from manager import registry
+from manager.checkpoint import cut
+from manager.checkpoint.gitstate import preflight_repository
+from manager.procs import processes_with_env
+from manager.workspace.generation import current_generation
+from manager.workspace.journal import read_resume_document, write_resume_document
+from protocol import control, names
+from protocol.errors import Refusal
+from protocol.inventory import (
+    Agent,
+    Identity,
+    Inventory,
+    Launch,
+    encode_inventory,
+    parse_resume_args,
+    reference_rule_errors,
+)
+from protocol.maintenance import ResumeDescriptor
+
+if TYPE_CHECKING:
+    from manager.core import Manager, Seat
+
+log = structlog.get_logger("cotal.preserve")
+
+PRESERVE_STOP_TIMEOUT_S = 10.0
+
+
+class Preservation:
+    def __init__(self, mgr: Manager) -> None:
+        self.mgr = mgr
+        self.plan: Inventory | None = None
+        self.descriptor: ResumeDescriptor | None = None
+        self.result: dict[str, Any] | None = None
+
+    # -- prepare --------------------------------------------------------------------------------
+
+    async def prepare(self, args: control.AttemptArgs) -> dict[str, Any]:
+        attempt = names.check_attempt_id(args.attempt_id)
+        m = self.mgr.maintenance
+        if m.state in ("preserving", "preserved") and m.attempt_id == attempt and self.plan is not None:
+            return self._plan_result(attempt)
+        if self.mgr.stopping:
+            raise Refusal("fenced", "prepare-preservation refused: the manager is stopping", "wait for it to exit")
+        # The fence lands before any await, so accepted work has already counted itself.
+        m.apply("prepare", attempt)
+        try:
+            await self.mgr.drain()
+            inventory = self._build_inventory(attempt)
+            failures = self._reference_failures(inventory)
+            if failures:
+                raise Refusal("preservation-refused", "preservation incomplete: " + "; ".join(failures),
+                              "fix what each seat names, then cut again; nothing was stopped")
+            # A cut that cannot resume must fail here, before any child stops.
+            parse_resume_args(attempt, encode_inventory(inventory), space=self.mgr.space)
+            for agent in inventory.agents:
+                try:
+                    await preflight_repository(Path(agent.launch.cwd))
+                except Refusal as exc:
+                    raise Refusal(exc.code, f"seat {agent.name}: {exc.message}", exc.cure + "; nothing was stopped") from None
+            descriptor = write_resume_document(self.mgr.layout, inventory)
+            read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
+        except BaseException:
+            # Nothing was stopped, so the fence is lifted again and the seats carry on.
+            m.apply("abort", attempt)
+            log.info("cut.prepare_failed", attempt=attempt)
+            raise
+        self.plan, self.descriptor, self.result = inventory, descriptor, None
+        log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
+        return self._plan_result(attempt)
+
+    def _plan_result(self, attempt: str) -> dict[str, Any]:
+        assert self.plan is not None and self.descriptor is not None
+        return {"attemptId": attempt, "state": "prepared", "inventory": msgspec.to_builtins(self.plan),
+                "resume": msgspec.to_builtins(self.descriptor), "failures": []}
+
+    def _build_inventory(self, attempt: str) -> Inventory:
+        mgr = self.mgr
+        agents = [self._entry(seat) for seat in sorted(mgr.seats.values(), key=lambda s: s.name)]
+        return Inventory(version="cotal-manager-resume/v2", space=mgr.space, attempt_id=attempt,
+                         instance_id=mgr.identity.instance_id, created_at=_now(), agents=agents)
+
+    def _entry(self, seat: Seat) -> Agent:
+        mgr = self.mgr
+        settings = registry.agent_settings(mgr.config, seat.agent)
+        model = seat.model or settings.get("model")
+        stores: list[str] = []
+        if seat.spec is not None:
+            home = Path(os.path.expanduser("~"))
+            for d in cut.store_dirs(seat.spec.session_store, root=mgr.layout.root, cwd=seat.cwd, home=home):
+                cut.anchor_of(d, root=mgr.layout.root, cwd=seat.cwd, home=home)
+                stores.append(str(d))
+        session_id = seat.session_id
+        if seat.recovery_armed:
+            # The live pointer is consulted only while recovery is armed: it proves the latest
+            # in-process session; otherwise the recorded launch value stands.
+            from manager.core import read_pointer
+
+            session_id = read_pointer(seat.pointer_path).session_id
+        return Agent(
+            name=seat.name, space=mgr.space,
+            identity=Identity(mode="open", lifecycle_uid=seat.uid, owner=names.SEAT_OWNER),
+            launch=Launch(connector=seat.agent, cwd=str(seat.cwd), unresolved_launch_option_keys=[],
+                          profile_sha256=registry.profile_digest(seat.agent, model, settings),
+                          session_stores=stores, model=model, session_id=session_id),
+            dependencies=[],
+            generation=current_generation(mgr.layout, mgr.space, seat.name),
+            started_at=seat.started_at,
+        )
+
+    def _reference_failures(self, inventory: Inventory) -> list[str]:
+        failures: list[str] = []
+        for agent in inventory.agents:
+            failures += [f"{agent.name}: {e}" for e in reference_rule_errors(agent)]
+            if not Path(agent.launch.cwd).is_dir():
+                failures.append(f"{agent.name}: cwd {agent.launch.cwd} is not a directory")
+        return failures
+
+    # -- commit ---------------------------------------------------------------------------------
+
+    async def commit(self, args: control.CommitPreservationArgs) -> dict[str, Any]:
+        attempt = names.check_attempt_id(args.attempt_id)
+        m, mgr = self.mgr.maintenance, self.mgr
+        if m.state == "preserved" and m.attempt_id == attempt and self.result is not None:
+            return self.result
+        if self.plan is None or m.attempt_id != attempt or m.state != "preserving":
+            raise Refusal("not-prepared", f"preservation attempt {attempt} is not the prepared attempt (state {m.state})",
+                          "run prepare-preservation for this attempt first (cotal down --preserve-state does)")
+        home = Path(os.path.expanduser("~"))
+        extra = [Path(os.path.normpath(p)) for p in args.session_stores]
+        for agent in self.plan.agents:
+            for d in extra:
+                if not d.is_absolute() or not d.is_dir():
+                    raise Refusal("bad-store", f"--session-store {d} is not an existing absolute directory",
+                                  "pass the directory the harness keeps its sessions in")
+                cut.anchor_of(d, root=mgr.layout.root, cwd=Path(agent.launch.cwd), home=home)
+        m.apply("commit", attempt)
+        t0 = time.monotonic()
+        seats = {s.name: s for s in mgr.seats.values()}
+        failures: dict[str, str] = {}
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for seat in seats.values():
+                    tg.start_soon(self._stop_and_prove, seat, failures)
+        t_stop = time.monotonic()
+        log.info("cut.stopped", attempt=attempt, proven=len(seats) - len(failures), failed=sorted(failures))
+        attempt_path = cut.prepare_attempt_dir(mgr.layout, attempt)
+        summaries: list[cut.SeatSummary] = []
+        for agent in self.plan.agents:
+            seat = seats.get(agent.name)
+            if agent.name in failures or seat is None:
+                failures.setdefault(agent.name, "seat left the table before the cut")
+                continue
+            caps = seat.connector.capabilities
+            try:
+                summaries.append(await cut.capture_seat(
+                    mgr.layout, attempt_path, agent, pointer_path=seat.pointer_path, extra_stores=extra,
+                    declared=seat.continuity, supports_fresh_start=caps.supports_fresh_start,
+                    identity=mgr.identity, space=mgr.space, progress=_progress(agent.name),
+                ))
+            except Refusal as exc:
+                failures[agent.name] = exc.text
+                log.error("cut.capture_failed", seat=agent.name, error=exc.text)
+        t_capture = time.monotonic()
+        manifest = None
+        if not failures:
+            assert self.descriptor is not None
+            resume_bytes = encode_inventory(read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt))
+            manifest = cut.seal_attempt(attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity)
+        m.apply("stopped", attempt)
+        self.result = {
+            "attemptId": attempt, "state": m.state, "checkpointDir": str(attempt_path),
+            "sealed": manifest is not None, "seats": [s.as_dict() for s in summaries],
+            "failures": [{"name": n, "error": e} for n, e in sorted(failures.items())],
+            "timingsMs": {"stop": int((t_stop - t0) * 1000), "capture": int((t_capture - t_stop) * 1000),
+                          "total": int((time.monotonic() - t0) * 1000)},
+        }
+        log.info("cut.committed", attempt=attempt, sealed=manifest is not None, failures=len(failures))
+        return self.result
+
+    async def _stop_and_prove(self, seat: Seat, failures: dict[str, str]) -> None:
+        # Suppressed cleanup: the exit watcher sees `stopping` and a non-active state, so it
+        # neither restarts the seat nor deprovisions its durable.
+        seat.stopping = True
+        handle = seat.handle
+        if handle is not None and handle.process is not None:
+            try:
+                with anyio.fail_after(PRESERVE_STOP_TIMEOUT_S):
+                    await handle.stop(graceful=False)
+            except TimeoutError:
+                failures[seat.name] = f"could not be proven stopped within {PRESERVE_STOP_TIMEOUT_S:.0f}s (pid {handle.pid})"
+                return
+            if handle.status() != "exited":
+                failures[seat.name] = f"runtime reported exit while status is still {handle.status()}"
+                return
+        survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
+        if survivors:
+            failures[seat.name] = f"processes of its lifecycle are still alive: {survivors}"
+            return
+        seat.state = "exited"
+
+    # -- abort ----------------------------------------------------------------------------------
+
+    async def abort(self, args: control.AttemptArgs) -> dict[str, Any]:
+        attempt = names.check_attempt_id(args.attempt_id)
+        m = self.mgr.maintenance
+        if m.state == "active":
+            return {"attemptId": attempt, "state": "active"}
+        m.apply("abort", attempt, draining=self.mgr.in_flight > 0)
+        self.plan = self.descriptor = None
+        log.info("cut.aborted", attempt=attempt)
+        return {"attemptId": attempt, "state": m.state}
+
+
+def _progress(seat: str) -> cut.Progress:
+    last = [0.0]
+
+    def report(phase: str, done: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5:
+            last[0] = now
+            log.info("capture.progress", seat=seat, phase=phase, bytes=done)
+
+    return report
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
