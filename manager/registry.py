@@ -46,6 +46,8 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     api_key_env: str | None = None
     home: str | None = None
     extra_env: list[str] = []
+    # scribe only, a test aid: the harness ignores SIGTERM so a stop must escalate to SIGKILL.
+    ignore_sigterm: bool = False
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -77,7 +79,8 @@ def agent_settings(cfg: FileConfig, agent: str) -> Mapping[str, Any]:
     entry = cfg.agents.get(agent)
     if entry is None:
         return {}
-    return {k: v for k, v in msgspec.structs.asdict(entry).items() if v not in (None, [])}
+    # Only what the operator set: a connector refuses keys it does not know.
+    return {k: v for k, v in msgspec.structs.asdict(entry).items() if v not in (None, [], False)}
 
 
 def profile_digest(agent: str, model: str | None, settings: Mapping[str, Any]) -> str:

@@ -12,6 +12,8 @@ happens to be on PATH may be another version with other flags and another sessio
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
 import shutil
 import subprocess
@@ -28,11 +30,23 @@ TOOLS_DIR = REPO_ROOT / ".tools"
 
 
 @dataclass(frozen=True)
+class Native:
+    """A harness whose runnable program is a native binary in a per-platform optional
+    dependency (Claude Code: `@anthropic-ai/claude-code-linux-x64/claude`). The main package's
+    `bin` is only a stub that its postinstall script replaces, and installs here run with
+    `--ignore-scripts`, so the binary is taken from the platform package directly."""
+
+    package: str  # with `{platform}`, e.g. "@anthropic-ai/claude-code-{platform}"
+    bin: str
+
+
+@dataclass(frozen=True)
 class Pin:
     name: str
     package: str
     version: str
     bin: str
+    native: Native | None = None
 
     @property
     def prefix(self) -> Path:
@@ -41,6 +55,15 @@ class Pin:
     @property
     def package_dir(self) -> Path:
         return self.prefix / "node_modules" / self.package
+
+
+def npm_platform() -> str:
+    """This host in npm's optional-dependency naming: `linux-x64`, `linux-arm64-musl`, ..."""
+    system = {"linux": "linux", "darwin": "darwin", "win32": "win32"}.get(sys.platform, sys.platform)
+    machine = platform.machine().lower()
+    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    musl = system == "linux" and not platform.libc_ver()[0] and any(Path("/lib").glob("ld-musl-*"))
+    return f"{system}-{arch}{'-musl' if musl else ''}"
 
 
 def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
@@ -62,7 +85,18 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
                 f"harness pin {name!r} in {pin_file} needs non-empty string fields package and version",
                 "fix the entry",
             )
-        pins[name] = Pin(name, entry["package"], entry["version"], entry.get("bin") or name)
+        native = entry.get("native")
+        if native is not None and not (
+            isinstance(native, dict) and all(isinstance(native.get(k), str) and native.get(k) for k in ("package", "bin"))
+            and "{platform}" in native["package"]
+        ):
+            raise Refusal(
+                "malformed",
+                f"harness pin {name!r} in {pin_file}: native needs string fields package (with {{platform}}) and bin",
+                "fix the entry",
+            )
+        pins[name] = Pin(name, entry["package"], entry["version"], entry.get("bin") or name,
+                         Native(native["package"], native["bin"]) if native else None)
     return pins
 
 
@@ -116,9 +150,33 @@ def which(name: str, pin_file: Path = PIN_FILE) -> Path:
             f"harness {name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: {found}",
             "run `python -m manager.tools install`",
         )
+    if pin.native is not None:
+        return _native_binary(pin, pin.native)
     path = (pin.package_dir / _bin_relpath(pin)).resolve()
     if not path.is_file():
         raise Refusal("not-installed", f"harness {name} binary {path} is missing", "run `python -m manager.tools install`")
+    return path
+
+
+def _native_binary(pin: Pin, native: Native) -> Path:
+    package = native.package.replace("{platform}", npm_platform())
+    pkg_dir = pin.prefix / "node_modules" / package
+    try:
+        version = json.loads((pkg_dir / "package.json").read_text()).get("version")
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        version = None
+    if version != pin.version:
+        found = f"version {version} is installed" if version else "it is not installed"
+        raise Refusal(
+            "not-installed",
+            f"harness {pin.name}: its native package {package}@{pin.version} is not ready under {pin.prefix}: {found}"
+            " (npm installs only the platform packages this host can run)",
+            "run `python -m manager.tools install`; if this platform has no native package, the harness cannot run here",
+        )
+    path = pkg_dir / native.bin
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise Refusal("not-installed", f"harness {pin.name} binary {path} is missing or not executable",
+                      "run `python -m manager.tools install`")
     return path
 
 
@@ -151,10 +209,18 @@ def check_node(pin: Pin) -> None:
                       "install a newer Node.js")
 
 
+def _runnable(pin: Pin) -> bool:
+    try:
+        which(pin.name)
+    except Refusal:
+        return False
+    return True
+
+
 def install(pin: Pin) -> str:
     """Install `pin` under `.tools/<name>/` unless that exact version is already there."""
     have = installed_version(pin)
-    if have == pin.version:
+    if have == pin.version and _runnable(pin):
         check_node(pin)
         return f"{pin.name}: {pin.package}@{pin.version} already installed in {pin.prefix}"
     npm = shutil.which("npm")

@@ -23,6 +23,16 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private HOME, so the operator's global git config cannot leak into what a test measures."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    return home
+
+
 def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COTAL_")}
     env["PYTHONPATH"] = str(REPO)
@@ -82,6 +92,36 @@ def root(tmp_path: Path) -> Iterator[Path]:
 @pytest.fixture
 def cli(root: Path) -> Cli:
     return Cli(root)
+
+
+@dataclass
+class SharedBroker:
+    url: str
+    creds: str
+    proc: subprocess.Popen[str]
+
+
+@pytest.fixture
+def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
+    """`cotal broker serve`: a broker that outlives any one root's mesh, as two hosts share one."""
+    store = tmp_path / "broker"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "broker", "serve", "--store-dir", str(store), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cotal_env(),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise AssertionError(f"broker serve failed: {proc.stderr.read() if proc.stderr else ''}")
+    info = json.loads(line)
+    yield SharedBroker(info["url"], info["creds"], proc)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

@@ -15,14 +15,20 @@ from nats.js import JetStreamContext
 
 
 @asynccontextmanager
-async def broker(root: Path) -> AsyncIterator[JetStreamContext]:
-    """A JetStream handle on the broker a root's mesh uses, with the root's own credential."""
-    record = json.loads((root / ".cotal" / "mesh.json").read_text())
-    nc = await nats.connect(record["server"], nkeys_seed=record["creds"])
+async def broker_at(url: str, creds: str) -> AsyncIterator[JetStreamContext]:
+    nc = await nats.connect(url, nkeys_seed=creds)
     try:
         yield nc.jetstream()
     finally:
         await nc.close()
+
+
+@asynccontextmanager
+async def broker(root: Path) -> AsyncIterator[JetStreamContext]:
+    """A JetStream handle on the broker a root's mesh uses, with the root's own credential."""
+    record = json.loads((root / ".cotal" / "mesh.json").read_text())
+    async with broker_at(record["server"], record["creds"]) as js:
+        yield js
 
 
 def pid_alive(pid: int) -> bool:

@@ -17,7 +17,7 @@ from manager.checkpoint.gitstate import capture_repository
 from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
 from protocol.checkpoint import FileRef, RepositoryRecord, SessionFile
 from protocol.errors import Refusal
-from tests.integration.test_gitstate import (
+from tests.gitrepo import (
     full_digest,
     git,
     init_repo,
@@ -27,21 +27,11 @@ from tests.integration.test_gitstate import (
     write,
 )
 
+pytestmark = pytest.mark.usefixtures("isolated_home")
+
 STAMP = "20261129T140000Z"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    return home
 
 
 def observe(repo: Path) -> dict[str, object]:

@@ -41,24 +41,14 @@ from protocol.checkpoint import (
 )
 from protocol.codec import encode_json
 from protocol.errors import Refusal
-from tests.integration.test_gitstate import git, init_repo, make_rich_repo, tree_digest, write
+from tests.gitrepo import git, init_repo, make_rich_repo, tree_digest, write
+
+pytestmark = pytest.mark.usefixtures("isolated_home")
 
 INSTANCE = "m" * 26
 UID = "0123456789abcdefghijklmnop"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(autouse=True)
-def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    return home
 
 
 def public_b64(key: Ed25519PrivateKey) -> str:
