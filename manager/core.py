@@ -32,7 +32,7 @@ from connectors.base import (
     continuity_class,
 )
 from manager import registry
-from manager.broker import footprint
+from manager.broker import custody, footprint
 from manager.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
 from manager.preserve import Preservation
 from manager.seats import SeatHandle
@@ -40,6 +40,7 @@ from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
 from protocol import control, names
+from protocol.custody import custody_key
 from protocol.errors import DecodeError, Refusal
 from protocol.maintenance import Maintenance
 from protocol.messages import DirectMessage, ManagerLease, Presence, encode
@@ -76,6 +77,8 @@ class Seat:
     scope: anyio.CancelScope | None = None
     bridge: DeliveryBridge | None = None
     recovery_armed: bool = False
+    custody_revision: int | None = None
+    generation_at_broker: int = 0
 
     def row(self, instance_id: str) -> control.SeatRow:
         return control.SeatRow(
@@ -108,6 +111,7 @@ class Manager:
         self._tg: TaskGroup | None = None
         self._presence: KeyValue | None = None
         self._leases: KeyValue | None = None
+        self.custody: KeyValue | None = None
         self.started_at = now_iso()
         self.preservation = Preservation(self)
 
@@ -149,6 +153,7 @@ class Manager:
         await footprint.ensure_dm_stream(self.js, self.space)
         self._presence = await footprint.ensure_kv(self.js, names.presence_bucket(self.space), ttl=names.PRESENCE_TTL_S)
         self._leases = await footprint.ensure_kv(self.js, names.manager_bucket(self.space), ttl=names.MANAGER_LEASE_TTL_S)
+        self.custody = await footprint.ensure_kv(self.js, names.custody_bucket(self.space), ttl=None)
         ensure_private_dir(self.layout.sessions)
         async with anyio.create_task_group() as tg:
             self._tg = tg
@@ -213,6 +218,9 @@ class Manager:
             self.seats[name] = seat
             try:
                 await footprint.ensure_dm_durable(self.js, self.space, names.SEAT_OWNER, name, uid)
+                assert self.custody is not None
+                held = await custody.establish(self.custody, name, uid, self.identity.instance_id)
+                seat.custody_revision, seat.generation_at_broker = held.revision, held.record.generation
                 await self._launch(seat, self._launch_opts(seat, prompt=args.prompt, resume=args.resume))
             except BaseException:
                 self.seats.pop(name, None)
@@ -404,6 +412,12 @@ class Manager:
             except Exception as exc:
                 log.error("durable.delete_failed", seat=seat.name, error=str(exc))
             await self._clear_presence(seat)
+            if self.custody is not None:
+                try:
+                    with anyio.fail_after(5.0):
+                        await self.custody.delete(custody_key(names.SEAT_OWNER, seat.name, seat.uid))
+                except Exception as exc:
+                    log.error("custody.delete_failed", seat=seat.name, error=str(exc))
             try:
                 seat.pointer_path.unlink()
             except FileNotFoundError:

@@ -102,6 +102,31 @@ def _prove_no_seat_processes(inventory: Inventory) -> None:
                           f"kill {' '.join(map(str, survivors))}, then rerun `cotal down --preserve-state`")
 
 
+async def _custody_revisions(layout: Layout, inventory: Inventory) -> dict[str, int]:
+    """The custody revisions the offline capture records; an unreachable broker refuses."""
+    from manager.broker import custody
+    from manager.broker.connection import connect
+    from manager.broker.footprint import ensure_kv
+
+    record = mesh.read_mesh(layout)
+    if record is None:
+        raise Refusal("no-broker", "the mesh record is gone, so the broker holding custody is unknown",
+                      "restore .cotal/mesh.json or rerun with the broker reachable")
+    nc = await connect(record.server, Path(record.creds) if record.creds else None, name="cotal-cut-offline")
+    try:
+        kv = await ensure_kv(nc.jetstream(), names.custody_bucket(inventory.space), ttl=None)
+        out: dict[str, int] = {}
+        for agent in inventory.agents:
+            held = await custody.read(kv, agent.name, agent.identity.lifecycle_uid)
+            if held is None or held.record.generation != agent.generation:
+                raise Refusal("custody-lost", f"seat {agent.name}: custody at the broker no longer matches the plan",
+                              "another root may hold this seat now; do not capture it here")
+            out[agent.name] = held.revision
+        return out
+    finally:
+        await nc.close()
+
+
 async def _capture_offline(layout: Layout, attempt: str, inventory: Inventory, stores: list[str]) -> dict[str, Any]:
     """The daemon died mid-cut: its seats died with it (parent-death signal) and are proven
     gone, so capture from the recorded plan, after death, into a fresh attempt directory."""
@@ -110,6 +135,7 @@ async def _capture_offline(layout: Layout, attempt: str, inventory: Inventory, s
         aside = path.with_name(f"{attempt}.partial-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
         os.rename(path, aside)
         _say(f"  moved the unsealed attempt directory aside as evidence: {aside}")
+    revisions = await _custody_revisions(layout, inventory)
     attempt_path = cut.prepare_attempt_dir(layout, attempt)
     identity = load_or_create_identity(layout, inventory.space)
     summaries = []
@@ -123,6 +149,7 @@ async def _capture_offline(layout: Layout, attempt: str, inventory: Inventory, s
             pointer_path=layout.session_pointer(connector.name, agent.name, agent.identity.lifecycle_uid),
             extra_stores=[Path(s) for s in stores], declared=continuity_class(connector.capabilities),
             supports_fresh_start=connector.capabilities.supports_fresh_start, identity=identity, space=inventory.space,
+            custody_revision=revisions[agent.name],
         ))
     cut.seal_attempt(attempt_path, attempt, inventory.space, summaries, encode_inventory(inventory), identity)
     return {"attemptId": attempt, "state": "preserved", "checkpointDir": str(attempt_path), "sealed": True,

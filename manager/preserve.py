@@ -19,6 +19,7 @@ import msgspec
 import structlog
 
 from manager import registry
+from manager.broker import custody
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.procs import processes_with_env
@@ -51,6 +52,7 @@ class Preservation:
         self.plan: Inventory | None = None
         self.descriptor: ResumeDescriptor | None = None
         self.result: dict[str, Any] | None = None
+        self.custody_revisions: dict[str, int] = {}
 
     # -- prepare --------------------------------------------------------------------------------
 
@@ -77,6 +79,7 @@ class Preservation:
                     await preflight_repository(Path(agent.launch.cwd))
                 except Refusal as exc:
                     raise Refusal(exc.code, f"seat {agent.name}: {exc.message}", exc.cure + "; nothing was stopped") from None
+            await self._read_custody(inventory)
             descriptor = write_resume_document(self.mgr.layout, inventory)
             read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
         except BaseException:
@@ -87,6 +90,29 @@ class Preservation:
         self.plan, self.descriptor, self.result = inventory, descriptor, None
         log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
         return self._plan_result(attempt)
+
+    async def _read_custody(self, inventory: Inventory) -> None:
+        """The revision each seat's custody stands at: what a destination must CAS against."""
+        mgr = self.mgr
+        assert mgr.custody is not None
+        for agent in inventory.agents:
+            held = await custody.read(mgr.custody, agent.name, agent.identity.lifecycle_uid)
+            if held is None or held.record.holder != mgr.identity.instance_id:
+                raise Refusal(
+                    "custody-lost",
+                    f"seat {agent.name}: this manager does not hold its custody at the broker "
+                    f"({'no record' if held is None else 'held by ' + held.record.holder})",
+                    "a seat this manager does not hold cannot be cut from here; nothing was stopped",
+                )
+            if held.record.generation != agent.generation or current_generation(
+                    mgr.layout, mgr.space, agent.name) > agent.generation:
+                raise Refusal(
+                    "custody-stale",
+                    f"seat {agent.name}: writer generation disagrees (broker {held.record.generation}, "
+                    f"seat {agent.generation}, local {current_generation(mgr.layout, mgr.space, agent.name)})",
+                    "this root's record of the seat is stale; nothing was stopped",
+                )
+            self.custody_revisions[agent.name] = held.revision
 
     def _plan_result(self, attempt: str) -> dict[str, Any]:
         assert self.plan is not None and self.descriptor is not None
@@ -123,7 +149,7 @@ class Preservation:
                           profile_sha256=registry.profile_digest(seat.agent, model, settings),
                           session_stores=stores, model=model, session_id=session_id),
             dependencies=[],
-            generation=current_generation(mgr.layout, mgr.space, seat.name),
+            generation=seat.generation_at_broker,
             started_at=seat.started_at,
         )
 
@@ -176,6 +202,7 @@ class Preservation:
                     mgr.layout, attempt_path, agent, pointer_path=seat.pointer_path, extra_stores=extra,
                     declared=seat.continuity, supports_fresh_start=caps.supports_fresh_start,
                     identity=mgr.identity, space=mgr.space, progress=_progress(agent.name),
+                    custody_revision=self.custody_revisions.get(agent.name),
                 ))
             except Refusal as exc:
                 failures[agent.name] = exc.text

@@ -304,11 +304,19 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
     repository: RepositoryRecord
     session: SessionRecord
     recency_horizon_ms: Positive = DEFAULT_RECENCY_HORIZON_MS
+    # The source's workspace root: paths in `entry` are absolute, so a destination whose root
+    # differs would restore into the wrong place and must refuse by name.
+    workspace_root: str | None = None
+    # The custody record's revision at the cut: a destination claims the successor generation
+    # by compare-and-set against exactly this revision.
+    custody_revision: Positive | None = None
     signer: Signer | None = None
     signature: str = ""
 
     def __post_init__(self) -> None:
         _check_instant("capturedAt", self.captured_at)
+        if self.workspace_root is not None and not (self.workspace_root.startswith("/") and "\x00" not in self.workspace_root):
+            raise ValueError("workspaceRoot must be an absolute path")
         _check_signature_shape(self.signature)
         names = [ref.file for ref in checkpoint_files(self)]
         for name in names:

@@ -151,6 +151,7 @@ async def capture_seat(
     space: str,
     horizon_ms: int = DEFAULT_RECENCY_HORIZON_MS,
     progress: Progress | None = None,
+    custody_revision: int | None = None,
 ) -> SeatSummary:
     """Repository, pointer and store files into a fresh 0700 seat directory, then the record."""
     t0 = time.monotonic()
@@ -196,6 +197,8 @@ async def capture_seat(
             store=store,
         ),
         recency_horizon_ms=horizon_ms,
+        workspace_root=str(layout.root),
+        custody_revision=custody_revision,
     )
     ref = seal_seat(seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id)
     t_seal = time.monotonic()

@@ -1,0 +1,86 @@
+"""Custody at the broker: create at spawn, read at the cut, compare-and-set at the resume."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import anyio
+import structlog
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from protocol import names
+from protocol.custody import CustodyRecord, custody_key, decode_custody, encode_custody
+from protocol.errors import DecodeError, Refusal
+
+log = structlog.get_logger("cotal.custody")
+
+CALL_S = 5.0
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass(frozen=True)
+class Held:
+    record: CustodyRecord
+    revision: int
+
+
+async def read(kv: KeyValue, seat: str, uid: str) -> Held | None:
+    key = custody_key(names.SEAT_OWNER, seat, uid)
+    try:
+        with anyio.fail_after(CALL_S):
+            entry = await kv.get(key)
+    except (KeyNotFoundError, KeyDeletedError):
+        return None
+    try:
+        record = decode_custody(entry.value or b"")
+    except DecodeError as exc:
+        raise Refusal("custody-malformed", f"custody record {key} is malformed: {exc.message}",
+                      "inspect the cotal_custody bucket; cotal never overwrites a record it cannot read") from None
+    assert entry.revision is not None
+    return Held(record, entry.revision)
+
+
+async def establish(kv: KeyValue, seat: str, uid: str, holder: str) -> Held:
+    """A new lifecycle's first custody, generation 0, by create (the key must not exist)."""
+    record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=0, holder=holder, claimed_at=_now())
+    key = custody_key(names.SEAT_OWNER, seat, uid)
+    try:
+        with anyio.fail_after(CALL_S):
+            rev = await kv.create(key, encode_custody(record))
+    except KeyWrongLastSequenceError:
+        raise Refusal("custody-taken", f"custody for {seat} (uid {uid}) already exists at the broker",
+                      "a fresh lifecycle never reuses a uid; report this") from None
+    return Held(record, rev)
+
+
+async def claim(kv: KeyValue, seat: str, uid: str, *, expected_revision: int, generation: int, holder: str,
+                attempt_id: str) -> Held:
+    """Move custody to `holder` at `generation` iff nobody changed it since `expected_revision`.
+
+    A retry by the same holder and attempt finds its own record and is accepted as won.
+    """
+    key = custody_key(names.SEAT_OWNER, seat, uid)
+    record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=generation, holder=holder,
+                           claimed_at=_now(), attempt_id=attempt_id)
+    try:
+        with anyio.fail_after(CALL_S):
+            rev = await kv.update(key, encode_custody(record), last=expected_revision)
+    except KeyWrongLastSequenceError:
+        current = await read(kv, seat, uid)
+        if current is not None and current.record.holder == holder and current.record.attempt_id == attempt_id \
+                and current.record.generation == generation:
+            return current
+        who = f"instance {current.record.holder} at generation {current.record.generation}" if current else "nobody"
+        raise Refusal(
+            "custody-lost",
+            f"custody of {seat} (uid {uid}) moved since the checkpoint (expected revision {expected_revision}); "
+            f"it is held by {who}",
+            "another destination already resumed this seat; do not start it here",
+        ) from None
+    log.info("custody.claimed", seat=seat, uid=uid, generation=generation, revision=rev, attempt=attempt_id)
+    return Held(record, rev)

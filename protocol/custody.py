@@ -1,0 +1,37 @@
+"""The custody record: which manager instance may act as a seat, at which writer generation.
+
+One key per seat lifecycle in the `cotal_custody_<space>` bucket. It is only ever changed by
+compare-and-set against the revision the changer last saw, so two claimants that start from the
+same checkpoint cannot both win: the broker orders them, not a courtesy check in a client.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from protocol.codec import decode_json, encode_json
+
+CUSTODY_CAP = 4096
+
+
+class CustodyRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True):
+    seat: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_]{1,64}\Z")]
+    lifecycle_uid: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]{26,32}\Z")]
+    generation: Annotated[int, msgspec.Meta(ge=0)]
+    holder: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]{26,32}\Z")]
+    claimed_at: str
+    attempt_id: str | None = None
+
+
+def custody_key(owner: str, seat: str, uid: str) -> str:
+    return f"{owner}.{seat}.{uid}"
+
+
+def decode_custody(data: bytes) -> CustodyRecord:
+    return decode_json(data, CustodyRecord, what="custody record", cap=CUSTODY_CAP)
+
+
+def encode_custody(record: CustodyRecord) -> bytes:
+    return encode_json(record)
