@@ -15,6 +15,7 @@ import anyio
 import msgspec
 
 from manager import logs
+from protocol import names
 from protocol.errors import Refusal
 
 
@@ -89,7 +90,9 @@ def cmd_manager_serve(args: argparse.Namespace) -> int:
     from manager import daemon
 
     creds = Path(args.creds).resolve() if args.creds else None
-    _run(daemon.serve, _root(args), args.space, args.server, creds)
+    if args.resume_attempt:
+        names.check_attempt_id(args.resume_attempt)
+    _run(daemon.serve, _root(args), args.space, args.server, creds, args.resume_attempt)
     return 0
 
 
@@ -147,6 +150,19 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
+    if args.server:
+        from manager import mesh
+
+        if args.wait:
+            raise Refusal("bad-args", "--wait needs a running manager; with --server the message is only queued",
+                          "drop --wait, or send through the manager without --server")
+        creds = Path(args.creds).resolve() if args.creds else None
+        result = _run(mesh.publish_direct, args.server, creds, args.space, args.name, args.text)
+        if args.json:
+            emit_json(result)
+        else:
+            say(f"queued {result['id']} for {result['seat']} at the broker (stream seq {result['seq']})")
+        return 0
     payload = {"name": args.name, "text": args.text, "wait": args.wait, "timeoutS": args.timeout}
     result = _call(_root(args), "send", payload, timeout=args.timeout + 10)
     if args.json:
@@ -221,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--space", default="main")
     serve.add_argument("--server", required=True)
     serve.add_argument("--creds")
+    serve.add_argument("--resume-attempt", help="start fenced, admitting only this attempt's resume")
     serve.set_defaults(fn=cmd_manager_serve)
 
     broker = sub.add_parser("broker", help="a standalone embedded broker")
@@ -248,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("text")
     send.add_argument("--wait", action="store_true", help="print the seat's reply")
     send.add_argument("--timeout", type=float, default=120.0)
+    send.add_argument("--server", help="queue directly at this broker (for a seat that is cut); no --wait")
+    send.add_argument("--creds", help="credential for --server")
+    send.add_argument("--space", default="main")
     send.set_defaults(fn=cmd_send)
 
     stop = sub.add_parser("stop", parents=[common], help="stop one seat and delete its durable")
@@ -265,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify = ckpt_sub.add_parser("verify", parents=[common], help="run the admission gates; change nothing")
     verify.add_argument("dir")
     verify.add_argument("--accept-stale-checkpoint", action="store_true")
+    verify.add_argument("--server", help="the broker to ask whether each uid is live")
+    verify.add_argument("--creds")
     verify.set_defaults(fn=cmd_checkpoint_verify)
     return p
 

@@ -35,6 +35,7 @@ from manager import registry
 from manager.broker import custody, footprint
 from manager.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
 from manager.preserve import Preservation
+from manager.resume import Resumption
 from manager.seats import SeatHandle
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
@@ -114,6 +115,7 @@ class Manager:
         self.custody: KeyValue | None = None
         self.started_at = now_iso()
         self.preservation = Preservation(self)
+        self.resumption = Resumption(self)
 
     # -- lifecycle fence ------------------------------------------------------------------------
 
@@ -495,6 +497,17 @@ class Manager:
 
     async def op_abort_preservation(self, args: control.AttemptArgs) -> dict[str, Any]:
         return await self.preservation.abort(args)
+
+    # -- the resume -----------------------------------------------------------------------------
+
+    async def op_resume_preserved(self, args: control.ResumeArgs) -> dict[str, Any]:
+        return await self.resumption.resume(args)
+
+    async def op_commit_resume(self, args: control.AttemptArgs) -> dict[str, Any]:
+        return await self.resumption.commit(args)
+
+    async def op_finalize_resume(self, args: control.FinalizeArgs) -> dict[str, Any]:
+        return await self.resumption.finalize(args)
 
     # -- shutdown -------------------------------------------------------------------------------
 

@@ -75,7 +75,7 @@ def _daemon_answers(layout: Layout, token: str) -> dict[str, Any] | None:
 
 
 def up(root: Path, *, space: str, server: str | None, creds: str | None, detach: bool,
-       report: Report = _noop) -> dict[str, Any]:
+       report: Report = _noop, resume_attempt: str | None = None) -> dict[str, Any]:
     layout = Layout.at(root)
     check_space(space)
     ensure_private_dir(layout.control)
@@ -103,6 +103,8 @@ def up(root: Path, *, space: str, server: str | None, creds: str | None, detach:
             "--space", space, "--server", server]
     if creds_path:
         argv += ["--creds", str(creds_path)]
+    if resume_attempt:
+        argv += ["--resume-attempt", resume_attempt]
     if not detach:
         report(f"manager serving {layout.root} in the foreground (Ctrl-C stops it)")
         try:
@@ -198,3 +200,28 @@ def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[st
         time.sleep(0.2)
     embedded.stop_embedded(info.identity)
     return 0
+
+
+async def publish_direct(server: str, creds: Path | None, space: str, seat: str, text: str) -> dict[str, Any]:
+    """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat)."""
+    from manager.broker.connection import connect
+    from manager.delivery import new_message_id, now_iso, publish_dm
+    from protocol import names
+    from protocol.messages import DirectMessage
+
+    names.check_seat_name(seat)
+    if not text:
+        raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
+    nc = await connect(server, creds, name="cotal-send")
+    try:
+        dm = DirectMessage(id=new_message_id(), sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
+                           recipient=names.principal(names.SEAT_OWNER, seat), text=text, sent_at=now_iso())
+        seq = await publish_dm(nc.jetstream(), space, dm)
+    except Refusal:
+        raise
+    except Exception as exc:
+        raise Refusal("publish-failed", f"the broker did not accept the message: {exc}",
+                      "check that the DM stream exists (a manager of this space ran against this broker)") from None
+    finally:
+        await nc.close()
+    return {"id": dm.id, "seq": seq, "seat": seat, "queued": True}

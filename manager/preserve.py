@@ -142,6 +142,10 @@ class Preservation:
             from manager.core import read_pointer
 
             session_id = read_pointer(seat.pointer_path).session_id
+        if not self._session_carried(seat, stores):
+            # A class is a promise about bytes the checkpoint must contain: without a pointer
+            # and a store there is no session to reopen, so the plan says so now.
+            session_id = None
         return Agent(
             name=seat.name, space=mgr.space,
             identity=Identity(mode="open", lifecycle_uid=seat.uid, owner=names.SEAT_OWNER),
@@ -152,6 +156,12 @@ class Preservation:
             generation=seat.generation_at_broker,
             started_at=seat.started_at,
         )
+
+    @staticmethod
+    def _session_carried(seat: Seat, stores: list[str]) -> bool:
+        if seat.continuity not in ("exact", "fork") or not seat.pointer_path.exists():
+            return False
+        return any(cut.has_files(Path(d)) for d in stores)
 
     def _reference_failures(self, inventory: Inventory) -> list[str]:
         failures: list[str] = []

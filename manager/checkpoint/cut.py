@@ -116,6 +116,10 @@ def _regular_files(directory: Path) -> list[Path]:
     return found
 
 
+def has_files(directory: Path) -> bool:
+    return bool(_regular_files(directory))
+
+
 @dataclass
 class SeatSummary:
     name: str

@@ -1,0 +1,190 @@
+"""The resume handshake, daemon side (record 2.1, 3.3 step 5-6, 5.4).
+
+A daemon started for a resume is fenced to that attempt: only `resume-preserved`,
+`commit-resume` and `finalize-resume` for it are admitted. `resume-preserved` runs the checks in
+the record's order, then re-adopts each seat under its recorded lifecycle uid (its `dm_` durable
+must already be at the broker: that is the lifecycle proof) and proves continuity per class.
+`commit-resume` is an idempotent validation barrier returning a 64-hex token; only
+`finalize-resume` with that exact token releases cleanup suppression and returns to `active`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import structlog
+
+from connectors.base import continuity_class
+from manager import registry
+from manager.broker import custody, footprint
+from protocol import control, names
+from protocol.errors import Refusal
+from protocol.inventory import Agent, Inventory, inventory_digest, parse_resume_args
+
+if TYPE_CHECKING:
+    from manager.core import Manager, Seat
+
+log = structlog.get_logger("cotal.resume")
+
+
+class Resumption:
+    def __init__(self, mgr: Manager) -> None:
+        self.mgr = mgr
+        self.inventory: Inventory | None = None
+        self.result: dict[str, Any] | None = None
+        self.token: str | None = None
+
+    # -- resume-preserved -----------------------------------------------------------------------
+
+    async def resume(self, args: control.ResumeArgs) -> dict[str, Any]:
+        mgr, m = self.mgr, self.mgr.maintenance
+        attempt = names.check_attempt_id(args.attempt_id)
+        if m.state in ("resuming", "awaiting-finalize") and m.attempt_id == attempt and self.result is not None:
+            return self.result
+        m.check_lifecycle(resume_operation=True)
+        inventory = parse_resume_args(attempt, bytes(args.inventory), space=mgr.space)
+        if len(mgr.seats) + len(inventory.agents) > names.MAX_SEATS:
+            raise Refusal("capacity", f"resuming {len(inventory.agents)} seat(s) would exceed manager capacity "
+                          f"({names.MAX_SEATS})", "resume fewer seats per manager")
+        for agent in inventory.agents:
+            if agent.name in mgr.seats:
+                raise Refusal("duplicate-name", f"retained agent name {agent.name!r} is already managed here",
+                              "a seat is resumed once; stop the other first")
+            uid = agent.identity.lifecycle_uid
+            if any(s.uid == uid for s in mgr.seats.values()):
+                raise Refusal("duplicate-principal", f"retained principal uid {uid} is already managed here",
+                              "a seat is resumed once")
+        await self._roster_liveness(inventory)
+        m.apply("resume", attempt)
+        launched: list[Seat] = []
+        observations: list[dict[str, Any]] = []
+        try:
+            for agent in inventory.agents:
+                seat, observation = await self._adopt(agent, attempt)
+                launched.append(seat)
+                observations.append(observation)
+        except BaseException:
+            # Roll back to a clean resume-required daemon: stop what this attempt started and
+            # keep every footprint; the attempt can be retried.
+            with anyio.CancelScope(shield=True):
+                for seat in launched:
+                    await mgr._stop_and_prove(seat, graceful=False)
+                    mgr.seats.pop(seat.name, None)
+            raise
+        m.apply("activated", attempt)
+        self.inventory = inventory
+        self.result = {"attemptId": attempt, "state": "resumed", "seats": observations}
+        log.info("resume.activated", attempt=attempt, seats=len(launched))
+        return self.result
+
+    async def _roster_liveness(self, inventory: Inventory) -> None:
+        presence = self.mgr._presence
+        assert presence is not None
+        for agent in inventory.agents:
+            key = names.presence_key(names.SEAT_OWNER, agent.name, agent.identity.lifecycle_uid)
+            try:
+                with anyio.fail_after(5.0):
+                    await presence.get(key)
+            except Exception as exc:
+                if type(exc).__name__ in ("KeyNotFoundError", "KeyDeletedError"):
+                    continue
+                raise Refusal("liveness-unknown", f"cannot read presence for {agent.name}: {exc}",
+                              "the broker must answer before a seat is adopted; retry") from None
+            raise Refusal(
+                "principal-live",
+                f"retained principal {agent.name} (uid {agent.identity.lifecycle_uid}) is already live and this "
+                "runtime cannot authoritatively adopt it",
+                "stop the running incarnation first; presence expires 6 s after it stops",
+            )
+
+    async def _adopt(self, agent: Agent, attempt: str) -> tuple[Seat, dict[str, Any]]:
+        from manager.core import Seat
+        from manager.delivery import now_iso
+
+        mgr = self.mgr
+        uid = agent.identity.lifecycle_uid
+        # The lifecycle proof comes first: a wrong uid names a durable that does not exist.
+        await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, agent.name, uid)
+        assert mgr.custody is not None
+        held = await custody.read(mgr.custody, agent.name, uid)
+        if held is None or held.record.holder != mgr.identity.instance_id or held.record.attempt_id != attempt:
+            raise Refusal("custody-not-held",
+                          f"seat {agent.name}: this manager does not hold its custody for attempt {attempt}",
+                          "claim custody first (cotal up --restore does, before it starts the manager)")
+        connector = registry.load_connector(agent.launch.connector)
+        declared = continuity_class(connector.capabilities)
+        recorded = agent.launch.session_id
+        # The class is the declared one, capped by what the checkpoint carried: the coordinator
+        # drops the session id of a seat whose checkpoint could not reopen it.
+        klass = declared if recorded and declared in ("exact", "fork") else (
+            "fresh" if connector.capabilities.supports_fresh_start else "drain-only")
+        seat = Seat(
+            name=agent.name, agent=agent.launch.connector, uid=uid, cwd=Path(agent.launch.cwd), connector=connector,
+            continuity=klass, prompt=None, model=agent.launch.model, started_at=now_iso(),
+            pointer_path=mgr.layout.session_pointer(connector.name, agent.name, uid),
+            custody_revision=held.revision, generation_at_broker=held.record.generation,
+        )
+        mgr.seats[agent.name] = seat
+        try:
+            if klass == "exact":
+                opts = mgr._launch_opts(seat, continue_session=recorded)
+            elif klass == "fork":
+                opts = mgr._launch_opts(seat, resume=recorded)
+            else:
+                opts = mgr._launch_opts(seat)
+            await mgr._launch(seat, opts)
+        except BaseException:
+            mgr.seats.pop(agent.name, None)
+            raise
+        if klass == "exact" and seat.session_id != recorded:
+            raise Refusal("session-mismatch", f"replacement reported session {seat.session_id}, expected {recorded}",
+                          "the harness did not reopen the recorded session")
+        observation = {
+            "exact": "reopened the recorded session",
+            "fork": "forked: a new session carrying the recorded history",
+            "fresh": "started fresh: the checkpoint carried no session to reopen",
+            "drain-only": "started fresh: this harness cannot continue a session (drain-only)",
+        }[klass]
+        log.info("resume.adopted", seat=agent.name, uid=uid, continuity=klass, before=recorded, after=seat.session_id)
+        return seat, {"name": agent.name, "lifecycleUid": uid, "continuity": klass, "sessionBefore": recorded,
+                      "sessionAfter": seat.session_id, "observation": observation, "pid": seat.handle.pid if seat.handle else None}
+
+    # -- commit-resume / finalize-resume ------------------------------------------------------------
+
+    def _expected_token(self, attempt: str) -> str:
+        assert self.inventory is not None
+        material = f"cotal-resume-commit\0{attempt}\0{self.mgr.identity.instance_id}\0{inventory_digest(self.inventory)}"
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    async def commit(self, args: control.AttemptArgs) -> dict[str, Any]:
+        mgr, m = self.mgr, self.mgr.maintenance
+        attempt = names.check_attempt_id(args.attempt_id)
+        if self.inventory is None:
+            raise Refusal("not-resumed", f"resume attempt {attempt} has no successful activation to commit",
+                          "retry resume-preserved until every retained seat is live")
+        # A validation barrier over the same facts resume checked, read again now.
+        for agent in self.inventory.agents:
+            seat = mgr.seats.get(agent.name)
+            if seat is None or seat.uid != agent.identity.lifecycle_uid or seat.state != "running":
+                raise Refusal("resume-invalid", f"seat {agent.name} is not running under its recorded uid",
+                              "retry resume-preserved")
+            await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, agent.name, seat.uid)
+        m.apply("commit-resume", attempt)
+        self.token = self._expected_token(attempt)
+        return {"attemptId": attempt, "state": "awaitingFinalize", "durableCommitToken": self.token}
+
+    async def finalize(self, args: control.FinalizeArgs) -> dict[str, Any]:
+        m = self.mgr.maintenance
+        attempt = names.check_attempt_id(args.attempt_id)
+        if m.state == "active" and self.token is not None and hmac.compare_digest(args.durable_commit_token, self.token):
+            return {"attemptId": attempt, "state": "active"}
+        if self.token is None or not hmac.compare_digest(args.durable_commit_token, self.token):
+            raise Refusal("bad-token", f"finalize-resume for {attempt}: the durable commit token does not match",
+                          "pass the token commit-resume returned (the journal records it)")
+        m.apply("finalize", attempt)
+        log.info("resume.finalized", attempt=attempt)
+        return {"attemptId": attempt, "state": "active"}

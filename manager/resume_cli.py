@@ -1,0 +1,291 @@
+"""`cotal up --restore DIR` and `cotal checkpoint verify DIR`: the destination's coordinator.
+
+admit (integrity, identity, recency; all-or-nothing) -> journal `resume-intent` -> claim custody
+(writer generation N+1, in this root and at the broker, before any tree is touched) -> restore
+every repository and place the session files -> start the manager fenced to this attempt ->
+`resume-preserved` -> journal `resume-active` -> `commit-resume` -> journal the token ->
+`finalize-resume` -> journal `retired`. Then the continuity observations of record 6 step 9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+from nats.js.errors import KeyWrongLastSequenceError
+
+from manager import mesh, registry
+from manager.broker import custody
+from manager.broker.connection import connect
+from manager.broker.footprint import ensure_kv
+from manager.checkpoint import admit
+from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
+from manager.workspace.generation import claim_successor
+from manager.workspace.identity import InstanceIdentity, load_or_create_identity
+from manager.workspace.journal import Journal, write_resume_document
+from manager.workspace.layout import Layout
+from manager.workspace.lock import MaintenanceLock
+from protocol import names
+from protocol.codec import encode_json
+from protocol.errors import Refusal
+from protocol.inventory import encode_inventory
+
+RESUME_TIMEOUT_S = 600.0
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+@dataclass(frozen=True)
+class BrokerRef:
+    server: str
+    creds: Path | None
+    embedded: bool
+
+
+def _broker_for(args: argparse.Namespace, layout: Layout) -> BrokerRef:
+    if args.server:
+        return BrokerRef(args.server, Path(args.creds).resolve() if args.creds else None, False)
+    if (layout.nats_store / "js").is_dir() and layout.broker_creds.exists():
+        return BrokerRef("", layout.broker_creds, True)
+    raise Refusal("no-broker", "a resume needs the broker that holds the seats' inboxes",
+                  "pass --server URL --creds FILE (the broker the source used), or resume in the source root")
+
+
+async def _live_uids(server: str, creds: Path | None, space: str) -> set[str]:
+    nc = await connect(server, creds, name="cotal-admission")
+    try:
+        kv = await ensure_kv(nc.jetstream(), names.presence_bucket(space), ttl=names.PRESENCE_TTL_S)
+        try:
+            keys = await kv.keys()
+        except Exception as exc:
+            if type(exc).__name__ == "NoKeysError":
+                return set()
+            raise
+        return {k.rsplit(".", 1)[-1] for k in keys}
+    finally:
+        await nc.close()
+
+
+def _settings(layout: Layout) -> dict[str, Any]:
+    cfg = registry.load_config(layout.root)
+    return {agent: registry.agent_settings(cfg, agent) for agent in registry.KNOWN}
+
+
+def run_verify(args: argparse.Namespace, root: Path) -> int:
+    layout = Layout.at(root)
+    src = Path(args.dir).resolve()
+    adm = admit.integrity(src)
+    verdicts = {"integrity": "pass"}
+    broker = _broker_for_verify(args, layout)
+    live = anyio.run(_live_uids, broker.server, broker.creds, adm.manifest.space, backend="asyncio")
+    admit.identity(adm, space=adm.manifest.space, root=layout.root, live_uids=live, held_uids=set(),
+                   settings_for=_settings(layout))
+    verdicts["identity"] = "pass"
+    consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
+    verdicts["recency"] = "pass" if not consents else "stale, accepted by --accept-stale-checkpoint"
+    seats = [{"name": n, "lifecycleUid": r.lifecycle_uid, "continuity": r.session.continuity,
+              "capturedAt": r.captured_at, "sessionId": r.session.session_id} for n, r in adm.records.items()]
+    out = {"attemptId": adm.manifest.attempt_id, "space": adm.manifest.space, "gates": verdicts, "seats": seats,
+           "consents": [msgspec.to_builtins(c) for c in consents], "admitted": True}
+    if args.json:
+        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(f"checkpoint {src}: admitted (attempt {out['attemptId']}, space {out['space']})\n")
+        for gate, verdict in verdicts.items():
+            sys.stdout.write(f"  {gate:<10} {verdict}\n")
+        for s in seats:
+            sys.stdout.write(f"  seat {s['name']:<16} {s['continuity']:<10} uid {s['lifecycleUid']} captured {s['capturedAt']}\n")
+    return 0
+
+
+def _broker_for_verify(args: argparse.Namespace, layout: Layout) -> BrokerRef:
+    if getattr(args, "server", None):
+        return BrokerRef(args.server, Path(args.creds).resolve() if args.creds else None, False)
+    record = mesh.read_mesh(layout)
+    if record is not None:
+        return BrokerRef(record.server, Path(record.creds) if record.creds else None, False)
+    raise Refusal("no-broker", "the identity gate must ask the broker whether each uid is live",
+                  "pass --server URL --creds FILE; an oracle that cannot answer is a refusal, never a pass")
+
+
+async def _claim_custody(broker_server: str, creds: Path | None, adm: admit.Admission, identity: InstanceIdentity,
+                         layout: Layout) -> list[dict[str, Any]]:
+    """The attempt key first (one destination wins the whole attempt), then each seat's key by
+    compare-and-set against the revision its checkpoint recorded."""
+    attempt = adm.manifest.attempt_id
+    nc = await connect(broker_server, creds, name="cotal-custody")
+    try:
+        kv = await ensure_kv(nc.jetstream(), names.custody_bucket(adm.manifest.space), ttl=None)
+        claim_key = f"attempt.{attempt}"
+        mine = encode_json({"holder": identity.instance_id, "root": str(layout.root)})
+        try:
+            await kv.create(claim_key, mine)
+        except KeyWrongLastSequenceError:
+            entry = await kv.get(claim_key)
+            if entry.value != mine:
+                holder = json.loads(entry.value or b"{}")
+                raise Refusal(
+                    "custody-lost",
+                    f"attempt {attempt} was already claimed by instance {holder.get('holder')} at {holder.get('root')}",
+                    "another destination is resuming these seats; this one must not start them",
+                ) from None
+        claims = []
+        for name, record in adm.records.items():
+            assert record.custody_revision is not None
+            held = await custody.claim(kv, name, record.lifecycle_uid, expected_revision=record.custody_revision,
+                                       generation=record.generation + 1, holder=identity.instance_id,
+                                       attempt_id=attempt)
+            claims.append({"name": name, "generation": held.record.generation, "revision": held.revision})
+        return claims
+    finally:
+        await nc.close()
+
+
+def run_restore(args: argparse.Namespace, root: Path) -> int:
+    t0 = time.monotonic()
+    layout = Layout.at(root)
+    src = Path(args.restore).resolve()
+    space = args.space
+    status = mesh._daemon_answers(layout, mesh.read_token(layout)) if layout.control_token.exists() else None
+    if status is not None:
+        raise Refusal("already-up", f"a manager (pid {status['pid']}) already serves {layout.root}",
+                      "a resume starts its own manager: stop this one first")
+    _say(f"admitting {src}")
+    adm = admit.integrity(src)
+    attempt = adm.manifest.attempt_id
+    broker = _broker_for(args, layout)
+    embedded_info = None
+    if broker.embedded:
+        from manager.broker import embedded
+
+        _say("starting the embedded broker from this root's store")
+        embedded_info = embedded.start_embedded(layout.nats_store, layout.broker_creds,
+                                                log_path=layout.logs / "nats.log")
+        broker = BrokerRef(embedded_info.url, layout.broker_creds, True)
+    try:
+        live = anyio.run(_live_uids, broker.server, broker.creds, space, backend="asyncio")
+        admit.identity(adm, space=space, root=layout.root, live_uids=live, held_uids=set(),
+                       settings_for=_settings(layout))
+        consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
+    except BaseException:
+        if embedded_info is not None:
+            from manager.broker import embedded
+
+            embedded.stop_embedded(embedded_info.identity)
+        raise
+    for c in consents:
+        _say(f"CONSENT: seat {c.seat} captured {c.captured_at} is {c.age_ms} ms old, beyond its "
+             f"{c.horizon_ms} ms horizon; admitted by --accept-stale-checkpoint")
+    _say("admitted: integrity, identity and recency pass for every seat")
+    inventory = adm.inventory
+    journal = Journal(layout)
+    with MaintenanceLock(layout, attempt):
+        record = journal.load() if (layout.maintenance / "journal.json").exists() else None
+        if record is not None and record.state in ("retired", "degraded"):
+            journal.discard(record.attempt_id)
+            record = None
+        if record is not None and record.attempt_id != attempt:
+            raise Refusal("journal-busy", f"this root's maintenance journal is at {record.state} for attempt "
+                          f"{record.attempt_id}", "finish or discard that attempt first")
+        if record is None:
+            descriptor = write_resume_document(layout, inventory)
+        else:
+            # Same-root resume continues the cut's journal, or a rerun continues this resume:
+            # either way the journal's plan must be the very document this checkpoint seals.
+            descriptor = record.resume
+            if descriptor is None or journal.resume_document(record) != inventory:
+                raise Refusal("journal-mismatch",
+                              f"this root's journal for attempt {attempt} names a different resume document",
+                              "resume from the checkpoint this root cut, or discard the journal first")
+        journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
+        identity = load_or_create_identity(layout, space)
+        _say("claiming custody (writer generation N+1) in this root and at the broker")
+        for name, rec in adm.records.items():
+            claim_successor(layout, space, name, rec.lifecycle_uid, rec.generation, identity.instance_id, attempt)
+        claims = anyio.run(_claim_custody, broker.server, broker.creds, adm, identity, layout, backend="asyncio")
+        restored = anyio.run(_restore_all, layout, adm, backend="asyncio")
+        _say("starting the manager fenced to this attempt")
+        if embedded_info is not None:
+            from manager.broker import embedded
+
+            embedded.stop_embedded(embedded_info.identity)
+            server, creds = None, None
+        else:
+            server, creds = broker.server, str(broker.creds) if broker.creds else None
+        mesh.up(layout.root, space=space, server=server, creds=creds, detach=True, report=_say,
+                resume_attempt=attempt)
+        result = _call(layout, "resume-preserved", {"attemptId": attempt,
+                                                    "inventory": json.loads(encode_inventory(inventory))})
+        journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+        commit = _call(layout, "commit-resume", {"attemptId": attempt})
+        token = commit["durableCommitToken"]
+        journal.advance(attempt, "resume-committed", resume=descriptor, consents=consents, durable_commit_token=token)
+        final = _call(layout, "finalize-resume", {"attemptId": attempt, "durableCommitToken": token})
+        journal.advance(attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token)
+    rows = {r["name"]: r for r in _call(layout, "ps", {})}
+    observations = []
+    for seat in result["seats"]:
+        rec = adm.records[seat["name"]]
+        row = rows.get(seat["name"], {})
+        observations.append({
+            "name": seat["name"], "continuity": seat["continuity"], "observation": seat["observation"],
+            "sessionBefore": rec.session.session_id, "sessionAfter": row.get("sessionId"),
+            "uidBefore": rec.lifecycle_uid, "uidAfter": row.get("lifecycleUid"),
+            "sameSession": rec.session.session_id is not None and rec.session.session_id == row.get("sessionId"),
+            "sameUid": rec.lifecycle_uid == row.get("lifecycleUid"),
+        })
+    out = {"attemptId": attempt, "state": final["state"], "journal": "retired", "claims": claims,
+           "restored": restored, "seats": observations, "consents": [msgspec.to_builtins(c) for c in consents],
+           "wallMs": int((time.monotonic() - t0) * 1000)}
+    _print(args, out)
+    return 0
+
+
+async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, Any]]:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    home = Path(os.path.expanduser("~"))
+    out = []
+    for name, record in adm.records.items():
+        agent = adm.agent(name)
+        cwd = Path(agent.launch.cwd)
+        seat_dir = adm.attempt_dir / adm.manifest.seats[[s.name for s in adm.manifest.seats].index(name)].dir
+        keep = (".cotal",) if cwd == layout.root else ()
+        _say(f"restoring {name} into {cwd}")
+        result = await restore_repository(seat_dir, record.repository, cwd, stamp=stamp, keep_paths=keep)
+        placed = []
+        files = ([record.session.pointer] if record.session.pointer else []) + list(record.session.store)
+        for entry in files:
+            dest = session_destination(entry, cwd=cwd, workspace_root=layout.root, home=home)
+            placed.append(place_session_file(seat_dir / entry.file.file, dest, expected_sha256=entry.file.sha256))
+        out.append({"name": name, "cwd": str(cwd), "superseded": str(result.superseded) if result.superseded else None,
+                    "sessionFiles": len(placed)})
+    return out
+
+
+def _call(layout: Layout, op: str, args: dict[str, Any]) -> Any:
+    return anyio.run(mesh.call, layout.root, op, args, RESUME_TIMEOUT_S, backend="asyncio")
+
+
+def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+        return
+    w = sys.stdout.write
+    w(f"resumed attempt {out['attemptId']}: manager {out['state']}, journal {out['journal']} ({out['wallMs']} ms)\n")
+    for s in out["seats"]:
+        w(f"  {s['name']:<16} {s['continuity']:<10} {s['observation']}\n")
+        w(f"    session  {s['sessionBefore']} -> {s['sessionAfter']}  ({'same' if s['sameSession'] else 'different'})\n")
+        w(f"    uid      {s['uidBefore']} -> {s['uidAfter']}  ({'same' if s['sameUid'] else 'DIFFERENT'})\n")
+    w("next: cotal send NAME 'what was the phrase?' --wait\n")
