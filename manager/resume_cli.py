@@ -29,7 +29,7 @@ from manager.broker.connection import connect
 from manager.broker.footprint import ensure_kv
 from manager.checkpoint import admit
 from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
-from manager.workspace.generation import claim_successor
+from manager.workspace.generation import claim_successor, withdraw_claim
 from manager.workspace.identity import InstanceIdentity, load_or_create_identity
 from manager.workspace.journal import Journal, write_resume_document
 from manager.workspace.layout import Layout
@@ -38,6 +38,7 @@ from protocol import names
 from protocol.codec import encode_json
 from protocol.errors import Refusal
 from protocol.inventory import encode_inventory
+from protocol.maintenance import Degraded
 
 RESUME_TIMEOUT_S = 600.0
 
@@ -212,9 +213,19 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
         journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
         identity = load_or_create_identity(layout, space)
         _say("claiming custody (writer generation N+1) in this root and at the broker")
-        for name, rec in adm.records.items():
-            claim_successor(layout, space, name, rec.lifecycle_uid, rec.generation, identity.instance_id, attempt)
-        claims = anyio.run(_claim_custody, broker.server, broker.creds, adm, identity, layout, backend="asyncio")
+        local: list[tuple[str, int]] = []
+        try:
+            for name, rec in adm.records.items():
+                local.append((name, claim_successor(layout, space, name, rec.lifecycle_uid, rec.generation,
+                                                    identity.instance_id, attempt)))
+            claims = anyio.run(_claim_custody, broker.server, broker.creds, adm, identity, layout, backend="asyncio")
+        except Refusal as exc:
+            # Lost before any tree was touched: give back what this root claimed and say why.
+            for name, generation in local:
+                withdraw_claim(layout, space, name, generation, identity.instance_id, attempt)
+            journal.advance(attempt, "degraded", resume=descriptor, consents=consents,
+                            degraded=Degraded(reason=exc.message[:4000], recourse=(exc.cure or "see the message")[:4000]))
+            raise
         restored = anyio.run(_restore_all, layout, adm, backend="asyncio")
         _say("starting the manager fenced to this attempt")
         if embedded_info is not None:

@@ -1,0 +1,286 @@
+"""`cotal doctor`: which harnesses this host can run seats with, and what is missing.
+
+For each harness (scribe, pi, claude, jcode) it reports:
+
+* installed: where its program is (the pinned install under `.tools/`, `agents.<name>.binary`
+  from cotal.toml, or PATH for jcode) and which version the install holds;
+* usable: whether the program answers a quick `--version` run within a timeout;
+* continuity: the class the connector's declared capability flags give (never a probe);
+* missing: each problem with its cure.
+
+States in the table: `ready`; `config` (runs, but a seat launch needs a setting first);
+`broken` (installed, does not run); `absent` (not installed).
+
+The `--version` runs get an empty private config dir and the harness's offline switches, so a
+check neither reads nor writes the operator's own harness state and needs no network.
+
+Exit code: 1 when a harness the repository pins (harnesses.json) or the operator configured
+(cotal.toml) is not ready, or when the configuration itself cannot be read; 0 otherwise. A
+harness that is neither pinned nor configured (jcode, normally) is reported but does not fail
+the check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from connectors.base import continuity_class
+from manager import registry, tools
+from protocol.errors import Refusal
+
+HARNESSES = ("scribe", "pi", "claude", "jcode")
+VERSION_TIMEOUT_S = 15.0
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Missing:
+    problem: str
+    cure: str
+    # "program": the harness cannot run at all; "config": it runs, but a seat launch would be
+    # refused until the operator supplies a setting (an endpoint, a key).
+    kind: str = "program"
+
+
+@dataclass
+class Report:
+    name: str
+    continuity: str
+    installed: bool = False
+    path: str | None = None
+    version: str | None = None
+    usable: bool = False
+    required: bool = False
+    missing: list[Missing] = field(default_factory=list)
+
+    configured: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.installed and self.usable and not self.missing
+
+    @property
+    def failing(self) -> bool:
+        """Fails the check: a pinned/configured harness that cannot run, or a configured one
+        whose configuration is incomplete. An unconfigured harness lacking settings is only
+        reported."""
+        if not self.required:
+            return False
+        if not (self.installed and self.usable) or any(m.kind == "program" for m in self.missing):
+            return True
+        return self.configured and bool(self.missing)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ready"] = self.ready
+        return out
+
+
+def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
+    try:
+        cfg = registry.load_config(root)
+    except Refusal as exc:
+        if as_json:
+            say(json.dumps({"error": exc.code, "message": exc.message, "cure": exc.cure}, sort_keys=True))
+        else:
+            say(f"cotal doctor: {exc.text}")
+        return 1
+    try:
+        pins = tools.load_pins()
+        pin_problem: Missing | None = None
+    except Refusal as exc:
+        pins, pin_problem = {}, Missing(exc.message, exc.cure)
+    reports = [check(name, registry.agent_settings(cfg, name), pins, configured=name in cfg.agents) for name in HARNESSES]
+    if pin_problem is not None:
+        for report in reports:
+            if report.name in ("pi", "claude"):
+                report.missing.append(pin_problem)
+    if as_json:
+        for report in reports:
+            say(json.dumps(report.as_dict(), sort_keys=True))
+    else:
+        for line in render(reports):
+            say(line)
+    return 1 if pin_problem is not None or any(r.failing for r in reports) else 0
+
+
+def render(reports: list[Report]) -> list[str]:
+    lines = [f"{'harness':<8} {'continuity':<11} {'state':<8} {'version':<12} program"]
+    for r in reports:
+        if r.ready:
+            state = "ready"
+        elif not r.installed:
+            state = "absent"
+        elif r.usable and all(m.kind == "config" for m in r.missing):
+            state = "config"
+        else:
+            state = "broken"
+        lines.append(f"{r.name:<8} {r.continuity:<11} {state:<8} {r.version or '-':<12} {r.path or '-'}")
+        for m in r.missing:
+            lines.append(f"         missing: {m.problem}")
+            lines.append(f"         cure:    {m.cure}")
+    return lines
+
+
+def check(name: str, settings: Mapping[str, Any], pins: Mapping[str, tools.Pin], *, configured: bool) -> Report:
+    try:
+        continuity: str = continuity_class(registry.load_connector(name).capabilities)
+    except Refusal:
+        continuity = "unavailable"
+    report = Report(name=name, continuity=continuity, required=configured or name in pins or name == "scribe",
+                    configured=configured)
+    if continuity == "unavailable":
+        report.missing.append(Missing(f"the {name} connector cannot be imported in this build", "reinstall cotal"))
+    checker = {"scribe": _check_scribe, "pi": _check_pi, "claude": _check_claude, "jcode": _check_jcode}[name]
+    checker(report, settings, pins.get(name))
+    return report
+
+
+# -- per harness ----------------------------------------------------------------------------------
+
+
+def _check_scribe(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
+    # Built in: the program is this interpreter running the package's own module.
+    report.installed = True
+    report.path = f"{sys.executable} -m connectors.scribe"
+    try:
+        from importlib.metadata import version
+
+        report.version = f"cotal {version('cotal')}"
+    except Exception:
+        report.version = "built-in"
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT)}
+    ok, detail = _probe([sys.executable, "-m", "connectors.scribe", "--help"], env)
+    report.usable = ok
+    if not ok:
+        report.missing.append(Missing(f"scribe does not start: {detail}", "reinstall cotal (`make venv`)"))
+
+
+def _check_pi(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
+    program = _pinned_or_configured(report, settings, pin)
+    if program is None:
+        return
+    node = shutil.which("node")
+    if program.endswith((".js", ".mjs")):
+        if node is None:
+            report.missing.append(Missing("node is not on PATH (pi runs on Node.js)", "install Node.js >= 20"))
+            return
+        argv = [node, program]
+    else:
+        argv = [program]
+    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
+        env = _base_env(PI_CODING_AGENT_DIR=tmp, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1", PI_TELEMETRY="0")
+        _version_run(report, argv, env)
+    if not settings.get("base_url"):
+        report.missing.append(Missing("pi has no model endpoint configured (agents.pi.base_url)",
+                                      "set agents.pi.base_url and agents.pi.model in cotal.toml", "config"))
+    _key_check(report, settings, default=None)
+
+
+def _check_claude(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
+    program = _pinned_or_configured(report, settings, pin)
+    if program is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
+        env = _base_env(CLAUDE_CONFIG_DIR=tmp, DISABLE_TELEMETRY="1", DISABLE_ERROR_REPORTING="1",
+                        DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+        _version_run(report, [program], env)
+    _key_check(report, settings, default="ANTHROPIC_API_KEY")
+
+
+def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
+    binary = settings.get("binary")
+    if binary:
+        found = binary if os.path.isabs(binary) else shutil.which(binary)
+        where = f"agents.jcode.binary ({binary})"
+    else:
+        found = shutil.which("jcode")
+        where = "PATH"
+    if not found or not os.path.isfile(found):
+        report.missing.append(Missing(
+            f"jcode is not installed (looked for it on {where})",
+            "install jcode with an adapter for cotal's JSON-lines protocol (connectors/jcode.py) and set agents.jcode.binary",
+        ))
+        return
+    report.installed = True
+    report.path = found
+    _version_run(report, [found], _base_env())
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def _pinned_or_configured(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> str | None:
+    binary = settings.get("binary")
+    if binary:
+        if not os.path.isfile(binary):
+            report.missing.append(Missing(f"agents.{report.name}.binary {binary} does not exist",
+                                          f"fix agents.{report.name}.binary in cotal.toml or remove it to use the pinned install"))
+            return None
+        report.installed = True
+        report.path = binary
+        return str(binary)
+    if pin is None:
+        report.missing.append(Missing(f"{report.name} is not pinned in harnesses.json", "restore harnesses.json from git"))
+        return None
+    try:
+        path = tools.which(pin.name)
+    except Refusal as exc:
+        report.missing.append(Missing(exc.message, "run `make harnesses` (python -m manager.tools install)"))
+        return None
+    report.installed = True
+    report.path = str(path)
+    report.version = tools.installed_version(pin)
+    return str(path)
+
+
+def _version_run(report: Report, argv: list[str], env: dict[str, str]) -> None:
+    ok, detail = _probe([*argv, "--version"], env)
+    report.usable = ok
+    if ok:
+        # The install's own record wins; the program's answer fills in for a configured binary.
+        report.version = report.version or detail.splitlines()[0].strip()[:60] or None
+    else:
+        report.missing.append(Missing(f"`{report.path} --version` failed: {detail}",
+                                      "reinstall it (`make harnesses` for pinned harnesses) or fix the configured binary"))
+
+
+def _probe(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir())
+    except subprocess.TimeoutExpired:
+        return False, f"no answer within {VERSION_TIMEOUT_S:.0f}s"
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()
+        return False, f"exit code {proc.returncode}" + (f": {tail[-1][:200]}" if tail else "")
+    return True, proc.stdout.strip()
+
+
+def _base_env(**extra: str) -> dict[str, str]:
+    # Only what a version check needs: no tokens or keys of the operator's environment.
+    env = {k: v for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if (v := os.environ.get(k))}
+    env["HOME"] = extra.get("CLAUDE_CONFIG_DIR") or extra.get("PI_CODING_AGENT_DIR") or tempfile.gettempdir()
+    env.update(extra)
+    return env
+
+
+def _key_check(report: Report, settings: Mapping[str, Any], *, default: str | None) -> None:
+    var = settings.get("api_key_env") or default
+    if var and not os.environ.get(var):
+        report.missing.append(Missing(
+            f"{var} (the API key variable) is not set in this environment",
+            f"export {var} before starting the manager, or name another variable with agents.{report.name}.api_key_env",
+            "config",
+        ))
