@@ -95,6 +95,58 @@ def cli(root: Path) -> Cli:
 
 
 @dataclass
+class FakeServer:
+    """A fake model server process on 127.0.0.1 that logs every request body it receives."""
+
+    port: int
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def user_texts(self, request: dict[str, Any]) -> list[str]:
+        out = []
+        for m in request["messages"]:
+            if m["role"] == "user":
+                c = m["content"]
+                out.append(c if isinstance(c, str) else "".join(p.get("text", "") for p in c))
+        return out
+
+
+def start_fake_server(script: Path, log: Path) -> Iterator[FakeServer]:
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--port", "0", "--log", str(log)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), f"fake server did not print its port: {line!r}"
+        yield FakeServer(int(line), log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def fake_openai(tmp_path: Path) -> Iterator[FakeServer]:
+    yield from start_fake_server(REPO / "tests" / "fixtures" / "fake_openai.py", tmp_path / "openai-requests.jsonl")
+
+
+PI_CLI = REPO / ".tools" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"
+
+
+@dataclass
 class SharedBroker:
     url: str
     creds: str

@@ -17,8 +17,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from connectors.base import LaunchOpts, LaunchSpec, TurnOutcome
 from connectors.pi import HarnessGone, PiConnector, PiDriver, read_session_header
 from protocol.names import mint_lifecycle_uid
 from protocol.session import SessionPointer, decode_pointer
+from tests.conftest import FakeServer
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fixtures" / "fake_openai.py"
@@ -51,48 +51,9 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@dataclass
-class FakeServer:
-    port: int
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def requests(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
-
-    def user_texts(self, request: dict[str, Any]) -> list[str]:
-        out = []
-        for m in request["messages"]:
-            if m["role"] == "user":
-                c = m["content"]
-                out.append(c if isinstance(c, str) else "".join(p.get("text", "") for p in c))
-        return out
-
-
 @pytest.fixture
-def fake_server(tmp_path: Path) -> Iterator[FakeServer]:
-    log = tmp_path / "requests.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "--port", "0", "--log", str(log)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.strip().isdigit(), f"fake server did not print its port: {line!r} {proc.stderr.read() if proc.stderr else ''}"
-        yield FakeServer(int(line), log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def fake_server(fake_openai: FakeServer) -> FakeServer:
+    return fake_openai
 
 
 @pytest.fixture
