@@ -233,7 +233,7 @@ def _pinned_or_configured(report: Report, settings: Mapping[str, Any], pin: tool
         report.missing.append(Missing(f"{report.name} is not pinned in harnesses.json", "restore harnesses.json from git"))
         return None
     try:
-        path = tools.which(pin.name)
+        path = tools.binary_of(pin)
     except Refusal as exc:
         report.missing.append(Missing(exc.message, "run `make harnesses` (python -m manager.tools install)"))
         return None

@@ -139,22 +139,27 @@ def which(name: str, pin_file: Path = PIN_FILE) -> Path:
     """The installed harness's entry point.
 
     The script file itself (its shebang runs `node`), not `node_modules/.bin/<bin>`: that link is
-    an npm artefact that `--ignore-scripts`-style installs and copies can leave out.
+    an npm artefact that `--ignore-scripts`-style installs and copies can leave out. For a pin
+    with a `native` entry, the platform package's binary (see `Native`).
     """
-    pin = get_pin(name, pin_file)
+    return binary_of(get_pin(name, pin_file))
+
+
+def binary_of(pin: Pin) -> Path:
+    """`which` for a pin already loaded."""
     version = installed_version(pin)
     if version != pin.version:
         found = f"version {version} is installed" if version else "it is not installed"
         raise Refusal(
             "not-installed",
-            f"harness {name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: {found}",
+            f"harness {pin.name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: {found}",
             "run `python -m manager.tools install`",
         )
     if pin.native is not None:
         return _native_binary(pin, pin.native)
     path = (pin.package_dir / _bin_relpath(pin)).resolve()
     if not path.is_file():
-        raise Refusal("not-installed", f"harness {name} binary {path} is missing", "run `python -m manager.tools install`")
+        raise Refusal("not-installed", f"harness {pin.name} binary {path} is missing", "run `python -m manager.tools install`")
     return path
 
 
@@ -211,7 +216,7 @@ def check_node(pin: Pin) -> None:
 
 def _runnable(pin: Pin) -> bool:
     try:
-        which(pin.name)
+        binary_of(pin)
     except Refusal:
         return False
     return True
@@ -249,7 +254,7 @@ def install(pin: Pin) -> str:
             f"npm reported success but {pin.package_dir} holds version {have!r}, not {pin.version}",
             f"remove {pin.prefix} and run the install again",
         )
-    which(pin.name)
+    binary_of(pin)
     check_node(pin)
     return f"{pin.name}: installed {pin.package}@{pin.version} in {pin.prefix}"
 

@@ -237,6 +237,10 @@ async def test_remember_kill9_continue_exact(root: Path, fake_server: FakeServer
         assert seat.driver.session_id == sid  # also what system/init and result reported
         assert seat.config.stat().st_mode & 0o777 == 0o700
         (transcript,) = transcripts(seat.config, sid)
+        # The driver noted that the session has a transcript now: if it ever goes missing, a
+        # continuation refuses rather than restarting an empty session under this id.
+        assert json.loads((seat.config / "cotal-launch.json").read_text()) == {
+            "version": 1, "sessionId": sid, "origin": "fresh", "materialized": True}
         seat.proc.send_signal(signal.SIGKILL)
         with anyio.fail_after(TIMEOUT):
             assert await seat.proc.wait() == -signal.SIGKILL
@@ -364,9 +368,10 @@ async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path
         with anyio.fail_after(TIMEOUT):
             await driver.get_state()
             failed = await driver.prompt("fake:http-500 hello", message_id="e1")
-            assert failed.status == "error" and "fake server error" in failed.detail
+            assert failed.status == "error" and failed.detail.startswith("API Error: 500 fake server error (fake:http-500).")
+            # Claude Code asks once more after an empty reply; the fake stays empty.
             empty = await driver.prompt("fake:empty hello", message_id="e2")
-            assert empty.status != "ok"
+            assert empty == TurnOutcome("unknown", detail="the model produced no output")
             # A peer's text starting with '/' must not run a command (e.g. switch sessions).
             local = await driver.prompt("/clear", message_id="e3")
             assert local.detail == "answered by claude locally, without a model turn"
@@ -405,3 +410,17 @@ async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path
             "unknown", detail="not delivered: claude exited (its stdout closed)")
     # Everything Claude Code sent went to the fake server on 127.0.0.1 (the only endpoint).
     assert {r["session"] for r in fake_server.messages()} == {seat.spec.expected_session_id}
+
+
+def test_doctor_reports_the_pinned_claude_as_exact_and_ready(root: Path, fake_server: FakeServer) -> None:
+    (root / "cotal.toml").write_text(
+        f'[agents.claude]\nbase_url = "{fake_server.base_url}"\napi_key_env = "{KEY_VAR}"\n')
+    proc = subprocess.run([sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    rows = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    claude = rows["claude"]
+    assert (claude["continuity"], claude["installed"], claude["usable"], claude["version"], claude["missing"]) == (
+        "exact", True, True, "2.1.197", [])
+    assert claude["path"].endswith("/claude") and claude["ready"]
+    assert SECRET not in proc.stdout + proc.stderr

@@ -1,0 +1,1039 @@
+"""The Claude Code connector: runs Claude Code (@anthropic-ai/claude-code, pinned in
+harnesses.json) as one long-lived process in stream-json mode and drives it over JSON lines.
+
+Files of one seat, siblings under the directory of the session pointer the manager chose
+(`<root>/.cotal/sessions/claude/`), with `<base>` = `<name>-<uid>`:
+
+* `<base>.json`    the session pointer `{version:1, sessionId, status}`. Claude Code does not
+                   write it; the driver does, once Claude Code has reported the session it holds.
+* `<base>.config/` Claude Code's private config dir (`CLAUDE_CONFIG_DIR`), 0700. Its transcript
+                   store lives here (`projects/<encoded cwd>/<id>.jsonl`), so this directory is
+                   what a checkpoint captures (declared below). The operator's `~/.claude` is never
+                   read or written. Three files in it are ours:
+                   `settings.json` (transcript retention, rewritten every launch),
+                   `cotal-launch.json` (how the current session came to be, see below) and
+                   `cotal-forks/<fork id>/<source id>.jsonl` (the frozen copy a fork was made from).
+
+Sessions (measured on 2.1.197, /work/shared/reference/claude-code.md):
+
+* fresh:    the connector mints a UUID and passes `--session-id`, so the seat's id is known and
+            expected before its first turn;
+* continue: `--resume <id>` reopens exactly that session and appends to the same transcript
+            (same id, history present). Claude Code resolves an id only in the project dir of the
+            cwd, so a transcript recorded under another cwd is refused by name;
+* fork:     `--resume <snapshot.jsonl> --fork-session --session-id <new id>`. The source (another
+            seat's session, or any transcript by absolute path) is first copied into this seat's
+            store and the fork is made from the copy: Claude Code cannot find another config
+            dir's session by id, the source file is only ever read, and the fork can be redone
+            byte-for-byte if the seat dies before its first turn.
+
+Claude Code writes a transcript only when a session's first turn starts. A seat killed before
+that has a pointer naming a session with no transcript; `cotal-launch.json` records how that
+session was made, so a continuation redoes exactly that (`--session-id <id>` for a fresh seat,
+the fork from the same snapshot for a forked one): the same id with the same (empty or
+forked) history, which is what the session held. Once the driver sees the transcript it marks
+the record `materialized`; from then on a missing transcript is refused, never redone.
+
+Nothing is printed on stdout before the first input line, and no event carries the session id
+until a turn runs. The driver therefore sends the stream-json `initialize` control request at
+start: its response names the process id, and Claude Code's live registry
+`$CLAUDE_CONFIG_DIR/sessions/<pid>.json` names the session that process holds. That report,
+not the id we asked for, is what the driver returns from `get_state` and writes to the pointer.
+
+Flags and why:
+
+* `--replay-user-messages`: Claude Code echoes each input message with the `uuid` we gave it,
+  so a `result` is attributed to our prompt and not to some other turn.
+* `--disable-slash-commands`: an inbox message is a peer's text. Without it a message such as
+  `/clear` runs a command that silently switches the process to a new session (measured).
+* `--permission-mode bypassPermissions`: a seat has no human to answer permission prompts.
+  As root Claude Code refuses this unless `IS_SANDBOX=1` is set, so the connector sets it then.
+* `--strict-mcp-config`: only MCP servers cotal passes (none), never a project's `.mcp.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from anyio.abc import TaskStatus
+
+from connectors.base import (
+    ByteReceive,
+    ByteSend,
+    Capabilities,
+    LaunchOpts,
+    LaunchSpec,
+    StoreDecl,
+    TurnOutcome,
+    base_env,
+    check_prompt,
+    refuse_resume_with_continuation,
+)
+from connectors.pi import write_private_atomic
+from protocol.errors import Refusal
+from protocol.names import check_lifecycle_uid, check_seat_name
+from protocol.session import encode_pointer
+
+NAME = "claude"
+KEY_VAR = "ANTHROPIC_API_KEY"
+CONFIG_KEYS = frozenset({"base_url", "model", "api_key_env", "binary", "extra_env"})
+# Variables this connector sets itself; an operator passing them through would silently
+# override the seat's isolation (config dir, endpoint, key) or its safety switches.
+RESERVED_ENV = frozenset({
+    "CLAUDE_CONFIG_DIR", KEY_VAR, "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "IS_SANDBOX",
+    "DISABLE_TELEMETRY", "DISABLE_ERROR_REPORTING", "DISABLE_AUTOUPDATER",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+})
+# Offline-by-default switches, measured to leave only the configured endpoint in use.
+QUIET_ENV = {
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+}
+# Claude Code deletes transcripts older than `cleanupPeriodDays` (default 30) at startup, which
+# would silently empty a seat continued from an old checkpoint. 100 years is "keep".
+SETTINGS = {"cleanupPeriodDays": 36500}
+
+SESSION_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@\[\]+-]{0,199}$")
+
+LAUNCH_RECORD = "cotal-launch.json"
+FORKS_DIR = "cotal-forks"
+RECORD_CAP = 64 * 1024
+REGISTRY_CAP = 64 * 1024
+# How much of a transcript is scanned for the cwd it was recorded in.
+CWD_SCAN_CAP = 1024 * 1024
+# Claude Code cuts encoded project dir names at this length and appends a hash we cannot
+# recompute, so longer cwds are matched by the cwd recorded inside the transcript instead.
+PROJECT_NAME_MAX = 200
+SNAPSHOT_TRIES = 5
+
+# An `assistant` or `user` line carries whole tool outputs, so the cap is generous; past it the
+# driver stops rather than buffering without bound.
+LINE_CAP = 64 * 1024 * 1024
+# A harness that stops reading its stdin must not wedge a sender forever.
+SEND_TIMEOUT_S = 10.0
+INITIAL_PROMPT_ID = "initial-prompt"
+BOOT_POLL_S = 10.0
+PERSIST_TIMEOUT_S = 10.0
+PERSIST_POLL_S = 0.02
+
+
+# -- paths ----------------------------------------------------------------------------------------
+
+
+def _private_dir(path: Path) -> Path:
+    """Create `path` 0700 (ancestors too, when created here); refuse a symlink or a file there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        for part in [*reversed(path.parents), path]:
+            try:
+                os.mkdir(part, 0o700)
+            except FileExistsError:
+                pass
+        st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise Refusal(
+            "unsafe-path",
+            f"claude connector: {path} is not a plain directory (a symlink or another file is there)",
+            "remove it so cotal can create the seat's private directory",
+        )
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+@dataclass(frozen=True)
+class SeatPaths:
+    pointer: Path
+    config: Path
+    config_relpath: str
+
+
+def seat_paths(opts: LaunchOpts) -> SeatPaths:
+    check_seat_name(opts.name)
+    check_lifecycle_uid(opts.lifecycle_uid)
+    root = Path(os.path.normpath(opts.workspace_root))
+    pointer = Path(os.path.normpath(opts.session_pointer_path))
+    if not root.is_absolute() or not pointer.is_absolute():
+        raise Refusal("bad-launch", f"claude connector needs absolute paths (root {root}, pointer {pointer})",
+                      "pass the workspace root and pointer path as absolute paths")
+    if pointer.suffix != ".json":
+        raise Refusal("bad-launch", f"claude connector: the session pointer {pointer} must end in .json",
+                      "use the workspace layout's pointer path (.cotal/sessions/claude/<name>-<uid>.json)")
+    # The config dir is the pointer's sibling by construction, so one name identifies the seat's
+    # whole state and a checkpoint restores both at the same relative place.
+    config = pointer.with_suffix(".config")
+    try:
+        relpath = config.relative_to(root).as_posix()
+    except ValueError:
+        raise Refusal("bad-launch", f"claude connector: the session pointer {pointer} is outside the workspace root {root}",
+                      "keep the pointer under <root>/.cotal so the session store is captured relative to the root") from None
+    return SeatPaths(pointer=pointer, config=config, config_relpath=relpath)
+
+
+def transcripts(config: Path, session_id: str) -> list[Path]:
+    """`projects/*/<session_id>.jsonl` in one config dir: exact file name, no prefix match."""
+    try:
+        projects = sorted(e.path for e in os.scandir(config / "projects") if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return []
+    name = f"{session_id}.jsonl"
+    return [Path(p) / name for p in projects if os.path.isfile(os.path.join(p, name))]
+
+
+def project_dir_name(cwd: Path) -> str | None:
+    """The project dir Claude Code files a cwd's sessions under, when it can be recomputed."""
+    encoded = re.sub(r"[^A-Za-z0-9]", "-", os.path.realpath(cwd))
+    return encoded if len(encoded) <= PROJECT_NAME_MAX else None
+
+
+def _read_capped(path: Path, cap: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file", str(path))
+        return os.read(fd, cap)
+    finally:
+        os.close(fd)
+
+
+def recorded_cwd(transcript: Path) -> str | None:
+    """The cwd the first message entry of a transcript was recorded in."""
+    try:
+        head = _read_capped(transcript, CWD_SCAN_CAP)
+    except OSError:
+        return None
+    for line in head.split(b"\n"):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("cwd"), str):
+            return str(entry["cwd"])
+    return None
+
+
+def _same_cwd(transcript: Path, cwd: Path) -> bool:
+    if transcript.parent.name == project_dir_name(cwd):
+        return True
+    recorded = recorded_cwd(transcript)
+    return recorded is not None and os.path.realpath(recorded) == os.path.realpath(cwd)
+
+
+# -- the connector --------------------------------------------------------------------------------
+
+
+class ClaudeCodeConnector:
+    name = NAME
+    # Exact continuation is proved against the real program by
+    # tests/integration/test_claude_connector.py: after SIGKILL, `--resume <id>` reports the same
+    # id, answers from the history, and the provider receives the earlier turns.
+    capabilities = Capabilities(
+        supports_resume=True,
+        supports_session_continuation=True,
+        supports_fresh_start=True,
+        supports_prompt=True,
+    )
+
+    def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
+        refuse_resume_with_continuation(NAME, opts)
+        check_prompt(NAME, opts.prompt)
+        cfg = _check_config(opts)
+        paths = seat_paths(opts)
+        cwd = Path(os.path.abspath(opts.cwd))
+        if not cwd.is_dir():
+            raise Refusal("bad-cwd", f"claude connector: cwd {cwd} is not a directory", "pass an existing directory as the seat's cwd")
+        binary = _program(cfg.binary)
+
+        # Everything that can refuse is read-only and comes first, so a refusal changes nothing.
+        source: Path | None = None
+        if opts.continue_session:
+            session_args = _continuation_args(paths.config, opts.continue_session, cwd)
+            expected = opts.continue_session
+        else:
+            if opts.resume:
+                source = _fork_source(paths, opts.resume)
+            expected = str(uuid.uuid4())
+
+        _private_dir(paths.pointer.parent)
+        _private_dir(paths.config)
+        write_private_atomic(paths.config / "settings.json", json.dumps(SETTINGS, indent=1).encode())
+        if not opts.continue_session:
+            if source is not None:
+                snapshot = _snapshot(source, paths.config, expected)
+                session_args = ["--resume", str(snapshot), "--fork-session", "--session-id", expected]
+                record = {"version": 1, "sessionId": expected, "origin": "fork", "forkOf": source.stem,
+                          "snapshot": snapshot.relative_to(paths.config).as_posix()}
+            else:
+                session_args = ["--session-id", expected]
+                record = {"version": 1, "sessionId": expected, "origin": "fresh"}
+            write_private_atomic(paths.config / LAUNCH_RECORD, json.dumps(record, indent=1).encode())
+            # A pointer left by an earlier launch of this lifecycle names a session this launch
+            # does not continue; a crash before the driver rewrites it must not reopen that one.
+            try:
+                os.unlink(paths.pointer)
+            except FileNotFoundError:
+                pass
+
+        argv = [
+            binary, "-p",
+            "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
+            "--replay-user-messages",
+            "--disable-slash-commands",
+            "--permission-mode", "bypassPermissions",
+            "--strict-mcp-config",
+        ]
+        if cfg.model is not None:
+            argv += ["--model", cfg.model]
+        argv += session_args
+
+        env = base_env(opts, extra_allow=cfg.passthrough)
+        env.update(QUIET_ENV)
+        env["CLAUDE_CONFIG_DIR"] = str(paths.config)
+        if cfg.base_url is not None:
+            env["ANTHROPIC_BASE_URL"] = cfg.base_url
+        # The key travels in the child's environment only (never argv, never a file), under the
+        # one name Claude Code reads, and is declared secret so the manager never logs it.
+        env[KEY_VAR] = cfg.api_key
+        if os.geteuid() == 0:
+            env["IS_SANDBOX"] = "1"
+        return LaunchSpec(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            session_pointer_path=paths.pointer,
+            session_store=(StoreDecl("workspace-root", paths.config_relpath),),
+            expected_session_id=expected,
+            # stream-json mode takes no prompt in argv; the driver sends it as the first turn.
+            initial_prompt=opts.prompt.strip() if opts.prompt else None,
+            secret_env=(KEY_VAR,),
+        )
+
+    def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> ClaudeDriver:
+        config = spec.env.get("CLAUDE_CONFIG_DIR")
+        return ClaudeDriver(
+            stdin, stdout,
+            config_dir=Path(config) if config else None,
+            pointer_path=spec.session_pointer_path,
+            expected_session_id=spec.expected_session_id,
+            initial_prompt=spec.initial_prompt,
+        )
+
+
+@dataclass(frozen=True)
+class _Config:
+    base_url: str | None
+    model: str | None
+    api_key: str
+    binary: str | None
+    passthrough: tuple[str, ...]
+
+
+def _check_config(opts: LaunchOpts) -> _Config:
+    config: Mapping[str, Any] = opts.config or {}
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise Refusal(
+            "bad-launch",
+            f"claude connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped at launch and on every restart",
+            f"remove them; claude honours {', '.join(sorted(CONFIG_KEYS))}",
+        )
+    base_url = config.get("base_url")
+    if base_url is not None:
+        if not isinstance(base_url, str) or not re.match(r"^https?://[^\s/@]+(/\S*)?$", base_url):
+            if isinstance(base_url, str) and "@" in base_url:
+                raise Refusal("bad-launch", "claude connector: base_url must not carry credentials (user:password@)",
+                              "put the key in an environment variable and name it with api_key_env")
+            raise Refusal("bad-launch", f"claude connector: base_url must be an http(s) URL of an Anthropic Messages endpoint (got {base_url!r})",
+                          "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it")
+    model = opts.model or config.get("model")
+    if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
+        raise Refusal("bad-launch", f"claude connector: model {model!r} is not a model name (letters, digits, ._:/@[]+-)",
+                      "pass --model or set agents.claude.model in cotal.toml")
+    api_key_env = config.get("api_key_env") or KEY_VAR
+    if not isinstance(api_key_env, str) or not ENV_NAME_RE.match(api_key_env):
+        raise Refusal("bad-launch", f"claude connector: api_key_env {api_key_env!r} is not an environment variable name",
+                      "name the variable that holds the key, e.g. ANTHROPIC_API_KEY")
+    api_key = os.environ.get(api_key_env)
+    if not api_key:
+        # The seat's config dir is private, so no login the operator made elsewhere applies:
+        # without a key every turn would fail late with "Not logged in".
+        raise Refusal("bad-launch", f"claude connector needs an API key, and {api_key_env} is not set in the manager's environment",
+                      f"export {api_key_env} before starting the manager, or name another variable with agents.claude.api_key_env")
+    extra_env = config.get("extra_env") or []
+    if not isinstance(extra_env, list | tuple) or not all(isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env):
+        raise Refusal("bad-launch", f"claude connector: extra_env must be a list of environment variable names, got {extra_env!r}",
+                      "fix agents.claude.extra_env in cotal.toml")
+    clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
+    if clash:
+        raise Refusal("bad-launch", f"claude connector: extra_env names {', '.join(clash)}, which the connector sets itself",
+                      "remove them from agents.claude.extra_env")
+    binary = config.get("binary")
+    if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
+        raise Refusal("bad-launch", f"claude connector: binary must be an absolute path, got {binary!r}",
+                      "set agents.claude.binary to the absolute path of the claude executable, or unset it to use the pinned install")
+    return _Config(base_url, model, api_key, binary, tuple(extra_env))
+
+
+def _program(binary: str | None) -> str:
+    if binary is None:
+        # Imported here so the connector module stays importable (and its refusals testable)
+        # where the installer's repository layout is absent.
+        from manager.tools import which
+
+        binary = str(which(NAME))
+    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        raise Refusal("not-installed", f"claude connector: binary {binary} does not exist or is not executable",
+                      "run `python -m manager.tools install` or fix agents.claude.binary")
+    return binary
+
+
+def _check_session_id(session_id: str, what: str) -> None:
+    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+        raise Refusal("bad-session", f"claude connector: {what} {session_id!r} is not a Claude Code session id (a lowercase UUID)",
+                      "pass the full id exactly as recorded")
+
+
+def _refuse_live_holder(config: Path, session_id: str) -> None:
+    """Refuse to reopen a session another live process of this config dir still holds.
+
+    Claude Code takes no lock: two processes resuming one id both append and the transcript
+    branches (measured). Its live registry names each running process's session.
+    """
+    try:
+        entries = list(os.scandir(config / "sessions"))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if not entry.name.endswith(".json"):
+            continue
+        try:
+            record = json.loads(_read_capped(Path(entry.path), REGISTRY_CAP))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or record.get("sessionId") != session_id:
+            continue
+        pid = record.get("pid")
+        if isinstance(pid, int) and _alive_since(pid, record.get("procStart")):
+            raise Refusal("session-busy", f"claude connector: session {session_id} is open in live process {pid}",
+                          f"stop that process (kill {pid}) before continuing the session")
+
+
+def _alive_since(pid: int, proc_start: Any) -> bool:
+    """True when `pid` runs and started at `proc_start` (field 22 of /proc/<pid>/stat), so a
+    recycled pid is not mistaken for the process that registered the session."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    fields = data[data.rindex(b")") + 2:].split()
+    if fields[0] == b"Z":
+        return False
+    return proc_start is None or fields[19].decode() == str(proc_start)
+
+
+def _read_launch_record(config: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(_read_capped(config / LAUNCH_RECORD, RECORD_CAP))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("version") == 1 else None
+
+
+def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
+    _check_session_id(session_id, "continueSession")
+    _refuse_live_holder(config, session_id)
+    found = transcripts(config, session_id)
+    if any(_same_cwd(t, cwd) for t in found):
+        return ["--resume", session_id]
+    if found:
+        # Claude Code looks an id up only under the cwd's project dir: from here it would say
+        # "No conversation found" and exit.
+        recorded = sorted({recorded_cwd(t) or t.parent.name for t in found})
+        raise Refusal("session-cwd-mismatch",
+                      f"claude connector: session {session_id} was recorded in cwd {', '.join(recorded)}, but the seat's cwd is {cwd}",
+                      f"launch the seat with cwd {recorded[0]}")
+    record = _read_launch_record(config)
+    if record is not None and record.get("sessionId") == session_id:
+        if record.get("materialized"):
+            # It had a transcript once: starting it afresh under the old id would present an
+            # empty session as the continued one.
+            raise Refusal(
+                "no-session",
+                f"claude connector: the transcript of session {session_id} is missing from the seat's store {config} "
+                f"(looked for projects/*/{session_id}.jsonl; the session had one)",
+                "restore the seat's session store (a checkpoint's harness store) or start the seat fresh",
+            )
+        # The session never reached its first turn, so it has no transcript; redo exactly what
+        # made it, under the same id.
+        if record.get("origin") == "fresh":
+            return ["--session-id", session_id]
+        snapshot = record.get("snapshot")
+        if record.get("origin") == "fork" and isinstance(snapshot, str):
+            path = Path(os.path.normpath(config / snapshot))
+            if path.is_relative_to(config / FORKS_DIR) and path.is_file():
+                return ["--resume", str(path), "--fork-session", "--session-id", session_id]
+    raise Refusal(
+        "no-session",
+        f"claude connector: no transcript for session {session_id} in the seat's store {config} (looked for projects/*/{session_id}.jsonl)",
+        "restore the seat's session store (a checkpoint's harness store) or start the seat fresh",
+    )
+
+
+def _fork_source(paths: SeatPaths, resume: str) -> Path:
+    if os.path.isabs(resume):
+        source = Path(os.path.normpath(resume))
+        if source.suffix != ".jsonl" or not SESSION_ID_RE.match(source.stem):
+            raise Refusal("bad-session", f"claude connector: {source} is not a Claude Code transcript (<session id>.jsonl)",
+                          "pass a session id or the absolute path of a transcript")
+        if not source.is_file() or source.is_symlink():
+            raise Refusal("no-session", f"claude connector: transcript {source} does not exist or is not a regular file",
+                          "pass the path of an existing transcript")
+        return source
+    _check_session_id(resume, "resume")
+    # The source may be this seat's own earlier session or another Claude seat's in this
+    # workspace: each seat has a private config dir, all of them siblings of this one.
+    configs = [paths.config] + sorted(
+        p for p in paths.pointer.parent.glob("*.config") if p != paths.config and p.is_dir() and not p.is_symlink()
+    )
+    matches = [t for c in configs for t in transcripts(c, resume)]
+    if not matches:
+        raise Refusal(
+            "no-session",
+            f"claude connector: no transcript for session {resume} in the Claude seats under {paths.pointer.parent} "
+            "(a session has one only after its first turn)",
+            "pass the session id of a Claude seat in this workspace, or the absolute path of a transcript",
+        )
+    if len(matches) > 1:
+        raise Refusal("ambiguous-session", f"claude connector: session id {resume} names {len(matches)} transcripts: {', '.join(map(str, matches))}",
+                      "pass the absolute path of the one to fork")
+    return matches[0]
+
+
+def _snapshot(source: Path, config: Path, fork_id: str) -> Path:
+    """Copy `source` into the seat's store and return the copy, 0600 in 0700 dirs.
+
+    The source may be a live seat's transcript being appended to; a read is accepted only when
+    two in a row agree, and a trailing partial line is left out.
+    """
+    data: bytes | None = None
+    for _ in range(SNAPSHOT_TRIES):
+        try:
+            first = _read_all(source)
+            second = _read_all(source)
+        except OSError as exc:
+            raise Refusal("no-session", f"claude connector cannot read transcript {source}: {exc.strerror}",
+                          "check the file and its permissions") from None
+        if first == second:
+            data = first
+            break
+    if data is None:
+        raise Refusal("session-busy", f"claude connector: transcript {source} kept changing while it was copied",
+                      "retry once the source seat is idle, or stop it first")
+    data = data[: data.rfind(b"\n") + 1]
+    if not data:
+        raise Refusal("no-session", f"claude connector: transcript {source} is empty", "fork a session that has had a turn")
+    target_dir = _private_dir(config / FORKS_DIR / fork_id)
+    target = target_dir / source.name
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    # The launch record that names this copy is written next; the copy must be durable first.
+    dfd = os.open(target_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return target
+
+
+def _read_all(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file", str(path))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+
+class HarnessGone(Refusal):
+    """The driver can no longer talk to Claude Code: its stdout ended or the reader stopped."""
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.value: dict[str, Any] | None = None
+
+    def resolve(self, value: dict[str, Any] | None) -> None:
+        if not self.done.is_set():
+            self.value = value
+            self.done.set()
+
+
+class _Turn:
+    def __init__(self, message_uuid: str, offsets: dict[Path, int]) -> None:
+        self.uuid = message_uuid
+        self.replayed = False
+        self.interrupted = False
+        # The uuid of the turn's last assistant message: Claude Code files it in the transcript
+        # under the same uuid, which is how the driver sees the turn is durable.
+        self.last_uuid: str | None = None
+        # Transcript sizes when the turn began; the turn's entries are appended after them.
+        self.offsets = offsets
+        self.end = _Waiter()
+
+
+class ClaudeDriver:
+    """Claude Code's stream-json protocol (one JSON object per LF-terminated line).
+
+    The driver owns no task: the caller runs `run()` in the seat's task group, ideally with
+    `await tg.start(driver.run)`. Control requests carry our `request_id` and their responses
+    are routed by it. Turn events carry no id we chose, so prompts are strictly serialized; a
+    turn is the `result` that follows the replay of the message uuid we sent (or, for a message
+    Claude Code answered locally without the model, the `result` with `num_turns: 0`).
+    """
+
+    def __init__(
+        self,
+        stdin: ByteSend,
+        stdout: ByteReceive,
+        *,
+        config_dir: Path | None,
+        pointer_path: Path | None = None,
+        expected_session_id: str | None = None,
+        initial_prompt: str | None = None,
+        line_cap: int = LINE_CAP,
+    ) -> None:
+        self._stdin = stdin
+        self._stdout = stdout
+        self._config_dir = config_dir
+        self._pointer_path = pointer_path
+        self._expected = expected_session_id
+        self._initial = initial_prompt
+        self._line_cap = line_cap
+        self._send_lock = anyio.Lock()
+        self._turn_lock = anyio.Lock()
+        self._init_lock = anyio.Lock()
+        self._pending: dict[str, _Waiter] = {}
+        self._turn: _Turn | None = None
+        self._seq = 0
+        self._reader = "idle"
+        self._stop_detail = "the driver's reader was never started"
+        self._stdin_closed = False
+        self._written: tuple[str, str] | None = None
+        self._reported: str | None = None
+        self._materialized = False
+        self.pid: int | None = None
+        self.session_id: str | None = None
+        self.state_known = anyio.Event()
+        self.initial_outcome: TurnOutcome | None = None
+        self.initial_done = anyio.Event()
+        self.protocol_errors: list[str] = []
+
+    # -- reader ---------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Pump Claude Code's stdout until it ends; meanwhile learn the session and deliver the
+        launch's initial prompt. Start it once, in the caller's task group."""
+        if self._reader != "idle":
+            raise RuntimeError("ClaudeDriver.run() may be started only once")
+        self._reader = "running"
+        task_status.started()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._bootstrap)
+                await self._pump()
+                tg.cancel_scope.cancel()
+        finally:
+            self._stop(self._stop_detail if self._reader == "stopped" else "the driver's reader was cancelled")
+            self.state_known.set()
+            self.initial_done.set()
+
+    async def _pump(self) -> None:
+        buf = bytearray()
+        while True:
+            try:
+                chunk = await self._stdout.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._stop("claude exited (its stdout closed)")
+                return
+            buf += chunk
+            while (nl := buf.find(b"\n")) >= 0:
+                line = bytes(buf[:nl])
+                del buf[: nl + 1]
+                await self._handle(line.rstrip(b"\r"))
+            if len(buf) > self._line_cap:
+                self._stop(f"claude wrote a line over the {self._line_cap}-byte cap")
+                return
+
+    def _stop(self, detail: str) -> None:
+        if self._reader != "stopped":
+            self._reader = "stopped"
+            self._stop_detail = detail
+        for waiter in list(self._pending.values()):
+            waiter.resolve(None)
+        if self._turn is not None:
+            self._turn.end.resolve(None)
+
+    def _note(self, detail: str) -> None:
+        self.protocol_errors = [*self.protocol_errors[-31:], detail]
+
+    async def _handle(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            self._note(f"claude wrote a line that is not JSON: {line[:120]!r}")
+            return
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if kind == "control_response":
+            response = event.get("response") or {}
+            waiter = self._pending.get(str(response.get("request_id")))
+            if waiter is not None:
+                waiter.resolve(response)
+        elif kind == "control_request":
+            # Claude Code asking us something (a permission, a hook callback). Nothing is
+            # registered to ask for, so answer at once rather than leave it waiting forever.
+            request = event.get("request") or {}
+            await self._send({"type": "control_response", "response": {
+                "subtype": "error", "request_id": event.get("request_id"),
+                "error": f"cotal does not serve {request.get('subtype')!r} requests"}})
+        elif kind == "system" and event.get("subtype") == "init":
+            self._observe(event.get("session_id"))
+        elif kind == "user" and event.get("isReplay"):
+            if self._turn is not None and event.get("uuid") == self._turn.uuid:
+                self._turn.replayed = True
+        elif kind == "assistant":
+            if self._turn is not None and isinstance(event.get("uuid"), str):
+                self._turn.last_uuid = event["uuid"]
+        elif kind == "result":
+            self._observe(event.get("session_id"))
+            turn = self._turn
+            if turn is None:
+                self._note("claude reported a result while no prompt was in flight")
+            elif turn.replayed or event.get("num_turns") == 0:
+                turn.end.resolve(event)
+            else:
+                self._note("claude reported a result for a message that is not the prompt in flight")
+
+    def _observe(self, session_id: Any) -> None:
+        if isinstance(session_id, str) and session_id:
+            if self.session_id is not None and session_id != self.session_id:
+                self._note(f"claude switched from session {self.session_id} to {session_id}")
+            self._reported = session_id
+            self.session_id = session_id
+
+    # -- commands -------------------------------------------------------------------------------
+
+    async def _send(self, obj: dict[str, Any]) -> bool:
+        if self._stdin_closed:
+            return False
+        # ensure_ascii keeps U+2028/U+2029 escaped, so no line-splitting reader can misframe.
+        line = json.dumps(obj, ensure_ascii=True).encode() + b"\n"
+        async with self._send_lock:
+            # Shielded so a caller's deadline cannot cut a line in half (Claude Code exits on a
+            # line that does not parse); bounded so a process that stopped reading cannot wedge us.
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + SEND_TIMEOUT_S
+                try:
+                    await self._stdin.send(line)
+                    return True
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    return False
+            await self.aclose()
+            return False
+
+    async def _control(self, subtype: str, **fields: Any) -> dict[str, Any] | None:
+        """Send one control request and wait for its response; None when Claude Code is gone."""
+        if self._reader != "running":
+            return None
+        self._seq += 1
+        rid = f"cotal-{subtype}-{self._seq}"
+        waiter = _Waiter()
+        self._pending[rid] = waiter
+        try:
+            if not await self._send({"type": "control_request", "request_id": rid, "request": {"subtype": subtype, **fields}}):
+                return None
+            await waiter.done.wait()
+            return waiter.value
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _initialize(self) -> int:
+        async with self._init_lock:
+            if self.pid is not None:
+                return self.pid
+            response = await self._control("initialize")
+            if response is None:
+                raise HarnessGone("harness-gone", f"claude connector: cannot initialize claude: {self._stop_detail}",
+                                  "read the seat's log for why claude exited, then restart the seat")
+            if response.get("subtype") != "success":
+                raise Refusal("harness-error", f"claude connector: claude refused initialize: {response.get('error')}",
+                              "read the seat's log")
+            pid = (response.get("response") or {}).get("pid")
+            if not isinstance(pid, int) or pid <= 0:
+                raise Refusal("harness-error", "claude connector: claude's initialize response names no pid",
+                              "this Claude Code version is not the pinned one; run `python -m manager.tools install`")
+            self.pid = pid
+            return pid
+
+    def _registry_session(self, pid: int) -> str | None:
+        """The session Claude Code's live registry says process `pid` holds."""
+        if self._config_dir is None:
+            return None
+        try:
+            record = json.loads(_read_capped(self._config_dir / "sessions" / f"{pid}.json", REGISTRY_CAP))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("pid") != pid:
+            return None
+        sid = record.get("sessionId")
+        return sid if isinstance(sid, str) and sid else None
+
+    async def get_state(self) -> str | None:
+        """The session id Claude Code reports now; writes the pointer once it matches the launch."""
+        if self._reader != "running":
+            raise HarnessGone("harness-gone", f"claude connector: cannot query claude's state: {self._stop_detail}",
+                              "read the seat's log for why claude exited, then restart the seat")
+        pid = await self._initialize()
+        sid = await anyio.to_thread.run_sync(self._registry_session, pid) or self._reported
+        if sid is not None:
+            if self.session_id is not None and sid != self.session_id:
+                self._note(f"claude switched from session {self.session_id} to {sid}")
+            self.session_id = sid
+            await self._write_pointer("running")
+            self.state_known.set()
+        return sid
+
+    async def _write_pointer(self, status: Literal["running", "quit"]) -> None:
+        sid, path = self.session_id, self._pointer_path
+        if path is None or sid is None:
+            return
+        if self._expected is not None and sid != self._expected:
+            # Never let the pointer name a session this launch did not mean to open: the
+            # manager compares the reported id with the expected one and refuses the seat.
+            self._note(f"claude reports session {sid}, expected {self._expected}; pointer not written")
+            return
+        if self._written == (sid, status):
+            return
+        await anyio.to_thread.run_sync(write_private_atomic, path, encode_pointer(sid, status))
+        self._written = (sid, status)
+
+    # -- turns ----------------------------------------------------------------------------------
+
+    async def _bootstrap(self) -> None:
+        try:
+            # The registry entry is written during startup; poll it for a bounded time, then
+            # go on: the first turn's events report the session too.
+            with anyio.move_on_after(BOOT_POLL_S):
+                while self.session_id is None and self._reader == "running":
+                    if await self.get_state() is None:
+                        await anyio.sleep(0.05)
+        except Refusal as exc:
+            # Not fatal here: the initial prompt still goes out (or ends `unknown` when claude
+            # is gone), and the manager's own get_state reports the refusal.
+            self._note(exc.text)
+        finally:
+            self.state_known.set()
+        async with self._turn_lock:
+            await self._initial_locked()
+        self.initial_done.set()
+
+    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
+        """Deliver `text` as one user message and wait for its terminal `result`.
+
+        Never raises for a dead Claude Code: a turn whose end was not seen is `unknown`, which
+        the caller must not acknowledge. Bound the wait with a cancel scope around the call.
+        """
+        async with self._turn_lock:
+            await self._initial_locked()
+            return await self._turn_locked(text, message_id)
+
+    async def _initial_locked(self) -> None:
+        # Whoever takes the turn lock first sends the launch's prompt, so it always precedes
+        # any inbox message even when one is delivered the instant the seat is ready.
+        if self._initial is None:
+            return
+        text, self._initial = self._initial, None
+        self.initial_outcome = await self._turn_locked(text, INITIAL_PROMPT_ID)
+
+    async def _turn_locked(self, text: str, message_id: str) -> TurnOutcome:
+        if self._reader != "running":
+            return TurnOutcome("unknown", detail=f"not delivered: {self._stop_detail}")
+        offsets = await anyio.to_thread.run_sync(self._transcript_sizes)
+        turn = _Turn(str(uuid.uuid4()), offsets)
+        self._turn = turn
+        try:
+            sent = await self._send({
+                "type": "user", "uuid": turn.uuid, "parent_tool_use_id": None,
+                "message": {"role": "user", "content": text},
+            })
+            if not sent:
+                return TurnOutcome("unknown", detail=f"claude's stdin closed before prompt {message_id} was delivered")
+            await turn.end.done.wait()
+        finally:
+            self._turn = None
+        if not self._materialized:
+            await anyio.to_thread.run_sync(self._mark_materialized)
+        if turn.end.value is None:
+            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._stop_detail}")
+        outcome = judge_result(turn.end.value, interrupted=turn.interrupted)
+        if outcome.status == "ok" and not await self._await_persisted(turn):
+            # Claude Code emits `result` before its transcript write lands (measured: 50-100 ms
+            # later). A turn acknowledged but lost to a crash in that window would be neither
+            # in the session nor redelivered, so `ok` waits until the transcript holds it.
+            return TurnOutcome("unknown", detail=f"claude did not write turn {message_id} to its transcript "
+                               f"within {PERSIST_TIMEOUT_S:.0f}s ({self._stop_detail if self._reader == 'stopped' else 'still running'})")
+        return outcome
+
+    def _mark_materialized(self) -> None:
+        """Record in the launch record that the session now has a transcript, so a later
+        continuation that finds none refuses instead of redoing the start (see the module doc)."""
+        if self._config_dir is None or self.session_id is None or not transcripts(self._config_dir, self.session_id):
+            return
+        record = _read_launch_record(self._config_dir)
+        if record is not None and record.get("sessionId") == self.session_id and not record.get("materialized"):
+            record["materialized"] = True
+            write_private_atomic(self._config_dir / LAUNCH_RECORD, json.dumps(record, indent=1).encode())
+        self._materialized = True
+
+    def _transcript_sizes(self) -> dict[Path, int]:
+        if self._config_dir is None or self.session_id is None:
+            return {}
+        sizes = {}
+        for path in transcripts(self._config_dir, self.session_id):
+            try:
+                sizes[path] = os.stat(path).st_size
+            except FileNotFoundError:
+                pass
+        return sizes
+
+    def _persisted(self, turn: _Turn) -> bool:
+        if self._config_dir is None or self.session_id is None or turn.last_uuid is None:
+            return False
+        needle = turn.last_uuid.encode()
+        for path in transcripts(self._config_dir, self.session_id):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                os.lseek(fd, turn.offsets.get(path, 0), os.SEEK_SET)
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+            finally:
+                os.close(fd)
+            if needle in b"".join(chunks):
+                return True
+        return False
+
+    async def _await_persisted(self, turn: _Turn) -> bool:
+        with anyio.move_on_after(PERSIST_TIMEOUT_S):
+            while True:
+                if await anyio.to_thread.run_sync(self._persisted, turn):
+                    return True
+                if self._reader != "running":
+                    # The process is gone: whatever it wrote is all there will be; one last look.
+                    return await anyio.to_thread.run_sync(self._persisted, turn)
+                await anyio.sleep(PERSIST_POLL_S)
+        return False
+
+    async def interrupt(self) -> bool:
+        """Ask Claude Code to abort the turn in flight; its `result` then ends it as `aborted`."""
+        turn = self._turn
+        if turn is None:
+            return False
+        turn.interrupted = True
+        response = await self._control("interrupt")
+        return response is not None and response.get("subtype") == "success"
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def quit(self) -> None:
+        """A deliberate quit: record `status: quit` in the pointer, then close Claude Code's
+        stdin (it exits 0 at EOF). A crash never passes here, so its pointer stays `running`
+        and the manager may continue the session."""
+        if self.session_id is None and self._reader == "running":
+            try:
+                await self.get_state()
+            except Refusal:
+                pass
+        await self._write_pointer("quit")
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close Claude Code's stdin; it exits and the reader ends when its stdout does."""
+        if self._stdin_closed:
+            return
+        self._stdin_closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stdin.aclose()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                pass
+
+
+def judge_result(result: Mapping[str, Any], *, interrupted: bool = False) -> TurnOutcome:
+    """Classify one `result` event. Only a successful, non-error result with some output is
+    `ok`; everything else keeps the delivery.
+
+    `is_error` is checked, not only `subtype`: Claude Code reports an unreachable API or a
+    missing login as subtype `success` with `is_error: true` (measured).
+    """
+    subtype = result.get("subtype")
+    text = result.get("result")
+    text = text if isinstance(text, str) else ""
+    if subtype == "success":
+        if result.get("is_error") is True:
+            return TurnOutcome("error", detail=text or "claude reported an error")
+        if result.get("is_error") is not False:
+            return TurnOutcome("unknown", detail="claude's result does not say whether it is an error")
+        if not text.strip():
+            return TurnOutcome("unknown", detail="the model produced no output")
+        if result.get("num_turns") == 0:
+            # With slash commands disabled, a message starting with '/' is answered locally and
+            # recorded in the transcript; the model reads it with the next turn. Redelivering it
+            # would only be answered the same way.
+            return TurnOutcome("ok", reply=text, detail="answered by claude locally, without a model turn")
+        detail = "reply truncated at the output limit (stop_reason max_tokens)" if result.get("stop_reason") == "max_tokens" else ""
+        return TurnOutcome("ok", reply=text, detail=detail)
+    errors = result.get("errors")
+    extra = f": {'; '.join(map(str, errors))}" if isinstance(errors, list) and errors else ""
+    if subtype == "error_during_execution":
+        if interrupted:
+            return TurnOutcome("aborted", detail=f"turn interrupted{extra}")
+        return TurnOutcome("error", detail=f"claude ended the turn with error_during_execution{extra}")
+    if isinstance(subtype, str) and subtype.startswith("error"):
+        return TurnOutcome("error", detail=f"claude ended the turn with {subtype}{extra}")
+    return TurnOutcome("unknown", detail=f"claude ended the turn with result subtype {subtype!r}")

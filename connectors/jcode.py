@@ -1,0 +1,337 @@
+"""The jcode connector: a seat whose harness keeps no session cotal can reopen or fork.
+
+Continuity. The connector declares neither `supports_session_continuation` nor
+`supports_resume` (nor a fresh start the manager could offer instead), so its continuity class
+is `drain-only`: a jcode seat is drained, and moving it means starting a new seat. Both session
+inputs are refused with the upstream texts (reference: upstream-connectors-cli.md §4). Nothing
+of jcode's store is declared for a checkpoint and no session pointer is written: there is no
+session a destination could promise to reopen.
+
+Private home. Each seat gets `<managed root>/.cotal/jcode/<slug>-<12 hex>`, where the managed
+root is `config["home"]` or the workspace root, `slug` is `space-name` lowercased with every run
+outside `[a-z0-9_-]` replaced by `-` (edge dashes trimmed, at most 40 characters, `agent` when
+nothing is left) and the hex is the start of sha256(space NUL name). The directories are walked
+one component at a time with `O_NOFOLLOW` relative to the previous one, so a symlink anywhere
+below the managed root is refused rather than followed out of it; what the connector creates
+is 0700. The home is handed to the harness as `JCODE_HOME`.
+
+Wire protocol. jcode itself cannot be installed here and its own Harness API is not documented
+in this repository, so the driver speaks a small JSON-lines protocol defined by cotal (one
+object per LF-terminated line; `--cotal-jsonl` asks the program for it, so a program that does
+not speak it refuses the flag and exits instead of waiting on a terminal):
+
+    harness -> cotal   {"type":"ready","session":S}
+                       {"type":"turn_start","id":M}  {"type":"delta","id":M,"text":T}
+                       {"type":"turn_end","id":M,"status":"ok"|"error"|"aborted","reply":R,"detail":D}
+                       {"type":"state","id":Q,"session":S|null}
+                       {"type":"error","id":M|Q|null,"detail":D}
+    cotal -> harness   {"type":"prompt","id":M,"text":T}  {"type":"get_state","id":Q}  {"type":"quit"}
+
+`tests/fixtures/jcode_standin.py` implements the harness side for the tests; it is a stand-in,
+not jcode. Binding a real jcode build means putting an adapter that speaks this protocol at
+`config["binary"]`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from connectors.base import (
+    ByteReceive,
+    ByteSend,
+    Capabilities,
+    LaunchOpts,
+    LaunchSpec,
+    TurnOutcome,
+    base_env,
+    check_prompt,
+)
+from connectors.jsonl_driver import (
+    DriverEvent,
+    JsonLinesDriver,
+    Ready,
+    Rejected,
+    StateReported,
+    TurnDelta,
+    TurnEnded,
+    TurnStarted,
+)
+from protocol.errors import DecodeError, Refusal
+from protocol.names import check_seat_name, check_space
+
+NAME = "jcode"
+DEFAULT_BINARY = "jcode"
+PROTOCOL_FLAG = "--cotal-jsonl"
+CONFIG_KEYS = frozenset({"binary", "model", "home"})
+MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+SLUG_MAX = 40
+HASH_HEX = 12
+LINE_CAP = 16 * 1024 * 1024
+INITIAL_PROMPT_ID = "initial-prompt"
+READY_TIMEOUT_S = 30.0
+
+# Upstream's texts (Cotal-AI/Cotal, extensions/connector-jcode, drain-only version), verbatim.
+CONTINUE_REFUSED = ("jcode connector does not support exact-session continuation — "
+                    "its private Harness API instance is retired with the seat")
+RESUME_REFUSED = ("jcode connector: resuming an existing session is not supported — "
+                  "the private Harness API instance never shares a session with another seat")
+
+
+# -- the private home ------------------------------------------------------------------------------
+
+
+def home_slug(space: str, name: str) -> str:
+    slug = re.sub(r"[^a-z0-9_-]+", "-", f"{space}-{name}".lower()).strip("-")
+    # Cut, then trim again, so a cut that lands after a dash leaves no trailing one.
+    return slug[:SLUG_MAX].strip("-") or "agent"
+
+
+def home_relparts(space: str, name: str) -> tuple[str, ...]:
+    digest = hashlib.sha256(f"{space}\0{name}".encode()).hexdigest()[:HASH_HEX]
+    return (".cotal", "jcode", f"{home_slug(space, name)}-{digest}")
+
+
+def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
+    """Create `managed_root/relparts...` (0700 where created, the leaf always 0700) and return it.
+
+    Refuses a component that could leave the root (`..`, `.`, a separator, empty), a symlink
+    at any component below the root, and anything there that is not a directory.
+    """
+    root = Path(os.path.normpath(managed_root))
+    if not root.is_absolute():
+        raise Refusal("bad-launch", f"jcode connector: the managed root {root} is not an absolute path",
+                      "set agents.jcode.home to an absolute path, or unset it to use the workspace root")
+    for part in relparts:
+        if part in ("", ".", "..") or "/" in part or "\0" in part:
+            raise Refusal("unsafe-path", f"jcode connector: private home component {part!r} would escape the managed root {root}",
+                          "use a seat name and space made of letters, digits, _ and -")
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Refusal("unsafe-path", f"jcode connector: the managed root {root} cannot be opened: {exc.strerror}",
+                      "create it, or point agents.jcode.home at an existing directory") from None
+    path = root
+    try:
+        for part in relparts:
+            path = path / part
+            try:
+                os.mkdir(part, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    what = "a symlink" if stat.S_ISLNK(os.lstat(path).st_mode) else "not a directory"
+                    raise Refusal("unsafe-path", f"jcode connector: {path} is {what}; a private home must not leave the managed root {root}",
+                                  f"remove {path} so cotal can create a plain private directory") from None
+                raise
+            os.close(fd)
+            fd = child
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    return path
+
+
+# -- the connector --------------------------------------------------------------------------------
+
+
+class JcodeConnector:
+    name = NAME
+    # Neither continuity flag, and no fresh start the manager could substitute: drain-only.
+    # A launch prompt is supported (delivered by the driver as the seat's first turn).
+    capabilities = Capabilities(supports_prompt=True)
+
+    def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
+        if opts.continue_session:
+            raise Refusal("unsupported", CONTINUE_REFUSED,
+                          "let the seat drain and spawn a fresh jcode seat (jcode seats are drain-only)")
+        if opts.resume:
+            raise Refusal("unsupported", RESUME_REFUSED, "spawn a fresh jcode seat without --resume")
+        check_prompt(NAME, opts.prompt)
+        check_space(opts.space)
+        check_seat_name(opts.name)
+        config: Mapping[str, Any] = opts.config or {}
+        unknown = sorted(set(config) - CONFIG_KEYS)
+        if unknown:
+            raise Refusal(
+                "bad-launch",
+                f"jcode connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped at launch",
+                f"remove them; jcode honours {', '.join(sorted(CONFIG_KEYS))}",
+            )
+        model = opts.model or config.get("model")
+        if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
+            raise Refusal("bad-launch", f"jcode connector: model {model!r} is not a model name (letters, digits, ._:/@+-)",
+                          "pass --model or set agents.jcode.model in cotal.toml")
+        home_cfg = config.get("home")
+        if home_cfg is not None and not isinstance(home_cfg, str):
+            raise Refusal("bad-launch", f"jcode connector: home must be a path, got {home_cfg!r}", "fix agents.jcode.home")
+        # A relative home is anchored at the workspace root, like every other seat path.
+        managed_root = Path(opts.workspace_root) / home_cfg if home_cfg else Path(opts.workspace_root)
+        env = base_env(opts)
+        binary = _program(config.get("binary"), env)
+        cwd = Path(os.path.abspath(opts.cwd))
+        if not cwd.is_dir():
+            raise Refusal("bad-cwd", f"jcode connector: cwd {cwd} is not a directory", "pass an existing directory as the seat's cwd")
+
+        home = private_home(managed_root, home_relparts(opts.space, opts.name))
+        argv = [binary, PROTOCOL_FLAG]
+        if model is not None:
+            argv += ["--model", model]
+        env.update(JCODE_HOME=str(home), COTAL_JCODE_HOME=str(Path(os.path.normpath(managed_root))))
+        return LaunchSpec(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            # Drain-only: no pointer and no store a checkpoint could carry to a reopening.
+            session_pointer_path=None,
+            session_store=(),
+            expected_session_id=None,
+            initial_prompt=opts.prompt.strip() if opts.prompt else None,
+        )
+
+    def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> JcodeDriver:
+        return JcodeDriver(stdin, stdout, initial_prompt=spec.initial_prompt)
+
+
+def _program(binary: Any, env: Mapping[str, str]) -> str:
+    if binary is None:
+        found = shutil.which(DEFAULT_BINARY, path=env.get("PATH"))
+        if found is None:
+            raise Refusal("not-installed", "jcode connector: no `jcode` on the manager's PATH",
+                          "install jcode (with a cotal JSON-lines adapter) or set agents.jcode.binary to its absolute path")
+        return found
+    if not isinstance(binary, str) or not binary:
+        raise Refusal("bad-launch", f"jcode connector: binary must be a path, got {binary!r}", "fix agents.jcode.binary")
+    if not os.path.isabs(binary):
+        found = shutil.which(binary, path=env.get("PATH"))
+        if found is None:
+            raise Refusal("not-installed", f"jcode connector: {binary!r} is not on the manager's PATH",
+                          "set agents.jcode.binary to an absolute path")
+        return found
+    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        raise Refusal("not-installed", f"jcode connector: binary {binary} does not exist or is not executable",
+                      "fix agents.jcode.binary")
+    return binary
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+
+class JcodeCodec:
+    """The cotal JSON-lines protocol above, as the generic driver sees it."""
+
+    def encode_prompt(self, text: str, message_id: str) -> bytes:
+        return _line({"type": "prompt", "id": message_id, "text": text})
+
+    def encode_get_state(self, request_id: str) -> bytes | None:
+        return _line({"type": "get_state", "id": request_id})
+
+    def encode_quit(self) -> bytes | None:
+        return _line({"type": "quit"})
+
+    def decode(self, line: bytes) -> DriverEvent | None:
+        try:
+            event = json.loads(line)
+        except ValueError as exc:
+            raise DecodeError("jcode event", f"not JSON ({exc})") from None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            raise DecodeError("jcode event", "not an object with a string type")
+        kind = event["type"]
+        ident = event.get("id")
+        if kind == "ready":
+            return Ready(_text(event, "session"))
+        if kind == "state":
+            session = event.get("session")
+            return StateReported(_text(event, "id"), session if isinstance(session, str) and session else None)
+        if kind == "turn_start":
+            return TurnStarted(_text(event, "id"))
+        if kind == "delta":
+            return TurnDelta(_text(event, "id"), str(event.get("text", "")))
+        if kind == "turn_end":
+            return TurnEnded(_text(event, "id"), judge_turn_end(event))
+        if kind == "error":
+            return Rejected(ident if isinstance(ident, str) else None, str(event.get("detail", "")))
+        return None
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    # ensure_ascii keeps U+2028/U+2029 escaped, so no line-splitting reader can misframe.
+    return json.dumps(obj, ensure_ascii=True).encode()
+
+
+def _text(event: Mapping[str, Any], key: str) -> str:
+    value = event.get(key)
+    if not isinstance(value, str) or not value:
+        raise DecodeError("jcode event", f"{event.get('type')} needs a non-empty string {key}")
+    return value
+
+
+def judge_turn_end(event: Mapping[str, Any]) -> TurnOutcome:
+    """Only a turn the harness says ended `ok` with some reply is `ok`."""
+    status = event.get("status")
+    reply = event.get("reply") if isinstance(event.get("reply"), str) else ""
+    detail = event.get("detail") if isinstance(event.get("detail"), str) else ""
+    if status == "ok":
+        if not str(reply).strip():
+            return TurnOutcome("unknown", detail="the harness produced no output")
+        return TurnOutcome("ok", reply=str(reply), detail=str(detail))
+    if status in ("error", "aborted"):
+        return TurnOutcome(status, detail=str(detail) or f"the harness ended the turn {status}")
+    return TurnOutcome("unknown", detail=f"the harness ended the turn with status {status!r}")
+
+
+class JcodeDriver(JsonLinesDriver):
+    """The generic JSON-lines driver plus the launch's initial prompt, delivered as turn 0 once
+    the harness is ready and before any inbox message."""
+
+    def __init__(self, stdin: ByteSend, stdout: ByteReceive, *, initial_prompt: str | None = None) -> None:
+        super().__init__(stdin, stdout, JcodeCodec(), line_cap=LINE_CAP)
+        self._initial = initial_prompt
+        self._initial_lock = anyio.Lock()
+        self.initial_outcome: TurnOutcome | None = None
+        self.initial_done = anyio.Event()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._deliver_initial)
+                await super().run(task_status=task_status)
+                tg.cancel_scope.cancel()
+        finally:
+            self.initial_done.set()
+
+    async def _deliver_initial(self) -> None:
+        try:
+            await self.wait_ready(READY_TIMEOUT_S)
+        except (Refusal, TimeoutError):
+            # The harness never got ready; the manager's readiness check reports why.
+            return
+        await self._initial_first()
+        self.initial_done.set()
+
+    async def _initial_first(self) -> None:
+        async with self._initial_lock:
+            if self._initial is None:
+                return
+            text, self._initial = self._initial, None
+            self.initial_outcome = await super().prompt(text, message_id=INITIAL_PROMPT_ID)
+
+    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
+        # The launch prompt goes first even when an inbox message arrives the instant the
+        # seat is ready.
+        await self._initial_first()
+        return await super().prompt(text, message_id=message_id)

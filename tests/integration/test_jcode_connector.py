@@ -1,0 +1,166 @@
+"""The jcode connector driving a real process: tests/fixtures/jcode_standin.py, a STAND-IN
+that speaks the connector's cotal JSON-lines protocol. It is not jcode (jcode cannot be
+installed here), so these tests prove the connector's launch, private home and driver, not
+jcode's behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from connectors.base import LaunchOpts, LaunchSpec, TurnOutcome, continuity_class
+from connectors.jcode import JcodeConnector, JcodeDriver
+from protocol.names import mint_lifecycle_uid
+
+REPO = Path(__file__).resolve().parents[2]
+STANDIN = REPO / "tests" / "fixtures" / "jcode_standin.py"
+TIMEOUT = 20
+PHRASE = "juniper-ledger-41"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def binary(tmp_path: Path) -> Path:
+    """An executable that runs the stand-in with this interpreter, whatever PATH holds."""
+    b = tmp_path / "bin" / "jcode"
+    b.parent.mkdir()
+    b.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    b.chmod(0o755)
+    return b
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "ws"
+    r.mkdir()
+    return r
+
+
+def make_opts(root: Path, binary: Path, name: str, **kw: Any) -> LaunchOpts:
+    uid = mint_lifecycle_uid()
+    return LaunchOpts(
+        space="main", name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
+        session_pointer_path=root / ".cotal" / "sessions" / "jcode" / f"{name}-{uid}.json",
+        config={"binary": str(binary)}, **kw,
+    )
+
+
+@dataclass
+class Seat:
+    spec: LaunchSpec
+    proc: Process
+    driver: JcodeDriver
+
+
+@asynccontextmanager
+async def running_jcode(opts: LaunchOpts, log_dir: Path) -> AsyncIterator[Seat]:
+    connector = JcodeConnector()
+    spec = connector.build_launch(opts)
+    err = os.open(log_dir / f"jcode-{opts.name}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = await anyio.open_process(spec.argv, cwd=spec.cwd, env=spec.env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+    finally:
+        os.close(err)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        driver = connector.make_driver(proc.stdin, proc.stdout, spec)
+        async with anyio.create_task_group() as tg:
+            await tg.start(driver.run)
+            yield Seat(spec, proc, driver)
+            await driver.aclose()
+            with anyio.fail_after(TIMEOUT):
+                await proc.wait()
+    finally:
+        with anyio.CancelScope(shield=True):
+            if proc.returncode is None:
+                proc.kill()
+            with anyio.move_on_after(10):
+                await proc.wait()
+
+
+@pytest.mark.anyio
+async def test_the_standin_is_driven_through_turns_in_its_private_home(root: Path, binary: Path, tmp_path: Path) -> None:
+    assert continuity_class(JcodeConnector.capabilities) == "drain-only"
+    opts = make_opts(root, binary, "alice", prompt=f"remember the phrase {PHRASE}")
+    async with running_jcode(opts, tmp_path) as seat:
+        with anyio.fail_after(TIMEOUT):
+            session = await seat.driver.wait_ready(TIMEOUT)
+            assert await seat.driver.get_state() == session
+            await seat.driver.initial_done.wait()
+            assert seat.driver.initial_outcome == TurnOutcome("ok", f"Noted: {PHRASE}.")
+            assert await seat.driver.prompt("what was the phrase?", message_id="m1") == TurnOutcome("ok", f"The phrase is {PHRASE}.")
+            failed = await seat.driver.prompt("standin:fail", message_id="m2")
+            assert failed == TurnOutcome("error", detail="stand-in failure (standin:fail)")
+            empty = await seat.driver.prompt("standin:empty", message_id="m3")
+            assert empty == TurnOutcome("unknown", detail="the harness produced no output")
+            assert await seat.driver.quit()
+            assert await seat.proc.wait() == 0
+    home = Path(seat.spec.env["JCODE_HOME"])
+    assert home.parent == root / ".cotal" / "jcode"
+    transcript = home / "sessions" / f"{session}.jsonl"
+    assert [json.loads(line)["reply"] for line in transcript.read_text().splitlines()] == [
+        f"Noted: {PHRASE}.", f"The phrase is {PHRASE}.", ""]
+    # Drain-only: nothing was written where a continuation-capable harness keeps its pointer.
+    assert not opts.session_pointer_path.exists()
+
+    # A new process of the same seat starts a new session: there is nothing to reopen.
+    async with running_jcode(make_opts(root, binary, "alice"), tmp_path) as seat:
+        with anyio.fail_after(TIMEOUT):
+            again = await seat.driver.wait_ready(TIMEOUT)
+            assert again != session
+            assert await seat.driver.prompt("what was the phrase?", message_id="m4") == TurnOutcome("ok", "I do not know the phrase.")
+        assert seat.spec.env["JCODE_HOME"] == str(home)
+
+
+@pytest.mark.anyio
+async def test_a_killed_standin_leaves_the_turn_unknown(root: Path, binary: Path, tmp_path: Path) -> None:
+    async with running_jcode(make_opts(root, binary, "bob"), tmp_path) as seat:
+        with anyio.fail_after(TIMEOUT):
+            await seat.driver.wait_ready(TIMEOUT)
+        seat.proc.kill()
+        with anyio.fail_after(TIMEOUT):
+            await seat.proc.wait()
+            outcome = await seat.driver.prompt("hello", message_id="k1")
+        assert outcome.status == "unknown"
+
+
+def test_doctor_reports_the_configured_standin_as_drain_only(root: Path, binary: Path) -> None:
+    (root / "cotal.toml").write_text(f'[agents.jcode]\nbinary = "{binary}"\n')
+    proc = subprocess.run([sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    rows = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    assert set(rows) == {"scribe", "pi", "claude", "jcode"}
+    jcode = rows["jcode"]
+    assert (jcode["continuity"], jcode["installed"], jcode["usable"], jcode["ready"], jcode["configured"]) == (
+        "drain-only", True, True, True, True)
+    assert jcode["path"] == str(binary) and jcode["version"] == "jcode-standin 1 (a test stand-in, not jcode)"
+    assert rows["scribe"]["ready"] and rows["scribe"]["continuity"] == "exact"
+
+
+def test_doctor_names_a_missing_configured_jcode_and_fails(root: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "jcode"
+    (root / "cotal.toml").write_text(f'[agents.jcode]\nbinary = "{missing}"\n')
+    proc = subprocess.run([sys.executable, "-m", "manager.cli", "doctor", "--root", str(root)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1
+    assert f"missing: jcode is not installed (looked for it on agents.jcode.binary ({missing}))" in proc.stdout
+    assert "cure:    install jcode with an adapter for cotal's JSON-lines protocol" in proc.stdout

@@ -1,0 +1,221 @@
+"""The jcode connector's declarations, refusals, private-home rule and wire codec.
+
+No jcode runs here (jcode cannot be installed on this machine); `binary` points at a
+placeholder. The stand-in harness is driven in tests/integration/test_jcode_connector.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.base import LaunchOpts, TurnOutcome, continuity_class
+from connectors.jcode import (
+    CONTINUE_REFUSED,
+    RESUME_REFUSED,
+    JcodeCodec,
+    JcodeConnector,
+    home_relparts,
+    home_slug,
+    private_home,
+)
+from connectors.jsonl_driver import Ready, Rejected, StateReported, TurnEnded
+from protocol.errors import DecodeError, Refusal
+from protocol.names import mint_lifecycle_uid
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    r = tmp_path / "ws"
+    r.mkdir()
+    return r
+
+
+@pytest.fixture
+def binary(tmp_path: Path) -> Path:
+    b = tmp_path / "bin" / "jcode"
+    b.parent.mkdir()
+    b.write_text("#!/bin/sh\nexit 99\n")
+    b.chmod(0o755)
+    return b
+
+
+def opts_for(root: Path, binary: Path | None, *, space: str = "main", name: str = "alice", **kw: Any) -> LaunchOpts:
+    uid = mint_lifecycle_uid()
+    config = {"binary": str(binary)} if binary else {}
+    config.update(kw.pop("config", {}))
+    return LaunchOpts(
+        space=space, name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
+        session_pointer_path=root / ".cotal" / "sessions" / "jcode" / f"{name}-{uid}.json",
+        config=config, **kw,
+    )
+
+
+def refusal(opts: LaunchOpts) -> Refusal:
+    with pytest.raises(Refusal) as exc:
+        JcodeConnector().build_launch(opts)
+    return exc.value
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+# -- declarations and refusals ------------------------------------------------------------------------
+
+
+def test_declares_neither_continuity_flag_so_it_is_drain_only() -> None:
+    caps = JcodeConnector.capabilities
+    assert JcodeConnector.name == "jcode"
+    assert not caps.supports_session_continuation and not caps.supports_resume and not caps.supports_fresh_start
+    assert continuity_class(caps) == "drain-only"
+
+
+def test_refuses_continuation_with_the_upstream_text(root: Path, binary: Path) -> None:
+    exc = refusal(opts_for(root, binary, continue_session="standin-0123"))
+    assert exc.message == CONTINUE_REFUSED == (
+        "jcode connector does not support exact-session continuation — its private Harness API instance is retired with the seat"
+    )
+    assert exc.text == CONTINUE_REFUSED + "; let the seat drain and spawn a fresh jcode seat (jcode seats are drain-only)"
+    assert not (root / ".cotal").exists()
+
+
+def test_refuses_resume_with_the_upstream_text(root: Path, binary: Path) -> None:
+    exc = refusal(opts_for(root, binary, resume="standin-0123"))
+    assert exc.message == RESUME_REFUSED == (
+        "jcode connector: resuming an existing session is not supported — "
+        "the private Harness API instance never shares a session with another seat"
+    )
+    assert exc.text == RESUME_REFUSED + "; spawn a fresh jcode seat without --resume"
+    assert not (root / ".cotal").exists()
+
+
+@pytest.mark.parametrize(("kw", "text"), [
+    ({"prompt": " "}, "jcode connector refuses an empty prompt; pass a non-empty --prompt"),
+    ({"prompt": "@notes"},
+     "jcode connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
+     "reword the prompt so it starts with a letter"),
+    ({"config": {"api_key_env": "X"}},
+     "jcode connector: config key(s) api_key_env are not implemented, so they would be dropped at launch; "
+     "remove them; jcode honours binary, home, model"),
+])
+def test_other_refusals(root: Path, binary: Path, kw: dict[str, Any], text: str) -> None:
+    assert refusal(opts_for(root, binary, **kw)).text == text
+    assert not (root / ".cotal").exists()
+
+
+def test_missing_binary_is_refused_with_the_cure(root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    assert refusal(opts_for(root, None)).text == (
+        "jcode connector: no `jcode` on the manager's PATH; "
+        "install jcode (with a cotal JSON-lines adapter) or set agents.jcode.binary to its absolute path"
+    )
+
+
+# -- the private home ---------------------------------------------------------------------------------
+
+
+def test_home_path_for_a_known_space_and_name(root: Path, binary: Path) -> None:
+    spec = JcodeConnector().build_launch(opts_for(root, binary, space="main", name="alice"))
+    digest = hashlib.sha256(b"main\0alice").hexdigest()[:12]
+    assert digest == "46a95058fdb2"
+    home = root / ".cotal" / "jcode" / "main-alice-46a95058fdb2"
+    assert spec.env["JCODE_HOME"] == str(home)
+    assert spec.env["COTAL_JCODE_HOME"] == str(root)
+    assert [mode(root / ".cotal"), mode(root / ".cotal" / "jcode"), mode(home)] == [0o700, 0o700, 0o700]
+    assert spec.argv == [str(binary), "--cotal-jsonl"]
+    assert spec.session_pointer_path is None and spec.session_store == () and spec.expected_session_id is None
+    # The same seat gets the same home again; its mode is restored if someone loosened it.
+    os.chmod(home, 0o755)
+    assert JcodeConnector().build_launch(opts_for(root, binary, space="main", name="alice")).env["JCODE_HOME"] == str(home)
+    assert mode(home) == 0o700
+
+
+def test_slug_rule() -> None:
+    assert home_slug("Main", "Alice_2") == "main-alice_2"
+    assert home_slug("a.b c", "x") == "a-b-c-x"
+    assert home_slug("-", "-") == "agent"
+    long = home_slug("s" * 30, "n" * 30)
+    assert len(long) == 40 and long == "s" * 30 + "-" + "n" * 9
+    # A cut right after a dash leaves no trailing dash.
+    assert home_slug("s" * 39, "n") == "s" * 39
+    assert home_relparts("main", "alice") == (".cotal", "jcode", "main-alice-46a95058fdb2")
+
+
+def test_home_config_moves_the_managed_root(root: Path, binary: Path) -> None:
+    with pytest.raises(Refusal, match="cannot be opened: No such file or directory; create it"):
+        JcodeConnector().build_launch(opts_for(root, binary, config={"home": "homes"}))
+    (root / "homes").mkdir()
+    spec = JcodeConnector().build_launch(opts_for(root, binary, config={"home": "homes"}))
+    assert spec.env["JCODE_HOME"].startswith(str(root / "homes" / ".cotal" / "jcode") + "/")
+    assert spec.env["COTAL_JCODE_HOME"] == str(root / "homes")
+
+
+def test_a_symlink_along_the_path_is_refused(root: Path, binary: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / ".cotal").mkdir(mode=0o700)
+    (root / ".cotal" / "jcode").symlink_to(outside)
+    exc = refusal(opts_for(root, binary))
+    assert exc.text == (
+        f"jcode connector: {root}/.cotal/jcode is a symlink; a private home must not leave the managed root {root}; "
+        f"remove {root}/.cotal/jcode so cotal can create a plain private directory"
+    )
+    assert list(outside.iterdir()) == []
+
+
+def test_a_symlinked_leaf_is_refused(root: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    parts = home_relparts("main", "alice")
+    (root / ".cotal" / "jcode").mkdir(parents=True)
+    (root.joinpath(*parts)).symlink_to(outside)
+    with pytest.raises(Refusal, match="is a symlink; a private home must not leave the managed root"):
+        private_home(root, parts)
+    assert mode(outside) != 0o700 or list(outside.iterdir()) == []
+
+
+def test_a_path_escaping_the_managed_root_is_refused(root: Path) -> None:
+    with pytest.raises(Refusal) as exc:
+        private_home(root, (".cotal", "..", "..", "elsewhere"))
+    assert exc.value.text == (
+        f"jcode connector: private home component '..' would escape the managed root {root}; "
+        "use a seat name and space made of letters, digits, _ and -"
+    )
+    with pytest.raises(Refusal, match="would escape the managed root"):
+        private_home(root, (".cotal", "a/../../b"))
+    assert not (root / ".cotal").exists()
+
+
+def test_a_file_in_the_way_is_refused(root: Path) -> None:
+    (root / ".cotal").write_text("not a directory")
+    with pytest.raises(Refusal, match=r"\.cotal is not a directory"):
+        private_home(root, home_relparts("main", "alice"))
+
+
+# -- the wire codec -----------------------------------------------------------------------------------
+
+
+def test_codec_round_trip() -> None:
+    codec = JcodeCodec()
+    assert codec.encode_prompt("hi\u2028", "m1") == b'{"type": "prompt", "id": "m1", "text": "hi\\u2028"}'
+    assert codec.decode(b'{"type":"ready","session":"s1"}') == Ready("s1")
+    assert codec.decode(b'{"type":"state","id":"q","session":"s1"}') == StateReported("q", "s1")
+    assert codec.decode(b'{"type":"turn_end","id":"m1","status":"ok","reply":"Noted."}') == TurnEnded("m1", TurnOutcome("ok", "Noted."))
+    assert codec.decode(b'{"type":"turn_end","id":"m1","status":"ok","reply":""}') == TurnEnded(
+        "m1", TurnOutcome("unknown", detail="the harness produced no output"))
+    assert codec.decode(b'{"type":"turn_end","id":"m1","status":"error","detail":"boom"}') == TurnEnded(
+        "m1", TurnOutcome("error", detail="boom"))
+    assert codec.decode(b'{"type":"turn_end","id":"m1","status":"weird"}') == TurnEnded(
+        "m1", TurnOutcome("unknown", detail="the harness ended the turn with status 'weird'"))
+    assert codec.decode(b'{"type":"error","id":null,"detail":"bad"}') == Rejected(None, "bad")
+    assert codec.decode(b'{"type":"something-new"}') is None
+    with pytest.raises(DecodeError):
+        codec.decode(b"not json")
+    with pytest.raises(DecodeError):
+        codec.decode(b'{"type":"ready"}')
