@@ -52,7 +52,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         return int(resume_cli.run_restore(args, _root(args)))
     result = mesh.up(_root(args), space=args.space, server=args.server, creds=args.creds, detach=args.detach,
-                     report=progress)
+                     report=progress, replicas=args.replicas)
     if args.json:
         emit_json(result)
     else:
@@ -92,7 +92,7 @@ def cmd_manager_serve(args: argparse.Namespace) -> int:
     creds = Path(args.creds).resolve() if args.creds else None
     if args.resume_attempt:
         names.check_attempt_id(args.resume_attempt)
-    _run(daemon.serve, _root(args), args.space, args.server, creds, args.resume_attempt)
+    _run(daemon.serve, _root(args), args.space, args.server, creds, args.resume_attempt, args.replicas)
     return 0
 
 
@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--space", default="main")
     up.add_argument("--server", help="use this NATS server or cluster (comma-separated URLs)")
     up.add_argument("--creds", help="credential for --server (nkey seed or .creds file)")
+    up.add_argument("--replicas", type=int, help="JetStream replicas (default 3 for a cluster of 3+ URLs, else 1)")
+    up.add_argument("--monitor", help="the broker's monitoring URL(s), comma-separated: eviction evidence for a resume")
     up.add_argument("--detach", action="store_true", help="return once the manager answers")
     up.add_argument("--restore", metavar="DIR", help="resume the seats of a sealed checkpoint directory")
     up.add_argument("--accept-stale-checkpoint", action="store_true",
@@ -238,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--server", required=True)
     serve.add_argument("--creds")
     serve.add_argument("--resume-attempt", help="start fenced, admitting only this attempt's resume")
+    serve.add_argument("--replicas", type=int, default=1, help="JetStream replicas for streams and buckets")
     serve.set_defaults(fn=cmd_manager_serve)
 
     broker = sub.add_parser("broker", help="a standalone embedded broker")

@@ -33,6 +33,7 @@ from connectors.base import (
 )
 from manager import registry
 from manager.broker import custody, footprint
+from manager.broker.fence import WriterFence
 from manager.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
 from manager.preserve import Preservation
 from manager.resume import Resumption
@@ -41,7 +42,7 @@ from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
 from protocol import control, names
-from protocol.custody import custody_key
+from protocol.custody import custody_key, decode_custody
 from protocol.errors import DecodeError, Refusal
 from protocol.maintenance import Maintenance
 from protocol.messages import DirectMessage, ManagerLease, Presence, encode
@@ -80,6 +81,8 @@ class Seat:
     recovery_armed: bool = False
     custody_revision: int | None = None
     generation_at_broker: int = 0
+    fence: WriterFence | None = None
+    evicted: bool = False
 
     def row(self, instance_id: str) -> control.SeatRow:
         return control.SeatRow(
@@ -93,13 +96,14 @@ class Seat:
 
 class Manager:
     def __init__(self, layout: Layout, space: str, nc: Client, identity: InstanceIdentity,
-                 server_url: str, *, resume_attempt_id: str | None = None) -> None:
+                 server_url: str, *, resume_attempt_id: str | None = None, replicas: int = 1) -> None:
         self.layout = layout
         self.space = space
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.identity = identity
         self.server_url = server_url
+        self.replicas = replicas
         self.config = registry.load_config(layout.root)
         self.seats: dict[str, Seat] = {}
         self.maintenance = Maintenance(resume_attempt_id=resume_attempt_id)
@@ -152,14 +156,18 @@ class Manager:
     # -- run ------------------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await footprint.ensure_dm_stream(self.js, self.space)
-        self._presence = await footprint.ensure_kv(self.js, names.presence_bucket(self.space), ttl=names.PRESENCE_TTL_S)
-        self._leases = await footprint.ensure_kv(self.js, names.manager_bucket(self.space), ttl=names.MANAGER_LEASE_TTL_S)
-        self.custody = await footprint.ensure_kv(self.js, names.custody_bucket(self.space), ttl=None)
+        r = self.replicas
+        await footprint.ensure_dm_stream(self.js, self.space, replicas=r)
+        self._presence = await footprint.ensure_kv(self.js, names.presence_bucket(self.space),
+                                                   ttl=names.PRESENCE_TTL_S, replicas=r)
+        self._leases = await footprint.ensure_kv(self.js, names.manager_bucket(self.space),
+                                                 ttl=names.MANAGER_LEASE_TTL_S, replicas=r)
+        self.custody = await footprint.ensure_kv(self.js, names.custody_bucket(self.space), ttl=None, replicas=r)
         ensure_private_dir(self.layout.sessions)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._lease_loop)
+            tg.start_soon(self._custody_watch)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -223,6 +231,8 @@ class Manager:
                 assert self.custody is not None
                 held = await custody.establish(self.custody, name, uid, self.identity.instance_id)
                 seat.custody_revision, seat.generation_at_broker = held.revision, held.record.generation
+                seat.fence = WriterFence(self.js, self.space, name, self.identity.instance_id, 0)
+                await seat.fence.establish()
                 await self._launch(seat, self._launch_opts(seat, prompt=args.prompt, resume=args.resume))
             except BaseException:
                 self.seats.pop(name, None)
@@ -245,11 +255,26 @@ class Manager:
     async def _launch(self, seat: Seat, opts: LaunchOpts) -> None:
         """Start the seat's process and prove it ready; raises with the process reaped."""
         assert self._tg is not None
+        await self._require_custody(seat)
         spec = seat.connector.build_launch(opts)
         ensure_private_dir(seat.pointer_path.parent)
         seat.spec = spec
         seat.incarnation += 1
         await self._tg.start(self._run_seat, seat, spec)
+
+    async def _require_custody(self, seat: Seat) -> None:
+        """A seat is launched or relaunched only while this manager holds its custody."""
+        assert self.custody is not None
+        held = await custody.read(self.custody, seat.name, seat.uid)
+        if held is None or held.record.holder != self.identity.instance_id \
+                or held.record.generation != seat.generation_at_broker:
+            who = f"instance {held.record.holder} at generation {held.record.generation}" if held else "nobody"
+            raise Refusal(
+                "custody-not-held",
+                f"refusing to launch {seat.name} (uid {seat.uid}): its custody is held by {who}, this manager "
+                f"({self.identity.instance_id}) is at generation {seat.generation_at_broker}",
+                "another host runs this seat now; do not start it here",
+            )
 
     async def _run_seat(self, seat: Seat, spec: LaunchSpec, *, task_status: TaskStatus[None]) -> None:
         handle = SeatHandle(spec, self.layout.seat_log(seat.name, seat.uid))
@@ -282,7 +307,10 @@ class Manager:
                     if failure is not None:
                         scope.cancel()
                         await anyio.sleep_forever()
-                    bridge = DeliveryBridge(self.js, self.space, seat.name, seat.uid, driver, handle, self.waiters)
+                    assert seat.fence is not None
+                    bridge = DeliveryBridge(self.js, self.space, seat.name, seat.uid, driver, handle, self.waiters,
+                                            fence=seat.fence, on_fenced=lambda: self._schedule_evict(
+                                                seat, holder_now=None, reason="a publish was refused by the broker"))
                     seat.bridge = bridge
                     await tg.start(bridge.run)
                     tg.start_soon(self._presence_loop, seat, handle)
@@ -400,6 +428,68 @@ class Manager:
             log.error("seat.recovery_failed", seat=seat.name, error=exc.text)
             if self.active:
                 await self._free(seat)
+
+    def _schedule_evict(self, seat: Seat, *, holder_now: str | None, reason: str) -> None:
+        if self._tg is not None and not seat.evicted:
+            self._tg.start_soon(self.evict, seat, holder_now, reason)
+
+    async def evict(self, seat: Seat, holder_now: str | None, reason: str) -> None:
+        """Custody moved away: stop the seat at once, prove it, and never relaunch it here.
+
+        Nothing is deprovisioned: the durable and the custody record are the new holder's.
+        """
+        if seat.evicted:
+            return
+        seat.evicted = True
+        seat.stopping = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._stop_and_prove(seat, graceful=False)
+            finally:
+                if self.seats.get(seat.name) is seat:
+                    del self.seats[seat.name]
+                seat.state = "evicted"
+        log.error("custody.evicted", seat=seat.name, uid=seat.uid, holder_was=self.identity.instance_id,
+                  holder_now=holder_now, generation=seat.generation_at_broker, reason=reason,
+                  exit_code=seat.handle.returncode if seat.handle else None)
+
+    async def _custody_watch(self) -> None:
+        """Watch every custody key; a seat of ours whose record moves to another holder or
+        generation (or disappears) is evicted at once."""
+        assert self.custody is not None
+        while True:
+            try:
+                watcher = await self.custody.watch(f"{names.SEAT_OWNER}.>")
+                async for entry in watcher:
+                    if entry is None:
+                        continue
+                    self._on_custody_entry(entry)
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception as exc:
+                log.warning("custody.watch_failed", error=str(exc))
+                await anyio.sleep(1.0)
+
+    def _on_custody_entry(self, entry: Any) -> None:
+        parts = entry.key.split(".")
+        if len(parts) != 3:
+            return
+        _owner, name, uid = parts
+        seat = self.seats.get(name)
+        if seat is None or seat.uid != uid or seat.evicted:
+            return
+        if entry.operation in ("DEL", "PURGE"):
+            if not seat.stopping:
+                self._schedule_evict(seat, holder_now=None, reason="custody record deleted")
+            return
+        try:
+            record = decode_custody(entry.value or b"")
+        except DecodeError:
+            self._schedule_evict(seat, holder_now=None, reason="custody record unreadable")
+            return
+        if record.holder != self.identity.instance_id or record.generation != seat.generation_at_broker:
+            self._schedule_evict(seat, holder_now=record.holder,
+                                 reason=f"custody moved to generation {record.generation}")
 
     async def _free(self, seat: Seat) -> None:
         if self.seats.get(seat.name) is seat:

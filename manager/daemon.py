@@ -30,7 +30,8 @@ def read_control_token(layout: Layout) -> str:
     return token
 
 
-async def serve(root: Path, space: str, server: str, creds: Path | None, resume_attempt: str | None = None) -> None:
+async def serve(root: Path, space: str, server: str, creds: Path | None, resume_attempt: str | None = None,
+                replicas: int = 1) -> None:
     layout = Layout.at(root)
     check_space(space)
     ensure_private_dir(layout.control)
@@ -39,7 +40,7 @@ async def serve(root: Path, space: str, server: str, creds: Path | None, resume_
     token = read_control_token(layout)
     identity = load_or_create_identity(layout, space)
     nc = await connect(server, creds, name=f"cotal-manager:{identity.instance_id}")
-    manager = Manager(layout, space, nc, identity, server, resume_attempt_id=resume_attempt)
+    manager = Manager(layout, space, nc, identity, server, resume_attempt_id=resume_attempt, replicas=replicas)
     log.info("daemon.starting", pid=os.getpid(), root=str(layout.root), space=space, instance=identity.instance_id)
     try:
         async with anyio.create_task_group() as tg:

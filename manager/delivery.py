@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -19,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from connectors.base import Driver, TurnOutcome
+from manager.broker.fence import FencedOut, WriterFence
 from manager.seats import SeatHandle
 from protocol import names
 from protocol.errors import DecodeError
@@ -40,12 +42,17 @@ def new_message_id() -> str:
     return uuid.uuid4().hex
 
 
-async def publish_dm(js: JetStreamContext, space: str, dm: DirectMessage) -> int:
+async def publish_dm(js: JetStreamContext, space: str, dm: DirectMessage,
+                     publish: Callable[[str, bytes, dict[str, str]], Awaitable[int]] | None = None) -> int:
+    """Publish a DM; `publish` is the writer fence when the sender is a seat."""
     owner, actor = dm.recipient.split(".", 1)
     sender_owner, sender_actor = dm.sender.split(".", 1)
     subject = names.dm_subject(space, owner, actor, sender_owner, sender_actor)
+    headers = {"Nats-Msg-Id": dm.id}
+    if publish is not None:
+        return await publish(subject, encode(dm), headers)
     with anyio.fail_after(5.0):
-        ack = await js.publish(subject, encode(dm), headers={"Nats-Msg-Id": dm.id})
+        ack = await js.publish(subject, encode(dm), headers=headers)
     return int(ack.seq)
 
 
@@ -58,7 +65,8 @@ class Waiter:
 
 class DeliveryBridge:
     def __init__(self, js: JetStreamContext, space: str, seat: str, uid: str, driver: Driver,
-                 handle: SeatHandle, waiters: dict[str, Waiter]) -> None:
+                 handle: SeatHandle, waiters: dict[str, Waiter], *, fence: WriterFence,
+                 on_fenced: Callable[[], None]) -> None:
         self.js = js
         self.space = space
         self.seat = seat
@@ -68,6 +76,8 @@ class DeliveryBridge:
         self.waiters = waiters
         self.principal = names.principal(names.SEAT_OWNER, seat)
         self.delivered = 0
+        self.fence = fence
+        self.on_fenced = on_fenced
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         with anyio.fail_after(5.0):
@@ -143,7 +153,14 @@ class DeliveryBridge:
                 text=outcome.reply, sent_at=now_iso(), in_reply_to=dm.id,
             )
             try:
-                await publish_dm(self.js, self.space, reply)
+                await publish_dm(self.js, self.space, reply, publish=self.fence.publish)
+            except FencedOut:
+                # Custody moved: this turn's reply belongs to nobody here. Release the message
+                # for the new holder and get the seat stopped.
+                log.error("delivery.fenced", seat=self.seat, id=dm.id)
+                await msg.nak()
+                self.on_fenced()
+                return
             except Exception as exc:
                 log.warning("delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc))
             with anyio.fail_after(5.0):

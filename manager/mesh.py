@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 
 from manager.broker import embedded
+from manager.broker.footprint import default_replicas
 from manager.control.client import ControlClient
 from manager.procs import alive, pid_identity, prove_gone
 from manager.workspace.layout import Layout
@@ -75,7 +76,7 @@ def _daemon_answers(layout: Layout, token: str) -> dict[str, Any] | None:
 
 
 def up(root: Path, *, space: str, server: str | None, creds: str | None, detach: bool,
-       report: Report = _noop, resume_attempt: str | None = None) -> dict[str, Any]:
+       report: Report = _noop, resume_attempt: str | None = None, replicas: int | None = None) -> dict[str, Any]:
     layout = Layout.at(root)
     check_space(space)
     ensure_private_dir(layout.control)
@@ -105,6 +106,7 @@ def up(root: Path, *, space: str, server: str | None, creds: str | None, detach:
         argv += ["--creds", str(creds_path)]
     if resume_attempt:
         argv += ["--resume-attempt", resume_attempt]
+    argv += ["--replicas", str(replicas if replicas is not None else default_replicas(server))]
     if not detach:
         report(f"manager serving {layout.root} in the foreground (Ctrl-C stops it)")
         try:
@@ -183,10 +185,11 @@ def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[st
     creds = ensure_private_dir(store_dir / "auth") / "broker.creds"
     info = embedded.start_embedded(store_dir, creds, port=port)
     if as_json:
-        say(json.dumps({"url": info.url, "creds": info.creds, "pid": info.pid}))
+        say(json.dumps({"url": info.url, "creds": info.creds, "pid": info.pid, "monitor": info.monitor}))
     else:
         say(f"broker  {info.url}")
         say(f"creds   {info.creds}")
+        say(f"monitor {info.monitor}")
         say("use: cotal up --server URL --creds FILE   (Ctrl-C stops the broker)")
     stop = False
 

@@ -21,6 +21,7 @@ import structlog
 from connectors.base import continuity_class
 from manager import registry
 from manager.broker import custody, footprint
+from manager.broker.fence import WriterFence
 from protocol import control, names
 from protocol.errors import Refusal
 from protocol.inventory import Agent, Inventory, inventory_digest, parse_resume_args
@@ -130,6 +131,8 @@ class Resumption:
         )
         mgr.seats[agent.name] = seat
         try:
+            seat.fence = WriterFence(mgr.js, mgr.space, agent.name, mgr.identity.instance_id, held.record.generation)
+            await seat.fence.establish()
             if klass == "exact":
                 opts = mgr._launch_opts(seat, continue_session=recorded)
             elif klass == "fork":

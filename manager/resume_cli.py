@@ -26,6 +26,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from manager import mesh, registry
 from manager.broker import custody
 from manager.broker.connection import connect
+from manager.broker.evict import verify_gone
 from manager.broker.footprint import ensure_kv
 from manager.checkpoint import admit
 from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
@@ -35,10 +36,11 @@ from manager.workspace.journal import Journal, write_resume_document
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
 from protocol import names
-from protocol.codec import encode_json
+from protocol.codec import decode_json, encode_json
 from protocol.errors import Refusal
 from protocol.inventory import encode_inventory
 from protocol.maintenance import Degraded
+from protocol.messages import Presence
 
 RESUME_TIMEOUT_S = 600.0
 
@@ -64,7 +66,8 @@ def _broker_for(args: argparse.Namespace, layout: Layout) -> BrokerRef:
                   "pass --server URL --creds FILE (the broker the source used), or resume in the source root")
 
 
-async def _live_uids(server: str, creds: Path | None, space: str) -> set[str]:
+async def _live_uids(server: str, creds: Path | None, space: str) -> dict[str, str]:
+    """uid -> the instance id of the manager whose presence claims it."""
     nc = await connect(server, creds, name="cotal-admission")
     try:
         kv = await ensure_kv(nc.jetstream(), names.presence_bucket(space), ttl=names.PRESENCE_TTL_S)
@@ -72,11 +75,38 @@ async def _live_uids(server: str, creds: Path | None, space: str) -> set[str]:
             keys = await kv.keys()
         except Exception as exc:
             if type(exc).__name__ == "NoKeysError":
-                return set()
+                return {}
             raise
-        return {k.rsplit(".", 1)[-1] for k in keys}
+        live: dict[str, str] = {}
+        for key in keys:
+            try:
+                entry = await kv.get(key)
+                live[key.rsplit(".", 1)[-1]] = decode_json(entry.value or b"", Presence, what="presence",
+                                                            cap=4096).instance_id
+            except Exception:
+                # A presence we cannot read still says "someone may be live": keep it, unknown.
+                live[key.rsplit(".", 1)[-1]] = ""
+        return live
     finally:
         await nc.close()
+
+
+async def _evict_ghosts(adm: admit.Admission, live: dict[str, str], monitors: list[str]) -> list[dict[str, Any]]:
+    """A seat whose predecessor still shows presence is admitted only with verified-gone
+    evidence for that predecessor; without a monitor to ask, it stays live (and is refused)."""
+    evidence = []
+    for name, record in adm.records.items():
+        uid = record.lifecycle_uid
+        if uid not in live or not monitors:
+            continue
+        predecessor = live[uid]
+        if not predecessor:
+            raise Refusal("eviction-unverified", f"seat {name}: its presence names no readable predecessor",
+                          "wait for the presence to expire (6 s) and retry")
+        proof = await verify_gone(monitors, predecessor)
+        del live[uid]
+        evidence.append({"seat": name, **proof.as_dict()})
+    return evidence
 
 
 def _settings(layout: Layout) -> dict[str, Any]:
@@ -91,7 +121,7 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
     verdicts = {"integrity": "pass"}
     broker = _broker_for_verify(args, layout)
     live = anyio.run(_live_uids, broker.server, broker.creds, adm.manifest.space, backend="asyncio")
-    admit.identity(adm, space=adm.manifest.space, root=layout.root, live_uids=live, held_uids=set(),
+    admit.identity(adm, space=adm.manifest.space, root=layout.root, live_uids=set(live), held_uids=set(),
                    settings_for=_settings(layout))
     verdicts["identity"] = "pass"
     consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
@@ -129,6 +159,16 @@ async def _claim_custody(broker_server: str, creds: Path | None, adm: admit.Admi
     nc = await connect(broker_server, creds, name="cotal-custody")
     try:
         kv = await ensure_kv(nc.jetstream(), names.custody_bucket(adm.manifest.space), ttl=None)
+        for name, record in adm.records.items():
+            current = await custody.read(kv, name, record.lifecycle_uid)
+            if current is not None and current.record.generation > record.generation and not (
+                    current.record.holder == identity.instance_id and current.record.attempt_id == attempt):
+                raise Refusal(
+                    "generation-behind",
+                    f"seat {name}: this checkpoint is at writer generation {record.generation}, but custody is at "
+                    f"generation {current.record.generation}, held by instance {current.record.holder}",
+                    "this record is stale: the seat was resumed elsewhere; do not launch it here",
+                )
         claim_key = f"attempt.{attempt}"
         mine = encode_json({"holder": identity.instance_id, "root": str(layout.root)})
         try:
@@ -177,7 +217,14 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
         broker = BrokerRef(embedded_info.url, layout.broker_creds, True)
     try:
         live = anyio.run(_live_uids, broker.server, broker.creds, space, backend="asyncio")
-        admit.identity(adm, space=space, root=layout.root, live_uids=live, held_uids=set(),
+        monitors = [m.strip() for m in (args.monitor or "").split(",") if m.strip()]
+        if embedded_info is not None and embedded_info.monitor:
+            monitors.append(embedded_info.monitor)
+        evidence = anyio.run(_evict_ghosts, adm, live, monitors, backend="asyncio")
+        for proof in evidence:
+            _say(f"EVICTION EVIDENCE: seat {proof['seat']}: predecessor {proof['instanceId']} has no broker "
+                 f"connection ({proof['connectionsScanned']} scanned across {len(proof['servers'])} server(s))")
+        admit.identity(adm, space=space, root=layout.root, live_uids=set(live), held_uids=set(),
                        settings_for=_settings(layout))
         consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
     except BaseException:
@@ -258,6 +305,7 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
             "sameUid": rec.lifecycle_uid == row.get("lifecycleUid"),
         })
     out = {"attemptId": attempt, "state": final["state"], "journal": "retired", "claims": claims,
+           "evictionEvidence": evidence,
            "restored": restored, "seats": observations, "consents": [msgspec.to_builtins(c) for c in consents],
            "wallMs": int((time.monotonic() - t0) * 1000)}
     _print(args, out)

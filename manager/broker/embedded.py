@@ -62,12 +62,15 @@ class BrokerInfo:
     identity: ProcIdentity
     store_dir: str
     creds: str
+    monitor: str | None = None
 
 
 def _config_text(store_dir: Path, port: int, user_pub: str, ports_dir: Path) -> str:
     return "\n".join(
         [
             f"listen: 127.0.0.1:{port}",
+            # Loopback monitoring: the connection scan that eviction evidence rests on.
+            "http: 127.0.0.1:-1",
             'server_name: "cotal-embedded"',
             f"ports_file_dir: {json.dumps(str(ports_dir))}",
             "jetstream {",
@@ -122,9 +125,9 @@ def start_embedded(store_dir: Path, creds_path: Path, *, port: int = -1, log_pat
                 continue
             urls = ports.get("nats") or []
             if urls:
-                url = urls[0]
-                return BrokerInfo(url=url, pid=proc.pid, identity=pid_identity(proc.pid),
-                                  store_dir=str(store_dir), creds=str(creds_path))
+                monitoring = ports.get("monitoring") or [None]
+                return BrokerInfo(url=urls[0], pid=proc.pid, identity=pid_identity(proc.pid),
+                                  store_dir=str(store_dir), creds=str(creds_path), monitor=monitoring[0])
         time.sleep(0.05)
     proc.kill()
     proc.wait()

@@ -22,7 +22,7 @@ log = structlog.get_logger("cotal.broker")
 CALL_S = 5.0
 
 
-async def ensure_dm_stream(js: JetStreamContext, space: str) -> None:
+async def ensure_dm_stream(js: JetStreamContext, space: str, *, replicas: int = 1) -> None:
     stream = names.dm_stream(space)
     with anyio.fail_after(CALL_S):
         try:
@@ -39,7 +39,7 @@ async def ensure_dm_stream(js: JetStreamContext, space: str) -> None:
                 storage=api.StorageType.FILE,
                 max_msgs_per_subject=1000,
                 duplicate_window=120.0,
-                num_replicas=1,
+                num_replicas=replicas,
             )
         )
 
@@ -108,12 +108,19 @@ async def delete_dm_durable(js: JetStreamContext, space: str, owner: str, actor:
             pass
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float | None, history: int = 1) -> KeyValue:
+async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float | None, history: int = 1,
+                    replicas: int = 1) -> KeyValue:
     with anyio.fail_after(CALL_S):
         try:
             return await js.key_value(bucket)
         except BucketNotFoundError:
             pass
         return await js.create_key_value(
-            config=api.KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=api.StorageType.FILE)
+            config=api.KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=api.StorageType.FILE,
+                                      replicas=replicas)
         )
+
+
+def default_replicas(server: str) -> int:
+    """Three copies when the operator names a cluster of three or more, else one."""
+    return 3 if len([u for u in server.split(",") if u.strip()]) >= 3 else 1

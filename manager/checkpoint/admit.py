@@ -94,7 +94,8 @@ def identity(adm: Admission, *, space: str, root: Path, live_uids: Collection[st
             raise _refuse("identity", "uid-live",
                           f"retained principal {name} (uid {uid}) is already live at the broker and this runtime "
                           "cannot authoritatively adopt it",
-                          "stop the running incarnation first; presence expires 6 s after it stops")
+                          "stop the running incarnation first (presence expires 6 s after it stops), or pass --monitor "
+                          "so cotal can verify its predecessor is gone")
         agent = adm.agent(name)
         expected = registry.profile_digest(agent.launch.connector, agent.launch.model,
                                            settings_for.get(agent.launch.connector, {}))

@@ -1,0 +1,117 @@
+"""The writer fence: every message published on a seat's behalf is checked by the broker.
+
+All of a seat's outbound DMs share one subject filter, `cotal.<space>.inst.*.*.<owner>.<seat>`.
+The holder publishes with `Nats-Expected-Last-Subject-Sequence` (the last sequence it wrote or
+fenced on that filter) and `Nats-Expected-Last-Subject-Sequence-Subject` (the filter). A new
+holder, right after it wins custody, writes a fence marker on the same filter. From then on a
+stale holder's expectation is behind, and the broker refuses its write (err_code 10071): the
+fence is enforced where the write lands, not by a courtesy check in the client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+import structlog
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NotFoundError
+
+from protocol import names
+from protocol.errors import Refusal
+
+log = structlog.get_logger("cotal.fence")
+
+WRONG_LAST_SEQUENCE = (10071, 10164)
+EXPECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
+HOLDER = "Cotal-Holder"
+CALL_S = 5.0
+FENCE_ATTEMPTS = 8
+
+
+class FencedOut(Refusal):
+    def __init__(self, seat: str, detail: str) -> None:
+        super().__init__("fenced-out", f"the broker refused a write as {seat}: {detail}; another holder has custody",
+                         "this manager must stop the seat and never relaunch it")
+
+
+def outbound_filter(space: str, owner: str, seat: str) -> str:
+    return f"{names.subject_prefix(space)}.inst.*.*.{owner}.{seat}"
+
+
+def marker_subject(space: str, owner: str, seat: str, generation: int) -> str:
+    return f"{names.subject_prefix(space)}.inst._custody.g{generation}.{owner}.{seat}"
+
+
+def _wrong_sequence(exc: Exception) -> bool:
+    return isinstance(exc, APIError) and getattr(exc, "err_code", None) in WRONG_LAST_SEQUENCE
+
+
+@dataclass
+class WriterFence:
+    js: JetStreamContext
+    space: str
+    seat: str
+    holder: str
+    generation: int
+    last_seq: int = 0
+    owner: str = names.SEAT_OWNER
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    @property
+    def filter(self) -> str:
+        return outbound_filter(self.space, self.owner, self.seat)
+
+    async def _last_on_filter(self) -> int:
+        try:
+            with anyio.fail_after(CALL_S):
+                msg = await self.js.get_last_msg(names.dm_stream(self.space), self.filter)
+        except NotFoundError:
+            return 0
+        return int(msg.seq or 0)
+
+    async def establish(self) -> int:
+        """Write this holder's fence marker; from its sequence on, earlier holders are refused.
+
+        Called only after custody was won at the custody bucket. A stale holder may still write
+        between our read and our marker; then the marker's expectation fails and we read again,
+        so the marker always lands after every write that beat it.
+        """
+        async with self.lock:
+            for _ in range(FENCE_ATTEMPTS):
+                last = await self._last_on_filter()
+                try:
+                    with anyio.fail_after(CALL_S):
+                        ack = await self.js.publish(
+                            marker_subject(self.space, self.owner, self.seat, self.generation), b"",
+                            headers={EXPECT_SEQ: str(last), EXPECT_SUBJECT: self.filter, HOLDER: self.holder},
+                        )
+                except APIError as exc:
+                    if _wrong_sequence(exc):
+                        continue
+                    raise
+                self.last_seq = int(ack.seq)
+                log.info("fence.established", seat=self.seat, generation=self.generation, seq=self.last_seq)
+                return self.last_seq
+        raise Refusal("fence-contended", f"could not fence {self.seat}: its outbound subject kept moving",
+                      "another writer is still publishing as this seat; find and stop it")
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> int:
+        """Publish on the seat's behalf, refused by the broker unless we still hold the fence."""
+        async with self.lock:
+            fenced = dict(headers or {})
+            fenced.update({EXPECT_SEQ: str(self.last_seq), EXPECT_SUBJECT: self.filter, HOLDER: self.holder})
+            try:
+                with anyio.fail_after(CALL_S):
+                    ack = await self.js.publish(subject, payload, headers=fenced)
+            except APIError as exc:
+                if _wrong_sequence(exc):
+                    log.error("fence.refused", seat=self.seat, holder=self.holder, expected=self.last_seq,
+                              detail=str(exc))
+                    raise FencedOut(self.seat, str(getattr(exc, "description", exc))) from None
+                raise
+            if ack.duplicate:
+                return int(ack.seq)
+            self.last_seq = int(ack.seq)
+            return self.last_seq
