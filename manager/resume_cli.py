@@ -21,7 +21,6 @@ from typing import Any
 
 import anyio
 import msgspec
-from nats.js.errors import KeyWrongLastSequenceError
 
 from manager import mesh, registry
 from manager.broker import custody
@@ -66,8 +65,15 @@ def _broker_for(args: argparse.Namespace, layout: Layout) -> BrokerRef:
                   "pass --server URL --creds FILE (the broker the source used), or resume in the source root")
 
 
-async def _live_uids(server: str, creds: Path | None, space: str) -> dict[str, str]:
-    """uid -> the instance id of the manager whose presence claims it."""
+@dataclass(frozen=True)
+class LivePresence:
+    instance_id: str
+    key: str
+    revision: int
+
+
+async def _live_uids(server: str, creds: Path | None, space: str) -> dict[str, LivePresence]:
+    """uid -> the presence entry that claims it (and the manager instance that wrote it)."""
     nc = await connect(server, creds, name="cotal-admission")
     try:
         kv = await ensure_kv(nc.jetstream(), names.presence_bucket(space), ttl=names.PRESENCE_TTL_S)
@@ -77,35 +83,58 @@ async def _live_uids(server: str, creds: Path | None, space: str) -> dict[str, s
             if type(exc).__name__ == "NoKeysError":
                 return {}
             raise
-        live: dict[str, str] = {}
+        live: dict[str, LivePresence] = {}
         for key in keys:
             try:
                 entry = await kv.get(key)
-                live[key.rsplit(".", 1)[-1]] = decode_json(entry.value or b"", Presence, what="presence",
-                                                            cap=4096).instance_id
+            except Exception as exc:
+                if type(exc).__name__ in ("KeyNotFoundError", "KeyDeletedError"):
+                    continue
+                raise
+            try:
+                instance = decode_json(entry.value or b"", Presence, what="presence", cap=4096).instance_id
             except Exception:
                 # A presence we cannot read still says "someone may be live": keep it, unknown.
-                live[key.rsplit(".", 1)[-1]] = ""
+                instance = ""
+            live[key.rsplit(".", 1)[-1]] = LivePresence(instance, key, int(entry.revision or 0))
         return live
     finally:
         await nc.close()
 
 
-async def _evict_ghosts(adm: admit.Admission, live: dict[str, str], monitors: list[str]) -> list[dict[str, Any]]:
+async def _evict_ghosts(adm: admit.Admission, live: dict[str, LivePresence], monitors: list[str],
+                        server: str, creds: Path | None, space: str) -> list[dict[str, Any]]:
     """A seat whose predecessor still shows presence is admitted only with verified-gone
-    evidence for that predecessor; without a monitor to ask, it stays live (and is refused)."""
+    evidence for that predecessor; without a monitor to ask, it stays live (and is refused).
+    Once verified, exactly the presence entry that was checked is retired (deleted at its
+    revision), so the manager's own roster check sees the predecessor as confirmed retired."""
     evidence = []
+    retire: list[LivePresence] = []
     for name, record in adm.records.items():
         uid = record.lifecycle_uid
         if uid not in live or not monitors:
             continue
         predecessor = live[uid]
-        if not predecessor:
+        if not predecessor.instance_id:
             raise Refusal("eviction-unverified", f"seat {name}: its presence names no readable predecessor",
                           "wait for the presence to expire (6 s) and retry")
-        proof = await verify_gone(monitors, predecessor)
-        del live[uid]
+        proof = await verify_gone(monitors, predecessor.instance_id)
+        retire.append(live.pop(uid))
         evidence.append({"seat": name, **proof.as_dict()})
+    if retire:
+        nc = await connect(server, creds, name="cotal-eviction")
+        try:
+            kv = await ensure_kv(nc.jetstream(), names.presence_bucket(space), ttl=names.PRESENCE_TTL_S)
+            for ghost in retire:
+                try:
+                    await kv.delete(ghost.key, last=ghost.revision)
+                except Exception as exc:
+                    if type(exc).__name__ != "KeyWrongLastSequenceError":
+                        raise
+                    raise Refusal("predecessor-live", f"presence {ghost.key} changed while it was being retired",
+                                  "something still heartbeats as this seat; stop it first") from None
+        finally:
+            await nc.close()
     return evidence
 
 
@@ -171,9 +200,7 @@ async def _claim_custody(broker_server: str, creds: Path | None, adm: admit.Admi
                 )
         claim_key = f"attempt.{attempt}"
         mine = encode_json({"holder": identity.instance_id, "root": str(layout.root)})
-        try:
-            await kv.create(claim_key, mine)
-        except KeyWrongLastSequenceError:
+        if await custody.create_exclusive(kv, claim_key, mine) is None:
             entry = await kv.get(claim_key)
             if entry.value != mine:
                 holder = json.loads(entry.value or b"{}")
@@ -220,7 +247,8 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
         monitors = [m.strip() for m in (args.monitor or "").split(",") if m.strip()]
         if embedded_info is not None and embedded_info.monitor:
             monitors.append(embedded_info.monitor)
-        evidence = anyio.run(_evict_ghosts, adm, live, monitors, backend="asyncio")
+        evidence = anyio.run(_evict_ghosts, adm, live, monitors, broker.server, broker.creds, space,
+                             backend="asyncio")
         for proof in evidence:
             _say(f"EVICTION EVIDENCE: seat {proof['seat']}: predecessor {proof['instanceId']} has no broker "
                  f"connection ({proof['connectionsScanned']} scanned across {len(proof['servers'])} server(s))")
@@ -257,6 +285,10 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
                 raise Refusal("journal-mismatch",
                               f"this root's journal for attempt {attempt} names a different resume document",
                               "resume from the checkpoint this root cut, or discard the journal first")
+        if record is not None and record.kind == "resume" and record.consents:
+            # A rerun of an admitted attempt: the operator's consent was journaled at its first
+            # admission and stands; a fresh age reading must not contradict the record.
+            consents = list(record.consents)
         journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
         identity = load_or_create_identity(layout, space)
         _say("claiming custody (writer generation N+1) in this root and at the broker")

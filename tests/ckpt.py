@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 from nats.js.errors import KeyNotFoundError
 
@@ -198,3 +199,12 @@ async def presence_uids(b: SharedBroker, space: str = "main") -> set[str]:
                 return set()
             raise
     return {k.rsplit(".", 1)[-1] for k in keys}
+
+
+async def wait_presence(b: SharedBroker, uid: str, *, live: bool, timeout: float = 15.0) -> None:
+    """Until the uid is (or is no longer) announced in the presence bucket, under a deadline."""
+    with anyio.fail_after(timeout):
+        while True:
+            if (uid in await presence_uids(b)) == live:
+                return
+            await anyio.sleep(0.1)

@@ -151,6 +151,7 @@ class SharedBroker:
     url: str
     creds: str
     proc: subprocess.Popen[str]
+    monitor: str = ""
 
 
 @pytest.fixture
@@ -167,7 +168,7 @@ def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
         proc.kill()
         raise AssertionError(f"broker serve failed: {proc.stderr.read() if proc.stderr else ''}")
     info = json.loads(line)
-    yield SharedBroker(info["url"], info["creds"], proc)
+    yield SharedBroker(info["url"], info["creds"], proc, info.get("monitor") or "")
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=15)
@@ -183,3 +184,13 @@ def mesh(cli: Cli) -> Iterator[Cli]:
     yield cli
     if (cli.root / ".cotal" / "mesh.json").exists():
         cli.run("down", check=False)
+
+
+@pytest.fixture
+async def nats_cluster(tmp_path: Path) -> Any:
+    """Three nats-server nodes clustered on 127.0.0.1, JetStream on, nkey auth required."""
+    from tests.cluster import Cluster
+
+    with Cluster(tmp_path / "cluster") as cluster:
+        await cluster.wait_ready()
+        yield cluster

@@ -45,16 +45,27 @@ async def read(kv: KeyValue, seat: str, uid: str) -> Held | None:
     return Held(record, entry.revision)
 
 
+async def create_exclusive(kv: KeyValue, key: str, value: bytes) -> int | None:
+    """Publish `key` only if it has never existed; None when another creator won.
+
+    This is an expected-revision-0 update, not nats-py's `create`: on a replicated bucket that
+    helper re-reads the key after losing, and a replica that has not applied the winner's write
+    yet makes the loss surface as "key not found" instead of a conflict.
+    """
+    try:
+        with anyio.fail_after(CALL_S):
+            return int(await kv.update(key, value, last=0))
+    except KeyWrongLastSequenceError:
+        return None
+
+
 async def establish(kv: KeyValue, seat: str, uid: str, holder: str) -> Held:
     """A new lifecycle's first custody, generation 0, by create (the key must not exist)."""
     record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=0, holder=holder, claimed_at=_now())
-    key = custody_key(names.SEAT_OWNER, seat, uid)
-    try:
-        with anyio.fail_after(CALL_S):
-            rev = await kv.create(key, encode_custody(record))
-    except KeyWrongLastSequenceError:
+    rev = await create_exclusive(kv, custody_key(names.SEAT_OWNER, seat, uid), encode_custody(record))
+    if rev is None:
         raise Refusal("custody-taken", f"custody for {seat} (uid {uid}) already exists at the broker",
-                      "a fresh lifecycle never reuses a uid; report this") from None
+                      "a fresh lifecycle never reuses a uid; report this")
     return Held(record, rev)
 
 

@@ -35,7 +35,7 @@ from protocol.checkpoint import (
     decode_seat_checkpoint,
     signing_payload,
 )
-from protocol.errors import Refusal
+from protocol.errors import DecodeError, Refusal
 
 CHUNK = 1024 * 1024
 
@@ -125,7 +125,11 @@ def verify_signature(record: SeatCheckpoint | AttemptManifest, *, what: str, tru
 
 
 def _parse_seat(data: bytes, path: Path, trusted_keys: Collection[str] | None) -> SeatCheckpoint:
-    record = decode_seat_checkpoint(data)
+    try:
+        record = decode_seat_checkpoint(data)
+    except DecodeError as exc:
+        raise Refusal(exc.code, f"seat checkpoint {path} is malformed: {exc.message}",
+                      "copy the checkpoint again from the source host, or cut the seat again") from None
     verify_signature(record, what=f"seat checkpoint {path}", trusted_keys=trusted_keys)
     return record
 

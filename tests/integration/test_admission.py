@@ -17,7 +17,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import anyio
 import msgspec
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -31,6 +30,7 @@ from protocol.checkpoint import (
     DEFAULT_RECENCY_HORIZON_MS,
     MANIFEST_FILE,
     RESUME_FILE,
+    SeatCheckpoint,
     decode_seat_checkpoint,
     format_instant,
     parse_instant,
@@ -48,12 +48,12 @@ from tests.ckpt import (
     make_destination,
     manager_answers,
     move_source_away,
-    presence_uids,
     record_bytes,
     reseal,
     reseal_manifest,
     snapshot,
     source_identity,
+    wait_presence,
 )
 from tests.conftest import Cli, SharedBroker
 from tests.gitrepo import tree_digest, write
@@ -77,7 +77,7 @@ def days_ago(days: float) -> str:
     return format_instant(datetime.now(UTC) - timedelta(days=days))
 
 
-def captured_at(when: str) -> Callable[..., object]:
+def captured_at(when: str) -> Callable[[SeatCheckpoint], SeatCheckpoint]:
     return lambda record: msgspec.structs.replace(record, captured_at=when)
 
 
@@ -172,11 +172,11 @@ def extra_in_attempt(ckpt: Path) -> tuple[str, list[str]]:
     return "integrity", [f"{ckpt} holds entries its record does not name: .resume.json.1234.tmp"]
 
 
-def _rewrite_seat_record(ckpt: Path, forge: Callable[..., object]) -> tuple[str, list[str]]:
+def _rewrite_seat_record(ckpt: Path, forge: Callable[[SeatCheckpoint], SeatCheckpoint]) -> tuple[str, list[str]]:
     path = _seat(ckpt) / CHECKPOINT_FILE
     sealed = [s for s in read_manifest(ckpt).seats if s.name == SEAT][0].checkpoint
     forged = forge(read_seat_checkpoint(_seat(ckpt)))
-    data = record_bytes(forged)  # type: ignore[arg-type]
+    data = record_bytes(forged)
     path.write_bytes(data)
     return "integrity", [f"{path} is {len(data)} bytes hashing to {sha(data)}, the manifest says "
                          f"{sealed.bytes} bytes hashing to {sealed.sha256}"]
@@ -186,9 +186,10 @@ def forge_seat_signature_keep_key(ckpt: Path) -> tuple[str, list[str]]:
     """Re-sign the seat record's payload with another key, keeping the recorded public key."""
     other = Ed25519PrivateKey.generate()
 
-    def forge(record: object) -> object:
-        forged = with_signature(record, record.signer, other.sign(signing_payload(record)))  # type: ignore[attr-defined,type-var]
-        assert forged.signature != record.signature  # type: ignore[attr-defined]
+    def forge(record: SeatCheckpoint) -> SeatCheckpoint:
+        assert record.signer is not None
+        forged = with_signature(record, record.signer, other.sign(signing_payload(record)))
+        assert forged.signature != record.signature
         return forged
 
     result = _rewrite_seat_record(ckpt, forge)
@@ -204,7 +205,8 @@ def forge_seat_key_and_signature(ckpt: Path) -> tuple[str, list[str]]:
     manifest's digest of checkpoint.json (and the one-signer-per-attempt rule) stand in the way."""
     ident = foreign_identity()
     result = _rewrite_seat_record(ckpt, lambda r: sign_record(r, ident.sign, ident.public_key_b64, ident.instance_id))
-    assert read_seat_checkpoint(_seat(ckpt)).signer.public_key == ident.public_key_b64  # type: ignore[union-attr]
+    signer = read_seat_checkpoint(_seat(ckpt)).signer
+    assert signer is not None and signer.public_key == ident.public_key_b64
     return result
 
 
@@ -215,6 +217,17 @@ def forge_manifest_signature(ckpt: Path) -> tuple[str, list[str]]:
     (ckpt / MANIFEST_FILE).write_bytes(record_bytes(forged))
     return "bad-signature", [f"checkpoint manifest {ckpt / MANIFEST_FILE} signature does not verify under its "
                              f"recorded public key {manifest.signer.public_key}"]
+
+
+def reseal_manifest_by_another_key(ckpt: Path) -> tuple[str, list[str]]:
+    """A manifest re-signed, consistently, by another manager over untouched seat records."""
+    signer = read_seat_checkpoint(_seat(ckpt)).signer
+    assert signer is not None
+    seat_key = signer.public_key
+    ident = foreign_identity()
+    reseal_manifest(ckpt, ident)
+    return "bad-signature", [f"seat checkpoint {_seat(ckpt) / CHECKPOINT_FILE} was sealed by key {seat_key}, "
+                             f"the manifest by {ident.public_key_b64}"]
 
 
 @pytest.mark.parametrize("mutate", [
@@ -228,6 +241,7 @@ def forge_manifest_signature(ckpt: Path) -> tuple[str, list[str]]:
     pytest.param(forge_seat_signature_keep_key, id="forged-seat-signature"),
     pytest.param(forge_seat_key_and_signature, id="forged-seat-key-and-signature"),
     pytest.param(forge_manifest_signature, id="forged-manifest-signature"),
+    pytest.param(reseal_manifest_by_another_key, id="manifest-resealed-by-another-key"),
 ])
 async def test_integrity_refuses_a_damaged_checkpoint(cli: Cli, cut: Cut, mutate: Mutation) -> None:
     move_source_away(cut)
@@ -282,6 +296,16 @@ async def test_identity_refuses_profile_drift(cli: Cli, cut: Cut) -> None:
                             f"the checkpoint recorded {record.profile}"])
 
 
+async def test_identity_refuses_a_record_without_root_or_custody_revision(
+        cli: Cli, cut: Cut, tmp_path: Path) -> None:
+    src = move_source_away(cut)
+    old = reseal(cut.copy, tmp_path / "old", source_identity(src),
+                 edit=lambda r: msgspec.structs.replace(r, workspace_root=None, custody_revision=None))
+    await refused(cli, cut, old, code="old-checkpoint",
+                  contains=[f"seat {SEAT}: the checkpoint records no workspace root or custody revision",
+                            "cut the seat again with this version of cotal"])
+
+
 async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli, cut: Cut) -> None:
     """Resume in root A; then a copy of the same checkpoint in root B at the same path."""
     b = cut.broker
@@ -295,9 +319,7 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
     os.rename(cut.root, live_root)  # A keeps running; its root just left the path
     make_destination(cut.root)
     try:
-        with anyio.fail_after(15):  # the resumed seat announces itself at the broker
-            while cut.uid() not in await presence_uids(b):
-                await anyio.sleep(0.1)
+        await wait_presence(b, cut.uid(), live=True)  # the resumed seat announces itself
         await refused(cli, cut, cut.copy, code="uid-live", claimed_by_nobody=False,
                       contains=["admission refused at the identity gate",
                                 f"retained principal {SEAT} (uid {cut.uid()}) is already live at the broker",
@@ -309,9 +331,7 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
         # A stops; the uid is no longer live, so admission passes and the broker refuses B:
         # the attempt was already claimed by A's instance.
         Cli(live_root).run("down")
-        with anyio.fail_after(15):
-            while cut.uid() in await presence_uids(b):
-                await anyio.sleep(0.1)
+        await wait_presence(b, cut.uid(), live=False)
         tree_before = {k: v for k, v in snapshot(cli.root).items() if not k.startswith(".cotal")}
         proc = cli.run("up", "--restore", str(cut.copy), "--json", *broker_args(b), check=False)
         assert proc.returncode == 2, proc.stderr
@@ -393,7 +413,7 @@ async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_jou
     src = move_source_away(cut)
     identity = source_identity(src)
     when = days_ago(2)
-    stale = reseal(cut.copy, tmp_path / "stale", identity, edit=captured_at(when))  # type: ignore[arg-type]
+    stale = reseal(cut.copy, tmp_path / "stale", identity, edit=captured_at(when))
     # A real sealed record, signed by the very manager that cut the seat.
     assert read_manifest(stale).signer == read_manifest(cut.copy).signer
     assert admit.integrity(stale, trusted_keys={identity.public_key_b64}).records[SEAT].captured_at == when
@@ -444,7 +464,7 @@ async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_jou
 async def test_future_checkpoint_refuses_with_no_override(cli: Cli, cut: Cut, tmp_path: Path) -> None:
     src = move_source_away(cut)
     when = format_instant(datetime.now(UTC) + timedelta(days=1))
-    future = reseal(cut.copy, tmp_path / "future", source_identity(src), edit=captured_at(when))  # type: ignore[arg-type]
+    future = reseal(cut.copy, tmp_path / "future", source_identity(src), edit=captured_at(when))
     for flags in ((), ("--accept-stale-checkpoint",)):
         await refused(cli, cut, future, *flags, code="future-checkpoint",
                       contains=["admission refused at the recency gate", f"seat {SEAT}: capturedAt {when} is",
@@ -466,8 +486,22 @@ async def test_unreadable_captured_at_refuses_at_the_parser_with_no_override(
     reseal_manifest(bad, source_identity(src))
     for flags in ((), ("--accept-stale-checkpoint",)):
         await refused(cli, cut, bad, *flags, code="malformed",
-                      contains=[f"seat checkpoint {CHECKPOINT_FILE} is malformed",
+                      contains=[f"{CHECKPOINT_FILE} is malformed",
                                 "capturedAt '2026-02-30T12:00:00.000Z' is not a real calendar instant"])
+
+
+async def test_an_unparseable_seat_record_is_refused_naming_its_file(cut: Cut, tmp_path: Path) -> None:
+    bad = tmp_path / "unreadable"
+    shutil.copytree(cut.copy, bad)
+    path = bad / SEAT / CHECKPOINT_FILE
+    doc = json.loads(path.read_bytes())
+    doc["capturedAt"] = "2026-02-30T12:00:00.000Z"
+    path.write_bytes(json.dumps(doc, indent=2).encode() + b"\n")
+    reseal_manifest(bad, source_identity(cut.root))
+    with pytest.raises(Refusal) as err:
+        admit.integrity(bad)
+    assert "capturedAt" in err.value.message
+    assert str(path) in err.value.message
 
 
 # -- all-or-nothing and gate order -------------------------------------------------------------
@@ -491,7 +525,7 @@ async def test_one_unadmitted_or_stale_seat_refuses_the_whole_resume(
 
     # One stale seat beside a fresh one: nothing is admitted, not even the fresh seat.
     when = days_ago(3)
-    one_stale = reseal(cut.copy, tmp_path / "one-stale", identity, edit=captured_at(when),  # type: ignore[arg-type]
+    one_stale = reseal(cut.copy, tmp_path / "one-stale", identity, edit=captured_at(when),
                        only=("scribe2",))
     await refused(cli, cut, one_stale, code="stale-checkpoint", seats=both,
                   contains=[f"seat scribe2: capturedAt {when} is"])
@@ -499,7 +533,7 @@ async def test_one_unadmitted_or_stale_seat_refuses_the_whole_resume(
 
 async def test_gates_run_in_order_and_the_override_is_for_recency_only(cli: Cli, cut: Cut, tmp_path: Path) -> None:
     src = move_source_away(cut)
-    stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(days_ago(2)))  # type: ignore[arg-type]
+    stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(days_ago(2)))
     damaged = tmp_path / "damaged"
     shutil.copytree(stale, damaged)
     code, contains = flip_store_byte(damaged)
@@ -510,6 +544,40 @@ async def test_gates_run_in_order_and_the_override_is_for_recency_only(cli: Cli,
     write(cli.root / "cotal.toml", '[agents.scribe]\nmodel = "other"\n')
     await refused(cli, cut, stale, "--accept-stale-checkpoint", code="profile-drift",
                   contains=[f"seat {SEAT}: this host's launch profile for scribe"])
+
+
+@pytest.mark.parametrize("stale", [
+    pytest.param(False, id="fresh"),
+    pytest.param(True, id="stale-accepted"),
+])
+async def test_a_rerun_after_a_failed_restore_continues_the_admitted_attempt(
+        cli: Cli, cut: Cut, tmp_path: Path, stale: bool) -> None:
+    """Admission passes, custody is claimed, then the restore refuses (a leftover staging
+    directory); once the operator removes it, the same command continues the attempt."""
+    src = move_source_away(cut)
+    ckpt = cut.copy
+    flags: tuple[str, ...] = ()
+    if stale:
+        ckpt = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(days_ago(2)))
+        flags = ("--accept-stale-checkpoint",)
+    leftover = Path(f"{cut.root}.incoming")
+    write(leftover / "evidence.txt", "an earlier failed restore\n")
+    proc = cli.run("up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False)
+    assert proc.returncode == 2 and json.loads(proc.stdout)["code"] == "staging-exists", proc.stdout
+    journal_path = cli.root / ".cotal/maintenance/v1/journal.json"
+    journal = json.loads(journal_path.read_text())
+    assert journal["state"] == "resume-intent" and len(journal["consents"]) == int(stale)
+    record, _ = await custody(cut.broker, SEAT, cut.uid(), cut.attempt_id)
+    assert record is not None and record["generation"] == 1
+    shutil.rmtree(leftover)
+    try:
+        proc = cli.run("up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert json.loads(proc.stdout)["journal"] == "retired"
+        journal = json.loads(journal_path.read_text())
+        assert journal["state"] == "retired" and len(journal["consents"]) == int(stale)
+    finally:
+        cli.run("down", check=False)
 
 
 # -- same root, and `cotal checkpoint verify` --------------------------------------------------
@@ -563,7 +631,7 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(cli: Cli, cu
     assert bad["code"] == "integrity" and contains[0] in bad["error"]
 
     when = days_ago(2)
-    stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(when))  # type: ignore[arg-type]
+    stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(when))
     proc = cli.run("checkpoint", "verify", str(stale), "--json", *broker_args(b), check=False)
     assert proc.returncode == 2 and json.loads(proc.stdout)["code"] == "stale-checkpoint"
     out = json.loads(cli.run("checkpoint", "verify", str(stale), "--json", "--accept-stale-checkpoint",
