@@ -223,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--monitor", help="the broker's monitoring URL(s), comma-separated: eviction evidence for a resume")
     up.add_argument("--detach", action="store_true", help="return once the manager answers")
     up.add_argument("--restore", metavar="DIR", help="resume the seats of a sealed checkpoint directory")
+    up.add_argument("--trust-signer", action="append", metavar="KEY",
+                    help="with --restore: admit only checkpoints sealed by this Ed25519 key (base64; repeatable)")
     up.add_argument("--accept-stale-checkpoint", action="store_true",
                     help="admit a checkpoint older than its recency horizon (recorded as consent)")
     up.set_defaults(fn=cmd_up)
@@ -289,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("dir")
     verify.add_argument("--accept-stale-checkpoint", action="store_true")
     verify.add_argument("--server", help="the broker to ask whether each uid is live")
+    verify.add_argument("--trust-signer", action="append", metavar="KEY",
+                        help="admit only checkpoints sealed by this Ed25519 key (base64; repeatable)")
+    verify.add_argument("--space", default="main")
     verify.add_argument("--creds")
     verify.set_defaults(fn=cmd_checkpoint_verify)
     return p

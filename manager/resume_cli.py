@@ -143,10 +143,33 @@ def _settings(layout: Layout) -> dict[str, Any]:
     return {agent: registry.agent_settings(cfg, agent) for agent in registry.KNOWN}
 
 
+def _trusted_keys(args: argparse.Namespace, layout: Layout, src: Path) -> list[str] | None:
+    """Which signers a destination admits. `--trust-signer` pins explicitly; a root resuming its
+    own cut pins its own instance key; otherwise any valid signature is accepted and the signer
+    is printed, because a destination on another host has nothing of its own to compare with."""
+    pinned = list(getattr(args, "trust_signer", None) or [])
+    if pinned:
+        return pinned
+    try:
+        own_cut = src.is_relative_to(layout.maintenance / "checkpoints")
+    except ValueError:
+        own_cut = False
+    if own_cut and layout.instance_identity(args.space if hasattr(args, "space") else "main").exists():
+        return [load_or_create_identity(layout, getattr(args, "space", "main")).public_key_b64]
+    return None
+
+
+def _signer(adm: admit.Admission, pinned: list[str] | None) -> dict[str, Any]:
+    signer = adm.manifest.signer
+    assert signer is not None
+    return {"instanceId": signer.instance_id, "publicKey": signer.public_key, "pinned": pinned is not None}
+
+
 def run_verify(args: argparse.Namespace, root: Path) -> int:
     layout = Layout.at(root)
     src = Path(args.dir).resolve()
-    adm = admit.integrity(src)
+    trusted = _trusted_keys(args, layout, src)
+    adm = admit.integrity(src, trusted_keys=trusted)
     verdicts = {"integrity": "pass"}
     broker = _broker_for_verify(args, layout)
     live = anyio.run(_live_uids, broker.server, broker.creds, adm.manifest.space, backend="asyncio")
@@ -158,6 +181,7 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
     seats = [{"name": n, "lifecycleUid": r.lifecycle_uid, "continuity": r.session.continuity,
               "capturedAt": r.captured_at, "sessionId": r.session.session_id} for n, r in adm.records.items()]
     out = {"attemptId": adm.manifest.attempt_id, "space": adm.manifest.space, "gates": verdicts, "seats": seats,
+           "signer": _signer(adm, trusted),
            "consents": [msgspec.to_builtins(c) for c in consents], "admitted": True}
     if args.json:
         sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
@@ -165,6 +189,9 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
         sys.stdout.write(f"checkpoint {src}: admitted (attempt {out['attemptId']}, space {out['space']})\n")
         for gate, verdict in verdicts.items():
             sys.stdout.write(f"  {gate:<10} {verdict}\n")
+        sig = out["signer"]
+        sys.stdout.write(f"  signer     instance {sig['instanceId']} key {sig['publicKey']}"
+                         f"{' (pinned)' if sig['pinned'] else ' (not pinned: compare it with the source, or pass --trust-signer)'}\n")
         for s in seats:
             sys.stdout.write(f"  seat {s['name']:<16} {s['continuity']:<10} uid {s['lifecycleUid']} captured {s['capturedAt']}\n")
     return 0
@@ -231,7 +258,11 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
         raise Refusal("already-up", f"a manager (pid {status['pid']}) already serves {layout.root}",
                       "a resume starts its own manager: stop this one first")
     _say(f"admitting {src}")
-    adm = admit.integrity(src)
+    trusted = _trusted_keys(args, layout, src)
+    adm = admit.integrity(src, trusted_keys=trusted)
+    sig = _signer(adm, trusted)
+    _say(f"sealed by instance {sig['instanceId']} key {sig['publicKey']}"
+         f"{' (pinned)' if sig['pinned'] else ' (not pinned; pass --trust-signer KEY to require it)'}")
     attempt = adm.manifest.attempt_id
     broker = _broker_for(args, layout)
     embedded_info = None
@@ -337,7 +368,7 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
             "sameUid": rec.lifecycle_uid == row.get("lifecycleUid"),
         })
     out = {"attemptId": attempt, "state": final["state"], "journal": "retired", "claims": claims,
-           "evictionEvidence": evidence,
+           "evictionEvidence": evidence, "signer": sig,
            "restored": restored, "seats": observations, "consents": [msgspec.to_builtins(c) for c in consents],
            "wallMs": int((time.monotonic() - t0) * 1000)}
     _print(args, out)

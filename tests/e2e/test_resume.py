@@ -186,3 +186,23 @@ async def test_two_destinations_race_and_exactly_one_claims_custody(tmp_path: Pa
                                 env=cotal_env(), check=True)
         await wait_until(lambda ws=winner_ws: processes_mentioning(str(ws)) == [], timeout=20)
         shutil.rmtree(root)
+
+
+async def test_a_pinned_signer_is_required_and_an_unpinned_one_is_shown(tmp_path: Path, cli: Cli,
+                                                                       shared_broker: SharedBroker) -> None:
+    make_workspace(cli.root)
+    row, attempt_dir = cut(cli, shared_broker, cli.root)
+    source_key = json.loads((cli.root / ".cotal/auth").joinpath(
+        next(p.name for p in (cli.root / ".cotal/auth").iterdir() if p.name.startswith("manager-instance"))
+    ).read_text())["publicKey"]
+    copy = take_host_a_away(cli.root, attempt_dir, tmp_path)
+    b = ["--server", shared_broker.url, "--creds", shared_broker.creds]
+    verify = json.loads(cli.run("checkpoint", "verify", str(copy), *b, "--json").stdout)
+    assert verify["signer"] == {"instanceId": row["instanceId"], "publicKey": source_key, "pinned": False}
+    other = "A" * 43 + "="
+    out = cli.run("up", "--restore", str(copy), *b, "--trust-signer", other, check=False)
+    assert out.returncode == 2 and "does not trust" in out.stderr and source_key in out.stderr
+    assert sorted(p.name for p in cli.root.iterdir()) == []
+    result = json.loads(cli.run("up", "--restore", str(copy), *b, "--trust-signer", source_key, "--json").stdout)
+    assert result["signer"]["pinned"] is True and result["seats"][0]["sameUid"]
+    cli.run("down")
