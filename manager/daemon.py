@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from manager.control.server import ControlServer
 from manager.core import Manager
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
-from manager.workspace.private import ensure_private_dir, read_stable
+from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
 from protocol.errors import Refusal
 from protocol.names import check_space
 
@@ -23,6 +24,11 @@ log = structlog.get_logger("cotal.daemon")
 
 
 def read_control_token(layout: Layout) -> str:
+    if not layout.control_token.exists() and not layout.control_token.is_symlink():
+        # Started directly (a service manager rather than `cotal up`): mint the token the CLI
+        # will read; `up` writes a fresh one itself before starting a daemon.
+        ensure_private_dir(layout.auth)
+        write_private_atomic(layout.control_token, secrets.token_hex(32).encode() + b"\n")
     data = read_stable(layout.control_token, cap=1024, what="control token", require_private=True).data
     token = data.decode().strip()
     if len(token) < 32:
