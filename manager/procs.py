@@ -12,25 +12,28 @@ import time
 from protocol.mesh import ProcRef
 
 
-def _start_time(pid: int) -> int | None:
+def process_start_time(pid: int, *, include_zombies: bool = False) -> int | None:
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or None
+    when no such process exists (or, unless asked for, it is a zombie awaiting its reaper)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
     # The command name may contain spaces and parentheses; fields resume after the last ')'.
     rest = data[data.rindex(b")") + 2 :].split()
-    if rest[0] == b"Z":
+    if rest[0] == b"Z" and not include_zombies:
         return None
     return int(rest[19])
 
 
+_start_time = process_start_time
+
+
 def boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    """This boot's id; unreadable is an error, never "", so no comparison silently passes."""
+    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+        return f.read().strip()
 
 
 ProcIdentity = ProcRef

@@ -25,6 +25,8 @@ from types import TracebackType
 
 import msgspec
 
+from manager import procs
+from manager.procs import boot_id
 from manager.workspace.layout import Layout
 from manager.workspace.private import (
     FILE_MODE,
@@ -55,22 +57,9 @@ class LockRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     created_at: str
 
 
-def boot_id() -> str:
-    with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-        return fh.read().strip()
-
-
 def process_start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot, or None when no such process exists."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses; fields after the last ')'
-    # start at field 3, so field 22 is index 19 there.
-    fields = raw.rpartition(b")")[2].split()
-    return int(fields[19])
+    # A zombie still owns its pid until reaped: it is "running" for the lock's purposes.
+    return procs.process_start_time(pid, include_zombies=True)
 
 
 def _owner_status(owner: LockRecord) -> tuple[str, str]:
