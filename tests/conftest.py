@@ -17,6 +17,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def no_process_outlives_its_test(tmp_path: Path) -> Iterator[None]:
+    """Whatever a test started under its temporary directory (a daemon in a private mount
+    namespace, a seat of a failed test) is killed when the test ends, so runs stay isolated."""
+    yield
+    from tests.helpers import processes_mentioning
+
+    for pid in processes_mentioning(str(tmp_path)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     # nats-py is asyncio only.
