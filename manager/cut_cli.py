@@ -59,33 +59,45 @@ def _read_from(path: Path, offset: int) -> bytes:
         return b""
 
 
-async def _tail_progress(log_path: Path, offset: int) -> None:
-    """Show the daemon's capture progress while the commit call is in flight."""
-    shown = {"capture.progress", "cut.stopped", "cut.sealed", "cut.capture_failed"}
-    while True:
-        chunk = _read_from(log_path, offset)
-        if chunk:
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            offset += len(complete)
-            for line in complete.splitlines():
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") in shown:
-                    facts = " ".join(f"{k}={v}" for k, v in sorted(event.items())
-                                     if k not in ("event", "level", "timestamp"))
-                    _say(f"  {event['event']}: {facts}")
-        await anyio.sleep(0.25)
+_SHOWN = {"capture.progress", "cut.stopped", "cut.sealed", "cut.capture_failed"}
+
+
+class _ProgressTail:
+    """Shows the daemon's capture progress while the commit call is in flight."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.path = log_path
+        self.offset = log_path.stat().st_size if log_path.exists() else 0
+
+    def drain(self) -> None:
+        chunk = _read_from(self.path, self.offset)
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") in _SHOWN:
+                facts = " ".join(f"{k}={v}" for k, v in sorted(event.items())
+                                 if k not in ("event", "level", "timestamp"))
+                _say(f"  {event['event']}: {facts}")
+
+    async def follow(self) -> None:
+        while True:
+            self.drain()
+            await anyio.sleep(0.25)
 
 
 async def _commit_with_progress(layout: Layout, attempt: str, stores: list[str]) -> dict[str, Any]:
-    offset = layout.manager_log.stat().st_size if layout.manager_log.exists() else 0
+    tail = _ProgressTail(layout.manager_log)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_tail_progress, layout.manager_log, offset)
+        tg.start_soon(tail.follow)
         result: dict[str, Any] = await mesh.call(layout.root, "commit-preservation",
                                                  {"attemptId": attempt, "sessionStores": stores}, COMMIT_TIMEOUT_S)
         tg.cancel_scope.cancel()
+    # What the daemon logged after the last poll is shown too.
+    tail.drain()
     return result
 
 

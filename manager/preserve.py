@@ -269,12 +269,13 @@ class Preservation:
 
 
 def _progress(seat: str) -> cut.Progress:
-    last = [0.0]
+    """Every phase change, and within a phase at most twice a second."""
+    last = {"at": 0.0, "phase": ""}
 
     def report(phase: str, done: int) -> None:
         now = time.monotonic()
-        if now - last[0] >= 0.5:
-            last[0] = now
+        if phase != last["phase"] or now - float(last["at"]) >= 0.5:
+            last.update(at=now, phase=phase)
             log.info("capture.progress", seat=seat, phase=phase, bytes=done)
 
     return report

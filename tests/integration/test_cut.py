@@ -209,13 +209,8 @@ async def test_prepare_refuses_mid_merge_and_non_repository_without_stopping(cli
 
 
 def _big_repo(path: Path) -> Path:
-    repo = init_repo(path)
-    write(repo / "a.txt", "a\n")
-    git(repo, "add", "a.txt")
-    git(repo, "commit", "-q", "-m", "a")
     # Incompressible untracked bytes keep the capture busy long enough to be interrupted.
-    write(repo / "big.bin", os.urandom(200 * 1024 * 1024))
-    return repo
+    return _big_repo_sized(path, 200 * 1024 * 1024)
 
 
 async def test_daemon_killed_between_prepare_and_commit_is_completed_offline(cli: Cli, shared_broker: SharedBroker) -> None:
@@ -290,3 +285,24 @@ async def test_inbox_survives_the_cut_at_the_broker(cli: Cli, shared_broker: Sha
     async with broker_at(shared_broker.url, shared_broker.creds) as js:
         info = await js.consumer_info("DM_main", f"dm_local-inbox-{row['lifecycleUid']}")
     assert info.config.filter_subject == "cotal.main.inst.local.inbox.>"
+
+
+async def test_capture_of_a_large_repository_shows_progress(cli: Cli, shared_broker: SharedBroker) -> None:
+    repo = _big_repo_sized(cli.root / "big", 40 * 1024 * 1024)
+    up_shared(cli, shared_broker)
+    cli.json("spawn", "big", "--cwd", str(repo))
+    out = cli.run("down", "--preserve-state")
+    lines = [line for line in out.stderr.splitlines() if "capture.progress" in line]
+    phases = [line.split("phase=")[1].split()[0] for line in lines]
+    assert phases[0] == "bundle" and "untracked" in phases, out.stderr
+    [summary] = [line for line in out.stdout.splitlines() if line.strip().startswith("big ")]
+    assert int(summary.split()[2]) >= 40 * 1024 * 1024
+
+
+def _big_repo_sized(path: Path, size: int) -> Path:
+    repo = init_repo(path)
+    write(repo / "a.txt", "a\n")
+    git(repo, "add", "a.txt")
+    git(repo, "commit", "-q", "-m", "a")
+    write(repo / "big.bin", os.urandom(size))
+    return repo
