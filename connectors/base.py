@@ -4,11 +4,13 @@ A connector turns launch options into a `LaunchSpec` (argv, a minimal environmen
 harness writes its session pointer and which files make up its session store) and drives the
 running harness over its stdio with a `Driver`. The continuity class is derived from the
 declared capability flags only: never from a connector's name, never from probing a live host.
+
+What the connectors share beyond the contract lives beside it: `launchkit` (launch options and
+the seat's files), `driverkit` (stdio driver plumbing) and `privatefs` (private files).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +18,6 @@ from typing import Any, Literal, Protocol
 
 from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
-
-from protocol.errors import Refusal
 
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
 Anchor = Literal["cwd", "workspace-root", "home"]
@@ -128,42 +128,3 @@ class Connector(Protocol):
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec: ...
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> Driver: ...
-
-
-# Only these variables of the manager's environment reach a seat; the operator's tokens and
-# keys do not leak into a harness by accident.
-ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "USER", "LOGNAME", "TZ")
-
-
-def base_env(opts: LaunchOpts, extra_allow: tuple[str, ...] = ()) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in ENV_ALLOW or k in extra_allow}
-    env.update(
-        COTAL_SPACE=opts.space,
-        COTAL_NAME=opts.name,
-        COTAL_LIFECYCLE_UID=opts.lifecycle_uid,
-        COTAL_WORKSPACE_ROOT=str(opts.workspace_root),
-        COTAL_SESSION_STATE=str(opts.session_pointer_path),
-    )
-    return env
-
-
-def refuse_resume_with_continuation(agent: str, opts: LaunchOpts) -> None:
-    if opts.resume and opts.continue_session:
-        raise Refusal(
-            "bad-launch",
-            f"{agent} connector: resume and continueSession are mutually exclusive",
-            "pass either --resume (fork) or let the manager continue the seat's own session",
-        )
-
-
-def check_prompt(agent: str, prompt: str | None) -> None:
-    if prompt is None:
-        return
-    if not prompt.strip():
-        raise Refusal("bad-prompt", f"{agent} connector refuses an empty prompt", "pass a non-empty --prompt")
-    if prompt.startswith(("-", "@")):
-        raise Refusal(
-            "bad-prompt",
-            f"{agent} connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file)",
-            "reword the prompt so it starts with a letter",
-        )

@@ -61,10 +61,9 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
-from anyio.abc import TaskStatus
 
 from connectors.base import (
     ByteReceive,
@@ -74,14 +73,27 @@ from connectors.base import (
     LaunchSpec,
     StoreDecl,
     TurnOutcome,
+)
+from connectors.driverkit import HarnessGone as HarnessGone
+from connectors.driverkit import JsonStdioDriver, Turn
+from connectors.launchkit import (
+    UUID_RE,
+    agent_config,
     base_env,
     check_prompt,
+    configured_binary,
+    drop_stale_pointer,
+    endpoint_url,
+    extra_env_names,
+    key_env_name,
+    launch_prompt,
+    pinned_binary,
     refuse_resume_with_continuation,
+    seat_cwd,
+    seat_files,
 )
-from connectors.pi import write_private_atomic
+from connectors.privatefs import create_private_new, ensure_seat_dir, write_private_atomic
 from protocol.errors import Refusal
-from protocol.names import check_lifecycle_uid, check_seat_name
-from protocol.session import encode_pointer
 
 NAME = "claude"
 KEY_VAR = "ANTHROPIC_API_KEY"
@@ -104,8 +116,6 @@ QUIET_ENV = {
 # would silently empty a seat continued from an old checkpoint. 100 years is "keep".
 SETTINGS = {"cleanupPeriodDays": 36500}
 
-SESSION_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@\[\]+-]{0,199}$")
 
 LAUNCH_RECORD = "cotal-launch.json"
@@ -122,37 +132,12 @@ SNAPSHOT_TRIES = 5
 # An `assistant` or `user` line carries whole tool outputs, so the cap is generous; past it the
 # driver stops rather than buffering without bound.
 LINE_CAP = 64 * 1024 * 1024
-# A harness that stops reading its stdin must not wedge a sender forever.
-SEND_TIMEOUT_S = 10.0
-INITIAL_PROMPT_ID = "initial-prompt"
 BOOT_POLL_S = 10.0
 PERSIST_TIMEOUT_S = 10.0
 PERSIST_POLL_S = 0.02
 
 
 # -- paths ----------------------------------------------------------------------------------------
-
-
-def _private_dir(path: Path) -> Path:
-    """Create `path` 0700 (ancestors too, when created here); refuse a symlink or a file there."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        for part in [*reversed(path.parents), path]:
-            try:
-                os.mkdir(part, 0o700)
-            except FileExistsError:
-                pass
-        st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise Refusal(
-            "unsafe-path",
-            f"claude connector: {path} is not a plain directory (a symlink or another file is there)",
-            "remove it so cotal can create the seat's private directory",
-        )
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
-    return path
 
 
 @dataclass(frozen=True)
@@ -163,25 +148,8 @@ class SeatPaths:
 
 
 def seat_paths(opts: LaunchOpts) -> SeatPaths:
-    check_seat_name(opts.name)
-    check_lifecycle_uid(opts.lifecycle_uid)
-    root = Path(os.path.normpath(opts.workspace_root))
-    pointer = Path(os.path.normpath(opts.session_pointer_path))
-    if not root.is_absolute() or not pointer.is_absolute():
-        raise Refusal("bad-launch", f"claude connector needs absolute paths (root {root}, pointer {pointer})",
-                      "pass the workspace root and pointer path as absolute paths")
-    if pointer.suffix != ".json":
-        raise Refusal("bad-launch", f"claude connector: the session pointer {pointer} must end in .json",
-                      "use the workspace layout's pointer path (.cotal/sessions/claude/<name>-<uid>.json)")
-    # The config dir is the pointer's sibling by construction, so one name identifies the seat's
-    # whole state and a checkpoint restores both at the same relative place.
-    config = pointer.with_suffix(".config")
-    try:
-        relpath = config.relative_to(root).as_posix()
-    except ValueError:
-        raise Refusal("bad-launch", f"claude connector: the session pointer {pointer} is outside the workspace root {root}",
-                      "keep the pointer under <root>/.cotal so the session store is captured relative to the root") from None
-    return SeatPaths(pointer=pointer, config=config, config_relpath=relpath)
+    files = seat_files(NAME, opts, ".config")
+    return SeatPaths(pointer=files.pointer, config=files.store, config_relpath=files.store_relpath)
 
 
 def transcripts(config: Path, session_id: str) -> list[Path]:
@@ -200,12 +168,19 @@ def project_dir_name(cwd: Path) -> str | None:
     return encoded if len(encoded) <= PROJECT_NAME_MAX else None
 
 
-def _read_capped(path: Path, cap: int) -> bytes:
+def _read_capped(path: Path, cap: int | None) -> bytes:
+    """The bytes of a regular file, at most `cap` of them (all when None); OSError for a
+    symlink or anything but a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(0, "not a regular file", str(path))
-        return os.read(fd, cap)
+        if cap is not None:
+            return os.read(fd, cap)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -253,9 +228,7 @@ class ClaudeCodeConnector:
         check_prompt(NAME, opts.prompt)
         cfg = _check_config(opts)
         paths = seat_paths(opts)
-        cwd = Path(os.path.abspath(opts.cwd))
-        if not cwd.is_dir():
-            raise Refusal("bad-cwd", f"claude connector: cwd {cwd} is not a directory", "pass an existing directory as the seat's cwd")
+        cwd = seat_cwd(NAME, opts)
         binary = _program(cfg.binary)
 
         # Everything that can refuse is read-only and comes first, so a refusal changes nothing.
@@ -268,8 +241,8 @@ class ClaudeCodeConnector:
                 source = _fork_source(paths, opts.resume)
             expected = str(uuid.uuid4())
 
-        _private_dir(paths.pointer.parent)
-        _private_dir(paths.config)
+        ensure_seat_dir(paths.pointer.parent, agent=NAME)
+        ensure_seat_dir(paths.config, agent=NAME)
         write_private_atomic(paths.config / "settings.json", json.dumps(SETTINGS, indent=1).encode())
         if not opts.continue_session:
             if source is not None:
@@ -281,12 +254,7 @@ class ClaudeCodeConnector:
                 session_args = ["--session-id", expected]
                 record = {"version": 1, "sessionId": expected, "origin": "fresh"}
             write_private_atomic(paths.config / LAUNCH_RECORD, json.dumps(record, indent=1).encode())
-            # A pointer left by an earlier launch of this lifecycle names a session this launch
-            # does not continue; a crash before the driver rewrites it must not reopen that one.
-            try:
-                os.unlink(paths.pointer)
-            except FileNotFoundError:
-                pass
+            drop_stale_pointer(paths.pointer)
 
         argv = [
             binary, "-p",
@@ -318,7 +286,7 @@ class ClaudeCodeConnector:
             session_store=(StoreDecl("workspace-root", paths.config_relpath),),
             expected_session_id=expected,
             # stream-json mode takes no prompt in argv; the driver sends it as the first turn.
-            initial_prompt=opts.prompt.strip() if opts.prompt else None,
+            initial_prompt=launch_prompt(opts),
             secret_env=(KEY_VAR,),
         )
 
@@ -343,58 +311,35 @@ class _Config:
 
 
 def _check_config(opts: LaunchOpts) -> _Config:
-    config: Mapping[str, Any] = opts.config or {}
-    unknown = sorted(set(config) - CONFIG_KEYS)
-    if unknown:
-        raise Refusal(
-            "bad-launch",
-            f"claude connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped at launch and on every restart",
-            f"remove them; claude honours {', '.join(sorted(CONFIG_KEYS))}",
-        )
+    config = agent_config(NAME, opts, CONFIG_KEYS)
     base_url = config.get("base_url")
     if base_url is not None:
-        if not isinstance(base_url, str) or not re.match(r"^https?://[^\s/@]+(/\S*)?$", base_url):
-            if isinstance(base_url, str) and "@" in base_url:
-                raise Refusal("bad-launch", "claude connector: base_url must not carry credentials (user:password@)",
-                              "put the key in an environment variable and name it with api_key_env")
-            raise Refusal("bad-launch", f"claude connector: base_url must be an http(s) URL of an Anthropic Messages endpoint (got {base_url!r})",
-                          "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it")
+        base_url = endpoint_url(NAME, base_url, otherwise=Refusal(
+            "bad-launch", f"claude connector: base_url must be an http(s) URL of an Anthropic Messages endpoint (got {base_url!r})",
+            "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it"))
     model = opts.model or config.get("model")
     if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
         raise Refusal("bad-launch", f"claude connector: model {model!r} is not a model name (letters, digits, ._:/@[]+-)",
                       "pass --model or set agents.claude.model in cotal.toml")
-    api_key_env = config.get("api_key_env") or KEY_VAR
-    if not isinstance(api_key_env, str) or not ENV_NAME_RE.match(api_key_env):
-        raise Refusal("bad-launch", f"claude connector: api_key_env {api_key_env!r} is not an environment variable name",
-                      "name the variable that holds the key, e.g. ANTHROPIC_API_KEY")
+    api_key_env = key_env_name(NAME, config.get("api_key_env") or KEY_VAR, example="ANTHROPIC_API_KEY")
     api_key = os.environ.get(api_key_env)
     if not api_key:
         # The seat's config dir is private, so no login the operator made elsewhere applies:
         # without a key every turn would fail late with "Not logged in".
         raise Refusal("bad-launch", f"claude connector needs an API key, and {api_key_env} is not set in the manager's environment",
                       f"export {api_key_env} before starting the manager, or name another variable with agents.claude.api_key_env")
-    extra_env = config.get("extra_env") or []
-    if not isinstance(extra_env, list | tuple) or not all(isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env):
-        raise Refusal("bad-launch", f"claude connector: extra_env must be a list of environment variable names, got {extra_env!r}",
-                      "fix agents.claude.extra_env in cotal.toml")
+    extra_env = extra_env_names(NAME, config)
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
         raise Refusal("bad-launch", f"claude connector: extra_env names {', '.join(clash)}, which the connector sets itself",
                       "remove them from agents.claude.extra_env")
-    binary = config.get("binary")
-    if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
-        raise Refusal("bad-launch", f"claude connector: binary must be an absolute path, got {binary!r}",
-                      "set agents.claude.binary to the absolute path of the claude executable, or unset it to use the pinned install")
+    binary = configured_binary(NAME, config, what="the claude executable")
     return _Config(base_url, model, api_key, binary, tuple(extra_env))
 
 
 def _program(binary: str | None) -> str:
     if binary is None:
-        # Imported here so the connector module stays importable (and its refusals testable)
-        # where the installer's repository layout is absent.
-        from manager.tools import which
-
-        binary = str(which(NAME))
+        binary = pinned_binary(NAME)
     if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
         raise Refusal("not-installed", f"claude connector: binary {binary} does not exist or is not executable",
                       "run `python -m manager.tools install` or fix agents.claude.binary")
@@ -402,7 +347,7 @@ def _program(binary: str | None) -> str:
 
 
 def _check_session_id(session_id: str, what: str) -> None:
-    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
+    if not isinstance(session_id, str) or not UUID_RE.match(session_id):
         raise Refusal("bad-session", f"claude connector: {what} {session_id!r} is not a Claude Code session id (a lowercase UUID)",
                       "pass the full id exactly as recorded")
 
@@ -497,7 +442,7 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
 def _fork_source(paths: SeatPaths, resume: str) -> Path:
     if os.path.isabs(resume):
         source = Path(os.path.normpath(resume))
-        if source.suffix != ".jsonl" or not SESSION_ID_RE.match(source.stem):
+        if source.suffix != ".jsonl" or not UUID_RE.match(source.stem):
             raise Refusal("bad-session", f"claude connector: {source} is not a Claude Code transcript (<session id>.jsonl)",
                           "pass a session id or the absolute path of a transcript")
         if not source.is_file() or source.is_symlink():
@@ -533,8 +478,8 @@ def _snapshot(source: Path, config: Path, fork_id: str) -> Path:
     data: bytes | None = None
     for _ in range(SNAPSHOT_TRIES):
         try:
-            first = _read_all(source)
-            second = _read_all(source)
+            first = _read_capped(source, None)
+            second = _read_capped(source, None)
         except OSError as exc:
             raise Refusal("no-session", f"claude connector cannot read transcript {source}: {exc.strerror}",
                           "check the file and its permissions") from None
@@ -547,58 +492,19 @@ def _snapshot(source: Path, config: Path, fork_id: str) -> Path:
     data = data[: data.rfind(b"\n") + 1]
     if not data:
         raise Refusal("no-session", f"claude connector: transcript {source} is empty", "fork a session that has had a turn")
-    target_dir = _private_dir(config / FORKS_DIR / fork_id)
+    target_dir = ensure_seat_dir(config / FORKS_DIR / fork_id, agent=NAME)
     target = target_dir / source.name
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    # The launch record that names this copy is written next; the copy must be durable first.
-    dfd = os.open(target_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    # The launch record that names this copy is written next; the copy is durable first.
+    create_private_new(target, data)
     return target
-
-
-def _read_all(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(0, "not a regular file", str(path))
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 # -- the driver -----------------------------------------------------------------------------------
 
 
-class HarnessGone(Refusal):
-    """The driver can no longer talk to Claude Code: its stdout ended or the reader stopped."""
-
-
-class _Waiter:
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.value: dict[str, Any] | None = None
-
-    def resolve(self, value: dict[str, Any] | None) -> None:
-        if not self.done.is_set():
-            self.value = value
-            self.done.set()
-
-
-class _Turn:
+class _Turn(Turn):
     def __init__(self, message_uuid: str, offsets: dict[Path, int]) -> None:
+        super().__init__()
         self.uuid = message_uuid
         self.replayed = False
         self.interrupted = False
@@ -607,18 +513,18 @@ class _Turn:
         self.last_uuid: str | None = None
         # Transcript sizes when the turn began; the turn's entries are appended after them.
         self.offsets = offsets
-        self.end = _Waiter()
 
 
-class ClaudeDriver:
+class ClaudeDriver(JsonStdioDriver[_Turn]):
     """Claude Code's stream-json protocol (one JSON object per LF-terminated line).
 
-    The driver owns no task: the caller runs `run()` in the seat's task group, ideally with
-    `await tg.start(driver.run)`. Control requests carry our `request_id` and their responses
-    are routed by it. Turn events carry no id we chose, so prompts are strictly serialized; a
-    turn is the `result` that follows the replay of the message uuid we sent (or, for a message
-    Claude Code answered locally without the model, the `result` with `num_turns: 0`).
+    Control requests carry our `request_id` and their responses are routed by it. Turn events
+    carry no id we chose, so prompts are strictly serialized; a turn is the `result` that
+    follows the replay of the message uuid we sent (or, for a message Claude Code answered
+    locally without the model, the `result` with `num_turns: 0`).
     """
+
+    who = NAME
 
     def __init__(
         self,
@@ -631,96 +537,24 @@ class ClaudeDriver:
         initial_prompt: str | None = None,
         line_cap: int = LINE_CAP,
     ) -> None:
-        self._stdin = stdin
-        self._stdout = stdout
+        super().__init__(stdin, stdout, pointer_path=pointer_path, expected_session_id=expected_session_id,
+                         initial_prompt=initial_prompt, line_cap=line_cap)
         self._config_dir = config_dir
-        self._pointer_path = pointer_path
-        self._expected = expected_session_id
-        self._initial = initial_prompt
-        self._line_cap = line_cap
-        self._send_lock = anyio.Lock()
-        self._turn_lock = anyio.Lock()
         self._init_lock = anyio.Lock()
-        self._pending: dict[str, _Waiter] = {}
-        self._turn: _Turn | None = None
-        self._seq = 0
-        self._reader = "idle"
-        self._stop_detail = "the driver's reader was never started"
-        self._stdin_closed = False
-        self._written: tuple[str, str] | None = None
         self._reported: str | None = None
         self._materialized = False
         self.pid: int | None = None
-        self.session_id: str | None = None
-        self.state_known = anyio.Event()
-        self.initial_outcome: TurnOutcome | None = None
-        self.initial_done = anyio.Event()
-        self.protocol_errors: list[str] = []
 
     # -- reader ---------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Pump Claude Code's stdout until it ends; meanwhile learn the session and deliver the
-        launch's initial prompt. Start it once, in the caller's task group."""
-        if self._reader != "idle":
-            raise RuntimeError("ClaudeDriver.run() may be started only once")
-        self._reader = "running"
-        task_status.started()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._bootstrap)
-                await self._pump()
-                tg.cancel_scope.cancel()
-        finally:
-            self._stop(self._stop_detail if self._reader == "stopped" else "the driver's reader was cancelled")
-            self.state_known.set()
-            self.initial_done.set()
-
-    async def _pump(self) -> None:
-        buf = bytearray()
-        while True:
-            try:
-                chunk = await self._stdout.receive()
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._stop("claude exited (its stdout closed)")
-                return
-            buf += chunk
-            while (nl := buf.find(b"\n")) >= 0:
-                line = bytes(buf[:nl])
-                del buf[: nl + 1]
-                await self._handle(line.rstrip(b"\r"))
-            if len(buf) > self._line_cap:
-                self._stop(f"claude wrote a line over the {self._line_cap}-byte cap")
-                return
-
-    def _stop(self, detail: str) -> None:
-        if self._reader != "stopped":
-            self._reader = "stopped"
-            self._stop_detail = detail
-        for waiter in list(self._pending.values()):
-            waiter.resolve(None)
-        if self._turn is not None:
-            self._turn.end.resolve(None)
-
-    def _note(self, detail: str) -> None:
-        self.protocol_errors = [*self.protocol_errors[-31:], detail]
-
     async def _handle(self, line: bytes) -> None:
-        if not line.strip():
-            return
-        try:
-            event = json.loads(line)
-        except ValueError:
-            self._note(f"claude wrote a line that is not JSON: {line[:120]!r}")
-            return
-        if not isinstance(event, dict):
+        event = self._decode(line)
+        if event is None:
             return
         kind = event.get("type")
         if kind == "control_response":
             response = event.get("response") or {}
-            waiter = self._pending.get(str(response.get("request_id")))
-            if waiter is not None:
-                waiter.resolve(response)
+            self._pending.resolve(str(response.get("request_id")), response)
         elif kind == "control_request":
             # Claude Code asking us something (a permission, a hook callback). Nothing is
             # registered to ask for, so answer at once rather than leave it waiting forever.
@@ -755,39 +589,10 @@ class ClaudeDriver:
 
     # -- commands -------------------------------------------------------------------------------
 
-    async def _send(self, obj: dict[str, Any]) -> bool:
-        if self._stdin_closed:
-            return False
-        # ensure_ascii keeps U+2028/U+2029 escaped, so no line-splitting reader can misframe.
-        line = json.dumps(obj, ensure_ascii=True).encode() + b"\n"
-        async with self._send_lock:
-            # Shielded so a caller's deadline cannot cut a line in half (Claude Code exits on a
-            # line that does not parse); bounded so a process that stopped reading cannot wedge us.
-            with anyio.CancelScope(shield=True) as scope:
-                scope.deadline = anyio.current_time() + SEND_TIMEOUT_S
-                try:
-                    await self._stdin.send(line)
-                    return True
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    return False
-            await self.aclose()
-            return False
-
     async def _control(self, subtype: str, **fields: Any) -> dict[str, Any] | None:
         """Send one control request and wait for its response; None when Claude Code is gone."""
-        if self._reader != "running":
-            return None
-        self._seq += 1
-        rid = f"cotal-{subtype}-{self._seq}"
-        waiter = _Waiter()
-        self._pending[rid] = waiter
-        try:
-            if not await self._send({"type": "control_request", "request_id": rid, "request": {"subtype": subtype, **fields}}):
-                return None
-            await waiter.done.wait()
-            return waiter.value
-        finally:
-            self._pending.pop(rid, None)
+        return await self._request(subtype, lambda rid: {
+            "type": "control_request", "request_id": rid, "request": {"subtype": subtype, **fields}})
 
     async def _initialize(self) -> int:
         async with self._init_lock:
@@ -795,8 +600,7 @@ class ClaudeDriver:
                 return self.pid
             response = await self._control("initialize")
             if response is None:
-                raise HarnessGone("harness-gone", f"claude connector: cannot initialize claude: {self._stop_detail}",
-                                  "read the seat's log for why claude exited, then restart the seat")
+                raise self._gone("initialize claude")
             if response.get("subtype") != "success":
                 raise Refusal("harness-error", f"claude connector: claude refused initialize: {response.get('error')}",
                               "read the seat's log")
@@ -822,9 +626,8 @@ class ClaudeDriver:
 
     async def get_state(self) -> str | None:
         """The session id Claude Code reports now; writes the pointer once it matches the launch."""
-        if self._reader != "running":
-            raise HarnessGone("harness-gone", f"claude connector: cannot query claude's state: {self._stop_detail}",
-                              "read the seat's log for why claude exited, then restart the seat")
+        if not self._reader.running:
+            raise self._gone("query claude's state")
         pid = await self._initialize()
         sid = await anyio.to_thread.run_sync(self._registry_session, pid) or self._reported
         if sid is not None:
@@ -835,28 +638,14 @@ class ClaudeDriver:
             self.state_known.set()
         return sid
 
-    async def _write_pointer(self, status: Literal["running", "quit"]) -> None:
-        sid, path = self.session_id, self._pointer_path
-        if path is None or sid is None:
-            return
-        if self._expected is not None and sid != self._expected:
-            # Never let the pointer name a session this launch did not mean to open: the
-            # manager compares the reported id with the expected one and refuses the seat.
-            self._note(f"claude reports session {sid}, expected {self._expected}; pointer not written")
-            return
-        if self._written == (sid, status):
-            return
-        await anyio.to_thread.run_sync(write_private_atomic, path, encode_pointer(sid, status))
-        self._written = (sid, status)
-
     # -- turns ----------------------------------------------------------------------------------
 
-    async def _bootstrap(self) -> None:
+    async def _learn_session(self) -> None:
         try:
             # The registry entry is written during startup; poll it for a bounded time, then
             # go on: the first turn's events report the session too.
             with anyio.move_on_after(BOOT_POLL_S):
-                while self.session_id is None and self._reader == "running":
+                while self.session_id is None and self._reader.running:
                     if await self.get_state() is None:
                         await anyio.sleep(0.05)
         except Refusal as exc:
@@ -865,31 +654,10 @@ class ClaudeDriver:
             self._note(exc.text)
         finally:
             self.state_known.set()
-        async with self._turn_lock:
-            await self._initial_locked()
-        self.initial_done.set()
-
-    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
-        """Deliver `text` as one user message and wait for its terminal `result`.
-
-        Never raises for a dead Claude Code: a turn whose end was not seen is `unknown`, which
-        the caller must not acknowledge. Bound the wait with a cancel scope around the call.
-        """
-        async with self._turn_lock:
-            await self._initial_locked()
-            return await self._turn_locked(text, message_id)
-
-    async def _initial_locked(self) -> None:
-        # Whoever takes the turn lock first sends the launch's prompt, so it always precedes
-        # any inbox message even when one is delivered the instant the seat is ready.
-        if self._initial is None:
-            return
-        text, self._initial = self._initial, None
-        self.initial_outcome = await self._turn_locked(text, INITIAL_PROMPT_ID)
 
     async def _turn_locked(self, text: str, message_id: str) -> TurnOutcome:
-        if self._reader != "running":
-            return TurnOutcome("unknown", detail=f"not delivered: {self._stop_detail}")
+        if not self._reader.running:
+            return TurnOutcome("unknown", detail=f"not delivered: {self._reader.detail}")
         offsets = await anyio.to_thread.run_sync(self._transcript_sizes)
         turn = _Turn(str(uuid.uuid4()), offsets)
         self._turn = turn
@@ -906,14 +674,14 @@ class ClaudeDriver:
         if not self._materialized:
             await anyio.to_thread.run_sync(self._mark_materialized)
         if turn.end.value is None:
-            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._stop_detail}")
+            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._reader.detail}")
         outcome = judge_result(turn.end.value, interrupted=turn.interrupted)
         if outcome.status == "ok" and not await self._await_persisted(turn):
             # Claude Code emits `result` before its transcript write lands (measured: 50-100 ms
             # later). A turn acknowledged but lost to a crash in that window would be neither
             # in the session nor redelivered, so `ok` waits until the transcript holds it.
             return TurnOutcome("unknown", detail=f"claude did not write turn {message_id} to its transcript "
-                               f"within {PERSIST_TIMEOUT_S:.0f}s ({self._stop_detail if self._reader == 'stopped' else 'still running'})")
+                               f"within {PERSIST_TIMEOUT_S:.0f}s ({self._reader.detail if self._reader.phase == 'stopped' else 'still running'})")
         return outcome
 
     def _mark_materialized(self) -> None:
@@ -963,7 +731,7 @@ class ClaudeDriver:
             while True:
                 if await anyio.to_thread.run_sync(self._persisted, turn):
                     return True
-                if self._reader != "running":
+                if not self._reader.running:
                     # The process is gone: whatever it wrote is all there will be; one last look.
                     return await anyio.to_thread.run_sync(self._persisted, turn)
                 await anyio.sleep(PERSIST_POLL_S)
@@ -977,31 +745,6 @@ class ClaudeDriver:
         turn.interrupted = True
         response = await self._control("interrupt")
         return response is not None and response.get("subtype") == "success"
-
-    # -- shutdown -------------------------------------------------------------------------------
-
-    async def quit(self) -> None:
-        """A deliberate quit: record `status: quit` in the pointer, then close Claude Code's
-        stdin (it exits 0 at EOF). A crash never passes here, so its pointer stays `running`
-        and the manager may continue the session."""
-        if self.session_id is None and self._reader == "running":
-            try:
-                await self.get_state()
-            except Refusal:
-                pass
-        await self._write_pointer("quit")
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close Claude Code's stdin; it exits and the reader ends when its stdout does."""
-        if self._stdin_closed:
-            return
-        self._stdin_closed = True
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._stdin.aclose()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass
 
 
 def judge_result(result: Mapping[str, Any], *, interrupted: bool = False) -> TurnOutcome:

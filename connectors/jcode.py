@@ -34,13 +34,11 @@ not jcode. Binding a real jcode build means putting an adapter that speaks this 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,16 +46,8 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from connectors.base import (
-    ByteReceive,
-    ByteSend,
-    Capabilities,
-    LaunchOpts,
-    LaunchSpec,
-    TurnOutcome,
-    base_env,
-    check_prompt,
-)
+from connectors.base import ByteReceive, ByteSend, Capabilities, LaunchOpts, LaunchSpec, TurnOutcome
+from connectors.driverkit import INITIAL_PROMPT_ID, json_line
 from connectors.jsonl_driver import (
     DriverEvent,
     JsonLinesDriver,
@@ -68,6 +58,8 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
+from connectors.launchkit import agent_config, base_env, check_prompt, launch_prompt, seat_cwd
+from connectors.privatefs import UnsafeDirectory, ensure_private_dirs_below
 from protocol.errors import DecodeError, Refusal
 from protocol.names import check_seat_name, check_space
 
@@ -79,7 +71,6 @@ MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 SLUG_MAX = 40
 HASH_HEX = 12
 LINE_CAP = 16 * 1024 * 1024
-INITIAL_PROMPT_ID = "initial-prompt"
 READY_TIMEOUT_S = 30.0
 
 # Upstream's texts (Cotal-AI/Cotal, extensions/connector-jcode, drain-only version), verbatim.
@@ -118,32 +109,13 @@ def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
             raise Refusal("unsafe-path", f"jcode connector: private home component {part!r} would escape the managed root {root}",
                           "use a seat name and space made of letters, digits, _ and -")
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise Refusal("unsafe-path", f"jcode connector: the managed root {root} cannot be opened: {exc.strerror}",
-                      "create it, or point agents.jcode.home at an existing directory") from None
-    path = root
-    try:
-        for part in relparts:
-            path = path / part
-            try:
-                os.mkdir(part, 0o700, dir_fd=fd)
-            except FileExistsError:
-                pass
-            try:
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    what = "a symlink" if stat.S_ISLNK(os.lstat(path).st_mode) else "not a directory"
-                    raise Refusal("unsafe-path", f"jcode connector: {path} is {what}; a private home must not leave the managed root {root}",
-                                  f"remove {path} so cotal can create a plain private directory") from None
-                raise
-            os.close(fd)
-            fd = child
-        os.fchmod(fd, 0o700)
-    finally:
-        os.close(fd)
-    return path
+        return ensure_private_dirs_below(root, relparts)
+    except UnsafeDirectory as exc:
+        if exc.path == root:
+            raise Refusal("unsafe-path", f"jcode connector: the managed root {root} {exc.reason}",
+                          "create it, or point agents.jcode.home at an existing directory") from None
+        raise Refusal("unsafe-path", f"jcode connector: {exc.path} {exc.reason}; a private home must not leave the managed root {root}",
+                      f"remove {exc.path} so cotal can create a plain private directory") from None
 
 
 # -- the connector --------------------------------------------------------------------------------
@@ -164,14 +136,7 @@ class JcodeConnector:
         check_prompt(NAME, opts.prompt)
         check_space(opts.space)
         check_seat_name(opts.name)
-        config: Mapping[str, Any] = opts.config or {}
-        unknown = sorted(set(config) - CONFIG_KEYS)
-        if unknown:
-            raise Refusal(
-                "bad-launch",
-                f"jcode connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped at launch",
-                f"remove them; jcode honours {', '.join(sorted(CONFIG_KEYS))}",
-            )
+        config = agent_config(NAME, opts, CONFIG_KEYS, dropped="at launch")
         model = opts.model or config.get("model")
         if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
             raise Refusal("bad-launch", f"jcode connector: model {model!r} is not a model name (letters, digits, ._:/@+-)",
@@ -183,9 +148,7 @@ class JcodeConnector:
         managed_root = Path(opts.workspace_root) / home_cfg if home_cfg else Path(opts.workspace_root)
         env = base_env(opts)
         binary = _program(config.get("binary"), env)
-        cwd = Path(os.path.abspath(opts.cwd))
-        if not cwd.is_dir():
-            raise Refusal("bad-cwd", f"jcode connector: cwd {cwd} is not a directory", "pass an existing directory as the seat's cwd")
+        cwd = seat_cwd(NAME, opts)
 
         home = private_home(managed_root, home_relparts(opts.space, opts.name))
         argv = [binary, PROTOCOL_FLAG]
@@ -200,7 +163,7 @@ class JcodeConnector:
             session_pointer_path=None,
             session_store=(),
             expected_session_id=None,
-            initial_prompt=opts.prompt.strip() if opts.prompt else None,
+            initial_prompt=launch_prompt(opts),
         )
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> JcodeDriver:
@@ -235,13 +198,13 @@ class JcodeCodec:
     """The cotal JSON-lines protocol above, as the generic driver sees it."""
 
     def encode_prompt(self, text: str, message_id: str) -> bytes:
-        return _line({"type": "prompt", "id": message_id, "text": text})
+        return json_line({"type": "prompt", "id": message_id, "text": text})
 
     def encode_get_state(self, request_id: str) -> bytes | None:
-        return _line({"type": "get_state", "id": request_id})
+        return json_line({"type": "get_state", "id": request_id})
 
     def encode_quit(self) -> bytes | None:
-        return _line({"type": "quit"})
+        return json_line({"type": "quit"})
 
     def decode(self, line: bytes) -> DriverEvent | None:
         try:
@@ -266,11 +229,6 @@ class JcodeCodec:
         if kind == "error":
             return Rejected(ident if isinstance(ident, str) else None, str(event.get("detail", "")))
         return None
-
-
-def _line(obj: dict[str, Any]) -> bytes:
-    # ensure_ascii keeps U+2028/U+2029 escaped, so no line-splitting reader can misframe.
-    return json.dumps(obj, ensure_ascii=True).encode()
 
 
 def _text(event: Mapping[str, Any], key: str) -> str:

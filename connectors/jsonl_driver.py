@@ -18,17 +18,17 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 
 from connectors.base import ByteReceive, ByteSend, TurnOutcome
+from connectors.driverkit import OVERSIZE as OVERSIZE
+from connectors.driverkit import LineSender, LineSplitter, Oversize, ReaderState, Waiters
 from protocol.errors import DecodeError, Refusal
 
 LINE_CAP = 1024 * 1024
-# A harness that stops reading its stdin must not wedge a cancelled sender forever.
-SEND_TIMEOUT_S = 10.0
 PROTOCOL_ERRORS_KEPT = 32
 
 
@@ -92,64 +92,6 @@ class DriverError(Refusal):
     """`driver-stopped`: the reader is not running; `harness-refused`: the harness said no."""
 
 
-class _Oversize:
-    pass
-
-
-OVERSIZE = _Oversize()
-
-
-class LineSplitter:
-    """Sans-I/O line framing with a per-line cap: feed bytes, take complete lines out."""
-
-    def __init__(self, cap: int = LINE_CAP) -> None:
-        self._cap = cap
-        self._buf = bytearray()
-        self._scanned = 0
-        self._discarding = False
-
-    def feed(self, data: bytes) -> list[bytes | _Oversize]:
-        out: list[bytes | _Oversize] = []
-        self._buf += data
-        while (newline := self._buf.find(b"\n", self._scanned)) >= 0:
-            line = bytes(self._buf[:newline])
-            del self._buf[: newline + 1]
-            self._scanned = 0
-            if self._discarding:
-                self._discarding = False
-            elif len(line) > self._cap:
-                out.append(OVERSIZE)
-            else:
-                out.append(line)
-        self._scanned = len(self._buf)
-        if len(self._buf) > self._cap:
-            # Keep memory bounded: the rest of this line is dropped as it arrives.
-            if not self._discarding:
-                out.append(OVERSIZE)
-                self._discarding = True
-            self._buf.clear()
-            self._scanned = 0
-        return out
-
-    def finish(self) -> list[bytes | _Oversize]:
-        """The unterminated tail at end of stream, if any, as a last line."""
-        tail, discarding = bytes(self._buf), self._discarding
-        self._buf.clear()
-        self._scanned, self._discarding = 0, False
-        return [tail] if tail and not discarding else []
-
-
-class _Waiter:
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.event: DriverEvent | None = None
-
-    def resolve(self, event: DriverEvent | None) -> None:
-        if not self.done.is_set():
-            self.event = event
-            self.done.set()
-
-
 class JsonLinesDriver:
     def __init__(
         self,
@@ -160,22 +102,20 @@ class JsonLinesDriver:
         line_cap: int = LINE_CAP,
         on_event: Callable[[DriverEvent], None] | None = None,
     ) -> None:
-        self._stdin = stdin
         self._stdout = stdout
         self._codec = codec
         self._line_cap = line_cap
         self._splitter = LineSplitter(line_cap)
         self._on_event = on_event
         self._turn_lock = anyio.Lock()
-        # A state query may be sent while a prompt is being written; lines must not interleave.
-        self._send_lock = anyio.Lock()
-        self._turns: dict[str, _Waiter] = {}
-        self._states: dict[str, _Waiter] = {}
+        # A state query may be sent while a prompt is being written; the sender keeps lines whole.
+        # It lets an OSError of the write through, as this driver always has.
+        self._out = LineSender(stdin, gone=(anyio.BrokenResourceError, anyio.ClosedResourceError))
+        self._turns: Waiters[DriverEvent] = Waiters()
+        self._states: Waiters[DriverEvent] = Waiters()
         self._settled = anyio.Event()
         self._session_id: str | None = None
-        self._reader: Literal["idle", "running", "stopped"] = "idle"
-        self._stop_detail = "the driver's reader was never started"
-        self._stdin_closed = False
+        self._reader = ReaderState()
         self.protocol_errors: deque[str] = deque(maxlen=PROTOCOL_ERRORS_KEPT)
 
     @property
@@ -185,15 +125,13 @@ class JsonLinesDriver:
 
     @property
     def running(self) -> bool:
-        return self._reader == "running"
+        return self._reader.running
 
     # -- the reader --------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Pump stdout until it ends. Start it once, in the caller's task group."""
-        if self._reader != "idle":
-            raise RuntimeError("JsonLinesDriver.run() may be started only once")
-        self._reader = "running"
+        self._reader.start("JsonLinesDriver.run()")
         detail = "the driver's reader stopped (cancelled or failed) mid-turn"
         task_status.started()
         try:
@@ -209,15 +147,14 @@ class JsonLinesDriver:
             self._stop(detail)
 
     def _stop(self, detail: str) -> None:
-        self._reader = "stopped"
-        self._stop_detail = detail
-        for waiter in (*self._turns.values(), *self._states.values()):
-            waiter.resolve(None)
+        self._reader.stop(detail)
+        self._turns.resolve_all(None)
+        self._states.resolve_all(None)
         self._settled.set()
 
-    def _consume(self, lines: list[bytes | _Oversize]) -> None:
+    def _consume(self, lines: list[bytes | Oversize]) -> None:
         for line in lines:
-            if isinstance(line, _Oversize):
+            if isinstance(line, Oversize):
                 self.protocol_errors.append(f"harness line exceeds the {self._line_cap}-byte cap")
             elif line.strip():
                 self._handle(line)
@@ -240,24 +177,18 @@ class JsonLinesDriver:
                 self._session_id = session_id
                 self._settled.set()
             case TurnEnded(id=message_id):
-                self._wake(self._turns, message_id, event)
+                self._turns.resolve(message_id, event)
             case StateReported(id=request_id, session_id=session_id):
                 if session_id is not None:
                     self._session_id = session_id
-                self._wake(self._states, request_id, event)
+                self._states.resolve(request_id, event)
             case Rejected(id=request_id, detail=detail):
                 self.protocol_errors.append(f"harness refused a line: {detail}")
                 if request_id is not None:
-                    self._wake(self._turns, request_id, event)
-                    self._wake(self._states, request_id, event)
+                    self._turns.resolve(request_id, event)
+                    self._states.resolve(request_id, event)
             case _:
                 pass
-
-    @staticmethod
-    def _wake(waiters: dict[str, _Waiter], key: str, event: DriverEvent) -> None:
-        waiter = waiters.get(key)
-        if waiter is not None:
-            waiter.resolve(event)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -268,7 +199,7 @@ class JsonLinesDriver:
         if self._session_id is None:
             raise DriverError(
                 "driver-stopped",
-                f"the harness never reported ready ({self._stop_detail})",
+                f"the harness never reported ready ({self._reader.detail})",
                 "read the seat's log for why it exited",
             )
         return self._session_id
@@ -280,24 +211,19 @@ class JsonLinesDriver:
         caller must not acknowledge. Bound the wait with a cancel scope around the call.
         """
         async with self._turn_lock:
-            if self._reader != "running":
-                return TurnOutcome("unknown", detail=f"not delivered: {self._stop_detail}")
-            waiter = _Waiter()
-            self._turns[message_id] = waiter
-            try:
-                if not await self._send(self._codec.encode_prompt(text, message_id)):
+            if not self._reader.running:
+                return TurnOutcome("unknown", detail=f"not delivered: {self._reader.detail}")
+            with self._turns.expect(message_id) as waiter:
+                if not await self._out.send(self._codec.encode_prompt(text, message_id)):
                     return TurnOutcome("unknown", detail="harness stdin closed before the prompt was delivered")
                 await waiter.done.wait()
-            finally:
-                if self._turns.get(message_id) is waiter:
-                    del self._turns[message_id]
-        match waiter.event:
+        match waiter.value:
             case TurnEnded(outcome=outcome):
                 return outcome
             case Rejected(detail=detail):
                 return TurnOutcome("error", detail=f"harness refused the prompt: {detail}")
             case _:
-                return TurnOutcome("unknown", detail=self._stop_detail)
+                return TurnOutcome("unknown", detail=self._reader.detail)
 
     async def get_state(self) -> str | None:
         """The session id the live harness reports now; DriverError once it has stopped."""
@@ -306,15 +232,11 @@ class JsonLinesDriver:
         line = self._codec.encode_get_state(request_id)
         if line is None:
             return self._session_id
-        waiter = _Waiter()
-        self._states[request_id] = waiter
-        try:
-            if not await self._send(line):
+        with self._states.expect(request_id) as waiter:
+            if not await self._out.send(line):
                 raise DriverError("driver-stopped", "harness stdin is closed", "restart the seat")
             await waiter.done.wait()
-        finally:
-            self._states.pop(request_id, None)
-        match waiter.event:
+        match waiter.value:
             case StateReported(session_id=session_id):
                 return session_id
             case Rejected(detail=detail):
@@ -322,48 +244,25 @@ class JsonLinesDriver:
             case _:
                 raise DriverError(
                     "driver-stopped",
-                    f"the harness stopped before answering the state query ({self._stop_detail})",
+                    f"the harness stopped before answering the state query ({self._reader.detail})",
                     "read the seat's log for why it exited",
                 )
 
     async def quit(self) -> bool:
         """Ask the harness to end its session, then close its stdin; False if it had no quit."""
         line = self._codec.encode_quit()
-        sent = line is not None and await self._send(line)
+        sent = line is not None and await self._out.send(line)
         await self.aclose()
         return sent
 
     async def aclose(self) -> None:
         """Close the harness's stdin (EOF). The reader ends on its own when stdout does."""
-        if self._stdin_closed:
-            return
-        self._stdin_closed = True
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._stdin.aclose()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass
+        await self._out.aclose()
 
     def _require_running(self) -> None:
-        if self._reader != "running":
+        if not self._reader.running:
             raise DriverError(
                 "driver-stopped",
-                f"the harness driver is not reading ({self._stop_detail})",
+                f"the harness driver is not reading ({self._reader.detail})",
                 "start driver.run() in the seat's task group, or restart the seat",
             )
-
-    async def _send(self, line: bytes) -> bool:
-        if self._stdin_closed:
-            return False
-        async with self._send_lock:
-            # Shielded so a caller's deadline cannot cut a line in half, which would corrupt
-            # every later line; bounded so a harness that stopped reading cannot wedge us.
-            with anyio.CancelScope(shield=True) as scope:
-                scope.deadline = anyio.current_time() + SEND_TIMEOUT_S
-                try:
-                    await self._stdin.send(line + b"\n")
-                    return True
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    return False
-            await self.aclose()
-            return False

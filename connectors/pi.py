@@ -37,14 +37,11 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
-
-import anyio
-from anyio.abc import TaskStatus
 
 from connectors.base import (
     ByteReceive,
@@ -54,13 +51,26 @@ from connectors.base import (
     LaunchSpec,
     StoreDecl,
     TurnOutcome,
+)
+from connectors.driverkit import HarnessGone as HarnessGone
+from connectors.driverkit import JsonStdioDriver, Turn
+from connectors.launchkit import (
+    UUID_RE,
+    agent_config,
     base_env,
     check_prompt,
+    configured_binary,
+    drop_stale_pointer,
+    endpoint_url,
+    extra_env_names,
+    key_env_name,
+    launch_prompt,
+    pinned_binary,
     refuse_resume_with_continuation,
+    seat_files,
 )
+from connectors.privatefs import create_private_new, ensure_seat_dir, write_private_atomic
 from protocol.errors import Refusal
-from protocol.names import check_lifecycle_uid, check_seat_name
-from protocol.session import encode_pointer
 
 NAME = "pi"
 DEFAULT_PROVIDER = "cotal"
@@ -77,87 +87,15 @@ HEADER_CAP = 64 * 1024
 # because a setting that is silently dropped would not survive into a crash restart either.
 CONFIG_KEYS = frozenset({"base_url", "model", "provider", "api_key_env", "binary", "extra_env"})
 
-SESSION_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROVIDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 
 # A full agent_end line carries every message of the run (tool output included), so the line
 # cap is generous; past it the driver stops rather than buffering without bound.
 LINE_CAP = 64 * 1024 * 1024
-# A harness that stops reading its stdin must not wedge a sender forever.
-SEND_TIMEOUT_S = 10.0
-INITIAL_PROMPT_ID = "initial-prompt"
 
 
-# -- small file helpers (connectors do not import manager) ----------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _private_dir(path: Path) -> Path:
-    """Create `path` 0700 (parents as needed); refuse a symlink or non-directory in its place."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        # Every directory created here is 0700, ancestors included (Path.mkdir(parents=True)
-        # would give the ancestors the umask's mode); existing ones are left as they are.
-        for part in [*reversed(path.parents), path]:
-            try:
-                os.mkdir(part, 0o700)
-            except FileExistsError:
-                pass
-        st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise Refusal(
-            "unsafe-path",
-            f"pi connector: {path} is not a plain directory (a symlink or another file is there)",
-            "remove it so cotal can create the seat's private directory",
-        )
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
-    return path
-
-
-def write_private_atomic(path: Path, data: bytes) -> None:
-    """0600 temp file (O_EXCL), write, fsync, rename over `path`, fsync the directory.
-
-    A reader (the manager) sees the old record or the new one, never a torn one.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def _create_exclusive(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _fsync_dir(path.parent)
+# -- session files --------------------------------------------------------------------------------
 
 
 def read_session_header(path: Path) -> dict[str, Any]:
@@ -209,25 +147,11 @@ class SeatPaths:
 
 
 def seat_paths(opts: LaunchOpts) -> SeatPaths:
-    check_seat_name(opts.name)
-    check_lifecycle_uid(opts.lifecycle_uid)
-    root = Path(os.path.normpath(opts.workspace_root))
-    pointer = Path(os.path.normpath(opts.session_pointer_path))
-    if not root.is_absolute() or not pointer.is_absolute():
-        raise Refusal("bad-launch", f"pi connector needs absolute paths (root {root}, pointer {pointer})",
-                      "pass the workspace root and pointer path as absolute paths")
-    if pointer.suffix != ".json":
-        raise Refusal("bad-launch", f"pi connector: the session pointer {pointer} must end in .json",
-                      "use the workspace layout's pointer path (.cotal/sessions/pi/<name>-<uid>.json)")
     # The store is the pointer's sibling by construction, so the driver can find the pointer
     # from the session file pi reports, with no per-launch state outside the files.
-    store = pointer.with_suffix(".store")
-    try:
-        relpath = store.relative_to(root).as_posix()
-    except ValueError:
-        raise Refusal("bad-launch", f"pi connector: the session pointer {pointer} is outside the workspace root {root}",
-                      "keep the pointer under <root>/.cotal so the session store is captured relative to the root") from None
-    return SeatPaths(pointer=pointer, store=store, agent=pointer.with_suffix(".agent"), store_relpath=relpath)
+    files = seat_files(NAME, opts, ".store")
+    return SeatPaths(pointer=files.pointer, store=files.store, agent=files.pointer.with_suffix(".agent"),
+                     store_relpath=files.store_relpath)
 
 
 def pointer_for_session_file(session_file: str | Path) -> Path | None:
@@ -279,20 +203,15 @@ class PiConnector:
         elif opts.resume:
             session_args = ["--fork", str(_fork_source(paths, opts.resume))]
 
-        _private_dir(paths.pointer.parent)
-        _private_dir(paths.store)
-        _private_dir(paths.agent)
+        ensure_seat_dir(paths.pointer.parent, agent=NAME)
+        ensure_seat_dir(paths.store, agent=NAME)
+        ensure_seat_dir(paths.agent, agent=NAME)
         _write_agent_config(paths.agent, cfg)
         if not opts.continue_session:
             if not opts.resume:
                 expected = mint_session_id()
                 session_args = ["--session", str(_seed_fresh_session(paths.store, expected, cwd))]
-            # A pointer left by an earlier launch of this lifecycle names a session this launch
-            # does not continue; a crash before the driver rewrites it must not reopen that one.
-            try:
-                os.unlink(paths.pointer)
-            except FileNotFoundError:
-                pass
+            drop_stale_pointer(paths.pointer)
 
         argv += [
             "--mode", "rpc",
@@ -320,7 +239,7 @@ class PiConnector:
             expected_session_id=expected,
             # pi's RPC mode ignores a prompt on its command line; the driver sends it as the
             # first turn once the session is known.
-            initial_prompt=opts.prompt.strip() if opts.prompt else None,
+            initial_prompt=launch_prompt(opts),
         )
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> PiDriver:
@@ -343,24 +262,13 @@ class _Config:
 
 
 def _check_config(opts: LaunchOpts) -> _Config:
-    config: Mapping[str, Any] = opts.config or {}
-    unknown = sorted(set(config) - CONFIG_KEYS)
-    if unknown:
-        raise Refusal(
-            "bad-launch",
-            f"pi connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped at launch and on every restart",
-            f"remove them; pi honours {', '.join(sorted(CONFIG_KEYS))}",
-        )
+    config = agent_config(NAME, opts, CONFIG_KEYS)
     base_url = config.get("base_url")
-    if not isinstance(base_url, str) or not re.match(r"^https?://[^\s/@]+(/\S*)?$", base_url):
-        if isinstance(base_url, str) and "@" in base_url:
-            raise Refusal("bad-launch", "pi connector: base_url must not carry credentials (user:password@)",
-                          "put the key in an environment variable and name it with api_key_env")
-        raise Refusal(
-            "bad-launch",
-            f"pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got {base_url!r})",
-            "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
-        )
+    base_url = endpoint_url(NAME, base_url, otherwise=Refusal(
+        "bad-launch",
+        f"pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got {base_url!r})",
+        "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
+    ))
     model = opts.model or config.get("model")
     if not isinstance(model, str) or not MODEL_RE.match(model):
         raise Refusal("bad-launch", f"pi connector needs a model id (letters, digits, ._:/@+-), got {model!r}",
@@ -372,34 +280,21 @@ def _check_config(opts: LaunchOpts) -> _Config:
     api_key_env = config.get("api_key_env")
     passthrough: list[str] = []
     if api_key_env is not None:
-        if not isinstance(api_key_env, str) or not ENV_NAME_RE.match(api_key_env):
-            raise Refusal("bad-launch", f"pi connector: api_key_env {api_key_env!r} is not an environment variable name",
-                          "name the variable that holds the key, e.g. OPENAI_API_KEY")
+        api_key_env = key_env_name(NAME, api_key_env, example="OPENAI_API_KEY")
         if not os.environ.get(api_key_env):
             # pi would send the variable's *name* as the key (its value resolution falls back
             # to the literal), which fails late and confusingly at the first turn.
             raise Refusal("bad-launch", f"pi connector: api_key_env names {api_key_env}, which is not set in the manager's environment",
                           f"export {api_key_env} before starting the manager, or drop api_key_env")
         passthrough.append(api_key_env)
-    extra_env = config.get("extra_env") or []
-    if not isinstance(extra_env, list | tuple) or not all(isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env):
-        raise Refusal("bad-launch", f"pi connector: extra_env must be a list of environment variable names, got {extra_env!r}",
-                      "fix agents.pi.extra_env in cotal.toml")
-    passthrough += [n for n in extra_env if not n.startswith("PI_")]
-    binary = config.get("binary")
-    if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
-        raise Refusal("bad-launch", f"pi connector: binary must be an absolute path, got {binary!r}",
-                      "set agents.pi.binary to the absolute path of pi's cli.js, or unset it to use the pinned install")
+    passthrough += [n for n in extra_env_names(NAME, config) if not n.startswith("PI_")]
+    binary = configured_binary(NAME, config, what="pi's cli.js")
     return _Config(base_url, model, provider, api_key_env, binary, tuple(passthrough))
 
 
 def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:
     if binary is None:
-        # Imported here so the connector module stays importable (and its refusals testable)
-        # where the installer's repository layout is absent.
-        from manager.tools import which
-
-        binary = str(which(NAME))
+        binary = pinned_binary(NAME)
     if not os.path.isfile(binary):
         raise Refusal("not-installed", f"pi connector: binary {binary} does not exist",
                       "run `python -m manager.tools install` or fix agents.pi.binary")
@@ -451,7 +346,7 @@ def _write_agent_config(agent_dir: Path, cfg: _Config) -> None:
 
 
 def _check_session_id(session_id: str, what: str) -> None:
-    if not SESSION_ID_RE.match(session_id):
+    if not UUID_RE.match(session_id):
         raise Refusal(
             "bad-session",
             f"pi connector: {what} {session_id!r} is not a full pi session id (a lowercase UUID)",
@@ -520,44 +415,29 @@ def _seed_fresh_session(store: Path, session_id: str, cwd: Path) -> Path:
     stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
     header = {"type": "session", "version": SESSION_VERSION, "id": session_id, "timestamp": stamp, "cwd": str(cwd)}
     path = store / f"{stamp.replace(':', '-').replace('.', '-')}_{session_id}.jsonl"
-    _create_exclusive(path, (json.dumps(header, separators=(",", ":")) + "\n").encode())
+    create_private_new(path, (json.dumps(header, separators=(",", ":")) + "\n").encode())
     return path
 
 
 # -- the driver -----------------------------------------------------------------------------------
 
 
-class HarnessGone(Refusal):
-    """The driver can no longer talk to pi: its stdout ended or the reader stopped."""
-
-
-class _Waiter:
-    def __init__(self) -> None:
-        self.done = anyio.Event()
-        self.value: dict[str, Any] | None = None
-
-    def resolve(self, value: dict[str, Any] | None) -> None:
-        if not self.done.is_set():
-            self.value = value
-            self.done.set()
-
-
-class _Turn:
+class _Turn(Turn):
     def __init__(self, text: str) -> None:
+        super().__init__()
         self.text = text
         self.started = False
-        self.end = _Waiter()
 
 
-class PiDriver:
+class PiDriver(JsonStdioDriver[_Turn]):
     """pi's RPC protocol over JSON lines (LF-framed; docs/rpc.md of the pinned package).
 
-    The driver owns no task: the caller runs `run()` in the seat's task group, ideally with
-    `await tg.start(driver.run)`. Responses are routed by the `id` we put on each command.
-    Agent events carry no id, so prompts are strictly serialized and a turn is the one
-    `agent_start` .. `agent_end` that follows our accepted prompt, checked against the user
-    text it carries.
+    Responses are routed by the `id` we put on each command. Agent events carry no id, so
+    prompts are strictly serialized and a turn is the one `agent_start` .. `agent_end` that
+    follows our accepted prompt, checked against the user text it carries.
     """
+
+    who = NAME
 
     def __init__(
         self,
@@ -569,89 +449,19 @@ class PiDriver:
         initial_prompt: str | None = None,
         line_cap: int = LINE_CAP,
     ) -> None:
-        self._stdin = stdin
-        self._stdout = stdout
-        self._pointer_path = pointer_path
-        self._expected = expected_session_id
-        self._initial = initial_prompt
-        self._line_cap = line_cap
-        self._send_lock = anyio.Lock()
-        self._turn_lock = anyio.Lock()
-        self._pending: dict[str, _Waiter] = {}
-        self._turn: _Turn | None = None
-        self._seq = 0
-        self._reader = "idle"
-        self._stop_detail = "the driver's reader was never started"
-        self._stdin_closed = False
-        self._state_known = anyio.Event()
-        self._written: tuple[str, str] | None = None
-        self.session_id: str | None = None
+        super().__init__(stdin, stdout, pointer_path=pointer_path, expected_session_id=expected_session_id,
+                         initial_prompt=initial_prompt, line_cap=line_cap)
         self.session_file: str | None = None
-        self.initial_outcome: TurnOutcome | None = None
-        self.initial_done = anyio.Event()
-        self.protocol_errors: list[str] = []
 
     # -- reader ---------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Pump pi's stdout until it ends, and deliver the launch's initial prompt once the
-        session is known. Start it once, in the caller's task group."""
-        if self._reader != "idle":
-            raise RuntimeError("PiDriver.run() may be started only once")
-        self._reader = "running"
-        task_status.started()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._deliver_initial)
-                await self._pump()
-                tg.cancel_scope.cancel()
-        finally:
-            self._stop(self._stop_detail if self._reader == "stopped" else "the driver's reader was cancelled")
-            self.initial_done.set()
-
-    async def _pump(self) -> None:
-        buf = bytearray()
-        while True:
-            try:
-                chunk = await self._stdout.receive()
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._stop("pi exited (its stdout closed)")
-                return
-            buf += chunk
-            while (nl := buf.find(b"\n")) >= 0:
-                line = bytes(buf[:nl])
-                del buf[: nl + 1]
-                await self._handle(line.rstrip(b"\r"))
-            if len(buf) > self._line_cap:
-                self._stop(f"pi wrote a line over the {self._line_cap}-byte cap")
-                return
-
-    def _stop(self, detail: str) -> None:
-        if self._reader != "stopped":
-            self._reader = "stopped"
-            self._stop_detail = detail
-        for waiter in list(self._pending.values()):
-            waiter.resolve(None)
-        if self._turn is not None:
-            self._turn.end.resolve(None)
-        self._state_known.set()
-
     async def _handle(self, line: bytes) -> None:
-        if not line.strip():
-            return
-        try:
-            event = json.loads(line)
-        except ValueError:
-            self._note(f"pi wrote a line that is not JSON: {line[:120]!r}")
-            return
-        if not isinstance(event, dict):
+        event = self._decode(line)
+        if event is None:
             return
         kind = event.get("type")
         if kind == "response":
-            waiter = self._pending.get(str(event.get("id")))
-            if waiter is not None:
-                waiter.resolve(event)
-            elif event.get("success") is False:
+            if not self._pending.resolve(str(event.get("id")), event) and event.get("success") is False:
                 self._note(f"pi rejected a command: {event.get('error')}")
         elif kind == "agent_start":
             if self._turn is not None:
@@ -664,51 +474,17 @@ class PiDriver:
             # blocks waiting for a human who is not there.
             await self._send({"type": "extension_ui_response", "id": event.get("id"), "cancelled": True})
 
-    def _note(self, detail: str) -> None:
-        self.protocol_errors = [*self.protocol_errors[-31:], detail]
-
     # -- commands -------------------------------------------------------------------------------
-
-    async def _send(self, obj: dict[str, Any]) -> bool:
-        if self._stdin_closed:
-            return False
-        # ensure_ascii keeps U+2028/U+2029 escaped, so no line-splitting reader can misframe.
-        line = json.dumps(obj, ensure_ascii=True).encode() + b"\n"
-        async with self._send_lock:
-            # Shielded so a caller's deadline cannot cut a line in half (which would corrupt
-            # every later command); bounded so a pi that stopped reading cannot wedge us.
-            with anyio.CancelScope(shield=True) as scope:
-                scope.deadline = anyio.current_time() + SEND_TIMEOUT_S
-                try:
-                    await self._stdin.send(line)
-                    return True
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                    return False
-            await self.aclose()
-            return False
 
     async def _command(self, kind: str, **fields: Any) -> dict[str, Any] | None:
         """Send one command and wait for its response; None when pi is gone."""
-        if self._reader != "running":
-            return None
-        self._seq += 1
-        cid = f"cotal-{kind}-{self._seq}"
-        waiter = _Waiter()
-        self._pending[cid] = waiter
-        try:
-            if not await self._send({"id": cid, "type": kind, **fields}):
-                return None
-            await waiter.done.wait()
-            return waiter.value
-        finally:
-            self._pending.pop(cid, None)
+        return await self._request(kind, lambda cid: {"id": cid, "type": kind, **fields})
 
     async def get_state(self) -> str | None:
         """The session id pi reports now (and its file); writes the pointer once pi has proved it."""
         response = await self._command("get_state")
         if response is None:
-            raise HarnessGone("harness-gone", f"pi connector: cannot query pi's state: {self._stop_detail}",
-                              "read the seat's log for why pi exited, then restart the seat")
+            raise self._gone("query pi's state")
         if not response.get("success"):
             raise Refusal("harness-error", f"pi connector: pi refused get_state: {response.get('error')}",
                           "read the seat's log")
@@ -717,68 +493,40 @@ class PiDriver:
         self.session_id = sid if isinstance(sid, str) and sid else None
         self.session_file = sfile if isinstance(sfile, str) and sfile else None
         await self._write_pointer("running")
-        self._state_known.set()
+        self.state_known.set()
         return self.session_id
 
-    async def _write_pointer(self, status: Literal["running", "quit"]) -> None:
-        sid, sfile, path = self.session_id, self.session_file, self._pointer_path
-        if path is None or sid is None or sfile is None:
-            return
-        if self._expected is not None and sid != self._expected:
-            # Never let the pointer name a session this launch did not mean to open: the
-            # manager compares the reported id with the expected one and refuses the seat.
-            self._note(f"pi reports session {sid}, expected {self._expected}; pointer not written")
-            return
-        if self._written == (sid, status):
-            return
+    async def _write_pointer(self, status: Literal["running", "quit"], *,
+                             reopenable: Callable[[], bool] | None = None) -> None:
         # The pointer must only ever name a session that can be reopened by its file.
-        if not os.path.isfile(sfile):
-            return
-        await anyio.to_thread.run_sync(write_private_atomic, path, encode_pointer(sid, status))
-        self._written = (sid, status)
+        sfile = self.session_file
+        if sfile is not None:
+            await super()._write_pointer(status, reopenable=lambda: os.path.isfile(sfile))
 
     # -- turns ----------------------------------------------------------------------------------
 
-    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
-        """Deliver `text` as one pi prompt and wait for its terminal boundary.
+    async def _learn_session(self) -> None:
+        await self.state_known.wait()
 
-        Never raises for a dead pi: a turn whose end was not seen is `unknown`, which the
-        caller must not acknowledge. Bound the wait with a cancel scope around the call.
-        """
-        async with self._turn_lock:
-            await self._initial_locked()
-            return await self._turn_locked(text, message_id)
-
-    async def _deliver_initial(self) -> None:
-        await self._state_known.wait()
-        async with self._turn_lock:
-            await self._initial_locked()
-        self.initial_done.set()
-
-    async def _initial_locked(self) -> None:
-        # Whoever takes the turn lock first sends the launch's prompt, so it always precedes
-        # any inbox message even when the manager delivers one the instant the seat is ready.
-        if self._initial is None or self.session_id is None:
-            return
-        text, self._initial = self._initial, None
-        self.initial_outcome = await self._turn_locked(text, INITIAL_PROMPT_ID)
+    def _initial_ready(self) -> bool:
+        return self.session_id is not None
 
     async def _turn_locked(self, text: str, message_id: str) -> TurnOutcome:
-        if self._reader != "running":
-            return TurnOutcome("unknown", detail=f"not delivered: {self._stop_detail}")
+        if not self._reader.running:
+            return TurnOutcome("unknown", detail=f"not delivered: {self._reader.detail}")
         turn = _Turn(text)
         self._turn = turn
         try:
             response = await self._command("prompt", message=text)
             if response is None:
-                return TurnOutcome("unknown", detail=f"pi did not acknowledge prompt {message_id}: {self._stop_detail}")
+                return TurnOutcome("unknown", detail=f"pi did not acknowledge prompt {message_id}: {self._reader.detail}")
             if not response.get("success"):
                 return TurnOutcome("error", detail=f"pi refused prompt {message_id}: {response.get('error')}")
             await turn.end.done.wait()
         finally:
             self._turn = None
         if turn.end.value is None:
-            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._stop_detail}")
+            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._reader.detail}")
         outcome = judge_turn(text, turn.end.value)
         # Every outcome that reached agent_end left a session file behind (pi persists on the
         # first assistant message, error or not); make the pointer durable before any ack.
@@ -790,31 +538,6 @@ class PiDriver:
         else:
             await self._write_pointer("running")
         return outcome
-
-    # -- shutdown -------------------------------------------------------------------------------
-
-    async def quit(self) -> None:
-        """A deliberate quit: record `status: quit` in the pointer, then close pi's stdin
-        (pi's RPC mode exits 0 at EOF). A crash never passes here, so its pointer stays
-        `running` and the manager may continue the session."""
-        if self.session_id is None and self._reader == "running":
-            try:
-                await self.get_state()
-            except Refusal:
-                pass
-        await self._write_pointer("quit")
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close pi's stdin; pi exits and the reader ends on its own when stdout does."""
-        if self._stdin_closed:
-            return
-        self._stdin_closed = True
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._stdin.aclose()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass
 
 
 def _text_of(message: Mapping[str, Any]) -> str:

@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -109,20 +109,28 @@ def cli(root: Path) -> Cli:
 
 
 @dataclass
-class FakeServer:
-    """A fake model server process on 127.0.0.1 that logs every request body it receives."""
+class _LoggingServer:
+    """A fake model server process on 127.0.0.1 (tests/fixtures/fake_*.py) and its request log."""
 
     port: int
     log: Path
+
+    def _logged(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class FakeServer(_LoggingServer):
+    """The fake OpenAI-compatible server; it logs every request body it receives."""
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def requests(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+        return self._logged()
 
     def user_texts(self, request: dict[str, Any]) -> list[str]:
         out = []
@@ -133,7 +141,34 @@ class FakeServer:
         return out
 
 
-def start_fake_server(script: Path, log: Path) -> Iterator[FakeServer]:
+@dataclass
+class AnthropicServer(_LoggingServer):
+    """The fake Anthropic Messages server; it logs `{method, path, session, body}` for every
+    request, `session` being the X-Claude-Code-Session-Id header."""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def records(self) -> list[dict[str, Any]]:
+        return self._logged()
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Logged `POST /v1/messages` requests: `session` header and body."""
+        return [r for r in self.records() if r["method"] == "POST" and r["path"].split("?")[0] == "/v1/messages"]
+
+    @staticmethod
+    def turns(request: dict[str, Any]) -> list[tuple[str, str]]:
+        """(role, text) of the user and assistant messages, reminders stripped by the fake's rule."""
+        from tests.fixtures.fake_anthropic import message_text
+
+        return [(m["role"], message_text(m)) for m in request["body"]["messages"] if m["role"] in ("user", "assistant")]
+
+
+S = TypeVar("S")
+
+
+def start_fake_server(script: Path, log: Path, server: Callable[[int, Path], S] = FakeServer) -> Iterator[S]:  # type: ignore[assignment]
     proc = subprocess.Popen(
         [sys.executable, str(script), "--port", "0", "--log", str(log)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
@@ -141,8 +176,10 @@ def start_fake_server(script: Path, log: Path) -> Iterator[FakeServer]:
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.strip().isdigit(), f"fake server did not print its port: {line!r}"
-        yield FakeServer(int(line), log)
+        # No line at all: the server is gone, and its stderr says why.
+        why = proc.stderr.read() if not line and proc.stderr else ""
+        assert line.strip().isdigit(), f"fake server did not print its port: {line!r} {why}"
+        yield server(int(line), log)
     finally:
         proc.terminate()
         try:
@@ -155,6 +192,12 @@ def start_fake_server(script: Path, log: Path) -> Iterator[FakeServer]:
 @pytest.fixture
 def fake_openai(tmp_path: Path) -> Iterator[FakeServer]:
     yield from start_fake_server(REPO / "tests" / "fixtures" / "fake_openai.py", tmp_path / "openai-requests.jsonl")
+
+
+@pytest.fixture
+def fake_anthropic(tmp_path: Path) -> Iterator[AnthropicServer]:
+    yield from start_fake_server(REPO / "tests" / "fixtures" / "fake_anthropic.py", tmp_path / "anthropic-requests.jsonl",
+                                 AnthropicServer)
 
 
 PI_CLI = REPO / ".tools" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"

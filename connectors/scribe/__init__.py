@@ -22,9 +22,6 @@ from connectors.base import (
     LaunchSpec,
     StoreDecl,
     TurnOutcome,
-    base_env,
-    check_prompt,
-    refuse_resume_with_continuation,
 )
 from connectors.jsonl_driver import (
     DriverEvent,
@@ -36,6 +33,7 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
+from connectors.launchkit import base_env, check_prompt, refuse_resume_with_continuation
 from connectors.scribe.harness import (
     LINE_CAP,
     DeltaOut,

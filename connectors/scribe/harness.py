@@ -12,7 +12,7 @@ that end `error`, `aborted` or by a crash append nothing, so redelivering them i
 redelivered message id that is already on disk replays the recorded reply instead of answering
 twice.
 
-Standard library and msgspec only (plus the pointer record of `protocol.session`).
+Standard library and msgspec only, plus cotal's private-file primitives (`connectors.privatefs`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import datetime as dt
 import fcntl
 import os
 import re
-import secrets
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -32,7 +31,8 @@ from typing import Annotated, BinaryIO, Literal
 
 import msgspec
 
-from protocol.session import encode_pointer
+from connectors import privatefs
+from connectors.privatefs import create_private_exclusive, make_private_dirs
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
@@ -42,8 +42,6 @@ LINE_CAP = 1024 * 1024
 MESSAGE_ID_MAX = 256
 ACK_CHARS = 200
 SLOW_CAP_MS = 600_000
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 
 # A session id names a file in the store, so it must not be able to climb out of it.
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -225,27 +223,9 @@ class StoreError(Exception):
     """The store or the requested session cannot be used; the harness refuses to start."""
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def ensure_dir(path: Path) -> None:
     """Create `path` and any missing parents 0700, so transcripts never sit in a shared dir."""
-    missing: list[Path] = []
-    probe = path
-    while not probe.exists():
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, DIR_MODE)
-        except FileExistsError:
-            continue
-        os.chmod(directory, DIR_MODE)
+    make_private_dirs(path)
     if not path.is_dir():
         raise StoreError(f"{path} is not a directory")
 
@@ -256,48 +236,9 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _durable_temp(directory: Path, data: bytes) -> Path:
-    tmp = directory / f".scribe.{secrets.token_hex(8)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        _write_all(fd, data)
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    return tmp
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Publish `data` at `path` by rename, so a reader sees the old bytes or the new, never half."""
-    tmp = _durable_temp(path.parent, data)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def create_exclusive(path: Path, data: bytes) -> bool:
-    """Publish `data` at `path` only if nothing is there yet; False when the file exists."""
-    tmp = _durable_temp(path.parent, data)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
-    return True
-
-
 def write_pointer(path: Path, session_id: str, status: Literal["running", "quit"]) -> None:
     ensure_dir(path.parent)
-    write_atomic(path, encode_pointer(session_id, status))
+    privatefs.write_pointer(path, session_id, status)
 
 
 def _line(record: msgspec.Struct) -> bytes:
@@ -380,7 +321,7 @@ class Store:
     def create(self, session_id: str, parent: str | None, messages: Sequence[Message]) -> bool:
         header = SessionHeader(id=session_id, parent=parent, created_at=now_iso())
         body = _line(header) + b"".join(_line(m) for m in messages)
-        return create_exclusive(self.transcript_path(session_id), body)
+        return create_private_exclusive(self.transcript_path(session_id), body)
 
     def attach(self, session_id: str) -> Session:
         path = self.transcript_path(session_id)
@@ -404,13 +345,7 @@ class Store:
     def claim_fault(self, tag: str) -> bool:
         faults = self.root / "faults"
         ensure_dir(faults)
-        try:
-            fd = os.open(faults / tag, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-        except FileExistsError:
-            return False
-        os.close(fd)
-        fsync_dir(faults)
-        return True
+        return create_private_exclusive(faults / tag, b"")
 
 
 def open_session(store: Store, *, session_id: str | None, fork: str | None) -> Session:

@@ -617,6 +617,8 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(cli: Cli, cu
         "gates": {"integrity": "pass", "identity": "pass", "recency": "pass"},
         "seats": [{"name": SEAT, "lifecycleUid": cut.uid(), "continuity": "exact",
                    "capturedAt": record.captured_at, "sessionId": cut.rows[SEAT]["sessionId"]}],
+        "signer": {"instanceId": cut.instance_id, "publicKey": record.signer.public_key if record.signer else None,
+                   "pinned": False},
     }
     text = cli.run("checkpoint", "verify", str(cut.copy), *broker_args(b)).stdout
     assert f"checkpoint {cut.copy}: admitted (attempt {cut.attempt_id}, space main)" in text

@@ -20,30 +20,25 @@ argv or in any file under the workspace.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from anyio.abc import Process
 
 from connectors.base import LaunchOpts, LaunchSpec, TurnOutcome, continuity_class
 from connectors.claude_code import ClaudeCodeConnector, ClaudeDriver, HarnessGone, transcripts
 from protocol.errors import Refusal
-from protocol.names import mint_lifecycle_uid
-from protocol.session import SessionPointer, decode_pointer
-
-REPO = Path(__file__).resolve().parents[2]
-FAKE = REPO / "tests" / "fixtures" / "fake_anthropic.py"
+from protocol.session import SessionPointer
+from tests.conftest import REPO, AnthropicServer
+from tests.harness import Seat, read_pointer, running_seat, seat_opts, sha256, until
 
 
 def _claude_installed() -> str | None:
@@ -69,64 +64,12 @@ TIMEOUT = 60
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@dataclass
-class FakeServer:
-    port: int
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def records(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
-
-    def messages(self) -> list[dict[str, Any]]:
-        """Logged `POST /v1/messages` requests: `session` header and body."""
-        return [r for r in self.records() if r["method"] == "POST" and r["path"].split("?")[0] == "/v1/messages"]
-
-    @staticmethod
-    def turns(request: dict[str, Any]) -> list[tuple[str, str]]:
-        """(role, text) of the user and assistant messages, reminders stripped by the fake's rule."""
-        sys.path.insert(0, str(FAKE.parent))
-        try:
-            from fake_anthropic import message_text
-        finally:
-            sys.path.pop(0)
-        return [(m["role"], message_text(m)) for m in request["body"]["messages"] if m["role"] in ("user", "assistant")]
+def fake_server(fake_anthropic: AnthropicServer) -> AnthropicServer:
+    return fake_anthropic
 
 
 @pytest.fixture
-def fake_server(tmp_path: Path) -> Iterator[FakeServer]:
-    log = tmp_path / "requests.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, str(FAKE), "--port", "0", "--log", str(log)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.strip().isdigit(), f"fake server did not print its port: {line!r} {proc.stderr.read() if proc.stderr else ''}"
-        yield FakeServer(int(line), log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    r = tmp_path / "ws"
-    r.mkdir()
+def root(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     home.mkdir()
     # HOME must stay untouched: with a private CLAUDE_CONFIG_DIR nothing belongs there.
@@ -134,74 +77,24 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(KEY_VAR, SECRET)
     # A dead or failing endpoint must fail a turn at once, not after minutes of retries.
     monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "0")
-    return r
+    return root
 
 
-def make_opts(root: Path, server: FakeServer, name: str, *, uid: str | None = None, **kw: Any) -> LaunchOpts:
-    uid = uid or mint_lifecycle_uid()
-    return LaunchOpts(
-        space="main", name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
-        session_pointer_path=root / ".cotal" / "sessions" / "claude" / f"{name}-{uid}.json",
-        config={"base_url": server.base_url, "model": "claude-fake-1", "api_key_env": KEY_VAR,
-                "extra_env": ["CLAUDE_CODE_MAX_RETRIES"]},
-        **kw,
-    )
+def make_opts(root: Path, server: AnthropicServer, name: str, *, uid: str | None = None, **kw: Any) -> LaunchOpts:
+    return seat_opts(root, "claude", name, uid=uid, config={
+        "base_url": server.base_url, "model": "claude-fake-1", "api_key_env": KEY_VAR,
+        "extra_env": ["CLAUDE_CODE_MAX_RETRIES"]}, **kw)
 
 
-@dataclass
-class Seat:
-    spec: LaunchSpec
-    proc: Process
-    driver: ClaudeDriver
-
+class ClaudeSeat(Seat[ClaudeDriver]):
     @property
     def config(self) -> Path:
         return Path(self.spec.env["CLAUDE_CONFIG_DIR"])
 
 
-@asynccontextmanager
-async def running_claude(connector: ClaudeCodeConnector, opts: LaunchOpts, log_dir: Path) -> AsyncIterator[Seat]:
+def running_claude(connector: ClaudeCodeConnector, opts: LaunchOpts, log_dir: Path) -> AbstractAsyncContextManager[ClaudeSeat]:
     """build_launch + a real claude process + the driver's reader in a task group; reaps claude always."""
-    spec = connector.build_launch(opts)
-    err = os.open(log_dir / f"claude-{opts.name}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        proc = await anyio.open_process(
-            spec.argv, cwd=spec.cwd, env=spec.env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-        )
-    finally:
-        os.close(err)
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        driver = connector.make_driver(proc.stdin, proc.stdout, spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(driver.run)
-            yield Seat(spec, proc, driver)
-            await driver.aclose()
-            with anyio.fail_after(TIMEOUT):
-                await proc.wait()
-    finally:
-        with anyio.CancelScope(shield=True):
-            if proc.returncode is None:
-                proc.kill()
-            with anyio.move_on_after(10):
-                await proc.wait()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Poll a condition no event signals (another process's file); bound it with fail_after."""
-    while True:
-        if condition():
-            return
-        await anyio.sleep(0.05)
-
-
-def read_pointer(path: Path) -> SessionPointer:
-    return decode_pointer(path.read_bytes(), where=str(path))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return running_seat(connector, opts, log_dir, timeout=TIMEOUT, seat=ClaudeSeat)
 
 
 def assert_no_secret(root: Path, *specs: LaunchSpec) -> None:
@@ -218,7 +111,7 @@ def test_declares_exact_continuity() -> None:
 
 
 @pytest.mark.anyio
-async def test_remember_kill9_continue_exact(root: Path, fake_server: FakeServer, tmp_path: Path) -> None:
+async def test_remember_kill9_continue_exact(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
     connector = ClaudeCodeConnector()
     opts = make_opts(root, fake_server, "alice", prompt=f"remember the phrase {PHRASE}")
 
@@ -284,7 +177,7 @@ async def test_remember_kill9_continue_exact(root: Path, fake_server: FakeServer
 
 
 @pytest.mark.anyio
-async def test_resume_forks_with_new_id_and_history_and_leaves_source(root: Path, fake_server: FakeServer, tmp_path: Path) -> None:
+async def test_resume_forks_with_new_id_and_history_and_leaves_source(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
     connector = ClaudeCodeConnector()
     source_opts = make_opts(root, fake_server, "alice", prompt=f"remember the phrase {PHRASE}")
     async with running_claude(connector, source_opts, tmp_path) as seat:
@@ -324,7 +217,7 @@ async def test_resume_forks_with_new_id_and_history_and_leaves_source(root: Path
 
 
 @pytest.mark.anyio
-async def test_seats_killed_before_their_first_turn_still_continue(root: Path, fake_server: FakeServer, tmp_path: Path) -> None:
+async def test_seats_killed_before_their_first_turn_still_continue(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
     """Claude Code writes a transcript only when a session's first turn starts; the launch
     record lets a continuation redo the fresh start or the fork under the same id."""
     connector = ClaudeCodeConnector()
@@ -360,7 +253,7 @@ async def test_seats_killed_before_their_first_turn_still_continue(root: Path, f
 
 
 @pytest.mark.anyio
-async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path, fake_server: FakeServer, tmp_path: Path) -> None:
+async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
     connector = ClaudeCodeConnector()
     opts = make_opts(root, fake_server, "frank")
     async with running_claude(connector, opts, tmp_path) as seat:
@@ -412,7 +305,7 @@ async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path
     assert {r["session"] for r in fake_server.messages()} == {seat.spec.expected_session_id}
 
 
-def test_doctor_reports_the_pinned_claude_as_exact_and_ready(root: Path, fake_server: FakeServer) -> None:
+def test_doctor_reports_the_pinned_claude_as_exact_and_ready(root: Path, fake_server: AnthropicServer) -> None:
     (root / "cotal.toml").write_text(
         f'[agents.claude]\nbase_url = "{fake_server.base_url}"\napi_key_env = "{KEY_VAR}"\n')
     proc = subprocess.run([sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],

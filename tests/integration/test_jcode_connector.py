@@ -10,29 +10,21 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from anyio.abc import Process
 
-from connectors.base import LaunchOpts, LaunchSpec, TurnOutcome, continuity_class
+from connectors.base import LaunchOpts, TurnOutcome, continuity_class
 from connectors.jcode import JcodeConnector, JcodeDriver
-from protocol.names import mint_lifecycle_uid
+from tests.conftest import REPO
+from tests.harness import Seat, running_seat, seat_opts
 
-REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "fixtures" / "jcode_standin.py"
 TIMEOUT = 20
 PHRASE = "juniper-ledger-41"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
@@ -45,54 +37,12 @@ def binary(tmp_path: Path) -> Path:
     return b
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "ws"
-    r.mkdir()
-    return r
-
-
 def make_opts(root: Path, binary: Path, name: str, **kw: Any) -> LaunchOpts:
-    uid = mint_lifecycle_uid()
-    return LaunchOpts(
-        space="main", name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
-        session_pointer_path=root / ".cotal" / "sessions" / "jcode" / f"{name}-{uid}.json",
-        config={"binary": str(binary)}, **kw,
-    )
+    return seat_opts(root, "jcode", name, config={"binary": str(binary)}, **kw)
 
 
-@dataclass
-class Seat:
-    spec: LaunchSpec
-    proc: Process
-    driver: JcodeDriver
-
-
-@asynccontextmanager
-async def running_jcode(opts: LaunchOpts, log_dir: Path) -> AsyncIterator[Seat]:
-    connector = JcodeConnector()
-    spec = connector.build_launch(opts)
-    err = os.open(log_dir / f"jcode-{opts.name}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        proc = await anyio.open_process(spec.argv, cwd=spec.cwd, env=spec.env,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-    finally:
-        os.close(err)
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        driver = connector.make_driver(proc.stdin, proc.stdout, spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(driver.run)
-            yield Seat(spec, proc, driver)
-            await driver.aclose()
-            with anyio.fail_after(TIMEOUT):
-                await proc.wait()
-    finally:
-        with anyio.CancelScope(shield=True):
-            if proc.returncode is None:
-                proc.kill()
-            with anyio.move_on_after(10):
-                await proc.wait()
+def running_jcode(opts: LaunchOpts, log_dir: Path) -> AbstractAsyncContextManager[Seat[JcodeDriver]]:
+    return running_seat(JcodeConnector(), opts, log_dir, timeout=TIMEOUT, seat=Seat[JcodeDriver])
 
 
 @pytest.mark.anyio

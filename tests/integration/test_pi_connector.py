@@ -12,30 +12,24 @@ What is proved, with pi's own session store as the only memory:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
-import subprocess
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from anyio.abc import Process
 
 from connectors.base import LaunchOpts, LaunchSpec, TurnOutcome
 from connectors.pi import HarnessGone, PiConnector, PiDriver, read_session_header
-from protocol.names import mint_lifecycle_uid
-from protocol.session import SessionPointer, decode_pointer
-from tests.conftest import FakeServer
+from protocol.session import SessionPointer
+from tests.conftest import PI_CLI, FakeServer
+from tests.harness import Seat, read_pointer, running_seat, seat_opts, sha256, until
 
-REPO = Path(__file__).resolve().parents[2]
-FAKE = REPO / "tests" / "fixtures" / "fake_openai.py"
-PI_INSTALLED = (REPO / ".tools" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js").is_file()
+PI_INSTALLED = PI_CLI.is_file()
 
 pytestmark = [
     pytest.mark.pi,
@@ -47,87 +41,22 @@ TIMEOUT = 30
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def fake_server(fake_openai: FakeServer) -> FakeServer:
     return fake_openai
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "ws"
-    r.mkdir()
-    return r
-
-
 def make_opts(root: Path, server: FakeServer, name: str, *, uid: str | None = None, **kw: Any) -> LaunchOpts:
-    uid = uid or mint_lifecycle_uid()
-    return LaunchOpts(
-        space="main", name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
-        session_pointer_path=root / ".cotal" / "sessions" / "pi" / f"{name}-{uid}.json",
-        config={"base_url": server.base_url, "model": "fake-model"}, **kw,
-    )
+    return seat_opts(root, "pi", name, uid=uid, config={"base_url": server.base_url, "model": "fake-model"}, **kw)
 
 
-@dataclass
-class Seat:
-    spec: LaunchSpec
-    proc: Process
-    driver: PiDriver
-
-
-@asynccontextmanager
-async def running_pi(connector: PiConnector, opts: LaunchOpts, log_dir: Path) -> AsyncIterator[Seat]:
+def running_pi(connector: PiConnector, opts: LaunchOpts, log_dir: Path) -> AbstractAsyncContextManager[Seat[PiDriver]]:
     """build_launch + a real pi process + the driver's reader in a task group; reaps pi always."""
-    spec = connector.build_launch(opts)
-    # pi's stderr goes to a file the test can read after a failure; the fd is the child's now.
-    err = os.open(log_dir / f"pi-{opts.name}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        proc = await anyio.open_process(
-            spec.argv, cwd=spec.cwd, env=spec.env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-        )
-    finally:
-        os.close(err)
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        driver = connector.make_driver(proc.stdin, proc.stdout, spec)
-        async with anyio.create_task_group() as tg:
-            await tg.start(driver.run)
-            yield Seat(spec, proc, driver)
-            await driver.aclose()
-            with anyio.fail_after(TIMEOUT):
-                await proc.wait()
-    finally:
-        with anyio.CancelScope(shield=True):
-            if proc.returncode is None:
-                proc.kill()
-            with anyio.move_on_after(10):
-                await proc.wait()
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    """Poll a condition that no event signals (another process's file); bound it with fail_after."""
-    while True:
-        if condition():
-            return
-        await anyio.sleep(0.05)
-
-
-def read_pointer(path: Path) -> SessionPointer:
-    return decode_pointer(path.read_bytes(), where=str(path))
+    return running_seat(connector, opts, log_dir, timeout=TIMEOUT, seat=Seat[PiDriver])
 
 
 def session_files(spec: LaunchSpec, root: Path) -> list[Path]:
     (decl,) = spec.session_store
     return sorted((root / decl.relpath).glob("*.jsonl"))
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.mark.anyio

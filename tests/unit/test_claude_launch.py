@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from connectors.base import LaunchOpts, StoreDecl, TurnOutcome, continuity_class
 from connectors.claude_code import ClaudeCodeConnector, ClaudeDriver, judge_result
 from protocol.errors import Refusal
-from protocol.names import mint_lifecycle_uid
+from tests.harness import Pipe, mode, placeholder_binary, seat_opts
 
 SECRET = "sk-ant-test-0123456789-do-not-leak"
 KEY_VAR = "COTAL_UNIT_CLAUDE_KEY"
@@ -35,36 +34,20 @@ FLAGS = [
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def root(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(KEY_VAR, SECRET)
-    r = tmp_path / "ws"
-    r.mkdir()
-    return r
+    return root
 
 
 @pytest.fixture
 def binary(tmp_path: Path) -> Path:
-    b = tmp_path / "bin" / "claude"
-    b.parent.mkdir()
-    b.write_text("#!/bin/sh\nexit 99\n")
-    b.chmod(0o755)
-    return b
+    return placeholder_binary(tmp_path, "claude")
 
 
 def opts_for(root: Path, binary: Path, name: str = "alice", **kw: Any) -> LaunchOpts:
-    uid = kw.pop("uid", None) or mint_lifecycle_uid()
     config = {"base_url": "http://127.0.0.1:9", "model": "claude-fake-1", "api_key_env": KEY_VAR, "binary": str(binary)}
     config.update(kw.pop("config", {}))
-    return LaunchOpts(
-        space="main", name=name, lifecycle_uid=uid, workspace_root=root, cwd=kw.pop("cwd", root),
-        session_pointer_path=root / ".cotal" / "sessions" / "claude" / f"{name}-{uid}.json",
-        config=config, **kw,
-    )
+    return seat_opts(root, "claude", name, config=config, **kw)
 
 
 def config_dir(opts: LaunchOpts) -> Path:
@@ -75,10 +58,6 @@ def refusal(opts: LaunchOpts) -> str:
     with pytest.raises(Refusal) as exc:
         ClaudeCodeConnector().build_launch(opts)
     return exc.value.text
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def write_transcript(config: Path, session_id: str, cwd: Path, *, phrase: str = "oak-river-9") -> Path:
@@ -403,23 +382,7 @@ def test_interrupted_turn_is_aborted() -> None:
 # -- the driver against a scripted stand-in -------------------------------------------------------
 
 
-class _Pipe:
-    """One direction of a byte pipe over an anyio memory stream."""
-
-    def __init__(self) -> None:
-        self.send_end, self.recv_end = anyio.create_memory_object_stream[bytes](100)
-
-    async def send(self, item: bytes) -> None:
-        await self.send_end.send(item)
-
-    async def aclose(self) -> None:
-        await self.send_end.aclose()
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        return await self.recv_end.receive()
-
-
-async def _scripted_claude(stdin: _Pipe, stdout: _Pipe, config: Path, holds: str, reply: str) -> None:
+async def _scripted_claude(stdin: Pipe, stdout: Pipe, config: Path, holds: str, reply: str) -> None:
     """Answers initialize with a pid whose registry names `holds`, and every user line with a
     replay, an assistant message (also written to the transcript) and a result."""
     pid = 424242
@@ -461,7 +424,7 @@ async def test_driver_reports_the_registry_session_and_guards_the_pointer(tmp_pa
     expected = str(uuid.uuid4())
     holds = expected if matches else str(uuid.uuid4())
     pointer = tmp_path / "p.json"
-    stdin, stdout = _Pipe(), _Pipe()
+    stdin, stdout = Pipe(), Pipe()
     driver = ClaudeDriver(stdin, stdout, config_dir=config, pointer_path=pointer, expected_session_id=expected)
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:

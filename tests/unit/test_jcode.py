@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -26,44 +25,24 @@ from connectors.jcode import (
 )
 from connectors.jsonl_driver import Ready, Rejected, StateReported, TurnEnded
 from protocol.errors import DecodeError, Refusal
-from protocol.names import mint_lifecycle_uid
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "ws"
-    r.mkdir()
-    return r
+from tests.harness import mode, placeholder_binary, seat_opts
 
 
 @pytest.fixture
 def binary(tmp_path: Path) -> Path:
-    b = tmp_path / "bin" / "jcode"
-    b.parent.mkdir()
-    b.write_text("#!/bin/sh\nexit 99\n")
-    b.chmod(0o755)
-    return b
+    return placeholder_binary(tmp_path, "jcode")
 
 
 def opts_for(root: Path, binary: Path | None, *, space: str = "main", name: str = "alice", **kw: Any) -> LaunchOpts:
-    uid = mint_lifecycle_uid()
     config = {"binary": str(binary)} if binary else {}
     config.update(kw.pop("config", {}))
-    return LaunchOpts(
-        space=space, name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
-        session_pointer_path=root / ".cotal" / "sessions" / "jcode" / f"{name}-{uid}.json",
-        config=config, **kw,
-    )
+    return seat_opts(root, "jcode", name, space=space, config=config, **kw)
 
 
 def refusal(opts: LaunchOpts) -> Refusal:
     with pytest.raises(Refusal) as exc:
         JcodeConnector().build_launch(opts)
     return exc.value
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 # -- declarations and refusals ------------------------------------------------------------------------

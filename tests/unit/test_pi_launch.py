@@ -7,9 +7,7 @@ node nor the `.tools` install. The driver's turn judgement is checked on synthet
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,52 +24,27 @@ from connectors.pi import (
     read_session_header,
 )
 from protocol.errors import Refusal
-from protocol.names import mint_lifecycle_uid
+from tests.harness import Pipe, mode, placeholder_binary, seat_opts
 
 SECRET = "sk-test-0123456789-do-not-leak"
 FLAGS = ["--mode", "rpc", "--offline", "--no-extensions", "--no-skills", "--no-prompt-templates"]
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    r = tmp_path / "ws"
-    r.mkdir()
-    return r
-
-
-@pytest.fixture
 def binary(tmp_path: Path) -> Path:
-    b = tmp_path / "bin" / "pi"
-    b.parent.mkdir()
-    b.write_text("#!/bin/sh\nexit 99\n")
-    b.chmod(0o755)
-    return b
+    return placeholder_binary(tmp_path, "pi")
 
 
 def opts_for(root: Path, binary: Path, name: str = "alice", **kw: Any) -> LaunchOpts:
-    uid = kw.pop("uid", None) or mint_lifecycle_uid()
     config = {"base_url": "http://127.0.0.1:9/v1", "model": "fake-model", "binary": str(binary)}
     config.update(kw.pop("config", {}))
-    return LaunchOpts(
-        space="main", name=name, lifecycle_uid=uid, workspace_root=root, cwd=root,
-        session_pointer_path=root / ".cotal" / "sessions" / "pi" / f"{name}-{uid}.json",
-        config=config, **kw,
-    )
+    return seat_opts(root, "pi", name, config=config, **kw)
 
 
 def refusal(opts: LaunchOpts) -> str:
     with pytest.raises(Refusal) as exc:
         PiConnector().build_launch(opts)
     return exc.value.text
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def test_declares_exact_continuity() -> None:
@@ -314,21 +287,15 @@ def test_judge_turn(event: dict[str, Any], outcome: TurnOutcome) -> None:
 @pytest.mark.anyio
 async def test_driver_turn_ends_unknown_when_pi_exits_mid_turn() -> None:
     """A scripted pi on memory streams: it accepts the prompt, starts the agent, then dies."""
-    to_pi_send, to_pi_recv = anyio.create_memory_object_stream[bytes](16)
-    from_pi_send, from_pi_recv = anyio.create_memory_object_stream[bytes](16)
-
-    class Stdout:
-        async def receive(self, max_bytes: int = 65536) -> bytes:
-            return await from_pi_recv.receive()
-
-    driver = PiDriver(to_pi_send, Stdout())
+    stdin, stdout = Pipe(), Pipe()
+    driver = PiDriver(stdin, stdout)
 
     async def fake_pi() -> None:
-        command = json.loads(await to_pi_recv.receive())
+        command = json.loads(await stdin.recv_end.receive())
         assert command == {"id": "cotal-prompt-1", "type": "prompt", "message": "hello"}
-        await from_pi_send.send(b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":true}\n{"type":"agent_st')
-        await from_pi_send.send(b'art"}\n')
-        await from_pi_send.aclose()
+        await stdout.send(b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":true}\n{"type":"agent_st')
+        await stdout.send(b'art"}\n')
+        await stdout.aclose()
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -342,18 +309,12 @@ async def test_driver_turn_ends_unknown_when_pi_exits_mid_turn() -> None:
 
 @pytest.mark.anyio
 async def test_driver_reports_a_refused_prompt_as_error() -> None:
-    to_pi_send, to_pi_recv = anyio.create_memory_object_stream[bytes](16)
-    from_pi_send, from_pi_recv = anyio.create_memory_object_stream[bytes](16)
-
-    class Stdout:
-        async def receive(self, max_bytes: int = 65536) -> bytes:
-            return await from_pi_recv.receive()
-
-    driver = PiDriver(to_pi_send, Stdout())
+    stdin, stdout = Pipe(), Pipe()
+    driver = PiDriver(stdin, stdout)
 
     async def fake_pi() -> None:
-        await to_pi_recv.receive()
-        await from_pi_send.send(
+        await stdin.recv_end.receive()
+        await stdout.send(
             b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":false,'
             b'"error":"Agent is already processing."}\n')
 

@@ -40,11 +40,6 @@ from connectors.scribe.harness import (
 from protocol.errors import DecodeError, Refusal
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def user(text: str, mid: str = "m") -> Message:
     return Message(role="user", text=text, id=mid, at="2025-01-01T00:00:00.000Z")
 

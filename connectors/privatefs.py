@@ -1,0 +1,282 @@
+"""Private-file primitives: 0600 files in 0700 directories, written atomically, read safely.
+
+A secret, a journal or a session pointer is published by rename only after its bytes and its
+directory entry are durable, so a crash leaves either the old file or the new one, never a torn
+one. Reads refuse symlinks and re-stat after reading, so a file swapped mid-read is reported,
+not trusted.
+
+They live here, not in `manager/`, because connectors write private files too (pointers, seat
+config, seeded sessions) and may not import the manager; `manager.workspace.private` re-exports
+them. Three directory rules serve three kinds of caller:
+
+* `ensure_private_dir`: one private directory (the manager's `.cotal/...`); ancestors it has to
+  create get the umask's mode, because they may be the operator's own (a `--store-dir`).
+* `ensure_seat_dir`: a directory a connector owns for a seat; every directory it creates,
+  ancestors included, is 0700, and a refusal names the connector.
+* `ensure_private_dirs_below`: directories below a root that must not be left through a symlink
+  anywhere on the way (jcode's private home).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from protocol.errors import Refusal
+from protocol.session import encode_pointer
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- directories ----------------------------------------------------------------------------------
+
+
+def _plain_dir(st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode)
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create `path` (and parents) 0700; refuse a symlink or a directory others can reach."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+    if not _plain_dir(st):
+        raise Refusal(
+            "unsafe-path",
+            f"{path} is not a plain directory (a symlink or another file is there)",
+            "remove it so cotal can create a private 0700 directory",
+        )
+    if st.st_uid != os.geteuid():
+        raise Refusal("unsafe-path", f"{path} is owned by uid {st.st_uid}, not by us", "fix its ownership")
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+    return path
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create every missing directory of `path`, ancestors included, 0700 whatever the umask.
+
+    Directories that exist are left as they are (a workspace's own ancestors are not ours to
+    change); nothing is checked, so a caller that needs a plain directory checks it after.
+    """
+    path = Path(path)
+    for part in [*reversed(path.parents), path]:
+        try:
+            os.mkdir(part, DIR_MODE)
+        except FileExistsError:
+            continue
+        os.chmod(part, DIR_MODE)
+
+
+def ensure_seat_dir(path: Path, *, agent: str) -> Path:
+    """A connector's private directory for a seat: created like `make_private_dirs`, then
+    refused when a symlink or another file is in its place, and made 0700."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        make_private_dirs(path)
+        st = os.lstat(path)
+    if not _plain_dir(st):
+        raise Refusal(
+            "unsafe-path",
+            f"{agent} connector: {path} is not a plain directory (a symlink or another file is there)",
+            "remove it so cotal can create the seat's private directory",
+        )
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        os.chmod(path, DIR_MODE)
+    return path
+
+
+class UnsafeDirectory(Exception):
+    """`path` cannot serve as a private directory; `reason` completes the sentence "path ..."."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path} {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def ensure_private_dirs_below(root: Path, relparts: Sequence[str]) -> Path:
+    """Create `root/relparts...` and return it, never leaving `root` through a symlink.
+
+    Each component is made (0700 where created) and opened with O_NOFOLLOW relative to the one
+    before it, so a symlink anywhere below `root` is refused rather than followed out of it.
+    The leaf is made 0700 whatever it was. Raises `UnsafeDirectory` when `root` cannot be opened
+    ("cannot be opened: ...") or a component is a symlink or not a directory ("is a symlink",
+    "is not a directory"); a caller words the refusal. Components must be single names: the
+    caller refuses `..` and separators first, with its own words.
+    """
+    for part in relparts:
+        if part in ("", ".", "..") or "/" in part or "\0" in part:
+            raise ValueError(f"{part!r} is not a single directory name")
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UnsafeDirectory(root, f"cannot be opened: {exc.strerror}") from None
+    path = root
+    try:
+        for part in relparts:
+            path = path / part
+            try:
+                os.mkdir(part, DIR_MODE, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    what = "a symlink" if stat.S_ISLNK(os.lstat(path).st_mode) else "not a directory"
+                    raise UnsafeDirectory(path, f"is {what}") from None
+                raise
+            os.close(fd)
+            fd = child
+        os.fchmod(fd, DIR_MODE)
+    finally:
+        os.close(fd)
+    return path
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def _durable_temp(path: Path, data: bytes) -> Path:
+    """A sibling temp file of `path` holding `data`, 0600 and fsynced; removed on failure."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        try:
+            # The umask may only have narrowed the mode; make it exactly 0600.
+            os.fchmod(fd, FILE_MODE)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_private_atomic(path: Path, data: bytes) -> None:
+    """Temp file (O_EXCL, 0600), write, fsync, rename over `path`, fsync the directory."""
+    path = Path(path)
+    tmp = _durable_temp(path, data)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def create_private_exclusive(path: Path, data: bytes) -> bool:
+    """Publish `data` at `path` only if nothing is there; False when another creator won.
+
+    The bytes are made durable under a temp name first and then linked into place, so a reader
+    never sees a half-written record under the final name.
+    """
+    path = Path(path)
+    tmp = _durable_temp(path, data)
+    try:
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        fsync_dir(path.parent)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def create_private_new(path: Path, data: bytes) -> None:
+    """`create_private_exclusive` for a name that must be new: FileExistsError when it is not."""
+    if not create_private_exclusive(path, data):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+
+
+def write_pointer(path: Path, session_id: str, status: Literal["running", "quit"]) -> None:
+    """The session pointer `{version:1, sessionId, status}`, published atomically, 0600."""
+    write_private_atomic(path, encode_pointer(session_id, status))
+
+
+# -- reads ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StableRead:
+    data: bytes
+    st: os.stat_result
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def read_stable(path: Path, *, cap: int, what: str, require_private: bool = False) -> StableRead:
+    """Read a regular, non-symlink file under a size cap and prove it did not change meanwhile."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refusal("unsafe-path", f"{what} {path} is a symlink", "replace it with the real file") from None
+        if exc.errno == errno.ENOENT:
+            raise Refusal("missing", f"{what} {path} does not exist", "check the path") from None
+        raise
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise Refusal("unsafe-path", f"{what} {path} is not a regular file", "replace it with the real file")
+        if require_private and stat.S_IMODE(before.st_mode) & 0o077:
+            raise Refusal(
+                "not-private",
+                f"{what} {path} is not private (mode {stat.S_IMODE(before.st_mode):04o}, expected 0600)",
+                f"chmod 600 {path}",
+            )
+        if before.st_size > cap:
+            raise Refusal("too-large", f"{what} {path} is {before.st_size} bytes, over the {cap}-byte cap", "check the file")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, 1024 * 1024)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > cap:
+                raise Refusal("too-large", f"{what} {path} grew past the {cap}-byte cap while being read", "retry once it is quiet")
+            chunks.append(chunk)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    try:
+        again = os.lstat(path)
+    except FileNotFoundError:
+        again = None
+    if again is None or _identity(before) != _identity(after) or _identity(after) != _identity(again):
+        raise Refusal("unstable", f"{what} {path} changed while it was being read", "retry once nothing writes to it")
+    return StableRead(b"".join(chunks), after)
