@@ -344,3 +344,134 @@ class Mesh:
         leftovers = self.cleanup()
         if leftovers:
             say(f"  cleanup under {self.cli.root}: {'; '.join(leftovers)}")
+
+
+# -- a shared broker, stamped CLI runs, process counts (added for bench/resume.py) ---------------
+
+
+@contextmanager
+def shared_broker(parent: Path, env: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """`cotal broker serve --store-dir <parent>/broker --json`: the broker two hosts share.
+
+    Yields its JSON line (`url`, `creds`, `pid`, `monitor`). On the way out, SIGTERM to the
+    serve process (which stops its nats-server), then SIGKILL to either if it is still there;
+    the nats-server only while the start time recorded at launch still matches.
+    """
+    from manager.procs import alive, pid_identity
+
+    store = parent / "broker"
+    err = open(parent / "broker-serve.err", "wb")  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "manager.cli", "broker", "serve", "--store-dir", str(store), "--json"],
+        stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=parent,
+    )
+    nats = None
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(timeout=15)
+            raise RuntimeError(f"cotal broker serve exited {proc.returncode}: "
+                               f"{(parent / 'broker-serve.err').read_text(errors='replace')}")
+        info = json.loads(line)
+        try:
+            nats = pid_identity(int(info["pid"]))
+        except ProcessLookupError:
+            nats = None
+        yield info
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if nats is not None and alive(nats):
+            _kill(nats.pid)
+            say(f"  cleanup: killed the shared broker's nats-server pid {nats.pid}")
+        err.close()
+
+
+def run_stamped(argv: Sequence[str], *, env: dict[str, str], cwd: Path,
+                timeout: float = 900.0) -> dict[str, Any]:
+    """Run a command, stamping each stderr line with the wall clock (time.time()) as it arrives.
+
+    Returns `rc`, `stdout`, `lines` [(epoch seconds, text)], `start` and `end` (epoch seconds)
+    and `wallS` (perf_counter). Both pipes are drained by threads, so neither can fill up.
+    """
+    import threading
+
+    lines: list[tuple[float, str]] = []
+    chunks: list[str] = []
+    start = time.time()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd)
+    assert proc.stdout is not None and proc.stderr is not None
+    out_pipe, err_pipe = proc.stdout, proc.stderr
+
+    def read_err() -> None:
+        for line in err_pipe:
+            lines.append((time.time(), line.rstrip("\n")))
+
+    def read_out() -> None:
+        chunks.append(out_pipe.read())
+
+    threads = [threading.Thread(target=read_err, daemon=True), threading.Thread(target=read_out, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for t in threads:
+            t.join(timeout=10)
+    wall = time.perf_counter() - t0
+    return {"rc": rc, "stdout": "".join(chunks), "lines": lines, "start": start, "end": time.time(), "wallS": wall}
+
+
+def count_processes(fn: Callable[[], T]) -> tuple[int, T]:
+    """How many processes `fn` starts through anyio (run_process and open_process), and its result."""
+    from unittest import mock
+
+    import anyio
+
+    calls = [0]
+    real_run, real_open = anyio.run_process, anyio.open_process
+
+    async def run_process(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return await real_run(*a, **k)
+
+    async def open_process(*a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        return await real_open(*a, **k)
+
+    with mock.patch.object(anyio, "run_process", run_process), mock.patch.object(anyio, "open_process", open_process):
+        result = fn()
+    return calls[0], result
+
+
+def tree_digest(path: Path, *, skip: Sequence[str] = (".git",)) -> str:
+    """sha256 over every path beneath `path` (but the top-level names in `skip`): its relative
+    name, its type and mode bits, and its bytes or link target. Equal digests, equal trees."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(path):
+        rel_dir = Path(dirpath).relative_to(path)
+        if rel_dir == Path("."):
+            dirnames[:] = [d for d in dirnames if d not in skip]
+            filenames = [f for f in filenames if f not in skip]
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            full = Path(dirpath) / name
+            st = full.lstat()
+            digest.update(f"{rel_dir / name}\0{st.st_mode:o}\0".encode())
+            digest.update(os.readlink(full).encode() if full.is_symlink() else full.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()

@@ -376,16 +376,32 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
 
 
 async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, Any]]:
+    """Restore each distinct working tree once, then place every seat's session files.
+
+    Seats that share a cwd were captured from the same stopped tree, so their records must
+    agree; restoring it once per seat would only stack superseded copies beside it.
+    """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     home = Path(os.path.expanduser("~"))
+    dirs = {s.name: s.dir for s in adm.manifest.seats}
+    restored: dict[Path, tuple[str, Any]] = {}
     out = []
     for name, record in adm.records.items():
-        agent = adm.agent(name)
-        cwd = Path(agent.launch.cwd)
-        seat_dir = adm.attempt_dir / adm.manifest.seats[[s.name for s in adm.manifest.seats].index(name)].dir
-        keep = (".cotal",) if cwd == layout.root else ()
-        _say(f"restoring {name} into {cwd}")
-        result = await restore_repository(seat_dir, record.repository, cwd, stamp=stamp, keep_paths=keep)
+        cwd = Path(adm.agent(name).launch.cwd)
+        seat_dir = adm.attempt_dir / dirs[name]
+        if cwd in restored:
+            first, result = restored[cwd]
+            other = adm.records[first].repository
+            if (record.repository.base, record.repository.status) != (other.base, other.status):
+                raise Refusal("inconsistent-checkpoint",
+                              f"seats {first} and {name} share {cwd} but their checkpoints record different trees",
+                              "cut the seats again; a shared tree is captured once, stopped")
+            _say(f"{name} shares {cwd} with {first}: already restored")
+        else:
+            keep = (".cotal",) if cwd == layout.root else ()
+            _say(f"restoring {name} into {cwd}")
+            result = await restore_repository(seat_dir, record.repository, cwd, stamp=stamp, keep_paths=keep)
+            restored[cwd] = (name, result)
         placed = []
         files = ([record.session.pointer] if record.session.pointer else []) + list(record.session.store)
         for entry in files:

@@ -206,3 +206,23 @@ async def test_a_pinned_signer_is_required_and_an_unpinned_one_is_shown(tmp_path
     result = json.loads(cli.run("up", "--restore", str(copy), *b, "--trust-signer", source_key, "--json").stdout)
     assert result["signer"]["pinned"] is True and result["seats"][0]["sameUid"]
     cli.run("down")
+
+
+async def test_seats_sharing_a_tree_restore_it_once(tmp_path: Path, cli: Cli, shared_broker: SharedBroker) -> None:
+    make_workspace(cli.root)
+    status_before, bytes_before = porcelain(cli.root), tree_digest(cli.root)
+    cli.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
+    rows = [cli.json("spawn", f"s{i}", "--prompt", f"Remember the phrase shared-{i}") for i in range(3)]
+    cut_result = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
+    copy = take_host_a_away(cli.root, Path(cut_result["checkpointDir"]), tmp_path)
+    out = cli.run("up", "--restore", str(copy), "--server", shared_broker.url, "--creds", shared_broker.creds,
+                  "--json")
+    result = json.loads(out.stdout)
+    assert [r["superseded"] for r in result["restored"]] == [None, None, None]
+    assert out.stderr.count("already restored") == 2
+    assert sorted(p.name for p in cli.root.parent.iterdir() if p.name.startswith(cli.root.name)) == [cli.root.name]
+    assert porcelain(cli.root) == status_before and tree_digest(cli.root) == bytes_before
+    for i, row in enumerate(rows):
+        assert cli.json("send", f"s{i}", "What was the phrase?", "--wait")["reply"] == f"The phrase is shared-{i}."
+        assert row["lifecycleUid"] in {s["uidAfter"] for s in result["seats"]}
+    cli.run("down")
