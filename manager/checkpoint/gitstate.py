@@ -519,6 +519,20 @@ async def _capture_untracked(
         raise
 
 
+def bundle_heads(list_heads_output: bytes) -> dict[str, str]:
+    """`git bundle list-heads` output as {ref: oid}, without the symbolic HEAD line."""
+    carried = {}
+    for line in list_heads_output.decode("utf-8", "replace").splitlines():
+        oid, _, name = line.partition(" ")
+        if name != "HEAD":
+            carried[name] = oid
+    return carried
+
+
+def refs_differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
+
+
 async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | None = None) -> RepositoryRecord:
     """Capture the seat's repository into `seat_dir` and return the record that names it.
 
@@ -536,13 +550,8 @@ async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | 
         cwd, ["bundle", "create", "--quiet", "-", "--all"], seat_dir, BUNDLE_FILE, progress=progress, phase="bundle"
     )
     heads = await run_git(cwd, "bundle", "list-heads", str(seat_dir / BUNDLE_FILE))
-    carried = {}
-    for line in heads.stdout.decode("utf-8").splitlines():
-        oid, _, name = line.partition(" ")
-        if name != "HEAD":
-            carried[name] = oid
-    if carried != refs:
-        differ = sorted(name for name in set(carried) | set(refs) if carried.get(name) != refs.get(name))
+    differ = refs_differing(bundle_heads(heads.stdout), refs)
+    if differ:
         raise Refusal(
             "bundle-refs",
             f"the bundle of {cwd} does not carry exactly the repository's refs ({', '.join(differ[:5])})",

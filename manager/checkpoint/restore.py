@@ -29,7 +29,7 @@ from typing import Literal
 
 import anyio.to_thread
 
-from manager.checkpoint.gitstate import STATUS_ARGS, run_git
+from manager.checkpoint.gitstate import STATUS_ARGS, bundle_heads, refs_differing, run_git
 from manager.checkpoint.reader import verify_file
 from manager.workspace.private import DIR_MODE, FILE_MODE, fsync_dir
 from protocol.checkpoint import (
@@ -430,13 +430,8 @@ async def restore_repository(
         env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
         code="restore-failed",
     )
-    carried = {}
-    for line in heads.stdout.decode("utf-8", "replace").splitlines():
-        oid, _, name = line.partition(" ")
-        if name != "HEAD":
-            carried[name] = oid
-    if carried != refs:
-        differ = sorted(name for name in set(carried) | set(refs) if carried.get(name) != refs.get(name))
+    differ = refs_differing(bundle_heads(heads.stdout), refs)
+    if differ:
         raise Refusal(
             "refs-mismatch",
             f"the bundle's refs differ from the refs the checkpoint recorded ({', '.join(differ[:5])})",
