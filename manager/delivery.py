@@ -126,11 +126,9 @@ class DeliveryBridge:
                     if outcome is not None:
                         log.warning("delivery.unknown_end", seat=self.seat, id=dm.id, detail=outcome.detail)
                     await self._release_after_exit(msg, dm.id)
-                else:
-                    await self._settle(msg, dm, outcome)
-                    if waiter is not None and outcome.status == "ok":
-                        waiter.outcome = outcome
-                        waiter.done.set()
+                elif await self._settle(msg, dm, outcome) and waiter is not None:
+                    waiter.outcome = outcome
+                    waiter.done.set()
 
     async def _keep_in_progress(self, msg: Msg) -> None:
         while True:
@@ -146,7 +144,8 @@ class DeliveryBridge:
                 log.warning("delivery.nak_failed", seat=self.seat, id=dm_id, error=str(exc))
             log.info("delivery.released", seat=self.seat, id=dm_id, reason="seat stopped mid-turn")
 
-    async def _settle(self, msg: Msg, dm: DirectMessage, outcome: TurnOutcome) -> None:
+    async def _settle(self, msg: Msg, dm: DirectMessage, outcome: TurnOutcome) -> bool:
+        """Ack a clean turn whose reply the broker accepted (True); otherwise release it."""
         if outcome.status == "ok":
             reply = DirectMessage(
                 id=new_message_id(), sender=self.principal, recipient=dm.sender,
@@ -160,13 +159,14 @@ class DeliveryBridge:
                 log.error("delivery.fenced", seat=self.seat, id=dm.id)
                 await msg.nak()
                 self.on_fenced()
-                return
+                return False
             except Exception as exc:
                 log.warning("delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc))
             with anyio.fail_after(5.0):
                 await msg.ack_sync()
             self.delivered += 1
             log.info("delivery.acked", seat=self.seat, id=dm.id, seq=msg.metadata.sequence.stream)
-        else:
-            log.warning("delivery.retained", seat=self.seat, id=dm.id, status=outcome.status, detail=outcome.detail)
-            await msg.nak(delay=RETRY_DELAY_S)
+            return True
+        log.warning("delivery.retained", seat=self.seat, id=dm.id, status=outcome.status, detail=outcome.detail)
+        await msg.nak(delay=RETRY_DELAY_S)
+        return False
