@@ -418,16 +418,40 @@ class Manager:
             seat.state = "retired"
             await self._free(seat)
             return
-        try:
-            async with self.lifecycle("crash restart"):
-                seat.state = "restarting"
-                await self._launch(seat, self._launch_opts(seat, continue_session=pointer.session_id))
-                seat.restarts += 1
-                log.info("seat.restarted", seat=seat.name, session=seat.session_id, restarts=seat.restarts)
-        except Refusal as exc:
-            log.error("seat.recovery_failed", seat=seat.name, error=exc.text)
-            if self.active:
-                await self._free(seat)
+        await self._recover(seat, pointer.session_id)
+
+    async def _recover(self, seat: Seat, session_id: str) -> None:
+        """Relaunch a crashed seat into its session. A broker that is briefly away (an
+        election) defers the relaunch and never costs the seat its footprint; custody that
+        moved evicts it; only a refusal about the seat itself frees it."""
+        delay = 1.0
+        while self.active and self.seats.get(seat.name) is seat and not seat.evicted:
+            try:
+                async with self.lifecycle("crash restart"):
+                    seat.state = "restarting"
+                    await self._launch(seat, self._launch_opts(seat, continue_session=session_id))
+                    seat.restarts += 1
+                    log.info("seat.restarted", seat=seat.name, session=seat.session_id, restarts=seat.restarts)
+                return
+            except Refusal as exc:
+                if exc.code == "broker-unavailable":
+                    seat.state = "exited"
+                    log.warning("seat.recovery_deferred", seat=seat.name, error=exc.text, retry_in_s=delay)
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+                if exc.code == "custody-not-held":
+                    await self.evict(seat, None, exc.message)
+                    return
+                log.error("seat.recovery_failed", seat=seat.name, error=exc.text)
+                if self.active:
+                    await self._free(seat)
+                return
+            except Exception as exc:
+                # Not a refusal: keep the seat and its footprint, and say so; an operator can stop it.
+                seat.state = "failed"
+                log.exception("seat.recovery_error", seat=seat.name, error=repr(exc))
+                return
 
     def _schedule_evict(self, seat: Seat, *, holder_now: str | None, reason: str) -> None:
         if self._tg is not None and not seat.evicted:
@@ -486,6 +510,11 @@ class Manager:
             record = decode_custody(entry.value or b"")
         except DecodeError:
             self._schedule_evict(seat, holder_now=None, reason="custody record unreadable")
+            return
+        # A node that rejoins may replay an older record: only a newer revision can move custody.
+        if seat.custody_revision is not None and entry.revision is not None and entry.revision <= seat.custody_revision:
+            return
+        if record.generation < seat.generation_at_broker:
             return
         if record.holder != self.identity.instance_id or record.generation != seat.generation_at_broker:
             self._schedule_evict(seat, holder_now=record.holder,

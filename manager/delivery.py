@@ -8,6 +8,7 @@ so a possibly-live provider call cannot race its own redelivery.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -21,9 +22,10 @@ from nats.js import JetStreamContext
 
 from connectors.base import Driver, TurnOutcome
 from manager.broker.fence import FencedOut, WriterFence
+from manager.broker.retry import TRANSIENT, riding_elections
 from manager.seats import SeatHandle
 from protocol import names
-from protocol.errors import DecodeError
+from protocol.errors import DecodeError, Refusal
 from protocol.messages import DirectMessage, decode_dm, encode
 
 log = structlog.get_logger("cotal.delivery")
@@ -31,6 +33,7 @@ log = structlog.get_logger("cotal.delivery")
 IN_PROGRESS_EVERY_S = 20.0
 RETRY_DELAY_S = 1.0
 FETCH_WAIT_S = 1.0
+ACK_S = 5.0
 
 
 def now_iso() -> str:
@@ -80,11 +83,10 @@ class DeliveryBridge:
         self.on_fenced = on_fenced
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        with anyio.fail_after(5.0):
-            psub = await self.js.pull_subscribe_bind(
-                durable=names.dm_durable(names.SEAT_OWNER, self.seat, self.uid),
-                stream=names.dm_stream(self.space),
-            )
+        psub = await riding_elections(f"inbox of {self.seat}", lambda: self.js.pull_subscribe_bind(
+            durable=names.dm_durable(names.SEAT_OWNER, self.seat, self.uid),
+            stream=names.dm_stream(self.space),
+        ))
         task_status.started()
         try:
             # Once the harness is gone, a further pull would hand a redelivered message to a
@@ -93,6 +95,12 @@ class DeliveryBridge:
                 try:
                     msgs = await psub.fetch(1, timeout=FETCH_WAIT_S)
                 except nats.errors.TimeoutError:
+                    continue
+                except TRANSIENT as exc:
+                    # The inbox has no leader for a moment (a cluster node died): the seat is
+                    # fine and its mail is safe at the broker; wait for the election.
+                    log.warning("delivery.broker_unavailable", seat=self.seat, error=type(exc).__name__)
+                    await anyio.sleep(FETCH_WAIT_S)
                     continue
                 for msg in msgs:
                     await self._deliver(msg)
@@ -107,7 +115,8 @@ class DeliveryBridge:
         except DecodeError as exc:
             # A poison message would block this seat's inbox forever; terminate it, loudly.
             log.error("delivery.malformed", seat=self.seat, error=exc.message)
-            await msg.term()
+            with contextlib.suppress(*TRANSIENT):
+                await msg.term()
             return
         waiter = self.waiters.get(dm.id)
         if waiter is not None:
@@ -157,16 +166,24 @@ class DeliveryBridge:
                 # Custody moved: this turn's reply belongs to nobody here. Release the message
                 # for the new holder and get the seat stopped.
                 log.error("delivery.fenced", seat=self.seat, id=dm.id)
-                await msg.nak()
                 self.on_fenced()
+                with contextlib.suppress(*TRANSIENT):
+                    await msg.nak()
                 return False
             except Exception as exc:
                 log.warning("delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc))
-            with anyio.fail_after(5.0):
-                await msg.ack_sync()
+            try:
+                await riding_elections(f"ack for {self.seat}", lambda: msg.ack_sync(timeout=ACK_S), attempt_s=ACK_S + 1)
+            except Refusal as exc:
+                # Unacknowledged, the message comes back after ack_wait: at-least-once, never lost.
+                log.warning("delivery.ack_failed", seat=self.seat, id=dm.id, error=exc.message)
+                return True
             self.delivered += 1
             log.info("delivery.acked", seat=self.seat, id=dm.id, seq=msg.metadata.sequence.stream)
             return True
         log.warning("delivery.retained", seat=self.seat, id=dm.id, status=outcome.status, detail=outcome.detail)
-        await msg.nak(delay=RETRY_DELAY_S)
+        try:
+            await msg.nak(delay=RETRY_DELAY_S)
+        except TRANSIENT as exc:
+            log.warning("delivery.nak_failed", seat=self.seat, id=dm.id, error=type(exc).__name__)
         return False

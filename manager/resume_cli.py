@@ -21,12 +21,14 @@ from typing import Any
 
 import anyio
 import msgspec
+import nats.errors
 
 from manager import mesh, registry
 from manager.broker import custody
 from manager.broker.connection import connect
 from manager.broker.evict import verify_gone
 from manager.broker.footprint import ensure_kv
+from manager.broker.retry import ELECTION_S, TRANSIENT, riding_elections, unavailable
 from manager.checkpoint import admit
 from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
 from manager.workspace.generation import claim_successor, withdraw_claim
@@ -78,7 +80,7 @@ async def _live_uids(server: str, creds: Path | None, space: str) -> dict[str, L
     try:
         kv = await ensure_kv(nc.jetstream(), names.presence_bucket(space), ttl=names.PRESENCE_TTL_S)
         try:
-            keys = await kv.keys()
+            keys = await riding_elections("presence keys", kv.keys)
         except Exception as exc:
             if type(exc).__name__ == "NoKeysError":
                 return {}
@@ -86,7 +88,7 @@ async def _live_uids(server: str, creds: Path | None, space: str) -> dict[str, L
         live: dict[str, LivePresence] = {}
         for key in keys:
             try:
-                entry = await kv.get(key)
+                entry = await riding_elections(f"presence {key}", lambda key=key: kv.get(key))
             except Exception as exc:
                 if type(exc).__name__ in ("KeyNotFoundError", "KeyDeletedError"):
                     continue
@@ -127,7 +129,8 @@ async def _evict_ghosts(adm: admit.Admission, live: dict[str, LivePresence], mon
             kv = await ensure_kv(nc.jetstream(), names.presence_bucket(space), ttl=names.PRESENCE_TTL_S)
             for ghost in retire:
                 try:
-                    await kv.delete(ghost.key, last=ghost.revision)
+                    await riding_elections(f"retire presence {ghost.key}",
+                                           lambda ghost=ghost: kv.delete(ghost.key, last=ghost.revision))
                 except Exception as exc:
                     if type(exc).__name__ != "KeyWrongLastSequenceError":
                         raise
@@ -172,7 +175,7 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
     adm = admit.integrity(src, trusted_keys=trusted)
     verdicts = {"integrity": "pass"}
     broker = _broker_for_verify(args, layout)
-    live = anyio.run(_live_uids, broker.server, broker.creds, adm.manifest.space, backend="asyncio")
+    live = _broker_phase("admission (presence)", _live_uids, broker.server, broker.creds, adm.manifest.space)
     admit.identity(adm, space=adm.manifest.space, root=layout.root, live_uids=set(live), held_uids=set(),
                    settings_for=_settings(layout))
     verdicts["identity"] = "pass"
@@ -228,7 +231,7 @@ async def _claim_custody(broker_server: str, creds: Path | None, adm: admit.Admi
         claim_key = f"attempt.{attempt}"
         mine = encode_json({"holder": identity.instance_id, "root": str(layout.root)})
         if await custody.create_exclusive(kv, claim_key, mine) is None:
-            entry = await kv.get(claim_key)
+            entry = await riding_elections(f"claim {claim_key}", lambda: kv.get(claim_key))
             if entry.value != mine:
                 holder = json.loads(entry.value or b"{}")
                 raise Refusal(
@@ -274,12 +277,12 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
                                                 log_path=layout.logs / "nats.log")
         broker = BrokerRef(embedded_info.url, layout.broker_creds, True)
     try:
-        live = anyio.run(_live_uids, broker.server, broker.creds, space, backend="asyncio")
+        live = _broker_phase("admission (presence)", _live_uids, broker.server, broker.creds, space)
         monitors = [m.strip() for m in (args.monitor or "").split(",") if m.strip()]
         if embedded_info is not None and embedded_info.monitor:
             monitors.append(embedded_info.monitor)
-        evidence = anyio.run(_evict_ghosts, adm, live, monitors, broker.server, broker.creds, space,
-                             backend="asyncio")
+        evidence = _broker_phase("eviction evidence", _evict_ghosts, adm, live, monitors, broker.server,
+                                 broker.creds, space)
         for proof in evidence:
             _say(f"EVICTION EVIDENCE: seat {proof['seat']}: predecessor {proof['instanceId']} has no broker "
                  f"connection ({proof['connectionsScanned']} scanned across {len(proof['servers'])} server(s))")
@@ -328,7 +331,7 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
             for name, rec in adm.records.items():
                 local.append((name, claim_successor(layout, space, name, rec.lifecycle_uid, rec.generation,
                                                     identity.instance_id, attempt)))
-            claims = anyio.run(_claim_custody, broker.server, broker.creds, adm, identity, layout, backend="asyncio")
+            claims = _broker_phase("custody claim", _claim_custody, broker.server, broker.creds, adm, identity, layout)
         except Refusal as exc:
             # Lost before any tree was touched: give back what this root claimed and say why.
             for name, generation in local:
@@ -410,6 +413,16 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
         out.append({"name": name, "cwd": str(cwd), "superseded": str(result.superseded) if result.superseded else None,
                     "sessionFiles": len(placed)})
     return out
+
+
+def _broker_phase(what: str, fn: Any, *args: Any) -> Any:
+    """Run one broker-facing phase; a broker failure becomes a refusal that names the phase."""
+    try:
+        return anyio.run(fn, *args, backend="asyncio")
+    except Refusal:
+        raise
+    except (*TRANSIENT, nats.errors.Error) as exc:
+        raise unavailable(what, ELECTION_S, exc) from None
 
 
 def _call(layout: Layout, op: str, args: dict[str, Any]) -> Any:

@@ -39,6 +39,19 @@ def split_servers(server: str) -> list[str]:
     return urls
 
 
+async def _on_error(exc: Exception) -> None:
+    # nats-py's default prints a traceback per failed reconnect; one key-value line says it.
+    log.warning("broker.connection_error", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _on_disconnect() -> None:
+    log.warning("broker.disconnected")
+
+
+async def _on_reconnect() -> None:
+    log.info("broker.reconnected")
+
+
 async def connect(server: str, creds: Path | None, *, name: str) -> Client:
     try:
         nc = await nats.connect(
@@ -48,6 +61,9 @@ async def connect(server: str, creds: Path | None, *, name: str) -> Client:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             allow_reconnect=True,
+            error_cb=_on_error,
+            disconnected_cb=_on_disconnect,
+            reconnected_cb=_on_reconnect,
             **_auth_kwargs(creds),
         )
     except Refusal:

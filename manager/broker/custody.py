@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import anyio
 import structlog
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.custody import CustodyRecord, custody_key, decode_custody, encode_custody
 from protocol.errors import DecodeError, Refusal
@@ -32,8 +32,7 @@ class Held:
 async def read(kv: KeyValue, seat: str, uid: str) -> Held | None:
     key = custody_key(names.SEAT_OWNER, seat, uid)
     try:
-        with anyio.fail_after(CALL_S):
-            entry = await kv.get(key)
+        entry = await riding_elections(f"custody {key}", lambda: kv.get(key))
     except (KeyNotFoundError, KeyDeletedError):
         return None
     try:
@@ -53,8 +52,7 @@ async def create_exclusive(kv: KeyValue, key: str, value: bytes) -> int | None:
     yet makes the loss surface as "key not found" instead of a conflict.
     """
     try:
-        with anyio.fail_after(CALL_S):
-            return int(await kv.update(key, value, last=0))
+        return int(await riding_elections(f"create {key}", lambda: kv.update(key, value, last=0)))
     except KeyWrongLastSequenceError:
         return None
 
@@ -64,6 +62,10 @@ async def establish(kv: KeyValue, seat: str, uid: str, holder: str) -> Held:
     record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=0, holder=holder, claimed_at=_now())
     rev = await create_exclusive(kv, custody_key(names.SEAT_OWNER, seat, uid), encode_custody(record))
     if rev is None:
+        # A retry after a lost answer finds its own record: that is a create that worked.
+        current = await read(kv, seat, uid)
+        if current is not None and current.record.holder == holder and current.record.generation == 0:
+            return current
         raise Refusal("custody-taken", f"custody for {seat} (uid {uid}) already exists at the broker",
                       "a fresh lifecycle never reuses a uid; report this")
     return Held(record, rev)
@@ -79,8 +81,8 @@ async def claim(kv: KeyValue, seat: str, uid: str, *, expected_revision: int, ge
     record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=generation, holder=holder,
                            claimed_at=_now(), attempt_id=attempt_id)
     try:
-        with anyio.fail_after(CALL_S):
-            rev = await kv.update(key, encode_custody(record), last=expected_revision)
+        rev = await riding_elections(f"claim {key}",
+                                     lambda: kv.update(key, encode_custody(record), last=expected_revision))
     except KeyWrongLastSequenceError:
         current = await read(kv, seat, uid)
         if current is not None and current.record.holder == holder and current.record.attempt_id == attempt_id \

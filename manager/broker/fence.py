@@ -17,6 +17,7 @@ import structlog
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
+from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.errors import Refusal
 
@@ -65,8 +66,8 @@ class WriterFence:
 
     async def _last_on_filter(self) -> int:
         try:
-            with anyio.fail_after(CALL_S):
-                msg = await self.js.get_last_msg(names.dm_stream(self.space), self.filter)
+            msg = await riding_elections(f"fence {self.seat}",
+                                         lambda: self.js.get_last_msg(names.dm_stream(self.space), self.filter))
         except NotFoundError:
             return 0
         return int(msg.seq or 0)
@@ -81,12 +82,12 @@ class WriterFence:
         async with self.lock:
             for _ in range(FENCE_ATTEMPTS):
                 last = await self._last_on_filter()
+                subject = marker_subject(self.space, self.owner, self.seat, self.generation)
+                headers = {EXPECT_SEQ: str(last), EXPECT_SUBJECT: self.filter, HOLDER: self.holder}
                 try:
-                    with anyio.fail_after(CALL_S):
-                        ack = await self.js.publish(
-                            marker_subject(self.space, self.owner, self.seat, self.generation), b"",
-                            headers={EXPECT_SEQ: str(last), EXPECT_SUBJECT: self.filter, HOLDER: self.holder},
-                        )
+                    ack = await riding_elections(
+                        f"fence {self.seat}",
+                        lambda subject=subject, headers=headers: self.js.publish(subject, b"", headers=headers))
                 except APIError as exc:
                     if _wrong_sequence(exc):
                         continue
@@ -103,15 +104,16 @@ class WriterFence:
             fenced = dict(headers or {})
             fenced.update({EXPECT_SEQ: str(self.last_seq), EXPECT_SUBJECT: self.filter, HOLDER: self.holder})
             try:
-                with anyio.fail_after(CALL_S):
-                    ack = await self.js.publish(subject, payload, headers=fenced)
+                # Retried on a leaderless moment; the message id makes a retry a duplicate, not
+                # a second message.
+                ack = await riding_elections(f"publish as {self.seat}",
+                                             lambda: self.js.publish(subject, payload, headers=fenced))
             except APIError as exc:
                 if _wrong_sequence(exc):
                     log.error("fence.refused", seat=self.seat, holder=self.holder, expected=self.last_seq,
                               detail=str(exc))
                     raise FencedOut(self.seat, str(getattr(exc, "description", exc))) from None
                 raise
-            if ack.duplicate:
-                return int(ack.seq)
-            self.last_seq = int(ack.seq)
-            return self.last_seq
+            # A duplicate answers with our own earlier write's sequence: still our last write.
+            self.last_seq = max(self.last_seq, int(ack.seq))
+            return int(ack.seq)

@@ -8,23 +8,23 @@ does.
 
 from __future__ import annotations
 
-import anyio
 import structlog
 from nats.js import JetStreamContext, api
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.errors import Refusal
 
 log = structlog.get_logger("cotal.broker")
 
-CALL_S = 5.0
 
 
 async def ensure_dm_stream(js: JetStreamContext, space: str, *, replicas: int = 1) -> None:
     stream = names.dm_stream(space)
-    with anyio.fail_after(CALL_S):
+
+    async def ensure() -> None:
         try:
             await js.stream_info(stream)
             return
@@ -43,11 +43,14 @@ async def ensure_dm_stream(js: JetStreamContext, space: str, *, replicas: int = 
             )
         )
 
+    await riding_elections(f"stream {stream}", ensure)
+
 
 async def ensure_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> api.ConsumerInfo:
     stream = names.dm_stream(space)
     durable = names.dm_durable(owner, actor, uid)
-    with anyio.fail_after(CALL_S):
+
+    async def ensure() -> api.ConsumerInfo:
         try:
             return await js.consumer_info(stream, durable)
         except NotFoundError:
@@ -68,19 +71,20 @@ async def ensure_dm_durable(js: JetStreamContext, space: str, owner: str, actor:
             config.opt_start_seq = frontier + 1
         try:
             info = await js.add_consumer(stream, config)
-        except Exception:
+        except BadRequestError:
             # A concurrent creator may have won; its durable is this uid's durable.
             info = await js.consumer_info(stream, durable)
         log.info("durable.created", durable=durable, frontier=frontier)
         return info
+
+    return await riding_elections(f"durable {durable}", ensure)
 
 
 async def confirm_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> api.ConsumerInfo:
     """The lifecycle proof: the broker must already hold this uid's durable."""
     durable = names.dm_durable(owner, actor, uid)
     try:
-        with anyio.fail_after(CALL_S):
-            return await js.consumer_info(names.dm_stream(space), durable)
+        return await riding_elections(f"durable {durable}", lambda: js.consumer_info(names.dm_stream(space), durable))
     except NotFoundError:
         raise Refusal(
             "lifecycle-proof-failed",
@@ -91,26 +95,30 @@ async def confirm_dm_durable(js: JetStreamContext, space: str, owner: str, actor
 
 async def dm_durable_exists(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> bool:
     try:
-        with anyio.fail_after(CALL_S):
-            await js.consumer_info(names.dm_stream(space), names.dm_durable(owner, actor, uid))
+        await confirm_dm_durable(js, space, owner, actor, uid)
         return True
-    except NotFoundError:
-        return False
+    except Refusal as exc:
+        if exc.code == "lifecycle-proof-failed":
+            return False
+        raise
 
 
 async def delete_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> None:
     durable = names.dm_durable(owner, actor, uid)
-    with anyio.fail_after(CALL_S):
+
+    async def delete() -> None:
         try:
             await js.delete_consumer(names.dm_stream(space), durable)
             log.info("durable.deleted", durable=durable)
         except NotFoundError:
             pass
 
+    await riding_elections(f"delete durable {durable}", delete)
+
 
 async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float | None, history: int = 1,
                     replicas: int = 1) -> KeyValue:
-    with anyio.fail_after(CALL_S):
+    async def ensure() -> KeyValue:
         try:
             return await js.key_value(bucket)
         except BucketNotFoundError:
@@ -119,6 +127,8 @@ async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float | None, his
             config=api.KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=api.StorageType.FILE,
                                       replicas=replicas)
         )
+
+    return await riding_elections(f"bucket {bucket}", ensure)
 
 
 def default_replicas(server: str) -> int:
