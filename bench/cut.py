@@ -44,6 +44,7 @@ from bench.common import (  # noqa: E402
     Mesh,
     bench_env,
     build_history_repo,
+    count_processes,
     dirty_worktree,
     fresh_dir,
     git,
@@ -101,21 +102,8 @@ def record_bytes(rec: RepositoryRecord) -> int:
 
 
 def count_git_processes(repo: Path, out: Path) -> int:
-    """How many git processes one capture starts (wraps anyio's process calls once)."""
-    calls = [0]
-    real_run, real_open = anyio.run_process, anyio.open_process
-
-    async def run_process(*a: Any, **k: Any) -> Any:
-        calls[0] += 1
-        return await real_run(*a, **k)
-
-    async def open_process(*a: Any, **k: Any) -> Any:
-        calls[0] += 1
-        return await real_open(*a, **k)
-
-    with mock.patch.object(anyio, "run_process", run_process), mock.patch.object(anyio, "open_process", open_process):
-        run_ours(repo, out)
-    return calls[0]
+    """How many git processes one capture starts."""
+    return count_processes(lambda: run_ours(repo, out))[0]
 
 
 def bench_repository(scratch: Path, env: dict[str, str], *, commits: int, reps: int) -> dict[str, Any]:
