@@ -23,6 +23,7 @@ import errno
 import os
 import secrets
 import stat
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,8 +238,26 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+UNSTABLE_TRIES = 3
+
+
 def read_stable(path: Path, *, cap: int, what: str, require_private: bool = False) -> StableRead:
-    """Read a regular, non-symlink file under a size cap and prove it did not change meanwhile."""
+    """Read a regular, non-symlink file under a size cap and prove it did not change meanwhile.
+
+    A file just published by link-then-unlink changes its ctime once as the temp name goes, so
+    an unstable read is retried a few times; a file that keeps changing is refused.
+    """
+    for attempt in range(UNSTABLE_TRIES):
+        try:
+            return _read_stable_once(path, cap=cap, what=what, require_private=require_private)
+        except Refusal as exc:
+            if exc.code != "unstable" or attempt == UNSTABLE_TRIES - 1:
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _read_stable_once(path: Path, *, cap: int, what: str, require_private: bool) -> StableRead:
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -70,24 +70,49 @@ class Cluster:
         for name in list(self.procs):
             self.kill(name)
 
-    async def wait_ready(self, timeout: float = 30.0) -> None:
-        """JetStream answers through every live node (a meta leader exists)."""
+    async def wait_ready(self, timeout: float = 45.0) -> None:
+        """JetStream answers through every live node (a meta leader exists), and with all three
+        nodes up, the meta group knows every peer: an R3 asset can be placed."""
         with anyio.fail_after(timeout):
-            for node in [n for n in self.nodes if n.name in self.procs]:
-                while True:
-                    try:
-                        nc = await nats.connect(node.client_url, nkeys_seed=self.creds, connect_timeout=1,
-                                                allow_reconnect=False)
-                    except Exception:
-                        await anyio.sleep(0.2)
-                        continue
-                    try:
-                        await nc.jetstream().account_info()
-                        break
-                    except Exception:
-                        await anyio.sleep(0.2)
-                    finally:
-                        await nc.close()
+            await self._wait_answering()
+            if len(self.procs) == len(self.nodes):
+                await self._wait_placeable()
+
+    async def _wait_placeable(self) -> None:
+        live = [n for n in self.nodes if n.name in self.procs]
+        while True:
+            try:
+                nc = await nats.connect(live[0].client_url, nkeys_seed=self.creds, connect_timeout=1,
+                                        allow_reconnect=False)
+            except Exception:
+                await anyio.sleep(0.2)
+                continue
+            try:
+                js = nc.jetstream()
+                await js.add_stream(name="READY_PROBE", subjects=["ready.probe"], num_replicas=3)
+                await js.delete_stream("READY_PROBE")
+                return
+            except Exception:
+                await anyio.sleep(0.3)
+            finally:
+                await nc.close()
+
+    async def _wait_answering(self) -> None:
+        for node in [n for n in self.nodes if n.name in self.procs]:
+            while True:
+                try:
+                    nc = await nats.connect(node.client_url, nkeys_seed=self.creds, connect_timeout=1,
+                                            allow_reconnect=False)
+                except Exception:
+                    await anyio.sleep(0.2)
+                    continue
+                try:
+                    await nc.jetstream().account_info()
+                    break
+                except Exception:
+                    await anyio.sleep(0.2)
+                finally:
+                    await nc.close()
 
     def __enter__(self) -> Cluster:
         self.configure()
