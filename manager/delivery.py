@@ -54,8 +54,9 @@ async def publish_dm(js: JetStreamContext, space: str, dm: DirectMessage,
     headers = {"Nats-Msg-Id": dm.id}
     if publish is not None:
         return await publish(subject, encode(dm), headers)
-    with anyio.fail_after(5.0):
-        ack = await js.publish(subject, encode(dm), headers=headers)
+    # A retry after a lost answer is deduplicated by the message id.
+    ack = await riding_elections(f"publish to {dm.recipient}",
+                                 lambda: js.publish(subject, encode(dm), headers=headers))
     return int(ack.seq)
 
 

@@ -22,6 +22,7 @@ from connectors.base import continuity_class
 from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
+from manager.broker.retry import riding_elections
 from protocol import control, names
 from protocol.errors import Refusal
 from protocol.inventory import Agent, Inventory, inventory_digest, parse_resume_args
@@ -88,8 +89,9 @@ class Resumption:
         for agent in inventory.agents:
             key = names.presence_key(names.SEAT_OWNER, agent.name, agent.identity.lifecycle_uid)
             try:
-                with anyio.fail_after(5.0):
-                    await presence.get(key)
+                await riding_elections(f"presence of {agent.name}", lambda key=key: presence.get(key))
+            except Refusal:
+                raise
             except Exception as exc:
                 if type(exc).__name__ in ("KeyNotFoundError", "KeyDeletedError"):
                     continue

@@ -21,7 +21,7 @@ import structlog
 from anyio.abc import SocketAttribute, SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from manager.broker.retry import ELECTION_S, TRANSIENT, unavailable
+from manager.broker.retry import TRANSIENT
 from manager.control.frames import FrameTooLarge, read_frame, write_frame
 from protocol import control
 from protocol.errors import Refusal
@@ -108,8 +108,10 @@ class ControlServer:
         except Refusal as exc:
             return control.error_reply(request_id, exc.code, exc.text)
         except TRANSIENT as exc:
-            refusal = unavailable(f"op {request.op if request_id else 'request'}", ELECTION_S, exc)
-            return control.error_reply(request_id, refusal.code, refusal.text)
+            return control.error_reply(
+                request_id, "broker-unavailable",
+                f"the broker did not answer in time ({type(exc).__name__}); the broker or cluster may have lost "
+                "quorum; retry once it is back")
         except Exception as exc:  # a bug must not take the daemon down, but it must be seen
             log.exception("control.internal_error")
             return control.error_reply(request_id, "internal", f"internal error: {type(exc).__name__}: {exc}")
