@@ -42,14 +42,6 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-def _daemon_status(layout: Layout) -> dict[str, Any] | None:
-    try:
-        token = mesh.read_token(layout)
-    except Refusal:
-        return None
-    return mesh._daemon_answers(layout, token)
-
-
 def _read_from(path: Path, offset: int) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -181,7 +173,7 @@ def _finish(layout: Layout, journal: Journal, attempt: str, result: dict[str, An
     read_manifest(Path(result["checkpointDir"]))
     journal.advance(attempt, "cut-committed", resume=descriptor, checkpoint_dir=result["checkpointDir"])
     record = mesh.read_mesh(layout)
-    status = _daemon_status(layout)
+    status = mesh.daemon_status(layout)
     if status is not None:
         _say("stopping the manager (footprint kept)")
         _call(layout, "shutdown", {}, 60.0)
@@ -222,7 +214,7 @@ def run_cut(args: argparse.Namespace, root: Path) -> int:
     with MaintenanceLock(layout, attempt):
         if record is not None and not continuing:
             journal.discard(record.attempt_id)
-        status = _daemon_status(layout)
+        status = mesh.daemon_status(layout)
         if not continuing:
             if status is None:
                 raise Refusal("not-up", f"no manager answers in {layout.root}", "start it with `cotal up --detach`")

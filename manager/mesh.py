@@ -75,6 +75,16 @@ def _daemon_answers(layout: Layout, token: str) -> dict[str, Any] | None:
     return anyio.run(probe, backend="asyncio")
 
 
+def daemon_status(layout: Layout) -> dict[str, Any] | None:
+    """The running manager's status for this root, or None when none answers (or none was ever
+    started here: no token)."""
+    try:
+        token = read_token(layout)
+    except Refusal:
+        return None
+    return _daemon_answers(layout, token)
+
+
 def up(root: Path, *, space: str, server: str | None, creds: str | None, detach: bool,
        report: Report = _noop, resume_attempt: str | None = None, replicas: int | None = None) -> dict[str, Any]:
     layout = Layout.at(root)

@@ -157,8 +157,8 @@ def _trusted_keys(args: argparse.Namespace, layout: Layout, src: Path) -> list[s
         own_cut = src.is_relative_to(layout.maintenance / "checkpoints")
     except ValueError:
         own_cut = False
-    if own_cut and layout.instance_identity(args.space if hasattr(args, "space") else "main").exists():
-        return [load_or_create_identity(layout, getattr(args, "space", "main")).public_key_b64]
+    if own_cut and layout.instance_identity(args.space).exists():
+        return [load_or_create_identity(layout, args.space).public_key_b64]
     return None
 
 
@@ -256,7 +256,7 @@ def run_restore(args: argparse.Namespace, root: Path) -> int:
     layout = Layout.at(root)
     src = Path(args.restore).resolve()
     space = args.space
-    status = mesh._daemon_answers(layout, mesh.read_token(layout)) if layout.control_token.exists() else None
+    status = mesh.daemon_status(layout)
     if status is not None:
         raise Refusal("already-up", f"a manager (pid {status['pid']}) already serves {layout.root}",
                       "a resume starts its own manager: stop this one first")

@@ -16,7 +16,7 @@ from nats.js.kv import KeyValue
 
 from manager.broker import custody
 from manager.broker.fence import HOLDER, FencedOut, WriterFence, outbound_filter
-from manager.broker.footprint import ensure_dm_stream, ensure_kv
+from manager.broker.footprint import ensure_kv
 from protocol import names
 from protocol.custody import CustodyRecord, custody_key, encode_custody
 from protocol.errors import Refusal
@@ -24,7 +24,7 @@ from protocol.messages import Presence, encode
 from tests.cluster import Cluster
 from tests.conftest import Cli, SharedBroker, cotal_env
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import pid_alive, wait_gone, wait_until
+from tests.helpers import broker_at, wait_gone, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -215,16 +215,10 @@ async def test_stale_source_cannot_launch_while_the_destination_runs_the_seat(
 
 
 async def _ghost_presence(b: SharedBroker, seat: str, uid: str, instance: str) -> None:
-    async with _js(b) as js:
+    async with broker_at(b.url, b.creds) as js:
         kv = await js.key_value("cotal_presence_main")
         await kv.put(f"local.{seat}.{uid}", encode(Presence(seat=seat, lifecycle_uid=uid, instance_id=instance,
                                                             agent="scribe", pid=1, since="2026-11-29T00:00:00Z")))
-
-
-def _js(b: SharedBroker):  # type: ignore[no-untyped-def]
-    from tests.helpers import broker_at
-
-    return broker_at(b.url, b.creds)
 
 
 async def test_resume_while_predecessor_shows_presence_needs_verified_eviction(
@@ -272,5 +266,3 @@ async def test_resume_while_predecessor_shows_presence_needs_verified_eviction(
     assert result["seats"][0]["sameUid"]
     cli.run("down")
 
-
-_ = (pid_alive, ensure_dm_stream)
