@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 harnesses: $(STAMP)
-	$(PY) -m manager.tools install
+	$(PY) -m manager.cli.tools install
 
 test: $(STAMP) harnesses
 	$(PY) -m pytest -q tests

@@ -118,7 +118,9 @@ def machine_info(scratch: Path) -> dict[str, Any]:
 
 def _tar_version() -> str:
     try:
-        out = subprocess.run(["tar", "--version"], capture_output=True, text=True, check=False, timeout=10)
+        out = subprocess.run(
+            ["tar", "--version"], capture_output=True, text=True, check=False, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "?"
     lines = out.stdout.splitlines()
@@ -130,7 +132,11 @@ def _tar_version() -> str:
 
 def bench_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of every process a benchmark starts: private HOME, no COTAL_/GIT_ leaks."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COTAL_", "GIT_")) and k != "XDG_CONFIG_HOME"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COTAL_", "GIT_")) and k != "XDG_CONFIG_HOME"
+    }
     env.update(_IDENTITY)
     env.update(HOME=str(home), PYTHONPATH=str(REPO), GIT_CONFIG_NOSYSTEM="1", LC_ALL="C")
     env.update(extra or {})
@@ -138,9 +144,13 @@ def bench_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]
 
 
 def git(repo: Path, env: dict[str, str], *args: str, stdin: bytes | None = None) -> bytes:
-    proc = subprocess.run(["git", *args], cwd=repo, env=env, input=stdin, capture_output=True, check=False)
+    proc = subprocess.run(
+        ["git", *args], cwd=repo, env=env, input=stdin, capture_output=True, check=False
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.decode(errors='replace')}")
+        raise RuntimeError(
+            f"git {' '.join(args)} failed in {repo}: {proc.stderr.decode(errors='replace')}"
+        )
     return proc.stdout
 
 
@@ -155,8 +165,15 @@ _WORDS = (
 ).split()
 
 
-def build_history_repo(path: Path, env: dict[str, str], *, commits: int, files: int = 300,
-                       lines_per_file: int = 40, seed: int = 47) -> dict[str, Any]:
+def build_history_repo(
+    path: Path,
+    env: dict[str, str],
+    *,
+    commits: int,
+    files: int = 300,
+    lines_per_file: int = 40,
+    seed: int = 47,
+) -> dict[str, Any]:
     """A repository with `commits` commits built by one `git fast-import` stream.
 
     The first commit adds `files` text files of `lines_per_file` lines; every later commit
@@ -201,8 +218,9 @@ def build_history_repo(path: Path, env: dict[str, str], *, commits: int, files: 
     return {"commits": commits, "trackedFiles": files}
 
 
-def dirty_worktree(repo: Path, env: dict[str, str], *, staged: int, unstaged: int, untracked: int,
-                   seed: int = 5) -> dict[str, int]:
+def dirty_worktree(
+    repo: Path, env: dict[str, str], *, staged: int, unstaged: int, untracked: int, seed: int = 5
+) -> dict[str, int]:
     """`staged` tracked files changed and added, `unstaged` others changed only, and
     `untracked` new files of 0.5-4 KiB spread over a few directories."""
     rng = random.Random(seed)
@@ -268,13 +286,22 @@ class Cli:
         self.root = root
         self.env = env
 
-    def run(self, *args: str, timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, timeout: float = 600.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [sys.executable, "-m", "manager.cli", *args, "--root", str(self.root)],
-            capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.root, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=self.root,
+            check=False,
         )
         if check and proc.returncode != 0:
-            raise CliError(f"cotal {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+            raise CliError(
+                f"cotal {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def json(self, *args: str, timeout: float = 600.0) -> Any:
@@ -311,7 +338,9 @@ class Mesh:
     def survivors(self) -> list[int]:
         from manager.procs import processes_with_env
 
-        return sorted({pid for uid in self.uids for pid in processes_with_env("COTAL_LIFECYCLE_UID", uid)})
+        return sorted(
+            {pid for uid in self.uids for pid in processes_with_env("COTAL_LIFECYCLE_UID", uid)}
+        )
 
     def cleanup(self) -> list[str]:
         """End whatever is still running; returns what it had to do (empty after a clean cut)."""
@@ -362,8 +391,21 @@ def shared_broker(parent: Path, env: dict[str, str]) -> Iterator[dict[str, Any]]
     store = parent / "broker"
     err = open(parent / "broker-serve.err", "wb")  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "manager.cli", "broker", "serve", "--store-dir", str(store), "--json"],
-        stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=parent,
+        [
+            sys.executable,
+            "-m",
+            "manager.cli",
+            "broker",
+            "serve",
+            "--store-dir",
+            str(store),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        env=env,
+        cwd=parent,
     )
     nats = None
     try:
@@ -371,8 +413,10 @@ def shared_broker(parent: Path, env: dict[str, str]) -> Iterator[dict[str, Any]]
         line = proc.stdout.readline()
         if not line:
             proc.wait(timeout=15)
-            raise RuntimeError(f"cotal broker serve exited {proc.returncode}: "
-                               f"{(parent / 'broker-serve.err').read_text(errors='replace')}")
+            raise RuntimeError(
+                f"cotal broker serve exited {proc.returncode}: "
+                f"{(parent / 'broker-serve.err').read_text(errors='replace')}"
+            )
         info = json.loads(line)
         try:
             nats = pid_identity(int(info["pid"]))
@@ -393,8 +437,9 @@ def shared_broker(parent: Path, env: dict[str, str]) -> Iterator[dict[str, Any]]
         err.close()
 
 
-def run_stamped(argv: Sequence[str], *, env: dict[str, str], cwd: Path,
-                timeout: float = 900.0) -> dict[str, Any]:
+def run_stamped(
+    argv: Sequence[str], *, env: dict[str, str], cwd: Path, timeout: float = 900.0
+) -> dict[str, Any]:
     """Run a command, stamping each stderr line with the wall clock (time.time()) as it arrives.
 
     Returns `rc`, `stdout`, `lines` [(epoch seconds, text)], `start` and `end` (epoch seconds)
@@ -406,8 +451,9 @@ def run_stamped(argv: Sequence[str], *, env: dict[str, str], cwd: Path,
     chunks: list[str] = []
     start = time.time()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=cwd)
+    proc = subprocess.Popen(
+        list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    )
     assert proc.stdout is not None and proc.stderr is not None
     out_pipe, err_pipe = proc.stdout, proc.stderr
 
@@ -418,7 +464,10 @@ def run_stamped(argv: Sequence[str], *, env: dict[str, str], cwd: Path,
     def read_out() -> None:
         chunks.append(out_pipe.read())
 
-    threads = [threading.Thread(target=read_err, daemon=True), threading.Thread(target=read_out, daemon=True)]
+    threads = [
+        threading.Thread(target=read_err, daemon=True),
+        threading.Thread(target=read_out, daemon=True),
+    ]
     for t in threads:
         t.start()
     try:
@@ -431,7 +480,14 @@ def run_stamped(argv: Sequence[str], *, env: dict[str, str], cwd: Path,
         for t in threads:
             t.join(timeout=10)
     wall = time.perf_counter() - t0
-    return {"rc": rc, "stdout": "".join(chunks), "lines": lines, "start": start, "end": time.time(), "wallS": wall}
+    return {
+        "rc": rc,
+        "stdout": "".join(chunks),
+        "lines": lines,
+        "start": start,
+        "end": time.time(),
+        "wallS": wall,
+    }
 
 
 def count_processes(fn: Callable[[], T]) -> tuple[int, T]:
@@ -451,7 +507,10 @@ def count_processes(fn: Callable[[], T]) -> tuple[int, T]:
         calls[0] += 1
         return await real_open(*a, **k)
 
-    with mock.patch.object(anyio, "run_process", run_process), mock.patch.object(anyio, "open_process", open_process):
+    with (
+        mock.patch.object(anyio, "run_process", run_process),
+        mock.patch.object(anyio, "open_process", open_process),
+    ):
         result = fn()
     return calls[0], result
 
@@ -468,7 +527,9 @@ def tree_digest(path: Path, *, skip: Sequence[str] = (".git",)) -> str:
             dirnames[:] = [d for d in dirnames if d not in skip]
             filenames = [f for f in filenames if f not in skip]
         dirnames.sort()
-        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+        for name in sorted(
+            filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        ):
             full = Path(dirpath) / name
             st = full.lstat()
             digest.update(f"{rel_dir / name}\0{st.st_mode:o}\0".encode())

@@ -88,7 +88,11 @@ def stats(samples_s: list[float]) -> dict[str, Any]:
 
 async def bench_claims(js: JetStreamContext, replicas: int, n: int) -> dict[str, Any]:
     kv = await ensure_kv(js, names.custody_bucket(SPACE), ttl=None, replicas=replicas)
-    holder_a, holder_b, attempt = names.mint_instance_id(), names.mint_instance_id(), names.mint_attempt_id()
+    holder_a, holder_b, attempt = (
+        names.mint_instance_id(),
+        names.mint_instance_id(),
+        names.mint_attempt_id(),
+    )
     # A few untimed rounds first: connection, stream and interest warm.
     for _ in range(10):
         held = await custody.establish(kv, "warm", names.mint_lifecycle_uid(), holder_a)
@@ -99,8 +103,15 @@ async def bench_claims(js: JetStreamContext, replicas: int, n: int) -> dict[str,
         t0 = time.perf_counter()
         held = await custody.establish(kv, "seat", uid, holder_a)
         t1 = time.perf_counter()
-        won = await custody.claim(kv, "seat", uid, expected_revision=held.revision, generation=1,
-                                  holder=holder_b, attempt_id=attempt)
+        won = await custody.claim(
+            kv,
+            "seat",
+            uid,
+            expected_revision=held.revision,
+            generation=1,
+            holder=holder_b,
+            attempt_id=attempt,
+        )
         t2 = time.perf_counter()
         assert won.record.generation == 1 and won.revision > held.revision
         establish_s.append(t1 - t0)
@@ -113,10 +124,16 @@ async def bench_claims(js: JetStreamContext, replicas: int, n: int) -> dict[str,
 def _dm(sender_seat: str, i: int) -> tuple[str, bytes, dict[str, str]]:
     """A seat's reply to the operator, encoded exactly as cotal publishes it."""
     msg_id = f"{sender_seat}-{i:06d}-{names.mint_lifecycle_uid()}"
-    dm = DirectMessage(id=msg_id, sender=names.principal(names.SEAT_OWNER, sender_seat),
-                       recipient=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
-                       text="The phrase is juniper-ledger-41. " * 4, sent_at="2026-01-01T00:00:00.000Z")
-    subject = names.dm_subject(SPACE, names.SEAT_OWNER, names.OPERATOR_ACTOR, names.SEAT_OWNER, sender_seat)
+    dm = DirectMessage(
+        id=msg_id,
+        sender=names.principal(names.SEAT_OWNER, sender_seat),
+        recipient=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
+        text="The phrase is juniper-ledger-41. " * 4,
+        sent_at="2026-01-01T00:00:00.000Z",
+    )
+    subject = names.dm_subject(
+        SPACE, names.SEAT_OWNER, names.OPERATOR_ACTOR, names.SEAT_OWNER, sender_seat
+    )
     return subject, encode(dm), {"Nats-Msg-Id": msg_id}
 
 
@@ -140,7 +157,10 @@ async def bench_fence(js: JetStreamContext, replicas: int, n: int) -> dict[str, 
         await fenced(-1 - i)
         await plain(-1 - i)
     samples: dict[str, list[float]] = {"fenced": [], "plain": []}
-    sides: list[tuple[str, Callable[[int], Awaitable[None]]]] = [("fenced", fenced), ("plain", plain)]
+    sides: list[tuple[str, Callable[[int], Awaitable[None]]]] = [
+        ("fenced", fenced),
+        ("plain", plain),
+    ]
     done = 0
     while done < n:
         block = min(BLOCK, n - done)
@@ -153,10 +173,14 @@ async def bench_fence(js: JetStreamContext, replicas: int, n: int) -> dict[str, 
         if done % max(BLOCK, n // 4) == 0:
             say(f"    publishes {done}/{n} each")
     f, p = stats(samples["fenced"]), stats(samples["plain"])
-    return {"fenceEstablishUs": round(establish_s * 1e6, 1), "fenced": f, "unfenced": p,
-            "ratioMedian": round(f["medianUs"] / p["medianUs"], 3),
-            "ratioMean": round(f["meanUs"] / p["meanUs"], 3),
-            "lastSeq": fence.last_seq}
+    return {
+        "fenceEstablishUs": round(establish_s * 1e6, 1),
+        "fenced": f,
+        "unfenced": p,
+        "ratioMedian": round(f["medianUs"] / p["medianUs"], 3),
+        "ratioMean": round(f["meanUs"] / p["meanUs"], 3),
+        "lastSeq": fence.last_seq,
+    }
 
 
 async def _leader(js: JetStreamContext, stream: str) -> str | None:
@@ -190,8 +214,12 @@ async def caught_up(nc: Client, stream: str, nodes: int) -> None:
                 c = (await js.stream_info(stream)).cluster
             except Exception:
                 c = None
-            if c is not None and c.leader and len(c.replicas or []) == nodes - 1 \
-                    and all(r.current for r in c.replicas or []):
+            if (
+                c is not None
+                and c.leader
+                and len(c.replicas or []) == nodes - 1
+                and all(r.current for r in c.replicas or [])
+            ):
                 return
             await anyio.sleep(0.2)
 
@@ -205,8 +233,11 @@ async def bench_failover(cluster: Any, nc: Client, trials: int) -> list[dict[str
     out = []
     saved_call_s = custody.CALL_S
     for trial in range(trials):
-        mine = next(n.name for n in cluster.nodes
-                    if nc.connected_url is not None and nc.connected_url.port == n.client_port)
+        mine = next(
+            n.name
+            for n in cluster.nodes
+            if nc.connected_url is not None and nc.connected_url.port == n.client_port
+        )
         await move_leader_off(nc, stream, mine, [n.name for n in cluster.nodes if n.name != mine])
         victim = (await js.stream_info(stream)).cluster.leader
         uid = names.mint_lifecycle_uid()
@@ -222,8 +253,15 @@ async def bench_failover(cluster: Any, nc: Client, trials: int) -> list[dict[str
                 while True:
                     tries += 1
                     try:
-                        await custody.claim(kv, "seat", uid, expected_revision=held.revision, generation=1,
-                                            holder=holder_b, attempt_id=attempt)
+                        await custody.claim(
+                            kv,
+                            "seat",
+                            uid,
+                            expected_revision=held.revision,
+                            generation=1,
+                            holder=holder_b,
+                            attempt_id=attempt,
+                        )
                         break
                     except Exception as exc:  # what a caller of claim() sees in the window
                         errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
@@ -232,15 +270,24 @@ async def bench_failover(cluster: Any, nc: Client, trials: int) -> list[dict[str
             custody.CALL_S = saved_call_s
         gap = time.perf_counter() - killed
         new_leader = (await js.stream_info(stream)).cluster.leader
-        say(f"    failover {trial + 1}/{trials}: killed {victim}, claims failed for {gap:.2f} s "
-            f"({tries} tries: {errors}), new leader {new_leader}")
+        say(
+            f"    failover {trial + 1}/{trials}: killed {victim}, claims failed for {gap:.2f} s "
+            f"({tries} tries: {errors}), new leader {new_leader}"
+        )
         cluster.start(victim)
         await cluster.wait_ready()
         t0 = time.perf_counter()
         await caught_up(nc, stream, len(cluster.nodes))
-        out.append({"killed": victim, "newLeader": new_leader, "gapS": round(gap, 2), "tries": tries,
-                    "errors": errors,
-                    "rejoinS": round(time.perf_counter() - t0, 2)})
+        out.append(
+            {
+                "killed": victim,
+                "newLeader": new_leader,
+                "gapS": round(gap, 2),
+                "tries": tries,
+                "errors": errors,
+                "rejoinS": round(time.perf_counter() - t0, 2),
+            }
+        )
     return out
 
 
@@ -250,8 +297,11 @@ async def bench_failover(cluster: Any, nc: Client, trials: int) -> list[dict[str
 async def run_single(scratch: Path, claims: int, publishes: int) -> dict[str, Any]:
     from manager.broker import embedded
 
-    info = embedded.start_embedded(scratch / "single" / "store", scratch / "single" / "broker.creds",
-                                   log_path=scratch / "single" / "nats.log")
+    info = embedded.start_embedded(
+        scratch / "single" / "store",
+        scratch / "single" / "broker.creds",
+        log_path=scratch / "single" / "nats.log",
+    )
     try:
         nc = await connect(info.url, Path(info.creds), name="bench-custody")
         try:
@@ -264,7 +314,13 @@ async def run_single(scratch: Path, claims: int, publishes: int) -> dict[str, An
             await nc.close()
     finally:
         embedded.stop_embedded(info.identity)
-    return {"topology": "single", "replicas": 1, "server": "embedded nats-server (cotal up)", **claim, "fence": fence}
+    return {
+        "topology": "single",
+        "replicas": 1,
+        "server": "embedded nats-server (cotal up)",
+        **claim,
+        "fence": fence,
+    }
 
 
 async def run_cluster(scratch: Path, claims: int, publishes: int, failovers: int) -> dict[str, Any]:
@@ -285,8 +341,14 @@ async def run_cluster(scratch: Path, claims: int, publishes: int, failovers: int
                 failover = await bench_failover(cluster, nc, failovers)
         finally:
             await nc.close()
-    return {"topology": "cluster", "replicas": 3, "server": "3 x nats-server on 127.0.0.1 (tests/cluster.py)",
-            **claim, "fence": fence, "failover": failover}
+    return {
+        "topology": "cluster",
+        "replicas": 3,
+        "server": "3 x nats-server on 127.0.0.1 (tests/cluster.py)",
+        **claim,
+        "fence": fence,
+        "failover": failover,
+    }
 
 
 # -- output -------------------------------------------------------------------------------------
@@ -298,22 +360,34 @@ def _ms(us: float) -> str:
 
 def table(doc: dict[str, Any]) -> str:
     m = doc["machine"]
-    lines = [f"custody benchmark {m['date']}  nproc {m['nproc']}  {m['cpuModel']}  "
-             f"nats-server {doc['natsServer']}  nats-py {doc['natsPy']}",
-             "",
-             f"{'topology':<9} {'operation':<26} {'n':>5} {'median ms':>10} {'p95 ms':>9} {'p99 ms':>9} {'max ms':>9}"]
+    lines = [
+        f"custody benchmark {m['date']}  nproc {m['nproc']}  {m['cpuModel']}  "
+        f"nats-server {doc['natsServer']}  nats-py {doc['natsPy']}",
+        "",
+        f"{'topology':<9} {'operation':<26} {'n':>5} {'median ms':>10} {'p95 ms':>9} {'p99 ms':>9} {'max ms':>9}",
+    ]
     for r in doc["results"]:
-        rows = [("establish (create)", r["establish"]), ("claim (CAS update)", r["claim"]),
-                ("publish, unfenced", r["fence"]["unfenced"]), ("publish, fenced", r["fence"]["fenced"])]
+        rows = [
+            ("establish (create)", r["establish"]),
+            ("claim (CAS update)", r["claim"]),
+            ("publish, unfenced", r["fence"]["unfenced"]),
+            ("publish, fenced", r["fence"]["fenced"]),
+        ]
         for label, s in rows:
-            lines.append(f"{r['topology']:<9} {label:<26} {s['n']:>5} {_ms(s['medianUs']):>10} {_ms(s['p95Us']):>9} "
-                         f"{_ms(s['p99Us']):>9} {_ms(s['maxUs']):>9}")
-        lines.append(f"{r['topology']:<9} {'fenced / unfenced':<26} {'':>5} {r['fence']['ratioMedian']:>10.3f} "
-                     f"  (median; mean {r['fence']['ratioMean']:.3f})")
+            lines.append(
+                f"{r['topology']:<9} {label:<26} {s['n']:>5} {_ms(s['medianUs']):>10} {_ms(s['p95Us']):>9} "
+                f"{_ms(s['p99Us']):>9} {_ms(s['maxUs']):>9}"
+            )
+        lines.append(
+            f"{r['topology']:<9} {'fenced / unfenced':<26} {'':>5} {r['fence']['ratioMedian']:>10.3f} "
+            f"  (median; mean {r['fence']['ratioMean']:.3f})"
+        )
     for r in doc["results"]:
         for f in r.get("failover", []):
-            lines.append(f"{r['topology']:<9} failover: custody leader {f['killed']} killed, claims failed for "
-                         f"{f['gapS']:.2f} s, new leader {f['newLeader']}, node caught up {f['rejoinS']:.2f} s after restart")
+            lines.append(
+                f"{r['topology']:<9} failover: custody leader {f['killed']} killed, claims failed for "
+                f"{f['gapS']:.2f} s, new leader {f['newLeader']}, node caught up {f['rejoinS']:.2f} s after restart"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -323,7 +397,9 @@ def _versions() -> tuple[str, str]:
 
     from manager.broker.embedded import nats_server_binary
 
-    out = subprocess.run([nats_server_binary(), "--version"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [nats_server_binary(), "--version"], capture_output=True, text=True, check=False
+    )
     return out.stdout.strip().split()[-1] if out.stdout.strip() else "?", version("nats-py")
 
 
@@ -339,18 +415,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.topology in ("cluster", "both"):
             results.append(await run_cluster(scratch, claims, publishes, failovers))
     nats_server, nats_py = _versions()
-    return {"benchmark": "custody", "machine": machine, "natsServer": nats_server, "natsPy": nats_py,
-            "command": " ".join(["bench/custody.py", *sys.argv[1:]]), "claims": claims, "publishes": publishes,
-            "results": results}
+    return {
+        "benchmark": "custody",
+        "machine": machine,
+        "natsServer": nats_server,
+        "natsPy": nats_py,
+        "command": " ".join(["bench/custody.py", *sys.argv[1:]]),
+        "claims": claims,
+        "publishes": publishes,
+        "results": results,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="100 claims, 400 publishes per side, 1 failover")
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument(
+        "--quick", action="store_true", help="100 claims, 400 publishes per side, 1 failover"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of the table"
+    )
     p.add_argument("--claims", type=int, help="override the number of claims")
     p.add_argument("--publishes", type=int, help="override the publishes per side")
-    p.add_argument("--failovers", type=int, help="override the number of leader kills on the cluster (0: none)")
+    p.add_argument(
+        "--failovers", type=int, help="override the number of leader kills on the cluster (0: none)"
+    )
     p.add_argument("--topology", choices=("single", "cluster", "both"), default="both")
     args = p.parse_args(argv)
     logs.quiet()

@@ -76,20 +76,33 @@ sha256sum ckpt-repo.bundle ckpt-repo.index.diff ckpt-repo.worktree.diff \
   ckpt-repo.untracked.tar > ckpt-repo.sha256
 """
 # Diagnostic only: the same, then `sync FILE...` (coreutils fsyncs each named file).
-SHELL_PROCEDURE_SYNC = SHELL_PROCEDURE + "sync ckpt-repo.bundle ckpt-repo.base ckpt-repo.index.diff " \
+SHELL_PROCEDURE_SYNC = (
+    SHELL_PROCEDURE + "sync ckpt-repo.bundle ckpt-repo.base ckpt-repo.index.diff "
     "ckpt-repo.worktree.diff ckpt-repo.untracked.tar ckpt-repo.sha256 .\n"
+)
 
-ARTIFACTS = ("ckpt-repo.bundle", "ckpt-repo.index.diff", "ckpt-repo.worktree.diff", "ckpt-repo.untracked.tar")
+ARTIFACTS = (
+    "ckpt-repo.bundle",
+    "ckpt-repo.index.diff",
+    "ckpt-repo.worktree.diff",
+    "ckpt-repo.untracked.tar",
+)
 
 
 # -- part 1: repository capture -----------------------------------------------------------------
 
 
 def run_shell(script: str, repo: Path, out: Path, env: dict[str, str]) -> int:
-    proc = subprocess.run(["bash", "-c", script, "bash", str(repo), str(out)], env=env,
-                          capture_output=True, check=False)
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", str(repo), str(out)],
+        env=env,
+        capture_output=True,
+        check=False,
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"shell procedure failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
+        raise RuntimeError(
+            f"shell procedure failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}"
+        )
     return sum((out / a).stat().st_size for a in ARTIFACTS)
 
 
@@ -106,13 +119,17 @@ def count_git_processes(repo: Path, out: Path) -> int:
     return count_processes(lambda: run_ours(repo, out))[0]
 
 
-def bench_repository(scratch: Path, env: dict[str, str], *, commits: int, reps: int) -> dict[str, Any]:
+def bench_repository(
+    scratch: Path, env: dict[str, str], *, commits: int, reps: int
+) -> dict[str, Any]:
     repo = scratch / "repo"
     say(f"building a repository of {commits} commits with git fast-import")
     build_s, shape = timed(lambda: build_history_repo(repo, env, commits=commits))
     shape.update(dirty_worktree(repo, env, staged=20, unstaged=20, untracked=300))
     shape["buildMs"] = ms(build_s)
-    shape["packBytes"] = sum(p.stat().st_size for p in (repo / ".git" / "objects" / "pack").glob("*.pack"))
+    shape["packBytes"] = sum(
+        p.stat().st_size for p in (repo / ".git" / "objects" / "pack").glob("*.pack")
+    )
     status = git(repo, env, "status", "--porcelain=v1", "-z", "--untracked-files=all").split(b"\0")
     shape["statusEntries"] = len([s for s in status if s])
     outputs = fresh_dir(scratch, "out")
@@ -160,8 +177,13 @@ def bench_repository(scratch: Path, env: dict[str, str], *, commits: int, reps: 
     def preflight() -> float:
         return timed(lambda: anyio.run(preflight_repository, repo, backend="asyncio"))[0]
 
-    cases = {"ours": ours, "shell": shell, "oursNoFsync": ours_nofsync, "shellSync": shell_sync,
-             "preflight": preflight}
+    cases = {
+        "ours": ours,
+        "shell": shell,
+        "oursNoFsync": ours_nofsync,
+        "shellSync": shell_sync,
+        "preflight": preflight,
+    }
     samples: dict[str, list[float]] = {k: [] for k in cases}
     say("warming up (one untimed run of each)")
     for fn in cases.values():
@@ -170,14 +192,20 @@ def bench_repository(scratch: Path, env: dict[str, str], *, commits: int, reps: 
     order = list(cases)
     for rep in range(reps):
         # Rotate the order so no procedure always runs right after the same other one.
-        for key in order[rep % len(order):] + order[: rep % len(order)]:
+        for key in order[rep % len(order) :] + order[: rep % len(order)]:
             samples[key].append(cases[key]())
     git_procs = count_git_processes(repo, out_dir("count"))
-    result: dict[str, Any] = {"repo": shape, "reps": reps, "gitProcessesOurs": git_procs,
-                              "artifactBytes": sizes}
+    result: dict[str, Any] = {
+        "repo": shape,
+        "reps": reps,
+        "gitProcessesOurs": git_procs,
+        "artifactBytes": sizes,
+    }
     for key, values in samples.items():
         result[key] = summarize(values)
-    result["ratioOursOverShell"] = round(result["ours"]["medianMs"] / result["shell"]["medianMs"], 2)
+    result["ratioOursOverShell"] = round(
+        result["ours"]["medianMs"] / result["shell"]["medianMs"], 2
+    )
     return result
 
 
@@ -206,15 +234,27 @@ def cut_once(scratch: Path, env: dict[str, str], seats: int, rep: int) -> dict[s
         cli = Cli(root, env)
         with Mesh(cli) as mesh:
             up_s, _ = timed(mesh.up)
-            spawn_s, _ = timed(lambda: [mesh.spawn(f"s{i:02d}", "--cwd", str(r)) for i, r in enumerate(repos)])
-            down_s, proc = timed(lambda: cli.run("down", "--preserve-state", "--json", timeout=900.0))
+            spawn_s, _ = timed(
+                lambda: [mesh.spawn(f"s{i:02d}", "--cwd", str(r)) for i, r in enumerate(repos)]
+            )
+            down_s, proc = timed(
+                lambda: cli.run("down", "--preserve-state", "--json", timeout=900.0)
+            )
             result = json.loads(proc.stdout)
-            if result.get("failures") or result.get("journal") != "ready" or len(result.get("seats", [])) != seats:
-                raise RuntimeError(f"cut of {seats} seat(s) did not seal cleanly: {proc.stdout}\n{proc.stderr}")
+            if (
+                result.get("failures")
+                or result.get("journal") != "ready"
+                or len(result.get("seats", [])) != seats
+            ):
+                raise RuntimeError(
+                    f"cut of {seats} seat(s) did not seal cleanly: {proc.stdout}\n{proc.stderr}"
+                )
             survivors = mesh.survivors()
             mesh_left = (root / ".cotal" / "mesh.json").exists()
             if survivors or mesh_left:
-                raise RuntimeError(f"after the cut: seat pids {survivors} alive, mesh.json left={mesh_left}")
+                raise RuntimeError(
+                    f"after the cut: seat pids {survivors} alive, mesh.json left={mesh_left}"
+                )
         per_seat = sorted(s["timingsMs"]["repository"] for s in result["seats"])
         return {
             "seats": seats,
@@ -235,7 +275,9 @@ def cut_once(scratch: Path, env: dict[str, str], seats: int, rep: int) -> dict[s
         shutil.rmtree(root, ignore_errors=True)
 
 
-def bench_cuts(scratch: Path, env: dict[str, str], *, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+def bench_cuts(
+    scratch: Path, env: dict[str, str], *, sizes: list[int], reps: int
+) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
         runs = []
@@ -247,18 +289,21 @@ def bench_cuts(scratch: Path, env: dict[str, str], *, sizes: list[int], reps: in
             values = sorted(float(r[key][sub] if sub else r[key]) for r in data)
             return values[len(values) // 2]
 
-        rows.append({
-            "seats": n, "reps": reps,
-            "downWallMs": summarize([r["downWallMs"] / 1000 for r in runs]),
-            "wallMsMedian": med("wallMs"),
-            "stopMsMedian": med("timingsMs", "stop"),
-            "captureMsMedian": med("timingsMs", "capture"),
-            "totalMsMedian": med("timingsMs", "total"),
-            "restMsMedian": med("restMs"),
-            "spawnAllMsMedian": med("spawnAllMs"),
-            "upMsMedian": med("upMs"),
-            "runs": runs,
-        })
+        rows.append(
+            {
+                "seats": n,
+                "reps": reps,
+                "downWallMs": summarize([r["downWallMs"] / 1000 for r in runs]),
+                "wallMsMedian": med("wallMs"),
+                "stopMsMedian": med("timingsMs", "stop"),
+                "captureMsMedian": med("timingsMs", "capture"),
+                "totalMsMedian": med("timingsMs", "total"),
+                "restMsMedian": med("restMs"),
+                "spawnAllMsMedian": med("spawnAllMs"),
+                "upMsMedian": med("upMs"),
+                "runs": runs,
+            }
+        )
     return rows
 
 
@@ -269,15 +314,19 @@ def print_table(doc: dict[str, Any]) -> None:
     m = doc["machine"]
     out = sys.stdout.write
     out(f"cotal cut benchmark, {m['date']}\n")
-    out(f"machine: nproc {m['nproc']}, {m['cpuModel']}, {m['memGiB']} GiB, Linux {m['kernel']}, "
+    out(
+        f"machine: nproc {m['nproc']}, {m['cpuModel']}, {m['memGiB']} GiB, Linux {m['kernel']}, "
         f"Python {m['python']}, {m['git']}, {m['tar']}, scratch fs {m['scratchFs']}, "
-        f"load {' '.join(map(str, m['loadAvgAtStart']))} at start\n")
+        f"load {' '.join(map(str, m['loadAvgAtStart']))} at start\n"
+    )
     out(f"command: {doc['command']}\n\n")
     r = doc["repository"]
     shape = r["repo"]
-    out(f"Repository capture: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB pack, built in "
+    out(
+        f"Repository capture: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB pack, built in "
         f"{shape['buildMs'] / 1000:.1f} s), {shape['trackedFiles']} tracked files, {shape['staged']} staged, "
-        f"{shape['unstaged']} unstaged, {shape['untracked']} untracked; {r['reps']} interleaved repetitions\n")
+        f"{shape['unstaged']} unstaged, {shape['untracked']} untracked; {r['reps']} interleaved repetitions\n"
+    )
     rows = [
         ("ours: capture_repository", r["ours"], r["artifactBytes"].get("ours")),
         ("shell: record 6 step 5, bash -c, set -e", r["shell"], r["artifactBytes"].get("shell")),
@@ -288,31 +337,49 @@ def print_table(doc: dict[str, Any]) -> None:
     out(f"  {'procedure':<50} {'median':>9} {'min':>9} {'max':>9} {'artifacts':>11}\n")
     for label, s, size in rows:
         art = f"{size / 1e6:.2f} MB" if size is not None else ""
-        out(f"  {label:<50} {s['medianMs']:>7.1f}ms {s['minMs']:>7.1f}ms {s['maxMs']:>7.1f}ms {art:>11}\n")
-    out(f"  ratio ours/shell (medians): {r['ratioOursOverShell']:.2f}x; ours starts {r['gitProcessesOurs']} git "
-        "processes, the shell procedure 5 (plus tar and sha256sum)\n\n")
-    out("Cut wall time: idle scribe seats, each in its own small repository; medians over repetitions\n")
-    out(f"  {'seats':>5} {'reps':>4} {'down wall':>10} {'wallMs':>8} {'stop':>7} {'capture':>8} {'total':>7} "
-        f"{'rest':>7} {'capture/seat':>13} {'spawn all':>10}\n")
+        out(
+            f"  {label:<50} {s['medianMs']:>7.1f}ms {s['minMs']:>7.1f}ms {s['maxMs']:>7.1f}ms {art:>11}\n"
+        )
+    out(
+        f"  ratio ours/shell (medians): {r['ratioOursOverShell']:.2f}x; ours starts {r['gitProcessesOurs']} git "
+        "processes, the shell procedure 5 (plus tar and sha256sum)\n\n"
+    )
+    out(
+        "Cut wall time: idle scribe seats, each in its own small repository; medians over repetitions\n"
+    )
+    out(
+        f"  {'seats':>5} {'reps':>4} {'down wall':>10} {'wallMs':>8} {'stop':>7} {'capture':>8} {'total':>7} "
+        f"{'rest':>7} {'capture/seat':>13} {'spawn all':>10}\n"
+    )
     for row in doc["cut"]:
         per = row["captureMsMedian"] / row["seats"]
-        out(f"  {row['seats']:>5} {row['reps']:>4} {row['downWallMs']['medianMs']:>8.0f}ms {row['wallMsMedian']:>6.0f}ms "
+        out(
+            f"  {row['seats']:>5} {row['reps']:>4} {row['downWallMs']['medianMs']:>8.0f}ms {row['wallMsMedian']:>6.0f}ms "
             f"{row['stopMsMedian']:>5.0f}ms {row['captureMsMedian']:>6.0f}ms {row['totalMsMedian']:>5.0f}ms "
-            f"{row['restMsMedian']:>5.0f}ms {per:>11.1f}ms {row['spawnAllMsMedian']:>8.0f}ms\n")
-    out("  down wall: `cotal down --preserve-state --json` run as a subprocess, end to end (interpreter start\n"
+            f"{row['restMsMedian']:>5.0f}ms {per:>11.1f}ms {row['spawnAllMsMedian']:>8.0f}ms\n"
+        )
+    out(
+        "  down wall: `cotal down --preserve-state --json` run as a subprocess, end to end (interpreter start\n"
         "  included). wallMs, stop, capture, total: what that command reports; stop and capture are the daemon's\n"
         "  commit phases, total adds sealing the manifest. rest = wallMs - total: prepare (fence, drain, preflight\n"
         "  of every repository, resume document), journal, stopping the manager and broker. capture/seat =\n"
-        "  capture / seats. spawn all: the N `cotal spawn` calls. Each column is its own median.\n")
+        "  capture / seats. spawn all: the N `cotal spawn` calls. Each column is its own median.\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="300 commits, seats 1 and 5, fewer repetitions")
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument(
+        "--quick", action="store_true", help="300 commits, seats 1 and 5, fewer repetitions"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of the table"
+    )
     p.add_argument("--save", metavar="FILE", help="also write the JSON document to FILE")
     p.add_argument("--commits", type=int, help="override the history size")
-    p.add_argument("--seats", type=lambda s: [int(x) for x in s.split(",")], help="override, e.g. 1,10,50")
+    p.add_argument(
+        "--seats", type=lambda s: [int(x) for x in s.split(",")], help="override, e.g. 1,10,50"
+    )
     p.add_argument("--reps", type=int, help="repetitions of each repository procedure")
     p.add_argument("--cut-reps", type=int, help="repetitions of each cut size")
     args = p.parse_args(argv)

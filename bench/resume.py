@@ -83,7 +83,7 @@ from manager.checkpoint import admit  # noqa: E402
 from manager.checkpoint.gitstate import STATUS_ARGS, run_git  # noqa: E402
 from manager.checkpoint.reader import verify_file  # noqa: E402
 from manager.checkpoint.restore import place_session_file, restore_repository, session_destination  # noqa: E402
-from manager.resume_cli import _live_uids, _settings  # noqa: E402
+from manager.cli.restore import _live_uids, _settings  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
 from protocol.checkpoint import SeatCheckpoint  # noqa: E402
 
@@ -115,13 +115,19 @@ _TRACE_RE = re.compile(r"^\++ (\d+\.\d+) (.*)$")
 SHELL_SHA256 = 'set -e\ncd "$(dirname "$1")"\nsha256sum -c ckpt-repo.sha256\n'
 
 # The record's artifact names, and which field of the repository record each one is.
-SHELL_NAMES = (("ckpt-repo.bundle", "bundle"), ("ckpt-repo.index.diff", "index_diff"),
-               ("ckpt-repo.worktree.diff", "worktree_diff"), ("ckpt-repo.untracked.tar", "untracked"))
+SHELL_NAMES = (
+    ("ckpt-repo.bundle", "bundle"),
+    ("ckpt-repo.index.diff", "index_diff"),
+    ("ckpt-repo.worktree.diff", "worktree_diff"),
+    ("ckpt-repo.untracked.tar", "untracked"),
+)
 STAMP = "bench"
 
 
 def porcelain(repo: Path) -> str:
-    return anyio.run(lambda: run_git(repo, *STATUS_ARGS), backend="asyncio").stdout.decode("utf-8", "replace")
+    return anyio.run(lambda: run_git(repo, *STATUS_ARGS), backend="asyncio").stdout.decode(
+        "utf-8", "replace"
+    )
 
 
 def make_root(root: Path, env: dict[str, str]) -> None:
@@ -135,14 +141,26 @@ def make_root(root: Path, env: dict[str, str]) -> None:
     git(root, env, "commit", "-q", "-m", "one")
 
 
-def cut_seats(cli: Cli, mesh: Mesh, broker: dict[str, Any], repos: list[Path]) -> tuple[dict[str, Any], dict[str, float]]:
+def cut_seats(
+    cli: Cli, mesh: Mesh, broker: dict[str, Any], repos: list[Path]
+) -> tuple[dict[str, Any], dict[str, float]]:
     """up, spawn one scribe seat per repository, `down --preserve-state`; the result and timings."""
-    up_s, _ = timed(lambda: cli.run("up", "--detach", "--server", broker["url"], "--creds", broker["creds"]))
-    spawn_s, _ = timed(lambda: [mesh.spawn(f"s{i:02d}", "--cwd", str(r)) for i, r in enumerate(repos)])
+    up_s, _ = timed(
+        lambda: cli.run("up", "--detach", "--server", broker["url"], "--creds", broker["creds"])
+    )
+    spawn_s, _ = timed(
+        lambda: [mesh.spawn(f"s{i:02d}", "--cwd", str(r)) for i, r in enumerate(repos)]
+    )
     down_s, proc = timed(lambda: cli.run("down", "--preserve-state", "--json", timeout=900.0))
     result = json.loads(proc.stdout)
-    if result.get("failures") or result.get("journal") != "ready" or len(result.get("seats", [])) != len(repos):
-        raise RuntimeError(f"cut of {len(repos)} seat(s) did not seal cleanly: {proc.stdout}\n{proc.stderr}")
+    if (
+        result.get("failures")
+        or result.get("journal") != "ready"
+        or len(result.get("seats", [])) != len(repos)
+    ):
+        raise RuntimeError(
+            f"cut of {len(repos)} seat(s) did not seal cleanly: {proc.stdout}\n{proc.stderr}"
+        )
     return result, {"upMs": ms(up_s), "spawnAllMs": ms(spawn_s), "cutWallMs": ms(down_s)}
 
 
@@ -178,9 +196,13 @@ def prepare_shell_dir(parent: Path, seat_dir: Path, record: SeatCheckpoint) -> P
 
 
 def run_shell(script: str, root: Path, env: dict[str, str]) -> bytes:
-    proc = subprocess.run(["bash", "-c", script, "bash", str(root)], env=env, capture_output=True, check=False)
+    proc = subprocess.run(
+        ["bash", "-c", script, "bash", str(root)], env=env, capture_output=True, check=False
+    )
     if proc.returncode != 0:
-        raise RuntimeError(f"shell procedure failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
+        raise RuntimeError(
+            f"shell procedure failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}"
+        )
     return proc.stderr
 
 
@@ -217,7 +239,12 @@ def ours_steps(restore: Any) -> tuple[float, dict[str, float]]:
     def add(label: str, seconds: float) -> None:
         steps[label] = steps.get(label, 0.0) + seconds
 
-    real_git, real_extract, real_verify, real_promote = mod.run_git, mod._extract_untracked, mod.verify_file, mod._promote
+    real_git, real_extract, real_verify, real_promote = (
+        mod.run_git,
+        mod._extract_untracked,
+        mod.verify_file,
+        mod._promote,
+    )
 
     async def run_git_timed(cwd: Path, *args: str, **kw: Any) -> Any:
         t = time.perf_counter()
@@ -243,19 +270,25 @@ def ours_steps(restore: Any) -> tuple[float, dict[str, float]]:
                 return fn(*a, **k)
             finally:
                 add(label, time.perf_counter() - t)
+
         return timed_fn
 
-    with mock.patch.object(mod, "run_git", run_git_timed), \
-            mock.patch.object(mod, "_extract_untracked", wrap("untracked extraction (tarfile)", real_extract)), \
-            mock.patch.object(mod, "verify_file", wrap("digest re-check", real_verify)), \
-            mock.patch.object(mod, "_promote", wrap("promotion", real_promote)):
+    with (
+        mock.patch.object(mod, "run_git", run_git_timed),
+        mock.patch.object(
+            mod, "_extract_untracked", wrap("untracked extraction (tarfile)", real_extract)
+        ),
+        mock.patch.object(mod, "verify_file", wrap("digest re-check", real_verify)),
+        mock.patch.object(mod, "_promote", wrap("promotion", real_promote)),
+    ):
         total, _ = timed(restore)
     add("other (Python, staging, refs.txt parse)", total - sum(steps.values()))
     return total, steps
 
 
-def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *, commits: int,
-                  reps: int) -> dict[str, Any]:
+def bench_restore(
+    scratch: Path, env: dict[str, str], broker: dict[str, Any], *, commits: int, reps: int
+) -> dict[str, Any]:
     root = scratch / "source"
     make_root(root, env)
     repo = root / "seats" / "big"
@@ -263,7 +296,9 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
     build_s, shape = timed(lambda: build_history_repo(repo, env, commits=commits))
     shape.update(dirty_worktree(repo, env, staged=20, unstaged=20, untracked=300))
     shape["buildMs"] = ms(build_s)
-    shape["packBytes"] = sum(p.stat().st_size for p in (repo / ".git" / "objects" / "pack").glob("*.pack"))
+    shape["packBytes"] = sum(
+        p.stat().st_size for p in (repo / ".git" / "objects" / "pack").glob("*.pack")
+    )
     status_before = porcelain(repo)
     shape["statusEntries"] = status_before.count("\0")
     cli = Cli(root, env)
@@ -277,7 +312,9 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
     record = adm0.records[name]
     seat_dir = seat_dir_of(adm0, name)
     recorded_root = Path(record.workspace_root or "")
-    session_entries = ([record.session.pointer] if record.session.pointer else []) + list(record.session.store)
+    session_entries = ([record.session.pointer] if record.session.pointer else []) + list(
+        record.session.store
+    )
     checkpoint_bytes = sum(p.stat().st_size for p in carried.rglob("*") if p.is_file())
     home = Path(env["HOME"])
 
@@ -288,7 +325,9 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
         counter[0] += 1
         return outputs / f"{kind}-{counter[0]:03d}"
 
-    phases: dict[str, list[float]] = {k: [] for k in ("integrity", "identity", "recency", "restore", "sessions")}
+    phases: dict[str, list[float]] = {
+        k: [] for k in ("integrity", "identity", "recency", "restore", "sessions")
+    }
 
     step_samples: dict[str, dict[str, list[float]]] = {"ours": {}, "shell": {}}
 
@@ -302,8 +341,14 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
         t0 = time.perf_counter()
         adm = admit.integrity(carried)
         t1 = time.perf_counter()
-        admit.identity(adm, space=adm.manifest.space, root=recorded_root, live_uids=set(), held_uids=set(),
-                       settings_for=_settings(settings_root))
+        admit.identity(
+            adm,
+            space=adm.manifest.space,
+            root=recorded_root,
+            live_uids=set(),
+            held_uids=set(),
+            settings_for=_settings(settings_root),
+        )
         t2 = time.perf_counter()
         admit.recency(adm, now=datetime.now(UTC), accept_stale=False)
         t3 = time.perf_counter()
@@ -324,7 +369,9 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
             place_session_file(sd / entry.file.file, dest, expected_sha256=entry.file.sha256)
         t5 = time.perf_counter()
         if record_phases:
-            for key, value in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+            for key, value in zip(
+                phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True
+            ):
                 phases[key].append(value)
         return target
 
@@ -370,8 +417,17 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
         return timed(lambda: run_shell(SHELL_SHA256, probe_shell, env))[0]
 
     def rehash() -> float:
-        refs = [r for r in (record.repository.bundle, record.repository.index_diff, record.repository.worktree_diff,
-                            record.repository.untracked, record.repository.refs) if r is not None]
+        refs = [
+            r
+            for r in (
+                record.repository.bundle,
+                record.repository.index_diff,
+                record.repository.worktree_diff,
+                record.repository.untracked,
+                record.repository.refs,
+            )
+            if r is not None
+        ]
         return timed(lambda: [verify_file(seat_dir, r) for r in refs])[0]
 
     say("checking once that both procedures reproduce the recorded state")
@@ -379,7 +435,9 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
     shell_root = prepare_shell_dir(next_dir("probe-shell-run"), seat_dir, record)
     run_shell(SHELL_PROCEDURE, shell_root, env)
     check = {
-        "oursStatusMatchesRecord": porcelain(ours_probe) == record.repository.status == status_before,
+        "oursStatusMatchesRecord": porcelain(ours_probe)
+        == record.repository.status
+        == status_before,
         "shellStatusMatchesRecord": porcelain(shell_root) == record.repository.status,
         "sameTreeBytes": tree_digest(ours_probe) == tree_digest(shell_root) == tree_digest(repo),
     }
@@ -406,16 +464,39 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
         return timed(lambda: porcelain(ours_probe))[0]
 
     def verify_cli() -> float:
-        return timed(lambda: cli.run("checkpoint", "verify", str(carried), "--server", broker["url"],
-                                     "--creds", broker["creds"], "--json"))[0]
+        return timed(
+            lambda: cli.run(
+                "checkpoint",
+                "verify",
+                str(carried),
+                "--server",
+                broker["url"],
+                "--creds",
+                broker["creds"],
+                "--json",
+            )
+        )[0]
 
     def live_uids() -> float:
-        return timed(lambda: anyio.run(_live_uids, broker["url"], Path(broker["creds"]), record.space,
-                                       backend="asyncio"))[0]
+        return timed(
+            lambda: anyio.run(
+                _live_uids, broker["url"], Path(broker["creds"]), record.space, backend="asyncio"
+            )
+        )[0]
 
-    cases = {"ours": ours, "shell": shell, "oursNoFsync": ours_nofsync, "shellSha256": shell_sha256,
-             "rehash": rehash, "status": status, "liveUids": live_uids, "verifyCli": verify_cli,
-             "oursSteps": ours_traced, "shellSteps": shell_traced, "createFiles": create_files}
+    cases = {
+        "ours": ours,
+        "shell": shell,
+        "oursNoFsync": ours_nofsync,
+        "shellSha256": shell_sha256,
+        "rehash": rehash,
+        "status": status,
+        "liveUids": live_uids,
+        "verifyCli": verify_cli,
+        "oursSteps": ours_traced,
+        "shellSteps": shell_traced,
+        "createFiles": create_files,
+    }
     samples: dict[str, list[float]] = {k: [] for k in cases}
     say("warming up (one untimed run of each)")
     for fn in cases.values():
@@ -427,23 +508,32 @@ def bench_restore(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
     say(f"timing {reps} interleaved repetitions of each")
     order = list(cases)
     for rep in range(reps):
-        for key in order[rep % len(order):] + order[: rep % len(order)]:
+        for key in order[rep % len(order) :] + order[: rep % len(order)]:
             # Outside the clock: write back what earlier repetitions left dirty (and their
             # deletions), so no repetition pays for another's writeback at its first fsync.
             os.sync()
             samples[key].append(cases[key]())
     result: dict[str, Any] = {
-        "repo": shape, "reps": reps, "cut": cut_times, "checkpointBytes": checkpoint_bytes,
+        "repo": shape,
+        "reps": reps,
+        "cut": cut_times,
+        "checkpointBytes": checkpoint_bytes,
         "artifactBytes": sum(getattr(record.repository, f).bytes for _, f in SHELL_NAMES),
-        "sessionFiles": len(session_entries), "gitProcessesOurs": git_procs, "check": check,
+        "sessionFiles": len(session_entries),
+        "gitProcessesOurs": git_procs,
+        "check": check,
         "phases": {k: summarize(v) for k, v in phases.items()},
         # Medians per step over the traced repetitions (restore_repository alone on our side).
-        "stepsMs": {side: {label: ms(statistics.median(v)) for label, v in steps.items()}
-                    for side, steps in step_samples.items()},
+        "stepsMs": {
+            side: {label: ms(statistics.median(v)) for label, v in steps.items()}
+            for side, steps in step_samples.items()
+        },
     }
     for key, values in samples.items():
         result[key] = summarize(values)
-    result["ratioOursOverShell"] = round(result["ours"]["medianMs"] / result["shell"]["medianMs"], 2)
+    result["ratioOursOverShell"] = round(
+        result["ours"]["medianMs"] / result["shell"]["medianMs"], 2
+    )
     shutil.rmtree(root, ignore_errors=True)
     return result
 
@@ -500,11 +590,15 @@ def resume_phases(run: dict[str, Any], root: Path) -> dict[str, float | None]:
     # imports up to "admitting", "integrity" up to "sealed by", and so on; "tail" is finalized
     # to exit (`ps`, the observations, the output, interpreter exit).
     for (key, start), (_, end) in zip(marks, marks[1:], strict=False):
-        out[key] = round((end - start) * 1000.0, 1) if start is not None and end is not None else None
+        out[key] = (
+            round((end - start) * 1000.0, 1) if start is not None and end is not None else None
+        )
     return out
 
 
-def resume_once(scratch: Path, env: dict[str, str], broker: dict[str, Any], seats: int, rep: int) -> dict[str, Any]:
+def resume_once(
+    scratch: Path, env: dict[str, str], broker: dict[str, Any], seats: int, rep: int
+) -> dict[str, Any]:
     root = scratch / f"resume-{seats}-r{rep}"
     carried_parent = scratch / f"carried-{seats}-r{rep}"
     try:
@@ -524,39 +618,71 @@ def resume_once(scratch: Path, env: dict[str, str], broker: dict[str, Any], seat
             # Host A is gone: the whole tree, then an empty directory at the same path.
             shutil.rmtree(root)
             root.mkdir()
-            run = run_stamped([sys.executable, "-m", "manager.cli", "up", "--restore", str(carried),
-                               "--server", broker["url"], "--creds", broker["creds"], "--json", "--root", str(root)],
-                              env=env, cwd=root)
+            run = run_stamped(
+                [
+                    sys.executable,
+                    "-m",
+                    "manager.cli",
+                    "up",
+                    "--restore",
+                    str(carried),
+                    "--server",
+                    broker["url"],
+                    "--creds",
+                    broker["creds"],
+                    "--json",
+                    "--root",
+                    str(root),
+                ],
+                env=env,
+                cwd=root,
+            )
             if run["rc"] != 0:
-                raise RuntimeError(f"cotal up --restore failed ({run['rc']}):\n{run['stdout']}\n"
-                                   + "\n".join(text for _, text in run["lines"]))
+                raise RuntimeError(
+                    f"cotal up --restore failed ({run['rc']}):\n{run['stdout']}\n"
+                    + "\n".join(text for _, text in run["lines"])
+                )
             result = json.loads(run["stdout"])
             phases = resume_phases(run, root)
             rows = result.get("seats", [])
             same_uid = sum(1 for s in rows if s["sameUid"])
             same_session = sum(1 for s in rows if s["sameSession"])
             restored_ok = sum(1 for r in repos if (porcelain(r), tree_digest(r)) == before[r.name])
-            if not (len(rows) == seats == same_uid == same_session == restored_ok) or result.get("state") != "active" \
-                    or result.get("journal") != "retired":
-                raise RuntimeError(f"resume of {seats} seat(s): {len(rows)} seats, sameUid {same_uid}, sameSession "
-                                   f"{same_session}, trees {restored_ok}; {run['stdout'][:2000]}")
+            if (
+                not (len(rows) == seats == same_uid == same_session == restored_ok)
+                or result.get("state") != "active"
+                or result.get("journal") != "retired"
+            ):
+                raise RuntimeError(
+                    f"resume of {seats} seat(s): {len(rows)} seats, sameUid {same_uid}, sameSession "
+                    f"{same_session}, trees {restored_ok}; {run['stdout'][:2000]}"
+                )
             down_s, _ = timed(lambda: cli.run("down", timeout=300.0))
             survivors = mesh.survivors()
             if survivors or (root / ".cotal" / "mesh.json").exists():
-                raise RuntimeError(f"after cotal down: seat pids {survivors} alive or mesh.json left")
+                raise RuntimeError(
+                    f"after cotal down: seat pids {survivors} alive or mesh.json left"
+                )
         return {
-            "seats": seats, **cut_times,
-            "restoreWallMs": ms(run["wallS"]), "wallMs": result["wallMs"], "phasesMs": phases,
-            "sameUid": same_uid, "sameSession": same_session, "treesRestored": restored_ok,
-            "downMs": ms(down_s), "checkpointBytes": sum(s["bytes"] for s in cut["seats"]),
+            "seats": seats,
+            **cut_times,
+            "restoreWallMs": ms(run["wallS"]),
+            "wallMs": result["wallMs"],
+            "phasesMs": phases,
+            "sameUid": same_uid,
+            "sameSession": same_session,
+            "treesRestored": restored_ok,
+            "downMs": ms(down_s),
+            "checkpointBytes": sum(s["bytes"] for s in cut["seats"]),
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(carried_parent, ignore_errors=True)
 
 
-def bench_resumes(scratch: Path, env: dict[str, str], broker: dict[str, Any], *, sizes: list[int],
-                  reps: int) -> list[dict[str, Any]]:
+def bench_resumes(
+    scratch: Path, env: dict[str, str], broker: dict[str, Any], *, sizes: list[int], reps: int
+) -> list[dict[str, Any]]:
     rows = []
     for n in sizes:
         runs = []
@@ -568,19 +694,26 @@ def bench_resumes(scratch: Path, env: dict[str, str], broker: dict[str, Any], *,
             return sorted(values)[len(values) // 2]
 
         phase_keys = list(runs[0]["phasesMs"])
-        rows.append({
-            "seats": n, "reps": reps,
-            "restoreWallMs": summarize([r["restoreWallMs"] / 1000 for r in runs]),
-            "wallMsMedian": med([r["wallMs"] for r in runs]),
-            "phasesMsMedian": {k: med([r["phasesMs"][k] for r in runs if r["phasesMs"][k] is not None] or [-1.0])
-                               for k in phase_keys},
-            "downMsMedian": med([r["downMs"] for r in runs]),
-            "cutWallMsMedian": med([r["cutWallMs"] for r in runs]),
-            "spawnAllMsMedian": med([r["spawnAllMs"] for r in runs]),
-            "allSameUid": all(r["sameUid"] == n for r in runs),
-            "allSameSession": all(r["sameSession"] == n for r in runs),
-            "runs": runs,
-        })
+        rows.append(
+            {
+                "seats": n,
+                "reps": reps,
+                "restoreWallMs": summarize([r["restoreWallMs"] / 1000 for r in runs]),
+                "wallMsMedian": med([r["wallMs"] for r in runs]),
+                "phasesMsMedian": {
+                    k: med(
+                        [r["phasesMs"][k] for r in runs if r["phasesMs"][k] is not None] or [-1.0]
+                    )
+                    for k in phase_keys
+                },
+                "downMsMedian": med([r["downMs"] for r in runs]),
+                "cutWallMsMedian": med([r["cutWallMs"] for r in runs]),
+                "spawnAllMsMedian": med([r["spawnAllMs"] for r in runs]),
+                "allSameUid": all(r["sameUid"] == n for r in runs),
+                "allSameSession": all(r["sameSession"] == n for r in runs),
+                "runs": runs,
+            }
+        )
     return rows
 
 
@@ -591,16 +724,22 @@ def print_table(doc: dict[str, Any]) -> None:
     m = doc["machine"]
     out = sys.stdout.write
     out(f"cotal resume benchmark, {m['date']}\n")
-    out(f"machine: nproc {m['nproc']}, {m['cpuModel']}, {m['memGiB']} GiB, Linux {m['kernel']}, "
+    out(
+        f"machine: nproc {m['nproc']}, {m['cpuModel']}, {m['memGiB']} GiB, Linux {m['kernel']}, "
         f"Python {m['python']}, {m['git']}, {m['tar']}, scratch fs {m['scratchFs']}, "
-        f"load {' '.join(map(str, m['loadAvgAtStart']))} at start\n")
-    out(f"command: {doc['command']}; {doc['totalS']} s; load {' '.join(map(str, doc['loadAvgAtEnd']))} at end\n\n")
+        f"load {' '.join(map(str, m['loadAvgAtStart']))} at start\n"
+    )
+    out(
+        f"command: {doc['command']}; {doc['totalS']} s; load {' '.join(map(str, doc['loadAvgAtEnd']))} at end\n\n"
+    )
     r = doc["restore"]
     shape = r["repo"]
-    out(f"Admission + restore: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB pack), "
+    out(
+        f"Admission + restore: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB pack), "
         f"{shape['trackedFiles']} tracked files, {shape['staged']} staged, {shape['unstaged']} unstaged, "
         f"{shape['untracked']} untracked; checkpoint {r['checkpointBytes'] / 1e6:.2f} MB, repository artifacts "
-        f"{r['artifactBytes'] / 1e6:.2f} MB; {r['reps']} interleaved repetitions\n")
+        f"{r['artifactBytes'] / 1e6:.2f} MB; {r['reps']} interleaved repetitions\n"
+    )
     rows = [
         ("ours: 3 gates + restore_repository + sessions", r["ours"]),
         ("shell: record 6 step 7, bash -c, set -e", r["shell"]),
@@ -620,41 +759,87 @@ def print_table(doc: dict[str, Any]) -> None:
     out(f"  {'procedure':<52} {'median':>9} {'min':>9} {'max':>9}\n")
     for label, s in rows:
         out(f"  {label:<52} {s['medianMs']:>7.1f}ms {s['minMs']:>7.1f}ms {s['maxMs']:>7.1f}ms\n")
-    out(f"  ratio ours/shell (medians): {r['ratioOursOverShell']:.2f}x; one run of ours starts "
-        f"{r['gitProcessesOurs']} git processes, the shell procedure 5 (plus sha256sum, tar, mv)\n")
-    out("  where the time goes (traced repetitions, median per step; ours = restore_repository alone):\n")
+    out(
+        f"  ratio ours/shell (medians): {r['ratioOursOverShell']:.2f}x; one run of ours starts "
+        f"{r['gitProcessesOurs']} git processes, the shell procedure 5 (plus sha256sum, tar, mv)\n"
+    )
+    out(
+        "  where the time goes (traced repetitions, median per step; ours = restore_repository alone):\n"
+    )
     for side in ("ours", "shell"):
         steps = sorted(r["stepsMs"][side].items(), key=lambda kv: -kv[1])
-        out(f"    {side:<5} " + "; ".join(f"{label} {value:.1f}" for label, value in steps) + " (ms)\n")
+        out(
+            f"    {side:<5} "
+            + "; ".join(f"{label} {value:.1f}" for label, value in steps)
+            + " (ms)\n"
+        )
     out("\n")
-    out("Resume wall time: idle scribe seats, each in its own small repository; medians over repetitions\n")
-    keys = ["startup", "integrity", "identityRecency", "journal", "custody", "restore", "daemonStart", "daemonAnswer",
-            "adopt", "commitFinalize", "tail"]
-    heads = ["start", "integ", "id+rec", "journal", "custody", "restore", "daemon", "answer", "adopt", "commit", "tail"]
-    out(f"  {'seats':>5} {'reps':>4} {'wall':>8} {'wallMs':>7} " + " ".join(f"{h:>7}" for h in heads)
-        + f" {'same uid/session':>17} {'down':>7}\n")
+    out(
+        "Resume wall time: idle scribe seats, each in its own small repository; medians over repetitions\n"
+    )
+    keys = [
+        "startup",
+        "integrity",
+        "identityRecency",
+        "journal",
+        "custody",
+        "restore",
+        "daemonStart",
+        "daemonAnswer",
+        "adopt",
+        "commitFinalize",
+        "tail",
+    ]
+    heads = [
+        "start",
+        "integ",
+        "id+rec",
+        "journal",
+        "custody",
+        "restore",
+        "daemon",
+        "answer",
+        "adopt",
+        "commit",
+        "tail",
+    ]
+    out(
+        f"  {'seats':>5} {'reps':>4} {'wall':>8} {'wallMs':>7} "
+        + " ".join(f"{h:>7}" for h in heads)
+        + f" {'same uid/session':>17} {'down':>7}\n"
+    )
     for row in doc["resume"]:
         ph = row["phasesMsMedian"]
-        out(f"  {row['seats']:>5} {row['reps']:>4} {row['restoreWallMs']['medianMs']:>6.0f}ms {row['wallMsMedian']:>5.0f}ms "
+        out(
+            f"  {row['seats']:>5} {row['reps']:>4} {row['restoreWallMs']['medianMs']:>6.0f}ms {row['wallMsMedian']:>5.0f}ms "
             + " ".join(f"{ph[k]:>5.0f}ms" for k in keys)
-            + f" {str(row['allSameUid']) + '/' + str(row['allSameSession']):>17} {row['downMsMedian']:>5.0f}ms\n")
-    out("  wall: `cotal up --restore DIR --server URL --creds F --json` as a subprocess, end to end. wallMs: what\n"
+            + f" {str(row['allSameUid']) + '/' + str(row['allSameSession']):>17} {row['downMsMedian']:>5.0f}ms\n"
+        )
+    out(
+        "  wall: `cotal up --restore DIR --server URL --creds F --json` as a subprocess, end to end. wallMs: what\n"
         "  it reports. Phases run from one mark to the next (progress lines stamped as they arrive, mesh.json's\n"
         "  mtime, the manager log): start = interpreter and imports; integ = gate 1; id+rec = the broker presence\n"
         "  read, gates 2 and 3; journal = lock and resume-intent; custody = the claims here and at the broker;\n"
         "  restore = every repository and session file; daemon = starting the manager until its log says ready;\n"
         "  answer = until the CLI's status poll (every 0.1 s) reaches it and mesh.json is written; adopt =\n"
         "  resume-preserved (every seat relaunched and proven); commit = commit-resume and finalize-resume;\n"
-        "  tail = ps, output, exit. down: the plain `cotal down` after. Each column is its own median.\n")
+        "  tail = ps, output, exit. down: the plain `cotal down` after. Each column is its own median.\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="300 commits, seats 1 and 5, fewer repetitions")
-    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument(
+        "--quick", action="store_true", help="300 commits, seats 1 and 5, fewer repetitions"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON document instead of the table"
+    )
     p.add_argument("--save", metavar="FILE", help="also write the JSON document to FILE")
     p.add_argument("--commits", type=int, help="override the history size")
-    p.add_argument("--seats", type=lambda s: [int(x) for x in s.split(",")], help="override, e.g. 1,10,50")
+    p.add_argument(
+        "--seats", type=lambda s: [int(x) for x in s.split(",")], help="override, e.g. 1,10,50"
+    )
     p.add_argument("--reps", type=int, help="repetitions of each restore procedure")
     p.add_argument("--resume-reps", type=int, help="repetitions of each resume size")
     args = p.parse_args(argv)

@@ -100,11 +100,19 @@ KEY_VAR = "ANTHROPIC_API_KEY"
 CONFIG_KEYS = frozenset({"base_url", "model", "api_key_env", "binary", "extra_env"})
 # Variables this connector sets itself; an operator passing them through would silently
 # override the seat's isolation (config dir, endpoint, key) or its safety switches.
-RESERVED_ENV = frozenset({
-    "CLAUDE_CONFIG_DIR", KEY_VAR, "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL", "IS_SANDBOX",
-    "DISABLE_TELEMETRY", "DISABLE_ERROR_REPORTING", "DISABLE_AUTOUPDATER",
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
-})
+RESERVED_ENV = frozenset(
+    {
+        "CLAUDE_CONFIG_DIR",
+        KEY_VAR,
+        "ANTHROPIC_AUTH_TOKEN",
+        "ANTHROPIC_BASE_URL",
+        "IS_SANDBOX",
+        "DISABLE_TELEMETRY",
+        "DISABLE_ERROR_REPORTING",
+        "DISABLE_AUTOUPDATER",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+    }
+)
 # Offline-by-default switches, measured to leave only the configured endpoint in use.
 QUIET_ENV = {
     "DISABLE_TELEMETRY": "1",
@@ -155,7 +163,9 @@ def seat_paths(opts: LaunchOpts) -> SeatPaths:
 def transcripts(config: Path, session_id: str) -> list[Path]:
     """`projects/*/<session_id>.jsonl` in one config dir: exact file name, no prefix match."""
     try:
-        projects = sorted(e.path for e in os.scandir(config / "projects") if e.is_dir(follow_symlinks=False))
+        projects = sorted(
+            e.path for e in os.scandir(config / "projects") if e.is_dir(follow_symlinks=False)
+        )
     except FileNotFoundError:
         return []
     name = f"{session_id}.jsonl"
@@ -243,25 +253,46 @@ class ClaudeCodeConnector:
 
         ensure_seat_dir(paths.pointer.parent, agent=NAME)
         ensure_seat_dir(paths.config, agent=NAME)
-        write_private_atomic(paths.config / "settings.json", json.dumps(SETTINGS, indent=1).encode())
+        write_private_atomic(
+            paths.config / "settings.json", json.dumps(SETTINGS, indent=1).encode()
+        )
         if not opts.continue_session:
             if source is not None:
                 snapshot = _snapshot(source, paths.config, expected)
-                session_args = ["--resume", str(snapshot), "--fork-session", "--session-id", expected]
-                record = {"version": 1, "sessionId": expected, "origin": "fork", "forkOf": source.stem,
-                          "snapshot": snapshot.relative_to(paths.config).as_posix()}
+                session_args = [
+                    "--resume",
+                    str(snapshot),
+                    "--fork-session",
+                    "--session-id",
+                    expected,
+                ]
+                record = {
+                    "version": 1,
+                    "sessionId": expected,
+                    "origin": "fork",
+                    "forkOf": source.stem,
+                    "snapshot": snapshot.relative_to(paths.config).as_posix(),
+                }
             else:
                 session_args = ["--session-id", expected]
                 record = {"version": 1, "sessionId": expected, "origin": "fresh"}
-            write_private_atomic(paths.config / LAUNCH_RECORD, json.dumps(record, indent=1).encode())
+            write_private_atomic(
+                paths.config / LAUNCH_RECORD, json.dumps(record, indent=1).encode()
+            )
             drop_stale_pointer(paths.pointer)
 
         argv = [
-            binary, "-p",
-            "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
+            binary,
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+            "--verbose",
             "--replay-user-messages",
             "--disable-slash-commands",
-            "--permission-mode", "bypassPermissions",
+            "--permission-mode",
+            "bypassPermissions",
             "--strict-mcp-config",
         ]
         if cfg.model is not None:
@@ -293,7 +324,8 @@ class ClaudeCodeConnector:
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> ClaudeDriver:
         config = spec.env.get("CLAUDE_CONFIG_DIR")
         return ClaudeDriver(
-            stdin, stdout,
+            stdin,
+            stdout,
             config_dir=Path(config) if config else None,
             pointer_path=spec.session_pointer_path,
             expected_session_id=spec.expected_session_id,
@@ -314,25 +346,42 @@ def _check_config(opts: LaunchOpts) -> _Config:
     config = agent_config(NAME, opts, CONFIG_KEYS)
     base_url = config.get("base_url")
     if base_url is not None:
-        base_url = endpoint_url(NAME, base_url, otherwise=Refusal(
-            "bad-launch", f"claude connector: base_url must be an http(s) URL of an Anthropic Messages endpoint (got {base_url!r})",
-            "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it"))
+        base_url = endpoint_url(
+            NAME,
+            base_url,
+            otherwise=Refusal(
+                "bad-launch",
+                f"claude connector: base_url must be an http(s) URL of an Anthropic Messages endpoint (got {base_url!r})",
+                "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it",
+            ),
+        )
     model = opts.model or config.get("model")
     if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
-        raise Refusal("bad-launch", f"claude connector: model {model!r} is not a model name (letters, digits, ._:/@[]+-)",
-                      "pass --model or set agents.claude.model in cotal.toml")
-    api_key_env = key_env_name(NAME, config.get("api_key_env") or KEY_VAR, example="ANTHROPIC_API_KEY")
+        raise Refusal(
+            "bad-launch",
+            f"claude connector: model {model!r} is not a model name (letters, digits, ._:/@[]+-)",
+            "pass --model or set agents.claude.model in cotal.toml",
+        )
+    api_key_env = key_env_name(
+        NAME, config.get("api_key_env") or KEY_VAR, example="ANTHROPIC_API_KEY"
+    )
     api_key = os.environ.get(api_key_env)
     if not api_key:
         # The seat's config dir is private, so no login the operator made elsewhere applies:
         # without a key every turn would fail late with "Not logged in".
-        raise Refusal("bad-launch", f"claude connector needs an API key, and {api_key_env} is not set in the manager's environment",
-                      f"export {api_key_env} before starting the manager, or name another variable with agents.claude.api_key_env")
+        raise Refusal(
+            "bad-launch",
+            f"claude connector needs an API key, and {api_key_env} is not set in the manager's environment",
+            f"export {api_key_env} before starting the manager, or name another variable with agents.claude.api_key_env",
+        )
     extra_env = extra_env_names(NAME, config)
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
-        raise Refusal("bad-launch", f"claude connector: extra_env names {', '.join(clash)}, which the connector sets itself",
-                      "remove them from agents.claude.extra_env")
+        raise Refusal(
+            "bad-launch",
+            f"claude connector: extra_env names {', '.join(clash)}, which the connector sets itself",
+            "remove them from agents.claude.extra_env",
+        )
     binary = configured_binary(NAME, config, what="the claude executable")
     return _Config(base_url, model, api_key, binary, tuple(extra_env))
 
@@ -341,15 +390,21 @@ def _program(binary: str | None) -> str:
     if binary is None:
         binary = pinned_binary(NAME)
     if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-        raise Refusal("not-installed", f"claude connector: binary {binary} does not exist or is not executable",
-                      "run `python -m manager.tools install` or fix agents.claude.binary")
+        raise Refusal(
+            "not-installed",
+            f"claude connector: binary {binary} does not exist or is not executable",
+            "run `python -m manager.cli.tools install` or fix agents.claude.binary",
+        )
     return binary
 
 
 def _check_session_id(session_id: str, what: str) -> None:
     if not isinstance(session_id, str) or not UUID_RE.match(session_id):
-        raise Refusal("bad-session", f"claude connector: {what} {session_id!r} is not a Claude Code session id (a lowercase UUID)",
-                      "pass the full id exactly as recorded")
+        raise Refusal(
+            "bad-session",
+            f"claude connector: {what} {session_id!r} is not a Claude Code session id (a lowercase UUID)",
+            "pass the full id exactly as recorded",
+        )
 
 
 def _refuse_live_holder(config: Path, session_id: str) -> None:
@@ -373,8 +428,11 @@ def _refuse_live_holder(config: Path, session_id: str) -> None:
             continue
         pid = record.get("pid")
         if isinstance(pid, int) and _alive_since(pid, record.get("procStart")):
-            raise Refusal("session-busy", f"claude connector: session {session_id} is open in live process {pid}",
-                          f"stop that process (kill {pid}) before continuing the session")
+            raise Refusal(
+                "session-busy",
+                f"claude connector: session {session_id} is open in live process {pid}",
+                f"stop that process (kill {pid}) before continuing the session",
+            )
 
 
 def _alive_since(pid: int, proc_start: Any) -> bool:
@@ -385,7 +443,7 @@ def _alive_since(pid: int, proc_start: Any) -> bool:
             data = f.read()
     except OSError:
         return False
-    fields = data[data.rindex(b")") + 2:].split()
+    fields = data[data.rindex(b")") + 2 :].split()
     if fields[0] == b"Z":
         return False
     return proc_start is None or fields[19].decode() == str(proc_start)
@@ -409,9 +467,11 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
         # Claude Code looks an id up only under the cwd's project dir: from here it would say
         # "No conversation found" and exit.
         recorded = sorted({recorded_cwd(t) or t.parent.name for t in found})
-        raise Refusal("session-cwd-mismatch",
-                      f"claude connector: session {session_id} was recorded in cwd {', '.join(recorded)}, but the seat's cwd is {cwd}",
-                      f"launch the seat with cwd {recorded[0]}")
+        raise Refusal(
+            "session-cwd-mismatch",
+            f"claude connector: session {session_id} was recorded in cwd {', '.join(recorded)}, but the seat's cwd is {cwd}",
+            f"launch the seat with cwd {recorded[0]}",
+        )
     record = _read_launch_record(config)
     if record is not None and record.get("sessionId") == session_id:
         if record.get("materialized"):
@@ -443,17 +503,25 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
     if os.path.isabs(resume):
         source = Path(os.path.normpath(resume))
         if source.suffix != ".jsonl" or not UUID_RE.match(source.stem):
-            raise Refusal("bad-session", f"claude connector: {source} is not a Claude Code transcript (<session id>.jsonl)",
-                          "pass a session id or the absolute path of a transcript")
+            raise Refusal(
+                "bad-session",
+                f"claude connector: {source} is not a Claude Code transcript (<session id>.jsonl)",
+                "pass a session id or the absolute path of a transcript",
+            )
         if not source.is_file() or source.is_symlink():
-            raise Refusal("no-session", f"claude connector: transcript {source} does not exist or is not a regular file",
-                          "pass the path of an existing transcript")
+            raise Refusal(
+                "no-session",
+                f"claude connector: transcript {source} does not exist or is not a regular file",
+                "pass the path of an existing transcript",
+            )
         return source
     _check_session_id(resume, "resume")
     # The source may be this seat's own earlier session or another Claude seat's in this
     # workspace: each seat has a private config dir, all of them siblings of this one.
     configs = [paths.config] + sorted(
-        p for p in paths.pointer.parent.glob("*.config") if p != paths.config and p.is_dir() and not p.is_symlink()
+        p
+        for p in paths.pointer.parent.glob("*.config")
+        if p != paths.config and p.is_dir() and not p.is_symlink()
     )
     matches = [t for c in configs for t in transcripts(c, resume)]
     if not matches:
@@ -464,8 +532,11 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
             "pass the session id of a Claude seat in this workspace, or the absolute path of a transcript",
         )
     if len(matches) > 1:
-        raise Refusal("ambiguous-session", f"claude connector: session id {resume} names {len(matches)} transcripts: {', '.join(map(str, matches))}",
-                      "pass the absolute path of the one to fork")
+        raise Refusal(
+            "ambiguous-session",
+            f"claude connector: session id {resume} names {len(matches)} transcripts: {', '.join(map(str, matches))}",
+            "pass the absolute path of the one to fork",
+        )
     return matches[0]
 
 
@@ -481,17 +552,27 @@ def _snapshot(source: Path, config: Path, fork_id: str) -> Path:
             first = _read_capped(source, None)
             second = _read_capped(source, None)
         except OSError as exc:
-            raise Refusal("no-session", f"claude connector cannot read transcript {source}: {exc.strerror}",
-                          "check the file and its permissions") from None
+            raise Refusal(
+                "no-session",
+                f"claude connector cannot read transcript {source}: {exc.strerror}",
+                "check the file and its permissions",
+            ) from None
         if first == second:
             data = first
             break
     if data is None:
-        raise Refusal("session-busy", f"claude connector: transcript {source} kept changing while it was copied",
-                      "retry once the source seat is idle, or stop it first")
+        raise Refusal(
+            "session-busy",
+            f"claude connector: transcript {source} kept changing while it was copied",
+            "retry once the source seat is idle, or stop it first",
+        )
     data = data[: data.rfind(b"\n") + 1]
     if not data:
-        raise Refusal("no-session", f"claude connector: transcript {source} is empty", "fork a session that has had a turn")
+        raise Refusal(
+            "no-session",
+            f"claude connector: transcript {source} is empty",
+            "fork a session that has had a turn",
+        )
     target_dir = ensure_seat_dir(config / FORKS_DIR / fork_id, agent=NAME)
     target = target_dir / source.name
     # The launch record that names this copy is written next; the copy is durable first.
@@ -537,8 +618,14 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
         initial_prompt: str | None = None,
         line_cap: int = LINE_CAP,
     ) -> None:
-        super().__init__(stdin, stdout, pointer_path=pointer_path, expected_session_id=expected_session_id,
-                         initial_prompt=initial_prompt, line_cap=line_cap)
+        super().__init__(
+            stdin,
+            stdout,
+            pointer_path=pointer_path,
+            expected_session_id=expected_session_id,
+            initial_prompt=initial_prompt,
+            line_cap=line_cap,
+        )
         self._config_dir = config_dir
         self._init_lock = anyio.Lock()
         self._reported: str | None = None
@@ -559,9 +646,16 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
             # Claude Code asking us something (a permission, a hook callback). Nothing is
             # registered to ask for, so answer at once rather than leave it waiting forever.
             request = event.get("request") or {}
-            await self._send({"type": "control_response", "response": {
-                "subtype": "error", "request_id": event.get("request_id"),
-                "error": f"cotal does not serve {request.get('subtype')!r} requests"}})
+            await self._send(
+                {
+                    "type": "control_response",
+                    "response": {
+                        "subtype": "error",
+                        "request_id": event.get("request_id"),
+                        "error": f"cotal does not serve {request.get('subtype')!r} requests",
+                    },
+                }
+            )
         elif kind == "system" and event.get("subtype") == "init":
             self._observe(event.get("session_id"))
         elif kind == "user" and event.get("isReplay"):
@@ -578,7 +672,9 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
             elif turn.replayed or event.get("num_turns") == 0:
                 turn.end.resolve(event)
             else:
-                self._note("claude reported a result for a message that is not the prompt in flight")
+                self._note(
+                    "claude reported a result for a message that is not the prompt in flight"
+                )
 
     def _observe(self, session_id: Any) -> None:
         if isinstance(session_id, str) and session_id:
@@ -591,8 +687,14 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
 
     async def _control(self, subtype: str, **fields: Any) -> dict[str, Any] | None:
         """Send one control request and wait for its response; None when Claude Code is gone."""
-        return await self._request(subtype, lambda rid: {
-            "type": "control_request", "request_id": rid, "request": {"subtype": subtype, **fields}})
+        return await self._request(
+            subtype,
+            lambda rid: {
+                "type": "control_request",
+                "request_id": rid,
+                "request": {"subtype": subtype, **fields},
+            },
+        )
 
     async def _initialize(self) -> int:
         async with self._init_lock:
@@ -602,12 +704,18 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
             if response is None:
                 raise self._gone("initialize claude")
             if response.get("subtype") != "success":
-                raise Refusal("harness-error", f"claude connector: claude refused initialize: {response.get('error')}",
-                              "read the seat's log")
+                raise Refusal(
+                    "harness-error",
+                    f"claude connector: claude refused initialize: {response.get('error')}",
+                    "read the seat's log",
+                )
             pid = (response.get("response") or {}).get("pid")
             if not isinstance(pid, int) or pid <= 0:
-                raise Refusal("harness-error", "claude connector: claude's initialize response names no pid",
-                              "this Claude Code version is not the pinned one; run `python -m manager.tools install`")
+                raise Refusal(
+                    "harness-error",
+                    "claude connector: claude's initialize response names no pid",
+                    "this Claude Code version is not the pinned one; run `python -m manager.cli.tools install`",
+                )
             self.pid = pid
             return pid
 
@@ -616,7 +724,9 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
         if self._config_dir is None:
             return None
         try:
-            record = json.loads(_read_capped(self._config_dir / "sessions" / f"{pid}.json", REGISTRY_CAP))
+            record = json.loads(
+                _read_capped(self._config_dir / "sessions" / f"{pid}.json", REGISTRY_CAP)
+            )
         except (OSError, ValueError):
             return None
         if not isinstance(record, dict) or record.get("pid") != pid:
@@ -662,37 +772,59 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
         turn = _Turn(str(uuid.uuid4()), offsets)
         self._turn = turn
         try:
-            sent = await self._send({
-                "type": "user", "uuid": turn.uuid, "parent_tool_use_id": None,
-                "message": {"role": "user", "content": text},
-            })
+            sent = await self._send(
+                {
+                    "type": "user",
+                    "uuid": turn.uuid,
+                    "parent_tool_use_id": None,
+                    "message": {"role": "user", "content": text},
+                }
+            )
             if not sent:
-                return TurnOutcome("unknown", detail=f"claude's stdin closed before prompt {message_id} was delivered")
+                return TurnOutcome(
+                    "unknown",
+                    detail=f"claude's stdin closed before prompt {message_id} was delivered",
+                )
             await turn.end.done.wait()
         finally:
             self._turn = None
         if not self._materialized:
             await anyio.to_thread.run_sync(self._mark_materialized)
         if turn.end.value is None:
-            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._reader.detail}")
+            return TurnOutcome(
+                "unknown", detail=f"turn {message_id} did not end: {self._reader.detail}"
+            )
         outcome = judge_result(turn.end.value, interrupted=turn.interrupted)
         if outcome.status == "ok" and not await self._await_persisted(turn):
             # Claude Code emits `result` before its transcript write lands (measured: 50-100 ms
             # later). A turn acknowledged but lost to a crash in that window would be neither
             # in the session nor redelivered, so `ok` waits until the transcript holds it.
-            return TurnOutcome("unknown", detail=f"claude did not write turn {message_id} to its transcript "
-                               f"within {PERSIST_TIMEOUT_S:.0f}s ({self._reader.detail if self._reader.phase == 'stopped' else 'still running'})")
+            return TurnOutcome(
+                "unknown",
+                detail=f"claude did not write turn {message_id} to its transcript "
+                f"within {PERSIST_TIMEOUT_S:.0f}s ({self._reader.detail if self._reader.phase == 'stopped' else 'still running'})",
+            )
         return outcome
 
     def _mark_materialized(self) -> None:
         """Record in the launch record that the session now has a transcript, so a later
         continuation that finds none refuses instead of redoing the start (see the module doc)."""
-        if self._config_dir is None or self.session_id is None or not transcripts(self._config_dir, self.session_id):
+        if (
+            self._config_dir is None
+            or self.session_id is None
+            or not transcripts(self._config_dir, self.session_id)
+        ):
             return
         record = _read_launch_record(self._config_dir)
-        if record is not None and record.get("sessionId") == self.session_id and not record.get("materialized"):
+        if (
+            record is not None
+            and record.get("sessionId") == self.session_id
+            and not record.get("materialized")
+        ):
             record["materialized"] = True
-            write_private_atomic(self._config_dir / LAUNCH_RECORD, json.dumps(record, indent=1).encode())
+            write_private_atomic(
+                self._config_dir / LAUNCH_RECORD, json.dumps(record, indent=1).encode()
+            )
         self._materialized = True
 
     def _transcript_sizes(self) -> dict[Path, int]:
@@ -761,22 +893,32 @@ def judge_result(result: Mapping[str, Any], *, interrupted: bool = False) -> Tur
         if result.get("is_error") is True:
             return TurnOutcome("error", detail=text or "claude reported an error")
         if result.get("is_error") is not False:
-            return TurnOutcome("unknown", detail="claude's result does not say whether it is an error")
+            return TurnOutcome(
+                "unknown", detail="claude's result does not say whether it is an error"
+            )
         if not text.strip():
             return TurnOutcome("unknown", detail="the model produced no output")
         if result.get("num_turns") == 0:
             # With slash commands disabled, a message starting with '/' is answered locally and
             # recorded in the transcript; the model reads it with the next turn. Redelivering it
             # would only be answered the same way.
-            return TurnOutcome("ok", reply=text, detail="answered by claude locally, without a model turn")
-        detail = "reply truncated at the output limit (stop_reason max_tokens)" if result.get("stop_reason") == "max_tokens" else ""
+            return TurnOutcome(
+                "ok", reply=text, detail="answered by claude locally, without a model turn"
+            )
+        detail = (
+            "reply truncated at the output limit (stop_reason max_tokens)"
+            if result.get("stop_reason") == "max_tokens"
+            else ""
+        )
         return TurnOutcome("ok", reply=text, detail=detail)
     errors = result.get("errors")
     extra = f": {'; '.join(map(str, errors))}" if isinstance(errors, list) and errors else ""
     if subtype == "error_during_execution":
         if interrupted:
             return TurnOutcome("aborted", detail=f"turn interrupted{extra}")
-        return TurnOutcome("error", detail=f"claude ended the turn with error_during_execution{extra}")
+        return TurnOutcome(
+            "error", detail=f"claude ended the turn with error_during_execution{extra}"
+        )
     if isinstance(subtype, str) and subtype.startswith("error"):
         return TurnOutcome("error", detail=f"claude ended the turn with {subtype}{extra}")
     return TurnOutcome("unknown", detail=f"claude ended the turn with result subtype {subtype!r}")

@@ -29,7 +29,11 @@ T = TypeVar("T")
 SEND_TIMEOUT_S = 10.0
 INITIAL_PROMPT_ID = "initial-prompt"
 # What a failed write to a harness's stdin raises: the pipe is gone or we closed it.
-STDIN_GONE: tuple[type[BaseException], ...] = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+STDIN_GONE: tuple[type[BaseException], ...] = (
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    OSError,
+)
 _STDOUT_GONE = (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
@@ -97,7 +101,9 @@ class LineSplitter:
         return [tail] if tail and not discarding else []
 
 
-async def pump_lines(stdout: ByteReceive, on_line: Callable[[bytes], Awaitable[None]], *, cap: int, who: str) -> str:
+async def pump_lines(
+    stdout: ByteReceive, on_line: Callable[[bytes], Awaitable[None]], *, cap: int, who: str
+) -> str:
     """Hand each LF-terminated line of `stdout` (a trailing CR removed) to `on_line` until stdout
     ends or an unterminated line outgrows `cap`, which ends the pump rather than buffering
     without bound. Returns why it stopped, worded for the harness `who`."""
@@ -198,7 +204,9 @@ class LineSender:
     bound stdin is closed. `gone` is what a failed write may raise; it reports False.
     """
 
-    def __init__(self, stdin: ByteSend, *, gone: tuple[type[BaseException], ...] = STDIN_GONE) -> None:
+    def __init__(
+        self, stdin: ByteSend, *, gone: tuple[type[BaseException], ...] = STDIN_GONE
+    ) -> None:
         self._stdin = stdin
         self._gone = gone
         self._lock = anyio.Lock()
@@ -292,7 +300,9 @@ class JsonStdioDriver(Generic[TurnT]):
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._deliver_initial)
-                self._stop(await pump_lines(self._stdout, self._handle, cap=self._line_cap, who=self.who))
+                self._stop(
+                    await pump_lines(self._stdout, self._handle, cap=self._line_cap, who=self.who)
+                )
                 tg.cancel_scope.cancel()
         finally:
             self._stop("the driver's reader was cancelled")
@@ -323,15 +333,20 @@ class JsonStdioDriver(Generic[TurnT]):
         self.protocol_errors = [*self.protocol_errors[-31:], detail]
 
     def _gone(self, action: str) -> HarnessGone:
-        return HarnessGone("harness-gone", f"{self.who} connector: cannot {action}: {self._reader.detail}",
-                           f"read the seat's log for why {self.who} exited, then restart the seat")
+        return HarnessGone(
+            "harness-gone",
+            f"{self.who} connector: cannot {action}: {self._reader.detail}",
+            f"read the seat's log for why {self.who} exited, then restart the seat",
+        )
 
     # -- commands -------------------------------------------------------------------------------
 
     async def _send(self, obj: dict[str, Any]) -> bool:
         return await self._out.send(json_line(obj))
 
-    async def _request(self, kind: str, message: Callable[[str], dict[str, Any]]) -> dict[str, Any] | None:
+    async def _request(
+        self, kind: str, message: Callable[[str], dict[str, Any]]
+    ) -> dict[str, Any] | None:
         """Send `message(request id)` and wait for the reply routed to that id; None when the
         harness is gone."""
         if not self._reader.running:
@@ -346,8 +361,9 @@ class JsonStdioDriver(Generic[TurnT]):
     async def get_state(self) -> str | None:
         raise NotImplementedError
 
-    async def _write_pointer(self, status: Literal["running", "quit"], *,
-                             reopenable: Callable[[], bool] | None = None) -> None:
+    async def _write_pointer(
+        self, status: Literal["running", "quit"], *, reopenable: Callable[[], bool] | None = None
+    ) -> None:
         """Write the pointer for the session the harness reports, once it is the one this launch
         meant to open and (when `reopenable` is given) can be reopened."""
         sid, path = self.session_id, self._pointer_path
@@ -356,7 +372,9 @@ class JsonStdioDriver(Generic[TurnT]):
         if self._expected is not None and sid != self._expected:
             # Never let the pointer name a session this launch did not mean to open: the
             # manager compares the reported id with the expected one and refuses the seat.
-            self._note(f"{self.who} reports session {sid}, expected {self._expected}; pointer not written")
+            self._note(
+                f"{self.who} reports session {sid}, expected {self._expected}; pointer not written"
+            )
             return
         if self._written == (sid, status):
             return

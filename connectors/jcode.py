@@ -74,10 +74,14 @@ LINE_CAP = 16 * 1024 * 1024
 READY_TIMEOUT_S = 30.0
 
 # Upstream's texts (Cotal-AI/Cotal, extensions/connector-jcode, drain-only version), verbatim.
-CONTINUE_REFUSED = ("jcode connector does not support exact-session continuation — "
-                    "its private Harness API instance is retired with the seat")
-RESUME_REFUSED = ("jcode connector: resuming an existing session is not supported — "
-                  "the private Harness API instance never shares a session with another seat")
+CONTINUE_REFUSED = (
+    "jcode connector does not support exact-session continuation — "
+    "its private Harness API instance is retired with the seat"
+)
+RESUME_REFUSED = (
+    "jcode connector: resuming an existing session is not supported — "
+    "the private Harness API instance never shares a session with another seat"
+)
 
 
 # -- the private home ------------------------------------------------------------------------------
@@ -102,20 +106,32 @@ def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
     """
     root = Path(os.path.normpath(managed_root))
     if not root.is_absolute():
-        raise Refusal("bad-launch", f"jcode connector: the managed root {root} is not an absolute path",
-                      "set agents.jcode.home to an absolute path, or unset it to use the workspace root")
+        raise Refusal(
+            "bad-launch",
+            f"jcode connector: the managed root {root} is not an absolute path",
+            "set agents.jcode.home to an absolute path, or unset it to use the workspace root",
+        )
     for part in relparts:
         if part in ("", ".", "..") or "/" in part or "\0" in part:
-            raise Refusal("unsafe-path", f"jcode connector: private home component {part!r} would escape the managed root {root}",
-                          "use a seat name and space made of letters, digits, _ and -")
+            raise Refusal(
+                "unsafe-path",
+                f"jcode connector: private home component {part!r} would escape the managed root {root}",
+                "use a seat name and space made of letters, digits, _ and -",
+            )
     try:
         return ensure_private_dirs_below(root, relparts)
     except UnsafeDirectory as exc:
         if exc.path == root:
-            raise Refusal("unsafe-path", f"jcode connector: the managed root {root} {exc.reason}",
-                          "create it, or point agents.jcode.home at an existing directory") from None
-        raise Refusal("unsafe-path", f"jcode connector: {exc.path} {exc.reason}; a private home must not leave the managed root {root}",
-                      f"remove {exc.path} so cotal can create a plain private directory") from None
+            raise Refusal(
+                "unsafe-path",
+                f"jcode connector: the managed root {root} {exc.reason}",
+                "create it, or point agents.jcode.home at an existing directory",
+            ) from None
+        raise Refusal(
+            "unsafe-path",
+            f"jcode connector: {exc.path} {exc.reason}; a private home must not leave the managed root {root}",
+            f"remove {exc.path} so cotal can create a plain private directory",
+        ) from None
 
 
 # -- the connector --------------------------------------------------------------------------------
@@ -129,23 +145,37 @@ class JcodeConnector:
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         if opts.continue_session:
-            raise Refusal("unsupported", CONTINUE_REFUSED,
-                          "let the seat drain and spawn a fresh jcode seat (jcode seats are drain-only)")
+            raise Refusal(
+                "unsupported",
+                CONTINUE_REFUSED,
+                "let the seat drain and spawn a fresh jcode seat (jcode seats are drain-only)",
+            )
         if opts.resume:
-            raise Refusal("unsupported", RESUME_REFUSED, "spawn a fresh jcode seat without --resume")
+            raise Refusal(
+                "unsupported", RESUME_REFUSED, "spawn a fresh jcode seat without --resume"
+            )
         check_prompt(NAME, opts.prompt)
         check_space(opts.space)
         check_seat_name(opts.name)
         config = agent_config(NAME, opts, CONFIG_KEYS, dropped="at launch")
         model = opts.model or config.get("model")
         if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
-            raise Refusal("bad-launch", f"jcode connector: model {model!r} is not a model name (letters, digits, ._:/@+-)",
-                          "pass --model or set agents.jcode.model in cotal.toml")
+            raise Refusal(
+                "bad-launch",
+                f"jcode connector: model {model!r} is not a model name (letters, digits, ._:/@+-)",
+                "pass --model or set agents.jcode.model in cotal.toml",
+            )
         home_cfg = config.get("home")
         if home_cfg is not None and not isinstance(home_cfg, str):
-            raise Refusal("bad-launch", f"jcode connector: home must be a path, got {home_cfg!r}", "fix agents.jcode.home")
+            raise Refusal(
+                "bad-launch",
+                f"jcode connector: home must be a path, got {home_cfg!r}",
+                "fix agents.jcode.home",
+            )
         # A relative home is anchored at the workspace root, like every other seat path.
-        managed_root = Path(opts.workspace_root) / home_cfg if home_cfg else Path(opts.workspace_root)
+        managed_root = (
+            Path(opts.workspace_root) / home_cfg if home_cfg else Path(opts.workspace_root)
+        )
         env = base_env(opts)
         binary = _program(config.get("binary"), env)
         cwd = seat_cwd(NAME, opts)
@@ -174,20 +204,33 @@ def _program(binary: Any, env: Mapping[str, str]) -> str:
     if binary is None:
         found = shutil.which(DEFAULT_BINARY, path=env.get("PATH"))
         if found is None:
-            raise Refusal("not-installed", "jcode connector: no `jcode` on the manager's PATH",
-                          "install jcode (with a cotal JSON-lines adapter) or set agents.jcode.binary to its absolute path")
+            raise Refusal(
+                "not-installed",
+                "jcode connector: no `jcode` on the manager's PATH",
+                "install jcode (with a cotal JSON-lines adapter) or set agents.jcode.binary to its absolute path",
+            )
         return found
     if not isinstance(binary, str) or not binary:
-        raise Refusal("bad-launch", f"jcode connector: binary must be a path, got {binary!r}", "fix agents.jcode.binary")
+        raise Refusal(
+            "bad-launch",
+            f"jcode connector: binary must be a path, got {binary!r}",
+            "fix agents.jcode.binary",
+        )
     if not os.path.isabs(binary):
         found = shutil.which(binary, path=env.get("PATH"))
         if found is None:
-            raise Refusal("not-installed", f"jcode connector: {binary!r} is not on the manager's PATH",
-                          "set agents.jcode.binary to an absolute path")
+            raise Refusal(
+                "not-installed",
+                f"jcode connector: {binary!r} is not on the manager's PATH",
+                "set agents.jcode.binary to an absolute path",
+            )
         return found
     if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-        raise Refusal("not-installed", f"jcode connector: binary {binary} does not exist or is not executable",
-                      "fix agents.jcode.binary")
+        raise Refusal(
+            "not-installed",
+            f"jcode connector: binary {binary} does not exist or is not executable",
+            "fix agents.jcode.binary",
+        )
     return binary
 
 
@@ -219,7 +262,9 @@ class JcodeCodec:
             return Ready(_text(event, "session"))
         if kind == "state":
             session = event.get("session")
-            return StateReported(_text(event, "id"), session if isinstance(session, str) and session else None)
+            return StateReported(
+                _text(event, "id"), session if isinstance(session, str) and session else None
+            )
         if kind == "turn_start":
             return TurnStarted(_text(event, "id"))
         if kind == "delta":
@@ -256,7 +301,9 @@ class JcodeDriver(JsonLinesDriver):
     """The generic JSON-lines driver plus the launch's initial prompt, delivered as turn 0 once
     the harness is ready and before any inbox message."""
 
-    def __init__(self, stdin: ByteSend, stdout: ByteReceive, *, initial_prompt: str | None = None) -> None:
+    def __init__(
+        self, stdin: ByteSend, stdout: ByteReceive, *, initial_prompt: str | None = None
+    ) -> None:
         super().__init__(stdin, stdout, JcodeCodec(), line_cap=LINE_CAP)
         self._initial = initial_prompt
         self._initial_lock = anyio.Lock()

@@ -215,7 +215,9 @@ class JsonLinesDriver:
                 return TurnOutcome("unknown", detail=f"not delivered: {self._reader.detail}")
             with self._turns.expect(message_id) as waiter:
                 if not await self._out.send(self._codec.encode_prompt(text, message_id)):
-                    return TurnOutcome("unknown", detail="harness stdin closed before the prompt was delivered")
+                    return TurnOutcome(
+                        "unknown", detail="harness stdin closed before the prompt was delivered"
+                    )
                 await waiter.done.wait()
         match waiter.value:
             case TurnEnded(outcome=outcome):

@@ -21,7 +21,18 @@ from protocol.names import check_lifecycle_uid, check_seat_name
 
 # Only these variables of the manager's environment reach a seat; the operator's tokens and
 # keys do not leak into a harness by accident.
-ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR", "USER", "LOGNAME", "TZ")
+ENV_ALLOW = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "TMPDIR",
+    "USER",
+    "LOGNAME",
+    "TZ",
+)
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # A session id in the lowercase UUID form pi and Claude Code both mint.
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -56,7 +67,9 @@ def check_prompt(agent: str, prompt: str | None) -> None:
     if prompt is None:
         return
     if not prompt.strip():
-        raise Refusal("bad-prompt", f"{agent} connector refuses an empty prompt", "pass a non-empty --prompt")
+        raise Refusal(
+            "bad-prompt", f"{agent} connector refuses an empty prompt", "pass a non-empty --prompt"
+        )
     if prompt.startswith(("-", "@")):
         raise Refusal(
             "bad-prompt",
@@ -73,15 +86,24 @@ def launch_prompt(opts: LaunchOpts) -> str | None:
 def seat_cwd(agent: str, opts: LaunchOpts) -> Path:
     cwd = Path(os.path.abspath(opts.cwd))
     if not cwd.is_dir():
-        raise Refusal("bad-cwd", f"{agent} connector: cwd {cwd} is not a directory", "pass an existing directory as the seat's cwd")
+        raise Refusal(
+            "bad-cwd",
+            f"{agent} connector: cwd {cwd} is not a directory",
+            "pass an existing directory as the seat's cwd",
+        )
     return cwd
 
 
 # -- the operator's per-agent config --------------------------------------------------------------
 
 
-def agent_config(agent: str, opts: LaunchOpts, keys: Collection[str], *,
-                 dropped: str = "at launch and on every restart") -> Mapping[str, Any]:
+def agent_config(
+    agent: str,
+    opts: LaunchOpts,
+    keys: Collection[str],
+    *,
+    dropped: str = "at launch and on every restart",
+) -> Mapping[str, Any]:
     """The config, once every key in it is one the connector honours. A key silently dropped
     would not survive into a crash restart either, so it is refused by name."""
     config: Mapping[str, Any] = opts.config or {}
@@ -101,23 +123,34 @@ def endpoint_url(agent: str, value: Any, *, otherwise: Refusal) -> str:
     if isinstance(value, str) and _URL_RE.match(value):
         return value
     if isinstance(value, str) and "@" in value:
-        raise Refusal("bad-launch", f"{agent} connector: base_url must not carry credentials (user:password@)",
-                      "put the key in an environment variable and name it with api_key_env")
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector: base_url must not carry credentials (user:password@)",
+            "put the key in an environment variable and name it with api_key_env",
+        )
     raise otherwise
 
 
 def key_env_name(agent: str, value: Any, *, example: str) -> str:
     if not isinstance(value, str) or not ENV_NAME_RE.match(value):
-        raise Refusal("bad-launch", f"{agent} connector: api_key_env {value!r} is not an environment variable name",
-                      f"name the variable that holds the key, e.g. {example}")
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector: api_key_env {value!r} is not an environment variable name",
+            f"name the variable that holds the key, e.g. {example}",
+        )
     return value
 
 
 def extra_env_names(agent: str, config: Mapping[str, Any]) -> list[str]:
     extra_env = config.get("extra_env") or []
-    if not isinstance(extra_env, list | tuple) or not all(isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env):
-        raise Refusal("bad-launch", f"{agent} connector: extra_env must be a list of environment variable names, got {extra_env!r}",
-                      f"fix agents.{agent}.extra_env in cotal.toml")
+    if not isinstance(extra_env, list | tuple) or not all(
+        isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env
+    ):
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector: extra_env must be a list of environment variable names, got {extra_env!r}",
+            f"fix agents.{agent}.extra_env in cotal.toml",
+        )
     return list(extra_env)
 
 
@@ -125,8 +158,11 @@ def configured_binary(agent: str, config: Mapping[str, Any], *, what: str) -> st
     """`binary` from the config, which must be an absolute path to `what`; None when unset."""
     binary = config.get("binary")
     if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
-        raise Refusal("bad-launch", f"{agent} connector: binary must be an absolute path, got {binary!r}",
-                      f"set agents.{agent}.binary to the absolute path of {what}, or unset it to use the pinned install")
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector: binary must be an absolute path, got {binary!r}",
+            f"set agents.{agent}.binary to the absolute path of {what}, or unset it to use the pinned install",
+        )
     return binary
 
 
@@ -134,7 +170,7 @@ def pinned_binary(agent: str) -> str:
     """Where the installer put the pinned harness `agent`."""
     # Imported here so a connector module stays importable (and its refusals testable) where
     # the installer's repository layout is absent.
-    from manager.tools import which
+    from manager.cli.tools import which
 
     return str(which(agent))
 
@@ -159,17 +195,26 @@ def seat_files(agent: str, opts: LaunchOpts, store_suffix: str) -> SeatFiles:
     root = Path(os.path.normpath(opts.workspace_root))
     pointer = Path(os.path.normpath(opts.session_pointer_path))
     if not root.is_absolute() or not pointer.is_absolute():
-        raise Refusal("bad-launch", f"{agent} connector needs absolute paths (root {root}, pointer {pointer})",
-                      "pass the workspace root and pointer path as absolute paths")
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector needs absolute paths (root {root}, pointer {pointer})",
+            "pass the workspace root and pointer path as absolute paths",
+        )
     if pointer.suffix != ".json":
-        raise Refusal("bad-launch", f"{agent} connector: the session pointer {pointer} must end in .json",
-                      f"use the workspace layout's pointer path (.cotal/sessions/{agent}/<name>-<uid>.json)")
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector: the session pointer {pointer} must end in .json",
+            f"use the workspace layout's pointer path (.cotal/sessions/{agent}/<name>-<uid>.json)",
+        )
     store = pointer.with_suffix(store_suffix)
     try:
         relpath = store.relative_to(root).as_posix()
     except ValueError:
-        raise Refusal("bad-launch", f"{agent} connector: the session pointer {pointer} is outside the workspace root {root}",
-                      "keep the pointer under <root>/.cotal so the session store is captured relative to the root") from None
+        raise Refusal(
+            "bad-launch",
+            f"{agent} connector: the session pointer {pointer} is outside the workspace root {root}",
+            "keep the pointer under <root>/.cotal so the session store is captured relative to the root",
+        ) from None
     return SeatFiles(pointer=pointer, store=store, store_relpath=relpath)
 
 

@@ -110,8 +110,11 @@ def read_session_header(path: Path) -> dict[str, Any]:
         ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refusal("bad-session", f"pi connector: session file {path} is not a regular file",
-                          "check the seat's session store")
+            raise Refusal(
+                "bad-session",
+                f"pi connector: session file {path} is not a regular file",
+                "check the seat's session store",
+            )
         head = os.read(fd, HEADER_CAP)
     finally:
         os.close(fd)
@@ -120,9 +123,16 @@ def read_session_header(path: Path) -> dict[str, Any]:
         header = json.loads(line)
     except ValueError:
         header = None
-    if not isinstance(header, dict) or header.get("type") != "session" or not isinstance(header.get("id"), str):
-        raise Refusal("bad-session", f"pi connector: {path} does not start with a pi session header",
-                      "check the seat's session store; the file is not a pi session")
+    if (
+        not isinstance(header, dict)
+        or header.get("type") != "session"
+        or not isinstance(header.get("id"), str)
+    ):
+        raise Refusal(
+            "bad-session",
+            f"pi connector: {path} does not start with a pi session header",
+            "check the seat's session store; the file is not a pi session",
+        )
     return header
 
 
@@ -150,8 +160,12 @@ def seat_paths(opts: LaunchOpts) -> SeatPaths:
     # The store is the pointer's sibling by construction, so the driver can find the pointer
     # from the session file pi reports, with no per-launch state outside the files.
     files = seat_files(NAME, opts, ".store")
-    return SeatPaths(pointer=files.pointer, store=files.store, agent=files.pointer.with_suffix(".agent"),
-                     store_relpath=files.store_relpath)
+    return SeatPaths(
+        pointer=files.pointer,
+        store=files.store,
+        agent=files.pointer.with_suffix(".agent"),
+        store_relpath=files.store_relpath,
+    )
 
 
 def pointer_for_session_file(session_file: str | Path) -> Path | None:
@@ -198,7 +212,10 @@ class PiConnector:
         # Everything that can refuse is read-only and comes first, so a refusal changes nothing.
         expected: str | None = None
         if opts.continue_session:
-            session_args = ["--session", str(_continuation_file(paths.store, opts.continue_session, cwd))]
+            session_args = [
+                "--session",
+                str(_continuation_file(paths.store, opts.continue_session, cwd)),
+            ]
             expected = opts.continue_session
         elif opts.resume:
             session_args = ["--fork", str(_fork_source(paths, opts.resume))]
@@ -214,12 +231,18 @@ class PiConnector:
             drop_stale_pointer(paths.pointer)
 
         argv += [
-            "--mode", "rpc",
+            "--mode",
+            "rpc",
             "--offline",
-            "--no-extensions", "--no-skills", "--no-prompt-templates",
-            "--session-dir", str(paths.store),
-            "--provider", cfg.provider,
-            "--model", cfg.model,
+            "--no-extensions",
+            "--no-skills",
+            "--no-prompt-templates",
+            "--session-dir",
+            str(paths.store),
+            "--provider",
+            cfg.provider,
+            "--model",
+            cfg.model,
             *session_args,
         ]
         env.update(
@@ -244,7 +267,8 @@ class PiConnector:
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> PiDriver:
         return PiDriver(
-            stdin, stdout,
+            stdin,
+            stdout,
             pointer_path=spec.session_pointer_path,
             expected_session_id=spec.expected_session_id,
             initial_prompt=spec.initial_prompt,
@@ -264,19 +288,29 @@ class _Config:
 def _check_config(opts: LaunchOpts) -> _Config:
     config = agent_config(NAME, opts, CONFIG_KEYS)
     base_url = config.get("base_url")
-    base_url = endpoint_url(NAME, base_url, otherwise=Refusal(
-        "bad-launch",
-        f"pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got {base_url!r})",
-        "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
-    ))
+    base_url = endpoint_url(
+        NAME,
+        base_url,
+        otherwise=Refusal(
+            "bad-launch",
+            f"pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got {base_url!r})",
+            "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
+        ),
+    )
     model = opts.model or config.get("model")
     if not isinstance(model, str) or not MODEL_RE.match(model):
-        raise Refusal("bad-launch", f"pi connector needs a model id (letters, digits, ._:/@+-), got {model!r}",
-                      "pass --model or set agents.pi.model in cotal.toml")
+        raise Refusal(
+            "bad-launch",
+            f"pi connector needs a model id (letters, digits, ._:/@+-), got {model!r}",
+            "pass --model or set agents.pi.model in cotal.toml",
+        )
     provider = config.get("provider") or DEFAULT_PROVIDER
     if not isinstance(provider, str) or not PROVIDER_RE.match(provider):
-        raise Refusal("bad-launch", f"pi connector: provider {provider!r} is not a simple name",
-                      "use letters, digits, _ and -")
+        raise Refusal(
+            "bad-launch",
+            f"pi connector: provider {provider!r} is not a simple name",
+            "use letters, digits, _ and -",
+        )
     api_key_env = config.get("api_key_env")
     passthrough: list[str] = []
     if api_key_env is not None:
@@ -284,8 +318,11 @@ def _check_config(opts: LaunchOpts) -> _Config:
         if not os.environ.get(api_key_env):
             # pi would send the variable's *name* as the key (its value resolution falls back
             # to the literal), which fails late and confusingly at the first turn.
-            raise Refusal("bad-launch", f"pi connector: api_key_env names {api_key_env}, which is not set in the manager's environment",
-                          f"export {api_key_env} before starting the manager, or drop api_key_env")
+            raise Refusal(
+                "bad-launch",
+                f"pi connector: api_key_env names {api_key_env}, which is not set in the manager's environment",
+                f"export {api_key_env} before starting the manager, or drop api_key_env",
+            )
         passthrough.append(api_key_env)
     passthrough += [n for n in extra_env_names(NAME, config) if not n.startswith("PI_")]
     binary = configured_binary(NAME, config, what="pi's cli.js")
@@ -296,14 +333,21 @@ def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:
     if binary is None:
         binary = pinned_binary(NAME)
     if not os.path.isfile(binary):
-        raise Refusal("not-installed", f"pi connector: binary {binary} does not exist",
-                      "run `python -m manager.tools install` or fix agents.pi.binary")
+        raise Refusal(
+            "not-installed",
+            f"pi connector: binary {binary} does not exist",
+            "run `python -m manager.cli.tools install` or fix agents.pi.binary",
+        )
     if binary.endswith((".js", ".mjs")):
         # Run the entry script with an explicit node, not its `#!/usr/bin/env node` shebang, so
         # the seat's PATH cannot pick another interpreter.
         node = shutil.which("node", path=env.get("PATH"))
         if node is None:
-            raise Refusal("no-node", "pi connector: node is not on the manager's PATH", "install Node.js >= 20")
+            raise Refusal(
+                "no-node",
+                "pi connector: node is not on the manager's PATH",
+                "install Node.js >= 20",
+            )
         return [node, binary]
     return [binary]
 
@@ -322,12 +366,22 @@ def _write_agent_config(agent_dir: Path, cfg: _Config) -> None:
                 "apiKey": cfg.api_key_env or NO_KEY,
                 # Generic OpenAI-compatible servers reject the `developer` role and
                 # reasoning_effort; plain system messages work everywhere.
-                "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False, "supportsStore": False},
-                "models": [{
-                    "id": cfg.model, "name": cfg.model, "reasoning": False, "input": ["text"],
-                    "contextWindow": 128000, "maxTokens": 4096,
-                    "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
-                }],
+                "compat": {
+                    "supportsDeveloperRole": False,
+                    "supportsReasoningEffort": False,
+                    "supportsStore": False,
+                },
+                "models": [
+                    {
+                        "id": cfg.model,
+                        "name": cfg.model,
+                        "reasoning": False,
+                        "input": ["text"],
+                        "contextWindow": 128000,
+                        "maxTokens": 4096,
+                        "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                    }
+                ],
             }
         }
     }
@@ -372,23 +426,31 @@ def _single_match(session_id: str, matches: list[Path], where: str) -> Path:
 
 def _continuation_file(store: Path, session_id: str, cwd: Path) -> Path:
     _check_session_id(session_id, "continueSession")
-    path = _single_match(session_id, find_session_file(store, session_id), f"the seat's store {store}")
+    path = _single_match(
+        session_id, find_session_file(store, session_id), f"the seat's store {store}"
+    )
     header = read_session_header(path)
     if header["id"] != session_id:
-        raise Refusal("session-mismatch",
-                      f"pi connector: {path} is named for session {session_id} but its header says {header['id']}",
-                      "the store was edited by hand; restore it from the checkpoint")
+        raise Refusal(
+            "session-mismatch",
+            f"pi connector: {path} is named for session {session_id} but its header says {header['id']}",
+            "the store was edited by hand; restore it from the checkpoint",
+        )
     recorded = header.get("cwd")
     # pi runs a reopened session in the cwd its header recorded, not in the one it was
     # launched from, and exits if that directory is gone: both are refused here, by name.
     if not isinstance(recorded, str) or not os.path.isdir(recorded):
-        raise Refusal("session-cwd-missing",
-                      f"pi connector: session {session_id} was recorded in cwd {recorded!r}, which does not exist on this host",
-                      "restore the workspace at that path (same workspace root on both hosts)")
+        raise Refusal(
+            "session-cwd-missing",
+            f"pi connector: session {session_id} was recorded in cwd {recorded!r}, which does not exist on this host",
+            "restore the workspace at that path (same workspace root on both hosts)",
+        )
     if os.path.realpath(recorded) != os.path.realpath(cwd):
-        raise Refusal("session-cwd-mismatch",
-                      f"pi connector: session {session_id} was recorded in cwd {recorded}, but the seat's cwd is {cwd}; pi would silently run in {recorded}",
-                      f"launch the seat with cwd {recorded}")
+        raise Refusal(
+            "session-cwd-mismatch",
+            f"pi connector: session {session_id} was recorded in cwd {recorded}, but the seat's cwd is {cwd}; pi would silently run in {recorded}",
+            f"launch the seat with cwd {recorded}",
+        )
     return path
 
 
@@ -405,15 +467,24 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
     matches = [f for s in stores for f in find_session_file(s, resume)]
     source = _single_match(resume, matches, f"the pi stores under {paths.pointer.parent}")
     if read_session_header(source)["id"] != resume:
-        raise Refusal("session-mismatch", f"pi connector: {source} is named for session {resume} but its header disagrees",
-                      "restore the store from the checkpoint")
+        raise Refusal(
+            "session-mismatch",
+            f"pi connector: {source} is named for session {resume} but its header disagrees",
+            "restore the store from the checkpoint",
+        )
     return source
 
 
 def _seed_fresh_session(store: Path, session_id: str, cwd: Path) -> Path:
     now = datetime.now(UTC)
     stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-    header = {"type": "session", "version": SESSION_VERSION, "id": session_id, "timestamp": stamp, "cwd": str(cwd)}
+    header = {
+        "type": "session",
+        "version": SESSION_VERSION,
+        "id": session_id,
+        "timestamp": stamp,
+        "cwd": str(cwd),
+    }
     path = store / f"{stamp.replace(':', '-').replace('.', '-')}_{session_id}.jsonl"
     create_private_new(path, (json.dumps(header, separators=(",", ":")) + "\n").encode())
     return path
@@ -449,8 +520,14 @@ class PiDriver(JsonStdioDriver[_Turn]):
         initial_prompt: str | None = None,
         line_cap: int = LINE_CAP,
     ) -> None:
-        super().__init__(stdin, stdout, pointer_path=pointer_path, expected_session_id=expected_session_id,
-                         initial_prompt=initial_prompt, line_cap=line_cap)
+        super().__init__(
+            stdin,
+            stdout,
+            pointer_path=pointer_path,
+            expected_session_id=expected_session_id,
+            initial_prompt=initial_prompt,
+            line_cap=line_cap,
+        )
         self.session_file: str | None = None
 
     # -- reader ---------------------------------------------------------------------------------
@@ -461,7 +538,10 @@ class PiDriver(JsonStdioDriver[_Turn]):
             return
         kind = event.get("type")
         if kind == "response":
-            if not self._pending.resolve(str(event.get("id")), event) and event.get("success") is False:
+            if (
+                not self._pending.resolve(str(event.get("id")), event)
+                and event.get("success") is False
+            ):
                 self._note(f"pi rejected a command: {event.get('error')}")
         elif kind == "agent_start":
             if self._turn is not None:
@@ -469,10 +549,17 @@ class PiDriver(JsonStdioDriver[_Turn]):
         elif kind == "agent_end":
             if self._turn is not None and self._turn.started:
                 self._turn.end.resolve(event)
-        elif kind == "extension_ui_request" and event.get("method") in ("select", "confirm", "input", "editor"):
+        elif kind == "extension_ui_request" and event.get("method") in (
+            "select",
+            "confirm",
+            "input",
+            "editor",
+        ):
             # Extensions are disabled; should a dialog appear anyway, dismiss it so pi never
             # blocks waiting for a human who is not there.
-            await self._send({"type": "extension_ui_response", "id": event.get("id"), "cancelled": True})
+            await self._send(
+                {"type": "extension_ui_response", "id": event.get("id"), "cancelled": True}
+            )
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -486,8 +573,11 @@ class PiDriver(JsonStdioDriver[_Turn]):
         if response is None:
             raise self._gone("query pi's state")
         if not response.get("success"):
-            raise Refusal("harness-error", f"pi connector: pi refused get_state: {response.get('error')}",
-                          "read the seat's log")
+            raise Refusal(
+                "harness-error",
+                f"pi connector: pi refused get_state: {response.get('error')}",
+                "read the seat's log",
+            )
         data = response.get("data") or {}
         sid, sfile = data.get("sessionId"), data.get("sessionFile")
         self.session_id = sid if isinstance(sid, str) and sid else None
@@ -496,8 +586,9 @@ class PiDriver(JsonStdioDriver[_Turn]):
         self.state_known.set()
         return self.session_id
 
-    async def _write_pointer(self, status: Literal["running", "quit"], *,
-                             reopenable: Callable[[], bool] | None = None) -> None:
+    async def _write_pointer(
+        self, status: Literal["running", "quit"], *, reopenable: Callable[[], bool] | None = None
+    ) -> None:
         # The pointer must only ever name a session that can be reopened by its file.
         sfile = self.session_file
         if sfile is not None:
@@ -519,14 +610,21 @@ class PiDriver(JsonStdioDriver[_Turn]):
         try:
             response = await self._command("prompt", message=text)
             if response is None:
-                return TurnOutcome("unknown", detail=f"pi did not acknowledge prompt {message_id}: {self._reader.detail}")
+                return TurnOutcome(
+                    "unknown",
+                    detail=f"pi did not acknowledge prompt {message_id}: {self._reader.detail}",
+                )
             if not response.get("success"):
-                return TurnOutcome("error", detail=f"pi refused prompt {message_id}: {response.get('error')}")
+                return TurnOutcome(
+                    "error", detail=f"pi refused prompt {message_id}: {response.get('error')}"
+                )
             await turn.end.done.wait()
         finally:
             self._turn = None
         if turn.end.value is None:
-            return TurnOutcome("unknown", detail=f"turn {message_id} did not end: {self._reader.detail}")
+            return TurnOutcome(
+                "unknown", detail=f"turn {message_id} did not end: {self._reader.detail}"
+            )
         outcome = judge_turn(text, turn.end.value)
         # Every outcome that reached agent_end left a session file behind (pi persists on the
         # first assistant message, error or not); make the pointer durable before any ack.
@@ -545,7 +643,9 @@ def _text_of(message: Mapping[str, Any]) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
     return ""
 
 
@@ -569,7 +669,9 @@ def judge_turn(sent: str, agent_end: Mapping[str, Any]) -> TurnOutcome:
         return TurnOutcome("unknown", detail=f"pi ended the turn with stopReason {reason!r}")
     produced = any(
         (p.get("type") == "text" and str(p.get("text", "")).strip()) or p.get("type") == "toolCall"
-        for m in assistants for p in (m.get("content") or []) if isinstance(p, dict)
+        for m in assistants
+        for p in (m.get("content") or [])
+        if isinstance(p, dict)
     )
     if not produced:
         return TurnOutcome("unknown", detail="the model produced no output")

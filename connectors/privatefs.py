@@ -70,7 +70,9 @@ def ensure_private_dir(path: Path) -> Path:
             "remove it so cotal can create a private 0700 directory",
         )
     if st.st_uid != os.geteuid():
-        raise Refusal("unsafe-path", f"{path} is owned by uid {st.st_uid}, not by us", "fix its ownership")
+        raise Refusal(
+            "unsafe-path", f"{path} is owned by uid {st.st_uid}, not by us", "fix its ownership"
+        )
     if stat.S_IMODE(st.st_mode) != DIR_MODE:
         os.chmod(path, DIR_MODE)
     return path
@@ -146,10 +148,14 @@ def ensure_private_dirs_below(root: Path, relparts: Sequence[str]) -> Path:
             except FileExistsError:
                 pass
             try:
-                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                child = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    what = "a symlink" if stat.S_ISLNK(os.lstat(path).st_mode) else "not a directory"
+                    what = (
+                        "a symlink" if stat.S_ISLNK(os.lstat(path).st_mode) else "not a directory"
+                    )
                     raise UnsafeDirectory(path, f"is {what}") from None
                 raise
             os.close(fd)
@@ -166,14 +172,16 @@ def ensure_private_dirs_below(root: Path, relparts: Sequence[str]) -> Path:
 def _durable_temp(path: Path, data: bytes) -> Path:
     """A sibling temp file of `path` holding `data`, 0600 and fsynced; removed on failure."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    fd = os.open(
+        tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE
+    )
     try:
         try:
             # The umask may only have narrowed the mode; make it exactly 0600.
             os.fchmod(fd, FILE_MODE)
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -263,14 +271,20 @@ def _read_stable_once(path: Path, *, cap: int, what: str, require_private: bool)
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise Refusal("unsafe-path", f"{what} {path} is a symlink", "replace it with the real file") from None
+            raise Refusal(
+                "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
+            ) from None
         if exc.errno == errno.ENOENT:
             raise Refusal("missing", f"{what} {path} does not exist", "check the path") from None
         raise
     try:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
-            raise Refusal("unsafe-path", f"{what} {path} is not a regular file", "replace it with the real file")
+            raise Refusal(
+                "unsafe-path",
+                f"{what} {path} is not a regular file",
+                "replace it with the real file",
+            )
         if require_private and stat.S_IMODE(before.st_mode) & 0o077:
             raise Refusal(
                 "not-private",
@@ -278,7 +292,11 @@ def _read_stable_once(path: Path, *, cap: int, what: str, require_private: bool)
                 f"chmod 600 {path}",
             )
         if before.st_size > cap:
-            raise Refusal("too-large", f"{what} {path} is {before.st_size} bytes, over the {cap}-byte cap", "check the file")
+            raise Refusal(
+                "too-large",
+                f"{what} {path} is {before.st_size} bytes, over the {cap}-byte cap",
+                "check the file",
+            )
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -287,7 +305,11 @@ def _read_stable_once(path: Path, *, cap: int, what: str, require_private: bool)
                 break
             total += len(chunk)
             if total > cap:
-                raise Refusal("too-large", f"{what} {path} grew past the {cap}-byte cap while being read", "retry once it is quiet")
+                raise Refusal(
+                    "too-large",
+                    f"{what} {path} grew past the {cap}-byte cap while being read",
+                    "retry once it is quiet",
+                )
             chunks.append(chunk)
         after = os.fstat(fd)
     finally:
@@ -296,6 +318,14 @@ def _read_stable_once(path: Path, *, cap: int, what: str, require_private: bool)
         again = os.lstat(path)
     except FileNotFoundError:
         again = None
-    if again is None or _identity(before) != _identity(after) or _identity(after) != _identity(again):
-        raise Refusal("unstable", f"{what} {path} changed while it was being read", "retry once nothing writes to it")
+    if (
+        again is None
+        or _identity(before) != _identity(after)
+        or _identity(after) != _identity(again)
+    ):
+        raise Refusal(
+            "unstable",
+            f"{what} {path} changed while it was being read",
+            "retry once nothing writes to it",
+        )
     return StableRead(b"".join(chunks), after)

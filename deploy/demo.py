@@ -21,20 +21,32 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PHRASE = "juniper-ledger-41"
-GIT_ENV = {"GIT_AUTHOR_NAME": "demo", "GIT_AUTHOR_EMAIL": "demo@example.invalid",
-           "GIT_COMMITTER_NAME": "demo", "GIT_COMMITTER_EMAIL": "demo@example.invalid"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "demo",
+    "GIT_AUTHOR_EMAIL": "demo@example.invalid",
+    "GIT_COMMITTER_NAME": "demo",
+    "GIT_COMMITTER_EMAIL": "demo@example.invalid",
+}
 
 
 def env() -> dict[str, str]:
     return {**os.environ, **GIT_ENV, "PYTHONPATH": str(REPO)}
 
 
-def cotal(root: Path, *args: str, check: bool = True, show: bool = True) -> subprocess.CompletedProcess[str]:
+def cotal(
+    root: Path, *args: str, check: bool = True, show: bool = True
+) -> subprocess.CompletedProcess[str]:
     if show:
         print(f"\n$ cotal {' '.join(args)}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "manager.cli", *args, "--root", str(root)], cwd=root, env=env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager.cli", *args, "--root", str(root)],
+        cwd=root,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if show:
         out = (proc.stdout + proc.stderr).rstrip()
         if out:
@@ -46,7 +58,9 @@ def cotal(root: Path, *args: str, check: bool = True, show: bool = True) -> subp
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, env=env(), check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env(), check=True, capture_output=True, text=True
+    ).stdout
 
 
 def porcelain(repo: Path) -> str:
@@ -85,33 +99,74 @@ def main() -> int:
     outside = base / "carried"
     outside.mkdir()
     print("== a shared broker, reachable from both hosts", flush=True)
-    broker = subprocess.Popen([sys.executable, "-m", "manager.cli", "broker", "serve", "--store-dir",
-                               str(base / "broker"), "--json"], stdout=subprocess.PIPE, text=True, env=env())
+    broker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "manager.cli",
+            "broker",
+            "serve",
+            "--store-dir",
+            str(base / "broker"),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
     assert broker.stdout is not None
     info = json.loads(broker.stdout.readline())
     server, creds = info["url"], info["creds"]
     print(f"  broker {server}  creds {creds}")
     checks: list[tuple[str, bool]] = []
     try:
-        print("\n== host A: a git workspace with staged, unstaged and untracked changes", flush=True)
+        print(
+            "\n== host A: a git workspace with staged, unstaged and untracked changes", flush=True
+        )
         make_workspace(root)
         status_before, bytes_before = porcelain(root), tree_bytes(root)
         print("  " + status_before.rstrip().replace("\n", "\n  "))
         cotal(root, "up", "--detach", "--server", server, "--creds", creds)
-        spawned = json.loads(cotal(root, "spawn", "default", "--agent", "scribe", "--json",
-                                   "--prompt", f"Remember the phrase {PHRASE}. Reply with it.").stdout)
+        spawned = json.loads(
+            cotal(
+                root,
+                "spawn",
+                "default",
+                "--agent",
+                "scribe",
+                "--json",
+                "--prompt",
+                f"Remember the phrase {PHRASE}. Reply with it.",
+            ).stdout
+        )
         cotal(root, "ps", "--wide")
         cut = json.loads(cotal(root, "down", "--preserve-state", "--json").stdout)
         checkpoint = outside / Path(cut["checkpointDir"]).name
-        print(f"\n== copy the sealed checkpoint out, then take host A away\n  cp -a {cut['checkpointDir']} {checkpoint}")
+        print(
+            f"\n== copy the sealed checkpoint out, then take host A away\n  cp -a {cut['checkpointDir']} {checkpoint}"
+        )
         shutil.copytree(cut["checkpointDir"], checkpoint, symlinks=True)
         shutil.rmtree(root)
         root.mkdir()
         print(f"  rm -rf {root}  (host A is gone)")
-        print("\n== host B: the same path, admitted and restored from the checkpoint alone", flush=True)
+        print(
+            "\n== host B: the same path, admitted and restored from the checkpoint alone",
+            flush=True,
+        )
         cotal(root, "checkpoint", "verify", str(checkpoint), "--server", server, "--creds", creds)
-        resumed = json.loads(cotal(root, "up", "--restore", str(checkpoint), "--server", server, "--creds", creds,
-                                   "--json").stdout)
+        resumed = json.loads(
+            cotal(
+                root,
+                "up",
+                "--restore",
+                str(checkpoint),
+                "--server",
+                server,
+                "--creds",
+                creds,
+                "--json",
+            ).stdout
+        )
         [seat] = resumed["seats"]
         cotal(root, "ps", "--wide")
         reply = cotal(root, "send", "default", "What was the phrase?", "--wait").stdout.strip()
@@ -120,8 +175,14 @@ def main() -> int:
         print(f"  lifecycle    {seat['uidBefore']} -> {seat['uidAfter']}")
         print(f"  phrase       {reply!r}")
         checks += [
-            ("1. same session id", seat["sessionBefore"] == spawned["sessionId"] == seat["sessionAfter"]),
-            ("2. same lifecycle uid", seat["uidBefore"] == spawned["lifecycleUid"] == seat["uidAfter"]),
+            (
+                "1. same session id",
+                seat["sessionBefore"] == spawned["sessionId"] == seat["sessionAfter"],
+            ),
+            (
+                "2. same lifecycle uid",
+                seat["uidBefore"] == spawned["lifecycleUid"] == seat["uidAfter"],
+            ),
             ("3. the phrase is answered through send --wait", PHRASE in reply),
             ("porcelain identical", porcelain(root) == status_before),
             ("worktree bytes identical", tree_bytes(root) == bytes_before),

@@ -28,13 +28,18 @@ KNOWN: dict[str, tuple[str, str]] = {
 def load_connector(agent: str) -> Connector:
     entry = KNOWN.get(agent)
     if entry is None:
-        raise Refusal("unknown-agent", f"unknown agent {agent!r}", "use one of: " + ", ".join(sorted(KNOWN)))
+        raise Refusal(
+            "unknown-agent", f"unknown agent {agent!r}", "use one of: " + ", ".join(sorted(KNOWN))
+        )
     module, cls = entry
     try:
         connector: Connector = getattr(importlib.import_module(module), cls)()
     except (ImportError, AttributeError) as exc:
-        raise Refusal("agent-unavailable", f"agent {agent!r} is not available in this build ({exc})",
-                      "run `cotal doctor` to see which harnesses are usable") from None
+        raise Refusal(
+            "agent-unavailable",
+            f"agent {agent!r} is not available in this build ({exc})",
+            "run `cotal doctor` to see which harnesses are usable",
+        ) from None
     return connector
 
 
@@ -65,13 +70,20 @@ def load_config(root: Path) -> FileConfig:
     try:
         cfg = msgspec.toml.decode(data, type=FileConfig, strict=True)
     except msgspec.ValidationError as exc:
-        raise Refusal("bad-config", f"{path} is malformed: {exc}", "see docs/cli.md (Configuration)") from None
+        raise Refusal(
+            "bad-config", f"{path} is malformed: {exc}", "see docs/cli.md (Configuration)"
+        ) from None
     except msgspec.DecodeError as exc:
-        raise Refusal("bad-config", f"{path} is not valid TOML: {exc}", "see docs/cli.md (Configuration)") from None
+        raise Refusal(
+            "bad-config", f"{path} is not valid TOML: {exc}", "see docs/cli.md (Configuration)"
+        ) from None
     unknown = set(cfg.agents) - set(KNOWN)
     if unknown:
-        raise Refusal("bad-config", f"{path} configures unknown agents: {', '.join(sorted(unknown))}",
-                      "use one of: " + ", ".join(sorted(KNOWN)))
+        raise Refusal(
+            "bad-config",
+            f"{path} configures unknown agents: {', '.join(sorted(unknown))}",
+            "use one of: " + ", ".join(sorted(KNOWN)),
+        )
     return cfg
 
 

@@ -76,7 +76,9 @@ InstanceId = Annotated[str, msgspec.Meta(pattern=INSTANCE_ID_RE.pattern)]
 AttemptId = Annotated[str, msgspec.Meta(pattern=ATTEMPT_ID_RE.pattern)]
 # git check-ref-format forbids spaces and control characters, which is what lets refs.txt be
 # one "<oid> <refname>" per line.
-HeadRef = Annotated[str, msgspec.Meta(pattern=r"^refs/heads/[^\x00-\x20\x7f~^:?*\[\\]+$", max_length=1024)]
+HeadRef = Annotated[
+    str, msgspec.Meta(pattern=r"^refs/heads/[^\x00-\x20\x7f~^:?*\[\\]+$", max_length=1024)
+]
 
 
 # -- instants -----------------------------------------------------------------------------------
@@ -93,7 +95,9 @@ def format_instant(when: datetime) -> str:
 def parse_instant(text: str) -> datetime:
     """Parse an instant written by `format_instant`; anything else is a ValueError."""
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z", text):
-        raise ValueError(f"{text!r} is not RFC 3339 UTC with milliseconds (2026-11-29T14:00:00.123Z)")
+        raise ValueError(
+            f"{text!r} is not RFC 3339 UTC with milliseconds (2026-11-29T14:00:00.123Z)"
+        )
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
@@ -255,7 +259,9 @@ class SessionRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", 
     store: list[SessionFile] = []
 
     def __post_init__(self) -> None:
-        if self.session_id is not None and (not self.session_id.strip() or len(self.session_id) > 4096):
+        if self.session_id is not None and (
+            not self.session_id.strip() or len(self.session_id) > 4096
+        ):
             raise ValueError("sessionId must be non-blank and at most 4096 characters")
         # A class is a promise about bytes the artifact contains (record, Status): a
         # continuation or fork needs the pointer, at least one store file and the id to reopen.
@@ -315,16 +321,22 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
 
     def __post_init__(self) -> None:
         _check_instant("capturedAt", self.captured_at)
-        if self.workspace_root is not None and not (self.workspace_root.startswith("/") and "\x00" not in self.workspace_root):
+        if self.workspace_root is not None and not (
+            self.workspace_root.startswith("/") and "\x00" not in self.workspace_root
+        ):
             raise ValueError("workspaceRoot must be an absolute path")
         _check_signature_shape(self.signature)
         names = [ref.file for ref in checkpoint_files(self)]
         for name in names:
             if name in RESERVED_FILES:
-                raise ValueError(f"captured file {name!r} takes a name reserved for the sealed record")
+                raise ValueError(
+                    f"captured file {name!r} takes a name reserved for the sealed record"
+                )
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"captured file names must be distinct; {', '.join(dupes)} appear twice")
+            raise ValueError(
+                f"captured file names must be distinct; {', '.join(dupes)} appear twice"
+            )
 
 
 class ManifestSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -334,7 +346,9 @@ class ManifestSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
 
     def __post_init__(self) -> None:
         if self.dir != self.name:
-            raise ValueError(f"seat {self.name!r} must live in a directory of its own name, not {self.dir!r}")
+            raise ValueError(
+                f"seat {self.name!r} must live in a directory of its own name, not {self.dir!r}"
+            )
         if self.checkpoint.file != CHECKPOINT_FILE:
             raise ValueError(f"seat {self.name!r} checkpoint must be {CHECKPOINT_FILE!r}")
 
@@ -358,7 +372,9 @@ class AttemptManifest(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
         if len(set(dirs)) != len(dirs):
             raise ValueError("seats must name each seat once")
         if self.resume.file in RESERVED_FILES or self.resume.file in dirs:
-            raise ValueError(f"resume file {self.resume.file!r} collides with the manifest or a seat directory")
+            raise ValueError(
+                f"resume file {self.resume.file!r} collides with the manifest or a seat directory"
+            )
 
 
 def checkpoint_files(record: SeatCheckpoint) -> list[FileRef]:
@@ -389,11 +405,15 @@ def signing_payload(record: SeatCheckpoint | AttemptManifest) -> bytes:
 
 
 def with_signature(record: Signed, signer: Signer, signature: bytes) -> Signed:
-    return msgspec.structs.replace(record, signer=signer, signature=base64.b64encode(signature).decode())
+    return msgspec.structs.replace(
+        record, signer=signer, signature=base64.b64encode(signature).decode()
+    )
 
 
 def decode_seat_checkpoint(data: bytes) -> SeatCheckpoint:
-    return decode_json(data, SeatCheckpoint, what=f"seat checkpoint {CHECKPOINT_FILE}", cap=CHECKPOINT_CAP)
+    return decode_json(
+        data, SeatCheckpoint, what=f"seat checkpoint {CHECKPOINT_FILE}", cap=CHECKPOINT_CAP
+    )
 
 
 def decode_manifest(data: bytes) -> AttemptManifest:

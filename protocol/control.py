@@ -21,7 +21,6 @@ LENGTH = struct.Struct(">I")
 TOKEN_HEX_LEN = 64
 
 
-
 class Hello(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     op: Literal["hello"]
     token: str
@@ -76,7 +75,9 @@ class AttemptArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     attempt_id: str
 
 
-class CommitPreservationArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+class CommitPreservationArgs(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True
+):
     attempt_id: str
     session_stores: list[str] = []
 

@@ -16,7 +16,9 @@ from protocol.codec import decode_json, encode_json
 CUSTODY_CAP = 4096
 
 
-class CustodyRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True):
+class CustodyRecord(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True
+):
     seat: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_]{1,64}\Z")]
     lifecycle_uid: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]{26,32}\Z")]
     generation: Annotated[int, msgspec.Meta(ge=0)]

@@ -92,7 +92,12 @@ class FileRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
 
 
 class Identity(
-    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True, omit_defaults=True
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    rename="camel",
+    frozen=True,
+    kw_only=True,
+    omit_defaults=True,
 ):
     """Who the seat is at the broker. `lifecycleUid` is recovered on resume, never re-minted:
     the seat's durables are keyed by it, so a fresh uid would orphan its inbox."""
@@ -110,7 +115,12 @@ class Identity(
 
 
 class Launch(
-    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True, omit_defaults=True
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    rename="camel",
+    frozen=True,
+    kw_only=True,
+    omit_defaults=True,
 ):
     """What a destination needs to start the same harness in the same tree (v2)."""
 
@@ -133,7 +143,9 @@ class Launch(
             raise ValueError("sessionStores lists a directory twice")
 
 
-class Dependency(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True):
+class Dependency(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True
+):
     kind: DependencyKind
     path: AbsPath
     sha256: Digest | None = None
@@ -143,7 +155,12 @@ class Dependency(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
 
 
 class Agent(
-    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True, omit_defaults=True
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    rename="camel",
+    frozen=True,
+    kw_only=True,
+    omit_defaults=True,
 ):
     """One retained seat (v2)."""
 
@@ -158,7 +175,9 @@ class Agent(
     role: Label | None = None
 
 
-class Inventory(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True):
+class Inventory(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True
+):
     """The whole inventory (v2). `instanceId` is null only for an upgraded v1 inventory."""
 
     version: Literal["cotal-manager-resume/v2"]
@@ -173,7 +192,12 @@ class Inventory(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froz
 
 
 class _LaunchV1(
-    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True, omit_defaults=True
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    rename="camel",
+    frozen=True,
+    kw_only=True,
+    omit_defaults=True,
 ):
     connector: Label
     cwd: AbsPath
@@ -188,7 +212,12 @@ class _LaunchV1(
 
 
 class _AgentV1(
-    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True, omit_defaults=True
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    rename="camel",
+    frozen=True,
+    kw_only=True,
+    omit_defaults=True,
 ):
     name: SeatName
     space: Space
@@ -199,7 +228,9 @@ class _AgentV1(
     role: Label | None = None
 
 
-class _InventoryV1(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True):
+class _InventoryV1(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True
+):
     version: Literal["cotal-manager-resume/v1"]
     space: Space
     created_at: Instant
@@ -297,7 +328,9 @@ def decode_inventory(data: bytes, *, attempt_id: str | None = None) -> Inventory
     return inventory
 
 
-def parse_resume_args(attempt_id: str, inventory_bytes: bytes, *, space: str | None = None) -> Inventory:
+def parse_resume_args(
+    attempt_id: str, inventory_bytes: bytes, *, space: str | None = None
+) -> Inventory:
     """The resume parser: the same function at prepare time (round trip) and at resume.
 
     `space`, when given, is the manager's own space; an inventory for another space is refused.

@@ -68,7 +68,9 @@ from protocol.names import check_attempt_id
 class IllegalTransition(Refusal):
     """An event the current state does not allow. Names the machine, the state and the event."""
 
-    def __init__(self, machine: str, state: str, event: str, reason: str = "", cure: str = "") -> None:
+    def __init__(
+        self, machine: str, state: str, event: str, reason: str = "", cure: str = ""
+    ) -> None:
         self.machine = machine
         self.state = state
         self.event = event
@@ -102,7 +104,11 @@ MAINTENANCE_TRANSITIONS: Final[dict[MaintenanceState, dict[MaintenanceEvent, Mai
     # Terminal for the cut: the daemon exits; repeats of the same attempt are answered as done.
     "preserved": {"prepare": "preserved", "commit": "preserved"},
     "resume-required": {"resume": "resuming"},
-    "resuming": {"resume": "resuming", "activated": "resuming", "commit-resume": "awaiting-finalize"},
+    "resuming": {
+        "resume": "resuming",
+        "activated": "resuming",
+        "commit-resume": "awaiting-finalize",
+    },
     "awaiting-finalize": {"commit-resume": "awaiting-finalize", "finalize": "active"},
 }
 
@@ -141,14 +147,18 @@ class Maintenance:
             _CURE_FINISH_CUT,
         )
 
-    def apply(self, event: MaintenanceEvent, attempt_id: str, *, draining: bool = False) -> MaintenanceState:
+    def apply(
+        self, event: MaintenanceEvent, attempt_id: str, *, draining: bool = False
+    ) -> MaintenanceState:
         """Apply `event` for `attempt_id`. `draining` says preparation or accepted work is still
         in flight (the daemon's counter), which only `abort` consults."""
         check_attempt_id(attempt_id)
         row = MAINTENANCE_TRANSITIONS[self.state]
         target = row.get(event)
         if target is None:
-            raise IllegalTransition("maintenance", self.state, event, self._reason(event, attempt_id))
+            raise IllegalTransition(
+                "maintenance", self.state, event, self._reason(event, attempt_id)
+            )
         self._check_attempt(event, attempt_id)
         if event == "abort":
             if draining:
@@ -218,7 +228,11 @@ class Maintenance:
                 f"preservation attempt {attempt_id} has begun stopping children and cannot return "
                 "to active mode"
             )
-        if event in PRESERVATION_EVENTS and self.state in ("resume-required", "resuming", "awaiting-finalize"):
+        if event in PRESERVATION_EVENTS and self.state in (
+            "resume-required",
+            "resuming",
+            "awaiting-finalize",
+        ):
             return f"manager is waiting for resume attempt {self.attempt_id}"
         if event not in PRESERVATION_EVENTS and self.state in ("active", "preserving", "preserved"):
             return "this manager was not started for a resume"
@@ -304,7 +318,12 @@ class Degraded(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froze
 
 
 class JournalRecord(
-    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, kw_only=True, omit_defaults=True
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    rename="camel",
+    frozen=True,
+    kw_only=True,
+    omit_defaults=True,
 ):
     version: Literal[1]
     revision: Annotated[int, msgspec.Meta(ge=1)]
@@ -361,7 +380,11 @@ def next_record(
     """
     state = prev.state if prev is not None else ABSENT
     event = EVENT_FOR[to_state]
-    if prev is not None and prev.attempt_id != attempt_id and not (event == "begin-resume" and state == "ready"):
+    if (
+        prev is not None
+        and prev.attempt_id != attempt_id
+        and not (event == "begin-resume" and state == "ready")
+    ):
         raise Refusal(
             "attempt-mismatch",
             f"maintenance journal belongs to attempt {prev.attempt_id} (state {prev.state}); "
@@ -411,11 +434,17 @@ def next_record(
         keep("consents", prev.consents, consents)
     if durable_commit_token is not None and to_state not in ("resume-committed", "retired"):
         raise IllegalTransition(
-            "maintenance journal", state, event, "a durable commit token is recorded only at resume-committed"
+            "maintenance journal",
+            state,
+            event,
+            "a durable commit token is recorded only at resume-committed",
         )
     if (degraded is not None) != (to_state == "degraded"):
         raise IllegalTransition(
-            "maintenance journal", state, event, "a reason and a recourse are recorded exactly when degrading"
+            "maintenance journal",
+            state,
+            event,
+            "a reason and a recourse are recorded exactly when degrading",
         )
 
     if to_state == "cut-intent":
@@ -435,7 +464,9 @@ def next_record(
             updated_at=now,
             resume=resume if resume is not None else (prev.resume if prev else None),
             consents=list(consents if consents is not None else (prev.consents if prev else [])),
-            checkpoint_dir=checkpoint_dir if checkpoint_dir is not None else (prev.checkpoint_dir if prev else None),
+            checkpoint_dir=checkpoint_dir
+            if checkpoint_dir is not None
+            else (prev.checkpoint_dir if prev else None),
             durable_commit_token=durable_commit_token
             if durable_commit_token is not None
             else (prev.durable_commit_token if prev else None),

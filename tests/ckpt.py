@@ -68,11 +68,16 @@ def seed_tree(root: Path) -> None:
     write(root / "notes-untracked.txt", "untracked at the cut\n")
 
 
-def make_cut(cli: Cli, b: SharedBroker, copy_to: Path, seats: Collection[str] = ("scribe1",)) -> Cut:
+def make_cut(
+    cli: Cli, b: SharedBroker, copy_to: Path, seats: Collection[str] = ("scribe1",)
+) -> Cut:
     """up against the shared broker, spawn scribe seats, `down --preserve-state`, copy it out."""
     seed_tree(cli.root)
     cli.run("up", "--detach", *broker_args(b))
-    rows = {name: cli.json("spawn", name, "--prompt", f"Remember the phrase {name}-41") for name in seats}
+    rows = {
+        name: cli.json("spawn", name, "--prompt", f"Remember the phrase {name}-41")
+        for name in seats
+    }
     result = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
     assert result["journal"] == "ready" and result["failures"] == [], result
     source_dir = Path(result["checkpointDir"])
@@ -105,7 +110,9 @@ def source_identity(source_root: Path, space: str = "main") -> InstanceIdentity:
     return load_or_create_identity(layout, space)
 
 
-def foreign_identity(instance_id: str = "f0reign0000000000000000000", space: str = "main") -> InstanceIdentity:
+def foreign_identity(
+    instance_id: str = "f0reign0000000000000000000", space: str = "main"
+) -> InstanceIdentity:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     return InstanceIdentity(instance_id, space, Ed25519PrivateKey.generate())
@@ -121,19 +128,35 @@ def file_ref(path: Path) -> FileRef:
     return FileRef(file=path.name, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
 
 
-def reseal_manifest(attempt: Path, identity: InstanceIdentity, *, drop: Collection[str] = ()) -> None:
+def reseal_manifest(
+    attempt: Path, identity: InstanceIdentity, *, drop: Collection[str] = ()
+) -> None:
     """Re-sign the manifest over whatever checkpoint.json bytes each remaining seat holds now."""
     manifest = read_manifest(attempt)
     (attempt / MANIFEST_FILE).unlink()
-    seats = [ManifestSeat(name=s.name, dir=s.dir, checkpoint=file_ref(attempt / s.dir / CHECKPOINT_FILE))
-             for s in manifest.seats if s.name not in drop]
-    seal_manifest(attempt, msgspec.structs.replace(manifest, seats=seats), identity.sign,
-                  identity.public_key_b64, identity.instance_id)
+    seats = [
+        ManifestSeat(name=s.name, dir=s.dir, checkpoint=file_ref(attempt / s.dir / CHECKPOINT_FILE))
+        for s in manifest.seats
+        if s.name not in drop
+    ]
+    seal_manifest(
+        attempt,
+        msgspec.structs.replace(manifest, seats=seats),
+        identity.sign,
+        identity.public_key_b64,
+        identity.instance_id,
+    )
 
 
-def reseal(src: Path, dst: Path, identity: InstanceIdentity, *,
-           edit: Callable[[SeatCheckpoint], SeatCheckpoint] | None = None,
-           only: Collection[str] | None = None, drop: Collection[str] = ()) -> Path:
+def reseal(
+    src: Path,
+    dst: Path,
+    identity: InstanceIdentity,
+    *,
+    edit: Callable[[SeatCheckpoint], SeatCheckpoint] | None = None,
+    only: Collection[str] | None = None,
+    drop: Collection[str] = (),
+) -> Path:
     """Copy an attempt and seal it again with `identity`: each seat (or those in `only`) edited
     by `edit` and signed anew, `drop` seats removed with their manifest entries, the manifest
     re-signed last. The resume document travels unchanged."""
@@ -147,7 +170,9 @@ def reseal(src: Path, dst: Path, identity: InstanceIdentity, *,
             seat_dir = dst / seat.dir
             record = read_seat_checkpoint(seat_dir)
             (seat_dir / CHECKPOINT_FILE).unlink()
-            seal_seat(seat_dir, edit(record), identity.sign, identity.public_key_b64, identity.instance_id)
+            seal_seat(
+                seat_dir, edit(record), identity.sign, identity.public_key_b64, identity.instance_id
+            )
     reseal_manifest(dst, identity, drop=drop)
     return dst
 
@@ -157,8 +182,11 @@ def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
     manager's logs (which a CLI may append to); a refused resume must leave all of it alone."""
     if not root.exists():
         return {}
-    return {k: v for k, v in tree_digest(root, skip=(), times=True).items()
-            if k != ".cotal/logs" and not k.startswith(".cotal/logs/")}
+    return {
+        k: v
+        for k, v in tree_digest(root, skip=(), times=True).items()
+        if k != ".cotal/logs" and not k.startswith(".cotal/logs/")
+    }
 
 
 def manager_answers(root: Path) -> bool:
@@ -173,8 +201,9 @@ def manager_answers(root: Path) -> bool:
     return True
 
 
-async def custody(b: SharedBroker, seat: str, uid: str, attempt_id: str, space: str = "main"
-                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+async def custody(
+    b: SharedBroker, seat: str, uid: str, attempt_id: str, space: str = "main"
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The seat's custody record and the attempt's claim key at the broker (None when absent)."""
     async with broker_at(b.url, b.creds) as js:
         kv = await js.key_value(f"cotal_custody_{space}")

@@ -44,20 +44,28 @@ class Cluster:
 
     def configure(self) -> None:
         ports = free_ports(9)
-        self.nodes = [Node(f"n{i + 1}", "127.0.0.1", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(3)]
+        self.nodes = [
+            Node(f"n{i + 1}", "127.0.0.1", ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
+            for i in range(3)
+        ]
         creds = self.base / "auth" / "broker.creds"
         pub = generate_user_seed(creds)
         self.creds = str(creds)
         for node in self.nodes:
             (self.base / node.name).mkdir(parents=True, exist_ok=True)
             (self.base / f"{node.name}.conf").write_text(
-                render_node(node, self.nodes, store_dir=str(self.base / node.name), user_nkey=pub))
+                render_node(node, self.nodes, store_dir=str(self.base / node.name), user_nkey=pub)
+            )
 
     def start(self, name: str) -> None:
         log = open(self.base / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.procs[name] = subprocess.Popen([nats_server_binary(), "-c", str(self.base / f"{name}.conf")],
-                                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            self.procs[name] = subprocess.Popen(
+                [nats_server_binary(), "-c", str(self.base / f"{name}.conf")],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
         finally:
             log.close()
 
@@ -82,8 +90,12 @@ class Cluster:
         live = [n for n in self.nodes if n.name in self.procs]
         while True:
             try:
-                nc = await nats.connect(live[0].client_url, nkeys_seed=self.creds, connect_timeout=1,
-                                        allow_reconnect=False)
+                nc = await nats.connect(
+                    live[0].client_url,
+                    nkeys_seed=self.creds,
+                    connect_timeout=1,
+                    allow_reconnect=False,
+                )
             except Exception:
                 await anyio.sleep(0.2)
                 continue
@@ -101,8 +113,12 @@ class Cluster:
         for node in [n for n in self.nodes if n.name in self.procs]:
             while True:
                 try:
-                    nc = await nats.connect(node.client_url, nkeys_seed=self.creds, connect_timeout=1,
-                                            allow_reconnect=False)
+                    nc = await nats.connect(
+                        node.client_url,
+                        nkeys_seed=self.creds,
+                        connect_timeout=1,
+                        allow_reconnect=False,
+                    )
                 except Exception:
                     await anyio.sleep(0.2)
                     continue

@@ -58,14 +58,25 @@ def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 class Cli:
     root: Path
 
-    def run(self, *args: str, check: bool = True, timeout: float = 120.0, env: dict[str, str] | None = None
-            ) -> subprocess.CompletedProcess[str]:
+    def run(
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
             [sys.executable, "-m", "manager.cli", *args, "--root", str(self.root)],
-            capture_output=True, text=True, timeout=timeout, env=cotal_env(env), cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=cotal_env(env),
+            cwd=self.root,
         )
         if check and proc.returncode != 0:
-            raise AssertionError(f"cotal {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+            raise AssertionError(
+                f"cotal {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
         return proc
 
     def json(self, *args: str) -> Any:
@@ -155,23 +166,36 @@ class AnthropicServer(_LoggingServer):
 
     def messages(self) -> list[dict[str, Any]]:
         """Logged `POST /v1/messages` requests: `session` header and body."""
-        return [r for r in self.records() if r["method"] == "POST" and r["path"].split("?")[0] == "/v1/messages"]
+        return [
+            r
+            for r in self.records()
+            if r["method"] == "POST" and r["path"].split("?")[0] == "/v1/messages"
+        ]
 
     @staticmethod
     def turns(request: dict[str, Any]) -> list[tuple[str, str]]:
         """(role, text) of the user and assistant messages, reminders stripped by the fake's rule."""
         from tests.fixtures.fake_anthropic import message_text
 
-        return [(m["role"], message_text(m)) for m in request["body"]["messages"] if m["role"] in ("user", "assistant")]
+        return [
+            (m["role"], message_text(m))
+            for m in request["body"]["messages"]
+            if m["role"] in ("user", "assistant")
+        ]
 
 
 S = TypeVar("S")
 
 
-def start_fake_server(script: Path, log: Path, server: Callable[[int, Path], S] = FakeServer) -> Iterator[S]:  # type: ignore[assignment]
+def start_fake_server(
+    script: Path, log: Path, server: Callable[[int, Path], S] = FakeServer
+) -> Iterator[S]:  # type: ignore[assignment]
     proc = subprocess.Popen(
         [sys.executable, str(script), "--port", "0", "--log", str(log)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert proc.stdout is not None
@@ -191,16 +215,30 @@ def start_fake_server(script: Path, log: Path, server: Callable[[int, Path], S] 
 
 @pytest.fixture
 def fake_openai(tmp_path: Path) -> Iterator[FakeServer]:
-    yield from start_fake_server(REPO / "tests" / "fixtures" / "fake_openai.py", tmp_path / "openai-requests.jsonl")
+    yield from start_fake_server(
+        REPO / "tests" / "fixtures" / "fake_openai.py", tmp_path / "openai-requests.jsonl"
+    )
 
 
 @pytest.fixture
 def fake_anthropic(tmp_path: Path) -> Iterator[AnthropicServer]:
-    yield from start_fake_server(REPO / "tests" / "fixtures" / "fake_anthropic.py", tmp_path / "anthropic-requests.jsonl",
-                                 AnthropicServer)
+    yield from start_fake_server(
+        REPO / "tests" / "fixtures" / "fake_anthropic.py",
+        tmp_path / "anthropic-requests.jsonl",
+        AnthropicServer,
+    )
 
 
-PI_CLI = REPO / ".tools" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"
+PI_CLI = (
+    REPO
+    / ".tools"
+    / "pi"
+    / "node_modules"
+    / "@mariozechner"
+    / "pi-coding-agent"
+    / "dist"
+    / "cli.js"
+)
 
 
 @dataclass
@@ -216,8 +254,20 @@ def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
     """`cotal broker serve`: a broker that outlives any one root's mesh, as two hosts share one."""
     store = tmp_path / "broker"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "manager.cli", "broker", "serve", "--store-dir", str(store), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cotal_env(),
+        [
+            sys.executable,
+            "-m",
+            "manager.cli",
+            "broker",
+            "serve",
+            "--store-dir",
+            str(store),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cotal_env(),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -23,7 +23,9 @@ def git(repo: Path, *args: str, stdin: bytes | None = None, check: bool = True) 
         "GIT_COMMITTER_NAME": "Test",
         "GIT_COMMITTER_EMAIL": "test@example.invalid",
     }
-    proc = subprocess.run(["git", *args], cwd=repo, env=env, input=stdin, capture_output=True, check=False)
+    proc = subprocess.run(
+        ["git", *args], cwd=repo, env=env, input=stdin, capture_output=True, check=False
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"git {' '.join(args)} failed: {proc.stderr.decode()}")
     return proc.stdout
@@ -99,7 +101,9 @@ def make_rich_repo(path: Path) -> Path:
     return repo
 
 
-def tree_digest(root: Path, *, skip: tuple[str, ...] = (".git", ".cotal"), times: bool = False) -> dict[str, tuple[object, ...]]:
+def tree_digest(
+    root: Path, *, skip: tuple[str, ...] = (".git", ".cotal"), times: bool = False
+) -> dict[str, tuple[object, ...]]:
     """Every entry below `root` with its type, mode and content digest (or link target)."""
     out: dict[str, tuple[object, ...]] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -119,7 +123,12 @@ def tree_digest(root: Path, *, skip: tuple[str, ...] = (".git", ".cotal"), times
                 if times:
                     out[rel] = ("dir", stat.S_IMODE(st.st_mode), *extra)
             else:
-                out[rel] = ("file", stat.S_IMODE(st.st_mode), hashlib.sha256(path.read_bytes()).hexdigest(), *extra)
+                out[rel] = (
+                    "file",
+                    stat.S_IMODE(st.st_mode),
+                    hashlib.sha256(path.read_bytes()).hexdigest(),
+                    *extra,
+                )
     return out
 
 

@@ -34,14 +34,28 @@ class SeatConnector(Protocol[D_co]):
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> D_co: ...
 
 
-def seat_opts(root: Path, agent: str, name: str, *, config: dict[str, Any], uid: str | None = None,
-              space: str = "main", cwd: Path | None = None, **kw: Any) -> LaunchOpts:
+def seat_opts(
+    root: Path,
+    agent: str,
+    name: str,
+    *,
+    config: dict[str, Any],
+    uid: str | None = None,
+    space: str = "main",
+    cwd: Path | None = None,
+    **kw: Any,
+) -> LaunchOpts:
     """Launch options for seat `name` of `agent`, with its pointer where the workspace layout puts it."""
     uid = uid or mint_lifecycle_uid()
     return LaunchOpts(
-        space=space, name=name, lifecycle_uid=uid, workspace_root=root, cwd=cwd or root,
+        space=space,
+        name=name,
+        lifecycle_uid=uid,
+        workspace_root=root,
+        cwd=cwd or root,
         session_pointer_path=root / ".cotal" / "sessions" / agent / f"{name}-{uid}.json",
-        config=config, **kw,
+        config=config,
+        **kw,
     )
 
 
@@ -56,8 +70,14 @@ SeatT = TypeVar("SeatT", bound=Seat[Any])
 
 
 @asynccontextmanager
-async def running_seat(connector: SeatConnector[D], opts: LaunchOpts, log_dir: Path, *, timeout: float,
-                       seat: Callable[[LaunchSpec, Process, D], SeatT]) -> AsyncIterator[SeatT]:
+async def running_seat(
+    connector: SeatConnector[D],
+    opts: LaunchOpts,
+    log_dir: Path,
+    *,
+    timeout: float,
+    seat: Callable[[LaunchSpec, Process, D], SeatT],
+) -> AsyncIterator[SeatT]:
     """build_launch + the real harness process + the driver's reader in a task group; yields
     `seat(spec, process, driver)` (`Seat`, or a subclass naming more of the seat's files).
 
@@ -67,11 +87,19 @@ async def running_seat(connector: SeatConnector[D], opts: LaunchOpts, log_dir: P
     """
     spec = connector.build_launch(opts)
     # The fd is the child's once it is spawned; ours is closed right after.
-    err = os.open(log_dir / f"{connector.name}-{opts.name}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = os.open(
+        log_dir / f"{connector.name}-{opts.name}.stderr",
+        os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+        0o600,
+    )
     try:
         proc = await anyio.open_process(
-            spec.argv, cwd=spec.cwd, env=spec.env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+            spec.argv,
+            cwd=spec.cwd,
+            env=spec.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
         )
     finally:
         os.close(err)

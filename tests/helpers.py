@@ -40,7 +40,9 @@ def pid_alive(pid: int) -> bool:
     return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.05) -> None:
+async def wait_until(
+    predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.05
+) -> None:
     """Poll a condition under a deadline: the test fails with TimeoutError, never hangs."""
     with anyio.fail_after(timeout):
         while True:

@@ -94,7 +94,13 @@ def store_path(opts: LaunchOpts) -> Path:
     if configured:
         # A relative store is anchored at the workspace root, like every other seat path.
         return opts.workspace_root / Path(configured)
-    return opts.workspace_root / ".cotal" / "sessions" / "scribe" / f"{opts.name}-{opts.lifecycle_uid}.store"
+    return (
+        opts.workspace_root
+        / ".cotal"
+        / "sessions"
+        / "scribe"
+        / f"{opts.name}-{opts.lifecycle_uid}.store"
+    )
 
 
 def _relative_to_root(path: Path, root: Path) -> str | None:
@@ -120,8 +126,15 @@ class ScribeConnector:
         refuse_resume_with_continuation(self.name, opts)
         check_prompt(self.name, opts.prompt)
         store = store_path(opts)
-        argv = [sys.executable, "-m", "connectors.scribe", "--store", str(store),
-                "--pointer", str(opts.session_pointer_path)]
+        argv = [
+            sys.executable,
+            "-m",
+            "connectors.scribe",
+            "--store",
+            str(store),
+            "--pointer",
+            str(opts.session_pointer_path),
+        ]
         if opts.continue_session:
             argv += ["--session-id", opts.continue_session]
         if opts.resume:
@@ -143,5 +156,7 @@ class ScribeConnector:
             expected_session_id=opts.continue_session,
         )
 
-    def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> JsonLinesDriver:
+    def make_driver(
+        self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec
+    ) -> JsonLinesDriver:
         return JsonLinesDriver(stdin, stdout, ScribeCodec())

@@ -35,7 +35,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     which.add_argument("--fork", metavar="ID", help="start a new session carrying ID's history")
     parser.add_argument("--pointer", type=Path, help="where to write the session pointer")
     parser.add_argument("--prompt", help="first prompt, answered as turn 0 before reading stdin")
-    parser.add_argument("--ignore-sigterm", action="store_true", help="test aid: only SIGKILL stops it")
+    parser.add_argument(
+        "--ignore-sigterm", action="store_true", help="test aid: only SIGKILL stops it"
+    )
     return parser.parse_args(argv)
 
 

@@ -145,8 +145,14 @@ def probe_id(line: bytes) -> str | None:
 # The transcript records.
 
 
-class SessionHeader(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", tag="session",
-                    rename="camel", frozen=True):
+class SessionHeader(
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    tag_field="type",
+    tag="session",
+    rename="camel",
+    frozen=True,
+):
     id: str
     parent: str | None
     created_at: str
@@ -233,7 +239,7 @@ def ensure_dir(path: Path) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def write_pointer(path: Path, session_id: str, status: Literal["running", "quit"]) -> None:
@@ -330,7 +336,9 @@ class Store:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise StoreError(f"session {session_id!r} is open in another scribe process") from None
+                raise StoreError(
+                    f"session {session_id!r} is open in another scribe process"
+                ) from None
             transcript = self.read(session_id)
             if transcript.intact != os.fstat(fd).st_size:
                 # A kill mid-append left a partial line; the turn was never acknowledged, so
@@ -424,7 +432,11 @@ class Harness:
         try:
             self._think(directives)
         except TurnAborted:
-            self.emit(TurnEndOut(id=message_id, status="aborted", reply="", detail="interrupted by SIGINT"))
+            self.emit(
+                TurnEndOut(
+                    id=message_id, status="aborted", reply="", detail="interrupted by SIGINT"
+                )
+            )
             return
         if directives.crash:
             self.out.flush()
@@ -434,7 +446,11 @@ class Harness:
             self.emit(TurnEndOut(id=message_id, status="error", reply="", detail=detail))
             return
         if self._abort_requested:
-            self.emit(TurnEndOut(id=message_id, status="aborted", reply="", detail="interrupted by SIGINT"))
+            self.emit(
+                TurnEndOut(
+                    id=message_id, status="aborted", reply="", detail="interrupted by SIGINT"
+                )
+            )
             return
         reply = answer(text, self.session.history)
         self.session.commit_turn(message_id, text, reply)

@@ -34,8 +34,14 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     for node in nodes:
         (out / f"{node.name}.conf").write_text(
-            render_node(node, nodes, store_dir=f"{args.store_dir}/{node.name}", user_nkey=args.user_nkey,
-                        bind="0.0.0.0"))
+            render_node(
+                node,
+                nodes,
+                store_dir=f"{args.store_dir}/{node.name}",
+                user_nkey=args.user_nkey,
+                bind="0.0.0.0",
+            )
+        )
     print(f"wrote {', '.join(n.name + '.conf' for n in nodes)} to {out}")
     return 0
 

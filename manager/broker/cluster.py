@@ -31,25 +31,34 @@ class Node:
         return f"http://{self.host}:{self.http_port}"
 
 
-def render_node(node: Node, peers: list[Node], *, store_dir: str, user_nkey: str, cluster_name: str = "cotal",
-                bind: str | None = None) -> str:
+def render_node(
+    node: Node,
+    peers: list[Node],
+    *,
+    store_dir: str,
+    user_nkey: str,
+    cluster_name: str = "cotal",
+    bind: str | None = None,
+) -> str:
     """One node's config: JetStream on, routes to every peer, the nkey user required."""
     listen = bind or node.host
     routes = ", ".join(json.dumps(p.route_url) for p in peers if p.name != node.name)
-    return "\n".join([
-        f"server_name: {json.dumps(node.name)}",
-        f"listen: {listen}:{node.client_port}",
-        f"http: {listen}:{node.http_port}",
-        "jetstream {",
-        f"  store_dir: {json.dumps(store_dir)}",
-        "}",
-        "cluster {",
-        f"  name: {json.dumps(cluster_name)}",
-        f"  listen: {listen}:{node.cluster_port}",
-        f"  routes: [{routes}]",
-        "}",
-        "authorization {",
-        f'  users = [ {{ nkey: "{user_nkey}" }} ]',
-        "}",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"server_name: {json.dumps(node.name)}",
+            f"listen: {listen}:{node.client_port}",
+            f"http: {listen}:{node.http_port}",
+            "jetstream {",
+            f"  store_dir: {json.dumps(store_dir)}",
+            "}",
+            "cluster {",
+            f"  name: {json.dumps(cluster_name)}",
+            f"  listen: {listen}:{node.cluster_port}",
+            f"  routes: [{routes}]",
+            "}",
+            "authorization {",
+            f'  users = [ {{ nkey: "{user_nkey}" }} ]',
+            "}",
+            "",
+        ]
+    )

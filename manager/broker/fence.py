@@ -33,8 +33,11 @@ FENCE_ATTEMPTS = 8
 
 class FencedOut(Refusal):
     def __init__(self, seat: str, detail: str) -> None:
-        super().__init__("fenced-out", f"the broker refused a write as {seat}: {detail}; another holder has custody",
-                         "this manager must stop the seat and never relaunch it")
+        super().__init__(
+            "fenced-out",
+            f"the broker refused a write as {seat}: {detail}; another holder has custody",
+            "this manager must stop the seat and never relaunch it",
+        )
 
 
 def outbound_filter(space: str, owner: str, seat: str) -> str:
@@ -66,8 +69,10 @@ class WriterFence:
 
     async def _last_on_filter(self) -> int:
         try:
-            msg = await riding_elections(f"fence {self.seat}",
-                                         lambda: self.js.get_last_msg(names.dm_stream(self.space), self.filter))
+            msg = await riding_elections(
+                f"fence {self.seat}",
+                lambda: self.js.get_last_msg(names.dm_stream(self.space), self.filter),
+            )
         except NotFoundError:
             return 0
         return int(msg.seq or 0)
@@ -87,31 +92,53 @@ class WriterFence:
                 try:
                     ack = await riding_elections(
                         f"fence {self.seat}",
-                        lambda subject=subject, headers=headers: self.js.publish(subject, b"", headers=headers))
+                        lambda subject=subject, headers=headers: self.js.publish(
+                            subject, b"", headers=headers
+                        ),
+                    )
                 except APIError as exc:
                     if _wrong_sequence(exc):
                         continue
                     raise
                 self.last_seq = int(ack.seq)
-                log.info("fence.established", seat=self.seat, generation=self.generation, seq=self.last_seq)
+                log.info(
+                    "fence.established",
+                    seat=self.seat,
+                    generation=self.generation,
+                    seq=self.last_seq,
+                )
                 return self.last_seq
-        raise Refusal("fence-contended", f"could not fence {self.seat}: its outbound subject kept moving",
-                      "another writer is still publishing as this seat; find and stop it")
+        raise Refusal(
+            "fence-contended",
+            f"could not fence {self.seat}: its outbound subject kept moving",
+            "another writer is still publishing as this seat; find and stop it",
+        )
 
-    async def publish(self, subject: str, payload: bytes, headers: dict[str, str] | None = None) -> int:
+    async def publish(
+        self, subject: str, payload: bytes, headers: dict[str, str] | None = None
+    ) -> int:
         """Publish on the seat's behalf, refused by the broker unless we still hold the fence."""
         async with self.lock:
             fenced = dict(headers or {})
-            fenced.update({EXPECT_SEQ: str(self.last_seq), EXPECT_SUBJECT: self.filter, HOLDER: self.holder})
+            fenced.update(
+                {EXPECT_SEQ: str(self.last_seq), EXPECT_SUBJECT: self.filter, HOLDER: self.holder}
+            )
             try:
                 # Retried on a leaderless moment; the message id makes a retry a duplicate, not
                 # a second message.
-                ack = await riding_elections(f"publish as {self.seat}",
-                                             lambda: self.js.publish(subject, payload, headers=fenced))
+                ack = await riding_elections(
+                    f"publish as {self.seat}",
+                    lambda: self.js.publish(subject, payload, headers=fenced),
+                )
             except APIError as exc:
                 if _wrong_sequence(exc):
-                    log.error("fence.refused", seat=self.seat, holder=self.holder, expected=self.last_seq,
-                              detail=str(exc))
+                    log.error(
+                        "fence.refused",
+                        seat=self.seat,
+                        holder=self.holder,
+                        expected=self.last_seq,
+                        detail=str(exc),
+                    )
                     raise FencedOut(self.seat, str(getattr(exc, "description", exc))) from None
                 raise
             # A duplicate answers with our own earlier write's sequence: still our last write.

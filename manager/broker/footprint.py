@@ -20,7 +20,6 @@ from protocol.errors import Refusal
 log = structlog.get_logger("cotal.broker")
 
 
-
 async def ensure_dm_stream(js: JetStreamContext, space: str, *, replicas: int = 1) -> None:
     stream = names.dm_stream(space)
 
@@ -46,7 +45,9 @@ async def ensure_dm_stream(js: JetStreamContext, space: str, *, replicas: int = 
     await riding_elections(f"stream {stream}", ensure)
 
 
-async def ensure_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> api.ConsumerInfo:
+async def ensure_dm_durable(
+    js: JetStreamContext, space: str, owner: str, actor: str, uid: str
+) -> api.ConsumerInfo:
     stream = names.dm_stream(space)
     durable = names.dm_durable(owner, actor, uid)
 
@@ -80,11 +81,15 @@ async def ensure_dm_durable(js: JetStreamContext, space: str, owner: str, actor:
     return await riding_elections(f"durable {durable}", ensure)
 
 
-async def confirm_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> api.ConsumerInfo:
+async def confirm_dm_durable(
+    js: JetStreamContext, space: str, owner: str, actor: str, uid: str
+) -> api.ConsumerInfo:
     """The lifecycle proof: the broker must already hold this uid's durable."""
     durable = names.dm_durable(owner, actor, uid)
     try:
-        return await riding_elections(f"durable {durable}", lambda: js.consumer_info(names.dm_stream(space), durable))
+        return await riding_elections(
+            f"durable {durable}", lambda: js.consumer_info(names.dm_stream(space), durable)
+        )
     except NotFoundError:
         raise Refusal(
             "lifecycle-proof-failed",
@@ -93,7 +98,9 @@ async def confirm_dm_durable(js: JetStreamContext, space: str, owner: str, actor
         ) from None
 
 
-async def dm_durable_exists(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> bool:
+async def dm_durable_exists(
+    js: JetStreamContext, space: str, owner: str, actor: str, uid: str
+) -> bool:
     try:
         await confirm_dm_durable(js, space, owner, actor, uid)
         return True
@@ -103,7 +110,9 @@ async def dm_durable_exists(js: JetStreamContext, space: str, owner: str, actor:
         raise
 
 
-async def delete_dm_durable(js: JetStreamContext, space: str, owner: str, actor: str, uid: str) -> None:
+async def delete_dm_durable(
+    js: JetStreamContext, space: str, owner: str, actor: str, uid: str
+) -> None:
     durable = names.dm_durable(owner, actor, uid)
 
     async def delete() -> None:
@@ -116,16 +125,22 @@ async def delete_dm_durable(js: JetStreamContext, space: str, owner: str, actor:
     await riding_elections(f"delete durable {durable}", delete)
 
 
-async def ensure_kv(js: JetStreamContext, bucket: str, *, ttl: float | None, history: int = 1,
-                    replicas: int = 1) -> KeyValue:
+async def ensure_kv(
+    js: JetStreamContext, bucket: str, *, ttl: float | None, history: int = 1, replicas: int = 1
+) -> KeyValue:
     async def ensure() -> KeyValue:
         try:
             return await js.key_value(bucket)
         except BucketNotFoundError:
             pass
         return await js.create_key_value(
-            config=api.KeyValueConfig(bucket=bucket, history=history, ttl=ttl, storage=api.StorageType.FILE,
-                                      replicas=replicas)
+            config=api.KeyValueConfig(
+                bucket=bucket,
+                history=history,
+                ttl=ttl,
+                storage=api.StorageType.FILE,
+                replicas=replicas,
+            )
         )
 
     return await riding_elections(f"bucket {bucket}", ensure)

@@ -46,8 +46,13 @@ def unavailable(what: str, deadline: float, exc: BaseException) -> Refusal:
     )
 
 
-async def riding_elections(what: str, call: Callable[[], Awaitable[T]], *, deadline: float = ELECTION_S,
-                           attempt_s: float = ATTEMPT_S) -> T:
+async def riding_elections(
+    what: str,
+    call: Callable[[], Awaitable[T]],
+    *,
+    deadline: float = ELECTION_S,
+    attempt_s: float = ATTEMPT_S,
+) -> T:
     start = anyio.current_time()
     delay = 0.2
     while True:

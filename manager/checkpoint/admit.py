@@ -50,85 +50,147 @@ def integrity(attempt_dir: Path, *, trusted_keys: Collection[str] | None = None)
     while read; the signatures verify; the resume document is the one the manifest names."""
     records = verify_integrity(attempt_dir, trusted_keys=trusted_keys)
     manifest = read_manifest(attempt_dir, trusted_keys=trusted_keys)
-    doc = read_stable(attempt_dir / manifest.resume.file, cap=INVENTORY_CAP, what="resume document").data
+    doc = read_stable(
+        attempt_dir / manifest.resume.file, cap=INVENTORY_CAP, what="resume document"
+    ).data
     if hashlib.sha256(doc).hexdigest() != manifest.resume.sha256:
-        raise _refuse("integrity", "integrity", f"{attempt_dir / manifest.resume.file} changed after it was verified",
-                      "copy the checkpoint again and retry")
+        raise _refuse(
+            "integrity",
+            "integrity",
+            f"{attempt_dir / manifest.resume.file} changed after it was verified",
+            "copy the checkpoint again and retry",
+        )
     inventory = parse_resume_args(manifest.attempt_id, doc, space=manifest.space)
     by_name = {r.name: r for r in records}
     missing = [a.name for a in inventory.agents if a.name not in by_name]
     if missing:
-        raise _refuse("integrity", "retained-unadmitted",
-                      f"retained seat(s) {', '.join(missing)} have no checkpoint in {attempt_dir}",
-                      "every seat of the cut must be admitted; copy the whole attempt directory")
+        raise _refuse(
+            "integrity",
+            "retained-unadmitted",
+            f"retained seat(s) {', '.join(missing)} have no checkpoint in {attempt_dir}",
+            "every seat of the cut must be admitted; copy the whole attempt directory",
+        )
     for name, record in by_name.items():
         agent = next((a for a in inventory.agents if a.name == name), None)
         carried = record.session.continuity in ("exact", "fork")
-        if agent is None or agent.identity.lifecycle_uid != record.lifecycle_uid or (
-                not carried and agent.launch.session_id is not None):
-            raise _refuse("integrity", "integrity", f"seat {name}: its checkpoint and the resume document disagree",
-                          "copy the checkpoint again from the source host")
+        if (
+            agent is None
+            or agent.identity.lifecycle_uid != record.lifecycle_uid
+            or (not carried and agent.launch.session_id is not None)
+        ):
+            raise _refuse(
+                "integrity",
+                "integrity",
+                f"seat {name}: its checkpoint and the resume document disagree",
+                "copy the checkpoint again from the source host",
+            )
     return Admission(attempt_dir, manifest, inventory, doc, by_name)
 
 
-def identity(adm: Admission, *, space: str, root: Path, live_uids: Collection[str], held_uids: Collection[str],
-             settings_for: Mapping[str, Mapping[str, Any]]) -> None:
+def identity(
+    adm: Admission,
+    *,
+    space: str,
+    root: Path,
+    live_uids: Collection[str],
+    held_uids: Collection[str],
+    settings_for: Mapping[str, Mapping[str, Any]],
+) -> None:
     """Gate 2: same space, same paths, a uid nobody runs, and the recorded profile revision."""
     if adm.manifest.space != space:
-        raise _refuse("identity", "wrong-space", f"the checkpoint belongs to space {adm.manifest.space!r}, not {space!r}",
-                      f"resume it with --space {adm.manifest.space}")
+        raise _refuse(
+            "identity",
+            "wrong-space",
+            f"the checkpoint belongs to space {adm.manifest.space!r}, not {space!r}",
+            f"resume it with --space {adm.manifest.space}",
+        )
     for name, record in adm.records.items():
         if record.workspace_root is None or record.custody_revision is None:
-            raise _refuse("identity", "old-checkpoint",
-                          f"seat {name}: the checkpoint records no workspace root or custody revision",
-                          "cut the seat again with this version of cotal")
+            raise _refuse(
+                "identity",
+                "old-checkpoint",
+                f"seat {name}: the checkpoint records no workspace root or custody revision",
+                "cut the seat again with this version of cotal",
+            )
         if Path(record.workspace_root) != root:
-            raise _refuse("identity", "paths-differ",
-                          f"seat {name} was cut in workspace root {record.workspace_root}, this root is {root}",
-                          f"resume from a root at {record.workspace_root}: the seat's paths are absolute")
+            raise _refuse(
+                "identity",
+                "paths-differ",
+                f"seat {name} was cut in workspace root {record.workspace_root}, this root is {root}",
+                f"resume from a root at {record.workspace_root}: the seat's paths are absolute",
+            )
         uid = record.lifecycle_uid
         if uid in held_uids:
-            raise _refuse("identity", "uid-held", f"seat {name} (uid {uid}) is already held by this root's manager",
-                          "this seat is live here; do not resume it twice")
+            raise _refuse(
+                "identity",
+                "uid-held",
+                f"seat {name} (uid {uid}) is already held by this root's manager",
+                "this seat is live here; do not resume it twice",
+            )
         if uid in live_uids:
-            raise _refuse("identity", "uid-live",
-                          f"retained principal {name} (uid {uid}) is already live at the broker and this runtime "
-                          "cannot authoritatively adopt it",
-                          "stop the running incarnation first (presence expires 6 s after it stops), or pass --monitor "
-                          "so cotal can verify its predecessor is gone")
+            raise _refuse(
+                "identity",
+                "uid-live",
+                f"retained principal {name} (uid {uid}) is already live at the broker and this runtime "
+                "cannot authoritatively adopt it",
+                "stop the running incarnation first (presence expires 6 s after it stops), or pass --monitor "
+                "so cotal can verify its predecessor is gone",
+            )
         agent = adm.agent(name)
-        expected = registry.profile_digest(agent.launch.connector, agent.launch.model,
-                                           settings_for.get(agent.launch.connector, {}))
+        expected = registry.profile_digest(
+            agent.launch.connector, agent.launch.model, settings_for.get(agent.launch.connector, {})
+        )
         if expected != record.profile:
-            raise _refuse("identity", "profile-drift",
-                          f"seat {name}: this host's launch profile for {agent.launch.connector} has revision "
-                          f"{expected}, the checkpoint recorded {record.profile}",
-                          "make cotal.toml here match the source's settings for that agent; a resumed session "
-                          "never runs under a different profile")
+            raise _refuse(
+                "identity",
+                "profile-drift",
+                f"seat {name}: this host's launch profile for {agent.launch.connector} has revision "
+                f"{expected}, the checkpoint recorded {record.profile}",
+                "make cotal.toml here match the source's settings for that agent; a resumed session "
+                "never runs under a different profile",
+            )
 
 
-def recency(adm: Admission, *, now: datetime, accept_stale: bool, skew_ms: int = CLOCK_SKEW_MS) -> list[Consent]:
+def recency(
+    adm: Admission, *, now: datetime, accept_stale: bool, skew_ms: int = CLOCK_SKEW_MS
+) -> list[Consent]:
     """Gate 3: capturedAt against this host's clock and the recorded horizon."""
     consents: list[Consent] = []
     for name, record in adm.records.items():
         try:
             captured = parse_instant(record.captured_at)
         except ValueError:
-            raise _refuse("recency", "unreadable-time", f"seat {name}: capturedAt {record.captured_at!r} is unreadable",
-                          "no override exists: cut the seat again") from None
+            raise _refuse(
+                "recency",
+                "unreadable-time",
+                f"seat {name}: capturedAt {record.captured_at!r} is unreadable",
+                "no override exists: cut the seat again",
+            ) from None
         age_ms = int((now - captured).total_seconds() * 1000)
         if age_ms < -skew_ms:
-            raise _refuse("recency", "future-checkpoint",
-                          f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this host's clock "
-                          f"({now.isoformat()}), beyond the {skew_ms} ms skew allowed",
-                          "fix this host's clock (or the source's) and retry; no override exists")
+            raise _refuse(
+                "recency",
+                "future-checkpoint",
+                f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this host's clock "
+                f"({now.isoformat()}), beyond the {skew_ms} ms skew allowed",
+                "fix this host's clock (or the source's) and retry; no override exists",
+            )
         if age_ms > record.recency_horizon_ms:
             if not accept_stale:
-                raise _refuse("recency", "stale-checkpoint",
-                              f"seat {name}: capturedAt {record.captured_at} is {age_ms} ms old at this host's clock "
-                              f"({now.isoformat()}), beyond its horizon of {record.recency_horizon_ms} ms",
-                              "pass --accept-stale-checkpoint to resume it anyway (the consent is journaled)")
-            consents.append(Consent(seat=name, captured_at=record.captured_at, age_ms=age_ms,
-                                    horizon_ms=record.recency_horizon_ms))
+                raise _refuse(
+                    "recency",
+                    "stale-checkpoint",
+                    f"seat {name}: capturedAt {record.captured_at} is {age_ms} ms old at this host's clock "
+                    f"({now.isoformat()}), beyond its horizon of {record.recency_horizon_ms} ms",
+                    "pass --accept-stale-checkpoint to resume it anyway (the consent is journaled)",
+                )
+            consents.append(
+                Consent(
+                    seat=name,
+                    captured_at=record.captured_at,
+                    age_ms=age_ms,
+                    horizon_ms=record.recency_horizon_ms,
+                )
+            )
     adm.consents = consents
     return consents

@@ -75,8 +75,10 @@ def anchor_of(path: Path, *, root: Path, cwd: Path, home: Path) -> tuple[Anchor,
         if str(rel) == ".":
             continue
         parts = rel.parts
-        if anchor in ("workspace-root", "cwd") and parts[0] == CONTROL_DIR and (
-            len(parts) < 2 or parts[1] not in CAPTURABLE_CONTROL
+        if (
+            anchor in ("workspace-root", "cwd")
+            and parts[0] == CONTROL_DIR
+            and (len(parts) < 2 or parts[1] not in CAPTURABLE_CONTROL)
         ):
             raise Refusal(
                 "unsafe-store",
@@ -107,11 +109,18 @@ def _regular_files(directory: Path) -> list[Path]:
             p = Path(dirpath) / name
             mode = os.lstat(p).st_mode
             if stat.S_ISLNK(mode):
-                raise Refusal("unsafe-store", f"session store entry {p} is a symlink",
-                              "replace it with the real file; a checkpoint never follows links")
+                raise Refusal(
+                    "unsafe-store",
+                    f"session store entry {p} is a symlink",
+                    "replace it with the real file; a checkpoint never follows links",
+                )
             if name in filenames:
                 if not stat.S_ISREG(mode):
-                    raise Refusal("unsafe-store", f"session store entry {p} is not a regular file", "move it aside")
+                    raise Refusal(
+                        "unsafe-store",
+                        f"session store entry {p} is not a regular file",
+                        "move it aside",
+                    )
                 found.append(p)
     return found
 
@@ -131,8 +140,14 @@ class SeatSummary:
     checkpoint: FileRef | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "continuity": self.continuity, "sessionId": self.session_id,
-                "lifecycleUid": self.lifecycle_uid, "bytes": self.bytes, "timingsMs": self.timings_ms}
+        return {
+            "name": self.name,
+            "continuity": self.continuity,
+            "sessionId": self.session_id,
+            "lifecycleUid": self.lifecycle_uid,
+            "bytes": self.bytes,
+            "timingsMs": self.timings_ms,
+        }
 
 
 def _refs_bytes(repo: RepositoryRecord) -> int:
@@ -179,7 +194,9 @@ async def capture_seat(
         seen.add(directory)
         for path in _regular_files(directory):
             anchor, rel = anchor_of(path, root=layout.root, cwd=cwd, home=home)
-            ref = capture_file(path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}")
+            ref = capture_file(
+                path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}"
+            )
             store.append(SessionFile(anchor=anchor, relpath=rel, file=ref))  # type: ignore[arg-type]
     t_session = time.monotonic()
 
@@ -207,19 +224,34 @@ async def capture_seat(
     ref = seal_seat(seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id)
     t_seal = time.monotonic()
     summary = SeatSummary(
-        name=agent.name, continuity=continuity, session_id=record.session.session_id,
+        name=agent.name,
+        continuity=continuity,
+        session_id=record.session.session_id,
         lifecycle_uid=agent.identity.lifecycle_uid,
-        bytes=_refs_bytes(repository) + sum(s.file.bytes for s in store) + (pointer.file.bytes if pointer else 0),
-        timings_ms={"repository": int((t_repo - t0) * 1000), "session": int((t_session - t_repo) * 1000),
-                    "seal": int((t_seal - t_session) * 1000)},
+        bytes=_refs_bytes(repository)
+        + sum(s.file.bytes for s in store)
+        + (pointer.file.bytes if pointer else 0),
+        timings_ms={
+            "repository": int((t_repo - t0) * 1000),
+            "session": int((t_session - t_repo) * 1000),
+            "seal": int((t_seal - t_session) * 1000),
+        },
         checkpoint=ref,
     )
-    log.info("cut.sealed", seat=agent.name, continuity=continuity, bytes=summary.bytes, dir=str(seat_dir))
+    log.info(
+        "cut.sealed", seat=agent.name, continuity=continuity, bytes=summary.bytes, dir=str(seat_dir)
+    )
     return summary
 
 
-def seal_attempt(attempt: Path, attempt_id: str, space: str, seats: list[SeatSummary], resume_document: bytes,
-                 identity: InstanceIdentity) -> FileRef:
+def seal_attempt(
+    attempt: Path,
+    attempt_id: str,
+    space: str,
+    seats: list[SeatSummary],
+    resume_document: bytes,
+    identity: InstanceIdentity,
+) -> FileRef:
     """The manifest lists every sealed seat and carries the resume document: one directory is
     all a destination needs. Sealed last of all, so its presence means the attempt is whole."""
     resume = write_file_exclusive(attempt, RESUME_FILE, resume_document)
@@ -228,10 +260,16 @@ def seal_attempt(attempt: Path, attempt_id: str, space: str, seats: list[SeatSum
         attempt_id=attempt_id,
         space=space,
         created_at=format_instant(datetime.now(UTC)),
-        seats=[ManifestSeat(name=s.name, dir=s.name, checkpoint=s.checkpoint) for s in seats if s.checkpoint],
+        seats=[
+            ManifestSeat(name=s.name, dir=s.name, checkpoint=s.checkpoint)
+            for s in seats
+            if s.checkpoint
+        ],
         resume=resume,
     )
-    return seal_manifest(attempt, manifest, identity.sign, identity.public_key_b64, identity.instance_id)
+    return seal_manifest(
+        attempt, manifest, identity.sign, identity.public_key_b64, identity.instance_id
+    )
 
 
 def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:

@@ -87,17 +87,31 @@ _PROGRESS_STEP = 4 * 1024 * 1024
 _IN_PROGRESS: tuple[tuple[str, str, str], ...] = (
     ("MERGE_HEAD", "a merge", "finish it (resolve, `git commit`) or `git merge --abort`"),
     ("rebase-merge", "a rebase", "finish it (`git rebase --continue`) or `git rebase --abort`"),
-    ("rebase-apply", "a rebase or `git am`", "finish it or run `git rebase --abort` / `git am --abort`"),
+    (
+        "rebase-apply",
+        "a rebase or `git am`",
+        "finish it or run `git rebase --abort` / `git am --abort`",
+    ),
     ("CHERRY_PICK_HEAD", "a cherry-pick", "finish it or `git cherry-pick --abort`"),
     ("REVERT_HEAD", "a revert", "finish it or `git revert --abort`"),
-    ("sequencer", "a cherry-pick or revert sequence", "finish it or `git cherry-pick --abort` / `git revert --abort`"),
+    (
+        "sequencer",
+        "a cherry-pick or revert sequence",
+        "finish it or `git cherry-pick --abort` / `git revert --abort`",
+    ),
     ("BISECT_LOG", "a bisect", "end it with `git bisect reset`"),
 )
 
 
 def git_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: os.environ[k] for k in _ENV_PASS if k in os.environ}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0", LC_ALL="C", GIT_PAGER="cat")
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_TERMINAL_PROMPT="0",
+        GIT_OPTIONAL_LOCKS="0",
+        LC_ALL="C",
+        GIT_PAGER="cat",
+    )
     if extra:
         env.update(extra)
     return env
@@ -134,9 +148,17 @@ async def run_git(
             [GIT, *SAFE_CONFIG, *args], cwd=cwd, env=git_env(env), input=stdin, check=False
         )
     except FileNotFoundError:
-        raise Refusal("git-missing", f"cannot run git in {cwd} (git is not on PATH or {cwd} is gone)", "install git") from None
+        raise Refusal(
+            "git-missing",
+            f"cannot run git in {cwd} (git is not on PATH or {cwd} is gone)",
+            "install git",
+        ) from None
     if proc.returncode not in ok:
-        raise Refusal(code, f"`{_show(args)}` failed in {cwd} (exit {proc.returncode}): {_tail(proc.stderr)}", cure)
+        raise Refusal(
+            code,
+            f"`{_show(args)}` failed in {cwd} (exit {proc.returncode}): {_tail(proc.stderr)}",
+            cure,
+        )
     return GitResult(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -242,8 +264,12 @@ async def _facts(cwd: Path) -> RepoFacts:
             f"run the seat at {top}, or run `git init` in {cwd} to give it a repository of its own",
         )
 
-    state = await run_git(cwd, "rev-parse", *(arg for name, _, _ in _IN_PROGRESS for arg in ("--git-path", name)))
-    for (_name, what, cure), rel in zip(_IN_PROGRESS, state.stdout.decode().splitlines(), strict=True):
+    state = await run_git(
+        cwd, "rev-parse", *(arg for name, _, _ in _IN_PROGRESS for arg in ("--git-path", name))
+    )
+    for (_name, what, cure), rel in zip(
+        _IN_PROGRESS, state.stdout.decode().splitlines(), strict=True
+    ):
         if os.path.lexists(cwd / rel):
             raise Refusal(
                 "operation-in-progress",
@@ -316,7 +342,9 @@ async def _facts(cwd: Path) -> RepoFacts:
             f"run `git rm -r --cached {CONTROL_DIR}` and add {CONTROL_DIR}/ to .gitignore",
         )
 
-    listed = await run_git(cwd, "ls-files", "--others", "--exclude-standard", "-z", "--", EXCLUDE_CONTROL)
+    listed = await run_git(
+        cwd, "ls-files", "--others", "--exclude-standard", "-z", "--", EXCLUDE_CONTROL
+    )
     untracked = [p for p in _split_z(listed.stdout) if not _in_control_dir(p)]
     nested = [p for p in untracked if p.endswith(b"/")]
     if nested:
@@ -392,7 +420,15 @@ async def _intent_to_add(cwd: Path) -> list[str]:
 
     async def name_status(mode: str) -> dict[str, str]:
         out = await run_git(
-            cwd, "diff", "--cached", mode, "--name-status", "--no-renames", "-z", "--", EXCLUDE_CONTROL
+            cwd,
+            "diff",
+            "--cached",
+            mode,
+            "--name-status",
+            "--no-renames",
+            "-z",
+            "--",
+            EXCLUDE_CONTROL,
         )
         fields = out.stdout.decode("utf-8").split("\0")
         return {fields[i + 1]: fields[i] for i in range(0, len(fields) - 1, 2)}
@@ -408,7 +444,9 @@ def _open_parent(top_fd: int, rel: str) -> tuple[int, str]:
     fd = os.dup(top_fd)
     try:
         for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            nxt = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
             os.close(fd)
             fd = nxt
     except BaseException:
@@ -417,7 +455,9 @@ def _open_parent(top_fd: int, rel: str) -> tuple[int, str]:
     return fd, parts[-1]
 
 
-def _write_untracked_tar(top: Path, paths: Sequence[bytes], out: ExclusiveFile, report: Callable[[int], None]) -> None:
+def _write_untracked_tar(
+    top: Path, paths: Sequence[bytes], out: ExclusiveFile, report: Callable[[int], None]
+) -> None:
     """Archive the selected untracked files, each opened beneath `top` without following links.
 
     Owners are zeroed (a user name is not the destination's business), set-id bits dropped, and
@@ -533,7 +573,9 @@ def refs_differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
 
 
-async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | None = None) -> RepositoryRecord:
+async def capture_repository(
+    cwd: Path, seat_dir: Path, *, progress: Progress | None = None
+) -> RepositoryRecord:
     """Capture the seat's repository into `seat_dir` and return the record that names it.
 
     Runs only after the seat is proven stopped (record 1.3 step 7). Preflight runs again first,
@@ -547,7 +589,12 @@ async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | 
     ita = await _intent_to_add(cwd)
 
     bundle = await stream_git_to_file(
-        cwd, ["bundle", "create", "--quiet", "-", "--all"], seat_dir, BUNDLE_FILE, progress=progress, phase="bundle"
+        cwd,
+        ["bundle", "create", "--quiet", "-", "--all"],
+        seat_dir,
+        BUNDLE_FILE,
+        progress=progress,
+        phase="bundle",
     )
     heads = await run_git(cwd, "bundle", "list-heads", str(seat_dir / BUNDLE_FILE))
     differ = refs_differing(bundle_heads(heads.stdout), refs)
@@ -559,10 +606,20 @@ async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | 
         )
 
     index_diff = await stream_git_to_file(
-        cwd, ["diff", "--cached", *DIFF_FLAGS], seat_dir, INDEX_DIFF_FILE, progress=progress, phase="index-diff"
+        cwd,
+        ["diff", "--cached", *DIFF_FLAGS],
+        seat_dir,
+        INDEX_DIFF_FILE,
+        progress=progress,
+        phase="index-diff",
     )
     worktree_diff = await stream_git_to_file(
-        cwd, ["diff", *DIFF_FLAGS], seat_dir, WORKTREE_DIFF_FILE, progress=progress, phase="worktree-diff"
+        cwd,
+        ["diff", *DIFF_FLAGS],
+        seat_dir,
+        WORKTREE_DIFF_FILE,
+        progress=progress,
+        phase="worktree-diff",
     )
     untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress)
     refs_ref: FileRef | None = None
@@ -576,7 +633,11 @@ async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | 
             raise
 
     after = await _facts(cwd)
-    if (after.base, after.head, after.status) != (facts.base, facts.head, facts.status) or await _refs(cwd) != refs:
+    if (after.base, after.head, after.status) != (
+        facts.base,
+        facts.head,
+        facts.status,
+    ) or await _refs(cwd) != refs:
         raise Refusal(
             "changed-during-capture",
             f"the repository at {cwd} changed while it was being captured",
@@ -598,7 +659,9 @@ async def capture_repository(cwd: Path, seat_dir: Path, *, progress: Progress | 
         )
         # Round-trip through the strict decoder so the capture never returns a record the
         # reader would refuse (the constructor does not check field patterns).
-        return decode_json(encode_json(record), RepositoryRecord, what="repository record", cap=1 << 30)
+        return decode_json(
+            encode_json(record), RepositoryRecord, what="repository record", cap=1 << 30
+        )
     except ValueError as exc:
         raise Refusal(
             "capture-inconsistent",

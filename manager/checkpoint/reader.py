@@ -82,8 +82,14 @@ def verify_file(directory: Path, ref: FileRef) -> None:
         again = os.lstat(path)
     except FileNotFoundError:
         again = None
-    if again is None or _identity(before) != _identity(after) or _identity(after) != _identity(again):
-        raise _integrity(path, "changed while it was being read", "retry once nothing writes to the checkpoint")
+    if (
+        again is None
+        or _identity(before) != _identity(after)
+        or _identity(after) != _identity(again)
+    ):
+        raise _integrity(
+            path, "changed while it was being read", "retry once nothing writes to the checkpoint"
+        )
     if read != ref.bytes:
         raise _integrity(path, f"ended after {read} of {ref.bytes} bytes")
     if digest.hexdigest() != ref.sha256:
@@ -95,19 +101,32 @@ def _read_record(path: Path, cap: int, what: str) -> bytes:
         return read_stable(path, cap=cap, what=what).data
     except Refusal as exc:
         # Missing, symlinked, oversized or moving record files are integrity failures too.
-        raise Refusal("integrity", f"checkpoint integrity: {exc.message}", exc.cure or _CURE_DAMAGED) from None
+        raise Refusal(
+            "integrity", f"checkpoint integrity: {exc.message}", exc.cure or _CURE_DAMAGED
+        ) from None
 
 
-def verify_signature(record: SeatCheckpoint | AttemptManifest, *, what: str, trusted_keys: Collection[str] | None = None) -> None:
+def verify_signature(
+    record: SeatCheckpoint | AttemptManifest,
+    *,
+    what: str,
+    trusted_keys: Collection[str] | None = None,
+) -> None:
     """The signature must verify under the recorded key, and that key must be trusted if a set is given.
 
     A recorded key alone proves the record is unaltered since a signer sealed it, not who that
     signer was; `trusted_keys` is how a caller pins the manager that may have sealed it.
     """
     if record.signer is None or not record.signature:
-        raise Refusal("bad-signature", f"{what} is not signed", "cut a new checkpoint; an unsigned record is never admitted")
+        raise Refusal(
+            "bad-signature",
+            f"{what} is not signed",
+            "cut a new checkpoint; an unsigned record is never admitted",
+        )
     try:
-        key = Ed25519PublicKey.from_public_bytes(base64.b64decode(record.signer.public_key, validate=True))
+        key = Ed25519PublicKey.from_public_bytes(
+            base64.b64decode(record.signer.public_key, validate=True)
+        )
         key.verify(base64.b64decode(record.signature, validate=True), signing_payload(record))
     except (InvalidSignature, ValueError, binascii.Error):
         raise Refusal(
@@ -128,19 +147,26 @@ def _parse_seat(data: bytes, path: Path, trusted_keys: Collection[str] | None) -
     try:
         record = decode_seat_checkpoint(data)
     except DecodeError as exc:
-        raise Refusal(exc.code, f"seat checkpoint {path} is malformed: {exc.message}",
-                      "copy the checkpoint again from the source host, or cut the seat again") from None
+        raise Refusal(
+            exc.code,
+            f"seat checkpoint {path} is malformed: {exc.message}",
+            "copy the checkpoint again from the source host, or cut the seat again",
+        ) from None
     verify_signature(record, what=f"seat checkpoint {path}", trusted_keys=trusted_keys)
     return record
 
 
-def read_seat_checkpoint(seat_dir: Path, *, trusted_keys: Collection[str] | None = None) -> SeatCheckpoint:
+def read_seat_checkpoint(
+    seat_dir: Path, *, trusted_keys: Collection[str] | None = None
+) -> SeatCheckpoint:
     """Read, parse and verify one seat's `checkpoint.json` (it does not hash the files it names)."""
     path = Path(seat_dir) / CHECKPOINT_FILE
     return _parse_seat(_read_record(path, CHECKPOINT_CAP, "seat checkpoint"), path, trusted_keys)
 
 
-def read_manifest(attempt_dir: Path, *, trusted_keys: Collection[str] | None = None) -> AttemptManifest:
+def read_manifest(
+    attempt_dir: Path, *, trusted_keys: Collection[str] | None = None
+) -> AttemptManifest:
     path = Path(attempt_dir) / MANIFEST_FILE
     manifest = decode_manifest(_read_record(path, MANIFEST_CAP, "checkpoint manifest"))
     verify_signature(manifest, what=f"checkpoint manifest {path}", trusted_keys=trusted_keys)
@@ -173,14 +199,18 @@ def verify_seat_files(seat_dir: Path, record: SeatCheckpoint) -> None:
         verify_file(Path(seat_dir), ref)
 
 
-def verify_integrity(attempt_dir: Path, *, trusted_keys: Collection[str] | None = None) -> list[SeatCheckpoint]:
+def verify_integrity(
+    attempt_dir: Path, *, trusted_keys: Collection[str] | None = None
+) -> list[SeatCheckpoint]:
     """Gate 1 over a whole attempt: the manifest, the resume document, every seat and every file.
 
     Returns the seat records in manifest order; a single failure anywhere refuses the attempt.
     """
     attempt_dir = Path(attempt_dir)
     manifest = read_manifest(attempt_dir, trusted_keys=trusted_keys)
-    _check_exact_entries(attempt_dir, {MANIFEST_FILE, manifest.resume.file, *(seat.dir for seat in manifest.seats)})
+    _check_exact_entries(
+        attempt_dir, {MANIFEST_FILE, manifest.resume.file, *(seat.dir for seat in manifest.seats)}
+    )
     verify_file(attempt_dir, manifest.resume)
     records: list[SeatCheckpoint] = []
     for seat in manifest.seats:
@@ -201,7 +231,9 @@ def verify_integrity(attempt_dir: Path, *, trusted_keys: Collection[str] | None 
                 f"is for seat {record.name!r} in space {record.space!r}, the manifest says "
                 f"{seat.name!r} in {manifest.space!r}",
             )
-        assert record.signer is not None and manifest.signer is not None  # verify_signature proved both
+        assert (
+            record.signer is not None and manifest.signer is not None
+        )  # verify_signature proved both
         if record.signer.public_key != manifest.signer.public_key:
             raise Refusal(
                 "bad-signature",

@@ -80,7 +80,9 @@ def _open_dirs(root_fd: int, rel: str, *, create: bool) -> tuple[int, str]:
                 except FileExistsError:
                     pass
             try:
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                nxt = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     raise Refusal(
@@ -144,7 +146,10 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
                         continue
                     mode = member.mode & 0o777
                     fd = os.open(
-                        leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent
+                        leaf,
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        mode,
+                        dir_fd=parent,
                     )
                     with os.fdopen(fd, "wb") as out:
                         src = tar.extractfile(member)
@@ -161,7 +166,11 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
                 finally:
                     os.close(parent)
     except tarfile.TarError as exc:
-        raise Refusal("unsafe-archive", f"untracked archive {tar_path} cannot be read ({exc})", "cut a new checkpoint") from None
+        raise Refusal(
+            "unsafe-archive",
+            f"untracked archive {tar_path} cannot be read ({exc})",
+            "cut a new checkpoint",
+        ) from None
     finally:
         os.close(root_fd)
 
@@ -171,7 +180,11 @@ def _create_placeholder(root: Path, rel: str) -> None:
     try:
         parent, leaf = _open_dirs(root_fd, rel, create=True)
         try:
-            os.close(os.open(leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=parent))
+            os.close(
+                os.open(
+                    leaf, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=parent
+                )
+            )
         finally:
             os.close(parent)
     finally:
@@ -209,7 +222,9 @@ async def _mark_intent_to_add(repo: Path, paths: Sequence[str]) -> None:
     )
 
 
-async def _build(staging: Path, seat_dir: Path, record: RepositoryRecord, refs: dict[str, str]) -> None:
+async def _build(
+    staging: Path, seat_dir: Path, record: RepositoryRecord, refs: dict[str, str]
+) -> None:
     bundle = seat_dir / record.bundle.file
     await run_git(
         staging.parent,
@@ -222,7 +237,9 @@ async def _build(staging: Path, seat_dir: Path, record: RepositoryRecord, refs: 
         code="restore-failed",
         cure="the bundle cannot be cloned; copy the checkpoint again from the source host",
     )
-    found = await run_git(staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128))
+    found = await run_git(
+        staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128)
+    )
     if found.rc != 0:
         raise Refusal(
             "base-absent",
@@ -380,10 +397,18 @@ def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Pa
 
 def _check_target(target: Path, stamp: str, keep_paths: Sequence[str]) -> None:
     if not STAMP_RE.fullmatch(stamp):
-        raise Refusal("bad-stamp", f"stamp {stamp!r} is not a safe token", "pass a stamp such as 20261129T140000Z")
+        raise Refusal(
+            "bad-stamp",
+            f"stamp {stamp!r} is not a safe token",
+            "pass a stamp such as 20261129T140000Z",
+        )
     for name in keep_paths:
         if "/" in name or name in ("", ".", "..", ".git"):
-            raise Refusal("bad-keep", f"keep path {name!r} is not a single top-level name", "pass names such as .cotal")
+            raise Refusal(
+                "bad-keep",
+                f"keep path {name!r} is not a single top-level name",
+                "pass names such as .cotal",
+            )
     try:
         st = os.lstat(target)
     except FileNotFoundError:
@@ -411,7 +436,13 @@ async def restore_repository(
     staging = target.with_name(target.name + ".incoming")
 
     # Every digest is proven before the first write anywhere.
-    for ref in (record.bundle, record.index_diff, record.worktree_diff, record.untracked, record.refs):
+    for ref in (
+        record.bundle,
+        record.index_diff,
+        record.worktree_diff,
+        record.untracked,
+        record.refs,
+    ):
         if ref is not None:
             await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
     refs: dict[str, str] = {}
@@ -419,7 +450,9 @@ async def restore_repository(
         try:
             refs = parse_refs_list((seat_dir / record.refs.file).read_bytes())
         except ValueError as exc:
-            raise Refusal("refs-mismatch", f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint") from None
+            raise Refusal(
+                "refs-mismatch", f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint"
+            ) from None
     # The ceiling keeps git from discovering the destination's own repository above the
     # checkpoint: listing a bundle needs none, and that repository is not ours to read.
     heads = await run_git(
@@ -500,7 +533,9 @@ def _hash_nofollow(path: Path, what: str) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise Refusal("unsafe-path", f"{what} {path} is a symlink", "replace it with the real file") from None
+            raise Refusal(
+                "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
+            ) from None
         raise
     with os.fdopen(fd, "rb") as stream:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -522,7 +557,9 @@ def _make_parents(path: Path) -> None:
         missing.append(probe)
         probe = probe.parent
     if not stat.S_ISDIR(os.stat(probe).st_mode):
-        raise Refusal("unsafe-path", f"{probe} is not a directory", f"move it aside so {path} can be created")
+        raise Refusal(
+            "unsafe-path", f"{probe} is not a directory", f"move it aside so {path} can be created"
+        )
     for directory in reversed(missing):
         try:
             os.mkdir(directory, DIR_MODE)
@@ -552,7 +589,11 @@ def place_session_file(
         digest = hashlib.sha256()
         try:
             with open(src_file, "rb", opener=_nofollow_opener) as src:
-                out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+                out_fd = os.open(
+                    tmp,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    FILE_MODE,
+                )
                 with os.fdopen(out_fd, "wb") as out:
                     while chunk := src.read(CHUNK):
                         digest.update(chunk)
@@ -560,7 +601,9 @@ def place_session_file(
                     out.flush()
                     os.fsync(out.fileno())
             if digest.hexdigest() != src_digest:
-                raise Refusal("unstable", f"session file {src_file} changed while it was copied", "retry")
+                raise Refusal(
+                    "unstable", f"session file {src_file} changed while it was copied", "retry"
+                )
             try:
                 # link, not rename: publication must not replace a file that appeared meanwhile.
                 os.link(tmp, dest_path)

@@ -102,7 +102,9 @@ class ExclusiveFile:
         self.path = Path(directory) / _check_file_name(name)
         try:
             self._fd: int | None = os.open(
-                self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE
+                self.path,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                FILE_MODE,
             )
         except FileExistsError:
             raise Refusal(
@@ -154,7 +156,9 @@ class ExclusiveFile:
             pass
 
 
-def write_file_exclusive(directory: Path, name: str, data: bytes | Iterable[bytes] | BinaryIO) -> FileRef:
+def write_file_exclusive(
+    directory: Path, name: str, data: bytes | Iterable[bytes] | BinaryIO
+) -> FileRef:
     """Write bytes, an iterable of chunks or a binary stream to a new exclusive file."""
     out = ExclusiveFile(directory, name)
     try:
@@ -180,17 +184,28 @@ def capture_file(src: Path, directory: Path, name: str) -> FileRef:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise Refusal("unsafe-path", f"capture source {src} is a symlink", "capture the real file") from None
+            raise Refusal(
+                "unsafe-path", f"capture source {src} is a symlink", "capture the real file"
+            ) from None
         if exc.errno == errno.ENOENT:
-            raise Refusal("missing", f"capture source {src} does not exist", "check the session path") from None
+            raise Refusal(
+                "missing", f"capture source {src} does not exist", "check the session path"
+            ) from None
         raise
     with os.fdopen(fd, "rb") as stream:
         before = os.fstat(stream.fileno())
         if not stat.S_ISREG(before.st_mode):
-            raise Refusal("unsafe-path", f"capture source {src} is not a regular file", "capture a regular file")
+            raise Refusal(
+                "unsafe-path",
+                f"capture source {src} is not a regular file",
+                "capture a regular file",
+            )
         ref = write_file_exclusive(directory, name, stream)
         after = os.fstat(stream.fileno())
-    if ref.bytes != after.st_size or (before.st_mtime_ns, before.st_size) != (after.st_mtime_ns, after.st_size):
+    if ref.bytes != after.st_size or (before.st_mtime_ns, before.st_size) != (
+        after.st_mtime_ns,
+        after.st_size,
+    ):
         os.unlink(Path(directory) / name)
         raise Refusal(
             "unstable",
@@ -234,7 +249,9 @@ def _record_bytes(record: SeatCheckpoint | AttemptManifest, cap: int, what: str)
     return data
 
 
-def _check_present(directory: Path, refs: Iterable[FileRef], allowed_extra: Iterable[str] = ()) -> None:
+def _check_present(
+    directory: Path, refs: Iterable[FileRef], allowed_extra: Iterable[str] = ()
+) -> None:
     """Every named file present, regular, of its recorded size, and nothing else in the directory."""
     expected = {ref.file: ref for ref in refs}
     for name, ref in expected.items():
@@ -242,7 +259,9 @@ def _check_present(directory: Path, refs: Iterable[FileRef], allowed_extra: Iter
             st = os.lstat(directory / name)
         except FileNotFoundError:
             raise Refusal(
-                "seal-incomplete", f"cannot seal {directory}: {name} is missing", "capture every file before sealing"
+                "seal-incomplete",
+                f"cannot seal {directory}: {name} is missing",
+                "capture every file before sealing",
             ) from None
         if not stat.S_ISREG(st.st_mode) or st.st_size != ref.bytes:
             raise Refusal(
@@ -308,20 +327,27 @@ def seal_manifest(
     for seat in manifest.seats:
         seat_dir = attempt_dir / seat.dir
         try:
-            data = read_stable(seat_dir / CHECKPOINT_FILE, cap=CHECKPOINT_CAP, what="seat checkpoint").data
+            data = read_stable(
+                seat_dir / CHECKPOINT_FILE, cap=CHECKPOINT_CAP, what="seat checkpoint"
+            ).data
         except Refusal as exc:
             raise Refusal(
                 "seal-incomplete",
                 f"cannot seal attempt {attempt_dir}: seat {seat.name}: {exc.message}",
                 "seal every seat before the manifest",
             ) from None
-        if len(data) != seat.checkpoint.bytes or hashlib.sha256(data).hexdigest() != seat.checkpoint.sha256:
+        if (
+            len(data) != seat.checkpoint.bytes
+            or hashlib.sha256(data).hexdigest() != seat.checkpoint.sha256
+        ):
             raise Refusal(
                 "seal-incomplete",
                 f"cannot seal attempt {attempt_dir}: seat {seat.name}'s {CHECKPOINT_FILE} is not the one the manifest names",
                 "build the manifest from the FileRef seal_seat returned",
             )
-    _check_present(attempt_dir, [manifest.resume], allowed_extra=[seat.dir for seat in manifest.seats])
+    _check_present(
+        attempt_dir, [manifest.resume], allowed_extra=[seat.dir for seat in manifest.seats]
+    )
     signed = sign_record(manifest, sign, public_key_b64, instance_id)
     data = _record_bytes(signed, MANIFEST_CAP, f"manifest {attempt_dir / MANIFEST_FILE}")
     decode_manifest(data)

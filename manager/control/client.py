@@ -42,16 +42,29 @@ class ControlClient:
             with anyio.fail_after(timeout):
                 await write_frame(stream, control.encode_frame({"op": "hello", "token": token}))
                 reply = control.decode_reply(await read_frame(client._buffered))
-        except (TimeoutError, anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+        except (
+            TimeoutError,
+            anyio.IncompleteRead,
+            anyio.EndOfStream,
+            anyio.BrokenResourceError,
+            OSError,
+        ):
             await stream.aclose()
-            raise Refusal("auth-refused", "the manager closed the connection at hello",
-                          "check that .cotal/auth/control.token belongs to this daemon") from None
+            raise Refusal(
+                "auth-refused",
+                "the manager closed the connection at hello",
+                "check that .cotal/auth/control.token belongs to this daemon",
+            ) from None
         if not reply.ok:
             await stream.aclose()
-            raise Refusal("auth-refused", "the manager refused hello", "check .cotal/auth/control.token")
+            raise Refusal(
+                "auth-refused", "the manager refused hello", "check .cotal/auth/control.token"
+            )
         return client
 
-    async def call(self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0) -> Any:
+    async def call(
+        self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0
+    ) -> Any:
         request_id = next(self._ids)
         payload = encode_json({"id": request_id, "op": op, "args": args or {}})
         frame = control.LENGTH.pack(len(payload)) + payload
@@ -60,13 +73,23 @@ class ControlClient:
                 await write_frame(self._stream, frame)
                 reply = control.decode_reply(await read_frame(self._buffered))
         except TimeoutError:
-            raise Refusal("timeout", f"{op} got no reply within {timeout:.0f}s",
-                          "the daemon may still be working: check `cotal ps`") from None
+            raise Refusal(
+                "timeout",
+                f"{op} got no reply within {timeout:.0f}s",
+                "the daemon may still be working: check `cotal ps`",
+            ) from None
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
-            raise Refusal("connection-lost", f"{op}: the manager closed the connection ({type(exc).__name__})",
-                          "check `.cotal/logs/manager.log`") from None
+            raise Refusal(
+                "connection-lost",
+                f"{op}: the manager closed the connection ({type(exc).__name__})",
+                "check `.cotal/logs/manager.log`",
+            ) from None
         if reply.id != request_id:
-            raise Refusal("protocol", f"{op}: reply id {reply.id} does not match request {request_id}", "report this")
+            raise Refusal(
+                "protocol",
+                f"{op}: reply id {reply.id} does not match request {request_id}",
+                "report this",
+            )
         if not reply.ok:
             err = reply.error
             raise ControlError(err.code if err else "error", err.message if err else "refused")

@@ -44,7 +44,9 @@ class ControlServer:
         self._token = token.encode()
         self._handler = handler
 
-    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         if self.path.is_socket():
             self.path.unlink()
         # The umask closes the window between bind() and chmod() in which the socket would
@@ -72,8 +74,15 @@ class ControlServer:
             try:
                 with anyio.fail_after(control.HELLO_TIMEOUT_S):
                     hello = control.decode_hello(await read_frame(buffered))
-            except (TimeoutError, FrameTooLarge, Refusal, anyio.IncompleteRead, anyio.EndOfStream,
-                    anyio.BrokenResourceError, OSError):
+            except (
+                TimeoutError,
+                FrameTooLarge,
+                Refusal,
+                anyio.IncompleteRead,
+                anyio.EndOfStream,
+                anyio.BrokenResourceError,
+                OSError,
+            ):
                 log.warning("control.refused", reason="no valid hello")
                 return
             if not hmac.compare_digest(hello.token.encode(), self._token):
@@ -82,7 +91,9 @@ class ControlServer:
             await write_frame(stream, control.encode_frame(control.ok_reply(0, {"hello": "ok"})))
             await self._serve_requests(stream, buffered)
 
-    async def _serve_requests(self, stream: SocketStream, buffered: BufferedByteReceiveStream) -> None:
+    async def _serve_requests(
+        self, stream: SocketStream, buffered: BufferedByteReceiveStream
+    ) -> None:
         while True:
             try:
                 body = await read_frame(buffered)
@@ -109,9 +120,13 @@ class ControlServer:
             return control.error_reply(request_id, exc.code, exc.text)
         except TRANSIENT as exc:
             return control.error_reply(
-                request_id, "broker-unavailable",
+                request_id,
+                "broker-unavailable",
                 f"the broker did not answer in time ({type(exc).__name__}); the broker or cluster may have lost "
-                "quorum; retry once it is back")
+                "quorum; retry once it is back",
+            )
         except Exception as exc:  # a bug must not take the daemon down, but it must be seen
             log.exception("control.internal_error")
-            return control.error_reply(request_id, "internal", f"internal error: {type(exc).__name__}: {exc}")
+            return control.error_reply(
+                request_id, "internal", f"internal error: {type(exc).__name__}: {exc}"
+            )

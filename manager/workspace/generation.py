@@ -56,24 +56,34 @@ class GenerationRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
 
 _CURE_MALFORMED = (
     "a writer generation is never re-minted over a damaged record: restore the file, or, "
-        "only if you are certain no other root holds this seat, move it aside by hand"
+    "only if you are certain no other root holds this seat, move it aside by hand"
 )
 
 
 def _refuse_malformed(path: Path, detail: str) -> Refusal:
-    return Refusal("generation-malformed", f"writer generation record {path} is malformed: {detail}", _CURE_MALFORMED)
+    return Refusal(
+        "generation-malformed",
+        f"writer generation record {path} is malformed: {detail}",
+        _CURE_MALFORMED,
+    )
 
 
 def _read_record(path: Path, seat: str, generation: int) -> GenerationRecord:
     try:
-        got = read_stable(path, cap=RECORD_CAP, what="writer generation record", require_private=True)
-        record = decode_json(got.data, GenerationRecord, what=f"writer generation record {path}", cap=RECORD_CAP)
+        got = read_stable(
+            path, cap=RECORD_CAP, what="writer generation record", require_private=True
+        )
+        record = decode_json(
+            got.data, GenerationRecord, what=f"writer generation record {path}", cap=RECORD_CAP
+        )
     except DecodeError as exc:
         raise Refusal("generation-malformed", exc.message, _CURE_MALFORMED) from None
     except Refusal as exc:
         raise Refusal("generation-malformed", exc.message, _CURE_MALFORMED) from None
     if record.generation != generation:
-        raise _refuse_malformed(path, f"it records generation {record.generation} under the name {generation}")
+        raise _refuse_malformed(
+            path, f"it records generation {record.generation} under the name {generation}"
+        )
     if record.seat != seat:
         raise _refuse_malformed(path, f"it records seat {record.seat!r}, not {seat!r}")
     return record
@@ -96,7 +106,9 @@ def _claims(directory: Path) -> list[int]:
         except FileNotFoundError:  # withdrawn while we listed
             continue
         if not stat.S_ISREG(st.st_mode):
-            raise _refuse_malformed(directory / name, "it is not a regular file (a symlink or a directory)")
+            raise _refuse_malformed(
+                directory / name, "it is not a regular file (a symlink or a directory)"
+            )
         found.append(int(name))
     return sorted(found)
 
@@ -116,13 +128,23 @@ def current_generation(layout: Layout, space: str, seat: str) -> int:
 
 
 def _same_claim(record: GenerationRecord, uid: str, instance_id: str, attempt_id: str) -> bool:
-    return (record.lifecycle_uid, record.holder, record.attempt_id) == (uid, instance_id, attempt_id)
+    return (record.lifecycle_uid, record.holder, record.attempt_id) == (
+        uid,
+        instance_id,
+        attempt_id,
+    )
 
 
 def _ensure_dirs(layout: Layout, space: str, seat: str) -> Path:
     directory = layout.seat_generation_dir(space, seat)
     # ensure_private_dir hardens only the last component; every level must be 0700.
-    for level in (layout.control, layout.auth, directory.parent.parent, directory.parent, directory):
+    for level in (
+        layout.control,
+        layout.auth,
+        directory.parent.parent,
+        directory.parent,
+        directory,
+    ):
         ensure_private_dir(level)
     return directory
 
@@ -145,7 +167,11 @@ def claim_successor(
     check_lifecycle_uid(uid)
     check_attempt_id(attempt_id)
     if expected_current < 0:
-        raise Refusal("bad-generation", f"generation {expected_current} is negative", "pass the checkpoint's generation")
+        raise Refusal(
+            "bad-generation",
+            f"generation {expected_current} is negative",
+            "pass the checkpoint's generation",
+        )
     target = expected_current + 1
     directory = _ensure_dirs(layout, space, seat)
     current = current_record(layout, space, seat)

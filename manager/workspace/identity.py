@@ -41,7 +41,9 @@ class InstanceIdentity:
 
     @property
     def public_key_b64(self) -> str:
-        raw = self.key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        raw = self.key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
         return base64.b64encode(raw).decode()
 
     def sign(self, data: bytes) -> bytes:
@@ -49,7 +51,9 @@ class InstanceIdentity:
 
 
 def _raw_private(key: Ed25519PrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
 
 
 def load_or_create_identity(layout: Layout, space: str) -> InstanceIdentity:
@@ -80,17 +84,37 @@ def _load(path: object, space: str) -> InstanceIdentity:
     p = Path(str(path))
     cure = f"restore {p} from backup; a restart must preserve the logical instanceId, so cotal will not mint over it"
     try:
-        data = read_stable(p, cap=IDENTITY_CAP, what="manager instance identity", require_private=True).data
-        record = decode_json(data, InstanceRecord, what=f"manager instance identity {p}", cap=IDENTITY_CAP)
+        data = read_stable(
+            p, cap=IDENTITY_CAP, what="manager instance identity", require_private=True
+        ).data
+        record = decode_json(
+            data, InstanceRecord, what=f"manager instance identity {p}", cap=IDENTITY_CAP
+        )
     except DecodeError as exc:
         raise Refusal("identity-malformed", exc.message, cure) from None
-    if record.version != 1 or not INSTANCE_ID_RE.fullmatch(record.instance_id) or record.space != space:
-        raise Refusal("identity-malformed", f"manager instance identity {p} is malformed (version, instanceId or space)", cure)
+    if (
+        record.version != 1
+        or not INSTANCE_ID_RE.fullmatch(record.instance_id)
+        or record.space != space
+    ):
+        raise Refusal(
+            "identity-malformed",
+            f"manager instance identity {p} is malformed (version, instanceId or space)",
+            cure,
+        )
     try:
-        key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(record.signing_key, validate=True))
+        key = Ed25519PrivateKey.from_private_bytes(
+            base64.b64decode(record.signing_key, validate=True)
+        )
     except ValueError:
-        raise Refusal("identity-malformed", f"manager instance identity {p} holds no valid signing key", cure) from None
+        raise Refusal(
+            "identity-malformed", f"manager instance identity {p} holds no valid signing key", cure
+        ) from None
     ident = InstanceIdentity(record.instance_id, space, key)
     if ident.public_key_b64 != record.public_key:
-        raise Refusal("identity-malformed", f"manager instance identity {p}: public key does not match the signing key", cure)
+        raise Refusal(
+            "identity-malformed",
+            f"manager instance identity {p}: public key does not match the signing key",
+            cure,
+        )
     return ident

@@ -91,7 +91,10 @@ def write_resume_document(layout: Layout, inventory: Inventory) -> ResumeDescrip
     # The bytes on disk must be ones the resume parser accepts; refuse before writing if not.
     decode_inventory(data)
     descriptor = ResumeDescriptor(
-        version=inventory.version, file=RESUME_FILE, bytes=len(data), sha256=hashlib.sha256(data).hexdigest()
+        version=inventory.version,
+        file=RESUME_FILE,
+        bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
     )
     _maintenance_dir(layout)
     record = Journal(layout).load()
@@ -182,7 +185,9 @@ def read_resume_document(
     # What this cotal writes is normalized; matching digests make this unreachable short of a
     # descriptor forged to fit a hand-edited file, which is still refused.
     if declared == inventory.version and encode_inventory(inventory) != got.data:
-        raise Refusal("resume-mismatch", f"{_WHAT_RESUME} {path} is not in normalized form", cure_tamper)
+        raise Refusal(
+            "resume-mismatch", f"{_WHAT_RESUME} {path} is not in normalized form", cure_tamper
+        )
     return inventory
 
 
@@ -210,7 +215,9 @@ class Journal:
         except FileNotFoundError:
             return None
         try:
-            got = read_stable(self.path, cap=JOURNAL_CAP, what="maintenance journal", require_private=True)
+            got = read_stable(
+                self.path, cap=JOURNAL_CAP, what="maintenance journal", require_private=True
+            )
             return decode_journal(got.data, what=f"maintenance journal {self.path}")
         except DecodeError as exc:
             raise Refusal("journal-malformed", exc.message, self._cure()) from None

@@ -65,7 +65,10 @@ def process_start_time(pid: int) -> int | None:
 def _owner_status(owner: LockRecord) -> tuple[str, str]:
     """("dead" | "alive" | "unknown", why). Only "dead" may be reaped."""
     if owner.host != socket.gethostname():
-        return "unknown", f"it was taken on host {owner.host!r}, and this host cannot see that process"
+        return (
+            "unknown",
+            f"it was taken on host {owner.host!r}, and this host cannot see that process",
+        )
     if owner.boot_id != boot_id():
         return "dead", "the host has rebooted since"
     try:
@@ -109,7 +112,9 @@ class MaintenanceLock:
                 return None
             raise
         try:
-            return decode_json(got.data, LockRecord, what=f"maintenance lock {self.path}", cap=LOCK_CAP), got.data
+            return decode_json(
+                got.data, LockRecord, what=f"maintenance lock {self.path}", cap=LOCK_CAP
+            ), got.data
         except DecodeError as exc:
             # Published by link after fsync, a lock is never torn: a malformed one was written
             # by something else, and nothing about it proves its owner is gone.
@@ -130,7 +135,9 @@ class MaintenanceLock:
 
     def acquire(self) -> None:
         if self._record is not None:
-            raise Refusal("lock-held", f"maintenance lock {self.path} is already held by this object", "")
+            raise Refusal(
+                "lock-held", f"maintenance lock {self.path} is already held by this object", ""
+            )
         ensure_private_dir(self.layout.control)
         ensure_private_dir(self.layout.maintenance.parent)
         ensure_private_dir(self.layout.maintenance)
@@ -165,7 +172,9 @@ class MaintenanceLock:
             if not create_private_exclusive(self.path, data):
                 raced = self._read_owner()
                 if raced is None:
-                    raise Refusal("lock-held", f"maintenance lock {self.path} is contended", "retry")
+                    raise Refusal(
+                        "lock-held", f"maintenance lock {self.path} is contended", "retry"
+                    )
                 raise self._refuse_held(raced[0], "it was taken a moment ago")
             self._record, self._bytes = record, data
         finally:

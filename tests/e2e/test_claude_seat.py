@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from manager.tools import which
+from manager.cli.tools import which
 from protocol.errors import Refusal
 from tests.conftest import AnthropicServer, Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
@@ -34,7 +34,9 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.claude,
     pytest.mark.usefixtures("isolated_home"),
-    pytest.mark.skipif(not _installed(), reason="Claude Code is not installed under .tools/ (make harnesses)"),
+    pytest.mark.skipif(
+        not _installed(), reason="Claude Code is not installed under .tools/ (make harnesses)"
+    ),
 ]
 PHRASE = "juniper-ledger-41"
 KEY_VAR = "FAKE_ANTHROPIC_KEY"
@@ -43,16 +45,21 @@ ENV = {KEY_VAR: "sk-ant-fake-e2e-key-0123456789"}
 
 def configure(root: Path, server: AnthropicServer) -> None:
     (root / "cotal.toml").write_text(
-        f'[agents.claude]\nbase_url = "{server.base_url}"\nmodel = "claude-fake-1"\napi_key_env = "{KEY_VAR}"\n')
+        f'[agents.claude]\nbase_url = "{server.base_url}"\nmodel = "claude-fake-1"\napi_key_env = "{KEY_VAR}"\n'
+    )
 
 
 async def test_claude_seat_survives_a_crash_and_a_fork_of_another_session_is_reported(
-        cli: Cli, fake_anthropic: AnthropicServer) -> None:
+    cli: Cli, fake_anthropic: AnthropicServer
+) -> None:
     configure(cli.root, fake_anthropic)
     cli.run("up", "--detach", env=ENV)
     row = cli.json("spawn", "c1", "--agent", "claude", "--prompt", f"Remember the phrase {PHRASE}.")
     assert row["continuity"] == "exact"
-    assert cli.json("send", "c1", "What was the phrase?", "--wait")["reply"] == f"The phrase is {PHRASE}."
+    assert (
+        cli.json("send", "c1", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
     os.kill(row["pid"], signal.SIGKILL)
 
     def restarted() -> bool:
@@ -62,18 +69,28 @@ async def test_claude_seat_survives_a_crash_and_a_fork_of_another_session_is_rep
     await wait_until(restarted, timeout=60, every=0.2)
     [again] = [r for r in cli.ps() if r["name"] == "c1"]
     assert again["sessionId"] == row["sessionId"] and again["pid"] != row["pid"]
-    assert cli.json("send", "c1", "What was the phrase again?", "--wait")["reply"] == f"The phrase is {PHRASE}."
+    assert (
+        cli.json("send", "c1", "What was the phrase again?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
     # Another seat resuming c1's session is a fork: a new id that carries the history.
     fork = cli.json("spawn", "c2", "--agent", "claude", "--resume", row["sessionId"])
     assert fork["sessionId"] != row["sessionId"]
-    assert cli.json("send", "c2", "What was the phrase?", "--wait")["reply"] == f"The phrase is {PHRASE}."
+    assert (
+        cli.json("send", "c2", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
     # And the source seat's own session carries on, untouched by the fork.
-    assert cli.json("send", "c1", "What was the phrase?", "--wait")["reply"] == f"The phrase is {PHRASE}."
+    assert (
+        cli.json("send", "c1", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
     cli.run("down")
 
 
-async def test_claude_seat_through_the_cut_and_the_resume(tmp_path: Path, cli: Cli, fake_anthropic: AnthropicServer,
-                                                          shared_broker: SharedBroker) -> None:
+async def test_claude_seat_through_the_cut_and_the_resume(
+    tmp_path: Path, cli: Cli, fake_anthropic: AnthropicServer, shared_broker: SharedBroker
+) -> None:
     init_repo(cli.root)
     write(cli.root / "README.md", "# claude\n")
     git(cli.root, "add", "-A")
@@ -81,7 +98,9 @@ async def test_claude_seat_through_the_cut_and_the_resume(tmp_path: Path, cli: C
     configure(cli.root, fake_anthropic)
     b = ["--server", shared_broker.url, "--creds", shared_broker.creds]
     cli.run("up", "--detach", *b, env=ENV)
-    row = cli.json("spawn", "default", "--agent", "claude", "--prompt", f"Remember the phrase {PHRASE}.")
+    row = cli.json(
+        "spawn", "default", "--agent", "claude", "--prompt", f"Remember the phrase {PHRASE}."
+    )
     cut = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
     [seat] = cut["seats"]
     assert seat["continuity"] == "exact" and seat["sessionId"] == row["sessionId"]
@@ -95,8 +114,13 @@ async def test_claude_seat_through_the_cut_and_the_resume(tmp_path: Path, cli: C
     assert obs["continuity"] == "exact"
     assert obs["sessionBefore"] == obs["sessionAfter"] == row["sessionId"]
     assert obs["uidBefore"] == obs["uidAfter"] == row["lifecycleUid"]
-    assert cli.json("send", "default", "What was the phrase?", "--wait")["reply"] == f"The phrase is {PHRASE}."
+    assert (
+        cli.json("send", "default", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
     # The key never lands in any file of the workspace, logs included.
-    blob = b"".join(p.read_bytes() for p in cli.root.rglob("*") if p.is_file() and not p.is_symlink())
+    blob = b"".join(
+        p.read_bytes() for p in cli.root.rglob("*") if p.is_file() and not p.is_symlink()
+    )
     assert ENV[KEY_VAR].encode() not in blob
     cli.run("down")

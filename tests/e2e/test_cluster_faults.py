@@ -82,16 +82,22 @@ async def _quiet(*_: object) -> None:
 @asynccontextmanager
 async def cluster_nc(cluster: Cluster) -> AsyncIterator[Client]:
     """A short-lived connection to the live nodes only (a dead URL would only add noise)."""
-    nc = await nats.connect(servers=[n.client_url for n in cluster.nodes if n.name in cluster.procs],
-                            nkeys_seed=cluster.creds, connect_timeout=2, allow_reconnect=False,
-                            error_cb=_quiet)
+    nc = await nats.connect(
+        servers=[n.client_url for n in cluster.nodes if n.name in cluster.procs],
+        nkeys_seed=cluster.creds,
+        connect_timeout=2,
+        allow_reconnect=False,
+        error_cb=_quiet,
+    )
     try:
         yield nc
     finally:
         await nc.close()
 
 
-async def leader_of(nc: Client, stream: str, consumer: str | None = None, timeout: float = 1.0) -> str | None:
+async def leader_of(
+    nc: Client, stream: str, consumer: str | None = None, timeout: float = 1.0
+) -> str | None:
     """The group's leader, or None while it has none (the request is dropped and times out)."""
     js = nc.jetstream(timeout=timeout)
     try:
@@ -130,7 +136,9 @@ async def meta_leader(cluster: Cluster) -> str | None:
     return await anyio.to_thread.run_sync(fetch)
 
 
-async def poll(predicate: Callable[[], Awaitable[bool]], timeout: float, every: float = 0.1) -> float:
+async def poll(
+    predicate: Callable[[], Awaitable[bool]], timeout: float, every: float = 0.1
+) -> float:
     """`wait_until` for a condition that must ask the broker; returns the seconds it took."""
     t0 = time.monotonic()
     with anyio.fail_after(timeout):
@@ -148,7 +156,9 @@ async def healthy(cluster: Cluster, uid: str, *, durable_too: bool = True) -> bo
         js = nc.jetstream(timeout=1.0)
         for stream, consumer in wanted:
             try:
-                info = await (js.consumer_info(stream, consumer) if consumer else js.stream_info(stream))
+                info = await (
+                    js.consumer_info(stream, consumer) if consumer else js.stream_info(stream)
+                )
             except Exception:
                 return False
             c = info.cluster
@@ -160,19 +170,30 @@ async def healthy(cluster: Cluster, uid: str, *, durable_too: bool = True) -> bo
     return True
 
 
-async def wait_recovered(cluster: Cluster, uid: str, *, durable_too: bool = True, timeout: float = 30.0) -> float:
+async def wait_recovered(
+    cluster: Cluster, uid: str, *, durable_too: bool = True, timeout: float = 30.0
+) -> float:
     """After `start`: `wait_ready`, then until every group the seat needs is led and caught up
     (a rejoined replica that is still behind must not serve anything the test then reads)."""
     await cluster.wait_ready()
     return await poll(lambda: healthy(cluster, uid, durable_too=durable_too), timeout, every=0.2)
 
 
-async def place_leader(cluster: Cluster, stream: str, consumer: str | None, *, on: str | None = None,
-                       off: str | None = None) -> None:
+async def place_leader(
+    cluster: Cluster,
+    stream: str,
+    consumer: str | None,
+    *,
+    on: str | None = None,
+    off: str | None = None,
+) -> None:
     """Move one group's leadership onto `on`, or off `off`, with JetStream's leader-stepdown API
     (a preferred peer in the request), and wait until it holds."""
-    subject = (f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}" if consumer
-               else f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}")
+    subject = (
+        f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{consumer}"
+        if consumer
+        else f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}"
+    )
     target = on or next(n for n in live(cluster) if n != off)
     body = json.dumps({"placement": {"preferred": target}}).encode()
 
@@ -198,8 +219,11 @@ async def move_leaders_off(cluster: Cluster, victim: str, uid: str) -> None:
         await place_leader(cluster, stream, consumer, off=victim)
 
 
-async def election_seconds(cluster: Cluster, stream: str, killed_at: float, dead: str, out: dict[str, float]) -> None:
+async def election_seconds(
+    cluster: Cluster, stream: str, killed_at: float, dead: str, out: dict[str, float]
+) -> None:
     """From the kill until `stream` answers from a new leader."""
+
     async def elected() -> bool:
         async with cluster_nc(cluster) as nc:
             leader = await leader_of(nc, stream, timeout=0.25)
@@ -227,8 +251,11 @@ class Background:
 
     @classmethod
     async def start(cls, root: Path, *args: str) -> Background:
-        proc = await anyio.open_process([sys.executable, "-m", "manager.cli", *args, "--root", str(root)],
-                                        env=cotal_env(), cwd=root)
+        proc = await anyio.open_process(
+            [sys.executable, "-m", "manager.cli", *args, "--root", str(root)],
+            env=cotal_env(),
+            cwd=root,
+        )
         return cls(proc)
 
     async def wait_stderr(self, text: str, timeout: float = 30.0) -> None:
@@ -298,13 +325,20 @@ def error_of(out: str, err: str) -> str:
 def up_and_spawn(cli: Cli, cluster: Cluster) -> dict[str, Any]:
     seed_tree(cli.root)
     cli.run("up", "--detach", "--server", cluster.urls, "--creds", cluster.creds)
-    row: dict[str, Any] = cli.json("spawn", SEAT, "--agent", "scribe", "--prompt",
-                                   f"Remember the phrase {PHRASE}. Reply with it.")
+    row: dict[str, Any] = cli.json(
+        "spawn",
+        SEAT,
+        "--agent",
+        "scribe",
+        "--prompt",
+        f"Remember the phrase {PHRASE}. Reply with it.",
+    )
     return row
 
 
-def cut_and_carry(cli: Cli, cluster: Cluster, tmp_path: Path, *, destination: bool = False
-                  ) -> tuple[dict[str, Any], Path]:
+def cut_and_carry(
+    cli: Cli, cluster: Cluster, tmp_path: Path, *, destination: bool = False
+) -> tuple[dict[str, Any], Path]:
     """Cut with every node up, copy the sealed attempt out, and take host A away; with
     `destination`, the path then holds someone's older tree, so an untouched one shows."""
     row = up_and_spawn(cli, cluster)
@@ -322,7 +356,16 @@ def cut_and_carry(cli: Cli, cluster: Cluster, tmp_path: Path, *, destination: bo
 
 
 def restore_args(cluster: Cluster, copy: Path) -> tuple[str, ...]:
-    return ("up", "--restore", str(copy), "--server", cluster.urls, "--creds", cluster.creds, "--json")
+    return (
+        "up",
+        "--restore",
+        str(copy),
+        "--server",
+        cluster.urls,
+        "--creds",
+        cluster.creds,
+        "--json",
+    )
 
 
 def assert_resumed(cli: Cli, row: dict[str, Any], out: str) -> None:
@@ -333,7 +376,10 @@ def assert_resumed(cli: Cli, row: dict[str, Any], out: str) -> None:
     [ps] = cli.ps()
     assert ps["sessionId"] == row["sessionId"] and ps["lifecycleUid"] == row["lifecycleUid"]
     assert ps["instanceId"] != row["instanceId"]
-    assert cli.json("send", SEAT, "What was the phrase?", "--wait")["reply"] == f"The phrase is {PHRASE}."
+    assert (
+        cli.json("send", SEAT, "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
     assert journal_state(cli.root) == "retired"
 
 
@@ -368,7 +414,9 @@ async def durable_state(cluster: Cluster, uid: str, timeout: float = 20.0) -> st
     return found[-1]
 
 
-async def custody_record(cluster: Cluster, uid: str, timeout: float = 20.0) -> dict[str, Any] | None:
+async def custody_record(
+    cluster: Cluster, uid: str, timeout: float = 20.0
+) -> dict[str, Any] | None:
     """The seat's custody record (None once deleted), asked again while the bucket elects."""
     found: list[dict[str, Any] | None] = []
 
@@ -401,16 +449,20 @@ def seat_row(cli: Cli) -> dict[str, Any] | None:
 def notable(root: Path) -> list[str]:
     """The manager's log lines that explain what happened to the seat, for a bug report."""
     keep = ("seat.", "durable.", "custody.", "cut.", "daemon.stopped", "resume.failed")
-    return [f"{e['event']}: {e.get('error') or e.get('reason') or e.get('code') or ''}".rstrip(": ")
-            for e in events(root) if str(e.get("event", "")).startswith(keep)
-            and e.get("event") not in ("seat.started", "seat.spawned")]
+    return [
+        f"{e['event']}: {e.get('error') or e.get('reason') or e.get('code') or ''}".rstrip(": ")
+        for e in events(root)
+        if str(e.get("event", "")).startswith(keep)
+        and e.get("event") not in ("seat.started", "seat.spawned")
+    ]
 
 
 # -- one node lost during a cut -------------------------------------------------------------
 
 
 async def test_cut_completes_when_the_managers_node_dies_after_the_stop(
-        tmp_path: Path, cli: Cli, nats_cluster: Cluster) -> None:
+    tmp_path: Path, cli: Cli, nats_cluster: Cluster
+) -> None:
     """The node the manager is connected to dies at `cut.stopped` (the point of no return): the
     cut still seals, journals `ready` and leaves the inbox durable at the cluster, and the
     checkpoint then resumes on host B."""
@@ -476,23 +528,33 @@ async def test_cut_rides_out_the_custody_leaders_election(cli: Cli, nats_cluster
     assert "timeout" in message.lower() or "broker" in message.lower(), message
     assert cli.json("status")["state"] == "active"
     ps = seat_row(cli)
-    assert ps is not None and ps["lifecycleUid"] == uid and ps["state"] == "running" and ps["pid"] == row["pid"]
+    assert (
+        ps is not None
+        and ps["lifecycleUid"] == uid
+        and ps["state"] == "running"
+        and ps["pid"] == row["pid"]
+    )
     assert journal_state(cli.root) != "ready"
     # Once the node is back, a retry seals.
     cluster.start(victim)
     await wait_recovered(cluster, uid)
-    code2, out2, err2 = await (await Background.start(cli.root, "down", "--preserve-state", "--json")).finish()
+    code2, out2, err2 = await (
+        await Background.start(cli.root, "down", "--preserve-state", "--json")
+    ).finish()
     assert code2 == 0, (out2, err2)
     assert_cut_ready(cli, row, out2)
-    raise ProductBug(f"the cut refused after {took}s with {message!r}; the custody leader {victim} was "
-                     f"replaced after {elections.get(CUSTODY)}s; the call deadline is {CALL_S}s")
+    raise ProductBug(
+        f"the cut refused after {took}s with {message!r}; the custody leader {victim} was "
+        f"replaced after {elections.get(CUSTODY)}s; the call deadline is {CALL_S}s"
+    )
 
 
 # -- one node lost during a resume ----------------------------------------------------------
 
 
 async def test_resume_completes_when_a_follower_node_dies_while_it_restores(
-        tmp_path: Path, cli: Cli, nats_cluster: Cluster) -> None:
+    tmp_path: Path, cli: Cli, nats_cluster: Cluster
+) -> None:
     """A node that leads none of the seat's groups dies while `up --restore` restores the tree,
     after custody was claimed and before the destination's manager starts: the manager and
     every later call go to the two nodes that remain, and they carry the rest of the resume.
@@ -529,15 +591,18 @@ async def test_resume_completes_when_a_follower_node_dies_while_it_restores(
     assert_resumed(cli, row, out)
     assert managers_node(cluster, cli.root) != victim
     record = await custody_record(cluster, uid)
-    assert record is not None and record["generation"] == 1 and record["holder"] != row["instanceId"]
+    assert (
+        record is not None and record["generation"] == 1 and record["holder"] != row["instanceId"]
+    )
     # The node stays down: a node that missed the custody claim and rejoins while this manager
     # runs can hand its custody watch the old record (see the module docstring).
     cli.run("down")
 
 
 @pytest.mark.parametrize("phase", ["custody-leader-at-admission", "inbox-leader-at-manager-start"])
-async def test_resume_rides_out_a_leaders_election(tmp_path: Path, cli: Cli, nats_cluster: Cluster,
-                                                   phase: str) -> None:
+async def test_resume_rides_out_a_leaders_election(
+    tmp_path: Path, cli: Cli, nats_cluster: Cluster, phase: str
+) -> None:
     cluster = nats_cluster
     row, copy = cut_and_carry(cli, cluster, tmp_path)
     uid = row["lifecycleUid"]
@@ -573,20 +638,26 @@ async def test_resume_rides_out_a_leaders_election(tmp_path: Path, cli: Cli, nat
     # Once the node is back, the same command again resumes the seat in its own session.
     cluster.start(victim)
     await wait_recovered(cluster, uid)
-    code2, out2, err2 = await (await Background.start(cli.root, *restore_args(cluster, copy))).finish()
+    code2, out2, err2 = await (
+        await Background.start(cli.root, *restore_args(cluster, copy))
+    ).finish()
     assert code2 == 0, (out2, err2)
     assert_resumed(cli, row, out2)
     cli.run("down")
-    raise ProductBug(f"{phase}: `up --restore` exited {code} after losing {stream}'s leader {victim} "
-                     f"(replaced after {elections.get(stream)}s; call deadline {CALL_S}s): {message!r}; "
-                     f"traceback on stderr: {'Traceback' in err}")
+    raise ProductBug(
+        f"{phase}: `up --restore` exited {code} after losing {stream}'s leader {victim} "
+        f"(replaced after {elections.get(stream)}s; call deadline {CALL_S}s): {message!r}; "
+        f"traceback on stderr: {'Traceback' in err}"
+    )
 
 
 # -- one node lost while the mesh just runs -------------------------------------------------
 
 
 @pytest.mark.parametrize("lost", ["inbox-leader", "inbox-and-custody-leader"])
-async def test_a_running_seat_survives_losing_one_node(cli: Cli, nats_cluster: Cluster, lost: str) -> None:
+async def test_a_running_seat_survives_losing_one_node(
+    cli: Cli, nats_cluster: Cluster, lost: str
+) -> None:
     cluster = nats_cluster
     row = up_and_spawn(cli, cluster)
     uid = row["lifecycleUid"]
@@ -603,7 +674,9 @@ async def test_a_running_seat_survives_losing_one_node(cli: Cli, nats_cluster: C
 
     async def settled() -> bool:
         """The seat runs again with its durable led, or the manager gave up on it or died."""
-        if any(has_event(cli.root, e) for e in ("seat.recovery_failed", "seat.freed", "daemon.stopped")):
+        if any(
+            has_event(cli.root, e) for e in ("seat.recovery_failed", "seat.freed", "daemon.stopped")
+        ):
             return True
         ps = seat_row(cli)
         return ps is not None and ps["state"] == "running" and await durable_exists(cluster, uid)
@@ -629,14 +702,18 @@ async def test_a_running_seat_survives_losing_one_node(cli: Cli, nats_cluster: C
         assert reply == f"The phrase is {PHRASE}.", reply
         cli.run("down")
         return
-    raise ProductBug(f"lost {victim} ({lost}); {waited}s later: {'; '.join(problems)}. "
-                     f"Manager log: {notable(cli.root)}")
+    raise ProductBug(
+        f"lost {victim} ({lost}); {waited}s later: {'; '.join(problems)}. "
+        f"Manager log: {notable(cli.root)}"
+    )
 
 
 # -- two nodes lost: no quorum anywhere -----------------------------------------------------
 
 
-async def test_cut_refuses_cleanly_without_quorum_and_a_retry_succeeds(cli: Cli, nats_cluster: Cluster) -> None:
+async def test_cut_refuses_cleanly_without_quorum_and_a_retry_succeeds(
+    cli: Cli, nats_cluster: Cluster
+) -> None:
     cluster = nats_cluster
     row = up_and_spawn(cli, cluster)
     uid = row["lifecycleUid"]
@@ -650,11 +727,16 @@ async def test_cut_refuses_cleanly_without_quorum_and_a_retry_succeeds(cli: Cli,
     custody_leader = (await leaders(cluster, uid))[CUSTODY]
     assert custody_leader is not None
     await place_leader(cluster, DM, durable(uid), on=custody_leader)
-    victims = [custody_leader, mine if mine != custody_leader else next(n for n in live(cluster) if n != mine)]
+    victims = [
+        custody_leader,
+        mine if mine != custody_leader else next(n for n in live(cluster) if n != mine),
+    ]
     for name in victims:
         cluster.kill(name)
 
-    code, out, err = await (await Background.start(cli.root, "down", "--preserve-state", "--json")).finish()
+    code, out, err = await (
+        await Background.start(cli.root, "down", "--preserve-state", "--json")
+    ).finish()
     message = error_of(out, err)
     # Refused, and nothing was sealed or marked ready.
     assert code == 2, (out, err)
@@ -671,7 +753,9 @@ async def test_cut_refuses_cleanly_without_quorum_and_a_retry_succeeds(cli: Cli,
         problems.append(f"the manager is {json.loads(status.stdout)['state']}, not active")
     ps = seat_row(cli)
     if manager_alive and (ps is None or ps["state"] != "running" or ps["pid"] != row["pid"]):
-        problems.append(f"the seat is {ps['state'] if ps else 'gone'} (pid {row['pid']} was killed)")
+        problems.append(
+            f"the seat is {ps['state'] if ps else 'gone'} (pid {row['pid']} was killed)"
+        )
 
     for name in victims:
         cluster.start(name)
@@ -679,20 +763,29 @@ async def test_cut_refuses_cleanly_without_quorum_and_a_retry_succeeds(cli: Cli,
     # Nothing was deprovisioned: the inbox and the custody record are where they were.
     assert await durable_state(cluster, uid) == "present"
     custody = await custody_record(cluster, uid)
-    assert custody is not None and custody["holder"] == row["instanceId"] and custody["generation"] == 0
+    assert (
+        custody is not None
+        and custody["holder"] == row["instanceId"]
+        and custody["generation"] == 0
+    )
     if manager_alive:
-        code2, out2, err2 = await (await Background.start(cli.root, "down", "--preserve-state", "--json")).finish()
+        code2, out2, err2 = await (
+            await Background.start(cli.root, "down", "--preserve-state", "--json")
+        ).finish()
         assert code2 == 0, (out2, err2)
         assert_cut_ready(cli, row, out2)
     else:
         retry = cli.run("down", "--preserve-state", "--json", check=False)
-        problems.append(f"the retry cannot continue: exit {retry.returncode} {error_of(retry.stdout, retry.stderr)!r}")
+        problems.append(
+            f"the retry cannot continue: exit {retry.returncode} {error_of(retry.stdout, retry.stderr)!r}"
+        )
     if problems:
         raise ProductBug("; ".join(problems) + f". Manager log: {notable(cli.root)}")
 
 
 async def test_resume_refuses_cleanly_without_quorum_and_a_retry_succeeds(
-        tmp_path: Path, cli: Cli, nats_cluster: Cluster) -> None:
+    tmp_path: Path, cli: Cli, nats_cluster: Cluster
+) -> None:
     cluster = nats_cluster
     row, copy = cut_and_carry(cli, cluster, tmp_path, destination=True)
     uid = row["lifecycleUid"]
@@ -712,9 +805,15 @@ async def test_resume_refuses_cleanly_without_quorum_and_a_retry_succeeds(
     for name in victims:
         cluster.start(name)
     await wait_recovered(cluster, uid)
-    code2, out2, err2 = await (await Background.start(cli.root, *restore_args(cluster, copy))).finish()
+    code2, out2, err2 = await (
+        await Background.start(cli.root, *restore_args(cluster, copy))
+    ).finish()
     assert code2 == 0, (out2, err2)
     assert_resumed(cli, row, out2)
     cli.run("down")
-    if code != 2 or not ("broker" in message.lower() or "timeout" in message.lower()) or "Traceback" in err:
+    if (
+        code != 2
+        or not ("broker" in message.lower() or "timeout" in message.lower())
+        or "Traceback" in err
+    ):
         raise ProductBug(f"exit {code}, last line {message!r}, stderr tail: {err[-1500:]!r}")

@@ -40,8 +40,10 @@ async def test_claim_storm_exactly_one_winner_every_time(nats_cluster: Cluster) 
     urls = nats_cluster.urls.split(",")
     conns = [await nats.connect(urls[i % 3], nkeys_seed=nats_cluster.creds) for i in range(16)]
     try:
-        kvs: list[KeyValue] = [await ensure_kv(nc.jetstream(), "cotal_custody_storm", ttl=None, replicas=3)
-                               for nc in conns]
+        kvs: list[KeyValue] = [
+            await ensure_kv(nc.jetstream(), "cotal_custody_storm", ttl=None, replicas=3)
+            for nc in conns
+        ]
         holders = [names.mint_instance_id() for _ in range(16)]
         source = names.mint_instance_id()
         for round_no in range(200):
@@ -50,11 +52,24 @@ async def test_claim_storm_exactly_one_winner_every_time(nats_cluster: Cluster) 
             wins: list[int] = []
             losses: list[str] = []
 
-            async def claim(i: int, uid: str = uid, rev: int = base.revision, round_no: int = round_no,
-                            wins: list[int] = wins, losses: list[str] = losses) -> None:
+            async def claim(
+                i: int,
+                uid: str = uid,
+                rev: int = base.revision,
+                round_no: int = round_no,
+                wins: list[int] = wins,
+                losses: list[str] = losses,
+            ) -> None:
                 try:
-                    await custody.claim(kvs[i], "storm", uid, expected_revision=rev, generation=1,
-                                        holder=holders[i], attempt_id=f"storm-{round_no}-{i}")
+                    await custody.claim(
+                        kvs[i],
+                        "storm",
+                        uid,
+                        expected_revision=rev,
+                        generation=1,
+                        holder=holders[i],
+                        attempt_id=f"storm-{round_no}-{i}",
+                    )
                     wins.append(i)
                 except Refusal as exc:
                     losses.append(exc.code)
@@ -65,7 +80,11 @@ async def test_claim_storm_exactly_one_winner_every_time(nats_cluster: Cluster) 
             assert len(wins) == 1, f"round {round_no}: winners {wins}"
             assert losses == ["custody-lost"] * 15
             held = await custody.read(kvs[0], "storm", uid)
-            assert held is not None and held.record.holder == holders[wins[0]] and held.record.generation == 1
+            assert (
+                held is not None
+                and held.record.holder == holders[wins[0]]
+                and held.record.generation == 1
+            )
     finally:
         for nc in conns:
             await nc.close()
@@ -75,12 +94,19 @@ async def test_attempt_key_storm_one_destination_wins(nats_cluster: Cluster) -> 
     urls = nats_cluster.urls.split(",")
     conns = [await nats.connect(urls[i % 3], nkeys_seed=nats_cluster.creds) for i in range(16)]
     try:
-        kvs = [await ensure_kv(nc.jetstream(), "cotal_custody_attempts", ttl=None, replicas=3) for nc in conns]
+        kvs = [
+            await ensure_kv(nc.jetstream(), "cotal_custody_attempts", ttl=None, replicas=3)
+            for nc in conns
+        ]
         for round_no in range(50):
             winners: list[int] = []
 
-            async def create(i: int, round_no: int = round_no, winners: list[int] = winners) -> None:
-                if await custody.create_exclusive(kvs[i], f"attempt.a{round_no}", f"holder-{i}".encode()):
+            async def create(
+                i: int, round_no: int = round_no, winners: list[int] = winners
+            ) -> None:
+                if await custody.create_exclusive(
+                    kvs[i], f"attempt.a{round_no}", f"holder-{i}".encode()
+                ):
                     winners.append(i)
 
             async with anyio.create_task_group() as tg:
@@ -100,16 +126,26 @@ async def _takeover(urls: str, creds: str, seat: str, uid: str, new_holder: str)
         kv = await js.key_value("cotal_custody_main")
         held = await custody.read(kv, seat, uid)
         assert held is not None
-        record = CustodyRecord(seat=seat, lifecycle_uid=uid, generation=held.record.generation + 1,
-                               holder=new_holder, claimed_at="2026-11-29T00:00:00Z", attempt_id="takeover")
-        await kv.update(custody_key(names.SEAT_OWNER, seat, uid), encode_custody(record), last=held.revision)
+        record = CustodyRecord(
+            seat=seat,
+            lifecycle_uid=uid,
+            generation=held.record.generation + 1,
+            holder=new_holder,
+            claimed_at="2026-11-29T00:00:00Z",
+            attempt_id="takeover",
+        )
+        await kv.update(
+            custody_key(names.SEAT_OWNER, seat, uid), encode_custody(record), last=held.revision
+        )
         fence = WriterFence(js, "main", seat, new_holder, record.generation)
         return await fence.establish(), held.record.generation
     finally:
         await nc.close()
 
 
-async def test_paused_holder_is_fenced_by_the_broker_and_stops_its_seat(cli: Cli, nats_cluster: Cluster) -> None:
+async def test_paused_holder_is_fenced_by_the_broker_and_stops_its_seat(
+    cli: Cli, nats_cluster: Cluster
+) -> None:
     git_root(cli.root)
     cli.run("up", "--detach", "--server", nats_cluster.urls, "--creds", nats_cluster.creds)
     row = cli.json("spawn", "held", "--prompt", "Remember the phrase before-pause")
@@ -120,11 +156,15 @@ async def test_paused_holder_is_fenced_by_the_broker_and_stops_its_seat(cli: Cli
     nc = await nats.connect(nats_cluster.urls.split(","), nkeys_seed=nats_cluster.creds)
     js = nc.jetstream()
     stale = WriterFence(js, "main", "held", me, 0)
-    stale.last_seq = int((await js.get_last_msg("DM_main", outbound_filter("main", "local", "held"))).seq)
+    stale.last_seq = int(
+        (await js.get_last_msg("DM_main", outbound_filter("main", "local", "held"))).seq
+    )
     os.kill(daemon, signal.SIGSTOP)
     try:
         newcomer = names.mint_instance_id()
-        marker, _ = await _takeover(nats_cluster.urls, nats_cluster.creds, "held", row["lifecycleUid"], newcomer)
+        marker, _ = await _takeover(
+            nats_cluster.urls, nats_cluster.creds, "held", row["lifecycleUid"], newcomer
+        )
         # The broker itself refuses the stale holder's write, whatever the client believes.
         with pytest.raises(FencedOut):
             await stale.publish("cotal.main.inst.local.operator.local.held", b"stale write")
@@ -142,8 +182,10 @@ async def test_paused_holder_is_fenced_by_the_broker_and_stops_its_seat(cli: Cli
     assert ev["seat"] == "held" and ev["holder_was"] == me and ev["holder_now"] == newcomer
     assert cli.ps() == []
     # It never relaunched the seat after the eviction.
-    after = events[events.index(ev) + 1:]
-    assert not [e for e in after if e["event"] in ("seat.started", "seat.restarted", "seat.spawned")]
+    after = events[events.index(ev) + 1 :]
+    assert not [
+        e for e in after if e["event"] in ("seat.started", "seat.restarted", "seat.spawned")
+    ]
     # Nothing the stale holder wrote landed after the new holder's fence marker.
     last = int((await js.get_last_msg("DM_main", outbound_filter("main", "local", "held"))).seq)
     for seq in range(marker + 1, last + 1):
@@ -160,7 +202,8 @@ async def test_paused_holder_is_fenced_by_the_broker_and_stops_its_seat(cli: Cli
 
 
 async def test_stale_source_cannot_launch_while_the_destination_runs_the_seat(
-        tmp_path: Path, shared_broker: SharedBroker) -> None:
+    tmp_path: Path, shared_broker: SharedBroker
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("private mount namespaces need root")
     base, root = tmp_path / "host", tmp_path / "host" / "ws"
@@ -171,8 +214,15 @@ async def test_stale_source_cannot_launch_while_the_destination_runs_the_seat(
 
     def in_ns(host: Path, *args: str) -> list[str]:
         cmd = " ".join(f'"{a}"' for a in args)
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                f'mount --bind "{host}" "{base}" && exec "{sys.executable}" -m manager.cli {cmd} --root "{root}"']
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mount --bind "{host}" "{base}" && exec "{sys.executable}" -m manager.cli {cmd} --root "{root}"',
+        ]
 
     async def run(host: Path, *args: str) -> tuple[int, str, str]:
         proc = await anyio.run_process(in_ns(host, *args), env=cotal_env(), check=False)
@@ -201,7 +251,9 @@ async def test_stale_source_cannot_launch_while_the_destination_runs_the_seat(
     assert code == 2 and "retained principal moved" in err and "already live" in err, err
     assert sorted(p.name for p in (host_a / "ws").iterdir()) == before
     assert not (host_a / "ws/.cotal/manager.sock").exists()
-    code, out, err = await run(host_b, "send", "moved", "remember the phrase still-b", "--wait", "--json")
+    code, out, err = await run(
+        host_b, "send", "moved", "remember the phrase still-b", "--wait", "--json"
+    )
     assert code == 0 and json.loads(out)["reply"] == "Noted: still-b.", err
     # Host B cuts the seat (nothing runs it now, its custody stays at generation 1): A's record
     # is behind, and A refuses by generation, naming the holder.
@@ -217,12 +269,24 @@ async def test_stale_source_cannot_launch_while_the_destination_runs_the_seat(
 async def _ghost_presence(b: SharedBroker, seat: str, uid: str, instance: str) -> None:
     async with broker_at(b.url, b.creds) as js:
         kv = await js.key_value("cotal_presence_main")
-        await kv.put(f"local.{seat}.{uid}", encode(Presence(seat=seat, lifecycle_uid=uid, instance_id=instance,
-                                                            agent="scribe", pid=1, since="2026-11-29T00:00:00Z")))
+        await kv.put(
+            f"local.{seat}.{uid}",
+            encode(
+                Presence(
+                    seat=seat,
+                    lifecycle_uid=uid,
+                    instance_id=instance,
+                    agent="scribe",
+                    pid=1,
+                    since="2026-11-29T00:00:00Z",
+                )
+            ),
+        )
 
 
 async def test_resume_while_predecessor_shows_presence_needs_verified_eviction(
-        tmp_path: Path, cli: Cli, shared_broker: SharedBroker) -> None:
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker
+) -> None:
     git_root(cli.root)
     cli.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
     row = cli.json("spawn", "ghost")
@@ -232,28 +296,48 @@ async def test_resume_while_predecessor_shows_presence_needs_verified_eviction(
     shutil.rmtree(cli.root)
     cli.root.mkdir()
     predecessor = row["instanceId"]
-    restore = ["up", "--restore", str(carried), "--server", shared_broker.url, "--creds", shared_broker.creds]
+    restore = [
+        "up",
+        "--restore",
+        str(carried),
+        "--server",
+        shared_broker.url,
+        "--creds",
+        shared_broker.creds,
+    ]
     # Presence says the predecessor still runs the seat; with no way to check, refuse.
     await _ghost_presence(shared_broker, "ghost", row["lifecycleUid"], predecessor)
     out = cli.run(*restore, check=False)
-    assert out.returncode == 2 and "uid-live" not in out.stdout and "already live at the broker" in out.stderr
+    assert (
+        out.returncode == 2
+        and "uid-live" not in out.stdout
+        and "already live at the broker" in out.stderr
+    )
     assert "--monitor" in out.stderr
     # An oracle that cannot answer is a refusal, never a pass.
     await _ghost_presence(shared_broker, "ghost", row["lifecycleUid"], predecessor)
     out = cli.run(*restore, "--monitor", "http://127.0.0.1:9", check=False)
     assert out.returncode == 2 and "cannot verify the predecessor is gone" in out.stderr
     # The predecessor still holds a broker connection: refused, by name.
-    live = await nats.connect(shared_broker.url, nkeys_seed=shared_broker.creds, name=f"cotal-manager:{predecessor}")
+    live = await nats.connect(
+        shared_broker.url, nkeys_seed=shared_broker.creds, name=f"cotal-manager:{predecessor}"
+    )
     try:
         await _ghost_presence(shared_broker, "ghost", row["lifecycleUid"], predecessor)
         out = cli.run(*restore, "--monitor", shared_broker.monitor, check=False)
-        assert out.returncode == 2 and f"cotal-manager:{predecessor}" in out.stderr and "still holds" in out.stderr
+        assert (
+            out.returncode == 2
+            and f"cotal-manager:{predecessor}" in out.stderr
+            and "still holds" in out.stderr
+        )
     finally:
         await live.close()
     assert sorted(p.name for p in cli.root.iterdir()) in ([], [".cotal"])
     # Verified gone: a complete scan with none remaining. The resume proceeds and says why. A
     # bystander connection proves the scan read the list rather than an empty answer.
-    bystander = await nats.connect(shared_broker.url, nkeys_seed=shared_broker.creds, name="bystander")
+    bystander = await nats.connect(
+        shared_broker.url, nkeys_seed=shared_broker.creds, name="bystander"
+    )
     try:
         await _ghost_presence(shared_broker, "ghost", row["lifecycleUid"], predecessor)
         out = cli.run(*restore, "--monitor", shared_broker.monitor, "--json")
@@ -261,8 +345,11 @@ async def test_resume_while_predecessor_shows_presence_needs_verified_eviction(
         await bystander.close()
     result = json.loads(out.stdout)
     [proof] = result["evictionEvidence"]
-    assert proof["instanceId"] == predecessor and proof["remaining"] == 0 and proof["connectionsScanned"] >= 1
+    assert (
+        proof["instanceId"] == predecessor
+        and proof["remaining"] == 0
+        and proof["connectionsScanned"] >= 1
+    )
     assert "EVICTION EVIDENCE" in out.stderr
     assert result["seats"][0]["sameUid"]
     cli.run("down")
-

@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 STANDIN = REPO / "tests" / "fixtures" / "jcode_standin.py"
 
 
-async def test_jcode_is_drain_only_through_the_cut_and_the_resume(tmp_path: Path, cli: Cli,
-                                                                   shared_broker: SharedBroker) -> None:
+async def test_jcode_is_drain_only_through_the_cut_and_the_resume(
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker
+) -> None:
     init_repo(cli.root)
     write(cli.root / "README.md", "# jcode\n")
     git(cli.root, "add", "-A")
@@ -47,7 +48,9 @@ async def test_jcode_is_drain_only_through_the_cut_and_the_resume(tmp_path: Path
     out = cli.run("up", "--restore", str(carried), *b, "--json")
     [obs] = json.loads(out.stdout)["seats"]
     assert obs["continuity"] == "drain-only"
-    assert obs["observation"] == "started fresh: this harness cannot continue a session (drain-only)"
+    assert (
+        obs["observation"] == "started fresh: this harness cannot continue a session (drain-only)"
+    )
     assert obs["sessionBefore"] is None and obs["sameUid"] is True
     # The same inbox (same uid), a fresh session: it still takes mail.
     assert cli.json("send", "jc", "hello again", "--wait")["reply"]

@@ -29,7 +29,16 @@ PHRASE = "juniper-ledger-41"
 
 
 def porcelain(repo: Path) -> bytes:
-    return git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ".", ":(exclude).cotal")
+    return git(
+        repo,
+        "status",
+        "--porcelain=v1",
+        "-z",
+        "--untracked-files=all",
+        "--",
+        ".",
+        ":(exclude).cotal",
+    )
 
 
 def make_workspace(repo: Path) -> None:
@@ -47,8 +56,16 @@ def make_workspace(repo: Path) -> None:
 
 def cut(cli: Cli, b: SharedBroker, cwd: Path) -> tuple[dict[str, Any], Path]:
     cli.run("up", "--detach", "--server", b.url, "--creds", b.creds)
-    row = cli.json("spawn", "default", "--agent", "scribe", "--cwd", str(cwd),
-                   "--prompt", f"Remember the phrase {PHRASE}. Reply with it.")
+    row = cli.json(
+        "spawn",
+        "default",
+        "--agent",
+        "scribe",
+        "--cwd",
+        str(cwd),
+        "--prompt",
+        f"Remember the phrase {PHRASE}. Reply with it.",
+    )
     result = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
     assert result["journal"] == "ready"
     return row, Path(result["checkpointDir"])
@@ -64,8 +81,9 @@ def take_host_a_away(root: Path, attempt_dir: Path, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize("layout_kind", ["cwd-is-root", "cwd-is-subdirectory"])
-async def test_record6_cut_and_resume_on_another_host(tmp_path: Path, cli: Cli, shared_broker: SharedBroker,
-                                                      layout_kind: str) -> None:
+async def test_record6_cut_and_resume_on_another_host(
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker, layout_kind: str
+) -> None:
     cwd = cli.root if layout_kind == "cwd-is-root" else cli.root / "proj"
     make_workspace(cwd)
     status_before, bytes_before = porcelain(cwd), tree_digest(cwd)
@@ -73,8 +91,16 @@ async def test_record6_cut_and_resume_on_another_host(tmp_path: Path, cli: Cli, 
     copy = take_host_a_away(cli.root, attempt_dir, tmp_path)
     assert not cwd.exists() or not any(cwd.iterdir())
 
-    out = cli.run("up", "--restore", str(copy), "--server", shared_broker.url, "--creds", shared_broker.creds,
-                  "--json")
+    out = cli.run(
+        "up",
+        "--restore",
+        str(copy),
+        "--server",
+        shared_broker.url,
+        "--creds",
+        shared_broker.creds,
+        "--json",
+    )
     result = json.loads(out.stdout)
     [seat] = result["seats"]
     # Observation 1: the same session id. Observation 2: the same lifecycle uid.
@@ -85,7 +111,10 @@ async def test_record6_cut_and_resume_on_another_host(tmp_path: Path, cli: Cli, 
     assert ps["sessionId"] == row["sessionId"] and ps["lifecycleUid"] == row["lifecycleUid"]
     assert ps["instanceId"] != row["instanceId"]  # a different manager instance holds it now
     # Observation 3: the transcript answers.
-    assert cli.json("send", "default", "What was the phrase?", "--wait")["reply"] == f"The phrase is {PHRASE}."
+    assert (
+        cli.json("send", "default", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
     # The repository state came back exactly.
     assert porcelain(cwd) == status_before
     assert tree_digest(cwd) == bytes_before
@@ -95,25 +124,37 @@ async def test_record6_cut_and_resume_on_another_host(tmp_path: Path, cli: Cli, 
     assert journal.durable_commit_token is not None and len(journal.durable_commit_token) == 64
     assert (cli.root / ".cotal/auth/seat-generation").is_dir()
     async with broker_at(shared_broker.url, shared_broker.creds) as js:
-        entry = await (await js.key_value("cotal_custody_main")).get(f"local.default.{row['lifecycleUid']}")
+        entry = await (await js.key_value("cotal_custody_main")).get(
+            f"local.default.{row['lifecycleUid']}"
+        )
     custody = json.loads(entry.value or b"")
     assert custody["generation"] == 1 and custody["holder"] == ps["instanceId"]
     cli.run("down")
 
 
-async def test_message_sent_while_cut_is_delivered_after_resume(tmp_path: Path, cli: Cli,
-                                                                shared_broker: SharedBroker) -> None:
+async def test_message_sent_while_cut_is_delivered_after_resume(
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker
+) -> None:
     make_workspace(cli.root)
     row, attempt_dir = cut(cli, shared_broker, cli.root)
     copy = take_host_a_away(cli.root, attempt_dir, tmp_path)
     # The seat is cut and no manager runs anywhere: the message waits in its durable inbox.
-    queued = cli.json("send", "default", "Remember the phrase sent-while-cut-9", "--server", shared_broker.url,
-                      "--creds", shared_broker.creds)
+    queued = cli.json(
+        "send",
+        "default",
+        "Remember the phrase sent-while-cut-9",
+        "--server",
+        shared_broker.url,
+        "--creds",
+        shared_broker.creds,
+    )
     assert queued["queued"] is True
     async with broker_at(shared_broker.url, shared_broker.creds) as js:
         info = await js.consumer_info("DM_main", f"dm_local-default-{row['lifecycleUid']}")
     assert info.num_pending == 1
-    cli.run("up", "--restore", str(copy), "--server", shared_broker.url, "--creds", shared_broker.creds)
+    cli.run(
+        "up", "--restore", str(copy), "--server", shared_broker.url, "--creds", shared_broker.creds
+    )
     # The durable inbox is FIFO with one message in flight: the queued message is handled first.
     reply = cli.json("send", "default", "What was the phrase?", "--wait")
     assert reply["reply"] == "The phrase is sent-while-cut-9."
@@ -123,11 +164,15 @@ async def test_message_sent_while_cut_is_delivered_after_resume(tmp_path: Path, 
     cli.run("down")
 
 
-def _restore_in_namespace(host_dir: Path, base: Path, root: Path, checkpoint: Path, b: SharedBroker) -> list[str]:
+def _restore_in_namespace(
+    host_dir: Path, base: Path, root: Path, checkpoint: Path, b: SharedBroker
+) -> list[str]:
     # The bind covers the root's parent, as a host's own disk would: the staging directory
     # beside the root must be on the same filesystem as the root it is promoted into.
-    script = (f'mount --bind "{host_dir}" "{base}" && exec "{sys.executable}" -m manager.cli up --restore '
-              f'"{checkpoint}" --server "{b.url}" --creds "{b.creds}" --root "{root}" --json')
+    script = (
+        f'mount --bind "{host_dir}" "{base}" && exec "{sys.executable}" -m manager.cli up --restore '
+        f'"{checkpoint}" --server "{b.url}" --creds "{b.creds}" --root "{root}" --json'
+    )
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
 
 
@@ -144,7 +189,9 @@ async def _race(argvs: list[list[str]]) -> dict[int, tuple[int, str, str]]:
     return results
 
 
-async def test_two_destinations_race_and_exactly_one_claims_custody(tmp_path: Path, shared_broker: SharedBroker) -> None:
+async def test_two_destinations_race_and_exactly_one_claims_custody(
+    tmp_path: Path, shared_broker: SharedBroker
+) -> None:
     if os.geteuid() != 0:
         pytest.skip("private mount namespaces need root")
     base = tmp_path / "host"
@@ -158,7 +205,9 @@ async def test_two_destinations_race_and_exactly_one_claims_custody(tmp_path: Pa
         hosts = [tmp_path / f"round{n}" / "hostB", tmp_path / f"round{n}" / "hostC"]
         for h in hosts:
             (h / "ws").mkdir(parents=True)
-        results = await _race([_restore_in_namespace(h, base, root, copy, shared_broker) for h in hosts])
+        results = await _race(
+            [_restore_in_namespace(h, base, root, copy, shared_broker) for h in hosts]
+        )
         winners = [i for i, r in results.items() if r[0] == 0]
         assert len(winners) == 1, results
         winner, loser = winners[0], 1 - winners[0]
@@ -173,8 +222,12 @@ async def test_two_destinations_race_and_exactly_one_claims_custody(tmp_path: Pa
         # through, the generation check; both are custody refusals at the broker.
         reason = loser_journal["degraded"]["reason"]
         assert loser_journal["state"] == "degraded"
-        assert "already claimed by instance" in reason or "custody is at generation 1" in reason, reason
-        assert [p for p in (loser_ws / ".cotal/auth/seat-generation").glob("*/*/*") if p.name.isdigit()] == []
+        assert "already claimed by instance" in reason or "custody is at generation 1" in reason, (
+            reason
+        )
+        assert [
+            p for p in (loser_ws / ".cotal/auth/seat-generation").glob("*/*/*") if p.name.isdigit()
+        ] == []
         # The winner runs the seat under its uid, in its session, on the restored tree.
         won = json.loads(results[winner][1])
         assert won["seats"][0]["sameSession"] and won["seats"][0]["sameUid"]
@@ -182,47 +235,82 @@ async def test_two_destinations_race_and_exactly_one_claims_custody(tmp_path: Pa
         winner_ws = hosts[winner] / "ws"
         assert (winner_ws / "src/app.py").read_text() == "print('v3 unstaged')\n"
         # Tear the winner down through its own socket, reachable at its host directory.
-        await anyio.run_process([sys.executable, "-m", "manager.cli", "down", "--root", str(winner_ws)],
-                                env=cotal_env(), check=True)
+        await anyio.run_process(
+            [sys.executable, "-m", "manager.cli", "down", "--root", str(winner_ws)],
+            env=cotal_env(),
+            check=True,
+        )
         await wait_until(lambda ws=winner_ws: processes_mentioning(str(ws)) == [], timeout=20)
         shutil.rmtree(root)
 
 
-async def test_a_pinned_signer_is_required_and_an_unpinned_one_is_shown(tmp_path: Path, cli: Cli,
-                                                                       shared_broker: SharedBroker) -> None:
+async def test_a_pinned_signer_is_required_and_an_unpinned_one_is_shown(
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker
+) -> None:
     make_workspace(cli.root)
     row, attempt_dir = cut(cli, shared_broker, cli.root)
-    source_key = json.loads((cli.root / ".cotal/auth").joinpath(
-        next(p.name for p in (cli.root / ".cotal/auth").iterdir() if p.name.startswith("manager-instance"))
-    ).read_text())["publicKey"]
+    source_key = json.loads(
+        (cli.root / ".cotal/auth")
+        .joinpath(
+            next(
+                p.name
+                for p in (cli.root / ".cotal/auth").iterdir()
+                if p.name.startswith("manager-instance")
+            )
+        )
+        .read_text()
+    )["publicKey"]
     copy = take_host_a_away(cli.root, attempt_dir, tmp_path)
     b = ["--server", shared_broker.url, "--creds", shared_broker.creds]
     verify = json.loads(cli.run("checkpoint", "verify", str(copy), *b, "--json").stdout)
-    assert verify["signer"] == {"instanceId": row["instanceId"], "publicKey": source_key, "pinned": False}
+    assert verify["signer"] == {
+        "instanceId": row["instanceId"],
+        "publicKey": source_key,
+        "pinned": False,
+    }
     other = "A" * 43 + "="
     out = cli.run("up", "--restore", str(copy), *b, "--trust-signer", other, check=False)
     assert out.returncode == 2 and "does not trust" in out.stderr and source_key in out.stderr
     assert sorted(p.name for p in cli.root.iterdir()) == []
-    result = json.loads(cli.run("up", "--restore", str(copy), *b, "--trust-signer", source_key, "--json").stdout)
+    result = json.loads(
+        cli.run("up", "--restore", str(copy), *b, "--trust-signer", source_key, "--json").stdout
+    )
     assert result["signer"]["pinned"] is True and result["seats"][0]["sameUid"]
     cli.run("down")
 
 
-async def test_seats_sharing_a_tree_restore_it_once(tmp_path: Path, cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_seats_sharing_a_tree_restore_it_once(
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker
+) -> None:
     make_workspace(cli.root)
     status_before, bytes_before = porcelain(cli.root), tree_digest(cli.root)
     cli.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
-    rows = [cli.json("spawn", f"s{i}", "--prompt", f"Remember the phrase shared-{i}") for i in range(3)]
+    rows = [
+        cli.json("spawn", f"s{i}", "--prompt", f"Remember the phrase shared-{i}") for i in range(3)
+    ]
     cut_result = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
     copy = take_host_a_away(cli.root, Path(cut_result["checkpointDir"]), tmp_path)
-    out = cli.run("up", "--restore", str(copy), "--server", shared_broker.url, "--creds", shared_broker.creds,
-                  "--json")
+    out = cli.run(
+        "up",
+        "--restore",
+        str(copy),
+        "--server",
+        shared_broker.url,
+        "--creds",
+        shared_broker.creds,
+        "--json",
+    )
     result = json.loads(out.stdout)
     assert [r["superseded"] for r in result["restored"]] == [None, None, None]
     assert out.stderr.count("already restored") == 2
-    assert sorted(p.name for p in cli.root.parent.iterdir() if p.name.startswith(cli.root.name)) == [cli.root.name]
+    assert sorted(
+        p.name for p in cli.root.parent.iterdir() if p.name.startswith(cli.root.name)
+    ) == [cli.root.name]
     assert porcelain(cli.root) == status_before and tree_digest(cli.root) == bytes_before
     for i, row in enumerate(rows):
-        assert cli.json("send", f"s{i}", "What was the phrase?", "--wait")["reply"] == f"The phrase is shared-{i}."
+        assert (
+            cli.json("send", f"s{i}", "What was the phrase?", "--wait")["reply"]
+            == f"The phrase is shared-{i}."
+        )
         assert row["lifecycleUid"] in {s["uidAfter"] for s in result["seats"]}
     cli.run("down")

@@ -90,11 +90,21 @@ async def assert_unclaimed(cut: Cut, seats: tuple[str, ...] = (SEAT,)) -> None:
         assert attempt is None, attempt
 
 
-async def refused(cli: Cli, cut: Cut, ckpt: Path, *extra: str, code: str, contains: list[str],
-                  seats: tuple[str, ...] = (SEAT,), claimed_by_nobody: bool = True) -> str:
+async def refused(
+    cli: Cli,
+    cut: Cut,
+    ckpt: Path,
+    *extra: str,
+    code: str,
+    contains: list[str],
+    seats: tuple[str, ...] = (SEAT,),
+    claimed_by_nobody: bool = True,
+) -> str:
     """`cotal up --restore` exits 2 with the refusal named, and nothing moved anywhere."""
     before = snapshot(cli.root)
-    proc = cli.run("up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *extra, check=False)
+    proc = cli.run(
+        "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *extra, check=False
+    )
     assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
     out = json.loads(proc.stdout)
     assert out["ok"] is False and out["code"] == code, out
@@ -123,7 +133,9 @@ def flip_store_byte(ckpt: Path) -> tuple[str, list[str]]:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    return "integrity", [f"checkpoint integrity: {path} hashes to {sha(bytes(data))}, the record says {ref.sha256}"]
+    return "integrity", [
+        f"checkpoint integrity: {path} hashes to {sha(bytes(data))}, the record says {ref.sha256}"
+    ]
 
 
 def flip_resume_byte(ckpt: Path) -> tuple[str, list[str]]:
@@ -172,14 +184,18 @@ def extra_in_attempt(ckpt: Path) -> tuple[str, list[str]]:
     return "integrity", [f"{ckpt} holds entries its record does not name: .resume.json.1234.tmp"]
 
 
-def _rewrite_seat_record(ckpt: Path, forge: Callable[[SeatCheckpoint], SeatCheckpoint]) -> tuple[str, list[str]]:
+def _rewrite_seat_record(
+    ckpt: Path, forge: Callable[[SeatCheckpoint], SeatCheckpoint]
+) -> tuple[str, list[str]]:
     path = _seat(ckpt) / CHECKPOINT_FILE
     sealed = [s for s in read_manifest(ckpt).seats if s.name == SEAT][0].checkpoint
     forged = forge(read_seat_checkpoint(_seat(ckpt)))
     data = record_bytes(forged)
     path.write_bytes(data)
-    return "integrity", [f"{path} is {len(data)} bytes hashing to {sha(data)}, the manifest says "
-                         f"{sealed.bytes} bytes hashing to {sealed.sha256}"]
+    return "integrity", [
+        f"{path} is {len(data)} bytes hashing to {sha(data)}, the manifest says "
+        f"{sealed.bytes} bytes hashing to {sealed.sha256}"
+    ]
 
 
 def forge_seat_signature_keep_key(ckpt: Path) -> tuple[str, list[str]]:
@@ -196,7 +212,10 @@ def forge_seat_signature_keep_key(ckpt: Path) -> tuple[str, list[str]]:
     # The signature alone would refuse it too; the manifest digest refuses it first.
     with pytest.raises(Refusal) as err:
         read_seat_checkpoint(_seat(ckpt))
-    assert err.value.code == "bad-signature" and "does not verify under its recorded public key" in err.value.message
+    assert (
+        err.value.code == "bad-signature"
+        and "does not verify under its recorded public key" in err.value.message
+    )
     return result
 
 
@@ -204,7 +223,9 @@ def forge_seat_key_and_signature(ckpt: Path) -> tuple[str, list[str]]:
     """Replace key and signature consistently: the record verifies on its own, and only the
     manifest's digest of checkpoint.json (and the one-signer-per-attempt rule) stand in the way."""
     ident = foreign_identity()
-    result = _rewrite_seat_record(ckpt, lambda r: sign_record(r, ident.sign, ident.public_key_b64, ident.instance_id))
+    result = _rewrite_seat_record(
+        ckpt, lambda r: sign_record(r, ident.sign, ident.public_key_b64, ident.instance_id)
+    )
     signer = read_seat_checkpoint(_seat(ckpt)).signer
     assert signer is not None and signer.public_key == ident.public_key_b64
     return result
@@ -213,10 +234,14 @@ def forge_seat_key_and_signature(ckpt: Path) -> tuple[str, list[str]]:
 def forge_manifest_signature(ckpt: Path) -> tuple[str, list[str]]:
     manifest = read_manifest(ckpt)
     assert manifest.signer is not None
-    forged = with_signature(manifest, manifest.signer, Ed25519PrivateKey.generate().sign(signing_payload(manifest)))
+    forged = with_signature(
+        manifest, manifest.signer, Ed25519PrivateKey.generate().sign(signing_payload(manifest))
+    )
     (ckpt / MANIFEST_FILE).write_bytes(record_bytes(forged))
-    return "bad-signature", [f"checkpoint manifest {ckpt / MANIFEST_FILE} signature does not verify under its "
-                             f"recorded public key {manifest.signer.public_key}"]
+    return "bad-signature", [
+        f"checkpoint manifest {ckpt / MANIFEST_FILE} signature does not verify under its "
+        f"recorded public key {manifest.signer.public_key}"
+    ]
 
 
 def reseal_manifest_by_another_key(ckpt: Path) -> tuple[str, list[str]]:
@@ -226,23 +251,28 @@ def reseal_manifest_by_another_key(ckpt: Path) -> tuple[str, list[str]]:
     seat_key = signer.public_key
     ident = foreign_identity()
     reseal_manifest(ckpt, ident)
-    return "bad-signature", [f"seat checkpoint {_seat(ckpt) / CHECKPOINT_FILE} was sealed by key {seat_key}, "
-                             f"the manifest by {ident.public_key_b64}"]
+    return "bad-signature", [
+        f"seat checkpoint {_seat(ckpt) / CHECKPOINT_FILE} was sealed by key {seat_key}, "
+        f"the manifest by {ident.public_key_b64}"
+    ]
 
 
-@pytest.mark.parametrize("mutate", [
-    pytest.param(flip_store_byte, id="flipped-byte"),
-    pytest.param(flip_resume_byte, id="flipped-resume-document"),
-    pytest.param(truncate_bundle, id="truncated"),
-    pytest.param(symlink_untracked, id="symlink"),
-    pytest.param(remove_refs, id="missing"),
-    pytest.param(extra_in_seat, id="extra-in-seat-dir"),
-    pytest.param(extra_in_attempt, id="extra-in-attempt-dir"),
-    pytest.param(forge_seat_signature_keep_key, id="forged-seat-signature"),
-    pytest.param(forge_seat_key_and_signature, id="forged-seat-key-and-signature"),
-    pytest.param(forge_manifest_signature, id="forged-manifest-signature"),
-    pytest.param(reseal_manifest_by_another_key, id="manifest-resealed-by-another-key"),
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        pytest.param(flip_store_byte, id="flipped-byte"),
+        pytest.param(flip_resume_byte, id="flipped-resume-document"),
+        pytest.param(truncate_bundle, id="truncated"),
+        pytest.param(symlink_untracked, id="symlink"),
+        pytest.param(remove_refs, id="missing"),
+        pytest.param(extra_in_seat, id="extra-in-seat-dir"),
+        pytest.param(extra_in_attempt, id="extra-in-attempt-dir"),
+        pytest.param(forge_seat_signature_keep_key, id="forged-seat-signature"),
+        pytest.param(forge_seat_key_and_signature, id="forged-seat-key-and-signature"),
+        pytest.param(forge_manifest_signature, id="forged-manifest-signature"),
+        pytest.param(reseal_manifest_by_another_key, id="manifest-resealed-by-another-key"),
+    ],
+)
 async def test_integrity_refuses_a_damaged_checkpoint(cli: Cli, cut: Cut, mutate: Mutation) -> None:
     move_source_away(cut)
     code, contains = mutate(cut.copy)
@@ -251,7 +281,9 @@ async def test_integrity_refuses_a_damaged_checkpoint(cli: Cli, cut: Cut, mutate
     await refused(cli, cut, cut.copy, "--accept-stale-checkpoint", code=code, contains=contains)
 
 
-async def test_a_consistent_reseal_by_a_foreign_key_passes_only_an_unpinned_reader(cut: Cut, tmp_path: Path) -> None:
+async def test_a_consistent_reseal_by_a_foreign_key_passes_only_an_unpinned_reader(
+    cut: Cut, tmp_path: Path
+) -> None:
     """Manifest and seat re-signed together by another key: every digest and signature is
     consistent, so only pinning the signer refuses it (`trusted_keys`; the CLI pins nothing)."""
     own = source_identity(cut.root)
@@ -261,8 +293,13 @@ async def test_a_consistent_reseal_by_a_foreign_key_passes_only_an_unpinned_read
     with pytest.raises(Refusal) as err:
         admit.integrity(forged, trusted_keys={own.public_key_b64})
     assert err.value.code == "untrusted-signer"
-    assert f"sealed by key {ident.public_key_b64} (instance {ident.instance_id})" in err.value.message
-    assert admit.integrity(cut.copy, trusted_keys={own.public_key_b64}).records[SEAT].lifecycle_uid == cut.uid()
+    assert (
+        f"sealed by key {ident.public_key_b64} (instance {ident.instance_id})" in err.value.message
+    )
+    assert (
+        admit.integrity(cut.copy, trusted_keys={own.public_key_b64}).records[SEAT].lifecycle_uid
+        == cut.uid()
+    )
 
 
 # -- gate 2: identity --------------------------------------------------------------------------
@@ -270,18 +307,35 @@ async def test_a_consistent_reseal_by_a_foreign_key_passes_only_an_unpinned_read
 
 async def test_identity_refuses_another_space(cli: Cli, cut: Cut) -> None:
     move_source_away(cut)
-    await refused(cli, cut, cut.copy, "--space", "other", code="wrong-space",
-                  contains=["admission refused at the identity gate",
-                            "the checkpoint belongs to space 'main', not 'other'", "resume it with --space main"])
+    await refused(
+        cli,
+        cut,
+        cut.copy,
+        "--space",
+        "other",
+        code="wrong-space",
+        contains=[
+            "admission refused at the identity gate",
+            "the checkpoint belongs to space 'main', not 'other'",
+            "resume it with --space main",
+        ],
+    )
 
 
 async def test_identity_refuses_a_root_at_another_path(cut: Cut, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     make_destination(elsewhere)
     src = cut.root.resolve()
-    await refused(Cli(elsewhere), cut, cut.copy, code="paths-differ",
-                  contains=[f"seat {SEAT} was cut in workspace root {src}, this root is {elsewhere.resolve()}",
-                            f"resume from a root at {src}"])
+    await refused(
+        Cli(elsewhere),
+        cut,
+        cut.copy,
+        code="paths-differ",
+        contains=[
+            f"seat {SEAT} was cut in workspace root {src}, this root is {elsewhere.resolve()}",
+            f"resume from a root at {src}",
+        ],
+    )
 
 
 async def test_identity_refuses_profile_drift(cli: Cli, cut: Cut) -> None:
@@ -291,19 +345,38 @@ async def test_identity_refuses_profile_drift(cli: Cli, cut: Cut) -> None:
     model = record.entry["launch"].get("model")
     assert record.profile == registry.profile_digest("scribe", model, {})  # what the source ran
     here = registry.profile_digest("scribe", model, {"model": "other"})
-    await refused(cli, cut, cut.copy, code="profile-drift",
-                  contains=[f"seat {SEAT}: this host's launch profile for scribe has revision {here}, "
-                            f"the checkpoint recorded {record.profile}"])
+    await refused(
+        cli,
+        cut,
+        cut.copy,
+        code="profile-drift",
+        contains=[
+            f"seat {SEAT}: this host's launch profile for scribe has revision {here}, "
+            f"the checkpoint recorded {record.profile}"
+        ],
+    )
 
 
 async def test_identity_refuses_a_record_without_root_or_custody_revision(
-        cli: Cli, cut: Cut, tmp_path: Path) -> None:
+    cli: Cli, cut: Cut, tmp_path: Path
+) -> None:
     src = move_source_away(cut)
-    old = reseal(cut.copy, tmp_path / "old", source_identity(src),
-                 edit=lambda r: msgspec.structs.replace(r, workspace_root=None, custody_revision=None))
-    await refused(cli, cut, old, code="old-checkpoint",
-                  contains=[f"seat {SEAT}: the checkpoint records no workspace root or custody revision",
-                            "cut the seat again with this version of cotal"])
+    old = reseal(
+        cut.copy,
+        tmp_path / "old",
+        source_identity(src),
+        edit=lambda r: msgspec.structs.replace(r, workspace_root=None, custody_revision=None),
+    )
+    await refused(
+        cli,
+        cut,
+        old,
+        code="old-checkpoint",
+        contains=[
+            f"seat {SEAT}: the checkpoint records no workspace root or custody revision",
+            "cut the seat again with this version of cotal",
+        ],
+    )
 
 
 async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli, cut: Cut) -> None:
@@ -320,10 +393,18 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
     make_destination(cut.root)
     try:
         await wait_presence(b, cut.uid(), live=True)  # the resumed seat announces itself
-        await refused(cli, cut, cut.copy, code="uid-live", claimed_by_nobody=False,
-                      contains=["admission refused at the identity gate",
-                                f"retained principal {SEAT} (uid {cut.uid()}) is already live at the broker",
-                                "stop the running incarnation first"])
+        await refused(
+            cli,
+            cut,
+            cut.copy,
+            code="uid-live",
+            claimed_by_nobody=False,
+            contains=[
+                "admission refused at the identity gate",
+                f"retained principal {SEAT} (uid {cut.uid()}) is already live at the broker",
+                "stop the running incarnation first",
+            ],
+        )
         record, attempt = await custody(b, SEAT, cut.uid(), cut.attempt_id)
         assert record is not None and (record["generation"], record["holder"]) == (1, holder_a)
         assert attempt == {"holder": holder_a, "root": str(cut.root.resolve())}
@@ -337,9 +418,13 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
         assert proc.returncode == 2, proc.stderr
         out = json.loads(proc.stdout)
         assert out["code"] == "custody-lost", out
-        assert (f"attempt {cut.attempt_id} was already claimed by instance {holder_a} at {cut.root.resolve()}"
-                in out["error"])
-        assert {k: v for k, v in snapshot(cli.root).items() if not k.startswith(".cotal")} == tree_before
+        assert (
+            f"attempt {cut.attempt_id} was already claimed by instance {holder_a} at {cut.root.resolve()}"
+            in out["error"]
+        )
+        assert {
+            k: v for k, v in snapshot(cli.root).items() if not k.startswith(".cotal")
+        } == tree_before
         assert not manager_answers(cli.root)
         # B holds no writer generation, and its journal records the attempt as degraded.
         gen_dir = cli.root / ".cotal/auth/seat-generation"
@@ -362,7 +447,9 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
     captured = parse_instant(record.captured_at)
     assert record.recency_horizon_ms == HORIZON
     assert admit.recency(adm, now=captured + timedelta(seconds=5), accept_stale=False) == []
-    assert admit.recency(adm, now=captured + timedelta(milliseconds=HORIZON), accept_stale=False) == []
+    assert (
+        admit.recency(adm, now=captured + timedelta(milliseconds=HORIZON), accept_stale=False) == []
+    )
 
     now = captured + timedelta(milliseconds=HORIZON + 1)
     with pytest.raises(Refusal) as err:
@@ -370,32 +457,53 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
     assert err.value.code == "stale-checkpoint"
     assert err.value.message == (
         f"admission refused at the recency gate: seat {SEAT}: capturedAt {record.captured_at} is {HORIZON + 1} ms "
-        f"old at this host's clock ({now.isoformat()}), beyond its horizon of {HORIZON} ms")
+        f"old at this host's clock ({now.isoformat()}), beyond its horizon of {HORIZON} ms"
+    )
     assert "--accept-stale-checkpoint" in err.value.cure
     consents = admit.recency(adm, now=now, accept_stale=True)
-    assert consents == [Consent(seat=SEAT, captured_at=record.captured_at, age_ms=HORIZON + 1, horizon_ms=HORIZON)]
+    assert consents == [
+        Consent(seat=SEAT, captured_at=record.captured_at, age_ms=HORIZON + 1, horizon_ms=HORIZON)
+    ]
     assert adm.consents == consents
-    assert msgspec.to_builtins(consents[0]) == {"seat": SEAT, "capturedAt": record.captured_at,
-                                                "ageMs": HORIZON + 1, "horizonMs": HORIZON}
+    assert msgspec.to_builtins(consents[0]) == {
+        "seat": SEAT,
+        "capturedAt": record.captured_at,
+        "ageMs": HORIZON + 1,
+        "horizonMs": HORIZON,
+    }
 
     # Later than this clock: a small skew is tolerated, beyond it no override exists.
-    assert admit.recency(adm, now=captured - timedelta(milliseconds=admit.CLOCK_SKEW_MS), accept_stale=False) == []
+    assert (
+        admit.recency(
+            adm, now=captured - timedelta(milliseconds=admit.CLOCK_SKEW_MS), accept_stale=False
+        )
+        == []
+    )
     now = captured - timedelta(milliseconds=admit.CLOCK_SKEW_MS + 1)
     for accept in (False, True):
         with pytest.raises(Refusal) as err:
             admit.recency(adm, now=now, accept_stale=accept)
         assert err.value.code == "future-checkpoint"
-        assert (f"seat {SEAT}: capturedAt {record.captured_at} is {admit.CLOCK_SKEW_MS + 1} ms later than this "
-                f"host's clock ({now.isoformat()}), beyond the {admit.CLOCK_SKEW_MS} ms skew allowed") in err.value.message
+        assert (
+            f"seat {SEAT}: capturedAt {record.captured_at} is {admit.CLOCK_SKEW_MS + 1} ms later than this "
+            f"host's clock ({now.isoformat()}), beyond the {admit.CLOCK_SKEW_MS} ms skew allowed"
+        ) in err.value.message
         assert "no override exists" in err.value.cure
 
     # An unreadable capturedAt never gets past the record parser...
     doc = json.loads((cut.copy / SEAT / CHECKPOINT_FILE).read_bytes())
-    for bad in ("2026-02-30T12:00:00.000Z", "yesterday", "2026-11-29T14:00:00Z", "2026-11-29T14:00:00.000+01:00"):
+    for bad in (
+        "2026-02-30T12:00:00.000Z",
+        "yesterday",
+        "2026-11-29T14:00:00Z",
+        "2026-11-29T14:00:00.000+01:00",
+    ):
         doc["capturedAt"] = bad
         with pytest.raises(DecodeError) as derr:
             decode_seat_checkpoint(json.dumps(doc).encode())
-        assert derr.value.code == "malformed" and "capturedAt" in derr.value.message, derr.value.message
+        assert derr.value.code == "malformed" and "capturedAt" in derr.value.message, (
+            derr.value.message
+        )
     # ...and a record that bypassed it is refused by the gate itself, with no override.
     broken = msgspec.structs.replace(record)
     msgspec.structs.force_setattr(broken, "captured_at", "yesterday")
@@ -409,14 +517,18 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
 
 
 async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_journaled(
-        cli: Cli, cut: Cut, tmp_path: Path) -> None:
+    cli: Cli, cut: Cut, tmp_path: Path
+) -> None:
     src = move_source_away(cut)
     identity = source_identity(src)
     when = days_ago(2)
     stale = reseal(cut.copy, tmp_path / "stale", identity, edit=captured_at(when))
     # A real sealed record, signed by the very manager that cut the seat.
     assert read_manifest(stale).signer == read_manifest(cut.copy).signer
-    assert admit.integrity(stale, trusted_keys={identity.public_key_b64}).records[SEAT].captured_at == when
+    assert (
+        admit.integrity(stale, trusted_keys={identity.public_key_b64}).records[SEAT].captured_at
+        == when
+    )
 
     # Without the flag: refused, naming capturedAt, this host's clock reading and the horizon.
     before = snapshot(cli.root)
@@ -424,9 +536,11 @@ async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_jou
     proc = cli.run("up", "--restore", str(stale), *broker_args(cut.broker), check=False)
     t1 = datetime.now(UTC)
     assert proc.returncode == 2, proc.stderr
-    m = re.search(r"cotal: admission refused at the recency gate: seat scribe1: capturedAt (\S+) is (\d+) ms old "
-                  r"at this host's clock \(([^)]+)\), beyond its horizon of (\d+) ms; pass --accept-stale-checkpoint",
-                  proc.stderr)
+    m = re.search(
+        r"cotal: admission refused at the recency gate: seat scribe1: capturedAt (\S+) is (\d+) ms old "
+        r"at this host's clock \(([^)]+)\), beyond its horizon of (\d+) ms; pass --accept-stale-checkpoint",
+        proc.stderr,
+    )
     assert m, proc.stderr
     clock = datetime.fromisoformat(m.group(3))
     assert m.group(1) == when and int(m.group(4)) == HORIZON
@@ -434,46 +548,81 @@ async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_jou
     assert int(m.group(2)) == int((clock - parse_instant(when)).total_seconds() * 1000)
     assert snapshot(cli.root) == before and not manager_answers(cli.root)
     await assert_unclaimed(cut)
-    await refused(cli, cut, stale, code="stale-checkpoint",
-                  contains=[f"capturedAt {when} is", f"beyond its horizon of {HORIZON} ms"])
+    await refused(
+        cli,
+        cut,
+        stale,
+        code="stale-checkpoint",
+        contains=[f"capturedAt {when} is", f"beyond its horizon of {HORIZON} ms"],
+    )
 
     # With --accept-stale-checkpoint: admitted, the consent printed and journaled.
-    proc = cli.run("up", "--restore", str(stale), "--json", "--accept-stale-checkpoint", *broker_args(cut.broker),
-                   check=False)
+    proc = cli.run(
+        "up",
+        "--restore",
+        str(stale),
+        "--json",
+        "--accept-stale-checkpoint",
+        *broker_args(cut.broker),
+        check=False,
+    )
     try:
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         [consent] = out["consents"]
         assert set(consent) == {"seat", "capturedAt", "ageMs", "horizonMs"}
-        assert (consent["seat"], consent["capturedAt"], consent["horizonMs"]) == (SEAT, when, HORIZON)
+        assert (consent["seat"], consent["capturedAt"], consent["horizonMs"]) == (
+            SEAT,
+            when,
+            HORIZON,
+        )
         assert 2 * 86_400_000 <= consent["ageMs"] <= 2 * 86_400_000 + 300_000
-        assert (f"CONSENT: seat {SEAT} captured {when} is {consent['ageMs']} ms old, beyond its {HORIZON} ms "
-                "horizon; admitted by --accept-stale-checkpoint") in proc.stderr
+        assert (
+            f"CONSENT: seat {SEAT} captured {when} is {consent['ageMs']} ms old, beyond its {HORIZON} ms "
+            "horizon; admitted by --accept-stale-checkpoint"
+        ) in proc.stderr
         journal = json.loads((cli.root / ".cotal/maintenance/v1/journal.json").read_text())
         assert journal["attemptId"] == cut.attempt_id and journal["state"] == "retired"
         assert journal["consents"] == [consent]
         [row] = cli.ps()
         assert row["lifecycleUid"] == cut.uid() and row["state"] == "running"
         record, attempt = await custody(cut.broker, SEAT, cut.uid(), cut.attempt_id)
-        assert record is not None and record["generation"] == 1 and record["holder"] == row["instanceId"]
+        assert (
+            record is not None
+            and record["generation"] == 1
+            and record["holder"] == row["instanceId"]
+        )
         assert attempt is not None and attempt["holder"] == row["instanceId"]
     finally:
         cli.run("down", check=False)
 
 
-async def test_future_checkpoint_refuses_with_no_override(cli: Cli, cut: Cut, tmp_path: Path) -> None:
+async def test_future_checkpoint_refuses_with_no_override(
+    cli: Cli, cut: Cut, tmp_path: Path
+) -> None:
     src = move_source_away(cut)
     when = format_instant(datetime.now(UTC) + timedelta(days=1))
     future = reseal(cut.copy, tmp_path / "future", source_identity(src), edit=captured_at(when))
     for flags in ((), ("--accept-stale-checkpoint",)):
-        await refused(cli, cut, future, *flags, code="future-checkpoint",
-                      contains=["admission refused at the recency gate", f"seat {SEAT}: capturedAt {when} is",
-                                "ms later than this host's clock (", "beyond the 60000 ms skew allowed",
-                                "no override exists"])
+        await refused(
+            cli,
+            cut,
+            future,
+            *flags,
+            code="future-checkpoint",
+            contains=[
+                "admission refused at the recency gate",
+                f"seat {SEAT}: capturedAt {when} is",
+                "ms later than this host's clock (",
+                "beyond the 60000 ms skew allowed",
+                "no override exists",
+            ],
+        )
 
 
 async def test_unreadable_captured_at_refuses_at_the_parser_with_no_override(
-        cli: Cli, cut: Cut, tmp_path: Path) -> None:
+    cli: Cli, cut: Cut, tmp_path: Path
+) -> None:
     """No sealer writes such a record (seal_seat parses what it seals), so the bytes are edited
     and the manifest re-sealed over them by the source's own key: only the parser stands."""
     src = move_source_away(cut)
@@ -485,12 +634,22 @@ async def test_unreadable_captured_at_refuses_at_the_parser_with_no_override(
     path.write_bytes(json.dumps(doc, indent=2).encode() + b"\n")
     reseal_manifest(bad, source_identity(src))
     for flags in ((), ("--accept-stale-checkpoint",)):
-        await refused(cli, cut, bad, *flags, code="malformed",
-                      contains=[f"{CHECKPOINT_FILE} is malformed",
-                                "capturedAt '2026-02-30T12:00:00.000Z' is not a real calendar instant"])
+        await refused(
+            cli,
+            cut,
+            bad,
+            *flags,
+            code="malformed",
+            contains=[
+                f"{CHECKPOINT_FILE} is malformed",
+                "capturedAt '2026-02-30T12:00:00.000Z' is not a real calendar instant",
+            ],
+        )
 
 
-async def test_an_unparseable_seat_record_is_refused_naming_its_file(cut: Cut, tmp_path: Path) -> None:
+async def test_an_unparseable_seat_record_is_refused_naming_its_file(
+    cut: Cut, tmp_path: Path
+) -> None:
     bad = tmp_path / "unreadable"
     shutil.copytree(cut.copy, bad)
     path = bad / SEAT / CHECKPOINT_FILE
@@ -508,7 +667,8 @@ async def test_an_unparseable_seat_record_is_refused_naming_its_file(cut: Cut, t
 
 
 async def test_one_unadmitted_or_stale_seat_refuses_the_whole_resume(
-        cli: Cli, shared_broker: SharedBroker, tmp_path: Path) -> None:
+    cli: Cli, shared_broker: SharedBroker, tmp_path: Path
+) -> None:
     both = ("scribe1", "scribe2")
     cut = make_cut(cli, shared_broker, tmp_path / "ckpt", seats=both)
     src = move_source_away(cut)
@@ -518,51 +678,96 @@ async def test_one_unadmitted_or_stale_seat_refuses_the_whole_resume(
     # the source's key: every file verifies, but the resume document still retains scribe2.
     partial = reseal(cut.copy, tmp_path / "partial", identity, drop=("scribe2",))
     assert [r.name for r in verify_integrity(partial)] == ["scribe1"]
-    assert sorted(a["name"] for a in json.loads((partial / RESUME_FILE).read_bytes())["agents"]) == list(both)
-    await refused(cli, cut, partial, "--accept-stale-checkpoint", code="retained-unadmitted", seats=both,
-                  contains=["admission refused at the integrity gate",
-                            f"retained seat(s) scribe2 have no checkpoint in {partial}"])
+    assert sorted(
+        a["name"] for a in json.loads((partial / RESUME_FILE).read_bytes())["agents"]
+    ) == list(both)
+    await refused(
+        cli,
+        cut,
+        partial,
+        "--accept-stale-checkpoint",
+        code="retained-unadmitted",
+        seats=both,
+        contains=[
+            "admission refused at the integrity gate",
+            f"retained seat(s) scribe2 have no checkpoint in {partial}",
+        ],
+    )
 
     # One stale seat beside a fresh one: nothing is admitted, not even the fresh seat.
     when = days_ago(3)
-    one_stale = reseal(cut.copy, tmp_path / "one-stale", identity, edit=captured_at(when),
-                       only=("scribe2",))
-    await refused(cli, cut, one_stale, code="stale-checkpoint", seats=both,
-                  contains=[f"seat scribe2: capturedAt {when} is"])
+    one_stale = reseal(
+        cut.copy, tmp_path / "one-stale", identity, edit=captured_at(when), only=("scribe2",)
+    )
+    await refused(
+        cli,
+        cut,
+        one_stale,
+        code="stale-checkpoint",
+        seats=both,
+        contains=[f"seat scribe2: capturedAt {when} is"],
+    )
 
 
-async def test_gates_run_in_order_and_the_override_is_for_recency_only(cli: Cli, cut: Cut, tmp_path: Path) -> None:
+async def test_gates_run_in_order_and_the_override_is_for_recency_only(
+    cli: Cli, cut: Cut, tmp_path: Path
+) -> None:
     src = move_source_away(cut)
-    stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(days_ago(2)))
+    stale = reseal(
+        cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(days_ago(2))
+    )
     damaged = tmp_path / "damaged"
     shutil.copytree(stale, damaged)
     code, contains = flip_store_byte(damaged)
     # integrity before identity
-    await refused(cli, cut, damaged, "--space", "other", "--accept-stale-checkpoint", code=code, contains=contains)
+    await refused(
+        cli,
+        cut,
+        damaged,
+        "--space",
+        "other",
+        "--accept-stale-checkpoint",
+        code=code,
+        contains=contains,
+    )
     # identity before recency
     await refused(cli, cut, stale, "--space", "other", code="wrong-space", contains=["not 'other'"])
     write(cli.root / "cotal.toml", '[agents.scribe]\nmodel = "other"\n')
-    await refused(cli, cut, stale, "--accept-stale-checkpoint", code="profile-drift",
-                  contains=[f"seat {SEAT}: this host's launch profile for scribe"])
+    await refused(
+        cli,
+        cut,
+        stale,
+        "--accept-stale-checkpoint",
+        code="profile-drift",
+        contains=[f"seat {SEAT}: this host's launch profile for scribe"],
+    )
 
 
-@pytest.mark.parametrize("stale", [
-    pytest.param(False, id="fresh"),
-    pytest.param(True, id="stale-accepted"),
-])
+@pytest.mark.parametrize(
+    "stale",
+    [
+        pytest.param(False, id="fresh"),
+        pytest.param(True, id="stale-accepted"),
+    ],
+)
 async def test_a_rerun_after_a_failed_restore_continues_the_admitted_attempt(
-        cli: Cli, cut: Cut, tmp_path: Path, stale: bool) -> None:
+    cli: Cli, cut: Cut, tmp_path: Path, stale: bool
+) -> None:
     """Admission passes, custody is claimed, then the restore refuses (a leftover staging
     directory); once the operator removes it, the same command continues the attempt."""
     src = move_source_away(cut)
     ckpt = cut.copy
     flags: tuple[str, ...] = ()
     if stale:
-        ckpt = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(days_ago(2)))
+        ckpt = reseal(
+            cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(days_ago(2))
+        )
         flags = ("--accept-stale-checkpoint",)
     leftover = Path(f"{cut.root}.incoming")
     write(leftover / "evidence.txt", "an earlier failed restore\n")
-    proc = cli.run("up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False)
+    proc = cli.run(
+        "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False
+    )
     assert proc.returncode == 2 and json.loads(proc.stdout)["code"] == "staging-exists", proc.stdout
     journal_path = cli.root / ".cotal/maintenance/v1/journal.json"
     journal = json.loads(journal_path.read_text())
@@ -571,7 +776,9 @@ async def test_a_rerun_after_a_failed_restore_continues_the_admitted_attempt(
     assert record is not None and record["generation"] == 1
     shutil.rmtree(leftover)
     try:
-        proc = cli.run("up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False)
+        proc = cli.run(
+            "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert json.loads(proc.stdout)["journal"] == "retired"
         journal = json.loads(journal_path.read_text())
@@ -583,20 +790,34 @@ async def test_a_rerun_after_a_failed_restore_continues_the_admitted_attempt(
 # -- same root, and `cotal checkpoint verify` --------------------------------------------------
 
 
-async def test_same_root_refusal_keeps_the_ready_journal_and_then_resumes(cli: Cli, cut: Cut) -> None:
+async def test_same_root_refusal_keeps_the_ready_journal_and_then_resumes(
+    cli: Cli, cut: Cut
+) -> None:
     journal_path = cli.root / ".cotal/maintenance/v1/journal.json"
     assert json.loads(journal_path.read_text())["state"] == "ready"
     everything = tree_digest(cli.root, skip=(), times=True)
-    out = json.loads(cli.run("checkpoint", "verify", str(cut.source_dir), "--json", *broker_args(cut.broker)).stdout)
+    out = json.loads(
+        cli.run(
+            "checkpoint", "verify", str(cut.source_dir), "--json", *broker_args(cut.broker)
+        ).stdout
+    )
     assert out["admitted"] is True
-    assert tree_digest(cli.root, skip=(), times=True) == everything  # logs included: verify writes nothing
+    assert (
+        tree_digest(cli.root, skip=(), times=True) == everything
+    )  # logs included: verify writes nothing
 
-    await refused(cli, cut, cut.source_dir, "--space", "other", code="wrong-space", contains=["not 'other'"])
+    await refused(
+        cli, cut, cut.source_dir, "--space", "other", code="wrong-space", contains=["not 'other'"]
+    )
     assert json.loads(journal_path.read_text())["state"] == "ready"
 
     # The refusal left the root resumable: the same checkpoint now resumes in place.
     try:
-        result = json.loads(cli.run("up", "--restore", str(cut.source_dir), "--json", *broker_args(cut.broker)).stdout)
+        result = json.loads(
+            cli.run(
+                "up", "--restore", str(cut.source_dir), "--json", *broker_args(cut.broker)
+            ).stdout
+        )
         assert result["journal"] == "retired" and result["consents"] == []
         [seat] = result["seats"]
         assert seat["sameUid"] and seat["sameSession"]
@@ -605,20 +826,37 @@ async def test_same_root_refusal_keeps_the_ready_journal_and_then_resumes(cli: C
         cli.run("down", check=False)
 
 
-async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(cli: Cli, cut: Cut, tmp_path: Path) -> None:
+async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
+    cli: Cli, cut: Cut, tmp_path: Path
+) -> None:
     src = move_source_away(cut)
     b = cut.broker
     everything = tree_digest(cli.root, skip=(), times=True)
     record = read_seat_checkpoint(cut.copy / SEAT)
 
-    out = json.loads(cli.run("checkpoint", "verify", str(cut.copy), "--json", *broker_args(b)).stdout)
+    out = json.loads(
+        cli.run("checkpoint", "verify", str(cut.copy), "--json", *broker_args(b)).stdout
+    )
     assert out == {
-        "admitted": True, "attemptId": cut.attempt_id, "space": "main", "consents": [],
+        "admitted": True,
+        "attemptId": cut.attempt_id,
+        "space": "main",
+        "consents": [],
         "gates": {"integrity": "pass", "identity": "pass", "recency": "pass"},
-        "seats": [{"name": SEAT, "lifecycleUid": cut.uid(), "continuity": "exact",
-                   "capturedAt": record.captured_at, "sessionId": cut.rows[SEAT]["sessionId"]}],
-        "signer": {"instanceId": cut.instance_id, "publicKey": record.signer.public_key if record.signer else None,
-                   "pinned": False},
+        "seats": [
+            {
+                "name": SEAT,
+                "lifecycleUid": cut.uid(),
+                "continuity": "exact",
+                "capturedAt": record.captured_at,
+                "sessionId": cut.rows[SEAT]["sessionId"],
+            }
+        ],
+        "signer": {
+            "instanceId": cut.instance_id,
+            "publicKey": record.signer.public_key if record.signer else None,
+            "pinned": False,
+        },
     }
     text = cli.run("checkpoint", "verify", str(cut.copy), *broker_args(b)).stdout
     assert f"checkpoint {cut.copy}: admitted (attempt {cut.attempt_id}, space main)" in text
@@ -636,8 +874,16 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(cli: Cli, cu
     stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(when))
     proc = cli.run("checkpoint", "verify", str(stale), "--json", *broker_args(b), check=False)
     assert proc.returncode == 2 and json.loads(proc.stdout)["code"] == "stale-checkpoint"
-    out = json.loads(cli.run("checkpoint", "verify", str(stale), "--json", "--accept-stale-checkpoint",
-                             *broker_args(b)).stdout)
+    out = json.loads(
+        cli.run(
+            "checkpoint",
+            "verify",
+            str(stale),
+            "--json",
+            "--accept-stale-checkpoint",
+            *broker_args(b),
+        ).stdout
+    )
     assert out["gates"]["recency"] == "stale, accepted by --accept-stale-checkpoint"
     [consent] = out["consents"]
     assert (consent["seat"], consent["capturedAt"], consent["horizonMs"]) == (SEAT, when, HORIZON)

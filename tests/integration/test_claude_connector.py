@@ -42,7 +42,7 @@ from tests.harness import Seat, read_pointer, running_seat, seat_opts, sha256, u
 
 
 def _claude_installed() -> str | None:
-    from manager.tools import which
+    from manager.cli.tools import which
 
     try:
         which("claude")
@@ -54,7 +54,9 @@ def _claude_installed() -> str | None:
 NOT_INSTALLED = _claude_installed()
 pytestmark = [
     pytest.mark.claude,
-    pytest.mark.skipif(NOT_INSTALLED is not None, reason=f"Claude Code is not installed: {NOT_INSTALLED}"),
+    pytest.mark.skipif(
+        NOT_INSTALLED is not None, reason=f"Claude Code is not installed: {NOT_INSTALLED}"
+    ),
 ]
 
 PHRASE = "juniper-ledger-41"
@@ -80,10 +82,22 @@ def root(root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def make_opts(root: Path, server: AnthropicServer, name: str, *, uid: str | None = None, **kw: Any) -> LaunchOpts:
-    return seat_opts(root, "claude", name, uid=uid, config={
-        "base_url": server.base_url, "model": "claude-fake-1", "api_key_env": KEY_VAR,
-        "extra_env": ["CLAUDE_CODE_MAX_RETRIES"]}, **kw)
+def make_opts(
+    root: Path, server: AnthropicServer, name: str, *, uid: str | None = None, **kw: Any
+) -> LaunchOpts:
+    return seat_opts(
+        root,
+        "claude",
+        name,
+        uid=uid,
+        config={
+            "base_url": server.base_url,
+            "model": "claude-fake-1",
+            "api_key_env": KEY_VAR,
+            "extra_env": ["CLAUDE_CODE_MAX_RETRIES"],
+        },
+        **kw,
+    )
 
 
 class ClaudeSeat(Seat[ClaudeDriver]):
@@ -92,7 +106,9 @@ class ClaudeSeat(Seat[ClaudeDriver]):
         return Path(self.spec.env["CLAUDE_CONFIG_DIR"])
 
 
-def running_claude(connector: ClaudeCodeConnector, opts: LaunchOpts, log_dir: Path) -> AbstractAsyncContextManager[ClaudeSeat]:
+def running_claude(
+    connector: ClaudeCodeConnector, opts: LaunchOpts, log_dir: Path
+) -> AbstractAsyncContextManager[ClaudeSeat]:
     """build_launch + a real claude process + the driver's reader in a task group; reaps claude always."""
     return running_seat(connector, opts, log_dir, timeout=TIMEOUT, seat=ClaudeSeat)
 
@@ -111,7 +127,9 @@ def test_declares_exact_continuity() -> None:
 
 
 @pytest.mark.anyio
-async def test_remember_kill9_continue_exact(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
+async def test_remember_kill9_continue_exact(
+    root: Path, fake_server: AnthropicServer, tmp_path: Path
+) -> None:
     connector = ClaudeCodeConnector()
     opts = make_opts(root, fake_server, "alice", prompt=f"remember the phrase {PHRASE}")
 
@@ -122,25 +140,35 @@ async def test_remember_kill9_continue_exact(root: Path, fake_server: AnthropicS
             sid = await seat.driver.get_state()
             assert sid == minted
             # The pointer is written by the driver once Claude Code reported the session, 0600.
-            assert read_pointer(opts.session_pointer_path) == SessionPointer(version=1, session_id=sid, status="running")
+            assert read_pointer(opts.session_pointer_path) == SessionPointer(
+                version=1, session_id=sid, status="running"
+            )
             assert opts.session_pointer_path.stat().st_mode & 0o777 == 0o600
             await seat.driver.initial_done.wait()
             assert seat.driver.initial_outcome == TurnOutcome("ok", f"Noted: {PHRASE}.")
-            assert await seat.driver.prompt("what was the phrase?", message_id="m1") == TurnOutcome("ok", f"The phrase is {PHRASE}.")
+            assert await seat.driver.prompt("what was the phrase?", message_id="m1") == TurnOutcome(
+                "ok", f"The phrase is {PHRASE}."
+            )
         assert seat.driver.session_id == sid  # also what system/init and result reported
         assert seat.config.stat().st_mode & 0o777 == 0o700
         (transcript,) = transcripts(seat.config, sid)
         # The driver noted that the session has a transcript now: if it ever goes missing, a
         # continuation refuses rather than restarting an empty session under this id.
         assert json.loads((seat.config / "cotal-launch.json").read_text()) == {
-            "version": 1, "sessionId": sid, "origin": "fresh", "materialized": True}
+            "version": 1,
+            "sessionId": sid,
+            "origin": "fresh",
+            "materialized": True,
+        }
         seat.proc.send_signal(signal.SIGKILL)
         with anyio.fail_after(TIMEOUT):
             assert await seat.proc.wait() == -signal.SIGKILL
     first_spec = seat.spec
 
     # A crash leaves the pointer `running`, naming the session to continue.
-    assert read_pointer(opts.session_pointer_path) == SessionPointer(version=1, session_id=sid, status="running")
+    assert read_pointer(opts.session_pointer_path) == SessionPointer(
+        version=1, session_id=sid, status="running"
+    )
     lines_before = transcript.read_text().count("\n")
     requests_before = len(fake_server.messages())
 
@@ -150,7 +178,9 @@ async def test_remember_kill9_continue_exact(root: Path, fake_server: AnthropicS
         assert seat.spec.argv[-2:] == ["--resume", sid] and "--fork-session" not in seat.spec.argv
         with anyio.fail_after(TIMEOUT):
             assert await seat.driver.get_state() == sid
-            assert await seat.driver.prompt("what was the phrase?", message_id="m2") == TurnOutcome("ok", f"The phrase is {PHRASE}.")
+            assert await seat.driver.prompt("what was the phrase?", message_id="m2") == TurnOutcome(
+                "ok", f"The phrase is {PHRASE}."
+            )
         assert seat.driver.session_id == sid
         # The same transcript grew; no other session appeared in the seat's store.
         assert transcripts(seat.config, sid) == [transcript]
@@ -159,15 +189,19 @@ async def test_remember_kill9_continue_exact(root: Path, fake_server: AnthropicS
         with anyio.fail_after(TIMEOUT):
             await seat.driver.quit()
             assert await seat.proc.wait() == 0
-    assert read_pointer(opts.session_pointer_path) == SessionPointer(version=1, session_id=sid, status="quit")
+    assert read_pointer(opts.session_pointer_path) == SessionPointer(
+        version=1, session_id=sid, status="quit"
+    )
 
     requests = fake_server.messages()
     assert len(requests) == requests_before + 1
     last = requests[-1]
     assert last["session"] == sid
     assert fake_server.turns(last) == [
-        ("user", f"remember the phrase {PHRASE}"), ("assistant", f"Noted: {PHRASE}."),
-        ("user", "what was the phrase?"), ("assistant", f"The phrase is {PHRASE}."),
+        ("user", f"remember the phrase {PHRASE}"),
+        ("assistant", f"Noted: {PHRASE}."),
+        ("user", "what was the phrase?"),
+        ("assistant", f"The phrase is {PHRASE}."),
         ("user", "what was the phrase?"),
     ]
     assert {r["session"] for r in requests} == {sid}
@@ -177,7 +211,9 @@ async def test_remember_kill9_continue_exact(root: Path, fake_server: AnthropicS
 
 
 @pytest.mark.anyio
-async def test_resume_forks_with_new_id_and_history_and_leaves_source(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
+async def test_resume_forks_with_new_id_and_history_and_leaves_source(
+    root: Path, fake_server: AnthropicServer, tmp_path: Path
+) -> None:
     connector = ClaudeCodeConnector()
     source_opts = make_opts(root, fake_server, "alice", prompt=f"remember the phrase {PHRASE}")
     async with running_claude(connector, source_opts, tmp_path) as seat:
@@ -194,30 +230,48 @@ async def test_resume_forks_with_new_id_and_history_and_leaves_source(root: Path
         fork_id = seat.spec.expected_session_id
         assert fork_id is not None and fork_id != source_id
         snapshot = seat.config / "cotal-forks" / fork_id / f"{source_id}.jsonl"
-        assert seat.spec.argv[-5:] == ["--resume", str(snapshot), "--fork-session", "--session-id", fork_id]
+        assert seat.spec.argv[-5:] == [
+            "--resume",
+            str(snapshot),
+            "--fork-session",
+            "--session-id",
+            fork_id,
+        ]
         with anyio.fail_after(TIMEOUT):
             assert await seat.driver.get_state() == fork_id
-            assert await seat.driver.prompt("what was the phrase?", message_id="f1") == TurnOutcome("ok", f"The phrase is {PHRASE}.")
+            assert await seat.driver.prompt("what was the phrase?", message_id="f1") == TurnOutcome(
+                "ok", f"The phrase is {PHRASE}."
+            )
         assert seat.driver.session_id == fork_id
         (fork_file,) = transcripts(seat.config, fork_id)
         assert transcripts(seat.config, source_id) == []
-    assert read_pointer(fork_opts.session_pointer_path) == SessionPointer(version=1, session_id=fork_id, status="running")
+    assert read_pointer(fork_opts.session_pointer_path) == SessionPointer(
+        version=1, session_id=fork_id, status="running"
+    )
     assert sha256(source_file) == before
     last = fake_server.messages()[-1]
     assert last["session"] == fork_id
     assert fake_server.turns(last) == [
-        ("user", f"remember the phrase {PHRASE}"), ("assistant", f"Noted: {PHRASE}."), ("user", "what was the phrase?"),
+        ("user", f"remember the phrase {PHRASE}"),
+        ("assistant", f"Noted: {PHRASE}."),
+        ("user", "what was the phrase?"),
     ]
     # The fork is its own session: telling it something new leaves the source as it was.
-    async with running_claude(connector, replace(fork_opts, resume=None, continue_session=fork_id), tmp_path) as seat:
+    async with running_claude(
+        connector, replace(fork_opts, resume=None, continue_session=fork_id), tmp_path
+    ) as seat:
         with anyio.fail_after(TIMEOUT):
-            assert await seat.driver.prompt("remember the phrase maple-rocket-7", message_id="f2") == TurnOutcome("ok", "Noted: maple-rocket-7.")
+            assert await seat.driver.prompt(
+                "remember the phrase maple-rocket-7", message_id="f2"
+            ) == TurnOutcome("ok", "Noted: maple-rocket-7.")
     assert sha256(source_file) == before
     assert sha256(fork_file) != before
 
 
 @pytest.mark.anyio
-async def test_seats_killed_before_their_first_turn_still_continue(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
+async def test_seats_killed_before_their_first_turn_still_continue(
+    root: Path, fake_server: AnthropicServer, tmp_path: Path
+) -> None:
     """Claude Code writes a transcript only when a session's first turn starts; the launch
     record lets a continuation redo the fresh start or the fork under the same id."""
     connector = ClaudeCodeConnector()
@@ -228,8 +282,10 @@ async def test_seats_killed_before_their_first_turn_still_continue(root: Path, f
         source_id = seat.driver.session_id
     assert source_id is not None
 
-    for name, extra, answer in (("dora", {}, "I do not know the phrase."),
-                                ("erin", {"resume": source_id}, f"The phrase is {PHRASE}.")):
+    for name, extra, answer in (
+        ("dora", {}, "I do not know the phrase."),
+        ("erin", {"resume": source_id}, f"The phrase is {PHRASE}."),
+    ):
         opts = make_opts(root, fake_server, name, **extra)
         seen = len(fake_server.messages())
         async with running_claude(connector, opts, tmp_path) as seat:
@@ -244,16 +300,22 @@ async def test_seats_killed_before_their_first_turn_still_continue(root: Path, f
         assert len(fake_server.messages()) == seen
 
         assert sid is not None
-        async with running_claude(connector, replace(opts, resume=None, continue_session=sid), tmp_path) as seat:
+        async with running_claude(
+            connector, replace(opts, resume=None, continue_session=sid), tmp_path
+        ) as seat:
             with anyio.fail_after(TIMEOUT):
                 assert await seat.driver.get_state() == sid
-                assert await seat.driver.prompt("what was the phrase?", message_id=f"{name}-1") == TurnOutcome("ok", answer)
+                assert await seat.driver.prompt(
+                    "what was the phrase?", message_id=f"{name}-1"
+                ) == TurnOutcome("ok", answer)
             assert len(transcripts(seat.config, sid)) == 1
         assert fake_server.messages()[-1]["session"] == sid
 
 
 @pytest.mark.anyio
-async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path, fake_server: AnthropicServer, tmp_path: Path) -> None:
+async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(
+    root: Path, fake_server: AnthropicServer, tmp_path: Path
+) -> None:
     connector = ClaudeCodeConnector()
     opts = make_opts(root, fake_server, "frank")
     async with running_claude(connector, opts, tmp_path) as seat:
@@ -261,7 +323,9 @@ async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path
         with anyio.fail_after(TIMEOUT):
             await driver.get_state()
             failed = await driver.prompt("fake:http-500 hello", message_id="e1")
-            assert failed.status == "error" and failed.detail.startswith("API Error: 500 fake server error (fake:http-500).")
+            assert failed.status == "error" and failed.detail.startswith(
+                "API Error: 500 fake server error (fake:http-500)."
+            )
             # Claude Code asks once more after an empty reply; the fake stays empty.
             empty = await driver.prompt("fake:empty hello", message_id="e2")
             assert empty == TurnOutcome("unknown", detail="the model produced no output")
@@ -273,7 +337,9 @@ async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path
         outcome: list[TurnOutcome] = []
 
         async def slow_turn(message_id: str) -> None:
-            outcome.append(await driver.prompt("fake:slow what was the phrase?", message_id=message_id))
+            outcome.append(
+                await driver.prompt("fake:slow what was the phrase?", message_id=message_id)
+            )
 
         seen = len(fake_server.messages())
         async with anyio.create_task_group() as tg:
@@ -290,7 +356,9 @@ async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path
                 await until(lambda: len(fake_server.messages()) > seen)
             # The request is at the provider and streaming: kill claude mid-turn.
             seat.proc.send_signal(signal.SIGKILL)
-        assert outcome[1] == TurnOutcome("unknown", detail="turn e5 did not end: claude exited (its stdout closed)")
+        assert outcome[1] == TurnOutcome(
+            "unknown", detail="turn e5 did not end: claude exited (its stdout closed)"
+        )
         with anyio.fail_after(TIMEOUT):
             await seat.proc.wait()
         with pytest.raises(HarnessGone) as gone:
@@ -300,20 +368,34 @@ async def test_failed_empty_interrupted_and_killed_turns_are_never_ok(root: Path
             "read the seat's log for why claude exited, then restart the seat"
         )
         assert await driver.prompt("anything", message_id="e6") == TurnOutcome(
-            "unknown", detail="not delivered: claude exited (its stdout closed)")
+            "unknown", detail="not delivered: claude exited (its stdout closed)"
+        )
     # Everything Claude Code sent went to the fake server on 127.0.0.1 (the only endpoint).
     assert {r["session"] for r in fake_server.messages()} == {seat.spec.expected_session_id}
 
 
-def test_doctor_reports_the_pinned_claude_as_exact_and_ready(root: Path, fake_server: AnthropicServer) -> None:
+def test_doctor_reports_the_pinned_claude_as_exact_and_ready(
+    root: Path, fake_server: AnthropicServer
+) -> None:
     (root / "cotal.toml").write_text(
-        f'[agents.claude]\nbase_url = "{fake_server.base_url}"\napi_key_env = "{KEY_VAR}"\n')
-    proc = subprocess.run([sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+        f'[agents.claude]\nbase_url = "{fake_server.base_url}"\napi_key_env = "{KEY_VAR}"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     rows = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
     claude = rows["claude"]
-    assert (claude["continuity"], claude["installed"], claude["usable"], claude["version"], claude["missing"]) == (
-        "exact", True, True, "2.1.197", [])
+    assert (
+        claude["continuity"],
+        claude["installed"],
+        claude["usable"],
+        claude["version"],
+        claude["missing"],
+    ) == ("exact", True, True, "2.1.197", [])
     assert claude["path"].endswith("/claude") and claude["ready"]
     assert SECRET not in proc.stdout + proc.stderr

@@ -122,7 +122,12 @@ print("CLOSED" if data == b"" else "ANSWERED")
 def _as_nobody(cli: Cli) -> str:
     proc = subprocess.run(
         ["/usr/bin/python3", "-c", NOBODY_CLIENT, str(cli.root / ".cotal" / "manager.sock")],
-        input=_token(cli), capture_output=True, text=True, timeout=30, user="nobody", group="nogroup",
+        input=_token(cli),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        user="nobody",
+        group="nogroup",
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()

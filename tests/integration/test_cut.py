@@ -46,8 +46,17 @@ async def consumer_state(b: SharedBroker, name: str, uid: str) -> tuple[int, int
 
 
 def porcelain(repo: Path) -> bytes:
-    return git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--", ".",
-               ":(exclude).cotal")
+    return git(
+        repo,
+        "status",
+        "--porcelain=v1",
+        "-z",
+        "--untracked-files=all",
+        "--no-renames",
+        "--",
+        ".",
+        ":(exclude).cotal",
+    )
 
 
 def all_bytes(directory: Path) -> bytes:
@@ -58,13 +67,23 @@ def all_bytes(directory: Path) -> bytes:
     return out
 
 
-async def test_cut_of_three_seats_seals_every_change_and_keeps_durables(cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_cut_of_three_seats_seals_every_change_and_keeps_durables(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
     repos = [make_rich_repo(cli.root / f"repo{i}") for i in range(3)]
     up_shared(cli, shared_broker)
-    rows = [cli.json("spawn", f"s{i}", "--cwd", str(repos[i]), "--prompt", f"Remember the phrase p{i}") for i in range(3)]
+    rows = [
+        cli.json("spawn", f"s{i}", "--cwd", str(repos[i]), "--prompt", f"Remember the phrase p{i}")
+        for i in range(3)
+    ]
     for i in range(3):
-        assert cli.json("send", f"s{i}", "what was the phrase?", "--wait")["reply"] == f"The phrase is p{i}."
-    before = {r["name"]: await consumer_state(shared_broker, r["name"], r["lifecycleUid"]) for r in rows}
+        assert (
+            cli.json("send", f"s{i}", "what was the phrase?", "--wait")["reply"]
+            == f"The phrase is p{i}."
+        )
+    before = {
+        r["name"]: await consumer_state(shared_broker, r["name"], r["lifecycleUid"]) for r in rows
+    }
     status_before = {i: porcelain(repos[i]) for i in range(3)}
     out = cli.run("down", "--preserve-state", "--json")
     result = json.loads(out.stdout)
@@ -87,24 +106,36 @@ async def test_cut_of_three_seats_seals_every_change_and_keeps_durables(cli: Cli
     manifest = read_manifest(attempt_dir)
     assert [s.name for s in manifest.seats] == ["s0", "s1", "s2"]
     journal = Journal(Layout.at(cli.root)).load()
-    assert journal is not None and journal.state == "ready" and journal.checkpoint_dir == str(attempt_dir)
+    assert (
+        journal is not None
+        and journal.state == "ready"
+        and journal.checkpoint_dir == str(attempt_dir)
+    )
     # Cleanup was suppressed: every durable is still at the broker with its frontier unchanged.
     for r in rows:
-        assert await consumer_state(shared_broker, r["name"], r["lifecycleUid"]) == before[r["name"]]
+        assert (
+            await consumer_state(shared_broker, r["name"], r["lifecycleUid"]) == before[r["name"]]
+        )
     # The source trees were only read.
     for i in range(3):
         assert porcelain(repos[i]) == status_before[i]
     # No secret in any checkpoint byte.
     blob = all_bytes(attempt_dir)
-    for secret in (AUTH_TOKEN, DOTENV_TOKEN, (cli.root / ".cotal/auth/control.token").read_bytes().strip(),
-                   Path(shared_broker.creds).read_bytes().strip()):
+    for secret in (
+        AUTH_TOKEN,
+        DOTENV_TOKEN,
+        (cli.root / ".cotal/auth/control.token").read_bytes().strip(),
+        Path(shared_broker.creds).read_bytes().strip(),
+    ):
         assert secret not in blob
     # Running the cut again reports the sealed attempt and changes nothing.
     again = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
     assert again["alreadyComplete"] is True and again["checkpointDir"] == str(attempt_dir)
 
 
-async def test_sigterm_ignoring_seat_is_still_proven_stopped(cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_sigterm_ignoring_seat_is_still_proven_stopped(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
     init_repo(cli.root)
     write(cli.root / "f.txt", "x\n")
     git(cli.root, "add", "f.txt")
@@ -128,7 +159,9 @@ async def test_sigterm_ignoring_seat_is_still_proven_stopped(cli: Cli, shared_br
     assert not pid_alive(second["pid"])
 
 
-async def test_spawn_racing_the_fence_is_refused_and_abort_returns_to_active(cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_spawn_racing_the_fence_is_refused_and_abort_returns_to_active(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
     init_repo(cli.root)
     write(cli.root / "f.txt", "x\n")
     git(cli.root, "add", "f.txt")
@@ -155,7 +188,10 @@ async def test_spawn_racing_the_fence_is_refused_and_abort_returns_to_active(cli
         planned = sorted(a["name"] for a in plan["inventory"]["agents"])
         if "refusal" in spawn_result:
             assert spawn_result["refusal"].code == "fenced"
-            assert "spawn refused" in spawn_result["refusal"].message and "preserving" in spawn_result["refusal"].message
+            assert (
+                "spawn refused" in spawn_result["refusal"].message
+                and "preserving" in spawn_result["refusal"].message
+            )
             assert planned == ["keeper"]
         else:
             assert planned == ["keeper", "racer"]
@@ -167,15 +203,23 @@ async def test_spawn_racing_the_fence_is_refused_and_abort_returns_to_active(cli
             await c.call("stop-seat", {"name": "keeper"})
         assert err.value.code == "fenced"
         # Abort before commit: back to active, seats untouched.
-        assert await c.call("abort-preservation", {"attemptId": "race-1"}) == {"attemptId": "race-1", "state": "active"}
+        assert await c.call("abort-preservation", {"attemptId": "race-1"}) == {
+            "attemptId": "race-1",
+            "state": "active",
+        }
         assert (await c.call("status"))["state"] == "active"
         [row] = [r for r in await c.call("ps") if r["name"] == "keeper"]
         assert row["pid"] == keeper["pid"] and row["state"] == "running"
-    assert cli.json("send", "keeper", "remember the phrase still-here", "--wait")["reply"] == "Noted: still-here."
+    assert (
+        cli.json("send", "keeper", "remember the phrase still-here", "--wait")["reply"]
+        == "Noted: still-here."
+    )
     assert cli.json("spawn", "after")["state"] == "running"
 
 
-async def test_prepare_refuses_mid_merge_and_non_repository_without_stopping(cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_prepare_refuses_mid_merge_and_non_repository_without_stopping(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
     repo = init_repo(cli.root / "repo")
     write(repo / "a.txt", "base\n")
     git(repo, "add", "a.txt")
@@ -205,7 +249,8 @@ async def test_prepare_refuses_mid_merge_and_non_repository_without_stopping(cli
     [row] = cli.ps()
     assert row["pid"] == loose["pid"]
     assert not (cli.root / ".cotal/maintenance/v1/checkpoints").exists() or not any(
-        (cli.root / ".cotal/maintenance/v1/checkpoints").iterdir())
+        (cli.root / ".cotal/maintenance/v1/checkpoints").iterdir()
+    )
 
 
 def _big_repo(path: Path) -> Path:
@@ -213,13 +258,17 @@ def _big_repo(path: Path) -> Path:
     return _big_repo_sized(path, 200 * 1024 * 1024)
 
 
-async def test_daemon_killed_between_prepare_and_commit_is_completed_offline(cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_daemon_killed_between_prepare_and_commit_is_completed_offline(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
     repo = init_repo(cli.root / "repo")
     write(repo / "a.txt", "a\n")
     git(repo, "add", "a.txt")
     git(repo, "commit", "-q", "-m", "a")
     up_shared(cli, shared_broker)
-    seat = cli.json("spawn", "kept", "--cwd", str(repo), "--prompt", "remember the phrase offline-7")
+    seat = cli.json(
+        "spawn", "kept", "--cwd", str(repo), "--prompt", "remember the phrase offline-7"
+    )
     daemon = cli.json("status")["pid"]
     # Play the coordinator up to the journal's cut-intent, then lose the daemon.
     c = await client(cli)
@@ -228,29 +277,51 @@ async def test_daemon_killed_between_prepare_and_commit_is_completed_offline(cli
     from protocol.codec import convert
     from protocol.maintenance import ResumeDescriptor
 
-    Journal(Layout.at(cli.root)).advance("killed-1", "cut-intent",
-                                         resume=convert(plan["resume"], ResumeDescriptor, what="plan"))
+    Journal(Layout.at(cli.root)).advance(
+        "killed-1", "cut-intent", resume=convert(plan["resume"], ResumeDescriptor, what="plan")
+    )
     os.kill(daemon, signal.SIGKILL)
     await wait_gone([daemon, seat["pid"]])
     result = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
-    assert result["attemptId"] == "killed-1" and result["journal"] == "ready" and result["offline"] is True
+    assert (
+        result["attemptId"] == "killed-1"
+        and result["journal"] == "ready"
+        and result["offline"] is True
+    )
     [record] = verify_integrity(Path(result["checkpointDir"]))
-    assert record.lifecycle_uid == seat["lifecycleUid"] and record.session.session_id == seat["sessionId"]
+    assert (
+        record.lifecycle_uid == seat["lifecycleUid"]
+        and record.session.session_id == seat["sessionId"]
+    )
     assert record.session.continuity == "exact"
 
 
-async def test_daemon_killed_during_capture_never_leaves_a_sealed_partial(cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_daemon_killed_during_capture_never_leaves_a_sealed_partial(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
     repos = [_big_repo(cli.root / "big"), init_repo(cli.root / "small")]
     write(repos[1] / "s.txt", "s\n")
     git(repos[1], "add", "s.txt")
     git(repos[1], "commit", "-q", "-m", "s")
     up_shared(cli, shared_broker)
-    seats = [cli.json("spawn", "a_big", "--cwd", str(repos[0])), cli.json("spawn", "b_small", "--cwd", str(repos[1]))]
+    seats = [
+        cli.json("spawn", "a_big", "--cwd", str(repos[0])),
+        cli.json("spawn", "b_small", "--cwd", str(repos[1])),
+    ]
     daemon = cli.json("status")["pid"]
     log = cli.root / ".cotal/logs/manager.log"
-    argv = [sys.executable, "-m", "manager.cli", "down", "--preserve-state", "--root", str(cli.root)]
-    async with await anyio.open_process(argv, env=cotal_env(), stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL) as cut:
+    argv = [
+        sys.executable,
+        "-m",
+        "manager.cli",
+        "down",
+        "--preserve-state",
+        "--root",
+        str(cli.root),
+    ]
+    async with await anyio.open_process(
+        argv, env=cotal_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ) as cut:
         await wait_until(lambda: '"event": "cut.stopped"' in log.read_text(), timeout=60)
         os.kill(daemon, signal.SIGKILL)
         with anyio.fail_after(60):
@@ -287,7 +358,9 @@ async def test_inbox_survives_the_cut_at_the_broker(cli: Cli, shared_broker: Sha
     assert info.config.filter_subject == "cotal.main.inst.local.inbox.>"
 
 
-async def test_capture_of_a_large_repository_shows_progress(cli: Cli, shared_broker: SharedBroker) -> None:
+async def test_capture_of_a_large_repository_shows_progress(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
     repo = _big_repo_sized(cli.root / "big", 40 * 1024 * 1024)
     up_shared(cli, shared_broker)
     cli.json("spawn", "big", "--cwd", str(repo))

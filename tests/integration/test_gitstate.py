@@ -27,7 +27,6 @@ from tests.gitrepo import (
 pytestmark = pytest.mark.usefixtures("isolated_home")
 
 
-
 # -- preflight --------------------------------------------------------------------------------
 
 
@@ -178,7 +177,9 @@ async def test_capture_writes_private_files_and_a_consistent_record(tmp_path: Pa
     index_before = (repo / ".git" / "index").read_bytes()
     phases: list[tuple[str, int]] = []
 
-    record = await capture_repository(repo, seat, progress=lambda phase, done: phases.append((phase, done)))
+    record = await capture_repository(
+        repo, seat, progress=lambda phase, done: phases.append((phase, done))
+    )
 
     assert record.base == git(repo, "rev-parse", "HEAD").decode().strip()
     assert record.head == "refs/heads/main"
@@ -191,11 +192,24 @@ async def test_capture_writes_private_files_and_a_consistent_record(tmp_path: Pa
     assert record.refs is not None
     refs = parse_refs_list((seat / record.refs.file).read_bytes())
     assert refs["refs/stash"] == git(repo, "rev-parse", "refs/stash").decode().strip()
-    assert set(refs) >= {"refs/heads/main", "refs/heads/feature", "refs/tags/v1", "refs/tags/v1-annotated"}
+    assert set(refs) >= {
+        "refs/heads/main",
+        "refs/heads/feature",
+        "refs/tags/v1",
+        "refs/tags/v1-annotated",
+    }
 
     names = sorted(os.listdir(seat))
-    assert names == sorted(["repo.bundle", "index.diff", "worktree.diff", "untracked.tar", "refs.txt"])
-    for ref in (record.bundle, record.index_diff, record.worktree_diff, record.untracked, record.refs):
+    assert names == sorted(
+        ["repo.bundle", "index.diff", "worktree.diff", "untracked.tar", "refs.txt"]
+    )
+    for ref in (
+        record.bundle,
+        record.index_diff,
+        record.worktree_diff,
+        record.untracked,
+        record.refs,
+    ):
         path = seat / ref.file
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
         assert path.stat().st_size == ref.bytes

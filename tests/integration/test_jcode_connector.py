@@ -41,12 +41,16 @@ def make_opts(root: Path, binary: Path, name: str, **kw: Any) -> LaunchOpts:
     return seat_opts(root, "jcode", name, config={"binary": str(binary)}, **kw)
 
 
-def running_jcode(opts: LaunchOpts, log_dir: Path) -> AbstractAsyncContextManager[Seat[JcodeDriver]]:
+def running_jcode(
+    opts: LaunchOpts, log_dir: Path
+) -> AbstractAsyncContextManager[Seat[JcodeDriver]]:
     return running_seat(JcodeConnector(), opts, log_dir, timeout=TIMEOUT, seat=Seat[JcodeDriver])
 
 
 @pytest.mark.anyio
-async def test_the_standin_is_driven_through_turns_in_its_private_home(root: Path, binary: Path, tmp_path: Path) -> None:
+async def test_the_standin_is_driven_through_turns_in_its_private_home(
+    root: Path, binary: Path, tmp_path: Path
+) -> None:
     assert continuity_class(JcodeConnector.capabilities) == "drain-only"
     opts = make_opts(root, binary, "alice", prompt=f"remember the phrase {PHRASE}")
     async with running_jcode(opts, tmp_path) as seat:
@@ -55,7 +59,9 @@ async def test_the_standin_is_driven_through_turns_in_its_private_home(root: Pat
             assert await seat.driver.get_state() == session
             await seat.driver.initial_done.wait()
             assert seat.driver.initial_outcome == TurnOutcome("ok", f"Noted: {PHRASE}.")
-            assert await seat.driver.prompt("what was the phrase?", message_id="m1") == TurnOutcome("ok", f"The phrase is {PHRASE}.")
+            assert await seat.driver.prompt("what was the phrase?", message_id="m1") == TurnOutcome(
+                "ok", f"The phrase is {PHRASE}."
+            )
             failed = await seat.driver.prompt("standin:fail", message_id="m2")
             assert failed == TurnOutcome("error", detail="stand-in failure (standin:fail)")
             empty = await seat.driver.prompt("standin:empty", message_id="m3")
@@ -66,7 +72,10 @@ async def test_the_standin_is_driven_through_turns_in_its_private_home(root: Pat
     assert home.parent == root / ".cotal" / "jcode"
     transcript = home / "sessions" / f"{session}.jsonl"
     assert [json.loads(line)["reply"] for line in transcript.read_text().splitlines()] == [
-        f"Noted: {PHRASE}.", f"The phrase is {PHRASE}.", ""]
+        f"Noted: {PHRASE}.",
+        f"The phrase is {PHRASE}.",
+        "",
+    ]
     # Drain-only: nothing was written where a continuation-capable harness keeps its pointer.
     assert not opts.session_pointer_path.exists()
 
@@ -75,12 +84,16 @@ async def test_the_standin_is_driven_through_turns_in_its_private_home(root: Pat
         with anyio.fail_after(TIMEOUT):
             again = await seat.driver.wait_ready(TIMEOUT)
             assert again != session
-            assert await seat.driver.prompt("what was the phrase?", message_id="m4") == TurnOutcome("ok", "I do not know the phrase.")
+            assert await seat.driver.prompt("what was the phrase?", message_id="m4") == TurnOutcome(
+                "ok", "I do not know the phrase."
+            )
         assert seat.spec.env["JCODE_HOME"] == str(home)
 
 
 @pytest.mark.anyio
-async def test_a_killed_standin_leaves_the_turn_unknown(root: Path, binary: Path, tmp_path: Path) -> None:
+async def test_a_killed_standin_leaves_the_turn_unknown(
+    root: Path, binary: Path, tmp_path: Path
+) -> None:
     async with running_jcode(make_opts(root, binary, "bob"), tmp_path) as seat:
         with anyio.fail_after(TIMEOUT):
             await seat.driver.wait_ready(TIMEOUT)
@@ -93,24 +106,45 @@ async def test_a_killed_standin_leaves_the_turn_unknown(root: Path, binary: Path
 
 def test_doctor_reports_the_configured_standin_as_drain_only(root: Path, binary: Path) -> None:
     (root / "cotal.toml").write_text(f'[agents.jcode]\nbinary = "{binary}"\n')
-    proc = subprocess.run([sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     rows = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
     assert set(rows) == {"scribe", "pi", "claude", "jcode"}
     jcode = rows["jcode"]
-    assert (jcode["continuity"], jcode["installed"], jcode["usable"], jcode["ready"], jcode["configured"]) == (
-        "drain-only", True, True, True, True)
-    assert jcode["path"] == str(binary) and jcode["version"] == "jcode-standin 1 (a test stand-in, not jcode)"
+    assert (
+        jcode["continuity"],
+        jcode["installed"],
+        jcode["usable"],
+        jcode["ready"],
+        jcode["configured"],
+    ) == ("drain-only", True, True, True, True)
+    assert (
+        jcode["path"] == str(binary)
+        and jcode["version"] == "jcode-standin 1 (a test stand-in, not jcode)"
+    )
     assert rows["scribe"]["ready"] and rows["scribe"]["continuity"] == "exact"
 
 
 def test_doctor_names_a_missing_configured_jcode_and_fails(root: Path, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "jcode"
     (root / "cotal.toml").write_text(f'[agents.jcode]\nbinary = "{missing}"\n')
-    proc = subprocess.run([sys.executable, "-m", "manager.cli", "doctor", "--root", str(root)],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "doctor", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.returncode == 1
-    assert f"missing: jcode is not installed (looked for it on agents.jcode.binary ({missing}))" in proc.stdout
+    assert (
+        f"missing: jcode is not installed (looked for it on agents.jcode.binary ({missing}))"
+        in proc.stdout
+    )
     assert "cure:    install jcode with an adapter for cotal's JSON-lines protocol" in proc.stdout

@@ -80,7 +80,11 @@ def test_resume_document_round_trip(layout: Layout) -> None:
     inv = make_inventory()
     desc = write_resume_document(layout, inv)
     path = resume_path(layout)
-    assert (desc.file, desc.bytes, desc.version) == ("resume.json", path.stat().st_size, INVENTORY_V2)
+    assert (desc.file, desc.bytes, desc.version) == (
+        "resume.json",
+        path.stat().st_size,
+        INVENTORY_V2,
+    )
     assert path.stat().st_mode & 0o777 == 0o600
     assert layout.maintenance.stat().st_mode & 0o777 == 0o700
     assert read_resume_document(layout, desc) == inv
@@ -145,7 +149,9 @@ def run_cut_and_resume(journal: Journal, desc: Any) -> list[int]:
     revisions = [
         journal.advance("cut-1", "cut-intent", resume=desc).revision,
         journal.advance("cut-1", "cut-committed").revision,
-        journal.advance("cut-1", "ready", checkpoint_dir="/r/.cotal/maintenance/v1/checkpoints/cut-1").revision,
+        journal.advance(
+            "cut-1", "ready", checkpoint_dir="/r/.cotal/maintenance/v1/checkpoints/cut-1"
+        ).revision,
         journal.advance("resume-1", "resume-intent").revision,
         journal.advance("resume-1", "resume-active").revision,
         journal.advance("resume-1", "resume-committed", durable_commit_token="c" * 64).revision,
@@ -161,7 +167,12 @@ def test_journal_revisions_monotonic_and_persisted(layout: Layout) -> None:
     assert run_cut_and_resume(journal, desc) == [1, 2, 3, 4, 5, 6, 7]
     record = Journal(layout).load()  # a fresh reader sees what was fsync'd
     assert record is not None
-    assert (record.state, record.revision, record.attempt_id, record.kind) == ("retired", 7, "resume-1", "resume")
+    assert (record.state, record.revision, record.attempt_id, record.kind) == (
+        "retired",
+        7,
+        "resume-1",
+        "resume",
+    )
     assert record.checkpoint_dir == "/r/.cotal/maintenance/v1/checkpoints/cut-1"
     assert journal.path.stat().st_mode & 0o777 == 0o600
     journal.discard("resume-1")
@@ -230,7 +241,9 @@ def test_advance_reproves_the_resume_document(layout: Layout) -> None:
     assert record is not None and record.state == "cut-intent"
     # Degrading is how that gets reported, and it is always writable.
     degraded = journal.advance(
-        "cut-1", "degraded", degraded=Degraded(reason="resume.json damaged", recourse="restore it from the cut's copy")
+        "cut-1",
+        "degraded",
+        degraded=Degraded(reason="resume.json damaged", recourse="restore it from the cut's copy"),
     )
     assert degraded.state == "degraded" and degraded.revision == 2
 
@@ -238,11 +251,15 @@ def test_advance_reproves_the_resume_document(layout: Layout) -> None:
 def test_illegal_advance_and_discard(layout: Layout) -> None:
     desc = write_resume_document(layout, make_inventory())
     journal = Journal(layout)
-    with pytest.raises(IllegalTransition, match='state "absent" does not allow event "complete-cut"'):
+    with pytest.raises(
+        IllegalTransition, match='state "absent" does not allow event "complete-cut"'
+    ):
         journal.advance("cut-1", "ready", resume=desc)
     journal.advance("cut-1", "cut-intent", resume=desc)
     journal.advance("cut-1", "cut-committed")
-    with pytest.raises(IllegalTransition, match='state "cut-committed" does not allow event "discard"'):
+    with pytest.raises(
+        IllegalTransition, match='state "cut-committed" does not allow event "discard"'
+    ):
         journal.discard("cut-1")
     with pytest.raises(Refusal, match="belongs to attempt cut-1"):
         journal.advance("other", "ready")
@@ -295,7 +312,9 @@ GENERATION_CHILD = CHILD_PRELUDE + textwrap.dedent(
 )
 
 
-def race(script: str, root: Path, n: int, extra: list[str] | None = None) -> list[subprocess.Popen[str]]:
+def race(
+    script: str, root: Path, n: int, extra: list[str] | None = None
+) -> list[subprocess.Popen[str]]:
     """Start `n` interpreters, wait until all are up, then release them at once."""
     go = root / "go"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -453,7 +472,9 @@ def test_claim_idempotent_for_same_holder_and_attempt(layout: Layout) -> None:
     with pytest.raises(Refusal) as info:
         claim_successor(layout, "main", "w", UID, 0, INSTANCE, "resume-2")
     assert info.value.code == "custody-lost" and "resume-1" in info.value.message
-    with pytest.raises(Refusal, match="already records generation 1, claimed by instance " + INSTANCE):
+    with pytest.raises(
+        Refusal, match="already records generation 1, claimed by instance " + INSTANCE
+    ):
         claim_successor(layout, "main", "w", UID, 0, "c" * 26, "resume-1")
     # A later checkpoint, cut at generation 1, advances custody.
     assert claim_successor(layout, "main", "w", UID, 1, INSTANCE, "resume-3") == 2
@@ -477,10 +498,22 @@ def test_withdraw_only_our_own_top_claim(layout: Layout) -> None:
     ("name", "content"),
     [
         ("1", b"{not json"),
-        ("1", b'{"seat":"w","lifecycleUid":"' + b"a" * 26 + b'","generation":2,"holder":"'
-         + b"b" * 26 + b'","attemptId":"x","claimedAt":"t"}'),
-        ("1", b'{"seat":"other","lifecycleUid":"' + b"a" * 26 + b'","generation":1,"holder":"'
-         + b"b" * 26 + b'","attemptId":"x","claimedAt":"t"}'),
+        (
+            "1",
+            b'{"seat":"w","lifecycleUid":"'
+            + b"a" * 26
+            + b'","generation":2,"holder":"'
+            + b"b" * 26
+            + b'","attemptId":"x","claimedAt":"t"}',
+        ),
+        (
+            "1",
+            b'{"seat":"other","lifecycleUid":"'
+            + b"a" * 26
+            + b'","generation":1,"holder":"'
+            + b"b" * 26
+            + b'","attemptId":"x","claimedAt":"t"}',
+        ),
         ("01", b"{}"),
         ("notes.txt", b""),
     ],

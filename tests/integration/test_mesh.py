@@ -27,13 +27,19 @@ async def _durable_exists(cli: Cli, name: str, uid: str) -> bool:
 
 
 async def test_spawn_ps_durable_send_stop(mesh: Cli) -> None:
-    row = mesh.json("spawn", "alice", "--agent", "scribe", "--prompt", "Remember the phrase juniper-ledger-41")
+    row = mesh.json(
+        "spawn", "alice", "--agent", "scribe", "--prompt", "Remember the phrase juniper-ledger-41"
+    )
     assert row["name"] == "alice" and row["state"] == "running" and row["continuity"] == "exact"
     uid = row["lifecycleUid"]
     assert LIFECYCLE_UID_RE.fullmatch(uid)
 
     [listed] = mesh.ps()
-    assert listed["lifecycleUid"] == uid and listed["pid"] == row["pid"] and listed["sessionId"] == row["sessionId"]
+    assert (
+        listed["lifecycleUid"] == uid
+        and listed["pid"] == row["pid"]
+        and listed["sessionId"] == row["sessionId"]
+    )
 
     assert await _durable_exists(mesh, "alice", uid)
     async with broker(mesh.root) as js:
@@ -43,7 +49,11 @@ async def test_spawn_ps_durable_send_stop(mesh: Cli) -> None:
 
     pointer = mesh.root / ".cotal" / "sessions" / "scribe" / f"alice-{uid}.json"
     assert stat.S_IMODE(os.lstat(pointer).st_mode) == 0o600
-    assert json.loads(pointer.read_text()) == {"version": 1, "sessionId": row["sessionId"], "status": "running"}
+    assert json.loads(pointer.read_text()) == {
+        "version": 1,
+        "sessionId": row["sessionId"],
+        "status": "running",
+    }
 
     reply = mesh.json("send", "alice", "what was the phrase?", "--wait")
     assert reply["reply"] == "The phrase is juniper-ledger-41."
@@ -73,7 +83,14 @@ async def test_spawn_refusals_change_nothing(mesh: Cli) -> None:
 
 async def test_error_turn_stays_unacked_and_is_redelivered(mesh: Cli) -> None:
     row = mesh.json("spawn", "erin", "--agent", "scribe")
-    reply = mesh.json("send", "erin", "#error-once:t1 remember the phrase amber-owl-7", "--wait", "--timeout", "30")
+    reply = mesh.json(
+        "send",
+        "erin",
+        "#error-once:t1 remember the phrase amber-owl-7",
+        "--wait",
+        "--timeout",
+        "30",
+    )
     # The first delivery ended in error and was not acknowledged; the broker redelivered it.
     assert reply["attempts"] == 2
     assert reply["reply"] == "Noted: amber-owl-7."
@@ -86,8 +103,11 @@ async def test_error_turn_stays_unacked_and_is_redelivered(mesh: Cli) -> None:
 
 
 async def test_killed_seat_restarts_into_the_same_session(mesh: Cli) -> None:
-    row = mesh.json("spawn", "fay", "--agent", "scribe", "--prompt", "Remember the phrase quartz-heron-12")
+    row = mesh.json(
+        "spawn", "fay", "--agent", "scribe", "--prompt", "Remember the phrase quartz-heron-12"
+    )
     os.kill(row["pid"], signal.SIGKILL)
+
     def restarted() -> bool:
         rows = mesh.ps()
         return len(rows) == 1 and rows[0]["state"] == "running" and rows[0]["restarts"] == 1
@@ -97,7 +117,10 @@ async def test_killed_seat_restarts_into_the_same_session(mesh: Cli) -> None:
     assert now["sessionId"] == row["sessionId"]
     assert now["lifecycleUid"] == row["lifecycleUid"]
     assert now["pid"] != row["pid"]
-    assert mesh.json("send", "fay", "what was the phrase?", "--wait")["reply"] == "The phrase is quartz-heron-12."
+    assert (
+        mesh.json("send", "fay", "what was the phrase?", "--wait")["reply"]
+        == "The phrase is quartz-heron-12."
+    )
 
 
 async def test_fourth_crash_in_the_window_retires_the_seat(mesh: Cli) -> None:

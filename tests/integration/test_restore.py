@@ -32,16 +32,26 @@ pytestmark = pytest.mark.usefixtures("isolated_home")
 STAMP = "20261129T140000Z"
 
 
-
-
 def observe(repo: Path) -> dict[str, object]:
     """Everything a seat could notice about its repository, compared source against restore."""
     stash = git(repo, "rev-parse", "-q", "--verify", "refs/stash", check=False).strip()
     # Ignored files are outside the selection rule (record open point 8) and do not travel.
-    ignored = {p.decode() for p in git(repo, "ls-files", "-o", "-i", "--exclude-standard", "-z").split(b"\0") if p}
+    ignored = {
+        p.decode()
+        for p in git(repo, "ls-files", "-o", "-i", "--exclude-standard", "-z").split(b"\0")
+        if p
+    }
     tree = {path: entry for path, entry in tree_digest(repo).items() if path not in ignored}
     return {
-        "status": git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ":(exclude).cotal"),
+        "status": git(
+            repo,
+            "status",
+            "--porcelain=v1",
+            "-z",
+            "--untracked-files=all",
+            "--",
+            ":(exclude).cotal",
+        ),
         "status_renames": git(repo, "status", "--porcelain", "--", ":(exclude).cotal"),
         "cached": git(repo, "diff", "--cached", "--binary", "--full-index"),
         "worktree": git(repo, "diff", "--binary", "--full-index"),
@@ -55,7 +65,9 @@ def observe(repo: Path) -> dict[str, object]:
     }
 
 
-async def capture(tmp_path: Path, repo: Path, name: str = "default") -> tuple[Path, RepositoryRecord]:
+async def capture(
+    tmp_path: Path, repo: Path, name: str = "default"
+) -> tuple[Path, RepositoryRecord]:
     seat = seat_dir_for(tmp_path, name)
     return seat, await capture_repository(repo, seat)
 
@@ -222,7 +234,10 @@ async def test_leftover_staging_refuses_and_is_never_deleted(
     leftover = Path(f"{target}.incoming")
     write(leftover / "evidence.txt", "what failed last time\n")
     err = await _refused(seat, record, target, "staging-exists")
-    assert "evidence of an earlier failed restore" in err.message and "remove it by hand" in err.message
+    assert (
+        "evidence of an earlier failed restore" in err.message
+        and "remove it by hand" in err.message
+    )
     assert (leftover / "evidence.txt").read_text() == "what failed last time\n"
 
 
@@ -242,14 +257,18 @@ async def test_base_absent_from_bundle_refuses(
 
 
 @pytest.mark.anyio
-async def test_a_diff_that_does_not_apply_refuses(captured: tuple[Path, Path, RepositoryRecord, Path]) -> None:
+async def test_a_diff_that_does_not_apply_refuses(
+    captured: tuple[Path, Path, RepositoryRecord, Path],
+) -> None:
     _, seat, record, target = captured
     bogus = (
         b"diff --git a/tracked.txt b/tracked.txt\n--- a/tracked.txt\n+++ b/tracked.txt\n"
         b"@@ -1,3 +1,3 @@\n not\n-in\n+the\n base\n"
     )
     ref = replace_file(seat, record.index_diff, bogus)
-    err = await _refused(seat, msgspec.structs.replace(record, index_diff=ref), target, "apply-failed")
+    err = await _refused(
+        seat, msgspec.structs.replace(record, index_diff=ref), target, "apply-failed"
+    )
     assert "left as the evidence" in err.message
 
 
@@ -264,7 +283,9 @@ async def test_a_status_the_tree_does_not_reproduce_refuses_before_promotion(
 
 
 @pytest.mark.anyio
-async def test_a_tampered_file_refuses_before_any_write(captured: tuple[Path, Path, RepositoryRecord, Path]) -> None:
+async def test_a_tampered_file_refuses_before_any_write(
+    captured: tuple[Path, Path, RepositoryRecord, Path],
+) -> None:
     _, seat, record, target = captured
     path = seat / record.worktree_diff.file
     data = bytearray(path.read_bytes())
@@ -282,7 +303,10 @@ async def test_a_tampered_file_refuses_before_any_write(captured: tuple[Path, Pa
         pytest.param([(member("../escape.txt"), b"x")], id="dotdot"),
         pytest.param([(member("/etc/cotal-escape"), b"x")], id="absolute"),
         pytest.param(
-            [(member("lnk", tarfile.SYMTYPE, "../outside"), None), (member("lnk/escape.txt"), b"x")],
+            [
+                (member("lnk", tarfile.SYMTYPE, "../outside"), None),
+                (member("lnk/escape.txt"), b"x"),
+            ],
             id="symlink-then-write",
         ),
         pytest.param([(member("hard", tarfile.LNKTYPE, "README.md"), None)], id="hardlink"),

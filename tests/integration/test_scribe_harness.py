@@ -69,7 +69,11 @@ class Seat:
 
 def launch_opts(root: Path, **kw: object) -> LaunchOpts:
     base: dict[str, object] = dict(
-        space="test", name="alpha", lifecycle_uid="u1", workspace_root=root, cwd=root,
+        space="test",
+        name="alpha",
+        lifecycle_uid="u1",
+        workspace_root=root,
+        cwd=root,
         session_pointer_path=root / ".cotal" / "sessions" / "scribe" / "alpha-u1.json",
     )
     base.update(kw)
@@ -82,13 +86,18 @@ async def seat(root: Path, *, own_driver: bool = False, **kw: object) -> AsyncIt
     spec = connector.build_launch(launch_opts(root, **kw))
     log = EventLog()
     process = await anyio.open_process(
-        spec.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=spec.cwd, env=spec.env,
+        spec.argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=spec.cwd,
+        env=spec.env,
     )
     try:
         assert process.stdin is not None and process.stdout is not None
         driver = (
-            connector.make_driver(process.stdin, process.stdout, spec) if own_driver
+            connector.make_driver(process.stdin, process.stdout, spec)
+            if own_driver
             else JsonLinesDriver(process.stdin, process.stdout, ScribeCodec(), on_event=log)
         )
         async with anyio.create_task_group() as tg:
@@ -125,7 +134,9 @@ def store_of(root: Path) -> Path:
 
 
 def pointer_of(root: Path) -> dict[str, object]:
-    data: dict[str, object] = json.loads((root / ".cotal/sessions/scribe/alpha-u1.json").read_bytes())
+    data: dict[str, object] = json.loads(
+        (root / ".cotal/sessions/scribe/alpha-u1.json").read_bytes()
+    )
     return data
 
 
@@ -151,7 +162,11 @@ async def test_fresh_start_writes_a_private_pointer_and_answers(tmp_path: Path) 
         assert uuid.UUID(s.session_id).version == 4
         pointer = tmp_path / ".cotal/sessions/scribe/alpha-u1.json"
         assert stat.S_IMODE(pointer.stat().st_mode) == 0o600
-        assert pointer_of(tmp_path) == {"version": 1, "sessionId": s.session_id, "status": "running"}
+        assert pointer_of(tmp_path) == {
+            "version": 1,
+            "sessionId": s.session_id,
+            "status": "running",
+        }
         assert stat.S_IMODE(store_of(tmp_path).stat().st_mode) == 0o700
         transcript = store_of(tmp_path) / f"{s.session_id}.jsonl"
         assert stat.S_IMODE(transcript.stat().st_mode) == 0o600
@@ -162,7 +177,11 @@ async def test_fresh_start_writes_a_private_pointer_and_answers(tmp_path: Path) 
             assert await s.driver.get_state() == s.session_id
     assert s.process.returncode == 0
     assert [line.get("role") for line in transcript_lines(tmp_path, s.session_id)] == [
-        None, "user", "assistant", "user", "assistant"
+        None,
+        "user",
+        "assistant",
+        "user",
+        "assistant",
     ]
     header = transcript_lines(tmp_path, s.session_id)[0]
     assert (header["type"], header["id"], header["parent"]) == ("session", s.session_id, None)
@@ -175,7 +194,8 @@ async def test_launch_prompt_is_turn_zero(tmp_path: Path) -> None:
     async with seat(tmp_path, prompt=f"remember the phrase {PHRASE}") as s:
         assert await s.ask("what was the phrase") == ok(f"The phrase is {PHRASE}.")
     assert [e.outcome.reply for e in s.log.events if isinstance(e, TurnEnded)] == [
-        f"Noted: {PHRASE}.", f"The phrase is {PHRASE}."
+        f"Noted: {PHRASE}.",
+        f"The phrase is {PHRASE}.",
     ]
 
 
@@ -203,7 +223,11 @@ async def test_kill_9_then_continue_the_same_session(tmp_path: Path) -> None:
         with anyio.fail_after(DEADLINE_S):
             assert await again.driver.get_state() == first.session_id
         assert await again.ask("what was the phrase") == ok(f"The phrase is {PHRASE}.")
-    assert pointer_of(tmp_path) == {"version": 1, "sessionId": first.session_id, "status": "running"}
+    assert pointer_of(tmp_path) == {
+        "version": 1,
+        "sessionId": first.session_id,
+        "status": "running",
+    }
 
 
 @pytest.mark.anyio
@@ -234,7 +258,15 @@ async def test_fork_carries_history_and_leaves_the_source_untouched(tmp_path: Pa
 
 @pytest.mark.anyio
 async def test_fork_of_a_missing_session_is_refused(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "connectors.scribe", "--store", str(tmp_path / "store"), "--fork", "nope"]
+    argv = [
+        sys.executable,
+        "-m",
+        "connectors.scribe",
+        "--store",
+        str(tmp_path / "store"),
+        "--fork",
+        "nope",
+    ]
     code, err = await run_to_exit(argv, tmp_path)
     assert code == 2
     assert err.startswith("scribe: cannot fork session 'nope': no session 'nope' in store ")
@@ -242,8 +274,17 @@ async def test_fork_of_a_missing_session_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_session_id_with_fork_is_refused(tmp_path: Path) -> None:
-    argv = [sys.executable, "-m", "connectors.scribe", "--store", str(tmp_path / "store"),
-            "--session-id", "a", "--fork", "b"]
+    argv = [
+        sys.executable,
+        "-m",
+        "connectors.scribe",
+        "--store",
+        str(tmp_path / "store"),
+        "--session-id",
+        "a",
+        "--fork",
+        "b",
+    ]
     code, err = await run_to_exit(argv, tmp_path)
     assert code == 2
     assert "argument --fork: not allowed with argument --session-id" in err
@@ -252,8 +293,15 @@ async def test_session_id_with_fork_is_refused(tmp_path: Path) -> None:
 @pytest.mark.anyio
 async def test_a_session_open_elsewhere_is_refused(tmp_path: Path) -> None:
     async with seat(tmp_path) as s:
-        argv = [sys.executable, "-m", "connectors.scribe", "--store", str(store_of(tmp_path)),
-                "--session-id", s.session_id]
+        argv = [
+            sys.executable,
+            "-m",
+            "connectors.scribe",
+            "--store",
+            str(store_of(tmp_path)),
+            "--session-id",
+            s.session_id,
+        ]
         code, err = await run_to_exit(argv, tmp_path)
         assert code == 2
         assert err == f"scribe: session '{s.session_id}' is open in another scribe process\n"
@@ -287,7 +335,9 @@ async def test_redelivery_of_an_answered_message_replays_it(tmp_path: Path) -> N
 @pytest.mark.anyio
 async def test_crash_directive_exits_3_and_the_turn_is_unknown(tmp_path: Path) -> None:
     async with seat(tmp_path) as s:
-        assert await s.ask("#crash now", "m1") == TurnOutcome("unknown", "", "harness exited mid-turn")
+        assert await s.ask("#crash now", "m1") == TurnOutcome(
+            "unknown", "", "harness exited mid-turn"
+        )
         assert await s.exit_code() == 3
         assert TurnStarted("m1") in s.log.events
     assert transcript_lines(tmp_path, s.session_id)[1:] == []
@@ -320,7 +370,9 @@ async def test_malformed_and_oversize_lines_are_refused_not_fatal(tmp_path: Path
         assert s.process.stdin is not None
         await s.process.stdin.send(b"not json\n")
         await s.process.stdin.send(b'{"type":"prompt","id":"m1","text":"x","extra":1}\n')
-        await s.process.stdin.send(b'{"type":"prompt","id":"m2","text":"' + b"a" * (1024 * 1024) + b'"}\n')
+        await s.process.stdin.send(
+            b'{"type":"prompt","id":"m2","text":"' + b"a" * (1024 * 1024) + b'"}\n'
+        )
         assert await s.ask("still here", "m3") == ok("ack: still here")
     assert list(s.driver.protocol_errors) == [
         "harness refused a line: refused line: JSON is malformed: invalid character (byte 4)",

@@ -49,8 +49,6 @@ INSTANCE = "m" * 26
 UID = "0123456789abcdefghijklmnop"
 
 
-
-
 def public_b64(key: Ed25519PrivateKey) -> str:
     return base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
 
@@ -73,14 +71,22 @@ async def build_attempt(tmp_path: Path) -> Attempt:
     seat = create_seat_dir(attempt, "default")
     repository = await capture_repository(source, seat)
     sessions = tmp_path / "srcroot" / ".cotal" / "sessions" / "scribe"
-    write(sessions / f"default-{UID}.json", '{"version":1,"sessionId":"sess-1","status":"running"}\n')
-    write(sessions / f"default-{UID}.store" / "log.jsonl", '{"turn":1,"text":"juniper-ledger-41"}\n')
+    write(
+        sessions / f"default-{UID}.json", '{"version":1,"sessionId":"sess-1","status":"running"}\n'
+    )
+    write(
+        sessions / f"default-{UID}.store" / "log.jsonl", '{"turn":1,"text":"juniper-ledger-41"}\n'
+    )
     pointer = capture_file(sessions / f"default-{UID}.json", seat, "session-pointer.json")
     store = capture_file(sessions / f"default-{UID}.store" / "log.jsonl", seat, "session-store.0")
     continuity = continuity_capped("exact", True, 1, True)
     record = SeatCheckpoint(
         format=SEAT_CHECKPOINT_FORMAT,
-        entry={"space": "main", "name": "default", "launch": {"connector": "scribe", "cwd": str(source)}},
+        entry={
+            "space": "main",
+            "name": "default",
+            "launch": {"connector": "scribe", "cwd": str(source)},
+        },
         space="main",
         name="default",
         lifecycle_uid=UID,
@@ -91,8 +97,18 @@ async def build_attempt(tmp_path: Path) -> Attempt:
         session=SessionRecord(
             continuity=continuity,
             session_id="sess-1",
-            pointer=SessionFile(anchor="workspace-root", relpath=f".cotal/sessions/scribe/default-{UID}.json", file=pointer),
-            store=[SessionFile(anchor="workspace-root", relpath=f".cotal/sessions/scribe/default-{UID}.store/log.jsonl", file=store)],
+            pointer=SessionFile(
+                anchor="workspace-root",
+                relpath=f".cotal/sessions/scribe/default-{UID}.json",
+                file=pointer,
+            ),
+            store=[
+                SessionFile(
+                    anchor="workspace-root",
+                    relpath=f".cotal/sessions/scribe/default-{UID}.store/log.jsonl",
+                    file=store,
+                )
+            ],
         ),
     )
     checkpoint = seal_seat(seat, record, key.sign, pub, INSTANCE)
@@ -111,7 +127,9 @@ async def build_attempt(tmp_path: Path) -> Attempt:
     )
     checkpoint2 = seal_seat(seat2, record2, key.sign, pub, INSTANCE)
 
-    resume = write_file_exclusive(attempt, "resume.json", b'{"version":"cotal-manager-resume/v1"}\n')
+    resume = write_file_exclusive(
+        attempt, "resume.json", b'{"version":"cotal-manager-resume/v1"}\n'
+    )
     manifest = AttemptManifest(
         format=MANIFEST_FORMAT,
         attempt_id="att-1",
@@ -146,7 +164,9 @@ def expect_refusal(code: str, fn: Callable[[], object]) -> Refusal:
 async def test_a_sealed_attempt_verifies_and_is_private(attempt: Attempt) -> None:
     records = verify_integrity(attempt.dir, trusted_keys={attempt.pub})
     assert [r.name for r in records] == ["default", "worker_2"]
-    assert records[0].session.continuity == "exact" and records[1].session.continuity == "drain-only"
+    assert (
+        records[0].session.continuity == "exact" and records[1].session.continuity == "drain-only"
+    )
     assert records[0].signer is not None and records[0].signer.instance_id == INSTANCE
     assert records[0].generation == 3 and records[0].entry["launch"]["connector"] == "scribe"
     assert read_manifest(attempt.dir).attempt_id == "att-1"
@@ -159,21 +179,35 @@ async def test_a_sealed_attempt_verifies_and_is_private(attempt: Attempt) -> Non
 
 
 @pytest.mark.anyio
-async def test_a_verified_attempt_restores_on_another_root(attempt: Attempt, tmp_path: Path) -> None:
+async def test_a_verified_attempt_restores_on_another_root(
+    attempt: Attempt, tmp_path: Path
+) -> None:
     # A copy of the attempt is what arrives on the destination host.
     dest_root = tmp_path / "dest"
     arrived = dest_root / ".cotal" / "maintenance" / "v1" / "checkpoints" / "att-1"
     shutil.copytree(attempt.dir, arrived)
     [record, _] = verify_integrity(arrived, trusted_keys={attempt.pub})
-    result = await restore_repository(arrived / "default", record.repository, dest_root, stamp="20261129T140000Z")
+    result = await restore_repository(
+        arrived / "default", record.repository, dest_root, stamp="20261129T140000Z"
+    )
     assert result.superseded is None  # the root held only its .cotal: nothing to move aside
     assert tree_digest(dest_root)["untracked.txt"] == tree_digest(attempt.source)["untracked.txt"]
     entries = [record.session.pointer, *record.session.store]
     for entry in entries:
         assert entry is not None
-        dest = session_destination(entry, cwd=dest_root, workspace_root=dest_root, home=tmp_path / "home")
-        assert place_session_file(arrived / "default" / entry.file.file, dest, expected_sha256=entry.file.sha256) == "placed"
-    assert b"juniper-ledger-41" in (dest_root / f".cotal/sessions/scribe/default-{UID}.store/log.jsonl").read_bytes()
+        dest = session_destination(
+            entry, cwd=dest_root, workspace_root=dest_root, home=tmp_path / "home"
+        )
+        assert (
+            place_session_file(
+                arrived / "default" / entry.file.file, dest, expected_sha256=entry.file.sha256
+            )
+            == "placed"
+        )
+    assert (
+        b"juniper-ledger-41"
+        in (dest_root / f".cotal/sessions/scribe/default-{UID}.store/log.jsonl").read_bytes()
+    )
 
 
 # -- gate 1: integrity ------------------------------------------------------------------------
@@ -208,7 +242,9 @@ def _symlink(path: Path) -> None:
         pytest.param(Path.unlink, "default/index.diff", "is missing", id="missing"),
         pytest.param(_flip, "resume.json", "hashes to", id="resume-flipped"),
         pytest.param(_symlink, "worker_2/checkpoint.json", "symlink", id="record-symlink"),
-        pytest.param(Path.unlink, "worker_2/checkpoint.json", "does not exist", id="record-missing"),
+        pytest.param(
+            Path.unlink, "worker_2/checkpoint.json", "does not exist", id="record-missing"
+        ),
     ],
 )
 async def test_damage_refuses_with_integrity(
@@ -267,16 +303,22 @@ async def test_a_record_resigned_by_another_key_is_untrusted(attempt: Attempt) -
     os.chmod(path, 0o600)
     path.write_bytes(encode_json(resigned))
     assert read_manifest(attempt.dir).attempt_id == "att-1"  # self-consistent...
-    expect_refusal("untrusted-signer", lambda: read_manifest(attempt.dir, trusted_keys={attempt.pub}))
+    expect_refusal(
+        "untrusted-signer", lambda: read_manifest(attempt.dir, trusted_keys={attempt.pub})
+    )
     # ...but its seats were sealed by a different key than the manifest now claims.
     expect_refusal("bad-signature", lambda: verify_integrity(attempt.dir))
 
 
 @pytest.mark.anyio
-async def test_signing_with_a_key_that_does_not_match_the_recorded_one_refuses(attempt: Attempt) -> None:
+async def test_signing_with_a_key_that_does_not_match_the_recorded_one_refuses(
+    attempt: Attempt,
+) -> None:
     other = Ed25519PrivateKey.generate()
     manifest = read_manifest(attempt.dir)
-    expect_refusal("bad-signature", lambda: sign_record(manifest, other.sign, attempt.pub, INSTANCE))
+    expect_refusal(
+        "bad-signature", lambda: sign_record(manifest, other.sign, attempt.pub, INSTANCE)
+    )
 
 
 # -- the writer never overwrites and never leaves a look-alike seal ---------------------------
@@ -296,9 +338,14 @@ async def test_the_writer_never_reuses_a_directory_or_a_record(attempt: Attempt)
 
     seat = attempt.dir / "default"
     record = read_seat_checkpoint(seat)
-    expect_refusal("already-sealed", lambda: seal_seat(seat, record, attempt.key.sign, attempt.pub, INSTANCE))
+    expect_refusal(
+        "already-sealed", lambda: seal_seat(seat, record, attempt.key.sign, attempt.pub, INSTANCE)
+    )
     manifest = read_manifest(attempt.dir)
-    expect_refusal("already-sealed", lambda: seal_manifest(attempt.dir, manifest, attempt.key.sign, attempt.pub, INSTANCE))
+    expect_refusal(
+        "already-sealed",
+        lambda: seal_manifest(attempt.dir, manifest, attempt.key.sign, attempt.pub, INSTANCE),
+    )
 
 
 @pytest.mark.anyio
@@ -309,7 +356,9 @@ async def test_an_incomplete_directory_cannot_be_sealed_or_read(attempt: Attempt
     # A crash after some files but before the record: nothing reads it as sealed.
     shutil.copy(attempt.dir / "default" / "repo.bundle", seat / "repo.bundle")
     expect_refusal("integrity", lambda: read_seat_checkpoint(seat))
-    err = expect_refusal("seal-incomplete", lambda: seal_seat(seat, record, attempt.key.sign, attempt.pub, INSTANCE))
+    err = expect_refusal(
+        "seal-incomplete", lambda: seal_seat(seat, record, attempt.key.sign, attempt.pub, INSTANCE)
+    )
     assert "missing" in err.message
     assert not (seat / "checkpoint.json").exists()
     expect_refusal("integrity", lambda: verify_integrity(fresh))

@@ -80,8 +80,16 @@ def seat(**changes: Any) -> SeatCheckpoint:
         session=SessionRecord(
             continuity="exact",
             session_id="sess-1",
-            pointer=SessionFile(anchor="workspace-root", relpath=".cotal/sessions/p.json", file=ref("session-pointer.json")),
-            store=[SessionFile(anchor="home", relpath=".scribe/store/log.jsonl", file=ref("session-store.0"))],
+            pointer=SessionFile(
+                anchor="workspace-root",
+                relpath=".cotal/sessions/p.json",
+                file=ref("session-pointer.json"),
+            ),
+            store=[
+                SessionFile(
+                    anchor="home", relpath=".scribe/store/log.jsonl", file=ref("session-store.0")
+                )
+            ],
         ),
         signer=Signer(public_key=PUB, instance_id="m" * 26),
         signature=SIG,
@@ -107,7 +115,14 @@ def test_round_trip_is_exact_and_camel_case() -> None:
     record = seat()
     data = wire(record)
     assert set(data) >= {"lifecycleUid", "capturedAt", "recencyHorizonMs", "repository", "signer"}
-    assert set(data["repository"]) >= {"untrackedSelection", "indexDiff", "worktreeDiff", "intentToAdd", "head", "refs"}
+    assert set(data["repository"]) >= {
+        "untrackedSelection",
+        "indexDiff",
+        "worktreeDiff",
+        "intentToAdd",
+        "head",
+        "refs",
+    }
     assert data["signer"] == {"publicKey": PUB, "instanceId": "m" * 26}
     assert data["recencyHorizonMs"] == 86_400_000
     assert decode_seat_checkpoint(encode_json(record)) == record
@@ -123,7 +138,11 @@ def test_round_trip_is_exact_and_camel_case() -> None:
         (("repository", "bundle", "bytes"), -1, ("$.repository.bundle.bytes",)),
         (("repository", "base"), "abc", ("$.repository.base",)),
         (("repository", "head"), "main", ("$.repository.head",)),
-        (("repository", "untrackedSelection"), "git ls-files --others", ("untrackedSelection", "reproduces")),
+        (
+            ("repository", "untrackedSelection"),
+            "git ls-files --others",
+            ("untrackedSelection", "reproduces"),
+        ),
         (("repository", "intentToAdd"), ["new.txt"], ("intentToAdd entry 'new.txt'",)),
         (("repository", "intentToAdd"), ["../x"], ("intentToAdd entry",)),
         (("repository", "status"), "MM README.md", ("status",)),
@@ -145,7 +164,9 @@ def test_round_trip_is_exact_and_camel_case() -> None:
         (("entry",), [], ("$.entry",)),
     ],
 )
-def test_each_rule_refuses_by_field(path: tuple[Any, ...], value: object, needles: tuple[str, ...]) -> None:
+def test_each_rule_refuses_by_field(
+    path: tuple[Any, ...], value: object, needles: tuple[str, ...]
+) -> None:
     data = wire(seat())
     node: Any = data
     for key in path[:-1]:
@@ -193,7 +214,12 @@ def test_checkpoint_files_lists_every_named_file_once() -> None:
         "session-store.0",
     ]
     bare = seat(repository=repository(refs=None), session=SessionRecord(continuity="fresh"))
-    assert [r.file for r in checkpoint_files(bare)] == ["repo.bundle", "index.diff", "worktree.diff", "untracked.tar"]
+    assert [r.file for r in checkpoint_files(bare)] == [
+        "repo.bundle",
+        "index.diff",
+        "worktree.diff",
+        "untracked.tar",
+    ]
 
 
 def test_manifest_rules() -> None:
@@ -247,7 +273,9 @@ def test_continuity_is_capped_by_the_bytes_carried(
 def test_instants_are_utc_with_milliseconds() -> None:
     when = datetime(2026, 11, 29, 15, 0, 0, 123456, tzinfo=timezone(timedelta(hours=1)))
     assert format_instant(when) == "2026-11-29T14:00:00.123Z"
-    assert parse_instant("2026-11-29T14:00:00.123Z") == datetime(2026, 11, 29, 14, 0, 0, 123000, tzinfo=UTC)
+    assert parse_instant("2026-11-29T14:00:00.123Z") == datetime(
+        2026, 11, 29, 14, 0, 0, 123000, tzinfo=UTC
+    )
     with pytest.raises(ValueError):
         format_instant(datetime(2026, 1, 1))
     with pytest.raises(ValueError):

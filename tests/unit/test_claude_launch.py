@@ -27,8 +27,16 @@ from tests.harness import Pipe, mode, placeholder_binary, seat_opts
 SECRET = "sk-ant-test-0123456789-do-not-leak"
 KEY_VAR = "COTAL_UNIT_CLAUDE_KEY"
 FLAGS = [
-    "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
-    "--replay-user-messages", "--disable-slash-commands", "--permission-mode", "bypassPermissions",
+    "-p",
+    "--input-format",
+    "stream-json",
+    "--output-format",
+    "stream-json",
+    "--verbose",
+    "--replay-user-messages",
+    "--disable-slash-commands",
+    "--permission-mode",
+    "bypassPermissions",
     "--strict-mcp-config",
 ]
 
@@ -45,7 +53,12 @@ def binary(tmp_path: Path) -> Path:
 
 
 def opts_for(root: Path, binary: Path, name: str = "alice", **kw: Any) -> LaunchOpts:
-    config = {"base_url": "http://127.0.0.1:9", "model": "claude-fake-1", "api_key_env": KEY_VAR, "binary": str(binary)}
+    config = {
+        "base_url": "http://127.0.0.1:9",
+        "model": "claude-fake-1",
+        "api_key_env": KEY_VAR,
+        "binary": str(binary),
+    }
     config.update(kw.pop("config", {}))
     return seat_opts(root, "claude", name, config=config, **kw)
 
@@ -60,17 +73,33 @@ def refusal(opts: LaunchOpts) -> str:
     return exc.value.text
 
 
-def write_transcript(config: Path, session_id: str, cwd: Path, *, phrase: str = "oak-river-9") -> Path:
+def write_transcript(
+    config: Path, session_id: str, cwd: Path, *, phrase: str = "oak-river-9"
+) -> Path:
     """A two-turn transcript as Claude Code 2.1.x files it (the fields the connector reads)."""
     project = config / "projects" / re.sub(r"[^A-Za-z0-9]", "-", os.path.realpath(cwd))
     project.mkdir(parents=True, exist_ok=True)
     path = project / f"{session_id}.jsonl"
     entries = [
         {"type": "queue-operation", "operation": "enqueue"},
-        {"type": "user", "uuid": str(uuid.uuid4()), "parentUuid": None, "sessionId": session_id, "cwd": str(cwd),
-         "message": {"role": "user", "content": f"remember the phrase {phrase}"}},
-        {"type": "assistant", "uuid": str(uuid.uuid4()), "sessionId": session_id, "cwd": str(cwd),
-         "message": {"role": "assistant", "content": [{"type": "text", "text": f"Noted: {phrase}."}]}},
+        {
+            "type": "user",
+            "uuid": str(uuid.uuid4()),
+            "parentUuid": None,
+            "sessionId": session_id,
+            "cwd": str(cwd),
+            "message": {"role": "user", "content": f"remember the phrase {phrase}"},
+        },
+        {
+            "type": "assistant",
+            "uuid": str(uuid.uuid4()),
+            "sessionId": session_id,
+            "cwd": str(cwd),
+            "message": {
+                "role": "assistant",
+                "content": [{"type": "text", "text": f"Noted: {phrase}."}],
+            },
+        },
     ]
     path.write_text("".join(json.dumps(e) + "\n" for e in entries))
     return path
@@ -94,7 +123,9 @@ def test_declares_exact_continuity() -> None:
 # -- fresh ----------------------------------------------------------------------------------------
 
 
-def test_fresh_launch_mints_the_session_id_and_isolates_the_config(root: Path, binary: Path) -> None:
+def test_fresh_launch_mints_the_session_id_and_isolates_the_config(
+    root: Path, binary: Path
+) -> None:
     opts = opts_for(root, binary, prompt="  remember the phrase oak-river-9  ")
     for d in (".cotal", ".cotal/sessions", ".cotal/sessions/claude"):
         (root / d).mkdir(mode=0o755)
@@ -109,26 +140,39 @@ def test_fresh_launch_mints_the_session_id_and_isolates_the_config(root: Path, b
     assert spec.env["ANTHROPIC_API_KEY"] == SECRET
     assert KEY_VAR not in spec.env  # only under the name Claude Code reads
     assert spec.secret_env == ("ANTHROPIC_API_KEY",)
-    for var in ("DISABLE_TELEMETRY", "DISABLE_ERROR_REPORTING", "DISABLE_AUTOUPDATER", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"):
+    for var in (
+        "DISABLE_TELEMETRY",
+        "DISABLE_ERROR_REPORTING",
+        "DISABLE_AUTOUPDATER",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+    ):
         assert spec.env[var] == "1"
     assert spec.env.get("IS_SANDBOX") == ("1" if os.geteuid() == 0 else None)
     assert spec.env["COTAL_SESSION_STATE"] == str(opts.session_pointer_path)
     assert spec.cwd == root
     assert spec.session_pointer_path == opts.session_pointer_path
-    assert spec.session_store == (StoreDecl("workspace-root", f".cotal/sessions/claude/alice-{opts.lifecycle_uid}.config"),)
+    assert spec.session_store == (
+        StoreDecl("workspace-root", f".cotal/sessions/claude/alice-{opts.lifecycle_uid}.config"),
+    )
     assert spec.initial_prompt == "remember the phrase oak-river-9"
     assert not opts.session_pointer_path.exists()
     # Directories the seat owns are made private; the workspace's own ancestors are left alone.
     assert (mode(opts.session_pointer_path.parent), mode(config)) == (0o700, 0o700)
     assert json.loads((config / "settings.json").read_text()) == {"cleanupPeriodDays": 36500}
-    assert json.loads((config / "cotal-launch.json").read_text()) == {"version": 1, "sessionId": sid, "origin": "fresh"}
+    assert json.loads((config / "cotal-launch.json").read_text()) == {
+        "version": 1,
+        "sessionId": sid,
+        "origin": "fresh",
+    }
     assert (mode(config / "settings.json"), mode(config / "cotal-launch.json")) == (0o600, 0o600)
     no_secret_anywhere(root, spec.argv)
 
 
 def test_directories_created_for_the_seat_are_private(root: Path, binary: Path) -> None:
     ClaudeCodeConnector().build_launch(opts_for(root, binary))
-    assert [mode(root / d) for d in (".cotal", ".cotal/sessions", ".cotal/sessions/claude")] == [0o700] * 3
+    assert [mode(root / d) for d in (".cotal", ".cotal/sessions", ".cotal/sessions/claude")] == [
+        0o700
+    ] * 3
 
 
 def test_without_base_url_or_model_nothing_is_set(root: Path, binary: Path) -> None:
@@ -138,7 +182,9 @@ def test_without_base_url_or_model_nothing_is_set(root: Path, binary: Path) -> N
     assert "--model" not in spec.argv and "ANTHROPIC_BASE_URL" not in spec.env
 
 
-def test_default_key_variable_is_anthropic_api_key(root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_key_variable_is_anthropic_api_key(
+    root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
     opts = replace(opts_for(root, binary), config={"binary": str(binary)})
     assert ClaudeCodeConnector().build_launch(opts).env["ANTHROPIC_API_KEY"] == SECRET
@@ -149,10 +195,14 @@ def test_default_key_variable_is_anthropic_api_key(root: Path, binary: Path, mon
     )
 
 
-def test_extra_env_passes_named_variables_only(root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_extra_env_passes_named_variables_only(
+    root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "0")
     monkeypatch.setenv("SOMETHING_ELSE", "x")
-    spec = ClaudeCodeConnector().build_launch(opts_for(root, binary, config={"extra_env": ["CLAUDE_CODE_MAX_RETRIES"]}))
+    spec = ClaudeCodeConnector().build_launch(
+        opts_for(root, binary, config={"extra_env": ["CLAUDE_CODE_MAX_RETRIES"]})
+    )
     assert spec.env["CLAUDE_CODE_MAX_RETRIES"] == "0" and "SOMETHING_ELSE" not in spec.env
 
 
@@ -217,7 +267,9 @@ def test_continue_refuses_a_partial_id(root: Path, binary: Path) -> None:
     )
 
 
-def test_continue_refuses_a_session_recorded_in_another_cwd(root: Path, binary: Path, tmp_path: Path) -> None:
+def test_continue_refuses_a_session_recorded_in_another_cwd(
+    root: Path, binary: Path, tmp_path: Path
+) -> None:
     other = tmp_path / "elsewhere"
     other.mkdir()
     opts = opts_for(root, binary)
@@ -236,7 +288,7 @@ def test_continue_refuses_a_session_a_live_process_holds(root: Path, binary: Pat
     write_transcript(config, sid, root)
     with open(f"/proc/{os.getpid()}/stat", "rb") as f:
         data = f.read()
-    start = data[data.rindex(b")") + 2:].split()[19].decode()
+    start = data[data.rindex(b")") + 2 :].split()[19].decode()
     (config / "sessions").mkdir()
     registry = config / "sessions" / f"{os.getpid()}.json"
     registry.write_text(json.dumps({"pid": os.getpid(), "sessionId": sid, "procStart": start}))
@@ -246,13 +298,18 @@ def test_continue_refuses_a_session_a_live_process_holds(root: Path, binary: Pat
     )
     # A registry entry left by a process that is gone (or a recycled pid) does not block.
     registry.write_text(json.dumps({"pid": os.getpid(), "sessionId": sid, "procStart": "1"}))
-    assert ClaudeCodeConnector().build_launch(replace(opts, continue_session=sid)).argv[-2:] == ["--resume", sid]
+    assert ClaudeCodeConnector().build_launch(replace(opts, continue_session=sid)).argv[-2:] == [
+        "--resume",
+        sid,
+    ]
 
 
 # -- fork -----------------------------------------------------------------------------------------
 
 
-def test_resume_forks_from_a_frozen_copy_of_another_seats_transcript(root: Path, binary: Path) -> None:
+def test_resume_forks_from_a_frozen_copy_of_another_seats_transcript(
+    root: Path, binary: Path
+) -> None:
     connector = ClaudeCodeConnector()
     source_opts = opts_for(root, binary, name="alice")
     source_id = str(uuid.uuid4())
@@ -268,13 +325,29 @@ def test_resume_forks_from_a_frozen_copy_of_another_seats_transcript(root: Path,
     assert fork_id is not None and fork_id != source_id
     config = config_dir(opts)
     snapshot = config / "cotal-forks" / fork_id / f"{source_id}.jsonl"
-    assert spec.argv == [str(binary), *FLAGS, "--model", "claude-fake-1",
-                         "--resume", str(snapshot), "--fork-session", "--session-id", fork_id]
+    assert spec.argv == [
+        str(binary),
+        *FLAGS,
+        "--model",
+        "claude-fake-1",
+        "--resume",
+        str(snapshot),
+        "--fork-session",
+        "--session-id",
+        fork_id,
+    ]
     assert snapshot.read_bytes() == before[: before.rindex(b"\n") + 1]
     assert source.read_bytes() == before
-    assert (mode(snapshot), mode(snapshot.parent), mode(snapshot.parent.parent)) == (0o600, 0o700, 0o700)
+    assert (mode(snapshot), mode(snapshot.parent), mode(snapshot.parent.parent)) == (
+        0o600,
+        0o700,
+        0o700,
+    )
     assert json.loads((config / "cotal-launch.json").read_text()) == {
-        "version": 1, "sessionId": fork_id, "origin": "fork", "forkOf": source_id,
+        "version": 1,
+        "sessionId": fork_id,
+        "origin": "fork",
+        "forkOf": source_id,
         "snapshot": f"cotal-forks/{fork_id}/{source_id}.jsonl",
     }
     # Killed before its first turn, the fork is redone from the same copy under the same id.
@@ -289,8 +362,16 @@ def test_resume_by_absolute_path(root: Path, binary: Path, tmp_path: Path) -> No
     source = write_transcript(tmp_path / "operator-claude", source_id, root)
     opts = opts_for(root, binary, resume=str(source))
     spec = ClaudeCodeConnector().build_launch(opts)
-    snapshot = config_dir(opts) / "cotal-forks" / str(spec.expected_session_id) / f"{source_id}.jsonl"
-    assert spec.argv[-5:] == ["--resume", str(snapshot), "--fork-session", "--session-id", spec.expected_session_id]
+    snapshot = (
+        config_dir(opts) / "cotal-forks" / str(spec.expected_session_id) / f"{source_id}.jsonl"
+    )
+    assert spec.argv[-5:] == [
+        "--resume",
+        str(snapshot),
+        "--fork-session",
+        "--session-id",
+        spec.expected_session_id,
+    ]
     assert snapshot.read_bytes() == source.read_bytes()
 
 
@@ -316,37 +397,63 @@ def test_resume_refusals(root: Path, binary: Path, tmp_path: Path) -> None:
 # -- refusals -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("kw", "text"), [
-    ({"resume": "0aba288b-a1da-4a2a-8a69-b7710d665ddc", "continue_session": "0aba288b-a1da-4a2a-8a69-b7710d665ddc"},
-     "claude connector: resume and continueSession are mutually exclusive; "
-     "pass either --resume (fork) or let the manager continue the seat's own session"),
-    ({"prompt": "   "}, "claude connector refuses an empty prompt; pass a non-empty --prompt"),
-    ({"prompt": "-p do it"},
-     "claude connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
-     "reword the prompt so it starts with a letter"),
-    ({"prompt": "@file.txt"},
-     "claude connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
-     "reword the prompt so it starts with a letter"),
-    ({"config": {"provider": "x", "home": "/srv/claude"}},
-     "claude connector: config key(s) home, provider are not implemented, so they would be dropped at launch and on every restart; "
-     "remove them; claude honours api_key_env, base_url, binary, extra_env, model"),
-    ({"config": {"base_url": "http://user:pw@127.0.0.1:9"}},
-     "claude connector: base_url must not carry credentials (user:password@); "
-     "put the key in an environment variable and name it with api_key_env"),
-    ({"config": {"api_key_env": "NOT_SET_ANYWHERE_1"}},
-     "claude connector needs an API key, and NOT_SET_ANYWHERE_1 is not set in the manager's environment; "
-     "export NOT_SET_ANYWHERE_1 before starting the manager, or name another variable with agents.claude.api_key_env"),
-    ({"config": {"extra_env": ["CLAUDE_CONFIG_DIR", "ANTHROPIC_BASE_URL"]}},
-     "claude connector: extra_env names ANTHROPIC_BASE_URL, CLAUDE_CONFIG_DIR, which the connector sets itself; "
-     "remove them from agents.claude.extra_env"),
-    ({"config": {"binary": "claude"}},
-     "claude connector: binary must be an absolute path, got 'claude'; "
-     "set agents.claude.binary to the absolute path of the claude executable, or unset it to use the pinned install"),
-    ({"model": "--dangerously-skip-permissions"},
-     "claude connector: model '--dangerously-skip-permissions' is not a model name (letters, digits, ._:/@[]+-); "
-     "pass --model or set agents.claude.model in cotal.toml"),
-])
-def test_refusals_name_the_problem_and_the_cure_and_change_nothing(root: Path, binary: Path, kw: dict[str, Any], text: str) -> None:
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        (
+            {
+                "resume": "0aba288b-a1da-4a2a-8a69-b7710d665ddc",
+                "continue_session": "0aba288b-a1da-4a2a-8a69-b7710d665ddc",
+            },
+            "claude connector: resume and continueSession are mutually exclusive; "
+            "pass either --resume (fork) or let the manager continue the seat's own session",
+        ),
+        ({"prompt": "   "}, "claude connector refuses an empty prompt; pass a non-empty --prompt"),
+        (
+            {"prompt": "-p do it"},
+            "claude connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
+            "reword the prompt so it starts with a letter",
+        ),
+        (
+            {"prompt": "@file.txt"},
+            "claude connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
+            "reword the prompt so it starts with a letter",
+        ),
+        (
+            {"config": {"provider": "x", "home": "/srv/claude"}},
+            "claude connector: config key(s) home, provider are not implemented, so they would be dropped at launch and on every restart; "
+            "remove them; claude honours api_key_env, base_url, binary, extra_env, model",
+        ),
+        (
+            {"config": {"base_url": "http://user:pw@127.0.0.1:9"}},
+            "claude connector: base_url must not carry credentials (user:password@); "
+            "put the key in an environment variable and name it with api_key_env",
+        ),
+        (
+            {"config": {"api_key_env": "NOT_SET_ANYWHERE_1"}},
+            "claude connector needs an API key, and NOT_SET_ANYWHERE_1 is not set in the manager's environment; "
+            "export NOT_SET_ANYWHERE_1 before starting the manager, or name another variable with agents.claude.api_key_env",
+        ),
+        (
+            {"config": {"extra_env": ["CLAUDE_CONFIG_DIR", "ANTHROPIC_BASE_URL"]}},
+            "claude connector: extra_env names ANTHROPIC_BASE_URL, CLAUDE_CONFIG_DIR, which the connector sets itself; "
+            "remove them from agents.claude.extra_env",
+        ),
+        (
+            {"config": {"binary": "claude"}},
+            "claude connector: binary must be an absolute path, got 'claude'; "
+            "set agents.claude.binary to the absolute path of the claude executable, or unset it to use the pinned install",
+        ),
+        (
+            {"model": "--dangerously-skip-permissions"},
+            "claude connector: model '--dangerously-skip-permissions' is not a model name (letters, digits, ._:/@[]+-); "
+            "pass --model or set agents.claude.model in cotal.toml",
+        ),
+    ],
+)
+def test_refusals_name_the_problem_and_the_cure_and_change_nothing(
+    root: Path, binary: Path, kw: dict[str, Any], text: str
+) -> None:
     assert refusal(opts_for(root, binary, **kw)) == text
     assert not (root / ".cotal").exists()
 
@@ -354,29 +461,73 @@ def test_refusals_name_the_problem_and_the_cure_and_change_nothing(root: Path, b
 # -- turn judgement -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("result", "outcome"), [
-    ({"subtype": "success", "is_error": False, "result": "Noted.", "num_turns": 1, "stop_reason": "end_turn"},
-     TurnOutcome("ok", "Noted.")),
-    ({"subtype": "success", "is_error": False, "result": "Noted", "num_turns": 1, "stop_reason": "max_tokens"},
-     TurnOutcome("ok", "Noted", "reply truncated at the output limit (stop_reason max_tokens)")),
-    ({"subtype": "success", "is_error": True, "result": "API Error: Unable to connect to API (ConnectionRefused)"},
-     TurnOutcome("error", detail="API Error: Unable to connect to API (ConnectionRefused)")),
-    ({"subtype": "success", "is_error": True, "result": "Not logged in · Please run /login"},
-     TurnOutcome("error", detail="Not logged in · Please run /login")),
-    ({"subtype": "success", "is_error": False, "result": "", "num_turns": 1}, TurnOutcome("unknown", detail="the model produced no output")),
-    ({"subtype": "success", "result": "x"}, TurnOutcome("unknown", detail="claude's result does not say whether it is an error")),
-    ({"subtype": "error_max_turns", "is_error": True}, TurnOutcome("error", detail="claude ended the turn with error_max_turns")),
-    ({"subtype": "error_during_execution", "is_error": True, "errors": ["boom"]},
-     TurnOutcome("error", detail="claude ended the turn with error_during_execution: boom")),
-    ({"subtype": "surprise"}, TurnOutcome("unknown", detail="claude ended the turn with result subtype 'surprise'")),
-])
+@pytest.mark.parametrize(
+    ("result", "outcome"),
+    [
+        (
+            {
+                "subtype": "success",
+                "is_error": False,
+                "result": "Noted.",
+                "num_turns": 1,
+                "stop_reason": "end_turn",
+            },
+            TurnOutcome("ok", "Noted."),
+        ),
+        (
+            {
+                "subtype": "success",
+                "is_error": False,
+                "result": "Noted",
+                "num_turns": 1,
+                "stop_reason": "max_tokens",
+            },
+            TurnOutcome(
+                "ok", "Noted", "reply truncated at the output limit (stop_reason max_tokens)"
+            ),
+        ),
+        (
+            {
+                "subtype": "success",
+                "is_error": True,
+                "result": "API Error: Unable to connect to API (ConnectionRefused)",
+            },
+            TurnOutcome("error", detail="API Error: Unable to connect to API (ConnectionRefused)"),
+        ),
+        (
+            {"subtype": "success", "is_error": True, "result": "Not logged in · Please run /login"},
+            TurnOutcome("error", detail="Not logged in · Please run /login"),
+        ),
+        (
+            {"subtype": "success", "is_error": False, "result": "", "num_turns": 1},
+            TurnOutcome("unknown", detail="the model produced no output"),
+        ),
+        (
+            {"subtype": "success", "result": "x"},
+            TurnOutcome("unknown", detail="claude's result does not say whether it is an error"),
+        ),
+        (
+            {"subtype": "error_max_turns", "is_error": True},
+            TurnOutcome("error", detail="claude ended the turn with error_max_turns"),
+        ),
+        (
+            {"subtype": "error_during_execution", "is_error": True, "errors": ["boom"]},
+            TurnOutcome("error", detail="claude ended the turn with error_during_execution: boom"),
+        ),
+        (
+            {"subtype": "surprise"},
+            TurnOutcome("unknown", detail="claude ended the turn with result subtype 'surprise'"),
+        ),
+    ],
+)
 def test_judge_result(result: dict[str, Any], outcome: TurnOutcome) -> None:
     assert judge_result(result) == outcome
 
 
 def test_interrupted_turn_is_aborted() -> None:
-    assert judge_result({"subtype": "error_during_execution", "is_error": True}, interrupted=True) == TurnOutcome(
-        "aborted", detail="turn interrupted")
+    assert judge_result(
+        {"subtype": "error_during_execution", "is_error": True}, interrupted=True
+    ) == TurnOutcome("aborted", detail="turn interrupted")
 
 
 # -- the driver against a scripted stand-in -------------------------------------------------------
@@ -396,21 +547,48 @@ async def _scripted_claude(stdin: Pipe, stdout: Pipe, config: Path, holds: str, 
             msg = json.loads(line)
             out: list[dict[str, Any]] = []
             if msg["type"] == "control_request":
-                out.append({"type": "control_response", "response": {
-                    "subtype": "success", "request_id": msg["request_id"], "response": {"pid": pid}}})
+                out.append(
+                    {
+                        "type": "control_response",
+                        "response": {
+                            "subtype": "success",
+                            "request_id": msg["request_id"],
+                            "response": {"pid": pid},
+                        },
+                    }
+                )
             elif msg["type"] == "user":
                 auuid = str(uuid.uuid4())
                 out += [
-                    {"type": "result", "subtype": "success", "is_error": False, "result": "stray", "num_turns": 1, "session_id": holds},
+                    {
+                        "type": "result",
+                        "subtype": "success",
+                        "is_error": False,
+                        "result": "stray",
+                        "num_turns": 1,
+                        "session_id": holds,
+                    },
                     {"type": "user", "isReplay": True, "uuid": msg["uuid"], "session_id": holds},
                     {"type": "assistant", "uuid": auuid, "session_id": holds},
                 ]
                 project = config / "projects" / "-x"
                 project.mkdir(parents=True, exist_ok=True)
                 transcript = project / f"{holds}.jsonl"
-                transcript.write_text((transcript.read_text() if transcript.exists() else "")
-                                      + json.dumps({"type": "assistant", "uuid": auuid}) + "\n")
-                out.append({"type": "result", "subtype": "success", "is_error": False, "result": reply, "num_turns": 1, "session_id": holds})
+                transcript.write_text(
+                    (transcript.read_text() if transcript.exists() else "")
+                    + json.dumps({"type": "assistant", "uuid": auuid})
+                    + "\n"
+                )
+                out.append(
+                    {
+                        "type": "result",
+                        "subtype": "success",
+                        "is_error": False,
+                        "result": reply,
+                        "num_turns": 1,
+                        "session_id": holds,
+                    }
+                )
             for event in out:
                 await stdout.send(json.dumps(event).encode() + b"\n")
     await stdout.aclose()
@@ -418,14 +596,18 @@ async def _scripted_claude(stdin: Pipe, stdout: Pipe, config: Path, holds: str, 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("matches", [True, False])
-async def test_driver_reports_the_registry_session_and_guards_the_pointer(tmp_path: Path, matches: bool) -> None:
+async def test_driver_reports_the_registry_session_and_guards_the_pointer(
+    tmp_path: Path, matches: bool
+) -> None:
     config = tmp_path / "cfg"
     config.mkdir()
     expected = str(uuid.uuid4())
     holds = expected if matches else str(uuid.uuid4())
     pointer = tmp_path / "p.json"
     stdin, stdout = Pipe(), Pipe()
-    driver = ClaudeDriver(stdin, stdout, config_dir=config, pointer_path=pointer, expected_session_id=expected)
+    driver = ClaudeDriver(
+        stdin, stdout, config_dir=config, pointer_path=pointer, expected_session_id=expected
+    )
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             tg.start_soon(_scripted_claude, stdin, stdout, config, holds, "hello")
@@ -434,11 +616,21 @@ async def test_driver_reports_the_registry_session_and_guards_the_pointer(tmp_pa
             # The stray result before our replay is not taken for our turn's end.
             assert await driver.prompt("hi", message_id="m1") == TurnOutcome("ok", "hello")
             await driver.quit()
-    assert "claude reported a result for a message that is not the prompt in flight" in driver.protocol_errors
+    assert (
+        "claude reported a result for a message that is not the prompt in flight"
+        in driver.protocol_errors
+    )
     if matches:
-        assert json.loads(pointer.read_text()) == {"version": 1, "sessionId": expected, "status": "quit"}
+        assert json.loads(pointer.read_text()) == {
+            "version": 1,
+            "sessionId": expected,
+            "status": "quit",
+        }
         assert mode(pointer) == 0o600
     else:
         # A process holding another session than the launch meant must never be recorded.
         assert not pointer.exists()
-        assert f"claude reports session {holds}, expected {expected}; pointer not written" in driver.protocol_errors
+        assert (
+            f"claude reports session {holds}, expected {expected}; pointer not written"
+            in driver.protocol_errors
+        )

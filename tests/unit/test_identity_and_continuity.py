@@ -73,4 +73,7 @@ def test_continuity_is_derived_from_declared_flags_only() -> None:
     assert continuity_class(Capabilities(supports_fresh_start=True)) == "fresh"
     assert continuity_class(Capabilities(supports_resume=True, supports_fresh_start=True)) == "fork"
     assert continuity_class(Capabilities(supports_session_continuation=True)) == "exact"
-    assert continuity_class(Capabilities(supports_session_continuation=True, supports_resume=True)) == "exact"
+    assert (
+        continuity_class(Capabilities(supports_session_continuation=True, supports_resume=True))
+        == "exact"
+    )

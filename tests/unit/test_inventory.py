@@ -50,7 +50,9 @@ def agent_doc(name: str = "worker_1", uid: str = UID, **launch: Any) -> dict[str
             "sessionStores": ["/srv/repo/.scribe"],
             **launch,
         },
-        "dependencies": [{"kind": "profile", "path": "/srv/profiles/worker.json", "sha256": DIGEST}],
+        "dependencies": [
+            {"kind": "profile", "path": "/srv/profiles/worker.json", "sha256": DIGEST}
+        ],
         "generation": 2,
         "startedAt": "2025-01-01T00:00:00Z",
     }
@@ -134,7 +136,12 @@ def test_v1_is_upgraded_in_memory() -> None:
     v1_agent = agent_doc()
     del v1_agent["generation"]
     del v1_agent["launch"]["sessionStores"]
-    doc = {"version": INVENTORY_V1, "space": "main", "createdAt": "2024-12-31T00:00:00Z", "agents": [v1_agent]}
+    doc = {
+        "version": INVENTORY_V1,
+        "space": "main",
+        "createdAt": "2024-12-31T00:00:00Z",
+        "agents": [v1_agent],
+    }
     inv = parse_resume_args("resume-7", raw(doc))
     assert inv.version == INVENTORY_V2
     assert inv.attempt_id == "resume-7"
@@ -149,7 +156,10 @@ def test_v1_is_upgraded_in_memory() -> None:
 def test_v1_refuses_fields_only_v2_has() -> None:
     doc = {"version": INVENTORY_V1, "space": "main", "createdAt": "x", "agents": [agent_doc()]}
     err = refused(doc)
-    assert "unknown field `sessionStores`" in err.message or "unknown field `generation`" in err.message
+    assert (
+        "unknown field `sessionStores`" in err.message
+        or "unknown field `generation`" in err.message
+    )
 
 
 def test_v1_needs_an_attempt_to_bind_to() -> None:
@@ -186,7 +196,9 @@ def test_unknown_field_is_refused_by_name(where: str, field: str) -> None:
 
 def test_prompt_is_never_persisted() -> None:
     assert "prompt" not in Launch.__struct_fields__
-    assert "prompt" not in encode_inventory(parse_resume_args(ATTEMPT, raw(inventory_doc()))).decode()
+    assert (
+        "prompt" not in encode_inventory(parse_resume_args(ATTEMPT, raw(inventory_doc()))).decode()
+    )
 
 
 def test_more_than_fifty_seats_refused() -> None:
@@ -285,7 +297,10 @@ def test_reference_rules_are_pure_and_in_order() -> None:
     seat["dependencies"].append(dict(seat["dependencies"][0]))
     inv = parse_resume_args(ATTEMPT, raw(inventory_doc([seat])))
     errors = reference_rule_errors(inv.agents[0])
-    assert errors[0] == "imperative launch options have no non-secret durable source (apiKey, temperature)"
+    assert (
+        errors[0]
+        == "imperative launch options have no non-secret durable source (apiKey, temperature)"
+    )
     assert errors[1] == "retained dependency is declared twice: /srv/profiles/worker.json"
     clean = parse_resume_args(ATTEMPT, raw(inventory_doc())).agents[0]
     assert reference_rule_errors(clean) == []
@@ -303,7 +318,9 @@ def test_references_list_credential_as_private() -> None:
     refs = references(agent)
     assert refs[0].what == "credential" and refs[0].private and refs[0].sha256 == DIGEST
     assert refs[1].what == "dependency" and not refs[1].private
-    assert msg_changed(refs[0]) == "retained credential changed after the cut: /r/.cotal/auth/c.creds"
+    assert (
+        msg_changed(refs[0]) == "retained credential changed after the cut: /r/.cotal/auth/c.creds"
+    )
 
 
 def test_structs_are_strict_about_types() -> None:

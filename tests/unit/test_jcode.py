@@ -33,7 +33,9 @@ def binary(tmp_path: Path) -> Path:
     return placeholder_binary(tmp_path, "jcode")
 
 
-def opts_for(root: Path, binary: Path | None, *, space: str = "main", name: str = "alice", **kw: Any) -> LaunchOpts:
+def opts_for(
+    root: Path, binary: Path | None, *, space: str = "main", name: str = "alice", **kw: Any
+) -> LaunchOpts:
     config = {"binary": str(binary)} if binary else {}
     config.update(kw.pop("config", {}))
     return seat_opts(root, "jcode", name, space=space, config=config, **kw)
@@ -51,44 +53,69 @@ def refusal(opts: LaunchOpts) -> Refusal:
 def test_declares_neither_continuity_flag_so_it_is_drain_only() -> None:
     caps = JcodeConnector.capabilities
     assert JcodeConnector.name == "jcode"
-    assert not caps.supports_session_continuation and not caps.supports_resume and not caps.supports_fresh_start
+    assert (
+        not caps.supports_session_continuation
+        and not caps.supports_resume
+        and not caps.supports_fresh_start
+    )
     assert continuity_class(caps) == "drain-only"
 
 
 def test_refuses_continuation_with_the_upstream_text(root: Path, binary: Path) -> None:
     exc = refusal(opts_for(root, binary, continue_session="standin-0123"))
-    assert exc.message == CONTINUE_REFUSED == (
-        "jcode connector does not support exact-session continuation — its private Harness API instance is retired with the seat"
+    assert (
+        exc.message
+        == CONTINUE_REFUSED
+        == (
+            "jcode connector does not support exact-session continuation — its private Harness API instance is retired with the seat"
+        )
     )
-    assert exc.text == CONTINUE_REFUSED + "; let the seat drain and spawn a fresh jcode seat (jcode seats are drain-only)"
+    assert (
+        exc.text
+        == CONTINUE_REFUSED
+        + "; let the seat drain and spawn a fresh jcode seat (jcode seats are drain-only)"
+    )
     assert not (root / ".cotal").exists()
 
 
 def test_refuses_resume_with_the_upstream_text(root: Path, binary: Path) -> None:
     exc = refusal(opts_for(root, binary, resume="standin-0123"))
-    assert exc.message == RESUME_REFUSED == (
-        "jcode connector: resuming an existing session is not supported — "
-        "the private Harness API instance never shares a session with another seat"
+    assert (
+        exc.message
+        == RESUME_REFUSED
+        == (
+            "jcode connector: resuming an existing session is not supported — "
+            "the private Harness API instance never shares a session with another seat"
+        )
     )
     assert exc.text == RESUME_REFUSED + "; spawn a fresh jcode seat without --resume"
     assert not (root / ".cotal").exists()
 
 
-@pytest.mark.parametrize(("kw", "text"), [
-    ({"prompt": " "}, "jcode connector refuses an empty prompt; pass a non-empty --prompt"),
-    ({"prompt": "@notes"},
-     "jcode connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
-     "reword the prompt so it starts with a letter"),
-    ({"config": {"api_key_env": "X"}},
-     "jcode connector: config key(s) api_key_env are not implemented, so they would be dropped at launch; "
-     "remove them; jcode honours binary, home, model"),
-])
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"prompt": " "}, "jcode connector refuses an empty prompt; pass a non-empty --prompt"),
+        (
+            {"prompt": "@notes"},
+            "jcode connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
+            "reword the prompt so it starts with a letter",
+        ),
+        (
+            {"config": {"api_key_env": "X"}},
+            "jcode connector: config key(s) api_key_env are not implemented, so they would be dropped at launch; "
+            "remove them; jcode honours binary, home, model",
+        ),
+    ],
+)
 def test_other_refusals(root: Path, binary: Path, kw: dict[str, Any], text: str) -> None:
     assert refusal(opts_for(root, binary, **kw)).text == text
     assert not (root / ".cotal").exists()
 
 
-def test_missing_binary_is_refused_with_the_cure(root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_missing_binary_is_refused_with_the_cure(
+    root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     assert refusal(opts_for(root, None)).text == (
         "jcode connector: no `jcode` on the manager's PATH; "
@@ -106,12 +133,22 @@ def test_home_path_for_a_known_space_and_name(root: Path, binary: Path) -> None:
     home = root / ".cotal" / "jcode" / "main-alice-46a95058fdb2"
     assert spec.env["JCODE_HOME"] == str(home)
     assert spec.env["COTAL_JCODE_HOME"] == str(root)
-    assert [mode(root / ".cotal"), mode(root / ".cotal" / "jcode"), mode(home)] == [0o700, 0o700, 0o700]
+    assert [mode(root / ".cotal"), mode(root / ".cotal" / "jcode"), mode(home)] == [
+        0o700,
+        0o700,
+        0o700,
+    ]
     assert spec.argv == [str(binary), "--cotal-jsonl"]
-    assert spec.session_pointer_path is None and spec.session_store == () and spec.expected_session_id is None
+    assert (
+        spec.session_pointer_path is None
+        and spec.session_store == ()
+        and spec.expected_session_id is None
+    )
     # The same seat gets the same home again; its mode is restored if someone loosened it.
     os.chmod(home, 0o755)
-    assert JcodeConnector().build_launch(opts_for(root, binary, space="main", name="alice")).env["JCODE_HOME"] == str(home)
+    assert JcodeConnector().build_launch(opts_for(root, binary, space="main", name="alice")).env[
+        "JCODE_HOME"
+    ] == str(home)
     assert mode(home) == 0o700
 
 
@@ -154,7 +191,9 @@ def test_a_symlinked_leaf_is_refused(root: Path, tmp_path: Path) -> None:
     parts = home_relparts("main", "alice")
     (root / ".cotal" / "jcode").mkdir(parents=True)
     (root.joinpath(*parts)).symlink_to(outside)
-    with pytest.raises(Refusal, match="is a symlink; a private home must not leave the managed root"):
+    with pytest.raises(
+        Refusal, match="is a symlink; a private home must not leave the managed root"
+    ):
         private_home(root, parts)
     assert mode(outside) != 0o700 or list(outside.iterdir()) == []
 
@@ -182,16 +221,24 @@ def test_a_file_in_the_way_is_refused(root: Path) -> None:
 
 def test_codec_round_trip() -> None:
     codec = JcodeCodec()
-    assert codec.encode_prompt("hi\u2028", "m1") == b'{"type": "prompt", "id": "m1", "text": "hi\\u2028"}'
+    assert (
+        codec.encode_prompt("hi\u2028", "m1")
+        == b'{"type": "prompt", "id": "m1", "text": "hi\\u2028"}'
+    )
     assert codec.decode(b'{"type":"ready","session":"s1"}') == Ready("s1")
     assert codec.decode(b'{"type":"state","id":"q","session":"s1"}') == StateReported("q", "s1")
-    assert codec.decode(b'{"type":"turn_end","id":"m1","status":"ok","reply":"Noted."}') == TurnEnded("m1", TurnOutcome("ok", "Noted."))
+    assert codec.decode(
+        b'{"type":"turn_end","id":"m1","status":"ok","reply":"Noted."}'
+    ) == TurnEnded("m1", TurnOutcome("ok", "Noted."))
     assert codec.decode(b'{"type":"turn_end","id":"m1","status":"ok","reply":""}') == TurnEnded(
-        "m1", TurnOutcome("unknown", detail="the harness produced no output"))
-    assert codec.decode(b'{"type":"turn_end","id":"m1","status":"error","detail":"boom"}') == TurnEnded(
-        "m1", TurnOutcome("error", detail="boom"))
+        "m1", TurnOutcome("unknown", detail="the harness produced no output")
+    )
+    assert codec.decode(
+        b'{"type":"turn_end","id":"m1","status":"error","detail":"boom"}'
+    ) == TurnEnded("m1", TurnOutcome("error", detail="boom"))
     assert codec.decode(b'{"type":"turn_end","id":"m1","status":"weird"}') == TurnEnded(
-        "m1", TurnOutcome("unknown", detail="the harness ended the turn with status 'weird'"))
+        "m1", TurnOutcome("unknown", detail="the harness ended the turn with status 'weird'")
+    )
     assert codec.decode(b'{"type":"error","id":null,"detail":"bad"}') == Rejected(None, "bad")
     assert codec.decode(b'{"type":"something-new"}') is None
     with pytest.raises(DecodeError):

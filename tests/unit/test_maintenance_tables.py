@@ -31,7 +31,9 @@ from protocol.maintenance import (
 A = "attempt-a"
 B = "attempt-b"
 TOKEN = "f" * 64
-DESC = ResumeDescriptor(version="cotal-manager-resume/v2", file="resume.json", bytes=10, sha256="0" * 64)
+DESC = ResumeDescriptor(
+    version="cotal-manager-resume/v2", file="resume.json", bytes=10, sha256="0" * 64
+)
 NOW = "2025-01-01T00:00:00Z"
 
 # -- the daemon machine -------------------------------------------------------------------------------
@@ -64,7 +66,9 @@ def test_every_state_is_in_the_table() -> None:
     ("state", "event", "target"),
     [(s, e, t) for s, row in MAINTENANCE_TRANSITIONS.items() for e, t in row.items()],
 )
-def test_every_legal_maintenance_transition(state: MaintenanceState, event: MaintenanceEvent, target: str) -> None:
+def test_every_legal_maintenance_transition(
+    state: MaintenanceState, event: MaintenanceEvent, target: str
+) -> None:
     m = machine_in(state)
     assert m.apply(event, A) == target
     assert m.state == target
@@ -79,7 +83,9 @@ def test_every_legal_maintenance_transition(state: MaintenanceState, event: Main
         if e not in MAINTENANCE_TRANSITIONS[s]
     ],
 )
-def test_every_illegal_maintenance_transition_names_state_and_event(state: MaintenanceState, event: MaintenanceEvent) -> None:
+def test_every_illegal_maintenance_transition_names_state_and_event(
+    state: MaintenanceState, event: MaintenanceEvent
+) -> None:
     m = machine_in(state)
     with pytest.raises(IllegalTransition) as info:
         m.apply(event, A)
@@ -107,7 +113,9 @@ def test_no_way_back_after_commit_began() -> None:
     m = machine_in("preserving")
     m.apply("commit", A)
     assert m.commit_started
-    with pytest.raises(IllegalTransition, match="has begun stopping children and cannot return to active mode"):
+    with pytest.raises(
+        IllegalTransition, match="has begun stopping children and cannot return to active mode"
+    ):
         m.apply("abort", A)
     assert m.state == "preserving"
     m.apply("stopped", A)
@@ -124,11 +132,15 @@ def test_abort_refused_while_draining() -> None:
 
 def test_attempt_binding_texts() -> None:
     m = machine_in("preserving")
-    with pytest.raises(Refusal, match=f"fenced for preservation attempt {A}; refusing different attempt {B}"):
+    with pytest.raises(
+        Refusal, match=f"fenced for preservation attempt {A}; refusing different attempt {B}"
+    ):
         m.apply("prepare", B)
     with pytest.raises(Refusal, match=f"preservation attempt {B} was not prepared by this manager"):
         m.apply("commit", B)
-    with pytest.raises(Refusal, match=f"preservation attempt {B} is not the active manager attempt"):
+    with pytest.raises(
+        Refusal, match=f"preservation attempt {B} is not the active manager attempt"
+    ):
         m.apply("abort", B)
     r = machine_in("resume-required")
     with pytest.raises(Refusal, match=f"manager expects resume attempt {A}, not {B}"):
@@ -138,7 +150,9 @@ def test_attempt_binding_texts() -> None:
 def test_commit_resume_needs_a_successful_activation() -> None:
     m = Maintenance(resume_attempt_id=A)
     m.apply("resume", A)
-    with pytest.raises(IllegalTransition, match=f"resume attempt {A} has no successful activation to commit"):
+    with pytest.raises(
+        IllegalTransition, match=f"resume attempt {A} has no successful activation to commit"
+    ):
         m.apply("commit-resume", A)
     m.apply("activated", A)
     assert m.apply("commit-resume", A) == "awaiting-finalize"
@@ -151,11 +165,15 @@ def test_fence_admits_only_what_the_state_allows() -> None:
     m = Maintenance()
     m.check_lifecycle()
     m.apply("prepare", A)
-    with pytest.raises(Refusal, match="manager is in preserving mode; new lifecycle/control work is fenced"):
+    with pytest.raises(
+        Refusal, match="manager is in preserving mode; new lifecycle/control work is fenced"
+    ):
         m.check_lifecycle()
     r = Maintenance(resume_attempt_id=A)
     r.check_lifecycle(resume_operation=True)
-    with pytest.raises(Refusal, match=f"waiting for resume attempt {A}; ordinary lifecycle/control work is fenced"):
+    with pytest.raises(
+        Refusal, match=f"waiting for resume attempt {A}; ordinary lifecycle/control work is fenced"
+    ):
         r.check_lifecycle()
     r.apply("resume", A)
     r.apply("activated", A)
@@ -166,7 +184,15 @@ def test_fence_admits_only_what_the_state_allows() -> None:
 
 # -- the journal table -------------------------------------------------------------------------------
 
-JOURNAL_PATH: list[JournalState] = ["cut-intent", "cut-committed", "ready", "resume-intent", "resume-active", "resume-committed", "retired"]
+JOURNAL_PATH: list[JournalState] = [
+    "cut-intent",
+    "cut-committed",
+    "ready",
+    "resume-intent",
+    "resume-active",
+    "resume-committed",
+    "retired",
+]
 
 
 def extra(to_state: JournalState) -> dict[str, object]:
@@ -175,7 +201,11 @@ def extra(to_state: JournalState) -> dict[str, object]:
     if to_state == "resume-committed":
         return {"durable_commit_token": TOKEN}
     if to_state == "degraded":
-        return {"degraded": Degraded(reason="broker gone", recourse="start the broker, then cotal up --restore again")}
+        return {
+            "degraded": Degraded(
+                reason="broker gone", recourse="start the broker, then cotal up --restore again"
+            )
+        }
     return {}
 
 
@@ -232,7 +262,10 @@ def test_illegal_journal_transitions_name_state_and_event(state: str, target: Jo
         next_record(prev, A, target, now=NOW, **extra(target))  # type: ignore[arg-type]
     assert info.value.state == state
     assert info.value.event == EVENT_FOR[target]
-    assert f'state "{state}"' in info.value.message and f'event "{EVENT_FOR[target]}"' in info.value.message
+    assert (
+        f'state "{state}"' in info.value.message
+        and f'event "{EVENT_FOR[target]}"' in info.value.message
+    )
 
 
 def test_identical_retry_is_a_no_op_and_a_changed_fact_is_refused() -> None:
@@ -266,19 +299,27 @@ def test_required_facts_per_state() -> None:
     with pytest.raises(IllegalTransition, match="exactly when degrading"):
         next_record(active, A, "degraded", now=NOW)
     with pytest.raises(IllegalTransition, match="only at resume-committed"):
-        next_record(record_in("cut-intent"), A, "cut-committed", now=NOW, durable_commit_token=TOKEN)
+        next_record(
+            record_in("cut-intent"), A, "cut-committed", now=NOW, durable_commit_token=TOKEN
+        )
     with pytest.raises(Refusal, match="already records its resume"):
-        other = ResumeDescriptor(version="cotal-manager-resume/v2", file="resume.json", bytes=11, sha256="1" * 64)
+        other = ResumeDescriptor(
+            version="cotal-manager-resume/v2", file="resume.json", bytes=11, sha256="1" * 64
+        )
         next_record(record_in("cut-intent"), A, "cut-committed", now=NOW, resume=other)
 
 
 def test_consents_and_degraded_are_recorded() -> None:
-    consent = Consent(seat="w", captured_at="2024-01-01T00:00:00Z", age_ms=90_000_000, horizon_ms=86_400_000)
+    consent = Consent(
+        seat="w", captured_at="2024-01-01T00:00:00Z", age_ms=90_000_000, horizon_ms=86_400_000
+    )
     rec = next_record(None, A, "resume-intent", now=NOW, resume=DESC, consents=[consent])
     rec = next_record(rec, A, "resume-active", now=NOW)
     assert rec.consents == [consent]
     degraded = next_record(rec, A, "degraded", now=NOW, **extra("degraded"))  # type: ignore[arg-type]
-    assert degraded.degraded is not None and degraded.degraded.recourse.startswith("start the broker")
+    assert degraded.degraded is not None and degraded.degraded.recourse.startswith(
+        "start the broker"
+    )
     assert "degraded" in DISCARDABLE_STATES and "ready" not in DISCARDABLE_STATES
 
 

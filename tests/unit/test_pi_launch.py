@@ -61,17 +61,37 @@ def test_fresh_launch_seeds_a_session_file_and_opens_it_by_path(root: Path, bina
     assert sid is not None and sid == read_session_header(Path(spec.argv[-1]))["id"]
     (seeded,) = store.iterdir()
     assert seeded.name.endswith(f"_{sid}.jsonl")
-    assert spec.argv == [str(binary), *FLAGS, "--session-dir", str(store),
-                         "--provider", "cotal", "--model", "fake-model", "--session", str(seeded)]
+    assert spec.argv == [
+        str(binary),
+        *FLAGS,
+        "--session-dir",
+        str(store),
+        "--provider",
+        "cotal",
+        "--model",
+        "fake-model",
+        "--session",
+        str(seeded),
+    ]
     header = json.loads(seeded.read_text())
-    assert header == {"type": "session", "version": 3, "id": sid, "timestamp": header["timestamp"], "cwd": str(root)}
+    assert header == {
+        "type": "session",
+        "version": 3,
+        "id": sid,
+        "timestamp": header["timestamp"],
+        "cwd": str(root),
+    }
     assert seeded.read_text().count("\n") == 1
     assert spec.cwd == root
     assert spec.session_pointer_path == opts.session_pointer_path
-    assert spec.session_store == (StoreDecl("workspace-root", f".cotal/sessions/pi/alice-{opts.lifecycle_uid}.store"),)
+    assert spec.session_store == (
+        StoreDecl("workspace-root", f".cotal/sessions/pi/alice-{opts.lifecycle_uid}.store"),
+    )
     assert (mode(store), mode(Path(f"{base}.agent")), mode(seeded)) == (0o700, 0o700, 0o600)
     # Directories the connector had to create are private too, ancestors included.
-    assert [mode(root / d) for d in (".cotal", ".cotal/sessions", ".cotal/sessions/pi")] == [0o700] * 3
+    assert [mode(root / d) for d in (".cotal", ".cotal/sessions", ".cotal/sessions/pi")] == [
+        0o700
+    ] * 3
 
 
 def test_minted_ids_are_uuidv7() -> None:
@@ -116,7 +136,9 @@ def test_continue_refuses_an_id_prefix(root: Path, binary: Path) -> None:
     )
 
 
-def test_continue_refuses_a_session_recorded_in_another_cwd(root: Path, binary: Path, tmp_path: Path) -> None:
+def test_continue_refuses_a_session_recorded_in_another_cwd(
+    root: Path, binary: Path, tmp_path: Path
+) -> None:
     connector = PiConnector()
     other = tmp_path / "elsewhere"
     other.mkdir()
@@ -133,7 +155,9 @@ def test_continue_refuses_a_session_recorded_in_another_cwd(root: Path, binary: 
     )
 
 
-def test_fork_by_id_finds_another_seats_store_and_drops_a_stale_pointer(root: Path, binary: Path) -> None:
+def test_fork_by_id_finds_another_seats_store_and_drops_a_stale_pointer(
+    root: Path, binary: Path
+) -> None:
     connector = PiConnector()
     source = opts_for(root, binary, name="alice")
     source_id = connector.build_launch(source).expected_session_id
@@ -147,7 +171,10 @@ def test_fork_by_id_finds_another_seats_store_and_drops_a_stale_pointer(root: Pa
     assert spec.expected_session_id is None
     assert not fork.session_pointer_path.exists()
     # By absolute path works too, and is passed through unchanged.
-    assert connector.build_launch(replace(fork, resume=str(source_file))).argv[-2:] == ["--fork", str(source_file)]
+    assert connector.build_launch(replace(fork, resume=str(source_file))).argv[-2:] == [
+        "--fork",
+        str(source_file),
+    ]
 
 
 def test_fork_of_a_missing_session_is_refused(root: Path, binary: Path) -> None:
@@ -165,13 +192,26 @@ def test_fork_of_a_missing_session_is_refused(root: Path, binary: Path) -> None:
     [
         ({"prompt": ""}, "pi connector refuses an empty prompt; pass a non-empty --prompt"),
         ({"prompt": "   "}, "pi connector refuses an empty prompt; pass a non-empty --prompt"),
-        ({"prompt": "-x"}, "pi connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); reword the prompt so it starts with a letter"),
-        ({"prompt": "@f"}, "pi connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); reword the prompt so it starts with a letter"),
-        ({"resume": "01a2278a-387f-7559-b3e4-684e516dbf2f", "continue_session": "01a2278a-387f-7559-b3e4-684e516dbf2f"},
-         "pi connector: resume and continueSession are mutually exclusive; pass either --resume (fork) or let the manager continue the seat's own session"),
+        (
+            {"prompt": "-x"},
+            "pi connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); reword the prompt so it starts with a letter",
+        ),
+        (
+            {"prompt": "@f"},
+            "pi connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); reword the prompt so it starts with a letter",
+        ),
+        (
+            {
+                "resume": "01a2278a-387f-7559-b3e4-684e516dbf2f",
+                "continue_session": "01a2278a-387f-7559-b3e4-684e516dbf2f",
+            },
+            "pi connector: resume and continueSession are mutually exclusive; pass either --resume (fork) or let the manager continue the seat's own session",
+        ),
     ],
 )
-def test_prompt_and_session_refusals(root: Path, binary: Path, kw: dict[str, Any], text: str) -> None:
+def test_prompt_and_session_refusals(
+    root: Path, binary: Path, kw: dict[str, Any], text: str
+) -> None:
     assert refusal(opts_for(root, binary, **kw)) == text
     # A refusal changes nothing: no seat directory was created.
     assert not (root / ".cotal").exists()
@@ -180,38 +220,58 @@ def test_prompt_and_session_refusals(root: Path, binary: Path, kw: dict[str, Any
 @pytest.mark.parametrize(
     ("config", "text"),
     [
-        ({"home": "/x", "launch_options": {"a": 1}},
-         "pi connector: config key(s) home, launch_options are not implemented, so they would be dropped at launch and on every restart; "
-         "remove them; pi honours api_key_env, base_url, binary, extra_env, model, provider"),
-        ({"base_url": None},
-         "pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got None); "
-         "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1"),
-        ({"base_url": "http://user:pw@127.0.0.1:9/v1"},
-         "pi connector: base_url must not carry credentials (user:password@); put the key in an environment variable and name it with api_key_env"),
-        ({"api_key_env": "COTAL_TEST_PI_UNSET_KEY"},
-         "pi connector: api_key_env names COTAL_TEST_PI_UNSET_KEY, which is not set in the manager's environment; "
-         "export COTAL_TEST_PI_UNSET_KEY before starting the manager, or drop api_key_env"),
-        ({"api_key_env": "!cat /etc/key"},
-         "pi connector: api_key_env '!cat /etc/key' is not an environment variable name; name the variable that holds the key, e.g. OPENAI_API_KEY"),
-        ({"binary": "pi"},
-         "pi connector: binary must be an absolute path, got 'pi'; set agents.pi.binary to the absolute path of pi's cli.js, or unset it to use the pinned install"),
-        ({"model": None},
-         "pi connector needs a model id (letters, digits, ._:/@+-), got None; pass --model or set agents.pi.model in cotal.toml"),
+        (
+            {"home": "/x", "launch_options": {"a": 1}},
+            "pi connector: config key(s) home, launch_options are not implemented, so they would be dropped at launch and on every restart; "
+            "remove them; pi honours api_key_env, base_url, binary, extra_env, model, provider",
+        ),
+        (
+            {"base_url": None},
+            "pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got None); "
+            "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
+        ),
+        (
+            {"base_url": "http://user:pw@127.0.0.1:9/v1"},
+            "pi connector: base_url must not carry credentials (user:password@); put the key in an environment variable and name it with api_key_env",
+        ),
+        (
+            {"api_key_env": "COTAL_TEST_PI_UNSET_KEY"},
+            "pi connector: api_key_env names COTAL_TEST_PI_UNSET_KEY, which is not set in the manager's environment; "
+            "export COTAL_TEST_PI_UNSET_KEY before starting the manager, or drop api_key_env",
+        ),
+        (
+            {"api_key_env": "!cat /etc/key"},
+            "pi connector: api_key_env '!cat /etc/key' is not an environment variable name; name the variable that holds the key, e.g. OPENAI_API_KEY",
+        ),
+        (
+            {"binary": "pi"},
+            "pi connector: binary must be an absolute path, got 'pi'; set agents.pi.binary to the absolute path of pi's cli.js, or unset it to use the pinned install",
+        ),
+        (
+            {"model": None},
+            "pi connector needs a model id (letters, digits, ._:/@+-), got None; pass --model or set agents.pi.model in cotal.toml",
+        ),
     ],
 )
-def test_config_refusals(root: Path, binary: Path, config: dict[str, Any], text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_refusals(
+    root: Path, binary: Path, config: dict[str, Any], text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("COTAL_TEST_PI_UNSET_KEY", raising=False)
     opts = opts_for(root, binary)
     merged = {k: v for k, v in {**opts.config, **config}.items() if v is not None}
     assert refusal(replace(opts, config=merged)) == text
 
 
-def test_key_reaches_pi_only_by_name(root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_key_reaches_pi_only_by_name(
+    root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COTAL_TEST_PI_KEY", SECRET)
     # Operator credentials outside the allow-list must not leak into the seat.
     monkeypatch.setenv("OPENAI_API_KEY", "sk-operator-leak")
     monkeypatch.setenv("PI_CODING_AGENT_SESSION_DIR", "/somewhere/else")
-    opts = opts_for(root, binary, config={"api_key_env": "COTAL_TEST_PI_KEY", "extra_env": ["COTAL_TEST_EXTRA"]})
+    opts = opts_for(
+        root, binary, config={"api_key_env": "COTAL_TEST_PI_KEY", "extra_env": ["COTAL_TEST_EXTRA"]}
+    )
     monkeypatch.setenv("COTAL_TEST_EXTRA", "visible")
     spec = PiConnector().build_launch(opts)
     agent = opts.session_pointer_path.with_suffix(".agent")
@@ -230,7 +290,10 @@ def test_key_reaches_pi_only_by_name(root: Path, binary: Path, monkeypatch: pyte
     assert json.loads((agent / "settings.json").read_text())["retry"] == {"enabled": False}
     assert (mode(agent / "models.json"), mode(agent / "settings.json")) == (0o600, 0o600)
     assert {k: spec.env[k] for k in spec.env if k.startswith("PI_")} == {
-        "PI_CODING_AGENT_DIR": str(agent), "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0",
+        "PI_CODING_AGENT_DIR": str(agent),
+        "PI_OFFLINE": "1",
+        "PI_SKIP_VERSION_CHECK": "1",
+        "PI_TELEMETRY": "0",
     }
     assert spec.env["COTAL_SESSION_STATE"] == str(opts.session_pointer_path)
 
@@ -254,7 +317,10 @@ def test_model_option_wins_over_config(root: Path, binary: Path) -> None:
 
 
 def _end(sent: str, *assistants: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "agent_end", "messages": [{"role": "user", "content": [{"type": "text", "text": sent}]}, *assistants]}
+    return {
+        "type": "agent_end",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": sent}]}, *assistants],
+    }
 
 
 def _assistant(stop: str, *parts: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -268,16 +334,46 @@ TEXT = {"type": "text", "text": "done."}
     ("event", "outcome"),
     [
         (_end("hi", _assistant("stop", TEXT)), TurnOutcome("ok", "done.")),
-        (_end("hi", _assistant("length", TEXT)), TurnOutcome("ok", "done.", "reply truncated at the output limit (stopReason length)")),
-        (_end("hi", _assistant("toolUse", {"type": "toolCall", "id": "c", "name": "bash", "arguments": {}}),
-              {"role": "toolResult", "content": []}, _assistant("stop", TEXT)), TurnOutcome("ok", "done.")),
-        (_end("hi", _assistant("error", errorMessage="500 boom")), TurnOutcome("error", detail="500 boom")),
-        (_end("hi", _assistant("aborted", errorMessage="Request was aborted")), TurnOutcome("aborted", detail="Request was aborted")),
-        (_end("hi", _assistant("stop")), TurnOutcome("unknown", detail="the model produced no output")),
-        (_end("hi", _assistant("stop", {"type": "text", "text": "  "})), TurnOutcome("unknown", detail="the model produced no output")),
-        (_end("hi", _assistant("weird", TEXT)), TurnOutcome("unknown", detail="pi ended the turn with stopReason 'weird'")),
+        (
+            _end("hi", _assistant("length", TEXT)),
+            TurnOutcome("ok", "done.", "reply truncated at the output limit (stopReason length)"),
+        ),
+        (
+            _end(
+                "hi",
+                _assistant(
+                    "toolUse", {"type": "toolCall", "id": "c", "name": "bash", "arguments": {}}
+                ),
+                {"role": "toolResult", "content": []},
+                _assistant("stop", TEXT),
+            ),
+            TurnOutcome("ok", "done."),
+        ),
+        (
+            _end("hi", _assistant("error", errorMessage="500 boom")),
+            TurnOutcome("error", detail="500 boom"),
+        ),
+        (
+            _end("hi", _assistant("aborted", errorMessage="Request was aborted")),
+            TurnOutcome("aborted", detail="Request was aborted"),
+        ),
+        (
+            _end("hi", _assistant("stop")),
+            TurnOutcome("unknown", detail="the model produced no output"),
+        ),
+        (
+            _end("hi", _assistant("stop", {"type": "text", "text": "  "})),
+            TurnOutcome("unknown", detail="the model produced no output"),
+        ),
+        (
+            _end("hi", _assistant("weird", TEXT)),
+            TurnOutcome("unknown", detail="pi ended the turn with stopReason 'weird'"),
+        ),
         (_end("hi"), TurnOutcome("unknown", detail="pi ended the turn with no assistant message")),
-        (_end("someone else's prompt", _assistant("stop", TEXT)), TurnOutcome("unknown", detail="agent_end does not carry the prompt that was sent")),
+        (
+            _end("someone else's prompt", _assistant("stop", TEXT)),
+            TurnOutcome("unknown", detail="agent_end does not carry the prompt that was sent"),
+        ),
     ],
 )
 def test_judge_turn(event: dict[str, Any], outcome: TurnOutcome) -> None:
@@ -293,7 +389,9 @@ async def test_driver_turn_ends_unknown_when_pi_exits_mid_turn() -> None:
     async def fake_pi() -> None:
         command = json.loads(await stdin.recv_end.receive())
         assert command == {"id": "cotal-prompt-1", "type": "prompt", "message": "hello"}
-        await stdout.send(b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":true}\n{"type":"agent_st')
+        await stdout.send(
+            b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":true}\n{"type":"agent_st'
+        )
         await stdout.send(b'art"}\n')
         await stdout.aclose()
 
@@ -302,9 +400,12 @@ async def test_driver_turn_ends_unknown_when_pi_exits_mid_turn() -> None:
             await tg.start(driver.run)
             tg.start_soon(fake_pi)
             outcome = await driver.prompt("hello", message_id="m1")
-    assert outcome == TurnOutcome("unknown", detail="turn m1 did not end: pi exited (its stdout closed)")
+    assert outcome == TurnOutcome(
+        "unknown", detail="turn m1 did not end: pi exited (its stdout closed)"
+    )
     assert await driver.prompt("again", message_id="m2") == TurnOutcome(
-        "unknown", detail="not delivered: pi exited (its stdout closed)")
+        "unknown", detail="not delivered: pi exited (its stdout closed)"
+    )
 
 
 @pytest.mark.anyio
@@ -316,7 +417,8 @@ async def test_driver_reports_a_refused_prompt_as_error() -> None:
         await stdin.recv_end.receive()
         await stdout.send(
             b'{"id":"cotal-prompt-1","type":"response","command":"prompt","success":false,'
-            b'"error":"Agent is already processing."}\n')
+            b'"error":"Agent is already processing."}\n'
+        )
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -324,4 +426,6 @@ async def test_driver_reports_a_refused_prompt_as_error() -> None:
             tg.start_soon(fake_pi)
             outcome = await driver.prompt("hello", message_id="m1")
             tg.cancel_scope.cancel()
-    assert outcome == TurnOutcome("error", detail="pi refused prompt m1: Agent is already processing.")
+    assert outcome == TurnOutcome(
+        "error", detail="pi refused prompt m1: Agent is already processing."
+    )

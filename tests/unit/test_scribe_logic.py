@@ -117,13 +117,18 @@ def test_inbound_refuses_unknown_type_and_empty_id() -> None:
 
 
 def test_inbound_decodes_prompt() -> None:
-    assert decode_inbound(b'{"type":"prompt","id":"m1","text":"hi"}') == PromptIn(id="m1", text="hi")
+    assert decode_inbound(b'{"type":"prompt","id":"m1","text":"hi"}') == PromptIn(
+        id="m1", text="hi"
+    )
 
 
 def test_protocol_error_names_the_refused_id_only_when_known() -> None:
     assert probe_id(b'{"type":"prompt","id":"m9","bogus":true}') == "m9"
     assert probe_id(b"not json") is None
-    assert msgspec.json.encode(ProtocolErrorOut(detail="d")) == b'{"type":"protocol_error","detail":"d"}'
+    assert (
+        msgspec.json.encode(ProtocolErrorOut(detail="d"))
+        == b'{"type":"protocol_error","detail":"d"}'
+    )
 
 
 def test_codec_refuses_unknown_event_field() -> None:
@@ -152,8 +157,12 @@ LINE = b'{"role":"user","text":"remember the phrase p-1","id":"m","at":"t"}\n'
 
 
 def test_transcript_ignores_a_torn_tail() -> None:
-    transcript = parse_transcript(HEADER + LINE + b'{"role":"assis', session_id="s1", where=Path("x"))
-    assert transcript.messages == [Message(role="user", text="remember the phrase p-1", id="m", at="t")]
+    transcript = parse_transcript(
+        HEADER + LINE + b'{"role":"assis', session_id="s1", where=Path("x")
+    )
+    assert transcript.messages == [
+        Message(role="user", text="remember the phrase p-1", id="m", at="t")
+    ]
     assert transcript.intact == len(HEADER + LINE)
 
 
@@ -161,8 +170,11 @@ def test_transcript_refuses_a_foreign_header_and_garbage() -> None:
     with pytest.raises(StoreError, match="names session 's1', not 's2'"):
         parse_transcript(HEADER, session_id="s2", where=Path("x"))
     with pytest.raises(StoreError, match="malformed"):
-        parse_transcript(HEADER + b'{"role":"user","text":"x","id":"m","at":"t","k":1}\n',
-                         session_id="s1", where=Path("x"))
+        parse_transcript(
+            HEADER + b'{"role":"user","text":"x","id":"m","at":"t","k":1}\n',
+            session_id="s1",
+            where=Path("x"),
+        )
 
 
 def test_read_lines_skips_oversize_and_keeps_going() -> None:
@@ -190,7 +202,11 @@ def test_splitter_frames_and_caps() -> None:
 
 def opts(root: Path, **kw: object) -> LaunchOpts:
     base: dict[str, object] = dict(
-        space="s", name="alpha", lifecycle_uid="u1", workspace_root=root, cwd=root / "work",
+        space="s",
+        name="alpha",
+        lifecycle_uid="u1",
+        workspace_root=root,
+        cwd=root / "work",
         session_pointer_path=root / ".cotal/sessions/scribe/alpha-u1.json",
     )
     base.update(kw)
@@ -205,9 +221,17 @@ def test_connector_is_exact() -> None:
 def test_launch_fresh(tmp_path: Path) -> None:
     spec = ScribeConnector().build_launch(opts(tmp_path))
     store = tmp_path / ".cotal/sessions/scribe/alpha-u1.store"
-    assert spec.argv[1:] == ["-m", "connectors.scribe", "--store", str(store),
-                             "--pointer", str(tmp_path / ".cotal/sessions/scribe/alpha-u1.json")]
-    assert spec.session_store == (StoreDecl("workspace-root", ".cotal/sessions/scribe/alpha-u1.store"),)
+    assert spec.argv[1:] == [
+        "-m",
+        "connectors.scribe",
+        "--store",
+        str(store),
+        "--pointer",
+        str(tmp_path / ".cotal/sessions/scribe/alpha-u1.json"),
+    ]
+    assert spec.session_store == (
+        StoreDecl("workspace-root", ".cotal/sessions/scribe/alpha-u1.store"),
+    )
     assert spec.expected_session_id is None
     assert spec.cwd == tmp_path / "work"
     assert spec.env["PYTHONPATH"] == str(REPO_ROOT)
@@ -217,8 +241,9 @@ def test_launch_fresh(tmp_path: Path) -> None:
 
 def test_launch_continue_fork_prompt_and_sigterm(tmp_path: Path) -> None:
     connector = ScribeConnector()
-    cont = connector.build_launch(opts(tmp_path, continue_session="sid-1", prompt="go on",
-                                       config={"ignore_sigterm": True}))
+    cont = connector.build_launch(
+        opts(tmp_path, continue_session="sid-1", prompt="go on", config={"ignore_sigterm": True})
+    )
     assert cont.argv[-5:] == ["--session-id", "sid-1", "--prompt", "go on", "--ignore-sigterm"]
     assert cont.expected_session_id == "sid-1"
     fork = connector.build_launch(opts(tmp_path, resume="sid-0"))
@@ -230,7 +255,9 @@ def test_launch_configured_store(tmp_path: Path) -> None:
     inside = ScribeConnector().build_launch(opts(tmp_path, config={"store": "stores/a"}))
     assert inside.argv[inside.argv.index("--store") + 1] == str(tmp_path / "stores/a")
     assert inside.session_store == (StoreDecl("workspace-root", "stores/a"),)
-    outside = ScribeConnector().build_launch(opts(tmp_path / "root", config={"store": str(tmp_path / "x")}))
+    outside = ScribeConnector().build_launch(
+        opts(tmp_path / "root", config={"store": str(tmp_path / "x")})
+    )
     assert outside.session_store == ()
 
 
@@ -294,8 +321,12 @@ async def test_driver_routes_by_id_and_survives_garbage() -> None:
             await stdin.wait_lines(1)
             assert stdin.lines[0] == b'{"id":"m1","text":"hi","type":"prompt"}\n'
             await stdout.writer.send(b"junk\n" + b"z" * 300 + b"\n")
-            await stdout.writer.send(b'{"type":"turn_end","id":"stale","status":"ok","reply":"no","detail":""}\n')
-            await stdout.writer.send(b'{"type":"turn_end","id":"m1","status":"ok","reply":"yes","detail":""}\n')
+            await stdout.writer.send(
+                b'{"type":"turn_end","id":"stale","status":"ok","reply":"no","detail":""}\n'
+            )
+            await stdout.writer.send(
+                b'{"type":"turn_end","id":"m1","status":"ok","reply":"yes","detail":""}\n'
+            )
             await stdout.writer.aclose()
     assert outcome == [TurnOutcome("ok", "yes", "")]
     assert len(driver.protocol_errors) == 2

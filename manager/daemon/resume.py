@@ -28,7 +28,7 @@ from protocol.errors import Refusal
 from protocol.inventory import Agent, Inventory, inventory_digest, parse_resume_args
 
 if TYPE_CHECKING:
-    from manager.core import Manager, Seat
+    from manager.daemon.core import Manager, Seat
 
 log = structlog.get_logger("cotal.resume")
 
@@ -45,21 +45,35 @@ class Resumption:
     async def resume(self, args: control.ResumeArgs) -> dict[str, Any]:
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
-        if m.state in ("resuming", "awaiting-finalize") and m.attempt_id == attempt and self.result is not None:
+        if (
+            m.state in ("resuming", "awaiting-finalize")
+            and m.attempt_id == attempt
+            and self.result is not None
+        ):
             return self.result
         m.check_lifecycle(resume_operation=True)
         inventory = parse_resume_args(attempt, bytes(args.inventory), space=mgr.space)
         if len(mgr.seats) + len(inventory.agents) > names.MAX_SEATS:
-            raise Refusal("capacity", f"resuming {len(inventory.agents)} seat(s) would exceed manager capacity "
-                          f"({names.MAX_SEATS})", "resume fewer seats per manager")
+            raise Refusal(
+                "capacity",
+                f"resuming {len(inventory.agents)} seat(s) would exceed manager capacity "
+                f"({names.MAX_SEATS})",
+                "resume fewer seats per manager",
+            )
         for agent in inventory.agents:
             if agent.name in mgr.seats:
-                raise Refusal("duplicate-name", f"retained agent name {agent.name!r} is already managed here",
-                              "a seat is resumed once; stop the other first")
+                raise Refusal(
+                    "duplicate-name",
+                    f"retained agent name {agent.name!r} is already managed here",
+                    "a seat is resumed once; stop the other first",
+                )
             uid = agent.identity.lifecycle_uid
             if any(s.uid == uid for s in mgr.seats.values()):
-                raise Refusal("duplicate-principal", f"retained principal uid {uid} is already managed here",
-                              "a seat is resumed once")
+                raise Refusal(
+                    "duplicate-principal",
+                    f"retained principal uid {uid} is already managed here",
+                    "a seat is resumed once",
+                )
         await self._roster_liveness(inventory)
         m.apply("resume", attempt)
         launched: list[Seat] = []
@@ -89,14 +103,19 @@ class Resumption:
         for agent in inventory.agents:
             key = names.presence_key(names.SEAT_OWNER, agent.name, agent.identity.lifecycle_uid)
             try:
-                await riding_elections(f"presence of {agent.name}", lambda key=key: presence.get(key))
+                await riding_elections(
+                    f"presence of {agent.name}", lambda key=key: presence.get(key)
+                )
             except Refusal:
                 raise
             except Exception as exc:
                 if type(exc).__name__ in ("KeyNotFoundError", "KeyDeletedError"):
                     continue
-                raise Refusal("liveness-unknown", f"cannot read presence for {agent.name}: {exc}",
-                              "the broker must answer before a seat is adopted; retry") from None
+                raise Refusal(
+                    "liveness-unknown",
+                    f"cannot read presence for {agent.name}: {exc}",
+                    "the broker must answer before a seat is adopted; retry",
+                ) from None
             raise Refusal(
                 "principal-live",
                 f"retained principal {agent.name} (uid {agent.identity.lifecycle_uid}) is already live and this "
@@ -105,8 +124,8 @@ class Resumption:
             )
 
     async def _adopt(self, agent: Agent, attempt: str) -> tuple[Seat, dict[str, Any]]:
-        from manager.core import Seat
-        from manager.delivery import now_iso
+        from manager.daemon.core import Seat
+        from manager.daemon.delivery import now_iso
 
         mgr = self.mgr
         uid = agent.identity.lifecycle_uid
@@ -114,26 +133,45 @@ class Resumption:
         await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, agent.name, uid)
         assert mgr.custody is not None
         held = await custody.read(mgr.custody, agent.name, uid)
-        if held is None or held.record.holder != mgr.identity.instance_id or held.record.attempt_id != attempt:
-            raise Refusal("custody-not-held",
-                          f"seat {agent.name}: this manager does not hold its custody for attempt {attempt}",
-                          "claim custody first (cotal up --restore does, before it starts the manager)")
+        if (
+            held is None
+            or held.record.holder != mgr.identity.instance_id
+            or held.record.attempt_id != attempt
+        ):
+            raise Refusal(
+                "custody-not-held",
+                f"seat {agent.name}: this manager does not hold its custody for attempt {attempt}",
+                "claim custody first (cotal up --restore does, before it starts the manager)",
+            )
         connector = registry.load_connector(agent.launch.connector)
         declared = continuity_class(connector.capabilities)
         recorded = agent.launch.session_id
         # The class is the declared one, capped by what the checkpoint carried: the coordinator
         # drops the session id of a seat whose checkpoint could not reopen it.
-        klass = declared if recorded and declared in ("exact", "fork") else (
-            "fresh" if connector.capabilities.supports_fresh_start else "drain-only")
+        klass = (
+            declared
+            if recorded and declared in ("exact", "fork")
+            else ("fresh" if connector.capabilities.supports_fresh_start else "drain-only")
+        )
         seat = Seat(
-            name=agent.name, agent=agent.launch.connector, uid=uid, cwd=Path(agent.launch.cwd), connector=connector,
-            continuity=klass, prompt=None, model=agent.launch.model, started_at=now_iso(),
+            name=agent.name,
+            agent=agent.launch.connector,
+            uid=uid,
+            cwd=Path(agent.launch.cwd),
+            connector=connector,
+            continuity=klass,
+            prompt=None,
+            model=agent.launch.model,
+            started_at=now_iso(),
             pointer_path=mgr.layout.session_pointer(connector.name, agent.name, uid),
-            custody_revision=held.revision, generation_at_broker=held.record.generation,
+            custody_revision=held.revision,
+            generation_at_broker=held.record.generation,
         )
         mgr.seats[agent.name] = seat
         try:
-            seat.fence = WriterFence(mgr.js, mgr.space, agent.name, mgr.identity.instance_id, held.record.generation)
+            seat.fence = WriterFence(
+                mgr.js, mgr.space, agent.name, mgr.identity.instance_id, held.record.generation
+            )
             await seat.fence.establish()
             if klass == "exact":
                 opts = mgr._launch_opts(seat, continue_session=recorded)
@@ -146,17 +184,34 @@ class Resumption:
             mgr.seats.pop(agent.name, None)
             raise
         if klass == "exact" and seat.session_id != recorded:
-            raise Refusal("session-mismatch", f"replacement reported session {seat.session_id}, expected {recorded}",
-                          "the harness did not reopen the recorded session")
+            raise Refusal(
+                "session-mismatch",
+                f"replacement reported session {seat.session_id}, expected {recorded}",
+                "the harness did not reopen the recorded session",
+            )
         observation = {
             "exact": "reopened the recorded session",
             "fork": "forked: a new session carrying the recorded history",
             "fresh": "started fresh: the checkpoint carried no session to reopen",
             "drain-only": "started fresh: this harness cannot continue a session (drain-only)",
         }[klass]
-        log.info("resume.adopted", seat=agent.name, uid=uid, continuity=klass, before=recorded, after=seat.session_id)
-        return seat, {"name": agent.name, "lifecycleUid": uid, "continuity": klass, "sessionBefore": recorded,
-                      "sessionAfter": seat.session_id, "observation": observation, "pid": seat.handle.pid if seat.handle else None}
+        log.info(
+            "resume.adopted",
+            seat=agent.name,
+            uid=uid,
+            continuity=klass,
+            before=recorded,
+            after=seat.session_id,
+        )
+        return seat, {
+            "name": agent.name,
+            "lifecycleUid": uid,
+            "continuity": klass,
+            "sessionBefore": recorded,
+            "sessionAfter": seat.session_id,
+            "observation": observation,
+            "pid": seat.handle.pid if seat.handle else None,
+        }
 
     # -- commit-resume / finalize-resume ------------------------------------------------------------
 
@@ -169,15 +224,23 @@ class Resumption:
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
         if self.inventory is None:
-            raise Refusal("not-resumed", f"resume attempt {attempt} has no successful activation to commit",
-                          "retry resume-preserved until every retained seat is live")
+            raise Refusal(
+                "not-resumed",
+                f"resume attempt {attempt} has no successful activation to commit",
+                "retry resume-preserved until every retained seat is live",
+            )
         # A validation barrier over the same facts resume checked, read again now.
         for agent in self.inventory.agents:
             seat = mgr.seats.get(agent.name)
             if seat is None or seat.uid != agent.identity.lifecycle_uid or seat.state != "running":
-                raise Refusal("resume-invalid", f"seat {agent.name} is not running under its recorded uid",
-                              "retry resume-preserved")
-            await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, agent.name, seat.uid)
+                raise Refusal(
+                    "resume-invalid",
+                    f"seat {agent.name} is not running under its recorded uid",
+                    "retry resume-preserved",
+                )
+            await footprint.confirm_dm_durable(
+                mgr.js, mgr.space, names.SEAT_OWNER, agent.name, seat.uid
+            )
         m.apply("commit-resume", attempt)
         self.token = self._expected_token(attempt)
         return {"attemptId": attempt, "state": "awaitingFinalize", "durableCommitToken": self.token}
@@ -185,11 +248,18 @@ class Resumption:
     async def finalize(self, args: control.FinalizeArgs) -> dict[str, Any]:
         m = self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
-        if m.state == "active" and self.token is not None and hmac.compare_digest(args.durable_commit_token, self.token):
+        if (
+            m.state == "active"
+            and self.token is not None
+            and hmac.compare_digest(args.durable_commit_token, self.token)
+        ):
             return {"attemptId": attempt, "state": "active"}
         if self.token is None or not hmac.compare_digest(args.durable_commit_token, self.token):
-            raise Refusal("bad-token", f"finalize-resume for {attempt}: the durable commit token does not match",
-                          "pass the token commit-resume returned (the journal records it)")
+            raise Refusal(
+                "bad-token",
+                f"finalize-resume for {attempt}: the durable commit token does not match",
+                "pass the token commit-resume returned (the journal records it)",
+            )
         m.apply("finalize", attempt)
         log.info("resume.finalized", attempt=attempt)
         return {"attemptId": attempt, "state": "active"}

@@ -45,10 +45,18 @@ def write_mesh(layout: Layout, record: MeshRecord) -> None:
 
 def read_token(layout: Layout) -> str:
     try:
-        return read_stable(layout.control_token, cap=1024, what="control token", require_private=True).data.decode().strip()
+        return (
+            read_stable(layout.control_token, cap=1024, what="control token", require_private=True)
+            .data.decode()
+            .strip()
+        )
     except Refusal as exc:
         if exc.code == "missing":
-            raise Refusal("not-up", f"no manager has been started in {layout.root}", "run `cotal up --detach` there") from None
+            raise Refusal(
+                "not-up",
+                f"no manager has been started in {layout.root}",
+                "run `cotal up --detach` there",
+            ) from None
         raise
 
 
@@ -85,8 +93,17 @@ def daemon_status(layout: Layout) -> dict[str, Any] | None:
     return _daemon_answers(layout, token)
 
 
-def up(root: Path, *, space: str, server: str | None, creds: str | None, detach: bool,
-       report: Report = _noop, resume_attempt: str | None = None, replicas: int | None = None) -> dict[str, Any]:
+def up(
+    root: Path,
+    *,
+    space: str,
+    server: str | None,
+    creds: str | None,
+    detach: bool,
+    report: Report = _noop,
+    resume_attempt: str | None = None,
+    replicas: int | None = None,
+) -> dict[str, Any]:
     layout = Layout.at(root)
     check_space(space)
     ensure_private_dir(layout.control)
@@ -96,22 +113,44 @@ def up(root: Path, *, space: str, server: str | None, creds: str | None, detach:
     if existing is not None and layout.control_token.exists():
         status = _daemon_answers(layout, read_token(layout))
         if status is not None:
-            raise Refusal("already-up", f"a manager (pid {status['pid']}) already serves {layout.root}",
-                          "use it, or `cotal down` first")
+            raise Refusal(
+                "already-up",
+                f"a manager (pid {status['pid']}) already serves {layout.root}",
+                "use it, or `cotal down` first",
+            )
     token = secrets.token_hex(32)
     write_private_atomic(layout.control_token, token.encode() + b"\n")
     broker_ref: ProcRef | None = None
     if server is None:
         report("starting the embedded broker")
-        info = embedded.start_embedded(layout.nats_store, layout.broker_creds, log_path=layout.logs / "nats.log")
+        info = embedded.start_embedded(
+            layout.nats_store, layout.broker_creds, log_path=layout.logs / "nats.log"
+        )
         server, creds_path, broker_ref = info.url, layout.broker_creds, info.identity
     else:
         creds_path = Path(creds).resolve() if creds else None
-    record = MeshRecord(version=1, space=space, server=server, creds=str(creds_path) if creds_path else None,
-                        embedded_broker=broker_ref, broker_store=str(layout.nats_store) if broker_ref else None)
+    record = MeshRecord(
+        version=1,
+        space=space,
+        server=server,
+        creds=str(creds_path) if creds_path else None,
+        embedded_broker=broker_ref,
+        broker_store=str(layout.nats_store) if broker_ref else None,
+    )
     write_mesh(layout, record)
-    argv = [sys.executable, "-m", "manager.cli", "manager", "serve", "--root", str(layout.root),
-            "--space", space, "--server", server]
+    argv = [
+        sys.executable,
+        "-m",
+        "manager.cli",
+        "manager",
+        "serve",
+        "--root",
+        str(layout.root),
+        "--space",
+        space,
+        "--server",
+        server,
+    ]
     if creds_path:
         argv += ["--creds", str(creds_path)]
     if resume_attempt:
@@ -125,13 +164,26 @@ def up(root: Path, *, space: str, server: str | None, creds: str | None, detach:
             if broker_ref is not None:
                 embedded.stop_embedded(broker_ref)
             layout.mesh.unlink(missing_ok=True)
-        return {"root": str(layout.root), "space": space, "server": server, "embedded": broker_ref is not None,
-                "pid": None, "instanceId": None, "socket": str(layout.socket)}
+        return {
+            "root": str(layout.root),
+            "space": space,
+            "server": server,
+            "embedded": broker_ref is not None,
+            "pid": None,
+            "instanceId": None,
+            "socket": str(layout.socket),
+        }
     report("starting the manager")
     out = os.open(layout.logs / "daemon.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-                                cwd=layout.root)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            cwd=layout.root,
+        )
     finally:
         os.close(out)
     deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
@@ -140,8 +192,11 @@ def up(root: Path, *, space: str, server: str | None, creds: str | None, detach:
         if proc.poll() is not None:
             if broker_ref is not None:
                 embedded.stop_embedded(broker_ref)
-            raise Refusal("daemon-failed", f"the manager exited with code {proc.returncode} during start",
-                          f"read {layout.logs / 'daemon.out'} and {layout.manager_log}")
+            raise Refusal(
+                "daemon-failed",
+                f"the manager exited with code {proc.returncode} during start",
+                f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
+            )
         status = _daemon_answers(layout, token)
         if status is not None:
             break
@@ -149,36 +204,68 @@ def up(root: Path, *, space: str, server: str | None, creds: str | None, detach:
     if status is None:
         proc.kill()
         proc.wait()
-        raise Refusal("daemon-failed", f"the manager did not answer within {DAEMON_START_TIMEOUT_S:.0f}s",
-                      f"read {layout.manager_log}")
+        raise Refusal(
+            "daemon-failed",
+            f"the manager did not answer within {DAEMON_START_TIMEOUT_S:.0f}s",
+            f"read {layout.manager_log}",
+        )
     manager_ref = pid_identity(proc.pid)
-    write_mesh(layout, MeshRecord(version=1, space=space, server=server, creds=record.creds,
-                                  embedded_broker=broker_ref, broker_store=record.broker_store, manager=manager_ref))
-    return {"root": str(layout.root), "space": space, "server": server, "embedded": broker_ref is not None,
-            "pid": status["pid"], "instanceId": status["instanceId"], "socket": str(layout.socket)}
+    write_mesh(
+        layout,
+        MeshRecord(
+            version=1,
+            space=space,
+            server=server,
+            creds=record.creds,
+            embedded_broker=broker_ref,
+            broker_store=record.broker_store,
+            manager=manager_ref,
+        ),
+    )
+    return {
+        "root": str(layout.root),
+        "space": space,
+        "server": server,
+        "embedded": broker_ref is not None,
+        "pid": status["pid"],
+        "instanceId": status["instanceId"],
+        "socket": str(layout.socket),
+    }
 
 
 def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
     layout = Layout.at(root)
     record = read_mesh(layout)
     if record is None:
-        raise Refusal("not-up", f"nothing is up in {layout.root} (no .cotal/mesh.json)", "nothing to do")
+        raise Refusal(
+            "not-up", f"nothing is up in {layout.root} (no .cotal/mesh.json)", "nothing to do"
+        )
     seats: list[dict[str, Any]] = []
     manager_pid: int | None = None
     token = read_token(layout)
     status = _daemon_answers(layout, token)
     if status is not None:
         manager_pid = int(status["pid"])
-        ref = record.manager if record.manager and record.manager.pid == manager_pid else pid_identity(manager_pid)
+        ref = (
+            record.manager
+            if record.manager and record.manager.pid == manager_pid
+            else pid_identity(manager_pid)
+        )
         report(f"stopping {status['seats']} seat(s) and the manager")
         result = anyio.run(call, layout.root, "shutdown", {}, 120.0, backend="asyncio")
         seats = result["stopped"]
         if not prove_gone(ref, timeout=DAEMON_EXIT_TIMEOUT_S):
-            raise Refusal("daemon-stuck", f"manager pid {manager_pid} did not exit after shutdown",
-                          f"kill -9 {manager_pid}, then rerun `cotal down`")
+            raise Refusal(
+                "daemon-stuck",
+                f"manager pid {manager_pid} did not exit after shutdown",
+                f"kill -9 {manager_pid}, then rerun `cotal down`",
+            )
     elif record.manager is not None and alive(record.manager):
-        raise Refusal("daemon-unresponsive", f"manager pid {record.manager.pid} is alive but does not answer",
-                      f"kill {record.manager.pid} (its seats die with it), then rerun `cotal down`")
+        raise Refusal(
+            "daemon-unresponsive",
+            f"manager pid {record.manager.pid} is alive but does not answer",
+            f"kill {record.manager.pid} (its seats die with it), then rerun `cotal down`",
+        )
     broker_pid = None
     if record.embedded_broker is not None:
         report("stopping the embedded broker")
@@ -195,7 +282,11 @@ def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[st
     creds = ensure_private_dir(store_dir / "auth") / "broker.creds"
     info = embedded.start_embedded(store_dir, creds, port=port)
     if as_json:
-        say(json.dumps({"url": info.url, "creds": info.creds, "pid": info.pid, "monitor": info.monitor}))
+        say(
+            json.dumps(
+                {"url": info.url, "creds": info.creds, "pid": info.pid, "monitor": info.monitor}
+            )
+        )
     else:
         say(f"broker  {info.url}")
         say(f"creds   {info.creds}")
@@ -215,10 +306,12 @@ def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[st
     return 0
 
 
-async def publish_direct(server: str, creds: Path | None, space: str, seat: str, text: str) -> dict[str, Any]:
+async def publish_direct(
+    server: str, creds: Path | None, space: str, seat: str, text: str
+) -> dict[str, Any]:
     """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat)."""
     from manager.broker.connection import connect
-    from manager.delivery import new_message_id, now_iso, publish_dm
+    from manager.daemon.delivery import new_message_id, now_iso, publish_dm
     from protocol import names
     from protocol.messages import DirectMessage
 
@@ -227,14 +320,22 @@ async def publish_direct(server: str, creds: Path | None, space: str, seat: str,
         raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
     nc = await connect(server, creds, name="cotal-send")
     try:
-        dm = DirectMessage(id=new_message_id(), sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
-                           recipient=names.principal(names.SEAT_OWNER, seat), text=text, sent_at=now_iso())
+        dm = DirectMessage(
+            id=new_message_id(),
+            sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
+            recipient=names.principal(names.SEAT_OWNER, seat),
+            text=text,
+            sent_at=now_iso(),
+        )
         seq = await publish_dm(nc.jetstream(), space, dm)
     except Refusal:
         raise
     except Exception as exc:
-        raise Refusal("publish-failed", f"the broker did not accept the message: {exc}",
-                      "check that the DM stream exists (a manager of this space ran against this broker)") from None
+        raise Refusal(
+            "publish-failed",
+            f"the broker did not accept the message: {exc}",
+            "check that the DM stream exists (a manager of this space ran against this broker)",
+        ) from None
     finally:
         await nc.close()
     return {"id": dm.id, "seq": seq, "seat": seat, "queued": True}

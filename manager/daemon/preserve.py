@@ -39,7 +39,7 @@ from protocol.inventory import (
 from protocol.maintenance import ResumeDescriptor
 
 if TYPE_CHECKING:
-    from manager.core import Manager, Seat
+    from manager.daemon.core import Manager, Seat
 
 log = structlog.get_logger("cotal.preserve")
 
@@ -59,10 +59,18 @@ class Preservation:
     async def prepare(self, args: control.AttemptArgs) -> dict[str, Any]:
         attempt = names.check_attempt_id(args.attempt_id)
         m = self.mgr.maintenance
-        if m.state in ("preserving", "preserved") and m.attempt_id == attempt and self.plan is not None:
+        if (
+            m.state in ("preserving", "preserved")
+            and m.attempt_id == attempt
+            and self.plan is not None
+        ):
             return self._plan_result(attempt)
         if self.mgr.stopping:
-            raise Refusal("fenced", "prepare-preservation refused: the manager is stopping", "wait for it to exit")
+            raise Refusal(
+                "fenced",
+                "prepare-preservation refused: the manager is stopping",
+                "wait for it to exit",
+            )
         # The fence lands before any await, so accepted work has already counted itself.
         m.apply("prepare", attempt)
         try:
@@ -70,15 +78,22 @@ class Preservation:
             inventory = self._build_inventory(attempt)
             failures = self._reference_failures(inventory)
             if failures:
-                raise Refusal("preservation-refused", "preservation incomplete: " + "; ".join(failures),
-                              "fix what each seat names, then cut again; nothing was stopped")
+                raise Refusal(
+                    "preservation-refused",
+                    "preservation incomplete: " + "; ".join(failures),
+                    "fix what each seat names, then cut again; nothing was stopped",
+                )
             # A cut that cannot resume must fail here, before any child stops.
             parse_resume_args(attempt, encode_inventory(inventory), space=self.mgr.space)
             for agent in inventory.agents:
                 try:
                     await preflight_repository(Path(agent.launch.cwd))
                 except Refusal as exc:
-                    raise Refusal(exc.code, f"seat {agent.name}: {exc.message}", exc.cure + "; nothing was stopped") from None
+                    raise Refusal(
+                        exc.code,
+                        f"seat {agent.name}: {exc.message}",
+                        exc.cure + "; nothing was stopped",
+                    ) from None
             await self._read_custody(inventory)
             descriptor = write_resume_document(self.mgr.layout, inventory)
             read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
@@ -104,8 +119,10 @@ class Preservation:
                     f"({'no record' if held is None else 'held by ' + held.record.holder})",
                     "a seat this manager does not hold cannot be cut from here; nothing was stopped",
                 )
-            if held.record.generation != agent.generation or current_generation(
-                    mgr.layout, mgr.space, agent.name) > agent.generation:
+            if (
+                held.record.generation != agent.generation
+                or current_generation(mgr.layout, mgr.space, agent.name) > agent.generation
+            ):
                 raise Refusal(
                     "custody-stale",
                     f"seat {agent.name}: writer generation disagrees (broker {held.record.generation}, "
@@ -116,14 +133,25 @@ class Preservation:
 
     def _plan_result(self, attempt: str) -> dict[str, Any]:
         assert self.plan is not None and self.descriptor is not None
-        return {"attemptId": attempt, "state": "prepared", "inventory": msgspec.to_builtins(self.plan),
-                "resume": msgspec.to_builtins(self.descriptor), "failures": []}
+        return {
+            "attemptId": attempt,
+            "state": "prepared",
+            "inventory": msgspec.to_builtins(self.plan),
+            "resume": msgspec.to_builtins(self.descriptor),
+            "failures": [],
+        }
 
     def _build_inventory(self, attempt: str) -> Inventory:
         mgr = self.mgr
         agents = [self._entry(seat) for seat in sorted(mgr.seats.values(), key=lambda s: s.name)]
-        return Inventory(version="cotal-manager-resume/v2", space=mgr.space, attempt_id=attempt,
-                         instance_id=mgr.identity.instance_id, created_at=_now(), agents=agents)
+        return Inventory(
+            version="cotal-manager-resume/v2",
+            space=mgr.space,
+            attempt_id=attempt,
+            instance_id=mgr.identity.instance_id,
+            created_at=_now(),
+            agents=agents,
+        )
 
     def _entry(self, seat: Seat) -> Agent:
         mgr = self.mgr
@@ -132,14 +160,16 @@ class Preservation:
         stores: list[str] = []
         if seat.spec is not None:
             home = Path(os.path.expanduser("~"))
-            for d in cut.store_dirs(seat.spec.session_store, root=mgr.layout.root, cwd=seat.cwd, home=home):
+            for d in cut.store_dirs(
+                seat.spec.session_store, root=mgr.layout.root, cwd=seat.cwd, home=home
+            ):
                 cut.anchor_of(d, root=mgr.layout.root, cwd=seat.cwd, home=home)
                 stores.append(str(d))
         session_id = seat.session_id
         if seat.recovery_armed:
             # The live pointer is consulted only while recovery is armed: it proves the latest
             # in-process session; otherwise the recorded launch value stands.
-            from manager.core import read_pointer
+            from manager.daemon.core import read_pointer
 
             session_id = read_pointer(seat.pointer_path).session_id
         if not self._session_carried(seat, stores):
@@ -147,11 +177,18 @@ class Preservation:
             # and a store there is no session to reopen, so the plan says so now.
             session_id = None
         return Agent(
-            name=seat.name, space=mgr.space,
+            name=seat.name,
+            space=mgr.space,
             identity=Identity(mode="open", lifecycle_uid=seat.uid, owner=names.SEAT_OWNER),
-            launch=Launch(connector=seat.agent, cwd=str(seat.cwd), unresolved_launch_option_keys=[],
-                          profile_sha256=registry.profile_digest(seat.agent, model, settings),
-                          session_stores=stores, model=model, session_id=session_id),
+            launch=Launch(
+                connector=seat.agent,
+                cwd=str(seat.cwd),
+                unresolved_launch_option_keys=[],
+                profile_sha256=registry.profile_digest(seat.agent, model, settings),
+                session_stores=stores,
+                model=model,
+                session_id=session_id,
+            ),
             dependencies=[],
             generation=seat.generation_at_broker,
             started_at=seat.started_at,
@@ -179,15 +216,21 @@ class Preservation:
         if m.state == "preserved" and m.attempt_id == attempt and self.result is not None:
             return self.result
         if self.plan is None or m.attempt_id != attempt or m.state != "preserving":
-            raise Refusal("not-prepared", f"preservation attempt {attempt} is not the prepared attempt (state {m.state})",
-                          "run prepare-preservation for this attempt first (cotal down --preserve-state does)")
+            raise Refusal(
+                "not-prepared",
+                f"preservation attempt {attempt} is not the prepared attempt (state {m.state})",
+                "run prepare-preservation for this attempt first (cotal down --preserve-state does)",
+            )
         home = Path(os.path.expanduser("~"))
         extra = [Path(os.path.normpath(p)) for p in args.session_stores]
         for agent in self.plan.agents:
             for d in extra:
                 if not d.is_absolute() or not d.is_dir():
-                    raise Refusal("bad-store", f"--session-store {d} is not an existing absolute directory",
-                                  "pass the directory the harness keeps its sessions in")
+                    raise Refusal(
+                        "bad-store",
+                        f"--session-store {d} is not an existing absolute directory",
+                        "pass the directory the harness keeps its sessions in",
+                    )
                 cut.anchor_of(d, root=mgr.layout.root, cwd=Path(agent.launch.cwd), home=home)
         m.apply("commit", attempt)
         t0 = time.monotonic()
@@ -198,7 +241,12 @@ class Preservation:
                 for seat in seats.values():
                     tg.start_soon(self._stop_and_prove, seat, failures)
         t_stop = time.monotonic()
-        log.info("cut.stopped", attempt=attempt, proven=len(seats) - len(failures), failed=sorted(failures))
+        log.info(
+            "cut.stopped",
+            attempt=attempt,
+            proven=len(seats) - len(failures),
+            failed=sorted(failures),
+        )
         attempt_path = cut.prepare_attempt_dir(mgr.layout, attempt)
         summaries: list[cut.SeatSummary] = []
         for agent in self.plan.agents:
@@ -208,12 +256,21 @@ class Preservation:
                 continue
             caps = seat.connector.capabilities
             try:
-                summaries.append(await cut.capture_seat(
-                    mgr.layout, attempt_path, agent, pointer_path=seat.pointer_path, extra_stores=extra,
-                    declared=seat.continuity, supports_fresh_start=caps.supports_fresh_start,
-                    identity=mgr.identity, space=mgr.space, progress=_progress(agent.name),
-                    custody_revision=self.custody_revisions.get(agent.name),
-                ))
+                summaries.append(
+                    await cut.capture_seat(
+                        mgr.layout,
+                        attempt_path,
+                        agent,
+                        pointer_path=seat.pointer_path,
+                        extra_stores=extra,
+                        declared=seat.continuity,
+                        supports_fresh_start=caps.supports_fresh_start,
+                        identity=mgr.identity,
+                        space=mgr.space,
+                        progress=_progress(agent.name),
+                        custody_revision=self.custody_revisions.get(agent.name),
+                    )
+                )
             except Refusal as exc:
                 failures[agent.name] = exc.text
                 log.error("cut.capture_failed", seat=agent.name, error=exc.text)
@@ -221,17 +278,29 @@ class Preservation:
         manifest = None
         if not failures:
             assert self.descriptor is not None
-            resume_bytes = encode_inventory(read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt))
-            manifest = cut.seal_attempt(attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity)
+            resume_bytes = encode_inventory(
+                read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt)
+            )
+            manifest = cut.seal_attempt(
+                attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity
+            )
         m.apply("stopped", attempt)
         self.result = {
-            "attemptId": attempt, "state": m.state, "checkpointDir": str(attempt_path),
-            "sealed": manifest is not None, "seats": [s.as_dict() for s in summaries],
+            "attemptId": attempt,
+            "state": m.state,
+            "checkpointDir": str(attempt_path),
+            "sealed": manifest is not None,
+            "seats": [s.as_dict() for s in summaries],
             "failures": [{"name": n, "error": e} for n, e in sorted(failures.items())],
-            "timingsMs": {"stop": int((t_stop - t0) * 1000), "capture": int((t_capture - t_stop) * 1000),
-                          "total": int((time.monotonic() - t0) * 1000)},
+            "timingsMs": {
+                "stop": int((t_stop - t0) * 1000),
+                "capture": int((t_capture - t_stop) * 1000),
+                "total": int((time.monotonic() - t0) * 1000),
+            },
         }
-        log.info("cut.committed", attempt=attempt, sealed=manifest is not None, failures=len(failures))
+        log.info(
+            "cut.committed", attempt=attempt, sealed=manifest is not None, failures=len(failures)
+        )
         return self.result
 
     async def _stop_and_prove(self, seat: Seat, failures: dict[str, str]) -> None:
@@ -244,10 +313,14 @@ class Preservation:
                 with anyio.fail_after(PRESERVE_STOP_TIMEOUT_S):
                     await handle.stop(graceful=False)
             except TimeoutError:
-                failures[seat.name] = f"could not be proven stopped within {PRESERVE_STOP_TIMEOUT_S:.0f}s (pid {handle.pid})"
+                failures[seat.name] = (
+                    f"could not be proven stopped within {PRESERVE_STOP_TIMEOUT_S:.0f}s (pid {handle.pid})"
+                )
                 return
             if handle.status() != "exited":
-                failures[seat.name] = f"runtime reported exit while status is still {handle.status()}"
+                failures[seat.name] = (
+                    f"runtime reported exit while status is still {handle.status()}"
+                )
                 return
         survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
         if survivors:

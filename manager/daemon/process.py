@@ -29,7 +29,9 @@ SeatStatus = Literal["starting", "running", "exited"]
 def _pdeathsig_prefix() -> list[str]:
     setpriv = shutil.which("setpriv")
     if setpriv is None:
-        raise RuntimeError("setpriv (util-linux) is required to tie seats to the manager's lifetime")
+        raise RuntimeError(
+            "setpriv (util-linux) is required to tie seats to the manager's lifetime"
+        )
     return [setpriv, "--pdeathsig", "KILL", "--"]
 
 

@@ -5,8 +5,8 @@ so a test run, a demo and a seat all drive the program whose behaviour was measu
 installed globally and nothing is resolved from the operator's PATH: a harness binary that
 happens to be on PATH may be another version with other flags and another session format.
 
-    python -m manager.tools install [name ...]   install (or confirm) the pinned versions
-    python -m manager.tools which <name>         print the binary path of an installed harness
+    python -m manager.cli.tools install [name ...]   install (or confirm) the pinned versions
+    python -m manager.cli.tools which <name>         print the binary path of an installed harness
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from protocol.errors import Refusal
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PIN_FILE = REPO_ROOT / "harnesses.json"
 TOOLS_DIR = REPO_ROOT / ".tools"
 
@@ -59,9 +59,13 @@ class Pin:
 
 def npm_platform() -> str:
     """This host in npm's optional-dependency naming: `linux-x64`, `linux-arm64-musl`, ..."""
-    system = {"linux": "linux", "darwin": "darwin", "win32": "win32"}.get(sys.platform, sys.platform)
+    system = {"linux": "linux", "darwin": "darwin", "win32": "win32"}.get(
+        sys.platform, sys.platform
+    )
     machine = platform.machine().lower()
-    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        machine, machine
+    )
     musl = system == "linux" and not platform.libc_ver()[0] and any(Path("/lib").glob("ld-musl-*"))
     return f"{system}-{arch}{'-musl' if musl else ''}"
 
@@ -70,11 +74,17 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
     try:
         raw = json.loads(pin_file.read_text())
     except FileNotFoundError:
-        raise Refusal("missing", f"harness pin file {pin_file} does not exist", "restore it from git") from None
+        raise Refusal(
+            "missing", f"harness pin file {pin_file} does not exist", "restore it from git"
+        ) from None
     except json.JSONDecodeError as exc:
-        raise Refusal("malformed", f"harness pin file {pin_file} is not valid JSON ({exc})", "fix the file") from None
+        raise Refusal(
+            "malformed", f"harness pin file {pin_file} is not valid JSON ({exc})", "fix the file"
+        ) from None
     if not isinstance(raw, dict):
-        raise Refusal("malformed", f"harness pin file {pin_file} must hold an object", "fix the file")
+        raise Refusal(
+            "malformed", f"harness pin file {pin_file} must hold an object", "fix the file"
+        )
     pins: dict[str, Pin] = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict) or not all(
@@ -87,7 +97,8 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
             )
         native = entry.get("native")
         if native is not None and not (
-            isinstance(native, dict) and all(isinstance(native.get(k), str) and native.get(k) for k in ("package", "bin"))
+            isinstance(native, dict)
+            and all(isinstance(native.get(k), str) and native.get(k) for k in ("package", "bin"))
             and "{platform}" in native["package"]
         ):
             raise Refusal(
@@ -95,8 +106,13 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
                 f"harness pin {name!r} in {pin_file}: native needs string fields package (with {{platform}}) and bin",
                 "fix the entry",
             )
-        pins[name] = Pin(name, entry["package"], entry["version"], entry.get("bin") or name,
-                         Native(native["package"], native["bin"]) if native else None)
+        pins[name] = Pin(
+            name,
+            entry["package"],
+            entry["version"],
+            entry.get("bin") or name,
+            Native(native["package"], native["bin"]) if native else None,
+        )
     return pins
 
 
@@ -131,7 +147,7 @@ def _bin_relpath(pin: Pin) -> str:
     raise Refusal(
         "bad-harness",
         f"{pin.package}@{pin.version} declares no binary named {pin.bin!r}",
-        "set the right \"bin\" for it in harnesses.json",
+        'set the right "bin" for it in harnesses.json',
     )
 
 
@@ -153,13 +169,17 @@ def binary_of(pin: Pin) -> Path:
         raise Refusal(
             "not-installed",
             f"harness {pin.name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: {found}",
-            "run `python -m manager.tools install`",
+            "run `python -m manager.cli.tools install`",
         )
     if pin.native is not None:
         return _native_binary(pin, pin.native)
     path = (pin.package_dir / _bin_relpath(pin)).resolve()
     if not path.is_file():
-        raise Refusal("not-installed", f"harness {pin.name} binary {path} is missing", "run `python -m manager.tools install`")
+        raise Refusal(
+            "not-installed",
+            f"harness {pin.name} binary {path} is missing",
+            "run `python -m manager.cli.tools install`",
+        )
     return path
 
 
@@ -176,12 +196,15 @@ def _native_binary(pin: Pin, native: Native) -> Path:
             "not-installed",
             f"harness {pin.name}: its native package {package}@{pin.version} is not ready under {pin.prefix}: {found}"
             " (npm installs only the platform packages this host can run)",
-            "run `python -m manager.tools install`; if this platform has no native package, the harness cannot run here",
+            "run `python -m manager.cli.tools install`; if this platform has no native package, the harness cannot run here",
         )
     path = pkg_dir / native.bin
     if not path.is_file() or not os.access(path, os.X_OK):
-        raise Refusal("not-installed", f"harness {pin.name} binary {path} is missing or not executable",
-                      "run `python -m manager.tools install`")
+        raise Refusal(
+            "not-installed",
+            f"harness {pin.name} binary {path} is missing or not executable",
+            "run `python -m manager.cli.tools install`",
+        )
     return path
 
 
@@ -205,13 +228,21 @@ def check_node(pin: Pin) -> None:
         return
     node = shutil.which("node")
     if node is None:
-        raise Refusal("no-node", f"{pin.package}@{pin.version} needs node {wanted}, and node is not on PATH",
-                      "install Node.js")
-    out = subprocess.run([node, "--version"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        raise Refusal(
+            "no-node",
+            f"{pin.package}@{pin.version} needs node {wanted}, and node is not on PATH",
+            "install Node.js",
+        )
+    out = subprocess.run(
+        [node, "--version"], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     have = _version_tuple(out.stdout)
     if have is None or have < floor:
-        raise Refusal("old-node", f"{pin.package}@{pin.version} needs node {wanted}, this host has {out.stdout.strip() or 'an unknown version'}",
-                      "install a newer Node.js")
+        raise Refusal(
+            "old-node",
+            f"{pin.package}@{pin.version} needs node {wanted}, this host has {out.stdout.strip() or 'an unknown version'}",
+            "install a newer Node.js",
+        )
 
 
 def _runnable(pin: Pin) -> bool:
@@ -230,14 +261,25 @@ def install(pin: Pin) -> str:
         return f"{pin.name}: {pin.package}@{pin.version} already installed in {pin.prefix}"
     npm = shutil.which("npm")
     if npm is None:
-        raise Refusal("no-npm", f"cannot install {pin.package}@{pin.version}: npm is not on PATH", "install Node.js >= 20 with npm")
+        raise Refusal(
+            "no-npm",
+            f"cannot install {pin.package}@{pin.version}: npm is not on PATH",
+            "install Node.js >= 20 with npm",
+        )
     pin.prefix.mkdir(parents=True, exist_ok=True)
     # --save-exact keeps the prefix's own package.json honest about the pin; --ignore-scripts
     # because no install script is needed for the measured behaviour and none should run from
     # a test setup step (npm 11 already skips the native ones pi ships with).
     cmd = [
-        npm, "install", "--prefix", str(pin.prefix), "--no-audit", "--no-fund",
-        "--save-exact", "--ignore-scripts", f"{pin.package}@{pin.version}",
+        npm,
+        "install",
+        "--prefix",
+        str(pin.prefix),
+        "--no-audit",
+        "--no-fund",
+        "--save-exact",
+        "--ignore-scripts",
+        f"{pin.package}@{pin.version}",
     ]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -261,7 +303,7 @@ def install(pin: Pin) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m manager.tools install [name ...] | which <name>"
+    usage = "usage: python -m manager.cli.tools install [name ...] | which <name>"
     try:
         if args[:1] == ["install"]:
             pins = load_pins()
@@ -273,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(which(args[1]))
             return 0
     except Refusal as exc:
-        print(f"manager.tools: {exc.text}", file=sys.stderr)
+        print(f"cotal tools: {exc.text}", file=sys.stderr)
         return 1
     print(usage, file=sys.stderr)
     return 2

@@ -45,14 +45,21 @@ def _run(fn: Callable[..., Any], *a: Any) -> Any:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from manager import mesh
+    from manager.cli import mesh
 
     if args.restore:
-        from manager import resume_cli
+        from manager.cli import restore as resume_cli
 
         return int(resume_cli.run_restore(args, _root(args)))
-    result = mesh.up(_root(args), space=args.space, server=args.server, creds=args.creds, detach=args.detach,
-                     report=progress, replicas=args.replicas)
+    result = mesh.up(
+        _root(args),
+        space=args.space,
+        server=args.server,
+        creds=args.creds,
+        detach=args.detach,
+        report=progress,
+        replicas=args.replicas,
+    )
     if args.json:
         emit_json(result)
     else:
@@ -66,10 +73,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from manager import mesh
+    from manager.cli import mesh
 
     if args.preserve_state:
-        from manager import cut_cli
+        from manager.cli import cut as cut_cli
 
         return int(cut_cli.run_cut(args, _root(args)))
     result = mesh.down(_root(args), report=progress)
@@ -77,7 +84,9 @@ def cmd_down(args: argparse.Namespace) -> int:
         emit_json(result)
     else:
         for seat in result["seats"]:
-            say(f"stopped {seat['name']} (uid {seat['lifecycleUid']}, exit {seat['exitCode']}); durable deleted")
+            say(
+                f"stopped {seat['name']} (uid {seat['lifecycleUid']}, exit {seat['exitCode']}); durable deleted"
+            )
         if result["manager"]:
             say(f"manager pid {result['manager']} proven gone")
         if result["broker"]:
@@ -87,23 +96,35 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_manager_serve(args: argparse.Namespace) -> int:
-    from manager import daemon
+    from manager.daemon import serve as daemon
 
     creds = Path(args.creds).resolve() if args.creds else None
     if args.resume_attempt:
         names.check_attempt_id(args.resume_attempt)
-    _run(daemon.serve, _root(args), args.space, args.server, creds, args.resume_attempt, args.replicas)
+    _run(
+        daemon.serve,
+        _root(args),
+        args.space,
+        args.server,
+        creds,
+        args.resume_attempt,
+        args.replicas,
+    )
     return 0
 
 
 def cmd_broker_serve(args: argparse.Namespace) -> int:
-    from manager import mesh
+    from manager.cli import mesh
 
-    return mesh.broker_serve(Path(args.store_dir).resolve(), port=args.port, as_json=args.json, say=say)
+    return mesh.broker_serve(
+        Path(args.store_dir).resolve(), port=args.port, as_json=args.json, say=say
+    )
 
 
-def _call(root: Path, op: str, payload: dict[str, Any] | None = None, *, timeout: float = 60.0) -> Any:
-    from manager import mesh
+def _call(
+    root: Path, op: str, payload: dict[str, Any] | None = None, *, timeout: float = 60.0
+) -> Any:
+    from manager.cli import mesh
 
     return _run(mesh.call, root, op, payload or {}, timeout)
 
@@ -124,16 +145,31 @@ def cmd_spawn(args: argparse.Namespace) -> int:
     return 0
 
 
-PS_COLUMNS = [("NAME", "name"), ("AGENT", "agent"), ("STATE", "state"), ("RESTARTS", "restarts"),
-              ("STARTED", "startedAt")]
-PS_WIDE = [("PID", "pid"), ("CWD", "cwd"), ("LIFECYCLE UID", "lifecycleUid"), ("INSTANCE", "instanceId"),
-           ("SESSION", "sessionId"), ("CONTINUITY", "continuity")]
+PS_COLUMNS = [
+    ("NAME", "name"),
+    ("AGENT", "agent"),
+    ("STATE", "state"),
+    ("RESTARTS", "restarts"),
+    ("STARTED", "startedAt"),
+]
+PS_WIDE = [
+    ("PID", "pid"),
+    ("CWD", "cwd"),
+    ("LIFECYCLE UID", "lifecycleUid"),
+    ("INSTANCE", "instanceId"),
+    ("SESSION", "sessionId"),
+    ("CONTINUITY", "continuity"),
+]
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-    cells = [[h for h, _ in columns]] + [["-" if r.get(k) is None else str(r.get(k)) for _, k in columns] for r in rows]
+    cells = [[h for h, _ in columns]] + [
+        ["-" if r.get(k) is None else str(r.get(k)) for _, k in columns] for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
@@ -151,17 +187,22 @@ def cmd_ps(args: argparse.Namespace) -> int:
 
 def cmd_send(args: argparse.Namespace) -> int:
     if args.server:
-        from manager import mesh
+        from manager.cli import mesh
 
         if args.wait:
-            raise Refusal("bad-args", "--wait needs a running manager; with --server the message is only queued",
-                          "drop --wait, or send through the manager without --server")
+            raise Refusal(
+                "bad-args",
+                "--wait needs a running manager; with --server the message is only queued",
+                "drop --wait, or send through the manager without --server",
+            )
         creds = Path(args.creds).resolve() if args.creds else None
         result = _run(mesh.publish_direct, args.server, creds, args.space, args.name, args.text)
         if args.json:
             emit_json(result)
         else:
-            say(f"queued {result['id']} for {result['seat']} at the broker (stream seq {result['seq']})")
+            say(
+                f"queued {result['id']} for {result['seat']} at the broker (stream seq {result['seq']})"
+            )
         return 0
     payload = {"name": args.name, "text": args.text, "wait": args.wait, "timeoutS": args.timeout}
     result = _call(_root(args), "send", payload, timeout=args.timeout + 10)
@@ -179,7 +220,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result)
     else:
-        say(f"stopped {result['name']} (uid {result['lifecycleUid']}, exit {result['exitCode']}); durable deleted")
+        say(
+            f"stopped {result['name']} (uid {result['lifecycleUid']}, exit {result['exitCode']}); durable deleted"
+        )
     return 0
 
 
@@ -194,13 +237,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from manager import doctor
+    from manager.cli import doctor
 
     return doctor.run(_root(args), as_json=args.json, say=say)
 
 
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
-    from manager import resume_cli
+    from manager.cli import restore as resume_cli
 
     return int(resume_cli.run_verify(args, _root(args)))
 
@@ -209,30 +252,63 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cotal", description="Run, cut and resume AI coding-agent seats.")
+    p = argparse.ArgumentParser(
+        prog="cotal", description="Run, cut and resume AI coding-agent seats."
+    )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--root", help="workspace root (default: $COTAL_ROOT or the current directory)")
+    common.add_argument(
+        "--root", help="workspace root (default: $COTAL_ROOT or the current directory)"
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output")
     sub = p.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", parents=[common], help="start the broker (unless --server) and the manager")
+    up = sub.add_parser(
+        "up", parents=[common], help="start the broker (unless --server) and the manager"
+    )
     up.add_argument("--space", default="main")
     up.add_argument("--server", help="use this NATS server or cluster (comma-separated URLs)")
     up.add_argument("--creds", help="credential for --server (nkey seed or .creds file)")
-    up.add_argument("--replicas", type=int, help="JetStream replicas (default 3 for a cluster of 3+ URLs, else 1)")
-    up.add_argument("--monitor", help="the broker's monitoring URL(s), comma-separated: eviction evidence for a resume")
+    up.add_argument(
+        "--replicas",
+        type=int,
+        help="JetStream replicas (default 3 for a cluster of 3+ URLs, else 1)",
+    )
+    up.add_argument(
+        "--monitor",
+        help="the broker's monitoring URL(s), comma-separated: eviction evidence for a resume",
+    )
     up.add_argument("--detach", action="store_true", help="return once the manager answers")
-    up.add_argument("--restore", metavar="DIR", help="resume the seats of a sealed checkpoint directory")
-    up.add_argument("--trust-signer", action="append", metavar="KEY",
-                    help="with --restore: admit only checkpoints sealed by this Ed25519 key (base64; repeatable)")
-    up.add_argument("--accept-stale-checkpoint", action="store_true",
-                    help="admit a checkpoint older than its recency horizon (recorded as consent)")
+    up.add_argument(
+        "--restore", metavar="DIR", help="resume the seats of a sealed checkpoint directory"
+    )
+    up.add_argument(
+        "--trust-signer",
+        action="append",
+        metavar="KEY",
+        help="with --restore: admit only checkpoints sealed by this Ed25519 key (base64; repeatable)",
+    )
+    up.add_argument(
+        "--accept-stale-checkpoint",
+        action="store_true",
+        help="admit a checkpoint older than its recency horizon (recorded as consent)",
+    )
     up.set_defaults(fn=cmd_up)
 
-    down = sub.add_parser("down", parents=[common], help="stop seats, the manager and the embedded broker")
-    down.add_argument("--preserve-state", action="store_true", help="cut: keep durables, capture and seal checkpoints")
-    down.add_argument("--session-store", action="append", default=[], metavar="DIR",
-                      help="an extra session-store directory to capture (repeatable)")
+    down = sub.add_parser(
+        "down", parents=[common], help="stop seats, the manager and the embedded broker"
+    )
+    down.add_argument(
+        "--preserve-state",
+        action="store_true",
+        help="cut: keep durables, capture and seal checkpoints",
+    )
+    down.add_argument(
+        "--session-store",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an extra session-store directory to capture (repeatable)",
+    )
     down.set_defaults(fn=cmd_down)
 
     mgr = sub.add_parser("manager", help="the manager daemon")
@@ -241,13 +317,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--space", default="main")
     serve.add_argument("--server", required=True)
     serve.add_argument("--creds")
-    serve.add_argument("--resume-attempt", help="start fenced, admitting only this attempt's resume")
-    serve.add_argument("--replicas", type=int, default=1, help="JetStream replicas for streams and buckets")
+    serve.add_argument(
+        "--resume-attempt", help="start fenced, admitting only this attempt's resume"
+    )
+    serve.add_argument(
+        "--replicas", type=int, default=1, help="JetStream replicas for streams and buckets"
+    )
     serve.set_defaults(fn=cmd_manager_serve)
 
     broker = sub.add_parser("broker", help="a standalone embedded broker")
     broker_sub = broker.add_subparsers(dest="broker_command", required=True)
-    bserve = broker_sub.add_parser("serve", parents=[common], help="run a broker several roots can share")
+    bserve = broker_sub.add_parser(
+        "serve", parents=[common], help="run a broker several roots can share"
+    )
     bserve.add_argument("--store-dir", required=True)
     bserve.add_argument("--port", type=int, default=-1)
     bserve.set_defaults(fn=cmd_broker_serve)
@@ -270,7 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("text")
     send.add_argument("--wait", action="store_true", help="print the seat's reply")
     send.add_argument("--timeout", type=float, default=120.0)
-    send.add_argument("--server", help="queue directly at this broker (for a seat that is cut); no --wait")
+    send.add_argument(
+        "--server", help="queue directly at this broker (for a seat that is cut); no --wait"
+    )
     send.add_argument("--creds", help="credential for --server")
     send.add_argument("--space", default="main")
     send.set_defaults(fn=cmd_send)
@@ -282,17 +366,25 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="the manager's state")
     status.set_defaults(fn=cmd_status)
 
-    doctor = sub.add_parser("doctor", parents=[common], help="which harnesses are installed and usable")
+    doctor = sub.add_parser(
+        "doctor", parents=[common], help="which harnesses are installed and usable"
+    )
     doctor.set_defaults(fn=cmd_doctor)
 
     ckpt = sub.add_parser("checkpoint", help="sealed checkpoints")
     ckpt_sub = ckpt.add_subparsers(dest="checkpoint_command", required=True)
-    verify = ckpt_sub.add_parser("verify", parents=[common], help="run the admission gates; change nothing")
+    verify = ckpt_sub.add_parser(
+        "verify", parents=[common], help="run the admission gates; change nothing"
+    )
     verify.add_argument("dir")
     verify.add_argument("--accept-stale-checkpoint", action="store_true")
     verify.add_argument("--server", help="the broker to ask whether each uid is live")
-    verify.add_argument("--trust-signer", action="append", metavar="KEY",
-                        help="admit only checkpoints sealed by this Ed25519 key (base64; repeatable)")
+    verify.add_argument(
+        "--trust-signer",
+        action="append",
+        metavar="KEY",
+        help="admit only checkpoints sealed by this Ed25519 key (base64; repeatable)",
+    )
     verify.add_argument("--space", default="main")
     verify.add_argument("--creds")
     verify.set_defaults(fn=cmd_checkpoint_verify)

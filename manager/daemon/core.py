@@ -34,10 +34,10 @@ from connectors.base import (
 from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
-from manager.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
-from manager.preserve import Preservation
-from manager.resume import Resumption
-from manager.seats import SeatHandle
+from manager.daemon.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
+from manager.daemon.preserve import Preservation
+from manager.daemon.process import SeatHandle
+from manager.daemon.resume import Resumption
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
@@ -86,17 +86,33 @@ class Seat:
 
     def row(self, instance_id: str) -> control.SeatRow:
         return control.SeatRow(
-            name=self.name, agent=self.agent, state=self.state,
+            name=self.name,
+            agent=self.agent,
+            state=self.state,
             pid=self.handle.pid if self.handle and self.state == "running" else None,
-            cwd=str(self.cwd), lifecycle_uid=self.uid, instance_id=instance_id,
-            session_id=self.session_id, continuity=self.continuity, restarts=self.restarts,
-            started_at=self.started_at, durable=names.dm_durable(names.SEAT_OWNER, self.name, self.uid),
+            cwd=str(self.cwd),
+            lifecycle_uid=self.uid,
+            instance_id=instance_id,
+            session_id=self.session_id,
+            continuity=self.continuity,
+            restarts=self.restarts,
+            started_at=self.started_at,
+            durable=names.dm_durable(names.SEAT_OWNER, self.name, self.uid),
         )
 
 
 class Manager:
-    def __init__(self, layout: Layout, space: str, nc: Client, identity: InstanceIdentity,
-                 server_url: str, *, resume_attempt_id: str | None = None, replicas: int = 1) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        space: str,
+        nc: Client,
+        identity: InstanceIdentity,
+        server_url: str,
+        *,
+        resume_attempt_id: str | None = None,
+        replicas: int = 1,
+    ) -> None:
         self.layout = layout
         self.space = space
         self.nc = nc
@@ -136,7 +152,9 @@ class Manager:
         # Check and count in one synchronous step: a fence set before the cut's first await
         # then sees every operation that got in, and nothing new can.
         if self.stopping:
-            raise Refusal("fenced", f"{what} refused: the manager is stopping", "wait for it to exit")
+            raise Refusal(
+                "fenced", f"{what} refused: the manager is stopping", "wait for it to exit"
+            )
         try:
             self.maintenance.check_lifecycle()
         except Refusal as exc:
@@ -158,11 +176,15 @@ class Manager:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         r = self.replicas
         await footprint.ensure_dm_stream(self.js, self.space, replicas=r)
-        self._presence = await footprint.ensure_kv(self.js, names.presence_bucket(self.space),
-                                                   ttl=names.PRESENCE_TTL_S, replicas=r)
-        self._leases = await footprint.ensure_kv(self.js, names.manager_bucket(self.space),
-                                                 ttl=names.MANAGER_LEASE_TTL_S, replicas=r)
-        self.custody = await footprint.ensure_kv(self.js, names.custody_bucket(self.space), ttl=None, replicas=r)
+        self._presence = await footprint.ensure_kv(
+            self.js, names.presence_bucket(self.space), ttl=names.PRESENCE_TTL_S, replicas=r
+        )
+        self._leases = await footprint.ensure_kv(
+            self.js, names.manager_bucket(self.space), ttl=names.MANAGER_LEASE_TTL_S, replicas=r
+        )
+        self.custody = await footprint.ensure_kv(
+            self.js, names.custody_bucket(self.space), ttl=None, replicas=r
+        )
         ensure_private_dir(self.layout.sessions)
         async with anyio.create_task_group() as tg:
             self._tg = tg
@@ -174,8 +196,14 @@ class Manager:
     async def _lease_loop(self) -> None:
         assert self._leases is not None
         key = names.lease_key(self.identity.instance_id)
-        value = encode(ManagerLease(holder=self.identity.instance_id, root=str(self.layout.root),
-                                    pid=os.getpid(), since=self.started_at))
+        value = encode(
+            ManagerLease(
+                holder=self.identity.instance_id,
+                root=str(self.layout.root),
+                pid=os.getpid(),
+                since=self.started_at,
+            )
+        )
         while True:
             try:
                 with anyio.fail_after(2.0):
@@ -189,18 +217,29 @@ class Manager:
     async def handle(self, op: str, args: Any) -> Any:
         handler = getattr(self, "op_" + op.replace("-", "_"), None)
         if handler is None:
-            raise Refusal("unsupported-op", f"op {op!r} is not implemented by this daemon", "upgrade cotal")
+            raise Refusal(
+                "unsupported-op", f"op {op!r} is not implemented by this daemon", "upgrade cotal"
+            )
         return await handler(args)
 
     async def op_status(self, _args: control.NoArgs) -> dict[str, Any]:
         return {
-            "pid": os.getpid(), "space": self.space, "root": str(self.layout.root),
-            "instanceId": self.identity.instance_id, "state": self.state, "seats": len(self.seats),
-            "server": self.server_url, "startedAt": self.started_at, "inFlight": self.in_flight,
+            "pid": os.getpid(),
+            "space": self.space,
+            "root": str(self.layout.root),
+            "instanceId": self.identity.instance_id,
+            "state": self.state,
+            "seats": len(self.seats),
+            "server": self.server_url,
+            "startedAt": self.started_at,
+            "inFlight": self.in_flight,
         }
 
     async def op_ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
-        return [s.row(self.identity.instance_id) for s in sorted(self.seats.values(), key=lambda s: s.name)]
+        return [
+            s.row(self.identity.instance_id)
+            for s in sorted(self.seats.values(), key=lambda s: s.name)
+        ]
 
     # -- spawn ----------------------------------------------------------------------------------
 
@@ -208,19 +247,36 @@ class Manager:
         async with self.lifecycle("spawn"):
             name = names.check_seat_name(args.name)
             if name in self.seats:
-                raise Refusal("duplicate-name", f"a seat named {name!r} already exists",
-                              f"pick another name or `cotal stop {name}` first")
+                raise Refusal(
+                    "duplicate-name",
+                    f"a seat named {name!r} already exists",
+                    f"pick another name or `cotal stop {name}` first",
+                )
             if len(self.seats) >= names.MAX_SEATS:
-                raise Refusal("capacity", f"this manager already runs {names.MAX_SEATS} seats", "stop a seat first")
+                raise Refusal(
+                    "capacity",
+                    f"this manager already runs {names.MAX_SEATS} seats",
+                    "stop a seat first",
+                )
             connector = registry.load_connector(args.agent)
             cwd = Path(args.cwd).resolve() if args.cwd else self.layout.root
             if not cwd.is_dir():
-                raise Refusal("bad-cwd", f"cwd {cwd} is not a directory", "pass --cwd with an existing directory")
+                raise Refusal(
+                    "bad-cwd",
+                    f"cwd {cwd} is not a directory",
+                    "pass --cwd with an existing directory",
+                )
             uid = names.mint_lifecycle_uid()
             seat = Seat(
-                name=name, agent=args.agent, uid=uid, cwd=cwd, connector=connector,
-                continuity=continuity_class(connector.capabilities), prompt=args.prompt,
-                model=args.model, started_at=now_iso(),
+                name=name,
+                agent=args.agent,
+                uid=uid,
+                cwd=cwd,
+                connector=connector,
+                continuity=continuity_class(connector.capabilities),
+                prompt=args.prompt,
+                model=args.model,
+                started_at=now_iso(),
                 pointer_path=self.layout.session_pointer(connector.name, name, uid),
             )
             # The slot is reserved before the first await so a concurrent spawn of the same
@@ -230,10 +286,15 @@ class Manager:
                 await footprint.ensure_dm_durable(self.js, self.space, names.SEAT_OWNER, name, uid)
                 assert self.custody is not None
                 held = await custody.establish(self.custody, name, uid, self.identity.instance_id)
-                seat.custody_revision, seat.generation_at_broker = held.revision, held.record.generation
+                seat.custody_revision, seat.generation_at_broker = (
+                    held.revision,
+                    held.record.generation,
+                )
                 seat.fence = WriterFence(self.js, self.space, name, self.identity.instance_id, 0)
                 await seat.fence.establish()
-                await self._launch(seat, self._launch_opts(seat, prompt=args.prompt, resume=args.resume))
+                await self._launch(
+                    seat, self._launch_opts(seat, prompt=args.prompt, resume=args.resume)
+                )
             except BaseException:
                 self.seats.pop(name, None)
                 with anyio.CancelScope(shield=True):
@@ -242,14 +303,27 @@ class Manager:
             log.info("seat.spawned", seat=name, uid=uid, agent=args.agent, session=seat.session_id)
             return seat.row(self.identity.instance_id)
 
-    def _launch_opts(self, seat: Seat, *, prompt: str | None = None, continue_session: str | None = None,
-                     resume: str | None = None) -> LaunchOpts:
+    def _launch_opts(
+        self,
+        seat: Seat,
+        *,
+        prompt: str | None = None,
+        continue_session: str | None = None,
+        resume: str | None = None,
+    ) -> LaunchOpts:
         settings = dict(registry.agent_settings(self.config, seat.agent))
         return LaunchOpts(
-            space=self.space, name=seat.name, lifecycle_uid=seat.uid, workspace_root=self.layout.root,
-            cwd=seat.cwd, session_pointer_path=seat.pointer_path, prompt=prompt,
-            model=seat.model or settings.get("model"), continue_session=continue_session,
-            resume=resume, config=settings,
+            space=self.space,
+            name=seat.name,
+            lifecycle_uid=seat.uid,
+            workspace_root=self.layout.root,
+            cwd=seat.cwd,
+            session_pointer_path=seat.pointer_path,
+            prompt=prompt,
+            model=seat.model or settings.get("model"),
+            continue_session=continue_session,
+            resume=resume,
+            config=settings,
         )
 
     async def _launch(self, seat: Seat, opts: LaunchOpts) -> None:
@@ -266,9 +340,16 @@ class Manager:
         """A seat is launched or relaunched only while this manager holds its custody."""
         assert self.custody is not None
         held = await custody.read(self.custody, seat.name, seat.uid)
-        if held is None or held.record.holder != self.identity.instance_id \
-                or held.record.generation != seat.generation_at_broker:
-            who = f"instance {held.record.holder} at generation {held.record.generation}" if held else "nobody"
+        if (
+            held is None
+            or held.record.holder != self.identity.instance_id
+            or held.record.generation != seat.generation_at_broker
+        ):
+            who = (
+                f"instance {held.record.holder} at generation {held.record.generation}"
+                if held
+                else "nobody"
+            )
             raise Refusal(
                 "custody-not-held",
                 f"refusing to launch {seat.name} (uid {seat.uid}): its custody is held by {who}, this manager "
@@ -276,7 +357,9 @@ class Manager:
                 "another host runs this seat now; do not start it here",
             )
 
-    async def _run_seat(self, seat: Seat, spec: LaunchSpec, *, task_status: TaskStatus[None]) -> None:
+    async def _run_seat(
+        self, seat: Seat, spec: LaunchSpec, *, task_status: TaskStatus[None]
+    ) -> None:
         handle = SeatHandle(spec, self.layout.seat_log(seat.name, seat.uid))
         seat.handle = handle
         seat.state = "starting"
@@ -298,19 +381,34 @@ class Manager:
                             await self._prove_ready(seat, spec, driver, handle)
                         # Lifecycle proof before presence: a uid whose durable is not at the
                         # broker never becomes visible.
-                        await footprint.confirm_dm_durable(self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid)
+                        await footprint.confirm_dm_durable(
+                            self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid
+                        )
                     except TimeoutError:
-                        failure = Refusal("seat-not-ready", f"seat {seat.name} was not ready within {READINESS_TIMEOUT_S:.0f}s",
-                                          f"read {handle.log_path}")
+                        failure = Refusal(
+                            "seat-not-ready",
+                            f"seat {seat.name} was not ready within {READINESS_TIMEOUT_S:.0f}s",
+                            f"read {handle.log_path}",
+                        )
                     except Refusal as exc:
                         failure = exc
                     if failure is not None:
                         scope.cancel()
                         await anyio.sleep_forever()
                     assert seat.fence is not None
-                    bridge = DeliveryBridge(self.js, self.space, seat.name, seat.uid, driver, handle, self.waiters,
-                                            fence=seat.fence, on_fenced=lambda: self._schedule_evict(
-                                                seat, holder_now=None, reason="a publish was refused by the broker"))
+                    bridge = DeliveryBridge(
+                        self.js,
+                        self.space,
+                        seat.name,
+                        seat.uid,
+                        driver,
+                        handle,
+                        self.waiters,
+                        fence=seat.fence,
+                        on_fenced=lambda: self._schedule_evict(
+                            seat, holder_now=None, reason="a publish was refused by the broker"
+                        ),
+                    )
                     seat.bridge = bridge
                     await tg.start(bridge.run)
                     tg.start_soon(self._presence_loop, seat, handle)
@@ -319,8 +417,11 @@ class Manager:
                     task_status.started()
         except BaseExceptionGroup as group:
             log.error("seat.task_failed", seat=seat.name, error=repr(group.exceptions[0]))
-            failure = failure or Refusal("seat-failed", f"seat {seat.name} failed: {group.exceptions[0]!r}",
-                                         f"read {handle.log_path}")
+            failure = failure or Refusal(
+                "seat-failed",
+                f"seat {seat.name} failed: {group.exceptions[0]!r}",
+                f"read {handle.log_path}",
+            )
         finally:
             with anyio.CancelScope(shield=True):
                 await handle.stop(graceful=False)
@@ -328,8 +429,11 @@ class Manager:
                 if seat.incarnation == incarnation and seat.state != "retired":
                     seat.state = "exited"
         if not started:
-            raise failure or Refusal("seat-failed", f"seat {seat.name} exited before it was ready (code {handle.returncode})",
-                                     f"read {handle.log_path}")
+            raise failure or Refusal(
+                "seat-failed",
+                f"seat {seat.name} exited before it was ready (code {handle.returncode})",
+                f"read {handle.log_path}",
+            )
         if seat.incarnation == incarnation and self._tg is not None:
             self._tg.start_soon(self._on_exit, seat, incarnation, handle.returncode)
 
@@ -338,27 +442,40 @@ class Manager:
         log.info("seat.exited", seat=seat.name, pid=handle.pid, code=rc, deliberate=seat.stopping)
         scope.cancel()
 
-    async def _prove_ready(self, seat: Seat, spec: LaunchSpec, driver: Driver, handle: SeatHandle) -> None:
+    async def _prove_ready(
+        self, seat: Seat, spec: LaunchSpec, driver: Driver, handle: SeatHandle
+    ) -> None:
         while True:
             if handle.status() == "exited":
-                raise Refusal("seat-failed", f"seat {seat.name} exited during start", f"read {handle.log_path}")
+                raise Refusal(
+                    "seat-failed",
+                    f"seat {seat.name} exited during start",
+                    f"read {handle.log_path}",
+                )
             reported = await driver.get_state()
             if reported:
                 break
             await anyio.sleep(0.05)
         if spec.expected_session_id is not None and reported != spec.expected_session_id:
-            raise Refusal("session-mismatch",
-                          f"replacement reported session {reported}, expected {spec.expected_session_id}",
-                          "the harness did not reopen the recorded session; inspect its store")
+            raise Refusal(
+                "session-mismatch",
+                f"replacement reported session {reported}, expected {spec.expected_session_id}",
+                "the harness did not reopen the recorded session; inspect its store",
+            )
         if spec.session_pointer_path is not None:
             pointer = await self._await_pointer(spec.session_pointer_path, handle)
             if pointer.status != "running":
-                raise Refusal("deliberate-quit", "connector reported a deliberate quit before readiness completed",
-                              "respawn the seat")
+                raise Refusal(
+                    "deliberate-quit",
+                    "connector reported a deliberate quit before readiness completed",
+                    "respawn the seat",
+                )
             if pointer.session_id != reported:
-                raise Refusal("session-mismatch",
-                              f"pointer names session {pointer.session_id}, the harness reports {reported}",
-                              "the harness and its pointer disagree; inspect the store")
+                raise Refusal(
+                    "session-mismatch",
+                    f"pointer names session {pointer.session_id}, the harness reports {reported}",
+                    "the harness and its pointer disagree; inspect the store",
+                )
             seat.recovery_armed = True
         seat.session_id = reported
 
@@ -374,8 +491,16 @@ class Manager:
     async def _presence_loop(self, seat: Seat, handle: SeatHandle) -> None:
         assert self._presence is not None
         key = names.presence_key(names.SEAT_OWNER, seat.name, seat.uid)
-        value = encode(Presence(seat=seat.name, lifecycle_uid=seat.uid, instance_id=self.identity.instance_id,
-                                agent=seat.agent, pid=handle.pid or 0, since=now_iso()))
+        value = encode(
+            Presence(
+                seat=seat.name,
+                lifecycle_uid=seat.uid,
+                instance_id=self.identity.instance_id,
+                agent=seat.agent,
+                pid=handle.pid or 0,
+                since=now_iso(),
+            )
+        )
         while True:
             try:
                 with anyio.fail_after(2.0):
@@ -389,7 +514,9 @@ class Manager:
             return
         try:
             with anyio.fail_after(2.0):
-                await self._presence.delete(names.presence_key(names.SEAT_OWNER, seat.name, seat.uid))
+                await self._presence.delete(
+                    names.presence_key(names.SEAT_OWNER, seat.name, seat.uid)
+                )
         except Exception as exc:
             log.warning("presence.delete_failed", seat=seat.name, error=str(exc))
 
@@ -413,8 +540,12 @@ class Manager:
         seat.crashes = [t for t in seat.crashes if now - t < names.SESSION_RESTART_WINDOW_S]
         seat.crashes.append(now)
         if len(seat.crashes) > names.SESSION_RESTART_LIMIT:
-            log.error("seat.crash_loop", seat=seat.name, crashes=len(seat.crashes),
-                      window_s=names.SESSION_RESTART_WINDOW_S)
+            log.error(
+                "seat.crash_loop",
+                seat=seat.name,
+                crashes=len(seat.crashes),
+                window_s=names.SESSION_RESTART_WINDOW_S,
+            )
             seat.state = "retired"
             await self._free(seat)
             return
@@ -431,12 +562,19 @@ class Manager:
                     seat.state = "restarting"
                     await self._launch(seat, self._launch_opts(seat, continue_session=session_id))
                     seat.restarts += 1
-                    log.info("seat.restarted", seat=seat.name, session=seat.session_id, restarts=seat.restarts)
+                    log.info(
+                        "seat.restarted",
+                        seat=seat.name,
+                        session=seat.session_id,
+                        restarts=seat.restarts,
+                    )
                 return
             except Refusal as exc:
                 if exc.code == "broker-unavailable":
                     seat.state = "exited"
-                    log.warning("seat.recovery_deferred", seat=seat.name, error=exc.text, retry_in_s=delay)
+                    log.warning(
+                        "seat.recovery_deferred", seat=seat.name, error=exc.text, retry_in_s=delay
+                    )
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 30.0)
                     continue
@@ -473,9 +611,16 @@ class Manager:
                 if self.seats.get(seat.name) is seat:
                     del self.seats[seat.name]
                 seat.state = "evicted"
-        log.error("custody.evicted", seat=seat.name, uid=seat.uid, holder_was=self.identity.instance_id,
-                  holder_now=holder_now, generation=seat.generation_at_broker, reason=reason,
-                  exit_code=seat.handle.returncode if seat.handle else None)
+        log.error(
+            "custody.evicted",
+            seat=seat.name,
+            uid=seat.uid,
+            holder_was=self.identity.instance_id,
+            holder_now=holder_now,
+            generation=seat.generation_at_broker,
+            reason=reason,
+            exit_code=seat.handle.returncode if seat.handle else None,
+        )
 
     async def _custody_watch(self) -> None:
         """Watch every custody key; a seat of ours whose record moves to another holder or
@@ -512,13 +657,23 @@ class Manager:
             self._schedule_evict(seat, holder_now=None, reason="custody record unreadable")
             return
         # A node that rejoins may replay an older record: only a newer revision can move custody.
-        if seat.custody_revision is not None and entry.revision is not None and entry.revision <= seat.custody_revision:
+        if (
+            seat.custody_revision is not None
+            and entry.revision is not None
+            and entry.revision <= seat.custody_revision
+        ):
             return
         if record.generation < seat.generation_at_broker:
             return
-        if record.holder != self.identity.instance_id or record.generation != seat.generation_at_broker:
-            self._schedule_evict(seat, holder_now=record.holder,
-                                 reason=f"custody moved to generation {record.generation}")
+        if (
+            record.holder != self.identity.instance_id
+            or record.generation != seat.generation_at_broker
+        ):
+            self._schedule_evict(
+                seat,
+                holder_now=record.holder,
+                reason=f"custody moved to generation {record.generation}",
+            )
 
     async def _free(self, seat: Seat) -> None:
         if self.seats.get(seat.name) is seat:
@@ -529,14 +684,18 @@ class Manager:
         """Ordinary teardown: exactly this seat's durable, its presence and its pointer."""
         with anyio.CancelScope(shield=True):
             try:
-                await footprint.delete_dm_durable(self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid)
+                await footprint.delete_dm_durable(
+                    self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid
+                )
             except Exception as exc:
                 log.error("durable.delete_failed", seat=seat.name, error=str(exc))
             await self._clear_presence(seat)
             if self.custody is not None:
                 try:
                     with anyio.fail_after(5.0):
-                        await self.custody.delete(custody_key(names.SEAT_OWNER, seat.name, seat.uid))
+                        await self.custody.delete(
+                            custody_key(names.SEAT_OWNER, seat.name, seat.uid)
+                        )
                 except Exception as exc:
                     log.error("custody.delete_failed", seat=seat.name, error=str(exc))
             try:
@@ -551,7 +710,11 @@ class Manager:
             seat = self._seat(args.name)
             await self._stop_and_prove(seat, graceful=True)
             await self._free(seat)
-            return {"name": seat.name, "lifecycleUid": seat.uid, "exitCode": seat.handle.returncode if seat.handle else None}
+            return {
+                "name": seat.name,
+                "lifecycleUid": seat.uid,
+                "exitCode": seat.handle.returncode if seat.handle else None,
+            }
 
     async def _stop_and_prove(self, seat: Seat, *, graceful: bool) -> None:
         seat.stopping = True
@@ -563,11 +726,17 @@ class Manager:
                 with anyio.fail_after(STOP_PROOF_TIMEOUT_S):
                     await handle.stop(graceful=graceful)
             except TimeoutError:
-                raise Refusal("stop-unproven", f"seat {seat.name} (pid {handle.pid}) could not be proven stopped",
-                              f"kill -9 {handle.pid} and retry") from None
+                raise Refusal(
+                    "stop-unproven",
+                    f"seat {seat.name} (pid {handle.pid}) could not be proven stopped",
+                    f"kill -9 {handle.pid} and retry",
+                ) from None
         if handle.status() != "exited":
-            raise Refusal("stop-unproven", f"seat {seat.name} reported exit while its status is still {handle.status()}",
-                          "retry; report this if it persists")
+            raise Refusal(
+                "stop-unproven",
+                f"seat {seat.name} reported exit while its status is still {handle.status()}",
+                "retry; report this if it persists",
+            )
         seat.state = "exited"
 
     def _seat(self, name: str) -> Seat:
@@ -581,10 +750,15 @@ class Manager:
     async def op_send(self, args: control.SendArgs) -> dict[str, Any]:
         seat = self._seat(args.name)
         if not args.text:
-            raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
+            raise Refusal(
+                "empty-message", "refusing to send an empty message", "pass the text to send"
+            )
         dm = DirectMessage(
-            id=new_message_id(), sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
-            recipient=names.principal(names.SEAT_OWNER, seat.name), text=args.text, sent_at=now_iso(),
+            id=new_message_id(),
+            sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
+            recipient=names.principal(names.SEAT_OWNER, seat.name),
+            text=args.text,
+            sent_at=now_iso(),
         )
         waiter = Waiter() if args.wait else None
         if waiter is not None:
@@ -598,8 +772,11 @@ class Manager:
                 with anyio.fail_after(args.timeout_s):
                     await waiter.done.wait()
             except TimeoutError:
-                raise Refusal("no-reply", f"no reply from {seat.name} within {args.timeout_s:.0f}s",
-                              "the message stays queued in the seat's inbox; check `cotal ps` and the seat log") from None
+                raise Refusal(
+                    "no-reply",
+                    f"no reply from {seat.name} within {args.timeout_s:.0f}s",
+                    "the message stays queued in the seat's inbox; check `cotal ps` and the seat log",
+                ) from None
             assert waiter.outcome is not None
             result.update(reply=waiter.outcome.reply, attempts=waiter.attempts)
             return result
@@ -633,8 +810,11 @@ class Manager:
     async def op_shutdown(self, _args: control.NoArgs) -> dict[str, Any]:
         stopped: list[dict[str, Any]] = []
         if self.maintenance.state == "preserving":
-            raise Refusal("fenced", f"shutdown refused: preservation attempt {self.maintenance.attempt_id} is in progress",
-                          "commit or abort it first (cotal down --preserve-state continues it)")
+            raise Refusal(
+                "fenced",
+                f"shutdown refused: preservation attempt {self.maintenance.attempt_id} is in progress",
+                "commit or abort it first (cotal down --preserve-state continues it)",
+            )
         if self.maintenance.state != "active":
             # Cleanup is suppressed outside `active`: the seats' durables are the cut's or the
             # resume's, so the daemon exits without deprovisioning anything.
@@ -654,8 +834,13 @@ class Manager:
     async def _teardown_one(self, seat: Seat, out: list[dict[str, Any]]) -> None:
         await self._stop_and_prove(seat, graceful=True)
         await self._free(seat)
-        out.append({"name": seat.name, "lifecycleUid": seat.uid,
-                    "exitCode": seat.handle.returncode if seat.handle else None})
+        out.append(
+            {
+                "name": seat.name,
+                "lifecycleUid": seat.uid,
+                "exitCode": seat.handle.returncode if seat.handle else None,
+            }
+        )
 
     async def stop_all_keep_footprint(self) -> None:
         """Daemon stop by signal: seats stop, durables stay (nothing here is a teardown)."""

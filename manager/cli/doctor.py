@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import continuity_class
-from manager import registry, tools
+from manager import registry
+from manager.cli import tools
 from protocol.errors import Refusal
 
 HARNESSES = ("scribe", "pi", "claude", "jcode")
 VERSION_TIMEOUT_S = 15.0
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -90,7 +91,11 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
         cfg = registry.load_config(root)
     except Refusal as exc:
         if as_json:
-            say(json.dumps({"error": exc.code, "message": exc.message, "cure": exc.cure}, sort_keys=True))
+            say(
+                json.dumps(
+                    {"error": exc.code, "message": exc.message, "cure": exc.cure}, sort_keys=True
+                )
+            )
         else:
             say(f"cotal doctor: {exc.text}")
         return 1
@@ -99,7 +104,10 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
         pin_problem: Missing | None = None
     except Refusal as exc:
         pins, pin_problem = {}, Missing(exc.message, exc.cure)
-    reports = [check(name, registry.agent_settings(cfg, name), pins, configured=name in cfg.agents) for name in HARNESSES]
+    reports = [
+        check(name, registry.agent_settings(cfg, name), pins, configured=name in cfg.agents)
+        for name in HARNESSES
+    ]
     if pin_problem is not None:
         for report in reports:
             if report.name in ("pi", "claude"):
@@ -124,23 +132,38 @@ def render(reports: list[Report]) -> list[str]:
             state = "config"
         else:
             state = "broken"
-        lines.append(f"{r.name:<8} {r.continuity:<11} {state:<8} {r.version or '-':<12} {r.path or '-'}")
+        lines.append(
+            f"{r.name:<8} {r.continuity:<11} {state:<8} {r.version or '-':<12} {r.path or '-'}"
+        )
         for m in r.missing:
             lines.append(f"         missing: {m.problem}")
             lines.append(f"         cure:    {m.cure}")
     return lines
 
 
-def check(name: str, settings: Mapping[str, Any], pins: Mapping[str, tools.Pin], *, configured: bool) -> Report:
+def check(
+    name: str, settings: Mapping[str, Any], pins: Mapping[str, tools.Pin], *, configured: bool
+) -> Report:
     try:
         continuity: str = continuity_class(registry.load_connector(name).capabilities)
     except Refusal:
         continuity = "unavailable"
-    report = Report(name=name, continuity=continuity, required=configured or name in pins or name == "scribe",
-                    configured=configured)
+    report = Report(
+        name=name,
+        continuity=continuity,
+        required=configured or name in pins or name == "scribe",
+        configured=configured,
+    )
     if continuity == "unavailable":
-        report.missing.append(Missing(f"the {name} connector cannot be imported in this build", "reinstall cotal"))
-    checker = {"scribe": _check_scribe, "pi": _check_pi, "claude": _check_claude, "jcode": _check_jcode}[name]
+        report.missing.append(
+            Missing(f"the {name} connector cannot be imported in this build", "reinstall cotal")
+        )
+    checker = {
+        "scribe": _check_scribe,
+        "pi": _check_pi,
+        "claude": _check_claude,
+        "jcode": _check_jcode,
+    }[name]
     checker(report, settings, pins.get(name))
     return report
 
@@ -162,7 +185,9 @@ def _check_scribe(report: Report, settings: Mapping[str, Any], pin: tools.Pin | 
     ok, detail = _probe([sys.executable, "-m", "connectors.scribe", "--help"], env)
     report.usable = ok
     if not ok:
-        report.missing.append(Missing(f"scribe does not start: {detail}", "reinstall cotal (`make venv`)"))
+        report.missing.append(
+            Missing(f"scribe does not start: {detail}", "reinstall cotal (`make venv`)")
+        )
 
 
 def _check_pi(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
@@ -172,17 +197,26 @@ def _check_pi(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None
     node = shutil.which("node")
     if program.endswith((".js", ".mjs")):
         if node is None:
-            report.missing.append(Missing("node is not on PATH (pi runs on Node.js)", "install Node.js >= 20"))
+            report.missing.append(
+                Missing("node is not on PATH (pi runs on Node.js)", "install Node.js >= 20")
+            )
             return
         argv = [node, program]
     else:
         argv = [program]
     with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
-        env = _base_env(PI_CODING_AGENT_DIR=tmp, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1", PI_TELEMETRY="0")
+        env = _base_env(
+            PI_CODING_AGENT_DIR=tmp, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1", PI_TELEMETRY="0"
+        )
         _version_run(report, argv, env)
     if not settings.get("base_url"):
-        report.missing.append(Missing("pi has no model endpoint configured (agents.pi.base_url)",
-                                      "set agents.pi.base_url and agents.pi.model in cotal.toml", "config"))
+        report.missing.append(
+            Missing(
+                "pi has no model endpoint configured (agents.pi.base_url)",
+                "set agents.pi.base_url and agents.pi.model in cotal.toml",
+                "config",
+            )
+        )
     _key_check(report, settings, default=None)
 
 
@@ -191,8 +225,13 @@ def _check_claude(report: Report, settings: Mapping[str, Any], pin: tools.Pin | 
     if program is None:
         return
     with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
-        env = _base_env(CLAUDE_CONFIG_DIR=tmp, DISABLE_TELEMETRY="1", DISABLE_ERROR_REPORTING="1",
-                        DISABLE_AUTOUPDATER="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+        env = _base_env(
+            CLAUDE_CONFIG_DIR=tmp,
+            DISABLE_TELEMETRY="1",
+            DISABLE_ERROR_REPORTING="1",
+            DISABLE_AUTOUPDATER="1",
+            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        )
         _version_run(report, [program], env)
     _key_check(report, settings, default="ANTHROPIC_API_KEY")
 
@@ -206,10 +245,12 @@ def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | N
         found = shutil.which("jcode")
         where = "PATH"
     if not found or not os.path.isfile(found):
-        report.missing.append(Missing(
-            f"jcode is not installed (looked for it on {where})",
-            "install jcode with an adapter for cotal's JSON-lines protocol (connectors/jcode.py) and set agents.jcode.binary",
-        ))
+        report.missing.append(
+            Missing(
+                f"jcode is not installed (looked for it on {where})",
+                "install jcode with an adapter for cotal's JSON-lines protocol (connectors/jcode.py) and set agents.jcode.binary",
+            )
+        )
         return
     report.installed = True
     report.path = found
@@ -219,23 +260,35 @@ def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | N
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def _pinned_or_configured(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> str | None:
+def _pinned_or_configured(
+    report: Report, settings: Mapping[str, Any], pin: tools.Pin | None
+) -> str | None:
     binary = settings.get("binary")
     if binary:
         if not os.path.isfile(binary):
-            report.missing.append(Missing(f"agents.{report.name}.binary {binary} does not exist",
-                                          f"fix agents.{report.name}.binary in cotal.toml or remove it to use the pinned install"))
+            report.missing.append(
+                Missing(
+                    f"agents.{report.name}.binary {binary} does not exist",
+                    f"fix agents.{report.name}.binary in cotal.toml or remove it to use the pinned install",
+                )
+            )
             return None
         report.installed = True
         report.path = binary
         return str(binary)
     if pin is None:
-        report.missing.append(Missing(f"{report.name} is not pinned in harnesses.json", "restore harnesses.json from git"))
+        report.missing.append(
+            Missing(
+                f"{report.name} is not pinned in harnesses.json", "restore harnesses.json from git"
+            )
+        )
         return None
     try:
         path = tools.binary_of(pin)
     except Refusal as exc:
-        report.missing.append(Missing(exc.message, "run `make harnesses` (python -m manager.tools install)"))
+        report.missing.append(
+            Missing(exc.message, "run `make harnesses` (python -m manager.cli.tools install)")
+        )
         return None
     report.installed = True
     report.path = str(path)
@@ -250,14 +303,25 @@ def _version_run(report: Report, argv: list[str], env: dict[str, str]) -> None:
         # The install's own record wins; the program's answer fills in for a configured binary.
         report.version = report.version or detail.splitlines()[0].strip()[:60] or None
     else:
-        report.missing.append(Missing(f"`{report.path} --version` failed: {detail}",
-                                      "reinstall it (`make harnesses` for pinned harnesses) or fix the configured binary"))
+        report.missing.append(
+            Missing(
+                f"`{report.path} --version` failed: {detail}",
+                "reinstall it (`make harnesses` for pinned harnesses) or fix the configured binary",
+            )
+        )
 
 
 def _probe(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=VERSION_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, env=env, cwd=tempfile.gettempdir())
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=VERSION_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=tempfile.gettempdir(),
+        )
     except subprocess.TimeoutExpired:
         return False, f"no answer within {VERSION_TIMEOUT_S:.0f}s"
     except OSError as exc:
@@ -271,7 +335,9 @@ def _probe(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
 def _base_env(**extra: str) -> dict[str, str]:
     # Only what a version check needs: no tokens or keys of the operator's environment.
     env = {k: v for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if (v := os.environ.get(k))}
-    env["HOME"] = extra.get("CLAUDE_CONFIG_DIR") or extra.get("PI_CODING_AGENT_DIR") or tempfile.gettempdir()
+    env["HOME"] = (
+        extra.get("CLAUDE_CONFIG_DIR") or extra.get("PI_CODING_AGENT_DIR") or tempfile.gettempdir()
+    )
     env.update(extra)
     return env
 
@@ -279,8 +345,10 @@ def _base_env(**extra: str) -> dict[str, str]:
 def _key_check(report: Report, settings: Mapping[str, Any], *, default: str | None) -> None:
     var = settings.get("api_key_env") or default
     if var and not os.environ.get(var):
-        report.missing.append(Missing(
-            f"{var} (the API key variable) is not set in this environment",
-            f"export {var} before starting the manager, or name another variable with agents.{report.name}.api_key_env",
-            "config",
-        ))
+        report.missing.append(
+            Missing(
+                f"{var} (the API key variable) is not set in this environment",
+                f"export {var} before starting the manager, or name another variable with agents.{report.name}.api_key_env",
+                "config",
+            )
+        )

@@ -23,7 +23,7 @@ from nats.js import JetStreamContext
 from connectors.base import Driver, TurnOutcome
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
-from manager.seats import SeatHandle
+from manager.daemon.process import SeatHandle
 from protocol import names
 from protocol.errors import DecodeError, Refusal
 from protocol.messages import DirectMessage, decode_dm, encode
@@ -45,8 +45,12 @@ def new_message_id() -> str:
     return uuid.uuid4().hex
 
 
-async def publish_dm(js: JetStreamContext, space: str, dm: DirectMessage,
-                     publish: Callable[[str, bytes, dict[str, str]], Awaitable[int]] | None = None) -> int:
+async def publish_dm(
+    js: JetStreamContext,
+    space: str,
+    dm: DirectMessage,
+    publish: Callable[[str, bytes, dict[str, str]], Awaitable[int]] | None = None,
+) -> int:
     """Publish a DM; `publish` is the writer fence when the sender is a seat."""
     owner, actor = dm.recipient.split(".", 1)
     sender_owner, sender_actor = dm.sender.split(".", 1)
@@ -55,8 +59,9 @@ async def publish_dm(js: JetStreamContext, space: str, dm: DirectMessage,
     if publish is not None:
         return await publish(subject, encode(dm), headers)
     # A retry after a lost answer is deduplicated by the message id.
-    ack = await riding_elections(f"publish to {dm.recipient}",
-                                 lambda: js.publish(subject, encode(dm), headers=headers))
+    ack = await riding_elections(
+        f"publish to {dm.recipient}", lambda: js.publish(subject, encode(dm), headers=headers)
+    )
     return int(ack.seq)
 
 
@@ -68,9 +73,19 @@ class Waiter:
 
 
 class DeliveryBridge:
-    def __init__(self, js: JetStreamContext, space: str, seat: str, uid: str, driver: Driver,
-                 handle: SeatHandle, waiters: dict[str, Waiter], *, fence: WriterFence,
-                 on_fenced: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        space: str,
+        seat: str,
+        uid: str,
+        driver: Driver,
+        handle: SeatHandle,
+        waiters: dict[str, Waiter],
+        *,
+        fence: WriterFence,
+        on_fenced: Callable[[], None],
+    ) -> None:
         self.js = js
         self.space = space
         self.seat = seat
@@ -83,11 +98,16 @@ class DeliveryBridge:
         self.fence = fence
         self.on_fenced = on_fenced
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        psub = await riding_elections(f"inbox of {self.seat}", lambda: self.js.pull_subscribe_bind(
-            durable=names.dm_durable(names.SEAT_OWNER, self.seat, self.uid),
-            stream=names.dm_stream(self.space),
-        ))
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        psub = await riding_elections(
+            f"inbox of {self.seat}",
+            lambda: self.js.pull_subscribe_bind(
+                durable=names.dm_durable(names.SEAT_OWNER, self.seat, self.uid),
+                stream=names.dm_stream(self.space),
+            ),
+        )
         task_status.started()
         try:
             # Once the harness is gone, a further pull would hand a redelivered message to a
@@ -100,7 +120,9 @@ class DeliveryBridge:
                 except TRANSIENT as exc:
                     # The inbox has no leader for a moment (a cluster node died): the seat is
                     # fine and its mail is safe at the broker; wait for the election.
-                    log.warning("delivery.broker_unavailable", seat=self.seat, error=type(exc).__name__)
+                    log.warning(
+                        "delivery.broker_unavailable", seat=self.seat, error=type(exc).__name__
+                    )
                     await anyio.sleep(FETCH_WAIT_S)
                     continue
                 for msg in msgs:
@@ -134,7 +156,9 @@ class DeliveryBridge:
             with anyio.CancelScope(shield=True):
                 if outcome is None or outcome.status == "unknown":
                     if outcome is not None:
-                        log.warning("delivery.unknown_end", seat=self.seat, id=dm.id, detail=outcome.detail)
+                        log.warning(
+                            "delivery.unknown_end", seat=self.seat, id=dm.id, detail=outcome.detail
+                        )
                     await self._release_after_exit(msg, dm.id)
                 elif await self._settle(msg, dm, outcome) and waiter is not None:
                     waiter.outcome = outcome
@@ -158,8 +182,12 @@ class DeliveryBridge:
         """Ack a clean turn whose reply the broker accepted (True); otherwise release it."""
         if outcome.status == "ok":
             reply = DirectMessage(
-                id=new_message_id(), sender=self.principal, recipient=dm.sender,
-                text=outcome.reply, sent_at=now_iso(), in_reply_to=dm.id,
+                id=new_message_id(),
+                sender=self.principal,
+                recipient=dm.sender,
+                text=outcome.reply,
+                sent_at=now_iso(),
+                in_reply_to=dm.id,
             )
             try:
                 await publish_dm(self.js, self.space, reply, publish=self.fence.publish)
@@ -172,9 +200,13 @@ class DeliveryBridge:
                     await msg.nak()
                 return False
             except Exception as exc:
-                log.warning("delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc))
+                log.warning(
+                    "delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc)
+                )
             try:
-                await riding_elections(f"ack for {self.seat}", lambda: msg.ack_sync(timeout=ACK_S), attempt_s=ACK_S + 1)
+                await riding_elections(
+                    f"ack for {self.seat}", lambda: msg.ack_sync(timeout=ACK_S), attempt_s=ACK_S + 1
+                )
             except Refusal as exc:
                 # Unacknowledged, the message comes back after ack_wait: at-least-once, never lost.
                 log.warning("delivery.ack_failed", seat=self.seat, id=dm.id, error=exc.message)
@@ -182,7 +214,13 @@ class DeliveryBridge:
             self.delivered += 1
             log.info("delivery.acked", seat=self.seat, id=dm.id, seq=msg.metadata.sequence.stream)
             return True
-        log.warning("delivery.retained", seat=self.seat, id=dm.id, status=outcome.status, detail=outcome.detail)
+        log.warning(
+            "delivery.retained",
+            seat=self.seat,
+            id=dm.id,
+            status=outcome.status,
+            detail=outcome.detail,
+        )
         try:
             await msg.nak(delay=RETRY_DELAY_S)
         except TRANSIENT as exc:

@@ -13,7 +13,7 @@ import structlog
 from manager import logs
 from manager.broker.connection import connect
 from manager.control.server import ControlServer
-from manager.core import Manager
+from manager.daemon.core import Manager
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
@@ -29,15 +29,25 @@ def read_control_token(layout: Layout) -> str:
         # will read; `up` writes a fresh one itself before starting a daemon.
         ensure_private_dir(layout.auth)
         write_private_atomic(layout.control_token, secrets.token_hex(32).encode() + b"\n")
-    data = read_stable(layout.control_token, cap=1024, what="control token", require_private=True).data
+    data = read_stable(
+        layout.control_token, cap=1024, what="control token", require_private=True
+    ).data
     token = data.decode().strip()
     if len(token) < 32:
-        raise Refusal("bad-token", f"control token {layout.control_token} is too short", "rerun `cotal up`")
+        raise Refusal(
+            "bad-token", f"control token {layout.control_token} is too short", "rerun `cotal up`"
+        )
     return token
 
 
-async def serve(root: Path, space: str, server: str, creds: Path | None, resume_attempt: str | None = None,
-                replicas: int = 1) -> None:
+async def serve(
+    root: Path,
+    space: str,
+    server: str,
+    creds: Path | None,
+    resume_attempt: str | None = None,
+    replicas: int = 1,
+) -> None:
     layout = Layout.at(root)
     check_space(space)
     ensure_private_dir(layout.control)
@@ -46,8 +56,16 @@ async def serve(root: Path, space: str, server: str, creds: Path | None, resume_
     token = read_control_token(layout)
     identity = load_or_create_identity(layout, space)
     nc = await connect(server, creds, name=f"cotal-manager:{identity.instance_id}")
-    manager = Manager(layout, space, nc, identity, server, resume_attempt_id=resume_attempt, replicas=replicas)
-    log.info("daemon.starting", pid=os.getpid(), root=str(layout.root), space=space, instance=identity.instance_id)
+    manager = Manager(
+        layout, space, nc, identity, server, resume_attempt_id=resume_attempt, replicas=replicas
+    )
+    log.info(
+        "daemon.starting",
+        pid=os.getpid(),
+        root=str(layout.root),
+        space=space,
+        instance=identity.instance_id,
+    )
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(manager.run)

@@ -1,0 +1,5 @@
+import sys
+
+from manager.cli.main import main
+
+sys.exit(main())
