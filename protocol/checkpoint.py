@@ -24,12 +24,12 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 from protocol.codec import decode_json, encode_json
+from protocol.instant import parse_instant
 from protocol.names import ATTEMPT_ID_RE, INSTANCE_ID_RE, LIFECYCLE_UID_RE, SEAT_NAME_RE, SPACE_RE
 
 SEAT_CHECKPOINT_FORMAT = "cotal-seat-checkpoint/v1"
@@ -79,26 +79,6 @@ AttemptId = Annotated[str, msgspec.Meta(pattern=ATTEMPT_ID_RE.pattern)]
 HeadRef = Annotated[
     str, msgspec.Meta(pattern=r"^refs/heads/[^\x00-\x20\x7f~^:?*\[\\]+$", max_length=1024)
 ]
-
-
-# -- instants -----------------------------------------------------------------------------------
-
-
-def format_instant(when: datetime) -> str:
-    """RFC 3339 in UTC with milliseconds, the one spelling the record accepts."""
-    if when.tzinfo is None:
-        raise ValueError("a checkpoint instant must be timezone-aware")
-    utc = when.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
-def parse_instant(text: str) -> datetime:
-    """Parse an instant written by `format_instant`; anything else is a ValueError."""
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z", text):
-        raise ValueError(
-            f"{text!r} is not RFC 3339 UTC with milliseconds (2026-11-29T14:00:00.123Z)"
-        )
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def _check_instant(field: str, text: str) -> None:

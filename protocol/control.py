@@ -92,6 +92,13 @@ class FinalizeArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
     durable_commit_token: str
 
 
+class ProgressArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """Poll the progress of one maintenance attempt: every record with `seq > after`."""
+
+    attempt_id: str
+    after: int = 0
+
+
 _KIB = 1024
 OPS: dict[str, tuple[type[Any], int]] = {
     "status": (NoArgs, 1 * _KIB),
@@ -106,6 +113,7 @@ OPS: dict[str, tuple[type[Any], int]] = {
     "resume-preserved": (ResumeArgs, 512 * _KIB),
     "commit-resume": (AttemptArgs, 1 * _KIB),
     "finalize-resume": (FinalizeArgs, 1 * _KIB),
+    "progress": (ProgressArgs, 1 * _KIB),
 }
 
 
@@ -174,3 +182,36 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
 
 def seat_rows(obj: Any) -> list[SeatRow]:
     return convert(obj, list[SeatRow], what="ps result")
+
+
+ProgressPhase = Literal[
+    "fenced", "drained", "planned", "stopping", "stopped", "capture", "sealed", "failed"
+]
+
+
+class ProgressRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One step of a maintenance attempt, as the daemon saw it.
+
+    This is the coordinator's view of a cut in flight: it polls `progress` while `commit`
+    runs, so no log event name is an interface. `seat` is absent for attempt-wide steps;
+    `step` names the part of a seat's capture (bundle, index-diff, worktree-diff, untracked,
+    session, seal) and `bytes` what that part has written so far.
+    """
+
+    seq: int
+    at: str
+    phase: ProgressPhase
+    seat: str | None = None
+    step: str | None = None
+    bytes: int | None = None
+    detail: str | None = None
+
+
+class ProgressResult(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    records: list[ProgressRecord]
+    done: bool
+
+
+def progress_result(obj: Any) -> ProgressResult:
+    return convert(obj, ProgressResult, what="progress result")

@@ -19,8 +19,9 @@ from typing import Any
 from manager import registry
 from manager.checkpoint.reader import read_manifest, verify_integrity
 from manager.workspace.private import read_stable
-from protocol.checkpoint import AttemptManifest, SeatCheckpoint, parse_instant
+from protocol.checkpoint import AttemptManifest, SeatCheckpoint
 from protocol.errors import Refusal
+from protocol.instant import parse_instant
 from protocol.inventory import INVENTORY_CAP, Agent, Inventory, parse_resume_args
 from protocol.maintenance import Consent
 

@@ -45,9 +45,9 @@ from protocol.checkpoint import (
     SessionFile,
     SessionRecord,
     continuity_capped,
-    format_instant,
 )
 from protocol.errors import Refusal
+from protocol.instant import format_instant
 from protocol.inventory import Agent
 
 log = structlog.get_logger("cotal.cut")

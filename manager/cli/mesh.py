@@ -311,8 +311,9 @@ async def publish_direct(
 ) -> dict[str, Any]:
     """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat)."""
     from manager.broker.connection import connect
-    from manager.daemon.delivery import new_message_id, now_iso, publish_dm
+    from manager.broker.dm import new_message_id, publish_dm
     from protocol import names
+    from protocol.instant import now_iso
     from protocol.messages import DirectMessage
 
     names.check_seat_name(seat)

@@ -33,8 +33,9 @@ from connectors.base import (
 )
 from manager import registry
 from manager.broker import custody, footprint
+from manager.broker.dm import new_message_id, publish_dm
 from manager.broker.fence import WriterFence
-from manager.daemon.delivery import DeliveryBridge, Waiter, new_message_id, now_iso, publish_dm
+from manager.daemon.delivery import DeliveryBridge, Waiter
 from manager.daemon.preserve import Preservation
 from manager.daemon.process import SeatHandle
 from manager.daemon.resume import Resumption
@@ -44,6 +45,7 @@ from manager.workspace.private import ensure_private_dir
 from protocol import control, names
 from protocol.custody import custody_key, decode_custody
 from protocol.errors import DecodeError, Refusal
+from protocol.instant import now_iso
 from protocol.maintenance import Maintenance
 from protocol.messages import DirectMessage, ManagerLease, Presence, encode
 from protocol.session import SessionPointer, decode_pointer

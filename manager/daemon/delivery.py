@@ -9,9 +9,7 @@ so a possibly-live provider call cannot race its own redelivery.
 from __future__ import annotations
 
 import contextlib
-import time
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -21,12 +19,14 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from connectors.base import Driver, TurnOutcome
+from manager.broker.dm import new_message_id, publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
 from manager.daemon.process import SeatHandle
 from protocol import names
 from protocol.errors import DecodeError, Refusal
-from protocol.messages import DirectMessage, decode_dm, encode
+from protocol.instant import now_iso
+from protocol.messages import DirectMessage, decode_dm
 
 log = structlog.get_logger("cotal.delivery")
 
@@ -34,35 +34,6 @@ IN_PROGRESS_EVERY_S = 20.0
 RETRY_DELAY_S = 1.0
 FETCH_WAIT_S = 1.0
 ACK_S = 5.0
-
-
-def now_iso() -> str:
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
-
-
-def new_message_id() -> str:
-    return uuid.uuid4().hex
-
-
-async def publish_dm(
-    js: JetStreamContext,
-    space: str,
-    dm: DirectMessage,
-    publish: Callable[[str, bytes, dict[str, str]], Awaitable[int]] | None = None,
-) -> int:
-    """Publish a DM; `publish` is the writer fence when the sender is a seat."""
-    owner, actor = dm.recipient.split(".", 1)
-    sender_owner, sender_actor = dm.sender.split(".", 1)
-    subject = names.dm_subject(space, owner, actor, sender_owner, sender_actor)
-    headers = {"Nats-Msg-Id": dm.id}
-    if publish is not None:
-        return await publish(subject, encode(dm), headers)
-    # A retry after a lost answer is deduplicated by the message id.
-    ack = await riding_elections(
-        f"publish to {dm.recipient}", lambda: js.publish(subject, encode(dm), headers=headers)
-    )
-    return int(ack.seq)
 
 
 @dataclass

@@ -125,7 +125,7 @@ class Resumption:
 
     async def _adopt(self, agent: Agent, attempt: str) -> tuple[Seat, dict[str, Any]]:
         from manager.daemon.core import Seat
-        from manager.daemon.delivery import now_iso
+        from protocol.instant import now_iso
 
         mgr = self.mgr
         uid = agent.identity.lifecycle_uid

@@ -37,10 +37,10 @@ from protocol.checkpoint import (
     SessionFile,
     SessionRecord,
     continuity_capped,
-    format_instant,
 )
 from protocol.codec import encode_json
 from protocol.errors import Refusal
+from protocol.instant import format_instant
 from tests.gitrepo import git, init_repo, make_rich_repo, tree_digest, write
 
 pytestmark = pytest.mark.usefixtures("isolated_home")

@@ -1,0 +1,36 @@
+"""Direct messages into a seat's inbox: one publish path for the operator and for a seat."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+
+from nats.js import JetStreamContext
+
+from manager.broker.retry import riding_elections
+from protocol import names
+from protocol.messages import DirectMessage, encode
+
+
+def new_message_id() -> str:
+    return uuid.uuid4().hex
+
+
+async def publish_dm(
+    js: JetStreamContext,
+    space: str,
+    dm: DirectMessage,
+    publish: Callable[[str, bytes, dict[str, str]], Awaitable[int]] | None = None,
+) -> int:
+    """Publish a DM; `publish` is the writer fence when the sender is a seat."""
+    owner, actor = dm.recipient.split(".", 1)
+    sender_owner, sender_actor = dm.sender.split(".", 1)
+    subject = names.dm_subject(space, owner, actor, sender_owner, sender_actor)
+    headers = {"Nats-Msg-Id": dm.id}
+    if publish is not None:
+        return await publish(subject, encode(dm), headers)
+    # A retry after a lost answer is deduplicated by the message id.
+    ack = await riding_elections(
+        f"publish to {dm.recipient}", lambda: js.publish(subject, encode(dm), headers=headers)
+    )
+    return int(ack.seq)
