@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,17 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from connectors.base import (
-    Connector,
-    ContinuityClass,
-    Driver,
-    LaunchOpts,
-    LaunchSpec,
-    continuity_class,
-)
+from connectors.base import Driver, LaunchOpts, LaunchSpec, continuity_class
 from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.dm import new_message_id, publish_dm
 from manager.broker.fence import WriterFence
 from manager.daemon.delivery import DeliveryBridge, Waiter
 from manager.daemon.preserve import Preservation
-from manager.daemon.process import SeatHandle
+from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.resume import Resumption
+from manager.daemon.seat import Seat, read_pointer
+from manager.procs import processes_with_env
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
@@ -48,59 +42,11 @@ from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.maintenance import Maintenance
 from protocol.messages import DirectMessage, ManagerLease, Presence, encode
-from protocol.session import SessionPointer, decode_pointer
+from protocol.session import SessionPointer
 
 log = structlog.get_logger("cotal.manager")
 
 READINESS_TIMEOUT_S = 30.0
-STOP_PROOF_TIMEOUT_S = 10.0
-
-
-@dataclass
-class Seat:
-    name: str
-    agent: str
-    uid: str
-    cwd: Path
-    connector: Connector
-    continuity: ContinuityClass
-    prompt: str | None
-    model: str | None
-    started_at: str
-    pointer_path: Path
-    generation: int = 0
-    state: str = "starting"
-    handle: SeatHandle | None = None
-    driver: Driver | None = None
-    spec: LaunchSpec | None = None
-    session_id: str | None = None
-    crashes: list[float] = field(default_factory=list)
-    restarts: int = 0
-    incarnation: int = 0
-    stopping: bool = False
-    scope: anyio.CancelScope | None = None
-    bridge: DeliveryBridge | None = None
-    recovery_armed: bool = False
-    custody_revision: int | None = None
-    generation_at_broker: int = 0
-    fence: WriterFence | None = None
-    evicted: bool = False
-
-    def row(self, instance_id: str) -> control.SeatRow:
-        return control.SeatRow(
-            name=self.name,
-            agent=self.agent,
-            state=self.state,
-            pid=self.handle.pid if self.handle and self.state == "running" else None,
-            cwd=str(self.cwd),
-            lifecycle_uid=self.uid,
-            instance_id=instance_id,
-            session_id=self.session_id,
-            continuity=self.continuity,
-            restarts=self.restarts,
-            started_at=self.started_at,
-            durable=names.dm_durable(names.SEAT_OWNER, self.name, self.uid),
-        )
 
 
 class Manager:
@@ -138,6 +84,48 @@ class Manager:
         self.started_at = now_iso()
         self.preservation = Preservation(self)
         self.resumption = Resumption(self)
+
+    # -- the narrow view the cut and the resume get (SeatOwner) -----------------------------------
+
+    def agent_settings(self, agent: str) -> Mapping[str, Any]:
+        return registry.agent_settings(self.config, agent)
+
+    def custody_bucket(self) -> KeyValue:
+        if self.custody is None:
+            raise Refusal("not-ready", "the manager has no custody bucket yet", "retry")
+        return self.custody
+
+    def presence_bucket(self) -> KeyValue:
+        if self._presence is None:
+            raise Refusal("not-ready", "the manager has no presence bucket yet", "retry")
+        return self._presence
+
+    def adopt(self, seat: Seat) -> None:
+        # Synchronous, so the slot is taken before the caller's first await and a concurrent
+        # adoption of the same name is refused instead of racing.
+        if seat.name in self.seats:
+            raise Refusal(
+                "duplicate-name",
+                f"a seat named {seat.name!r} already exists",
+                f"pick another name or `cotal stop {seat.name}` first",
+            )
+        self.seats[seat.name] = seat
+
+    def remove(self, seat: Seat) -> None:
+        if self.seats.get(seat.name) is seat:
+            del self.seats[seat.name]
+
+    async def launch(
+        self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
+    ) -> None:
+        if seat.fence is None:
+            seat.fence = WriterFence(
+                self.js, self.space, seat.name, self.identity.instance_id, seat.generation_at_broker
+            )
+            await seat.fence.establish()
+        await self._launch(
+            seat, self._launch_opts(seat, continue_session=continue_session, resume=resume)
+        )
 
     # -- lifecycle fence ------------------------------------------------------------------------
 
@@ -248,12 +236,6 @@ class Manager:
     async def op_spawn(self, args: control.SpawnArgs) -> control.SeatRow:
         async with self.lifecycle("spawn"):
             name = names.check_seat_name(args.name)
-            if name in self.seats:
-                raise Refusal(
-                    "duplicate-name",
-                    f"a seat named {name!r} already exists",
-                    f"pick another name or `cotal stop {name}` first",
-                )
             if len(self.seats) >= names.MAX_SEATS:
                 raise Refusal(
                     "capacity",
@@ -276,18 +258,16 @@ class Manager:
                 cwd=cwd,
                 connector=connector,
                 continuity=continuity_class(connector.capabilities),
-                prompt=args.prompt,
                 model=args.model,
                 started_at=now_iso(),
                 pointer_path=self.layout.session_pointer(connector.name, name, uid),
             )
-            # The slot is reserved before the first await so a concurrent spawn of the same
-            # name is refused instead of racing.
-            self.seats[name] = seat
+            self.adopt(seat)
             try:
                 await footprint.ensure_dm_durable(self.js, self.space, names.SEAT_OWNER, name, uid)
-                assert self.custody is not None
-                held = await custody.establish(self.custody, name, uid, self.identity.instance_id)
+                held = await custody.establish(
+                    self.custody_bucket(), name, uid, self.identity.instance_id
+                )
                 seat.custody_revision, seat.generation_at_broker = (
                     held.revision,
                     held.record.generation,
@@ -298,7 +278,7 @@ class Manager:
                     seat, self._launch_opts(seat, prompt=args.prompt, resume=args.resume)
                 )
             except BaseException:
-                self.seats.pop(name, None)
+                self.remove(seat)
                 with anyio.CancelScope(shield=True):
                     await self._deprovision(seat)
                 raise
@@ -335,13 +315,11 @@ class Manager:
         spec = seat.connector.build_launch(opts)
         ensure_private_dir(seat.pointer_path.parent)
         seat.spec = spec
-        seat.incarnation += 1
         await self._tg.start(self._run_seat, seat, spec)
 
     async def _require_custody(self, seat: Seat) -> None:
         """A seat is launched or relaunched only while this manager holds its custody."""
-        assert self.custody is not None
-        held = await custody.read(self.custody, seat.name, seat.uid)
+        held = await custody.read(self.custody_bucket(), seat.name, seat.uid)
         if (
             held is None
             or held.record.holder != self.identity.instance_id
@@ -354,8 +332,9 @@ class Manager:
             )
             raise Refusal(
                 "custody-not-held",
-                f"refusing to launch {seat.name} (uid {seat.uid}): its custody is held by {who}, this manager "
-                f"({self.identity.instance_id}) is at generation {seat.generation_at_broker}",
+                f"refusing to launch {seat.name} (uid {seat.uid}): its custody is held by {who}, "
+                f"this manager ({self.identity.instance_id}) is at generation "
+                f"{seat.generation_at_broker}",
                 "another host runs this seat now; do not start it here",
             )
 
@@ -364,17 +343,14 @@ class Manager:
     ) -> None:
         handle = SeatHandle(spec, self.layout.seat_log(seat.name, seat.uid))
         seat.handle = handle
-        seat.state = "starting"
         process = await handle.start()
         assert process.stdin is not None and process.stdout is not None
         driver = seat.connector.make_driver(process.stdin, process.stdout, spec)
         seat.driver = driver
-        incarnation = seat.incarnation
         started = False
         failure: Refusal | None = None
         try:
             with anyio.CancelScope() as scope:
-                seat.scope = scope
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._watch_exit, seat, handle, scope)
                     await tg.start(driver.run)
@@ -394,6 +370,12 @@ class Manager:
                         )
                     except Refusal as exc:
                         failure = exc
+                    if failure is None and not seat.lifecycle.allows("ready"):
+                        failure = Refusal(
+                            "seat-stopped",
+                            f"seat {seat.name} was told to stop ({seat.state}) before it was ready",
+                            "spawn it again if it is still wanted",
+                        )
                     if failure is not None:
                         scope.cancel()
                         await anyio.sleep_forever()
@@ -411,10 +393,9 @@ class Manager:
                             seat, holder_now=None, reason="a publish was refused by the broker"
                         ),
                     )
-                    seat.bridge = bridge
                     await tg.start(bridge.run)
                     tg.start_soon(self._presence_loop, seat, handle)
-                    seat.state = "running"
+                    seat.apply("ready")
                     started = True
                     task_status.started()
         except BaseExceptionGroup as group:
@@ -426,29 +407,40 @@ class Manager:
             )
         finally:
             with anyio.CancelScope(shield=True):
-                await handle.stop(graceful=False)
+                await handle.reap()
                 await self._clear_presence(seat)
-                if seat.incarnation == incarnation and seat.state != "retired":
-                    seat.state = "exited"
+                if seat.handle is handle:
+                    # An exit nobody asked for is `exit`; a stop that missed its deadline is
+                    # proven by this reap. A stop in progress owns its own proof.
+                    if seat.lifecycle.allows("exit"):
+                        seat.apply("exit")
+                    elif seat.state == "unproven":
+                        seat.apply("reaped")
         if not started:
             raise failure or Refusal(
                 "seat-failed",
                 f"seat {seat.name} exited before it was ready (code {handle.returncode})",
                 f"read {handle.log_path}",
             )
-        if seat.incarnation == incarnation and self._tg is not None:
-            self._tg.start_soon(self._on_exit, seat, incarnation, handle.returncode)
+        if seat.handle is handle and self._tg is not None:
+            self._tg.start_soon(self._on_exit, seat, handle.returncode)
 
     async def _watch_exit(self, seat: Seat, handle: SeatHandle, scope: anyio.CancelScope) -> None:
         rc = await handle.wait_for_exit()
-        log.info("seat.exited", seat=seat.name, pid=handle.pid, code=rc, deliberate=seat.stopping)
+        log.info(
+            "seat.exited",
+            seat=seat.name,
+            pid=handle.pid,
+            code=rc,
+            deliberate=seat.lifecycle.deliberate,
+        )
         scope.cancel()
 
     async def _prove_ready(
         self, seat: Seat, spec: LaunchSpec, driver: Driver, handle: SeatHandle
     ) -> None:
         while True:
-            if handle.status() == "exited":
+            if handle.reaped:
                 raise Refusal(
                     "seat-failed",
                     f"seat {seat.name} exited during start",
@@ -478,7 +470,6 @@ class Manager:
                     f"pointer names session {pointer.session_id}, the harness reports {reported}",
                     "the harness and its pointer disagree; inspect the store",
                 )
-            seat.recovery_armed = True
         seat.session_id = reported
 
     async def _await_pointer(self, path: Path, handle: SeatHandle) -> SessionPointer:
@@ -486,7 +477,7 @@ class Manager:
             try:
                 return read_pointer(path)
             except (FileNotFoundError, DecodeError):
-                if handle.status() == "exited":
+                if handle.reaped:
                     raise
                 await anyio.sleep(0.05)
 
@@ -524,8 +515,8 @@ class Manager:
 
     # -- exits and crash recovery -----------------------------------------------------------------
 
-    async def _on_exit(self, seat: Seat, incarnation: int, code: int | None) -> None:
-        if seat.stopping or not self.active or self.seats.get(seat.name) is not seat:
+    async def _on_exit(self, seat: Seat, code: int | None) -> None:
+        if seat.state != "exited" or not self.active or self.seats.get(seat.name) is not seat:
             # A deliberate stop or a cut owns this exit; the watcher must not deprovision.
             return
         pointer: SessionPointer | None = None
@@ -548,7 +539,7 @@ class Manager:
                 crashes=len(seat.crashes),
                 window_s=names.SESSION_RESTART_WINDOW_S,
             )
-            seat.state = "retired"
+            seat.apply("retire")
             await self._free(seat)
             return
         await self._recover(seat, pointer.session_id)
@@ -558,10 +549,12 @@ class Manager:
         election) defers the relaunch and never costs the seat its footprint; custody that
         moved evicts it; only a refusal about the seat itself frees it."""
         delay = 1.0
-        while self.active and self.seats.get(seat.name) is seat and not seat.evicted:
+        while (
+            self.active and self.seats.get(seat.name) is seat and seat.lifecycle.allows("restart")
+        ):
             try:
                 async with self.lifecycle("crash restart"):
-                    seat.state = "restarting"
+                    seat.apply("restart")
                     await self._launch(seat, self._launch_opts(seat, continue_session=session_id))
                     seat.restarts += 1
                     log.info(
@@ -572,8 +565,9 @@ class Manager:
                     )
                 return
             except Refusal as exc:
+                if seat.lifecycle.allows("exit"):
+                    seat.apply("exit")
                 if exc.code == "broker-unavailable":
-                    seat.state = "exited"
                     log.warning(
                         "seat.recovery_deferred", seat=seat.name, error=exc.text, retry_in_s=delay
                     )
@@ -588,13 +582,15 @@ class Manager:
                     await self._free(seat)
                 return
             except Exception as exc:
-                # Not a refusal: keep the seat and its footprint, and say so; an operator can stop it.
-                seat.state = "failed"
+                # Not a refusal: keep the seat and its footprint, and say so; an operator can
+                # stop it.
+                if seat.lifecycle.allows("fail"):
+                    seat.apply("fail")
                 log.exception("seat.recovery_error", seat=seat.name, error=repr(exc))
                 return
 
     def _schedule_evict(self, seat: Seat, *, holder_now: str | None, reason: str) -> None:
-        if self._tg is not None and not seat.evicted:
+        if self._tg is not None and seat.lifecycle.allows("evict"):
             self._tg.start_soon(self.evict, seat, holder_now, reason)
 
     async def evict(self, seat: Seat, holder_now: str | None, reason: str) -> None:
@@ -602,17 +598,18 @@ class Manager:
 
         Nothing is deprovisioned: the durable and the custody record are the new holder's.
         """
-        if seat.evicted:
+        if not seat.lifecycle.allows("evict"):
             return
-        seat.evicted = True
-        seat.stopping = True
+        seat.apply("evict")
         with anyio.CancelScope(shield=True):
             try:
-                await self._stop_and_prove(seat, graceful=False)
+                await self.stop_and_prove(seat, graceful=False)
+            except Refusal as exc:
+                # Evicted all the same: the custody is another holder's. The process stays
+                # with its run task, which reaps it when the kernel lets go.
+                log.error("custody.evict_unproven", seat=seat.name, error=exc.text)
             finally:
-                if self.seats.get(seat.name) is seat:
-                    del self.seats[seat.name]
-                seat.state = "evicted"
+                self.remove(seat)
         log.error(
             "custody.evicted",
             seat=seat.name,
@@ -647,10 +644,10 @@ class Manager:
             return
         _owner, name, uid = parts
         seat = self.seats.get(name)
-        if seat is None or seat.uid != uid or seat.evicted:
+        if seat is None or seat.uid != uid or not seat.lifecycle.allows("evict"):
             return
         if entry.operation in ("DEL", "PURGE"):
-            if not seat.stopping:
+            if not seat.lifecycle.deliberate:
                 self._schedule_evict(seat, holder_now=None, reason="custody record deleted")
             return
         try:
@@ -678,8 +675,7 @@ class Manager:
             )
 
     async def _free(self, seat: Seat) -> None:
-        if self.seats.get(seat.name) is seat:
-            del self.seats[seat.name]
+        self.remove(seat)
         await self._deprovision(seat)
 
     async def _deprovision(self, seat: Seat) -> None:
@@ -710,7 +706,7 @@ class Manager:
     async def op_stop_seat(self, args: control.StopSeatArgs) -> dict[str, Any]:
         async with self.lifecycle("stop-seat"):
             seat = self._seat(args.name)
-            await self._stop_and_prove(seat, graceful=True)
+            await self.stop_and_prove(seat, graceful=True)
             await self._free(seat)
             return {
                 "name": seat.name,
@@ -718,28 +714,39 @@ class Manager:
                 "exitCode": seat.handle.returncode if seat.handle else None,
             }
 
-    async def _stop_and_prove(self, seat: Seat, *, graceful: bool) -> None:
-        seat.stopping = True
-        handle = seat.handle
-        if handle is None:
-            return
+    async def stop_and_prove(self, seat: Seat, *, graceful: bool) -> None:
+        """The one stop: signal the group, wait for the reaped exit under a deadline, and prove
+        no process of the lifecycle survives. Raises `Refusal("stop-unproven")` otherwise.
+
+        Shielded, so a cancelled caller cannot leave a seat half stopped; bounded, because the
+        handle's own deadlines end the wait. A second stopper of the same seat waits for the
+        first and then finds it stopped."""
         with anyio.CancelScope(shield=True):
-            try:
-                with anyio.fail_after(STOP_PROOF_TIMEOUT_S):
-                    await handle.stop(graceful=graceful)
-            except TimeoutError:
-                raise Refusal(
-                    "stop-unproven",
-                    f"seat {seat.name} (pid {handle.pid}) could not be proven stopped",
-                    f"kill -9 {handle.pid} and retry",
-                ) from None
-        if handle.status() != "exited":
-            raise Refusal(
-                "stop-unproven",
-                f"seat {seat.name} reported exit while its status is still {handle.status()}",
-                "retry; report this if it persists",
-            )
-        seat.state = "exited"
+            async with seat.stop_lock:
+                if seat.apply("stop") in ("stopped", "evicted"):
+                    return
+                handle = seat.handle
+                proven = handle is None or await handle.stop(graceful=graceful)
+                pid = handle.pid if handle is not None else None
+                if not proven:
+                    seat.apply("unproven")
+                    raise Refusal(
+                        "stop-unproven",
+                        f"seat {seat.name} (pid {pid}) was not reaped within "
+                        f"{STOP_DEADLINE_S + LAST_KILL_WAIT_S:.0f}s of its stop",
+                        f"kill -9 {pid} (it may be stuck in the kernel), then retry; the manager "
+                        "reaps it as soon as it dies",
+                    )
+                survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
+                if survivors:
+                    seat.apply("unproven")
+                    raise Refusal(
+                        "stop-unproven",
+                        f"seat {seat.name} (pid {pid}) exited but processes of its lifecycle are "
+                        f"still alive: {survivors}",
+                        f"kill {' '.join(map(str, survivors))}, then retry",
+                    )
+                seat.apply("proven")
 
     def _seat(self, name: str) -> Seat:
         seat = self.seats.get(name)
@@ -777,7 +784,8 @@ class Manager:
                 raise Refusal(
                     "no-reply",
                     f"no reply from {seat.name} within {args.timeout_s:.0f}s",
-                    "the message stays queued in the seat's inbox; check `cotal ps` and the seat log",
+                    "the message stays queued in the seat's inbox; check `cotal ps` and the seat "
+                    "log",
                 ) from None
             assert waiter.outcome is not None
             result.update(reply=waiter.outcome.reply, attempts=waiter.attempts)
@@ -786,6 +794,9 @@ class Manager:
             self.waiters.pop(dm.id, None)
 
     # -- the cut --------------------------------------------------------------------------------
+
+    async def op_progress(self, args: control.ProgressArgs) -> control.ProgressResult:
+        return self.preservation.progress.read(args)
 
     async def op_prepare_preservation(self, args: control.AttemptArgs) -> dict[str, Any]:
         return await self.preservation.prepare(args)
@@ -814,7 +825,8 @@ class Manager:
         if self.maintenance.state == "preserving":
             raise Refusal(
                 "fenced",
-                f"shutdown refused: preservation attempt {self.maintenance.attempt_id} is in progress",
+                f"shutdown refused: preservation attempt {self.maintenance.attempt_id} is in "
+                "progress",
                 "commit or abort it first (cotal down --preserve-state continues it)",
             )
         if self.maintenance.state != "active":
@@ -834,7 +846,7 @@ class Manager:
         return {"stopped": stopped}
 
     async def _teardown_one(self, seat: Seat, out: list[dict[str, Any]]) -> None:
-        await self._stop_and_prove(seat, graceful=True)
+        await self.stop_and_prove(seat, graceful=True)
         await self._free(seat)
         out.append(
             {
@@ -854,15 +866,6 @@ class Manager:
 
     async def _stop_quietly(self, seat: Seat) -> None:
         try:
-            await self._stop_and_prove(seat, graceful=True)
+            await self.stop_and_prove(seat, graceful=True)
         except Refusal as exc:
             log.error("seat.stop_failed", seat=seat.name, error=exc.text)
-
-
-def read_pointer(path: Path) -> SessionPointer:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        data = os.read(fd, 16 * 1024)
-    finally:
-        os.close(fd)
-    return decode_pointer(data, where=f"connector session state {path}")

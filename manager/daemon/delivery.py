@@ -83,7 +83,7 @@ class DeliveryBridge:
         try:
             # Once the harness is gone, a further pull would hand a redelivered message to a
             # subscription nobody reads, stranding it until ack_wait expires.
-            while self.handle.status() == "running":
+            while not self.handle.reaped:
                 try:
                     msgs = await psub.fetch(1, timeout=FETCH_WAIT_S)
                 except nats.errors.TimeoutError:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import msgspec
@@ -22,11 +22,13 @@ from manager import registry
 from manager.broker import custody
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
-from manager.procs import processes_with_env
+from manager.daemon.progress import ProgressLog
+from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
 from manager.workspace.journal import read_resume_document, write_resume_document
 from protocol import control, names
 from protocol.errors import Refusal
+from protocol.instant import now_iso
 from protocol.inventory import (
     Agent,
     Identity,
@@ -38,17 +40,13 @@ from protocol.inventory import (
 )
 from protocol.maintenance import ResumeDescriptor
 
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager, Seat
-
 log = structlog.get_logger("cotal.preserve")
-
-PRESERVE_STOP_TIMEOUT_S = 10.0
 
 
 class Preservation:
-    def __init__(self, mgr: Manager) -> None:
-        self.mgr = mgr
+    def __init__(self, owner: SeatOwner) -> None:
+        self.mgr = owner
+        self.progress = ProgressLog()
         self.plan: Inventory | None = None
         self.descriptor: ResumeDescriptor | None = None
         self.result: dict[str, Any] | None = None
@@ -73,8 +71,11 @@ class Preservation:
             )
         # The fence lands before any await, so accepted work has already counted itself.
         m.apply("prepare", attempt)
+        self.progress.begin(attempt)
+        self.progress.add("fenced")
         try:
             await self.mgr.drain()
+            self.progress.add("drained")
             inventory = self._build_inventory(attempt)
             failures = self._reference_failures(inventory)
             if failures:
@@ -97,36 +98,41 @@ class Preservation:
             await self._read_custody(inventory)
             descriptor = write_resume_document(self.mgr.layout, inventory)
             read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
-        except BaseException:
+        except BaseException as exc:
             # Nothing was stopped, so the fence is lifted again and the seats carry on.
             m.apply("abort", attempt)
             log.info("cut.prepare_failed", attempt=attempt)
+            self.progress.add("failed", detail=exc.text if isinstance(exc, Refusal) else repr(exc))
+            self.progress.done = True
             raise
         self.plan, self.descriptor, self.result = inventory, descriptor, None
+        self.progress.add("planned", detail=f"{len(inventory.agents)} seat(s)")
         log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
         return self._plan_result(attempt)
 
     async def _read_custody(self, inventory: Inventory) -> None:
         """The revision each seat's custody stands at: what a destination must CAS against."""
         mgr = self.mgr
-        assert mgr.custody is not None
+        bucket = mgr.custody_bucket()
         for agent in inventory.agents:
-            held = await custody.read(mgr.custody, agent.name, agent.identity.lifecycle_uid)
+            held = await custody.read(bucket, agent.name, agent.identity.lifecycle_uid)
             if held is None or held.record.holder != mgr.identity.instance_id:
                 raise Refusal(
                     "custody-lost",
                     f"seat {agent.name}: this manager does not hold its custody at the broker "
                     f"({'no record' if held is None else 'held by ' + held.record.holder})",
-                    "a seat this manager does not hold cannot be cut from here; nothing was stopped",
+                    "a seat this manager does not hold cannot be cut from here; nothing was "
+                    "stopped",
                 )
             if (
                 held.record.generation != agent.generation
                 or current_generation(mgr.layout, mgr.space, agent.name) > agent.generation
             ):
+                local = current_generation(mgr.layout, mgr.space, agent.name)
                 raise Refusal(
                     "custody-stale",
-                    f"seat {agent.name}: writer generation disagrees (broker {held.record.generation}, "
-                    f"seat {agent.generation}, local {current_generation(mgr.layout, mgr.space, agent.name)})",
+                    f"seat {agent.name}: writer generation disagrees (broker "
+                    f"{held.record.generation}, seat {agent.generation}, local {local})",
                     "this root's record of the seat is stale; nothing was stopped",
                 )
             self.custody_revisions[agent.name] = held.revision
@@ -149,13 +155,13 @@ class Preservation:
             space=mgr.space,
             attempt_id=attempt,
             instance_id=mgr.identity.instance_id,
-            created_at=_now(),
+            created_at=now_iso(),
             agents=agents,
         )
 
     def _entry(self, seat: Seat) -> Agent:
         mgr = self.mgr
-        settings = registry.agent_settings(mgr.config, seat.agent)
+        settings = mgr.agent_settings(seat.agent)
         model = seat.model or settings.get("model")
         stores: list[str] = []
         if seat.spec is not None:
@@ -169,8 +175,6 @@ class Preservation:
         if seat.recovery_armed:
             # The live pointer is consulted only while recovery is armed: it proves the latest
             # in-process session; otherwise the recorded launch value stands.
-            from manager.daemon.core import read_pointer
-
             session_id = read_pointer(seat.pointer_path).session_id
         if not self._session_carried(seat, stores):
             # A class is a promise about bytes the checkpoint must contain: without a pointer
@@ -219,7 +223,8 @@ class Preservation:
             raise Refusal(
                 "not-prepared",
                 f"preservation attempt {attempt} is not the prepared attempt (state {m.state})",
-                "run prepare-preservation for this attempt first (cotal down --preserve-state does)",
+                "run prepare-preservation for this attempt first "
+                "(cotal down --preserve-state does)",
             )
         home = Path(os.path.expanduser("~"))
         extra = [Path(os.path.normpath(p)) for p in args.session_stores]
@@ -233,13 +238,15 @@ class Preservation:
                     )
                 cut.anchor_of(d, root=mgr.layout.root, cwd=Path(agent.launch.cwd), home=home)
         m.apply("commit", attempt)
+        self.progress.begin(attempt)
+        self.progress.add("stopping", detail=f"{len(mgr.seats)} seat(s)")
         t0 = time.monotonic()
-        seats = {s.name: s for s in mgr.seats.values()}
+        seats = dict(mgr.seats)
         failures: dict[str, str] = {}
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
-                for seat in seats.values():
-                    tg.start_soon(self._stop_and_prove, seat, failures)
+                for one in seats.values():
+                    tg.start_soon(self._stop_one, one, failures)
         t_stop = time.monotonic()
         log.info(
             "cut.stopped",
@@ -267,7 +274,7 @@ class Preservation:
                         supports_fresh_start=caps.supports_fresh_start,
                         identity=mgr.identity,
                         space=mgr.space,
-                        progress=_progress(agent.name),
+                        progress=self.progress.capture_reporter(agent.name),
                         custody_revision=self.custody_revisions.get(agent.name),
                     )
                 )
@@ -275,6 +282,8 @@ class Preservation:
                 failures[agent.name] = exc.text
                 log.error("cut.capture_failed", seat=agent.name, error=exc.text)
         t_capture = time.monotonic()
+        for name, error in sorted(failures.items()):
+            self.progress.add("failed", seat=name, detail=error)
         manifest = None
         if not failures:
             assert self.descriptor is not None
@@ -284,6 +293,7 @@ class Preservation:
             manifest = cut.seal_attempt(
                 attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity
             )
+            self.progress.add("sealed", detail=str(attempt_path))
         m.apply("stopped", attempt)
         self.result = {
             "attemptId": attempt,
@@ -298,35 +308,22 @@ class Preservation:
                 "total": int((time.monotonic() - t0) * 1000),
             },
         }
+        self.progress.done = True
         log.info(
             "cut.committed", attempt=attempt, sealed=manifest is not None, failures=len(failures)
         )
         return self.result
 
-    async def _stop_and_prove(self, seat: Seat, failures: dict[str, str]) -> None:
-        # Suppressed cleanup: the exit watcher sees `stopping` and a non-active state, so it
-        # neither restarts the seat nor deprovisions its durable.
-        seat.stopping = True
-        handle = seat.handle
-        if handle is not None and handle.process is not None:
-            try:
-                with anyio.fail_after(PRESERVE_STOP_TIMEOUT_S):
-                    await handle.stop(graceful=False)
-            except TimeoutError:
-                failures[seat.name] = (
-                    f"could not be proven stopped within {PRESERVE_STOP_TIMEOUT_S:.0f}s (pid {handle.pid})"
-                )
-                return
-            if handle.status() != "exited":
-                failures[seat.name] = (
-                    f"runtime reported exit while status is still {handle.status()}"
-                )
-                return
-        survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
-        if survivors:
-            failures[seat.name] = f"processes of its lifecycle are still alive: {survivors}"
+    async def _stop_one(self, seat: Seat, failures: dict[str, str]) -> None:
+        # The owner's one stop-and-prove; outside `active` it neither restarts the seat nor
+        # deprovisions its durable, which is the cut's suppressed cleanup.
+        try:
+            await self.mgr.stop_and_prove(seat, graceful=False)
+        except Refusal as exc:
+            failures[seat.name] = exc.text
+            self.progress.add("stopped", seat=seat.name, detail=exc.text)
             return
-        seat.state = "exited"
+        self.progress.add("stopped", seat=seat.name)
 
     # -- abort ----------------------------------------------------------------------------------
 
@@ -339,21 +336,3 @@ class Preservation:
         self.plan = self.descriptor = None
         log.info("cut.aborted", attempt=attempt)
         return {"attemptId": attempt, "state": m.state}
-
-
-def _progress(seat: str) -> cut.Progress:
-    """Every phase change, and within a phase at most twice a second."""
-    last = {"at": 0.0, "phase": ""}
-
-    def report(phase: str, done: int) -> None:
-        now = time.monotonic()
-        if phase != last["phase"] or now - float(last["at"]) >= 0.5:
-            last.update(at=now, phase=phase)
-            log.info("capture.progress", seat=seat, phase=phase, bytes=done)
-
-    return report
-
-
-def _now() -> str:
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"

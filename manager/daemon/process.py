@@ -3,6 +3,8 @@
 The child runs in its own process group (so a stop reaches everything it started) and carries
 a parent-death signal (so a manager that dies, even by SIGKILL, leaves no unsupervised writer).
 "Exited" means reaped: `wait_for_exit` returns only after the kernel handed back the status.
+Whether the seat is starting, running or stopping is the Manager's lifecycle, not this handle's:
+the handle knows only whether its process has been reaped.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Literal
 
 import anyio
 import structlog
@@ -23,7 +24,10 @@ from connectors.base import LaunchSpec
 log = structlog.get_logger("cotal.seat")
 
 GRACE_S = 3.0
-SeatStatus = Literal["starting", "running", "exited"]
+# The whole stop, grace included, must end in a reaped exit within this deadline.
+STOP_DEADLINE_S = 10.0
+# After the deadline the group is killed once more and given this long to be reaped.
+LAST_KILL_WAIT_S = 2.0
 
 
 def _pdeathsig_prefix() -> list[str]:
@@ -65,10 +69,9 @@ class SeatHandle:
         log.info("seat.started", pid=self.process.pid, argv0=self.spec.argv[0])
         return self.process
 
-    def status(self) -> SeatStatus:
-        if self.process is None:
-            return "starting"
-        return "exited" if self._exited.is_set() else "running"
+    @property
+    def reaped(self) -> bool:
+        return self._exited.is_set()
 
     async def wait_for_exit(self) -> int:
         """Return once the kernel has handed back the child's exit status."""
@@ -92,20 +95,50 @@ class SeatHandle:
         except ProcessLookupError:
             pass
 
-    async def stop(self, *, graceful: bool, grace: float = GRACE_S) -> None:
-        """Graceful: SIGTERM, then SIGKILL after `grace`. Hard: SIGKILL now. Both wait for the
-        reaper; a cancellation cannot cut the stop in half."""
+    async def stop(
+        self,
+        *,
+        graceful: bool,
+        grace: float = GRACE_S,
+        deadline: float = STOP_DEADLINE_S,
+        last_wait: float = LAST_KILL_WAIT_S,
+    ) -> bool:
+        """Graceful: SIGTERM, then SIGKILL after `grace`. Hard: SIGKILL now. True once the exit
+        is reaped; False if it was not reaped by `deadline` plus one more SIGKILL and
+        `last_wait`. The waits are bounded here, so a caller may shield the whole stop and
+        still get an answer in time; the process stays in this handle for a later reap."""
         if self.process is None:
-            return
-        with anyio.CancelScope(shield=True):
+            return True
+        with anyio.move_on_after(deadline):
             if graceful:
                 self._signal_group(signal.SIGTERM)
                 with anyio.move_on_after(grace):
                     await self.wait_for_exit()
             self._signal_group(signal.SIGKILL)
             await self.wait_for_exit()
-            # Anything the harness left in its group dies with it.
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if not self.reaped:
+            self._signal_group(signal.SIGKILL)
+            with anyio.move_on_after(last_wait):
+                await self.wait_for_exit()
+        if not self.reaped:
+            return False
+        self._kill_leftovers()
+        return True
+
+    async def reap(self) -> int | None:
+        """Kill the group and wait for the kernel's status however long it takes: the cleanup
+        that must finish, so the caller shields it."""
+        if self.process is None:
+            return None
+        self._signal_group(signal.SIGKILL)
+        code = await self.wait_for_exit()
+        self._kill_leftovers()
+        return code
+
+    def _kill_leftovers(self) -> None:
+        # Anything the harness left in its group dies with it.
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

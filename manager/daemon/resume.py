@@ -12,30 +12,30 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import structlog
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
 from connectors.base import continuity_class
 from manager import registry
 from manager.broker import custody, footprint
-from manager.broker.fence import WriterFence
 from manager.broker.retry import riding_elections
+from manager.daemon.seat import Seat, SeatOwner
 from protocol import control, names
 from protocol.errors import Refusal
+from protocol.instant import now_iso
 from protocol.inventory import Agent, Inventory, inventory_digest, parse_resume_args
-
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager, Seat
 
 log = structlog.get_logger("cotal.resume")
 
 
 class Resumption:
-    def __init__(self, mgr: Manager) -> None:
-        self.mgr = mgr
+    def __init__(self, owner: SeatOwner) -> None:
+        self.mgr = owner
         self.inventory: Inventory | None = None
         self.result: dict[str, Any] | None = None
         self.token: str | None = None
@@ -88,8 +88,12 @@ class Resumption:
             # keep every footprint; the attempt can be retried.
             with anyio.CancelScope(shield=True):
                 for seat in launched:
-                    await mgr._stop_and_prove(seat, graceful=False)
-                    mgr.seats.pop(seat.name, None)
+                    try:
+                        await mgr.stop_and_prove(seat, graceful=False)
+                    except Refusal as exc:
+                        # Its process stays with the Manager until reaped; the rollback goes on.
+                        log.error("resume.rollback_unproven", seat=seat.name, error=exc.text)
+                    mgr.remove(seat)
             raise
         m.apply("activated", attempt)
         self.inventory = inventory
@@ -98,19 +102,16 @@ class Resumption:
         return self.result
 
     async def _roster_liveness(self, inventory: Inventory) -> None:
-        presence = self.mgr._presence
-        assert presence is not None
+        presence = self.mgr.presence_bucket()
         for agent in inventory.agents:
             key = names.presence_key(names.SEAT_OWNER, agent.name, agent.identity.lifecycle_uid)
             try:
-                await riding_elections(
-                    f"presence of {agent.name}", lambda key=key: presence.get(key)
-                )
+                await riding_elections(f"presence of {agent.name}", partial(presence.get, key))
             except Refusal:
                 raise
+            except (KeyNotFoundError, KeyDeletedError):
+                continue
             except Exception as exc:
-                if type(exc).__name__ in ("KeyNotFoundError", "KeyDeletedError"):
-                    continue
                 raise Refusal(
                     "liveness-unknown",
                     f"cannot read presence for {agent.name}: {exc}",
@@ -118,21 +119,17 @@ class Resumption:
                 ) from None
             raise Refusal(
                 "principal-live",
-                f"retained principal {agent.name} (uid {agent.identity.lifecycle_uid}) is already live and this "
-                "runtime cannot authoritatively adopt it",
+                f"retained principal {agent.name} (uid {agent.identity.lifecycle_uid}) is already "
+                "live and this runtime cannot authoritatively adopt it",
                 "stop the running incarnation first; presence expires 6 s after it stops",
             )
 
     async def _adopt(self, agent: Agent, attempt: str) -> tuple[Seat, dict[str, Any]]:
-        from manager.daemon.core import Seat
-        from protocol.instant import now_iso
-
         mgr = self.mgr
         uid = agent.identity.lifecycle_uid
         # The lifecycle proof comes first: a wrong uid names a durable that does not exist.
         await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, agent.name, uid)
-        assert mgr.custody is not None
-        held = await custody.read(mgr.custody, agent.name, uid)
+        held = await custody.read(mgr.custody_bucket(), agent.name, uid)
         if (
             held is None
             or held.record.holder != mgr.identity.instance_id
@@ -160,28 +157,22 @@ class Resumption:
             cwd=Path(agent.launch.cwd),
             connector=connector,
             continuity=klass,
-            prompt=None,
             model=agent.launch.model,
             started_at=now_iso(),
             pointer_path=mgr.layout.session_pointer(connector.name, agent.name, uid),
             custody_revision=held.revision,
             generation_at_broker=held.record.generation,
         )
-        mgr.seats[agent.name] = seat
+        mgr.adopt(seat)
         try:
-            seat.fence = WriterFence(
-                mgr.js, mgr.space, agent.name, mgr.identity.instance_id, held.record.generation
-            )
-            await seat.fence.establish()
             if klass == "exact":
-                opts = mgr._launch_opts(seat, continue_session=recorded)
+                await mgr.launch(seat, continue_session=recorded)
             elif klass == "fork":
-                opts = mgr._launch_opts(seat, resume=recorded)
+                await mgr.launch(seat, resume=recorded)
             else:
-                opts = mgr._launch_opts(seat)
-            await mgr._launch(seat, opts)
+                await mgr.launch(seat)
         except BaseException:
-            mgr.seats.pop(agent.name, None)
+            mgr.remove(seat)
             raise
         if klass == "exact" and seat.session_id != recorded:
             raise Refusal(
@@ -213,11 +204,12 @@ class Resumption:
             "pid": seat.handle.pid if seat.handle else None,
         }
 
-    # -- commit-resume / finalize-resume ------------------------------------------------------------
+    # -- commit-resume / finalize-resume -----------------------------------------------------
 
     def _expected_token(self, attempt: str) -> str:
         assert self.inventory is not None
-        material = f"cotal-resume-commit\0{attempt}\0{self.mgr.identity.instance_id}\0{inventory_digest(self.inventory)}"
+        digest = inventory_digest(self.inventory)
+        material = f"cotal-resume-commit\0{attempt}\0{self.mgr.identity.instance_id}\0{digest}"
         return hashlib.sha256(material.encode()).hexdigest()
 
     async def commit(self, args: control.AttemptArgs) -> dict[str, Any]:

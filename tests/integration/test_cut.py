@@ -186,6 +186,15 @@ async def test_spawn_racing_the_fence_is_refused_and_abort_returns_to_active(
             tg.start_soon(racing_spawn)
             plan = await c.call("prepare-preservation", {"attemptId": "race-1"})
         planned = sorted(a["name"] for a in plan["inventory"]["agents"])
+        # The prepare's steps are typed records the coordinator can poll, in order.
+        progress = await c.call("progress", {"attemptId": "race-1"})
+        assert [r["phase"] for r in progress["records"]] == ["fenced", "drained", "planned"]
+        assert [r["seq"] for r in progress["records"]] == [1, 2, 3] and not progress["done"]
+        later = await c.call("progress", {"attemptId": "race-1", "after": 2})
+        assert [r["phase"] for r in later["records"]] == ["planned"]
+        with pytest.raises(Refusal) as err:
+            await c.call("progress", {"attemptId": "race-2"})
+        assert err.value.code == "not-this-attempt" and "race-2" in err.value.message
         if "refusal" in spawn_result:
             assert spawn_result["refusal"].code == "fenced"
             assert (

@@ -1,0 +1,91 @@
+"""The typed progress of one maintenance attempt, as the coordinator polls it (`progress` op).
+
+Records are appended by the cut as each phase happens and read by sequence number, so a poller
+that asks for `after=N` sees every later step exactly once. The structlog events stay for the
+operator's log, but nothing reads them as an interface.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Final
+
+import structlog
+
+from manager.checkpoint import cut
+from protocol import control
+from protocol.errors import Refusal
+from protocol.instant import now_iso
+
+log = structlog.get_logger("cotal.preserve")
+
+# Enough for every step of a full manager's cut; a poller that falls further behind than this
+# loses the oldest records, never the newest.
+KEEP_RECORDS: Final = 4096
+CAPTURE_EVERY_S: Final = 0.5
+
+
+class ProgressLog:
+    def __init__(self) -> None:
+        self.attempt_id: str | None = None
+        self.done = False
+        self._records: deque[control.ProgressRecord] = deque(maxlen=KEEP_RECORDS)
+        self._seq = 0
+
+    def begin(self, attempt_id: str) -> None:
+        """A new attempt starts a new log; the same attempt again continues its own."""
+        if attempt_id == self.attempt_id:
+            self.done = False
+            return
+        self.attempt_id, self.done, self._seq = attempt_id, False, 0
+        self._records.clear()
+
+    def add(
+        self,
+        phase: control.ProgressPhase,
+        *,
+        seat: str | None = None,
+        step: str | None = None,
+        size: int | None = None,
+        detail: str | None = None,
+    ) -> None:
+        self._seq += 1
+        self._records.append(
+            control.ProgressRecord(
+                seq=self._seq,
+                at=now_iso(),
+                phase=phase,
+                seat=seat,
+                step=step,
+                bytes=size,
+                detail=detail,
+            )
+        )
+
+    def capture_reporter(self, seat: str) -> cut.Progress:
+        """Every step change, and within a step at most twice a second."""
+        last: dict[str, float | str] = {"at": 0.0, "step": ""}
+
+        def report(step: str, done: int) -> None:
+            now = time.monotonic()
+            if step != last["step"] or now - float(last["at"]) >= CAPTURE_EVERY_S:
+                last.update(at=now, step=step)
+                log.info("capture.progress", seat=seat, phase=step, bytes=done)
+                self.add("capture", seat=seat, step=step, size=done)
+
+        return report
+
+    def read(self, args: control.ProgressArgs) -> control.ProgressResult:
+        if self.attempt_id is None or args.attempt_id != self.attempt_id:
+            raise Refusal(
+                "not-this-attempt",
+                f"this manager has no progress for attempt {args.attempt_id} "
+                f"(its attempt is {self.attempt_id or '<none>'})",
+                "poll the attempt this manager is preparing or committing",
+            )
+        return control.ProgressResult(
+            attempt_id=self.attempt_id,
+            records=[r for r in self._records if r.seq > args.after],
+            done=self.done,
+        )

@@ -1,0 +1,154 @@
+"""A seat in the Manager's table, and the narrow view of the table the cut and the resume get.
+
+A `Seat` carries its lifecycle (`protocol.lifecycle`) and what the current incarnation is
+running; only the Manager moves the lifecycle. `SeatOwner` is everything Preservation and
+Resumption may ask of the Manager: they read the table, and they ask the owner to adopt, launch,
+stop and remove seats, so the table has one writer (gunicorn's arbiter) and neither of them
+imports the Manager.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from connectors.base import Connector, ContinuityClass, Driver, LaunchSpec
+from manager.broker.fence import WriterFence
+from manager.daemon.process import SeatHandle
+from manager.workspace.identity import InstanceIdentity
+from manager.workspace.layout import Layout
+from protocol import control, names
+from protocol.lifecycle import SeatEvent, SeatLifecycle, SeatState
+from protocol.maintenance import Maintenance
+from protocol.session import SessionPointer, decode_pointer
+
+
+@dataclass(eq=False)
+class Seat:
+    name: str
+    agent: str
+    uid: str
+    cwd: Path
+    connector: Connector
+    continuity: ContinuityClass
+    model: str | None
+    started_at: str
+    pointer_path: Path
+    custody_revision: int | None = None
+    generation_at_broker: int = 0
+    lifecycle: SeatLifecycle = field(default_factory=SeatLifecycle)
+    # The current incarnation: replaced by each launch, so an exit report names its own.
+    handle: SeatHandle | None = None
+    driver: Driver | None = None
+    spec: LaunchSpec | None = None
+    session_id: str | None = None
+    fence: WriterFence | None = None
+    crashes: list[float] = field(default_factory=list)
+    restarts: int = 0
+    # One stopper at a time: a second waits for the first's proof instead of racing it.
+    stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    @property
+    def state(self) -> SeatState:
+        return self.lifecycle.state
+
+    def apply(self, event: SeatEvent) -> SeatState:
+        """The Manager's only way to move a seat; an illegal event raises `IllegalTransition`."""
+        return self.lifecycle.apply(event)
+
+    @property
+    def recovery_armed(self) -> bool:
+        """A launch proved the connector's pointer: from then on the pointer, not the recorded
+        launch value, names the seat's live session."""
+        return (
+            self.session_id is not None
+            and self.spec is not None
+            and self.spec.session_pointer_path is not None
+        )
+
+    def row(self, instance_id: str) -> control.SeatRow:
+        return control.SeatRow(
+            name=self.name,
+            agent=self.agent,
+            state=self.state,
+            pid=self.handle.pid if self.handle and self.state == "running" else None,
+            cwd=str(self.cwd),
+            lifecycle_uid=self.uid,
+            instance_id=instance_id,
+            session_id=self.session_id,
+            continuity=self.continuity,
+            restarts=self.restarts,
+            started_at=self.started_at,
+            durable=names.dm_durable(names.SEAT_OWNER, self.name, self.uid),
+        )
+
+
+def read_pointer(path: Path) -> SessionPointer:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        data = os.read(fd, 16 * 1024)
+    finally:
+        os.close(fd)
+    return decode_pointer(data, where=f"connector session state {path}")
+
+
+class SeatOwner(Protocol):
+    """What the cut and the resume may ask of the Manager. Reads are views; every change to
+    the seat table or a seat's lifecycle is one of the owner's methods."""
+
+    @property
+    def space(self) -> str: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def identity(self) -> InstanceIdentity: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def maintenance(self) -> Maintenance: ...
+
+    @property
+    def seats(self) -> Mapping[str, Seat]: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def agent_settings(self, agent: str) -> Mapping[str, Any]: ...
+
+    def custody_bucket(self) -> KeyValue: ...
+
+    def presence_bucket(self) -> KeyValue: ...
+
+    async def drain(self) -> None: ...
+
+    def adopt(self, seat: Seat) -> None:
+        """Reserve the seat's slot in the table (refusing a duplicate name) before any await."""
+        ...
+
+    async def launch(
+        self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
+    ) -> None:
+        """Fence the seat's writes, start its process and prove it ready."""
+        ...
+
+    async def stop_and_prove(self, seat: Seat, *, graceful: bool) -> None:
+        """Stop the seat and prove the exit, or raise `Refusal("stop-unproven")`."""
+        ...
+
+    def remove(self, seat: Seat) -> None:
+        """Drop the seat from the table, deprovisioning nothing."""
+        ...
