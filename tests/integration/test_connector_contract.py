@@ -99,11 +99,13 @@ class Case:
         return str(self.connector.name)
 
 
-def _pi_reopen(live: Live, spec: LaunchSpec, sid: str, store_file: Path) -> None:
+def _pi_reopen(live: Live, seat: Seat[Any], sid: str, store_file: Path) -> None:
+    spec = seat.spec
     assert spec.argv[-2:] == ["--session", str(store_file)]
 
 
-def _pi_fork(live: Live, spec: LaunchSpec, source: str, fork: str, source_file: Path) -> None:
+def _pi_fork(live: Live, seat: Seat[Any], source: str, fork: str, source_file: Path) -> None:
+    spec = seat.spec
     assert spec.expected_session_id is None
     assert spec.argv[-2:] == ["--fork", str(source_file)]
     (fork_file,) = live.store_files(spec)
@@ -119,8 +121,11 @@ def _claude_config(spec: LaunchSpec) -> Path:
     return Path(spec.env["CLAUDE_CONFIG_DIR"])
 
 
-def _claude_first(live: Live, spec: LaunchSpec, sid: str) -> None:
+def _claude_first(live: Live, seat: Seat[Any], sid: str) -> None:
+    spec = seat.spec
     assert spec.argv[-2:] == ["--session-id", sid]
+    # Also the id Claude Code reported in system/init and in its result.
+    assert seat.driver.session_id == sid
     config = _claude_config(spec)
     assert mode(config) == 0o700
     # Once the session has a transcript, a continuation refuses if it ever goes missing
@@ -133,8 +138,10 @@ def _claude_first(live: Live, spec: LaunchSpec, sid: str) -> None:
     }
 
 
-def _claude_reopen(live: Live, spec: LaunchSpec, sid: str, store_file: Path) -> None:
+def _claude_reopen(live: Live, seat: Seat[Any], sid: str, store_file: Path) -> None:
+    spec = seat.spec
     assert spec.argv[-2:] == ["--resume", sid] and "--fork-session" not in spec.argv
+    assert seat.driver.session_id == sid
     assert live.anthropic().messages()[-1]["session"] == sid
     assert all(r["body"]["model"] == "claude-fake-1" for r in live.anthropic().messages())
     # The key never reaches argv or a file; HOME is untouched with a private config dir.
@@ -146,15 +153,17 @@ def _claude_reopen(live: Live, spec: LaunchSpec, sid: str, store_file: Path) -> 
     assert list((live.tmp_path / "home").iterdir()) == []
 
 
-def _claude_fork(live: Live, spec: LaunchSpec, source: str, fork: str, source_file: Path) -> None:
-    assert spec.expected_session_id == fork
+def _claude_fork(live: Live, seat: Seat[Any], source: str, fork: str, source_file: Path) -> None:
+    spec = seat.spec
+    assert spec.expected_session_id == fork and seat.driver.session_id == fork
     snapshot = _claude_config(spec) / "cotal-forks" / fork / f"{source}.jsonl"
     assert spec.argv[-5:] == ["--resume", str(snapshot), "--fork-session", "--session-id", fork]
     assert transcripts(_claude_config(spec), source) == []
     assert live.anthropic().messages()[-1]["session"] == fork
 
 
-def _scribe_fork(live: Live, spec: LaunchSpec, source: str, fork: str, source_file: Path) -> None:
+def _scribe_fork(live: Live, seat: Seat[Any], source: str, fork: str, source_file: Path) -> None:
+    spec = seat.spec
     assert spec.expected_session_id is None
     assert uuid.UUID(fork).version == 4
     (fork_file,) = [f for f in live.store_files(spec) if f.name == f"{fork}.jsonl"]
@@ -499,7 +508,7 @@ async def test_the_driver_reports_readiness_and_every_turn_ends_terminally(live:
             assert not opts.session_pointer_path.exists()
         assert await ask(seat, REMEMBER, "m1", t) == NOTED
         assert await ask(seat, "what was the phrase?", "m2", t) == RECALLED
-        live.check("first", seat.spec, sid)
+        live.check("first", seat, sid)
         failed = await ask(seat, live.case.fail_prompt, "m3", t)
         assert failed.status == "error" and failed.detail.startswith(live.case.fail_detail)
         assert failed.detail == live.case.fail_detail or not live.case.fail_exact
@@ -572,7 +581,7 @@ async def test_kill9_then_exact_reopen_by_id_is_the_same_session(live: Live) -> 
             ("assistant", RECALLED.reply),
             ("user", "what was the phrase?"),
         ]
-    live.check("reopen", seat.spec, sid, store_file)
+    live.check("reopen", seat, sid, store_file)
 
     # A fresh seat in the same workspace has its own session and does not know the phrase.
     async with live.running(live.opts("bob")) as seat:
@@ -601,7 +610,7 @@ async def test_fork_gets_a_new_id_with_the_history_and_leaves_the_source(live: L
         fork = await ready(seat, t)
         assert fork != source
         assert await ask(seat, "what was the phrase?", "f1", t) == RECALLED
-        live.check("fork", seat.spec, source, fork, source_file)
+        live.check("fork", seat, source, fork, source_file)
     pointer(fork_opts, fork, "running")
     assert file_sha256(source_file) == before
     if live.model_requests() is not None:
