@@ -18,11 +18,14 @@ venv: $(STAMP)
 harnesses: $(STAMP)
 	$(PY) -m manager.cli.tools install
 
-test: $(STAMP) harnesses
+# Lint first: a test run that passes on code that does not lint is not a green build.
+test: lint harnesses
 	$(PY) -m pytest -q tests
 
+# The files mypy checks come from [tool.mypy] in pyproject.toml.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check protocol connectors manager tests bench
+	$(VENV)/bin/ruff check protocol connectors manager tests bench deploy
+	$(VENV)/bin/ruff format --check protocol connectors manager tests bench deploy
 	$(VENV)/bin/mypy
 
 demo: $(STAMP)

@@ -364,7 +364,8 @@ def table(doc: dict[str, Any]) -> str:
         f"custody benchmark {m['date']}  nproc {m['nproc']}  {m['cpuModel']}  "
         f"nats-server {doc['natsServer']}  nats-py {doc['natsPy']}",
         "",
-        f"{'topology':<9} {'operation':<26} {'n':>5} {'median ms':>10} {'p95 ms':>9} {'p99 ms':>9} {'max ms':>9}",
+        f"{'topology':<9} {'operation':<26} {'n':>5} {'median ms':>10} {'p95 ms':>9} {'p99 ms':>9} "
+        f"{'max ms':>9}",
     ]
     for r in doc["results"]:
         rows = [
@@ -375,18 +376,21 @@ def table(doc: dict[str, Any]) -> str:
         ]
         for label, s in rows:
             lines.append(
-                f"{r['topology']:<9} {label:<26} {s['n']:>5} {_ms(s['medianUs']):>10} {_ms(s['p95Us']):>9} "
+                f"{r['topology']:<9} {label:<26} {s['n']:>5} {_ms(s['medianUs']):>10} "
+                f"{_ms(s['p95Us']):>9} "
                 f"{_ms(s['p99Us']):>9} {_ms(s['maxUs']):>9}"
             )
         lines.append(
-            f"{r['topology']:<9} {'fenced / unfenced':<26} {'':>5} {r['fence']['ratioMedian']:>10.3f} "
+            f"{r['topology']:<9} {'fenced / unfenced':<26} {'':>5} "
+            f"{r['fence']['ratioMedian']:>10.3f} "
             f"  (median; mean {r['fence']['ratioMean']:.3f})"
         )
     for r in doc["results"]:
         for f in r.get("failover", []):
             lines.append(
-                f"{r['topology']:<9} failover: custody leader {f['killed']} killed, claims failed for "
-                f"{f['gapS']:.2f} s, new leader {f['newLeader']}, node caught up {f['rejoinS']:.2f} s after restart"
+                f"{r['topology']:<9} failover: custody leader {f['killed']} killed, "
+                f"claims failed for {f['gapS']:.2f} s, new leader {f['newLeader']}, node caught up "
+                f"{f['rejoinS']:.2f} s after restart"
             )
     return "\n".join(lines) + "\n"
 

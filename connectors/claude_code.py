@@ -351,7 +351,8 @@ def _check_config(opts: LaunchOpts) -> _Config:
             base_url,
             otherwise=Refusal(
                 "bad-launch",
-                f"claude connector: base_url must be an http(s) URL of an Anthropic Messages endpoint (got {base_url!r})",
+                "claude connector: base_url must be an http(s) URL of an Anthropic Messages "
+                f"endpoint (got {base_url!r})",
                 "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it",
             ),
         )
@@ -371,15 +372,18 @@ def _check_config(opts: LaunchOpts) -> _Config:
         # without a key every turn would fail late with "Not logged in".
         raise Refusal(
             "bad-launch",
-            f"claude connector needs an API key, and {api_key_env} is not set in the manager's environment",
-            f"export {api_key_env} before starting the manager, or name another variable with agents.claude.api_key_env",
+            f"claude connector needs an API key, and {api_key_env} is not set in the manager's "
+            "environment",
+            f"export {api_key_env} before starting the manager, or name another variable with "
+            "agents.claude.api_key_env",
         )
     extra_env = extra_env_names(NAME, config)
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
         raise Refusal(
             "bad-launch",
-            f"claude connector: extra_env names {', '.join(clash)}, which the connector sets itself",
+            f"claude connector: extra_env names {', '.join(clash)}, "
+            "which the connector sets itself",
             "remove them from agents.claude.extra_env",
         )
     binary = configured_binary(NAME, config, what="the claude executable")
@@ -402,7 +406,8 @@ def _check_session_id(session_id: str, what: str) -> None:
     if not isinstance(session_id, str) or not UUID_RE.match(session_id):
         raise Refusal(
             "bad-session",
-            f"claude connector: {what} {session_id!r} is not a Claude Code session id (a lowercase UUID)",
+            f"claude connector: {what} {session_id!r} is not a Claude Code session id (a lowercase "
+            "UUID)",
             "pass the full id exactly as recorded",
         )
 
@@ -469,7 +474,8 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
         recorded = sorted({recorded_cwd(t) or t.parent.name for t in found})
         raise Refusal(
             "session-cwd-mismatch",
-            f"claude connector: session {session_id} was recorded in cwd {', '.join(recorded)}, but the seat's cwd is {cwd}",
+            f"claude connector: session {session_id} was recorded in cwd {', '.join(recorded)}, "
+            f"but the seat's cwd is {cwd}",
             f"launch the seat with cwd {recorded[0]}",
         )
     record = _read_launch_record(config)
@@ -479,9 +485,11 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
             # empty session as the continued one.
             raise Refusal(
                 "no-session",
-                f"claude connector: the transcript of session {session_id} is missing from the seat's store {config} "
+                f"claude connector: the transcript of session {session_id} is missing from the "
+                f"seat's store {config} "
                 f"(looked for projects/*/{session_id}.jsonl; the session had one)",
-                "restore the seat's session store (a checkpoint's harness store) or start the seat fresh",
+                "restore the seat's session store (a checkpoint's harness store) or start the seat "
+                "fresh",
             )
         # The session never reached its first turn, so it has no transcript; redo exactly what
         # made it, under the same id.
@@ -494,7 +502,8 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
                 return ["--resume", str(path), "--fork-session", "--session-id", session_id]
     raise Refusal(
         "no-session",
-        f"claude connector: no transcript for session {session_id} in the seat's store {config} (looked for projects/*/{session_id}.jsonl)",
+        f"claude connector: no transcript for session {session_id} in the seat's store {config} "
+        f"(looked for projects/*/{session_id}.jsonl)",
         "restore the seat's session store (a checkpoint's harness store) or start the seat fresh",
     )
 
@@ -527,14 +536,17 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
     if not matches:
         raise Refusal(
             "no-session",
-            f"claude connector: no transcript for session {resume} in the Claude seats under {paths.pointer.parent} "
+            f"claude connector: no transcript for session {resume} in the Claude seats under "
+            f"{paths.pointer.parent} "
             "(a session has one only after its first turn)",
-            "pass the session id of a Claude seat in this workspace, or the absolute path of a transcript",
+            "pass the session id of a Claude seat in this workspace, or the absolute path of a "
+            "transcript",
         )
     if len(matches) > 1:
         raise Refusal(
             "ambiguous-session",
-            f"claude connector: session id {resume} names {len(matches)} transcripts: {', '.join(map(str, matches))}",
+            f"claude connector: session id {resume} names {len(matches)} transcripts: "
+            f"{', '.join(map(str, matches))}",
             "pass the absolute path of the one to fork",
         )
     return matches[0]
@@ -714,7 +726,8 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
                 raise Refusal(
                     "harness-error",
                     "claude connector: claude's initialize response names no pid",
-                    "this Claude Code version is not the pinned one; run `python -m manager.cli.tools install`",
+                    "this Claude Code version is not the pinned one; run `python -m "
+                    "manager.cli.tools install`",
                 )
             self.pid = pid
             return pid
@@ -802,7 +815,8 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
             return TurnOutcome(
                 "unknown",
                 detail=f"claude did not write turn {message_id} to its transcript "
-                f"within {PERSIST_TIMEOUT_S:.0f}s ({self._reader.detail if self._reader.phase == 'stopped' else 'still running'})",
+                f"within {PERSIST_TIMEOUT_S:.0f}s "
+                f"({self._reader.detail if self._reader.phase == 'stopped' else 'still running'})",
             )
         return outcome
 

@@ -47,7 +47,7 @@ class HarnessGone(Refusal):
     """The driver can no longer talk to the harness: its stdout ended or the reader stopped."""
 
 
-# -- reading ----------------------------------------------------------------------------------------
+# -- reading ---------------------------------------------------------------------------------------
 
 
 class Oversize:
@@ -145,7 +145,7 @@ class ReaderState:
             self.detail = detail
 
 
-# -- requests and replies ---------------------------------------------------------------------------
+# -- requests and replies --------------------------------------------------------------------------
 
 
 class Waiter(Generic[T]):
@@ -239,7 +239,7 @@ class LineSender:
                 pass
 
 
-# -- the JSON-lines driver skeleton -----------------------------------------------------------------
+# -- the JSON-lines driver skeleton ----------------------------------------------------------------
 
 
 class Turn:

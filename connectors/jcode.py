@@ -25,7 +25,9 @@ not speak it refuses the flag and exits instead of waiting on a terminal):
                        {"type":"turn_end","id":M,"status":"ok"|"error"|"aborted","reply":R,"detail":D}
                        {"type":"state","id":Q,"session":S|null}
                        {"type":"error","id":M|Q|null,"detail":D}
-    cotal -> harness   {"type":"prompt","id":M,"text":T}  {"type":"get_state","id":Q}  {"type":"quit"}
+    cotal -> harness   {"type":"prompt","id":M,"text":T}
+                       {"type":"get_state","id":Q}
+                       {"type":"quit"}
 
 `tests/fixtures/jcode_standin.py` implements the harness side for the tests; it is a stand-in,
 not jcode. Binding a real jcode build means putting an adapter that speaks this protocol at
@@ -115,7 +117,8 @@ def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
         if part in ("", ".", "..") or "/" in part or "\0" in part:
             raise Refusal(
                 "unsafe-path",
-                f"jcode connector: private home component {part!r} would escape the managed root {root}",
+                f"jcode connector: private home component {part!r} would escape the managed root "
+                f"{root}",
                 "use a seat name and space made of letters, digits, _ and -",
             )
     try:
@@ -129,7 +132,8 @@ def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
             ) from None
         raise Refusal(
             "unsafe-path",
-            f"jcode connector: {exc.path} {exc.reason}; a private home must not leave the managed root {root}",
+            f"jcode connector: {exc.path} {exc.reason}; a private home must not leave the managed "
+            f"root {root}",
             f"remove {exc.path} so cotal can create a plain private directory",
         ) from None
 
@@ -207,7 +211,8 @@ def _program(binary: Any, env: Mapping[str, str]) -> str:
             raise Refusal(
                 "not-installed",
                 "jcode connector: no `jcode` on the manager's PATH",
-                "install jcode (with a cotal JSON-lines adapter) or set agents.jcode.binary to its absolute path",
+                "install jcode (with a cotal JSON-lines adapter) or set agents.jcode.binary to its "
+                "absolute path",
             )
         return found
     if not isinstance(binary, str) or not binary:

@@ -293,7 +293,8 @@ def _check_config(opts: LaunchOpts) -> _Config:
         base_url,
         otherwise=Refusal(
             "bad-launch",
-            f"pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint (got {base_url!r})",
+            "pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint "
+            f"(got {base_url!r})",
             "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
         ),
     )
@@ -320,7 +321,8 @@ def _check_config(opts: LaunchOpts) -> _Config:
             # to the literal), which fails late and confusingly at the first turn.
             raise Refusal(
                 "bad-launch",
-                f"pi connector: api_key_env names {api_key_env}, which is not set in the manager's environment",
+                f"pi connector: api_key_env names {api_key_env}, which is not set in the manager's "
+                "environment",
                 f"export {api_key_env} before starting the manager, or drop api_key_env",
             )
         passthrough.append(api_key_env)
@@ -404,7 +406,8 @@ def _check_session_id(session_id: str, what: str) -> None:
         raise Refusal(
             "bad-session",
             f"pi connector: {what} {session_id!r} is not a full pi session id (a lowercase UUID)",
-            "pass the full id exactly as recorded; pi would treat a partial id as a prefix and silently open the newest match",
+            "pass the full id exactly as recorded; pi would treat a partial id as a prefix and "
+            "silently open the newest match",
         )
 
 
@@ -412,13 +415,16 @@ def _single_match(session_id: str, matches: list[Path], where: str) -> Path:
     if not matches:
         raise Refusal(
             "no-session",
-            f"pi connector: no session file for id {session_id} in {where} (looked for *_{session_id}.jsonl)",
-            "restore the seat's session store (a checkpoint's harness store) or start the seat fresh",
+            f"pi connector: no session file for id {session_id} in {where} (looked for "
+            f"*_{session_id}.jsonl)",
+            "restore the seat's session store (a checkpoint's harness store) or start the seat "
+            "fresh",
         )
     if len(matches) > 1:
         raise Refusal(
             "ambiguous-session",
-            f"pi connector: session id {session_id} names {len(matches)} files: {', '.join(map(str, matches))}",
+            f"pi connector: session id {session_id} names {len(matches)} files: "
+            f"{', '.join(map(str, matches))}",
             "remove the stale copies so exactly one file carries the id",
         )
     return matches[0]
@@ -433,7 +439,8 @@ def _continuation_file(store: Path, session_id: str, cwd: Path) -> Path:
     if header["id"] != session_id:
         raise Refusal(
             "session-mismatch",
-            f"pi connector: {path} is named for session {session_id} but its header says {header['id']}",
+            f"pi connector: {path} is named for session {session_id} but its header says "
+            f"{header['id']}",
             "the store was edited by hand; restore it from the checkpoint",
         )
     recorded = header.get("cwd")
@@ -442,13 +449,15 @@ def _continuation_file(store: Path, session_id: str, cwd: Path) -> Path:
     if not isinstance(recorded, str) or not os.path.isdir(recorded):
         raise Refusal(
             "session-cwd-missing",
-            f"pi connector: session {session_id} was recorded in cwd {recorded!r}, which does not exist on this host",
+            f"pi connector: session {session_id} was recorded in cwd {recorded!r}, which does not "
+            "exist on this host",
             "restore the workspace at that path (same workspace root on both hosts)",
         )
     if os.path.realpath(recorded) != os.path.realpath(cwd):
         raise Refusal(
             "session-cwd-mismatch",
-            f"pi connector: session {session_id} was recorded in cwd {recorded}, but the seat's cwd is {cwd}; pi would silently run in {recorded}",
+            f"pi connector: session {session_id} was recorded in cwd {recorded}, but the seat's "
+            f"cwd is {cwd}; pi would silently run in {recorded}",
             f"launch the seat with cwd {recorded}",
         )
     return path
@@ -568,7 +577,8 @@ class PiDriver(JsonStdioDriver[_Turn]):
         return await self._request(kind, lambda cid: {"id": cid, "type": kind, **fields})
 
     async def get_state(self) -> str | None:
-        """The session id pi reports now (and its file); writes the pointer once pi has proved it."""
+        """The session id pi reports now (and its file); writes the pointer once pi has proved
+        it."""
         response = await self._command("get_state")
         if response is None:
             raise self._gone("query pi's state")

@@ -143,7 +143,8 @@ def main() -> int:
         cut = json.loads(cotal(root, "down", "--preserve-state", "--json").stdout)
         checkpoint = outside / Path(cut["checkpointDir"]).name
         print(
-            f"\n== copy the sealed checkpoint out, then take host A away\n  cp -a {cut['checkpointDir']} {checkpoint}"
+            "\n== copy the sealed checkpoint out, then take host A away\n  cp -a "
+            f"{cut['checkpointDir']} {checkpoint}"
         )
         shutil.copytree(cut["checkpointDir"], checkpoint, symlinks=True)
         shutil.rmtree(root)

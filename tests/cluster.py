@@ -1,4 +1,5 @@
-"""A real 3-node NATS cluster with JetStream on 127.0.0.1, nodes that can be killed and restarted."""
+"""A real 3-node NATS cluster with JetStream on 127.0.0.1, whose nodes can be killed and
+restarted."""
 
 from __future__ import annotations
 

@@ -174,7 +174,8 @@ class AnthropicServer(_LoggingServer):
 
     @staticmethod
     def turns(request: dict[str, Any]) -> list[tuple[str, str]]:
-        """(role, text) of the user and assistant messages, reminders stripped by the fake's rule."""
+        """(role, text) of the user and assistant messages, reminders stripped by the fake's
+        rule."""
         from tests.fixtures.fake_anthropic import message_text
 
         return [

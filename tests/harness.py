@@ -45,7 +45,8 @@ def seat_opts(
     cwd: Path | None = None,
     **kw: Any,
 ) -> LaunchOpts:
-    """Launch options for seat `name` of `agent`, with its pointer where the workspace layout puts it."""
+    """Launch options for seat `name` of `agent`, with its pointer where the workspace layout
+    puts it."""
     uid = uid or mint_lifecycle_uid()
     return LaunchOpts(
         space=space,

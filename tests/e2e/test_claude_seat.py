@@ -45,7 +45,8 @@ ENV = {KEY_VAR: "sk-ant-fake-e2e-key-0123456789"}
 
 def configure(root: Path, server: AnthropicServer) -> None:
     (root / "cotal.toml").write_text(
-        f'[agents.claude]\nbase_url = "{server.base_url}"\nmodel = "claude-fake-1"\napi_key_env = "{KEY_VAR}"\n'
+        f'[agents.claude]\nbase_url = "{server.base_url}"\nmodel = "claude-fake-1"\n'
+        f'api_key_env = "{KEY_VAR}"\n'
     )
 
 

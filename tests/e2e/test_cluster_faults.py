@@ -777,7 +777,8 @@ async def test_cut_refuses_cleanly_without_quorum_and_a_retry_succeeds(
     else:
         retry = cli.run("down", "--preserve-state", "--json", check=False)
         problems.append(
-            f"the retry cannot continue: exit {retry.returncode} {error_of(retry.stdout, retry.stderr)!r}"
+            f"the retry cannot continue: exit {retry.returncode} "
+            f"{error_of(retry.stdout, retry.stderr)!r}"
         )
     if problems:
         raise ProductBug("; ".join(problems) + f". Manager log: {notable(cli.root)}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import nats
 import pytest
+from nats.js.api import ConsumerInfo
 from nats.js.kv import KeyValue
 
 from manager.broker import custody
@@ -186,18 +187,32 @@ async def test_paused_holder_is_fenced_by_the_broker_and_stops_its_seat(
     assert not [
         e for e in after if e["event"] in ("seat.started", "seat.restarted", "seat.spawned")
     ]
-    # Nothing the stale holder wrote landed after the new holder's fence marker.
+    # Nothing the stale holder wrote landed after the new holder's fence marker: the marker is
+    # still the newest write on the seat's outbound subjects.
     last = int((await js.get_last_msg("DM_main", outbound_filter("main", "local", "held"))).seq)
-    for seq in range(marker + 1, last + 1):
-        try:
-            msg = await js.get_msg("DM_main", seq)
-        except Exception:
-            continue
-        assert (msg.headers or {}).get(HOLDER) != me
-    # The stale holder's teardown does not touch what is now the newcomer's inbox.
+    assert last == marker
+    # Every message the stream holds from the marker on is read, and a read that fails fails
+    # the test (the stream keeps everything: limits retention), so an empty pass is impossible.
+    end = int((await js.stream_info("DM_main")).state.last_seq)
+    holders = [(await js.get_msg("DM_main", seq)).headers or {} for seq in range(marker, end + 1)]
+    assert len(holders) == end - marker + 1 >= 1
+    assert holders[0].get(HOLDER) == newcomer
+    assert me not in [h.get(HOLDER) for h in holders]
+    # The stale holder's teardown does not touch what is now the newcomer's inbox: the
+    # consumer survives with its delivery and ack positions exactly as they were.
+    durable = f"dm_local-held-{row['lifecycleUid']}"
+
+    def positions(info: ConsumerInfo) -> tuple[int | None, int | None, int | None, int | None]:
+        return (
+            info.delivered.stream_seq,
+            info.ack_floor.stream_seq,
+            info.num_pending,
+            info.num_ack_pending,
+        )
+
+    before = positions(await js.consumer_info("DM_main", durable))
     cli.run("down")
-    info = await js.consumer_info("DM_main", f"dm_local-held-{row['lifecycleUid']}")
-    assert info.delivered.stream_seq >= info.ack_floor.stream_seq
+    assert positions(await js.consumer_info("DM_main", durable)) == before
     await nc.close()
 
 
@@ -221,7 +236,8 @@ async def test_stale_source_cannot_launch_while_the_destination_runs_the_seat(
             "private",
             "sh",
             "-c",
-            f'mount --bind "{host}" "{base}" && exec "{sys.executable}" -m manager.cli {cmd} --root "{root}"',
+            f'mount --bind "{host}" "{base}" && '
+            f'exec "{sys.executable}" -m manager.cli {cmd} --root "{root}"',
         ]
 
     async def run(host: Path, *args: str) -> tuple[int, str, str]:

@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-from connectors.base import LaunchOpts, StoreDecl, TurnOutcome, continuity_class
+from connectors.base import LaunchOpts, StoreDecl, TurnOutcome
 from connectors.claude_code import ClaudeCodeConnector, ClaudeDriver, judge_result
 from protocol.errors import Refusal
 from tests.harness import Pipe, mode, placeholder_binary, seat_opts
@@ -67,10 +67,11 @@ def config_dir(opts: LaunchOpts) -> Path:
     return opts.session_pointer_path.with_suffix(".config")
 
 
-def refusal(opts: LaunchOpts) -> str:
+def refusal(opts: LaunchOpts) -> Refusal:
     with pytest.raises(Refusal) as exc:
         ClaudeCodeConnector().build_launch(opts)
-    return exc.value.text
+    assert exc.value.message.startswith("claude connector")
+    return exc.value
 
 
 def write_transcript(
@@ -110,14 +111,6 @@ def no_secret_anywhere(root: Path, argv: list[str]) -> None:
     for path in root.rglob("*"):
         if path.is_file():
             assert SECRET.encode() not in path.read_bytes(), f"the key leaked into {path}"
-
-
-# -- declarations ---------------------------------------------------------------------------------
-
-
-def test_declares_exact_continuity() -> None:
-    assert ClaudeCodeConnector.name == "claude"
-    assert continuity_class(ClaudeCodeConnector.capabilities) == "exact"
 
 
 # -- fresh ----------------------------------------------------------------------------------------
@@ -189,10 +182,10 @@ def test_default_key_variable_is_anthropic_api_key(
     opts = replace(opts_for(root, binary), config={"binary": str(binary)})
     assert ClaudeCodeConnector().build_launch(opts).env["ANTHROPIC_API_KEY"] == SECRET
     monkeypatch.delenv("ANTHROPIC_API_KEY")
-    assert refusal(opts) == (
-        "claude connector needs an API key, and ANTHROPIC_API_KEY is not set in the manager's environment; "
-        "export ANTHROPIC_API_KEY before starting the manager, or name another variable with agents.claude.api_key_env"
-    )
+    exc = refusal(opts)
+    assert exc.code == "bad-launch"
+    assert "ANTHROPIC_API_KEY is not set" in exc.message
+    assert "agents.claude.api_key_env" in exc.cure
 
 
 def test_extra_env_passes_named_variables_only(
@@ -242,29 +235,26 @@ def test_continue_refuses_a_session_whose_transcript_went_missing(root: Path, bi
     record = config_dir(first) / "cotal-launch.json"
     # What the driver records once it has seen the session's transcript.
     record.write_text(json.dumps({**json.loads(record.read_text()), "materialized": True}))
-    assert refusal(replace(first, continue_session=sid)) == (
-        f"claude connector: the transcript of session {sid} is missing from the seat's store {config_dir(first)} "
-        f"(looked for projects/*/{sid}.jsonl; the session had one); "
-        "restore the seat's session store (a checkpoint's harness store) or start the seat fresh"
-    )
+    exc = refusal(replace(first, continue_session=sid))
+    assert exc.code == "no-session"
+    assert f"the transcript of session {sid} is missing" in exc.message
+    assert f"store {config_dir(first)} " in exc.message and "the session had one" in exc.message
 
 
 def test_continue_with_unknown_id_names_store_and_id(root: Path, binary: Path) -> None:
     sid = "0aba288b-a1da-4a2a-8a69-b7710d665ddc"
     opts = opts_for(root, binary, continue_session=sid)
-    assert refusal(opts) == (
-        f"claude connector: no transcript for session {sid} in the seat's store {config_dir(opts)} "
-        f"(looked for projects/*/{sid}.jsonl); "
-        "restore the seat's session store (a checkpoint's harness store) or start the seat fresh"
+    exc = refusal(opts)
+    assert exc.code == "no-session"
+    assert f"no transcript for session {sid} in the seat's store {config_dir(opts)} " in (
+        exc.message
     )
     assert not (root / ".cotal").exists()
 
 
 def test_continue_refuses_a_partial_id(root: Path, binary: Path) -> None:
-    assert refusal(opts_for(root, binary, continue_session="0aba288b")) == (
-        "claude connector: continueSession '0aba288b' is not a Claude Code session id (a lowercase UUID); "
-        "pass the full id exactly as recorded"
-    )
+    exc = refusal(opts_for(root, binary, continue_session="0aba288b"))
+    assert exc.code == "bad-session" and "continueSession '0aba288b'" in exc.message
 
 
 def test_continue_refuses_a_session_recorded_in_another_cwd(
@@ -275,10 +265,12 @@ def test_continue_refuses_a_session_recorded_in_another_cwd(
     opts = opts_for(root, binary)
     sid = str(uuid.uuid4())
     write_transcript(config_dir(opts), sid, other)
-    assert refusal(replace(opts, continue_session=sid)) == (
-        f"claude connector: session {sid} was recorded in cwd {other}, but the seat's cwd is {root}; "
-        f"launch the seat with cwd {other}"
+    exc = refusal(replace(opts, continue_session=sid))
+    assert exc.code == "session-cwd-mismatch"
+    assert f"session {sid} was recorded in cwd {other}, but the seat's cwd is {root}" in (
+        exc.message
     )
+    assert exc.cure == f"launch the seat with cwd {other}"
 
 
 def test_continue_refuses_a_session_a_live_process_holds(root: Path, binary: Path) -> None:
@@ -292,10 +284,10 @@ def test_continue_refuses_a_session_a_live_process_holds(root: Path, binary: Pat
     (config / "sessions").mkdir()
     registry = config / "sessions" / f"{os.getpid()}.json"
     registry.write_text(json.dumps({"pid": os.getpid(), "sessionId": sid, "procStart": start}))
-    assert refusal(replace(opts, continue_session=sid)) == (
-        f"claude connector: session {sid} is open in live process {os.getpid()}; "
-        f"stop that process (kill {os.getpid()}) before continuing the session"
-    )
+    exc = refusal(replace(opts, continue_session=sid))
+    assert exc.code == "session-busy"
+    assert f"session {sid} is open in live process {os.getpid()}" in exc.message
+    assert f"kill {os.getpid()}" in exc.cure
     # A registry entry left by a process that is gone (or a recycled pid) does not block.
     registry.write_text(json.dumps({"pid": os.getpid(), "sessionId": sid, "procStart": "1"}))
     assert ClaudeCodeConnector().build_launch(replace(opts, continue_session=sid)).argv[-2:] == [
@@ -378,83 +370,44 @@ def test_resume_by_absolute_path(root: Path, binary: Path, tmp_path: Path) -> No
 def test_resume_refusals(root: Path, binary: Path, tmp_path: Path) -> None:
     unknown = "0aba288b-a1da-4a2a-8a69-b7710d665ddc"
     opts = opts_for(root, binary, resume=unknown)
-    assert refusal(opts) == (
-        f"claude connector: no transcript for session {unknown} in the Claude seats under {opts.session_pointer_path.parent} "
-        "(a session has one only after its first turn); "
-        "pass the session id of a Claude seat in this workspace, or the absolute path of a transcript"
-    )
+    missing = refusal(opts)
+    assert missing.code == "no-session"
+    assert f"no transcript for session {unknown} in the Claude seats under " in missing.message
+    assert str(opts.session_pointer_path.parent) in missing.message
     write_transcript(config_dir(opts_for(root, binary, name="a1")), unknown, root)
     write_transcript(config_dir(opts_for(root, binary, name="a2")), unknown, root)
-    assert refusal(opts).startswith(f"claude connector: session id {unknown} names 2 transcripts: ")
+    twice = refusal(opts)
+    assert twice.code == "ambiguous-session"
+    assert f"session id {unknown} names 2 transcripts: " in twice.message
     not_a_transcript = tmp_path / "notes.txt"
     not_a_transcript.write_text("x")
-    assert refusal(opts_for(root, binary, resume=str(not_a_transcript))) == (
-        f"claude connector: {not_a_transcript} is not a Claude Code transcript (<session id>.jsonl); "
-        "pass a session id or the absolute path of a transcript"
-    )
+    wrong = refusal(opts_for(root, binary, resume=str(not_a_transcript)))
+    assert wrong.code == "bad-session"
+    assert f"{not_a_transcript} is not a Claude Code transcript" in wrong.message
 
 
 # -- refusals -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("kw", "text"),
+    ("kw", "names"),
     [
-        (
-            {
-                "resume": "0aba288b-a1da-4a2a-8a69-b7710d665ddc",
-                "continue_session": "0aba288b-a1da-4a2a-8a69-b7710d665ddc",
-            },
-            "claude connector: resume and continueSession are mutually exclusive; "
-            "pass either --resume (fork) or let the manager continue the seat's own session",
-        ),
-        ({"prompt": "   "}, "claude connector refuses an empty prompt; pass a non-empty --prompt"),
-        (
-            {"prompt": "-p do it"},
-            "claude connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
-            "reword the prompt so it starts with a letter",
-        ),
-        (
-            {"prompt": "@file.txt"},
-            "claude connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file); "
-            "reword the prompt so it starts with a letter",
-        ),
-        (
-            {"config": {"provider": "x", "home": "/srv/claude"}},
-            "claude connector: config key(s) home, provider are not implemented, so they would be dropped at launch and on every restart; "
-            "remove them; claude honours api_key_env, base_url, binary, extra_env, model",
-        ),
-        (
-            {"config": {"base_url": "http://user:pw@127.0.0.1:9"}},
-            "claude connector: base_url must not carry credentials (user:password@); "
-            "put the key in an environment variable and name it with api_key_env",
-        ),
-        (
-            {"config": {"api_key_env": "NOT_SET_ANYWHERE_1"}},
-            "claude connector needs an API key, and NOT_SET_ANYWHERE_1 is not set in the manager's environment; "
-            "export NOT_SET_ANYWHERE_1 before starting the manager, or name another variable with agents.claude.api_key_env",
-        ),
+        ({"config": {"provider": "x", "home": "/srv/claude"}}, "home, provider"),
+        ({"config": {"base_url": "http://user:pw@127.0.0.1:9"}}, "credentials"),
+        ({"config": {"api_key_env": "NOT_SET_ANYWHERE_1"}}, "NOT_SET_ANYWHERE_1 is not set"),
         (
             {"config": {"extra_env": ["CLAUDE_CONFIG_DIR", "ANTHROPIC_BASE_URL"]}},
-            "claude connector: extra_env names ANTHROPIC_BASE_URL, CLAUDE_CONFIG_DIR, which the connector sets itself; "
-            "remove them from agents.claude.extra_env",
+            "ANTHROPIC_BASE_URL, CLAUDE_CONFIG_DIR",
         ),
-        (
-            {"config": {"binary": "claude"}},
-            "claude connector: binary must be an absolute path, got 'claude'; "
-            "set agents.claude.binary to the absolute path of the claude executable, or unset it to use the pinned install",
-        ),
-        (
-            {"model": "--dangerously-skip-permissions"},
-            "claude connector: model '--dangerously-skip-permissions' is not a model name (letters, digits, ._:/@[]+-); "
-            "pass --model or set agents.claude.model in cotal.toml",
-        ),
+        ({"config": {"binary": "claude"}}, "absolute path, got 'claude'"),
+        ({"model": "--dangerously-skip-permissions"}, "'--dangerously-skip-permissions'"),
     ],
 )
-def test_refusals_name_the_problem_and_the_cure_and_change_nothing(
-    root: Path, binary: Path, kw: dict[str, Any], text: str
+def test_config_refusals_name_the_problem_and_change_nothing(
+    root: Path, binary: Path, kw: dict[str, Any], names: str
 ) -> None:
-    assert refusal(opts_for(root, binary, **kw)) == text
+    exc = refusal(opts_for(root, binary, **kw))
+    assert exc.code == "bad-launch" and names in exc.message and exc.cure
     assert not (root / ".cotal").exists()
 
 

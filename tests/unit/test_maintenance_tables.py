@@ -36,7 +36,7 @@ DESC = ResumeDescriptor(
 )
 NOW = "2025-01-01T00:00:00Z"
 
-# -- the daemon machine -------------------------------------------------------------------------------
+# -- the daemon machine ----------------------------------------------------------------------------
 
 # A path of events from a fresh machine to each state, so every table row can be set up for real.
 PATHS: dict[MaintenanceState, tuple[bool, list[MaintenanceEvent]]] = {
@@ -182,7 +182,7 @@ def test_fence_admits_only_what_the_state_allows() -> None:
         r.check_lifecycle(resume_operation=True)
 
 
-# -- the journal table -------------------------------------------------------------------------------
+# -- the journal table -----------------------------------------------------------------------------
 
 JOURNAL_PATH: list[JournalState] = [
     "cut-intent",

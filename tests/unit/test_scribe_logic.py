@@ -9,7 +9,7 @@ import anyio
 import msgspec
 import pytest
 
-from connectors.base import LaunchOpts, StoreDecl, TurnOutcome, continuity_class
+from connectors.base import LaunchOpts, StoreDecl, TurnOutcome
 from connectors.jsonl_driver import (
     OVERSIZE,
     DriverError,
@@ -37,7 +37,7 @@ from connectors.scribe.harness import (
     probe_id,
     read_lines,
 )
-from protocol.errors import DecodeError, Refusal
+from protocol.errors import DecodeError
 
 
 def user(text: str, mid: str = "m") -> Message:
@@ -213,11 +213,6 @@ def opts(root: Path, **kw: object) -> LaunchOpts:
     return LaunchOpts(**base)  # type: ignore[arg-type]
 
 
-def test_connector_is_exact() -> None:
-    assert continuity_class(ScribeConnector.capabilities) == "exact"
-    assert ScribeConnector.name == "scribe"
-
-
 def test_launch_fresh(tmp_path: Path) -> None:
     spec = ScribeConnector().build_launch(opts(tmp_path))
     store = tmp_path / ".cotal/sessions/scribe/alpha-u1.store"
@@ -259,16 +254,6 @@ def test_launch_configured_store(tmp_path: Path) -> None:
         opts(tmp_path / "root", config={"store": str(tmp_path / "x")})
     )
     assert outside.session_store == ()
-
-
-def test_launch_refusals(tmp_path: Path) -> None:
-    connector = ScribeConnector()
-    with pytest.raises(Refusal) as both:
-        connector.build_launch(opts(tmp_path, continue_session="a", resume="b"))
-    assert both.value.code == "bad-launch"
-    with pytest.raises(Refusal) as dash:
-        connector.build_launch(opts(tmp_path, prompt="--help"))
-    assert dash.value.code == "bad-prompt"
 
 
 # -- the driver over in-memory streams ------------------------------------------------------
