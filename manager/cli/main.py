@@ -4,37 +4,51 @@ below this module; it only parses, calls and prints."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
-import msgspec
 
 from manager import logs
+from manager.cli.output import (
+    EX_INTERNAL,
+    EX_INTERRUPTED,
+    EX_OK,
+    EX_PIPE_CLOSED,
+    EX_REFUSED,
+    EX_USAGE,
+    detach_stdout,
+    emit_json,
+    internal_error,
+    progress,
+    refusal,
+    say,
+    stdout_gone,
+)
 from protocol import names
 from protocol.errors import Refusal
+
+__all__ = [
+    "EX_INTERNAL",
+    "EX_INTERRUPTED",
+    "EX_OK",
+    "EX_PIPE_CLOSED",
+    "EX_REFUSED",
+    "EX_USAGE",
+    "build_parser",
+    "emit_json",
+    "main",
+    "progress",
+    "say",
+]
 
 
 def _root(args: argparse.Namespace) -> Path:
     return Path(args.root or os.environ.get("COTAL_ROOT") or os.getcwd()).resolve()
-
-
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(msgspec.to_builtins(obj), sort_keys=True) + "\n")
-
-
-def say(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-def progress(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
 
 
 def _run(fn: Callable[..., Any], *a: Any) -> Any:
@@ -129,9 +143,30 @@ def _call(
     return _run(mesh.call, root, op, payload or {}, timeout)
 
 
+def check_prompt(prompt: str) -> str:
+    """The documented `bad-prompt` rule, checked before the manager is asked. The connectors keep
+    their own check: the daemon is not only reached through this CLI."""
+    if not prompt.strip():
+        raise Refusal(
+            "bad-prompt",
+            "the prompt is empty",
+            "pass the text the seat should start with, or leave --prompt out",
+        )
+    if prompt.startswith(("-", "@")):
+        raise Refusal(
+            "bad-prompt",
+            "refusing a prompt starting with '-' or '@' (the harness would parse it as an option"
+            " or a file)",
+            "reword the prompt so it does not start with '-' or '@'",
+        )
+    return prompt
+
+
 def cmd_spawn(args: argparse.Namespace) -> int:
     payload: dict[str, Any] = {"name": args.name, "agent": args.agent}
-    for key in ("prompt", "model", "resume"):
+    if args.prompt is not None:
+        payload["prompt"] = check_prompt(args.prompt)
+    for key in ("model", "resume"):
         if getattr(args, key):
             payload[key] = getattr(args, key)
     if args.cwd:
@@ -201,7 +236,8 @@ def cmd_send(args: argparse.Namespace) -> int:
             emit_json(result)
         else:
             say(
-                f"queued {result['id']} for {result['seat']} at the broker (stream seq {result['seq']})"
+                f"queued {result['id']} for {result['seat']} at the broker"
+                f" (stream seq {result['seq']})"
             )
         return 0
     payload = {"name": args.name, "text": args.text, "wait": args.wait, "timeoutS": args.timeout}
@@ -221,7 +257,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
         emit_json(result)
     else:
         say(
-            f"stopped {result['name']} (uid {result['lifecycleUid']}, exit {result['exitCode']}); durable deleted"
+            f"stopped {result['name']} (uid {result['lifecycleUid']},"
+            f" exit {result['exitCode']}); durable deleted"
         )
     return 0
 
@@ -251,23 +288,121 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
 # -- parser -------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cotal", description="Run, cut and resume AI coding-agent seats."
+class CotalParser(argparse.ArgumentParser):
+    """A usage error exits 64 (EX_USAGE), so a script can tell a typo from a refusal (2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EX_USAGE, f"{self.prog}: error: {message}\n")
+
+
+class _CommandParser(CotalParser):
+    """A subcommand's parser. Left to argparse, an unknown flag after a subcommand is reported by
+    the top parser with the top usage; refused here, the usage shown is the subcommand's own."""
+
+    # The stubs overload on the namespace type; this parser only ever builds its own.
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
+class _VersionAction(argparse.Action):
+    """`--version`, looked up only when asked: reading the installed metadata costs every other
+    command start-up time."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        try:
+            version = metadata.version("cotal")
+        except metadata.PackageNotFoundError:
+            # A source checkout on PYTHONPATH, never installed: there is no version to name.
+            version = "unknown (not installed)"
+        say(f"cotal {version}")
+        parser.exit(EX_OK)
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+_SPACE_HELP = "the space: the namespace this mesh uses at the broker (default: %(default)s)"
+_SERVER_HELP = "use this NATS server or cluster (URLs separated by commas)"
+_CREDS_HELP = "the credential for --server: an nkey user seed or a NATS .creds file"
+_TRUST_HELP = "admit only checkpoints sealed by this Ed25519 key (base64; repeatable)"
+_STALE_HELP = "admit a checkpoint older than its recency horizon (recorded as consent)"
+_TOP_EPILOG = (
+    _examples(
+        "cotal up --detach",
+        "cotal spawn alice --agent scribe --prompt 'Remember the phrase juniper-ledger-41'",
+        "cotal send alice 'what was the phrase?' --wait",
     )
+    + "\n\nexit status: 0 done (or nothing to do), 1 internal error, 2 refused (nothing changed),"
+    "\n64 usage error, 130 interrupted, 141 stdout closed early. See docs/cli.md."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = CotalParser(
+        prog="cotal",
+        description="Run, cut and resume AI coding-agent seats.",
+        epilog=_TOP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action=_VersionAction, help="print cotal's version and exit")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--root", help="workspace root (default: $COTAL_ROOT or the current directory)"
     )
-    common.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    up = sub.add_parser(
-        "up", parents=[common], help="start the broker (unless --server) and the manager"
+    common.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable output on stdout; a refusal is one JSON document on stderr",
     )
-    up.add_argument("--space", default="main")
-    up.add_argument("--server", help="use this NATS server or cluster (comma-separated URLs)")
-    up.add_argument("--creds", help="credential for --server (nkey seed or .creds file)")
+    sub = p.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        parser_class=_CommandParser,
+        help="run `cotal COMMAND --help` for its flags and examples",
+    )
+
+    def command(
+        parent: Any, name: str, what: str, *examples: str, common_flags: bool = True
+    ) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = parent.add_parser(
+            name,
+            parents=[common] if common_flags else [],
+            help=what,
+            description=what[0].upper() + what[1:] + ".",
+            epilog=_examples(*examples),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        return parser
+
+    up = command(
+        sub,
+        "up",
+        "start the broker (unless --server) and the manager",
+        "cotal up --detach",
+        "cotal up --detach --server nats://10.0.0.5:4222 --creds broker.creds",
+        "cotal up --restore /carried/20261129T142434Z-9356e4ba --server nats://10.0.0.5:4222"
+        " --creds broker.creds",
+    )
+    up.add_argument("--space", default="main", help=_SPACE_HELP)
+    up.add_argument("--server", help=_SERVER_HELP + " instead of starting the embedded broker")
+    up.add_argument("--creds", help=_CREDS_HELP)
     up.add_argument(
         "--replicas",
         type=int,
@@ -282,20 +417,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--restore", metavar="DIR", help="resume the seats of a sealed checkpoint directory"
     )
     up.add_argument(
-        "--trust-signer",
-        action="append",
-        metavar="KEY",
-        help="with --restore: admit only checkpoints sealed by this Ed25519 key (base64; repeatable)",
+        "--trust-signer", action="append", metavar="KEY", help="with --restore: " + _TRUST_HELP
     )
-    up.add_argument(
-        "--accept-stale-checkpoint",
-        action="store_true",
-        help="admit a checkpoint older than its recency horizon (recorded as consent)",
-    )
+    up.add_argument("--accept-stale-checkpoint", action="store_true", help=_STALE_HELP)
     up.set_defaults(fn=cmd_up)
 
-    down = sub.add_parser(
-        "down", parents=[common], help="stop seats, the manager and the embedded broker"
+    down = command(
+        sub,
+        "down",
+        "stop seats, the manager and the embedded broker",
+        "cotal down",
+        "cotal down --preserve-state",
+        "cotal down --preserve-state --session-store ~/.pi/sessions --json",
     )
     down.add_argument(
         "--preserve-state",
@@ -311,100 +444,243 @@ def build_parser() -> argparse.ArgumentParser:
     )
     down.set_defaults(fn=cmd_down)
 
-    mgr = sub.add_parser("manager", help="the manager daemon")
-    mgr_sub = mgr.add_subparsers(dest="manager_command", required=True)
-    serve = mgr_sub.add_parser("serve", parents=[common], help="run the manager in the foreground")
-    serve.add_argument("--space", default="main")
-    serve.add_argument("--server", required=True)
-    serve.add_argument("--creds")
+    mgr = command(
+        sub,
+        "manager",
+        "the manager daemon",
+        "cotal manager serve --server nats://127.0.0.1:4222 --creds .cotal/auth/broker.creds",
+        common_flags=False,
+    )
+    mgr_sub = mgr.add_subparsers(
+        dest="manager_command", required=True, metavar="COMMAND", help="what to do"
+    )
+    serve = command(
+        mgr_sub,
+        "serve",
+        "run the manager in the foreground (what `cotal up --detach` starts)",
+        "cotal manager serve --server nats://127.0.0.1:4222 --creds .cotal/auth/broker.creds",
+    )
+    serve.add_argument("--space", default="main", help=_SPACE_HELP)
     serve.add_argument(
-        "--resume-attempt", help="start fenced, admitting only this attempt's resume"
+        "--server", required=True, help="the NATS server or cluster (URLs separated by commas)"
+    )
+    serve.add_argument("--creds", help=_CREDS_HELP)
+    serve.add_argument(
+        "--resume-attempt",
+        metavar="ATTEMPT",
+        help="start fenced, admitting only this attempt's resume",
     )
     serve.add_argument(
-        "--replicas", type=int, default=1, help="JetStream replicas for streams and buckets"
+        "--replicas",
+        type=int,
+        default=1,
+        help="JetStream replicas for streams and buckets (default: %(default)s)",
     )
     serve.set_defaults(fn=cmd_manager_serve)
 
-    broker = sub.add_parser("broker", help="a standalone embedded broker")
-    broker_sub = broker.add_subparsers(dest="broker_command", required=True)
-    bserve = broker_sub.add_parser(
-        "serve", parents=[common], help="run a broker several roots can share"
+    broker = command(
+        sub,
+        "broker",
+        "a standalone embedded broker",
+        "cotal broker serve --store-dir /srv/broker",
+        common_flags=False,
     )
-    bserve.add_argument("--store-dir", required=True)
-    bserve.add_argument("--port", type=int, default=-1)
+    broker_sub = broker.add_subparsers(
+        dest="broker_command", required=True, metavar="COMMAND", help="what to do"
+    )
+    bserve = command(
+        broker_sub,
+        "serve",
+        "run a broker several roots can share, until SIGINT or SIGTERM",
+        "cotal broker serve --store-dir /srv/broker",
+        "cotal broker serve --store-dir /srv/broker --port 4222 --json",
+    )
+    bserve.add_argument(
+        "--store-dir",
+        required=True,
+        metavar="DIR",
+        help="where the broker keeps its JetStream store and writes its credential",
+    )
+    bserve.add_argument(
+        "--port", type=int, default=-1, help="the port to listen on (default: a free port)"
+    )
     bserve.set_defaults(fn=cmd_broker_serve)
 
-    spawn = sub.add_parser("spawn", parents=[common], help="start a seat")
-    spawn.add_argument("name")
-    spawn.add_argument("--agent", default="scribe", help="pi | claude | jcode | scribe")
-    spawn.add_argument("--prompt")
-    spawn.add_argument("--model")
-    spawn.add_argument("--cwd")
+    spawn = command(
+        sub,
+        "spawn",
+        "start a seat",
+        "cotal spawn alice --agent scribe --prompt 'Remember the phrase juniper-ledger-41'",
+        "cotal spawn bob --agent pi --model fake-model --cwd ../service",
+        "cotal spawn carol --agent claude --resume 0f8c2d4e-...",
+    )
+    spawn.add_argument("name", help="the seat's name: letters, digits and _")
+    spawn.add_argument(
+        "--agent",
+        default="scribe",
+        help="the harness: pi | claude | jcode | scribe (default: %(default)s)",
+    )
+    spawn.add_argument(
+        "--prompt",
+        help="the seat's first turn; neither empty nor starting with '-' or '@'",
+    )
+    spawn.add_argument("--model", help="the model the harness uses (default: the connector's)")
+    spawn.add_argument(
+        "--cwd", metavar="DIR", help="the seat's working directory (default: the root)"
+    )
     spawn.add_argument("--resume", metavar="SESSION", help="fork from an existing harness session")
     spawn.set_defaults(fn=cmd_spawn)
 
-    ps = sub.add_parser("ps", parents=[common], help="list seats")
-    ps.add_argument("--wide", action="store_true")
+    ps = command(sub, "ps", "list seats", "cotal ps", "cotal ps --wide", "cotal ps --json")
+    ps.add_argument(
+        "--wide",
+        action="store_true",
+        help="add pid, cwd, lifecycle uid, instance id, session id and continuity",
+    )
     ps.set_defaults(fn=cmd_ps)
 
-    send = sub.add_parser("send", parents=[common], help="send a direct message to a seat")
-    send.add_argument("name")
-    send.add_argument("text")
+    send = command(
+        sub,
+        "send",
+        "send a direct message to a seat",
+        "cotal send alice 'what was the phrase?' --wait",
+        "cotal send alice 'run the tests' --wait --timeout 600",
+        "cotal send alice 'hello' --server nats://10.0.0.5:4222 --creds broker.creds",
+    )
+    send.add_argument("name", help="the seat to send to")
+    send.add_argument("text", help="the message")
     send.add_argument("--wait", action="store_true", help="print the seat's reply")
-    send.add_argument("--timeout", type=float, default=120.0)
+    send.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds --wait waits for a clean turn (default: %(default)s)",
+    )
     send.add_argument(
         "--server", help="queue directly at this broker (for a seat that is cut); no --wait"
     )
-    send.add_argument("--creds", help="credential for --server")
-    send.add_argument("--space", default="main")
+    send.add_argument("--creds", help="with --server: " + _CREDS_HELP)
+    send.add_argument("--space", default="main", help="with --server: " + _SPACE_HELP)
     send.set_defaults(fn=cmd_send)
 
-    stop = sub.add_parser("stop", parents=[common], help="stop one seat and delete its durable")
-    stop.add_argument("name")
+    stop = command(sub, "stop", "stop one seat and delete its durable", "cotal stop alice")
+    stop.add_argument("name", help="the seat to stop")
     stop.set_defaults(fn=cmd_stop)
 
-    status = sub.add_parser("status", parents=[common], help="the manager's state")
+    status = command(sub, "status", "the manager's state", "cotal status", "cotal status --json")
     status.set_defaults(fn=cmd_status)
 
-    doctor = sub.add_parser(
-        "doctor", parents=[common], help="which harnesses are installed and usable"
+    doctor = command(
+        sub,
+        "doctor",
+        "which harnesses are installed and usable",
+        "cotal doctor",
+        "cotal doctor --json",
     )
     doctor.set_defaults(fn=cmd_doctor)
 
-    ckpt = sub.add_parser("checkpoint", help="sealed checkpoints")
-    ckpt_sub = ckpt.add_subparsers(dest="checkpoint_command", required=True)
-    verify = ckpt_sub.add_parser(
-        "verify", parents=[common], help="run the admission gates; change nothing"
+    ckpt = command(
+        sub,
+        "checkpoint",
+        "sealed checkpoints",
+        "cotal checkpoint verify /carried/20261129T142434Z-9356e4ba --server URL --creds FILE",
+        common_flags=False,
     )
-    verify.add_argument("dir")
-    verify.add_argument("--accept-stale-checkpoint", action="store_true")
+    ckpt_sub = ckpt.add_subparsers(
+        dest="checkpoint_command", required=True, metavar="COMMAND", help="what to do"
+    )
+    verify = command(
+        ckpt_sub,
+        "verify",
+        "run the admission gates; change nothing",
+        "cotal checkpoint verify /carried/20261129T142434Z-9356e4ba --server nats://10.0.0.5:4222"
+        " --creds broker.creds",
+        "cotal checkpoint verify .cotal/maintenance/v1/checkpoints/20261129T142434Z-9356e4ba"
+        " --json --server nats://10.0.0.5:4222 --creds broker.creds",
+    )
+    verify.add_argument("dir", metavar="DIR", help="the sealed attempt directory")
+    verify.add_argument("--accept-stale-checkpoint", action="store_true", help=_STALE_HELP)
     verify.add_argument("--server", help="the broker to ask whether each uid is live")
+    verify.add_argument("--trust-signer", action="append", metavar="KEY", help=_TRUST_HELP)
     verify.add_argument(
-        "--trust-signer",
-        action="append",
-        metavar="KEY",
-        help="admit only checkpoints sealed by this Ed25519 key (base64; repeatable)",
+        "--space",
+        default="main",
+        help="the space whose instance key pins a root's own cut (default: %(default)s)",
     )
-    verify.add_argument("--space", default="main")
-    verify.add_argument("--creds")
+    verify.add_argument("--creds", help=_CREDS_HELP)
     verify.set_defaults(fn=cmd_checkpoint_verify)
     return p
 
 
+# -- running ------------------------------------------------------------------------------------
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command and return its exit status (see output.EX_*); never a traceback unless
+    COTAL_DEBUG=1."""
+    try:
+        code = _main(argv)
+        # Flushed here rather than at interpreter exit, where a closed pipe could only be
+        # reported as "Exception ignored" with a status of 120.
+        sys.stdout.flush()
+    except BrokenPipeError:
+        detach_stdout()
+        return EX_PIPE_CLOSED
+    except KeyboardInterrupt:
+        return EX_INTERRUPTED
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        # --help, --version and usage errors: returned, so the flush in main() covers them too.
+        return exc.code if isinstance(exc.code, int) else EX_USAGE
     if not (args.command == "manager"):
         logs.quiet()
+    as_json = bool(getattr(args, "json", False))
     try:
         return int(args.fn(args))
     except Refusal as exc:
-        if getattr(args, "json", False):
-            emit_json({"ok": False, "code": exc.code, "error": exc.text})
-        else:
-            sys.stderr.write(f"cotal: {exc.text}\n")
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        if _nothing_up(args, exc):
+            return _say_nothing_up(args)
+        refusal(exc, as_json=as_json)
+        return EX_REFUSED
+    except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and stdout_gone():
+            raise
+        # The daemon's stderr is its log file: a traceback there is the report.
+        if os.environ.get("COTAL_DEBUG") == "1" or args.command == "manager":
+            raise
+        internal_error(exc, as_json=as_json)
+        return EX_INTERNAL
+
+
+def _nothing_up(args: argparse.Namespace, exc: Refusal) -> bool:
+    """`cotal down` with nothing up has nothing to do, which is success. Only when there is no
+    mesh record at all: `not-up` can also mean a record without its control token, where an
+    embedded broker may still be running and the refusal must stand."""
+    from manager.workspace.layout import Layout
+
+    return (
+        args.command == "down"
+        and not args.preserve_state
+        and exc.code == "not-up"
+        and not Layout.at(_root(args)).mesh.exists()
+    )
+
+
+def _say_nothing_up(args: argparse.Namespace) -> int:
+    root = _root(args)
+    if args.json:
+        emit_json(
+            {"nothingUp": True, "root": str(root), "seats": [], "manager": None, "broker": None}
+        )
+    else:
+        say(f"nothing is up in {root}")
+    return EX_OK
 
 
 if __name__ == "__main__":

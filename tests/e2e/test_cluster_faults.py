@@ -311,8 +311,9 @@ def journal_state(root: Path) -> str | None:
 
 
 def error_of(out: str, err: str) -> str:
-    """The refusal as the operator sees it: the JSON error line on stdout, else stderr."""
-    for line in reversed(out.strip().splitlines()):
+    """The refusal as the operator sees it: the JSON error document on stderr, else stderr's
+    last line."""
+    for line in reversed(err.strip().splitlines()):
         try:
             doc = json.loads(line)
         except ValueError:

@@ -13,9 +13,11 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -89,6 +91,13 @@ async def assert_unclaimed(cut: Cut, seats: tuple[str, ...] = (SEAT,)) -> None:
         assert attempt is None, attempt
 
 
+def refusal_of(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """A `--json` refusal: one JSON document, the last line on stderr; stdout stays empty."""
+    assert proc.stdout == "", proc.stdout
+    doc: dict[str, Any] = json.loads(proc.stderr.splitlines()[-1])
+    return doc
+
+
 async def refused(
     cli: Cli,
     cut: Cut,
@@ -105,7 +114,7 @@ async def refused(
         "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *extra, check=False
     )
     assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
-    out = json.loads(proc.stdout)
+    out = refusal_of(proc)
     assert out["ok"] is False and out["code"] == code, out
     for text in contains:
         assert text in out["error"], f"{text!r} not in {out['error']!r}"
@@ -415,7 +424,7 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
         tree_before = {k: v for k, v in snapshot(cli.root).items() if not k.startswith(".cotal")}
         proc = cli.run("up", "--restore", str(cut.copy), "--json", *broker_args(b), check=False)
         assert proc.returncode == 2, proc.stderr
-        out = json.loads(proc.stdout)
+        out = refusal_of(proc)
         assert out["code"] == "custody-lost", out
         assert (
             f"attempt {cut.attempt_id} was already claimed by instance {holder_a} at {cut.root.resolve()}"
@@ -767,7 +776,7 @@ async def test_a_rerun_after_a_failed_restore_continues_the_admitted_attempt(
     proc = cli.run(
         "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False
     )
-    assert proc.returncode == 2 and json.loads(proc.stdout)["code"] == "staging-exists", proc.stdout
+    assert proc.returncode == 2 and refusal_of(proc)["code"] == "staging-exists", proc.stderr
     journal_path = cli.root / ".cotal/maintenance/v1/journal.json"
     journal = json.loads(journal_path.read_text())
     assert journal["state"] == "resume-intent" and len(journal["consents"]) == int(stale)
@@ -866,13 +875,13 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
     _, contains = flip_store_byte(damaged)
     proc = cli.run("checkpoint", "verify", str(damaged), "--json", *broker_args(b), check=False)
     assert proc.returncode == 2
-    bad = json.loads(proc.stdout)
+    bad = refusal_of(proc)
     assert bad["code"] == "integrity" and contains[0] in bad["error"]
 
     when = days_ago(2)
     stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(when))
     proc = cli.run("checkpoint", "verify", str(stale), "--json", *broker_args(b), check=False)
-    assert proc.returncode == 2 and json.loads(proc.stdout)["code"] == "stale-checkpoint"
+    assert proc.returncode == 2 and refusal_of(proc)["code"] == "stale-checkpoint"
     out = json.loads(
         cli.run(
             "checkpoint",
@@ -889,7 +898,7 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
 
     # The identity gate needs the broker's answer; without one it refuses rather than passes.
     proc = cli.run("checkpoint", "verify", str(cut.copy), "--json", check=False)
-    assert proc.returncode == 2 and json.loads(proc.stdout)["code"] == "no-broker"
+    assert proc.returncode == 2 and refusal_of(proc)["code"] == "no-broker"
 
     assert tree_digest(cli.root, skip=(), times=True) == everything
     assert not (cli.root / ".cotal").exists() and not manager_answers(cli.root)
