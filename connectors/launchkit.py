@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import LaunchOpts
+from connectors.harnesses import which
 from protocol.errors import Refusal
-from protocol.names import check_lifecycle_uid, check_seat_name
+from protocol.names import ENV_NAME, SESSION_UUID, check_lifecycle_uid, check_seat_name
 
 # Only these variables of the manager's environment reach a seat; the operator's tokens and
 # keys do not leak into a harness by accident.
@@ -33,10 +34,10 @@ ENV_ALLOW = (
     "LOGNAME",
     "TZ",
 )
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = ENV_NAME.regex
 # A session id in the lowercase UUID form pi and Claude Code both mint.
-UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_URL_RE = re.compile(r"^https?://[^\s/@]+(/\S*)?$")
+UUID_RE = SESSION_UUID.regex
+_URL_RE = re.compile(r"^https?://[^\s/@]+(/\S*)?\Z")
 
 
 def base_env(opts: LaunchOpts, extra_allow: tuple[str, ...] = ()) -> dict[str, str]:
@@ -132,7 +133,7 @@ def endpoint_url(agent: str, value: Any, *, otherwise: Refusal) -> str:
 
 
 def key_env_name(agent: str, value: Any, *, example: str) -> str:
-    if not isinstance(value, str) or not ENV_NAME_RE.match(value):
+    if not isinstance(value, str) or not ENV_NAME.matches(value):
         raise Refusal(
             "bad-launch",
             f"{agent} connector: api_key_env {value!r} is not an environment variable name",
@@ -143,9 +144,7 @@ def key_env_name(agent: str, value: Any, *, example: str) -> str:
 
 def extra_env_names(agent: str, config: Mapping[str, Any]) -> list[str]:
     extra_env = config.get("extra_env") or []
-    if not isinstance(extra_env, list | tuple) or not all(
-        isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env
-    ):
+    if not isinstance(extra_env, list | tuple) or not all(ENV_NAME.matches(n) for n in extra_env):
         raise Refusal(
             "bad-launch",
             f"{agent} connector: extra_env must be a list of environment variable names, got {extra_env!r}",
@@ -168,10 +167,6 @@ def configured_binary(agent: str, config: Mapping[str, Any], *, what: str) -> st
 
 def pinned_binary(agent: str) -> str:
     """Where the installer put the pinned harness `agent`."""
-    # Imported here so a connector module stays importable (and its refusals testable) where
-    # the installer's repository layout is absent.
-    from manager.cli.tools import which
-
     return str(which(agent))
 
 

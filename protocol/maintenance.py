@@ -60,7 +60,7 @@ import msgspec
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.inventory import INVENTORY_CAP, AbsPath, AttemptId, Digest, Instant, SeatName
-from protocol.names import check_attempt_id
+from protocol.names import CommitTokenField, check_attempt_id
 
 # -- errors --------------------------------------------------------------------------------------
 
@@ -290,7 +290,7 @@ RESUME_STATES: Final = frozenset({"resume-intent", "resume-active", "resume-comm
 JOURNAL_CAP = 256 * 1024
 RESUME_FILE: Final = "resume.json"
 
-CommitToken = Annotated[str, msgspec.Meta(pattern=r"^[a-f0-9]{64}\Z")]
+CommitToken = CommitTokenField
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 

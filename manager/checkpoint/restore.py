@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import stat
 import tarfile
 from collections.abc import Sequence
@@ -41,8 +40,9 @@ from protocol.checkpoint import (
     porcelain_by_path,
 )
 from protocol.errors import Refusal
+from protocol.names import STAMP
 
-STAMP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+STAMP_RE = STAMP.regex
 CHUNK = 1024 * 1024
 _RESTORE_REFLOG = "cotal: restored from checkpoint"
 

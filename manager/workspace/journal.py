@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import time
 from pathlib import Path
 
 from manager.workspace.layout import Layout
@@ -26,6 +25,7 @@ from manager.workspace.private import (
     write_private_atomic,
 )
 from protocol.errors import DecodeError, Refusal
+from protocol.instant import now_iso
 from protocol.inventory import (
     INVENTORY_CAP,
     SUPPORTED_VERSIONS,
@@ -54,7 +54,7 @@ _WHAT_RESUME = "maintenance resume document"
 
 
 def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return now_iso()
 
 
 def _maintenance_dir(layout: Layout) -> Path:

@@ -32,12 +32,11 @@ from protocol.checkpoint import (
     RESUME_FILE,
     SeatCheckpoint,
     decode_seat_checkpoint,
-    format_instant,
-    parse_instant,
     signing_payload,
     with_signature,
 )
 from protocol.errors import DecodeError, Refusal
+from protocol.instant import format_instant, parse_instant
 from protocol.maintenance import Consent
 from tests.ckpt import (
     Cut,

@@ -27,9 +27,7 @@ from protocol.checkpoint import (
     continuity_capped,
     decode_manifest,
     decode_seat_checkpoint,
-    format_instant,
     format_refs_list,
-    parse_instant,
     parse_porcelain_z,
     parse_refs_list,
     porcelain_by_path,
@@ -38,6 +36,7 @@ from protocol.checkpoint import (
 )
 from protocol.codec import encode_json
 from protocol.errors import DecodeError
+from protocol.instant import format_instant, parse_instant
 
 SHA = hashlib.sha256(b"x").hexdigest()
 OID = "a" * 40
