@@ -24,7 +24,7 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -46,8 +46,8 @@ from protocol.names import (
 )
 from protocol.names import OBJECT_ID as _OBJECT_ID
 
-SEAT_CHECKPOINT_FORMAT = "cotal-seat-checkpoint/v1"
-MANIFEST_FORMAT = "cotal-checkpoint-manifest/v1"
+SEAT_CHECKPOINT_FORMAT: Final = "cotal-seat-checkpoint/v1"
+MANIFEST_FORMAT: Final = "cotal-checkpoint-manifest/v1"
 
 CHECKPOINT_FILE = "checkpoint.json"
 MANIFEST_FILE = "manifest.json"

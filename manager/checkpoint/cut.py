@@ -21,6 +21,7 @@ import msgspec
 import structlog
 
 from connectors.base import ContinuityClass, StoreDecl
+from connectors.privatefs import DIR_MODE, ensure_private_dir
 from manager.checkpoint.gitstate import capture_repository
 from manager.checkpoint.seal import (
     capture_file,
@@ -31,7 +32,6 @@ from manager.checkpoint.seal import (
 )
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
-from manager.workspace.private import ensure_private_dir
 from protocol.checkpoint import (
     DEFAULT_RECENCY_HORIZON_MS,
     MANIFEST_FORMAT,
@@ -277,7 +277,7 @@ def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
     ensure_private_dir(layout.maintenance / "checkpoints")
     path = attempt_dir(layout, attempt_id)
     try:
-        os.mkdir(path, 0o700)
+        os.mkdir(path, DIR_MODE)
     except FileExistsError:
         raise Refusal(
             "checkpoint-exists",

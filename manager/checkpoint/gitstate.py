@@ -34,6 +34,13 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
+from connectors.privatefs import (
+    UnsafeDirectory,
+    UnsafeFile,
+    file_identity,
+    open_parent_below,
+    open_regular,
+)
 from manager.checkpoint.seal import ExclusiveFile
 from protocol.checkpoint import (
     BUNDLE_FILE,
@@ -401,7 +408,8 @@ async def preflight_repository(cwd: Path) -> None:
 # -- capture ------------------------------------------------------------------------------------
 
 
-async def _refs(cwd: Path) -> dict[str, str]:
+async def read_refs(cwd: Path) -> dict[str, str]:
+    """Every ref of the repository at `cwd` and the object it names, as `{refname: oid}`."""
     out = await run_git(cwd, "for-each-ref", "--format=%(objectname) %(refname)")
     refs: dict[str, str] = {}
     for line in out.stdout.decode("utf-8").splitlines():
@@ -438,23 +446,6 @@ async def _intent_to_add(cwd: Path) -> list[str]:
     return sorted(p for p, s in visible.items() if hidden.get(p) != s)
 
 
-def _open_parent(top_fd: int, rel: str) -> tuple[int, str]:
-    """Open the directory holding `rel` beneath `top_fd`, refusing a symlink at any step."""
-    parts = rel.split("/")
-    fd = os.dup(top_fd)
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, parts[-1]
-
-
 def _write_untracked_tar(
     top: Path, paths: Sequence[bytes], out: ExclusiveFile, report: Callable[[int], None]
 ) -> None:
@@ -485,11 +476,12 @@ def _write_untracked_tar(
             for raw in paths:
                 rel = os.fsdecode(raw)
                 try:
-                    parent, leaf = _open_parent(top_fd, rel)
-                except OSError as exc:
+                    parent, leaf = open_parent_below(top_fd, rel)
+                except (OSError, UnsafeDirectory) as exc:
+                    why = exc.reason if isinstance(exc, UnsafeDirectory) else exc.strerror
                     raise Refusal(
                         "changed-during-capture",
-                        f"untracked file {rel} is no longer beneath a plain directory ({exc.strerror})",
+                        f"untracked file {rel} is no longer beneath a plain directory ({why})",
                         "make sure nothing writes to the seat's tree, then cut again",
                     ) from None
                 try:
@@ -510,27 +502,23 @@ def _write_untracked_tar(
                             f"untracked entry {rel} is not a regular file or symlink",
                             "remove it or list it in .gitignore",
                         )
-                    fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                    fd, before = open_regular(Path(leaf), dir_fd=parent)
                     with os.fdopen(fd, "rb") as stream:
-                        before = os.fstat(fd)
                         info.size = before.st_size
                         info.mode = stat.S_IMODE(before.st_mode) & 0o777
                         tar.addfile(info, stream)
                         after = os.fstat(fd)
-                    if (before.st_ino, before.st_size, before.st_mtime_ns) != (
-                        after.st_ino,
-                        after.st_size,
-                        after.st_mtime_ns,
-                    ) or before.st_ino != st.st_ino:
+                    if file_identity(before) != file_identity(after) or before.st_ino != st.st_ino:
                         raise Refusal(
                             "changed-during-capture",
                             f"untracked file {rel} changed while it was archived",
                             "make sure nothing writes to the seat's tree, then cut again",
                         )
-                except OSError as exc:
+                except (OSError, UnsafeFile) as exc:
+                    why = exc.detail if isinstance(exc, UnsafeFile) else exc.strerror
                     raise Refusal(
                         "changed-during-capture",
-                        f"untracked file {rel} could not be archived ({exc.strerror})",
+                        f"untracked file {rel} could not be archived ({why})",
                         "make sure nothing writes to the seat's tree, then cut again",
                     ) from None
                 finally:
@@ -585,7 +573,7 @@ async def capture_repository(
     cwd = Path(cwd)
     seat_dir = Path(seat_dir)
     facts = await _facts(cwd)
-    refs = await _refs(cwd)
+    refs = await read_refs(cwd)
     ita = await _intent_to_add(cwd)
 
     bundle = await stream_git_to_file(
@@ -637,7 +625,7 @@ async def capture_repository(
         facts.base,
         facts.head,
         facts.status,
-    ) or await _refs(cwd) != refs:
+    ) or await read_refs(cwd) != refs:
         raise Refusal(
             "changed-during-capture",
             f"the repository at {cwd} changed while it was being captured",

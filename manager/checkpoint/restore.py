@@ -16,21 +16,35 @@ rules; reattach HEAD to its branch; compare `git status`; promote; compare again
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import anyio.to_thread
 
-from manager.checkpoint.gitstate import STATUS_ARGS, bundle_heads, refs_differing, run_git
+from connectors.privatefs import (
+    DIR_MODE,
+    UnsafeDirectory,
+    UnsafeFile,
+    create_private_exclusive,
+    fsync_dir,
+    open_parent_below,
+    open_regular,
+    stream_stable,
+)
+from manager.checkpoint.gitstate import (
+    STATUS_ARGS,
+    bundle_heads,
+    read_refs,
+    refs_differing,
+    run_git,
+)
 from manager.checkpoint.reader import verify_file
-from manager.workspace.private import DIR_MODE, FILE_MODE, fsync_dir
 from protocol.checkpoint import (
     CONTROL_DIR,
     RepositoryRecord,
@@ -67,36 +81,18 @@ def _show_status(status: str, limit: int = 600) -> str:
 def _open_dirs(root_fd: int, rel: str, *, create: bool) -> tuple[int, str]:
     """Open the parent of `rel` beneath `root_fd`, creating missing directories if asked.
 
-    Every step is opened with O_NOFOLLOW, so a symlink anywhere on the way (one planted by an
-    earlier archive member or carried in the tracked tree) refuses instead of being written through.
+    A symlink anywhere on the way (one planted by an earlier archive member or carried in the
+    tracked tree) refuses instead of being written through.
     """
-    parts = rel.split("/")
-    fd = os.dup(root_fd)
     try:
-        for part in parts[:-1]:
-            if create:
-                try:
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                nxt = os.open(
-                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                )
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Refusal(
-                        "unsafe-archive",
-                        f"{rel} would be written through {part!r}, which is a symlink or not a directory",
-                        "the checkpoint is not one cotal captured; cut a new one on the source host",
-                    ) from None
-                raise
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, parts[-1]
+        return open_parent_below(root_fd, rel, create_mode=0o777 if create else None)
+    except UnsafeDirectory as exc:
+        raise Refusal(
+            "unsafe-archive",
+            f"{rel} would be written through {exc.path.name!r}, "
+            "which is a symlink or not a directory",
+            "the checkpoint is not one cotal captured; cut a new one on the source host",
+        ) from None
 
 
 def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
@@ -194,15 +190,6 @@ def _create_placeholder(root: Path, rel: str) -> None:
 # -- the staged build ---------------------------------------------------------------------------
 
 
-async def _for_each_ref(repo: Path) -> dict[str, str]:
-    out = await run_git(repo, "for-each-ref", "--format=%(objectname) %(refname)")
-    refs: dict[str, str] = {}
-    for line in out.stdout.decode("utf-8").splitlines():
-        oid, _, name = line.partition(" ")
-        refs[name] = oid
-    return refs
-
-
 async def _mark_intent_to_add(repo: Path, paths: Sequence[str]) -> None:
     if not paths:
         return
@@ -250,7 +237,7 @@ async def _build(
 
     # The clone's remote points at the checkpoint's bundle file; the seat never had it.
     await run_git(staging, "remote", "remove", "origin", code="restore-failed")
-    present = await _for_each_ref(staging)
+    present = await read_refs(staging)
     commands = [f"update {name} {oid}\n" for name, oid in sorted(refs.items())]
     commands += [f"delete {name}\n" for name in sorted(set(present) - set(refs))]
     if commands:
@@ -266,7 +253,7 @@ async def _build(
             code="restore-failed",
             cure="the bundle does not hold the objects the recorded refs name; copy the checkpoint again",
         )
-    if await _for_each_ref(staging) != refs:
+    if await read_refs(staging) != refs:
         raise Refusal(
             "refs-mismatch",
             "the restored refs differ from the refs the checkpoint recorded",
@@ -529,25 +516,26 @@ def session_destination(entry: SessionFile, *, cwd: Path, workspace_root: Path, 
 
 
 def _hash_nofollow(path: Path, what: str) -> str:
+    digest = hashlib.sha256()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refusal(
-                "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
-            ) from None
-        raise
-    with os.fdopen(fd, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refusal("unsafe-path", f"{what} {path} is not a regular file", "move it aside")
-        digest = hashlib.sha256()
-        while chunk := stream.read(CHUNK):
-            digest.update(chunk)
+        stream_stable(path, digest.update)
+    except UnsafeFile as exc:
+        match exc.problem:
+            case "symlink":
+                raise Refusal(
+                    "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
+                ) from None
+            case "not-regular":
+                raise Refusal(
+                    "unsafe-path", f"{what} {path} is not a regular file", "move it aside"
+                ) from None
+            case "unstable":
+                raise Refusal(
+                    "unstable", f"{what} {path} changed while it was read", "retry"
+                ) from None
+            case _:
+                raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from None
     return digest.hexdigest()
-
-
-def _nofollow_opener(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def _make_parents(path: Path) -> None:
@@ -585,38 +573,23 @@ def place_session_file(
         )
     if not os.path.lexists(dest_path):
         _make_parents(dest_path.parent)
-        tmp = dest_path.with_name(f".{dest_path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        digest = hashlib.sha256()
-        try:
-            with open(src_file, "rb", opener=_nofollow_opener) as src:
-                out_fd = os.open(
-                    tmp,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    FILE_MODE,
-                )
-                with os.fdopen(out_fd, "wb") as out:
-                    while chunk := src.read(CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                    out.flush()
-                    os.fsync(out.fileno())
+
+        def copied() -> Iterator[bytes]:
+            # The copy is checked against the digest just proven, before it is published.
+            digest = hashlib.sha256()
+            fd, _ = open_regular(src_file)
+            with os.fdopen(fd, "rb") as src:
+                while chunk := src.read(CHUNK):
+                    digest.update(chunk)
+                    yield chunk
             if digest.hexdigest() != src_digest:
                 raise Refusal(
                     "unstable", f"session file {src_file} changed while it was copied", "retry"
                 )
-            try:
-                # link, not rename: publication must not replace a file that appeared meanwhile.
-                os.link(tmp, dest_path)
-            except FileExistsError:
-                pass
-            else:
-                fsync_dir(dest_path.parent)
-                return "placed"
-        finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+
+        # Linked, not renamed: publication must not replace a file that appeared meanwhile.
+        if create_private_exclusive(dest_path, copied()):
+            return "placed"
     existing = _hash_nofollow(dest_path, "session destination")
     if existing != src_digest:
         raise Refusal(

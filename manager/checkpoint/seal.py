@@ -10,7 +10,6 @@ no reader admits it) or a complete one naming bytes that are already on disk.
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import os
 import stat
@@ -22,13 +21,15 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from manager.workspace.private import (
+from connectors.privatefs import (
     DIR_MODE,
     FILE_MODE,
+    UnsafeFile,
     create_private_exclusive,
     ensure_private_dir,
     fsync_dir,
     read_stable,
+    stream_stable,
 )
 from protocol.checkpoint import (
     CHECKPOINT_CAP,
@@ -178,41 +179,44 @@ def write_file_exclusive(
 
 
 def capture_file(src: Path, directory: Path, name: str) -> FileRef:
-    """Copy an existing regular file into the checkpoint, never through a symlink."""
+    """Copy an existing regular file into the checkpoint, never through a symlink.
+
+    The source is read with `stream_stable`, so a file that moved in any way while it was
+    copied (a rename, a rewrite, a chmod) is refused and the partial copy removed.
+    """
     src = Path(src)
+    out = ExclusiveFile(directory, name)
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refusal(
-                "unsafe-path", f"capture source {src} is a symlink", "capture the real file"
-            ) from None
-        if exc.errno == errno.ENOENT:
-            raise Refusal(
-                "missing", f"capture source {src} does not exist", "check the session path"
-            ) from None
+        stream_stable(src, out.write)
+        return out.finish()
+    except UnsafeFile as exc:
+        out.abort()
+        match exc.problem:
+            case "symlink":
+                raise Refusal(
+                    "unsafe-path", f"capture source {src} is a symlink", "capture the real file"
+                ) from None
+            case "missing":
+                raise Refusal(
+                    "missing", f"capture source {src} does not exist", "check the session path"
+                ) from None
+            case "not-regular":
+                raise Refusal(
+                    "unsafe-path",
+                    f"capture source {src} is not a regular file",
+                    "capture a regular file",
+                ) from None
+            case "unstable":
+                raise Refusal(
+                    "unstable",
+                    f"capture source {src} changed while it was being copied",
+                    "capture only after the seat is proven stopped",
+                ) from None
+            case _:
+                raise OSError(exc.errno, os.strerror(exc.errno), str(src)) from None
+    except BaseException:
+        out.abort()
         raise
-    with os.fdopen(fd, "rb") as stream:
-        before = os.fstat(stream.fileno())
-        if not stat.S_ISREG(before.st_mode):
-            raise Refusal(
-                "unsafe-path",
-                f"capture source {src} is not a regular file",
-                "capture a regular file",
-            )
-        ref = write_file_exclusive(directory, name, stream)
-        after = os.fstat(stream.fileno())
-    if ref.bytes != after.st_size or (before.st_mtime_ns, before.st_size) != (
-        after.st_mtime_ns,
-        after.st_size,
-    ):
-        os.unlink(Path(directory) / name)
-        raise Refusal(
-            "unstable",
-            f"capture source {src} changed while it was being copied",
-            "capture only after the seat is proven stopped",
-        )
-    return ref
 
 
 def sign_record(record: Signed, sign: Sign, public_key_b64: str, instance_id: str) -> Signed:
