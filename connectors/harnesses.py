@@ -88,7 +88,8 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
         ):
             raise Refusal(
                 "malformed",
-                f"harness pin {name!r} in {pin_file} needs non-empty string fields package and version",
+                f"harness pin {name!r} in {pin_file} needs non-empty string fields package and "
+                "version",
                 "fix the entry",
             )
         native = entry.get("native")
@@ -99,7 +100,8 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
         ):
             raise Refusal(
                 "malformed",
-                f"harness pin {name!r} in {pin_file}: native needs string fields package (with {{platform}}) and bin",
+                f"harness pin {name!r} in {pin_file}: native needs string fields package (with "
+                f"{{platform}}) and bin",
                 "fix the entry",
             )
         pins[name] = Pin(
@@ -117,7 +119,8 @@ def get_pin(name: str, pin_file: Path = PIN_FILE) -> Pin:
     if name not in pins:
         raise Refusal(
             "unknown-harness",
-            f"no harness named {name!r} is pinned in {pin_file} (pinned: {', '.join(sorted(pins)) or 'none'})",
+            f"no harness named {name!r} is pinned in {pin_file} (pinned: "
+            f"{', '.join(sorted(pins)) or 'none'})",
             "add it to harnesses.json or use a pinned name",
         )
     return pins[name]
@@ -164,7 +167,8 @@ def binary_of(pin: Pin) -> Path:
         found = f"version {version} is installed" if version else "it is not installed"
         raise Refusal(
             "not-installed",
-            f"harness {pin.name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: {found}",
+            f"harness {pin.name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: "
+            f"{found}",
             "run `python -m manager.cli.tools install`",
         )
     if pin.native is not None:
@@ -190,9 +194,11 @@ def _native_binary(pin: Pin, native: Native) -> Path:
         found = f"version {version} is installed" if version else "it is not installed"
         raise Refusal(
             "not-installed",
-            f"harness {pin.name}: its native package {package}@{pin.version} is not ready under {pin.prefix}: {found}"
+            f"harness {pin.name}: its native package {package}@{pin.version} is not ready under "
+            f"{pin.prefix}: {found}"
             " (npm installs only the platform packages this host can run)",
-            "run `python -m manager.cli.tools install`; if this platform has no native package, the harness cannot run here",
+            "run `python -m manager.cli.tools install`; if this platform has no native package, "
+            "the harness cannot run here",
         )
     path = pkg_dir / native.bin
     if not path.is_file() or not os.access(path, os.X_OK):

@@ -74,7 +74,8 @@ def check_prompt(agent: str, prompt: str | None) -> None:
     if prompt.startswith(("-", "@")):
         raise Refusal(
             "bad-prompt",
-            f"{agent} connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file)",
+            f"{agent} connector refuses a prompt starting with '-' or '@' (the harness would "
+            "parse it as an option or a file)",
             "reword the prompt so it starts with a letter",
         )
 
@@ -112,7 +113,8 @@ def agent_config(
     if unknown:
         raise Refusal(
             "bad-launch",
-            f"{agent} connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped {dropped}",
+            f"{agent} connector: config key(s) {', '.join(unknown)} are not implemented, so they "
+            f"would be dropped {dropped}",
             f"remove them; {agent} honours {', '.join(sorted(keys))}",
         )
     return config
@@ -147,7 +149,8 @@ def extra_env_names(agent: str, config: Mapping[str, Any]) -> list[str]:
     if not isinstance(extra_env, list | tuple) or not all(ENV_NAME.matches(n) for n in extra_env):
         raise Refusal(
             "bad-launch",
-            f"{agent} connector: extra_env must be a list of environment variable names, got {extra_env!r}",
+            f"{agent} connector: extra_env must be a list of environment variable names, got "
+            f"{extra_env!r}",
             f"fix agents.{agent}.extra_env in cotal.toml",
         )
     return list(extra_env)
@@ -160,7 +163,8 @@ def configured_binary(agent: str, config: Mapping[str, Any], *, what: str) -> st
         raise Refusal(
             "bad-launch",
             f"{agent} connector: binary must be an absolute path, got {binary!r}",
-            f"set agents.{agent}.binary to the absolute path of {what}, or unset it to use the pinned install",
+            f"set agents.{agent}.binary to the absolute path of {what}, or unset it to use the "
+            "pinned install",
         )
     return binary
 
@@ -207,8 +211,10 @@ def seat_files(agent: str, opts: LaunchOpts, store_suffix: str) -> SeatFiles:
     except ValueError:
         raise Refusal(
             "bad-launch",
-            f"{agent} connector: the session pointer {pointer} is outside the workspace root {root}",
-            "keep the pointer under <root>/.cotal so the session store is captured relative to the root",
+            f"{agent} connector: the session pointer {pointer} is outside the workspace root "
+            f"{root}",
+            "keep the pointer under <root>/.cotal so the session store is captured relative to "
+            "the root",
         ) from None
     return SeatFiles(pointer=pointer, store=store, store_relpath=relpath)
 

@@ -152,7 +152,7 @@ def porcelain_by_path(status: str) -> dict[str, str]:
 
 
 def format_refs_list(refs: Mapping[str, str]) -> bytes:
-    """refs.txt: one `<oid> <refname>` line per ref, sorted by name, so it diffs and hashes stably."""
+    """refs.txt: one `<oid> <refname>` line per ref, sorted by name, so it hashes stably."""
     return "".join(f"{refs[name]} {name}\n" for name in sorted(refs)).encode()
 
 
@@ -258,7 +258,8 @@ class SessionRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", 
         if self.continuity in ("exact", "fork"):
             if self.pointer is None or not self.store or self.session_id is None:
                 raise ValueError(
-                    f"continuity {self.continuity!r} requires sessionId, pointer and at least one store file"
+                    f"continuity {self.continuity!r} requires sessionId, pointer and at least one "
+                    "store file"
                 )
 
 
@@ -287,7 +288,7 @@ def _check_signature_shape(signature: str) -> None:
 
 
 class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """One seat at the cut (record 1.1). `entry` is the resume-inventory entry, carried unchanged."""
+    """One seat at the cut (record 1.1). `entry` is the resume-inventory entry, unchanged."""
 
     format: Literal["cotal-seat-checkpoint/v1"]
     entry: dict[str, Any]
@@ -344,7 +345,8 @@ class ManifestSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
 
 
 class AttemptManifest(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """Every seat sealed by one preservation attempt, and the resume document that goes with them."""
+    """Every seat sealed by one preservation attempt, and the resume document that goes with
+    them."""
 
     format: Literal["cotal-checkpoint-manifest/v1"]
     attempt_id: AttemptId

@@ -77,7 +77,8 @@ Digest = Sha256Field
 Short = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 LongText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 Instant = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-# A path, not a token: any byte but NUL may be in one (a newline too); normalization is checked in __post_init__ because a regex cannot say it.
+# A path, not a token: any byte but NUL may be in one (a newline too); normalization is
+# checked in __post_init__ because a regex cannot say it.
 AbsPath = Annotated[str, msgspec.Meta(pattern=r"^/[^\x00]{0,4095}\Z")]
 DependencyKind = DependencyKindField
 
@@ -308,7 +309,8 @@ def inventory_version(data: bytes) -> str:
         raise Refusal(
             "too-large",
             f"resume-preserved args exceed {INVENTORY_CAP} bytes ({len(data)} bytes)",
-            f"a cut holds at most {MAX_INVENTORY_SEATS} seats in {INVENTORY_CAP} bytes; split the space",
+            f"a cut holds at most {MAX_INVENTORY_SEATS} seats in {INVENTORY_CAP} bytes; split the "
+            "space",
         )
     probe = _decode_strict(data, _VersionProbe)
     if probe.version not in SUPPORTED_VERSIONS:

@@ -177,7 +177,8 @@ class Maintenance:
                     event,
                     f"preservation attempt {attempt_id} has begun stopping children and cannot "
                     "return to active mode",
-                    "finish the cut (cotal down --preserve-state); its seats resume from the checkpoint",
+                    "finish the cut (cotal down --preserve-state); its seats resume from the "
+                    "checkpoint",
                 )
         if event == "commit-resume" and self.state == "resuming" and not self.activated:
             raise IllegalTransition(
@@ -213,7 +214,10 @@ class Maintenance:
         if attempt_id == bound:
             return
         if event == "prepare":
-            message = f"manager is fenced for preservation attempt {bound}; refusing different attempt {attempt_id}"
+            message = (
+                f"manager is fenced for preservation attempt {bound}; "
+                f"refusing different attempt {attempt_id}"
+            )
         elif event in ("commit", "stopped"):
             message = f"preservation attempt {attempt_id} was not prepared by this manager"
         elif event == "abort":

@@ -82,13 +82,15 @@ def anchor_of(path: Path, *, root: Path, cwd: Path, home: Path) -> tuple[Anchor,
         ):
             raise Refusal(
                 "unsafe-store",
-                f"session store {path} lies in the control directory outside .cotal/sessions; it would carry secrets",
+                f"session store {path} lies in the control directory outside .cotal/sessions; it "
+                "would carry secrets",
                 "name the harness's own session directory, never .cotal itself",
             )
         return anchor, str(rel)
     raise Refusal(
         "unanchored-store",
-        f"session store {path} is outside the workspace root, the seat's cwd and the home directory",
+        f"session store {path} is outside the workspace root, the seat's cwd and the home "
+        "directory",
         "move the store under the workspace root, or name one a destination can resolve",
     )
 
@@ -282,6 +284,7 @@ def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
         raise Refusal(
             "checkpoint-exists",
             f"checkpoint directory {path} already exists; a sealed checkpoint is never overwritten",
-            "choose a new attempt, or move the directory aside if it is the evidence of a failed cut",
+            "choose a new attempt, or move the directory aside if it is the evidence of a failed "
+            "cut",
         ) from None
     return path

@@ -95,7 +95,8 @@ def verify_signature(
     what: str,
     trusted_keys: Collection[str] | None = None,
 ) -> None:
-    """The signature must verify under the recorded key, and that key must be trusted if a set is given.
+    """The signature must verify under the recorded key, and that key must be trusted if a set
+    is given.
 
     A recorded key alone proves the record is unaltered since a signer sealed it, not who that
     signer was; `trusted_keys` is how a caller pins the manager that may have sealed it.
@@ -114,13 +115,16 @@ def verify_signature(
     except (InvalidSignature, ValueError, binascii.Error):
         raise Refusal(
             "bad-signature",
-            f"{what} signature does not verify under its recorded public key {record.signer.public_key}",
-            "the record was altered after sealing; copy it again from the source host or cut a new checkpoint",
+            f"{what} signature does not verify under its recorded public key "
+            f"{record.signer.public_key}",
+            "the record was altered after sealing; copy it again from the source host or cut a "
+            "new checkpoint",
         ) from None
     if trusted_keys is not None and record.signer.public_key not in trusted_keys:
         raise Refusal(
             "untrusted-signer",
-            f"{what} was sealed by key {record.signer.public_key} (instance {record.signer.instance_id}), "
+            f"{what} was sealed by key {record.signer.public_key} (instance "
+            f"{record.signer.instance_id}), "
             "which this destination does not trust",
             "admit checkpoints only from the space's own manager, or add its key deliberately",
         )
@@ -169,7 +173,8 @@ def _check_exact_entries(directory: Path, expected: set[str]) -> None:
         raise _integrity(
             directory,
             f"holds entries its record does not name: {names}",
-            "a sealed checkpoint holds exactly the files its record names; move the extra entries out "
+            "a sealed checkpoint holds exactly the files its record names; move the extra entries "
+            "out "
             "(a leftover .*.tmp is a write interrupted after sealing) and retry",
         )
 
@@ -222,7 +227,8 @@ def verify_integrity(
                 "bad-signature",
                 f"seat checkpoint {path} was sealed by key {record.signer.public_key}, "
                 f"the manifest by {manifest.signer.public_key}",
-                "one attempt is sealed by one manager; do not mix seat directories from different cuts",
+                "one attempt is sealed by one manager; do not mix seat directories from different "
+                "cuts",
             )
         verify_seat_files(seat_dir, record)
         records.append(record)

@@ -114,7 +114,8 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
         parts = name.split("/")
         for i in range(1, len(parts)):
             if "/".join(parts[:i]) in symlinks:
-                problem = f"would be written through the symlink {'/'.join(parts[:i])} an earlier member made"
+                link = "/".join(parts[:i])
+                problem = f"would be written through the symlink {link} an earlier member made"
                 break
     if problem:
         raise Refusal(
@@ -126,7 +127,8 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
 
 
 def _extract_untracked(tar_path: Path, root: Path) -> None:
-    """Extract the untracked archive into `root`, member by member, creating nothing it must replace."""
+    """Extract the untracked archive into `root`, member by member, creating nothing it must
+    replace."""
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     tar_fd = os.open(tar_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     symlinks: set[str] = set()
@@ -156,8 +158,10 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
                 except FileExistsError:
                     raise Refusal(
                         "unsafe-archive",
-                        f"untracked archive member {name!r} would replace a path the restore already wrote",
-                        "the checkpoint is not one cotal captured; cut a new one on the source host",
+                        f"untracked archive member {name!r} would replace a path the restore "
+                        "already wrote",
+                        "the checkpoint is not one cotal captured; cut a new one on the source "
+                        "host",
                     ) from None
                 finally:
                     os.close(parent)
@@ -230,8 +234,10 @@ async def _build(
     if found.rc != 0:
         raise Refusal(
             "base-absent",
-            f"the bundle does not contain the recorded base commit {record.base}, so the diffs do not apply to its history",
-            "the bundle and the record do not belong together; copy the checkpoint again from the source host",
+            f"the bundle does not contain the recorded base commit {record.base}, so the diffs do "
+            "not apply to its history",
+            "the bundle and the record do not belong together; copy the checkpoint again from the "
+            "source host",
         )
     await run_git(staging, "checkout", "--quiet", "--detach", record.base, code="restore-failed")
 
@@ -251,7 +257,8 @@ async def _build(
             "--stdin",
             stdin="".join(commands).encode(),
             code="restore-failed",
-            cure="the bundle does not hold the objects the recorded refs name; copy the checkpoint again",
+            cure="the bundle does not hold the objects the recorded refs name; "
+            "copy the checkpoint again",
         )
     if await read_refs(staging) != refs:
         raise Refusal(
@@ -269,7 +276,8 @@ async def _build(
         "--whitespace=nowarn",
         str(seat_dir / record.index_diff.file),
         code="apply-failed",
-        cure="the index diff does not apply to the recorded base; the checkpoint is inconsistent, cut a new one",
+        cure="the index diff does not apply to the recorded base; "
+        "the checkpoint is inconsistent, cut a new one",
     )
     # An intent-to-add entry whose file was gone at the cut shows in the worktree diff as the
     # deletion of an empty file; that deletion only applies to an entry that exists.
@@ -286,7 +294,8 @@ async def _build(
         "--whitespace=nowarn",
         str(seat_dir / record.worktree_diff.file),
         code="apply-failed",
-        cure="the worktree diff does not apply on top of the index diff; the checkpoint is inconsistent, cut a new one",
+        cure="the worktree diff does not apply on top of the index diff; "
+        "the checkpoint is inconsistent, cut a new one",
     )
     # The rest were created as new files by the worktree diff; mark them as the cut had them.
     await _mark_intent_to_add(staging, [p for p in record.intent_to_add if p not in gone])
@@ -306,7 +315,8 @@ async def _build(
     if staged != record.status:
         raise Refusal(
             "restore-mismatch",
-            f"the staged tree's git status is {_show_status(staged)}, the checkpoint recorded {_show_status(record.status)}",
+            f"the staged tree's git status is {_show_status(staged)}, the checkpoint recorded "
+            f"{_show_status(record.status)}",
             "the checkpoint does not reproduce its own tree; cut a new one",
         )
 
@@ -325,7 +335,8 @@ def _claim_aside(target: Path, stamp: str) -> Path:
             continue
     raise Refusal(
         "restore-failed",
-        f"no free name for moving {target} aside ({target.name}.superseded.{stamp}[.1-99] all exist)",
+        f"no free name for moving {target} aside ({target.name}.superseded.{stamp}[.1-99] all "
+        "exist)",
         "pass a new stamp or clear old superseded directories",
     )
 
@@ -373,7 +384,8 @@ def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Pa
             os.rename(aside / name, target / name)
         raise Refusal(
             "restore-failed",
-            f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; {staging} is left as evidence",
+            f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; "
+            f"{staging} is left as evidence",
             f"inspect {staging}, remove it and the empty {aside} by hand, then restore again",
         ) from None
     fsync_dir(target)
@@ -454,8 +466,10 @@ async def restore_repository(
     if differ:
         raise Refusal(
             "refs-mismatch",
-            f"the bundle's refs differ from the refs the checkpoint recorded ({', '.join(differ[:5])})",
-            "the bundle and the record do not belong together; copy the checkpoint again from the source host",
+            "the bundle's refs differ from the refs the checkpoint recorded "
+            f"({', '.join(differ[:5])})",
+            "the bundle and the record do not belong together; copy the checkpoint again from the "
+            "source host",
         )
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -464,7 +478,8 @@ async def restore_repository(
     except FileExistsError:
         raise Refusal(
             "staging-exists",
-            f"refusing: {staging} already exists; it is the evidence of an earlier failed restore — inspect and remove it by hand",
+            f"refusing: {staging} already exists; it is the evidence of an earlier failed restore "
+            "— inspect and remove it by hand",
             f"inspect {staging}, remove it by hand, then restore again",
         ) from None
     try:
@@ -485,7 +500,8 @@ async def restore_repository(
     except OSError as exc:
         raise Refusal(
             "restore-failed",
-            f"restoring into {staging} failed ({exc}); {target} is unchanged and {staging} is left as the evidence",
+            f"restoring into {staging} failed ({exc}); {target} is unchanged and {staging} is "
+            "left as the evidence",
             f"inspect {staging} and remove it by hand before restoring again",
         ) from None
 
@@ -495,9 +511,11 @@ async def restore_repository(
         where = f"; the previous tree is at {aside}" if aside else ""
         raise Refusal(
             "restore-mismatch",
-            f"after promotion {target} reports git status {_show_status(final)}, the checkpoint recorded "
+            f"after promotion {target} reports git status {_show_status(final)}, the checkpoint "
+            "recorded "
             f"{_show_status(record.status)}{where}",
-            f"inspect {target} before starting the seat; something other than the checkpoint is in the tree",
+            f"inspect {target} before starting the seat; something other than the checkpoint is "
+            "in the tree",
         )
     return RestoreResult(target=target, superseded=aside, head=record.head, status=final)
 
@@ -506,7 +524,8 @@ async def restore_repository(
 
 
 def session_destination(entry: SessionFile, *, cwd: Path, workspace_root: Path, home: Path) -> Path:
-    """Where a captured session file goes back: its anchor resolved on this host, plus its relpath."""
+    """Where a captured session file goes back: its anchor resolved on this host, plus its
+    relpath."""
     base = {"cwd": cwd, "workspace-root": workspace_root, "home": home}[entry.anchor]
     try:
         check_relpath("relpath", entry.relpath)
@@ -568,7 +587,8 @@ def place_session_file(
     if expected_sha256 is not None and src_digest != expected_sha256:
         raise Refusal(
             "integrity",
-            f"checkpoint integrity: {src_file} hashes to {src_digest}, the record says {expected_sha256}",
+            f"checkpoint integrity: {src_file} hashes to {src_digest}, the record says "
+            f"{expected_sha256}",
             "copy the checkpoint again from the source host",
         )
     if not os.path.lexists(dest_path):
@@ -594,7 +614,9 @@ def place_session_file(
     if existing != src_digest:
         raise Refusal(
             "session-conflict",
-            f"{dest_path} already exists with sha256 {existing}; the checkpoint's file {src_file} has sha256 {src_digest}",
-            f"move {dest_path} aside if the checkpoint's session is the one to resume, then restore again",
+            f"{dest_path} already exists with sha256 {existing}; the checkpoint's file {src_file} "
+            f"has sha256 {src_digest}",
+            f"move {dest_path} aside if the checkpoint's session is the one to resume, then "
+            "restore again",
         )
     return "present"

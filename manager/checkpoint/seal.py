@@ -61,8 +61,10 @@ def _check_file_name(name: str) -> str:
     if not FILE_NAME_RE.fullmatch(name) or name in RESERVED_FILES:
         raise Refusal(
             "bad-file-name",
-            f"checkpoint file name {name!r} is not a plain basename or is reserved for the sealed record",
-            "use a basename of letters, digits, '_', '.' and '-' other than checkpoint.json and manifest.json",
+            f"checkpoint file name {name!r} is not a plain basename or is reserved for the sealed "
+            "record",
+            "use a basename of letters, digits, '_', '.' and '-' other than checkpoint.json and "
+            "manifest.json",
         )
     return name
 
@@ -74,7 +76,8 @@ def create_seat_dir(attempt_dir: Path, seat: str) -> Path:
     if os.path.lexists(attempt_dir / MANIFEST_FILE):
         raise Refusal(
             "already-sealed",
-            f"attempt {attempt_dir} is already sealed (it has a {MANIFEST_FILE}); no seat can be added to it",
+            f"attempt {attempt_dir} is already sealed (it has a {MANIFEST_FILE}); no seat can be "
+            "added to it",
             "choose a new attemptId",
         )
     path = attempt_dir / seat
@@ -142,7 +145,8 @@ class ExclusiveFile:
             raise Refusal(
                 "integrity",
                 f"checkpoint file {self.path} is {st.st_size} bytes after writing {self.size}",
-                "something else wrote into the checkpoint directory; cut again under a new attemptId",
+                "something else wrote into the checkpoint directory; cut again under a new "
+                "attemptId",
             )
         return FileRef(file=self.path.name, bytes=self.size, sha256=self._hash.hexdigest())
 
@@ -234,7 +238,8 @@ def sign_record(record: Signed, sign: Sign, public_key_b64: str, instance_id: st
     except (InvalidSignature, ValueError) as exc:
         raise Refusal(
             "bad-signature",
-            f"the signing callable's signature does not verify under public key {public_key_b64} ({type(exc).__name__})",
+            f"the signing callable's signature does not verify under public key {public_key_b64} "
+            f"({type(exc).__name__})",
             "pass the public key of the same Ed25519 key the callable signs with",
         ) from None
     return with_signature(unsigned, signer, signature)
@@ -247,7 +252,8 @@ def _record_bytes(record: SeatCheckpoint | AttemptManifest, cap: int, what: str)
     if len(data) > cap:
         raise Refusal(
             "too-large",
-            f"{what} would be {len(data)} bytes, over the {cap}-byte cap (status and intent-to-add lists are inline)",
+            f"{what} would be {len(data)} bytes, over the {cap}-byte cap (status and "
+            "intent-to-add lists are inline)",
             "reduce the number of changed and untracked paths in the seat's tree before the cut",
         )
     return data
@@ -256,7 +262,7 @@ def _record_bytes(record: SeatCheckpoint | AttemptManifest, cap: int, what: str)
 def _check_present(
     directory: Path, refs: Iterable[FileRef], allowed_extra: Iterable[str] = ()
 ) -> None:
-    """Every named file present, regular, of its recorded size, and nothing else in the directory."""
+    """Every named file present, regular, of its recorded size, and nothing else beside them."""
     expected = {ref.file: ref for ref in refs}
     for name, ref in expected.items():
         try:
@@ -278,7 +284,8 @@ def _check_present(
         raise Refusal(
             "seal-incomplete",
             f"cannot seal {directory}: it holds files the record does not name: {', '.join(extra)}",
-            "capture into a fresh directory; a sealed directory holds exactly what its record names",
+            "capture into a fresh directory; a sealed directory holds exactly what its record "
+            "names",
         )
 
 
@@ -346,7 +353,8 @@ def seal_manifest(
         ):
             raise Refusal(
                 "seal-incomplete",
-                f"cannot seal attempt {attempt_dir}: seat {seat.name}'s {CHECKPOINT_FILE} is not the one the manifest names",
+                f"cannot seal attempt {attempt_dir}: seat {seat.name}'s {CHECKPOINT_FILE} is not "
+                "the one the manifest names",
                 "build the manifest from the FileRef seal_seat returned",
             )
     _check_present(

@@ -83,7 +83,8 @@ def check_node(pin: Pin) -> None:
     if have is None or have < floor:
         raise Refusal(
             "old-node",
-            f"{pin.package}@{pin.version} needs node {wanted}, this host has {out.stdout.strip() or 'an unknown version'}",
+            f"{pin.package}@{pin.version} needs node {wanted}, this host has "
+            f"{out.stdout.strip() or 'an unknown version'}",
             "install a newer Node.js",
         )
 
@@ -129,7 +130,8 @@ def install(pin: Pin) -> str:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise Refusal(
             "install-failed",
-            f"npm install of {pin.package}@{pin.version} into {pin.prefix} failed with rc {proc.returncode}:\n{tail}",
+            f"npm install of {pin.package}@{pin.version} into {pin.prefix} failed with rc "
+            f"{proc.returncode}:\n{tail}",
             "check network access to the npm registry and the pin in harnesses.json",
         )
     have = installed_version(pin)

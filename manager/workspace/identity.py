@@ -82,7 +82,10 @@ def _load(path: object, space: str) -> InstanceIdentity:
     from pathlib import Path
 
     p = Path(str(path))
-    cure = f"restore {p} from backup; a restart must preserve the logical instanceId, so cotal will not mint over it"
+    cure = (
+        f"restore {p} from backup; a restart must preserve the logical instanceId, "
+        "so cotal will not mint over it"
+    )
     try:
         data = read_stable(
             p, cap=IDENTITY_CAP, what="manager instance identity", require_private=True
