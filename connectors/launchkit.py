@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import LaunchOpts
+from connectors.harnesses import which
 from protocol.errors import Refusal
-from protocol.names import check_lifecycle_uid, check_seat_name
+from protocol.names import ENV_NAME, SESSION_UUID, check_lifecycle_uid, check_seat_name
 
 # Only these variables of the manager's environment reach a seat; the operator's tokens and
 # keys do not leak into a harness by accident.
@@ -33,10 +34,10 @@ ENV_ALLOW = (
     "LOGNAME",
     "TZ",
 )
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = ENV_NAME.regex
 # A session id in the lowercase UUID form pi and Claude Code both mint.
-UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_URL_RE = re.compile(r"^https?://[^\s/@]+(/\S*)?$")
+UUID_RE = SESSION_UUID.regex
+_URL_RE = re.compile(r"^https?://[^\s/@]+(/\S*)?\Z")
 
 
 def base_env(opts: LaunchOpts, extra_allow: tuple[str, ...] = ()) -> dict[str, str]:
@@ -73,7 +74,8 @@ def check_prompt(agent: str, prompt: str | None) -> None:
     if prompt.startswith(("-", "@")):
         raise Refusal(
             "bad-prompt",
-            f"{agent} connector refuses a prompt starting with '-' or '@' (the harness would parse it as an option or a file)",
+            f"{agent} connector refuses a prompt starting with '-' or '@' (the harness would "
+            "parse it as an option or a file)",
             "reword the prompt so it starts with a letter",
         )
 
@@ -111,7 +113,8 @@ def agent_config(
     if unknown:
         raise Refusal(
             "bad-launch",
-            f"{agent} connector: config key(s) {', '.join(unknown)} are not implemented, so they would be dropped {dropped}",
+            f"{agent} connector: config key(s) {', '.join(unknown)} are not implemented, so they "
+            f"would be dropped {dropped}",
             f"remove them; {agent} honours {', '.join(sorted(keys))}",
         )
     return config
@@ -132,7 +135,7 @@ def endpoint_url(agent: str, value: Any, *, otherwise: Refusal) -> str:
 
 
 def key_env_name(agent: str, value: Any, *, example: str) -> str:
-    if not isinstance(value, str) or not ENV_NAME_RE.match(value):
+    if not isinstance(value, str) or not ENV_NAME.matches(value):
         raise Refusal(
             "bad-launch",
             f"{agent} connector: api_key_env {value!r} is not an environment variable name",
@@ -143,12 +146,11 @@ def key_env_name(agent: str, value: Any, *, example: str) -> str:
 
 def extra_env_names(agent: str, config: Mapping[str, Any]) -> list[str]:
     extra_env = config.get("extra_env") or []
-    if not isinstance(extra_env, list | tuple) or not all(
-        isinstance(n, str) and ENV_NAME_RE.match(n) for n in extra_env
-    ):
+    if not isinstance(extra_env, list | tuple) or not all(ENV_NAME.matches(n) for n in extra_env):
         raise Refusal(
             "bad-launch",
-            f"{agent} connector: extra_env must be a list of environment variable names, got {extra_env!r}",
+            f"{agent} connector: extra_env must be a list of environment variable names, got "
+            f"{extra_env!r}",
             f"fix agents.{agent}.extra_env in cotal.toml",
         )
     return list(extra_env)
@@ -161,17 +163,14 @@ def configured_binary(agent: str, config: Mapping[str, Any], *, what: str) -> st
         raise Refusal(
             "bad-launch",
             f"{agent} connector: binary must be an absolute path, got {binary!r}",
-            f"set agents.{agent}.binary to the absolute path of {what}, or unset it to use the pinned install",
+            f"set agents.{agent}.binary to the absolute path of {what}, or unset it to use the "
+            "pinned install",
         )
     return binary
 
 
 def pinned_binary(agent: str) -> str:
     """Where the installer put the pinned harness `agent`."""
-    # Imported here so a connector module stays importable (and its refusals testable) where
-    # the installer's repository layout is absent.
-    from manager.cli.tools import which
-
     return str(which(agent))
 
 
@@ -212,8 +211,10 @@ def seat_files(agent: str, opts: LaunchOpts, store_suffix: str) -> SeatFiles:
     except ValueError:
         raise Refusal(
             "bad-launch",
-            f"{agent} connector: the session pointer {pointer} is outside the workspace root {root}",
-            "keep the pointer under <root>/.cotal so the session store is captured relative to the root",
+            f"{agent} connector: the session pointer {pointer} is outside the workspace root "
+            f"{root}",
+            "keep the pointer under <root>/.cotal so the session store is captured relative to "
+            "the root",
         ) from None
     return SeatFiles(pointer=pointer, store=store, store_relpath=relpath)
 

@@ -24,7 +24,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -105,7 +105,8 @@ def ensure_seat_dir(path: Path, *, agent: str) -> Path:
     if not _plain_dir(st):
         raise Refusal(
             "unsafe-path",
-            f"{agent} connector: {path} is not a plain directory (a symlink or another file is there)",
+            f"{agent} connector: {path} is not a plain directory "
+            "(a symlink or another file is there)",
             "remove it so cotal can create the seat's private directory",
         )
     if stat.S_IMODE(st.st_mode) != DIR_MODE:
@@ -139,38 +140,74 @@ def ensure_private_dirs_below(root: Path, relparts: Sequence[str]) -> Path:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise UnsafeDirectory(root, f"cannot be opened: {exc.strerror}") from None
+    try:
+        leaf = walk_below(fd, relparts, create_mode=DIR_MODE, root=root)
+    finally:
+        os.close(fd)
+    try:
+        os.fchmod(leaf, DIR_MODE)
+    finally:
+        os.close(leaf)
+    return root.joinpath(*relparts)
+
+
+def walk_below(
+    dir_fd: int, parts: Sequence[str], *, create_mode: int | None = None, root: Path = Path(".")
+) -> int:
+    """Open `parts` one directory at a time beneath `dir_fd` and return the last one's fd.
+
+    Every step is opened with O_NOFOLLOW|O_DIRECTORY relative to the one before it, so a symlink
+    anywhere on the way (planted by an archive member, carried in a tracked tree, or swapped in
+    meanwhile) is refused instead of followed out. `create_mode` makes missing directories with
+    that mode (the umask applies). `dir_fd` stays open and the caller closes the result. Raises
+    `UnsafeDirectory` naming `root/<parts so far>` when a step is a symlink or not a directory.
+    """
+    fd = os.dup(dir_fd)
     path = root
     try:
-        for part in relparts:
+        for part in parts:
             path = path / part
-            try:
-                os.mkdir(part, DIR_MODE, dir_fd=fd)
-            except FileExistsError:
-                pass
+            if create_mode is not None:
+                try:
+                    os.mkdir(part, create_mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
             try:
                 child = os.open(
                     part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
                 )
             except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    what = (
-                        "a symlink" if stat.S_ISLNK(os.lstat(path).st_mode) else "not a directory"
-                    )
-                    raise UnsafeDirectory(path, f"is {what}") from None
-                raise
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                try:
+                    link = stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
+                except OSError:
+                    link = False
+                raise UnsafeDirectory(
+                    path, "is a symlink" if link else "is not a directory"
+                ) from None
             os.close(fd)
             fd = child
-        os.fchmod(fd, DIR_MODE)
-    finally:
+    except BaseException:
         os.close(fd)
-    return path
+        raise
+    return fd
+
+
+def open_parent_below(
+    dir_fd: int, rel: str, *, create_mode: int | None = None, root: Path = Path(".")
+) -> tuple[int, str]:
+    """`walk_below` to the directory holding the relative path `rel`: (its fd, the leaf name)."""
+    parts = rel.split("/")
+    return walk_below(dir_fd, parts[:-1], create_mode=create_mode, root=root), parts[-1]
 
 
 # -- files ----------------------------------------------------------------------------------------
 
 
-def _durable_temp(path: Path, data: bytes) -> Path:
-    """A sibling temp file of `path` holding `data`, 0600 and fsynced; removed on failure."""
+def _durable_temp(path: Path, data: bytes | Iterable[bytes]) -> Path:
+    """A sibling temp file of `path` holding `data` (bytes, or chunks a caller streams and may
+    refuse by raising), 0600 and fsynced; removed on failure."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = os.open(
         tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE
@@ -179,9 +216,10 @@ def _durable_temp(path: Path, data: bytes) -> Path:
         try:
             # The umask may only have narrowed the mode; make it exactly 0600.
             os.fchmod(fd, FILE_MODE)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in (data,) if isinstance(data, bytes) else data:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -203,7 +241,7 @@ def write_private_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def create_private_exclusive(path: Path, data: bytes) -> bool:
+def create_private_exclusive(path: Path, data: bytes | Iterable[bytes]) -> bool:
     """Publish `data` at `path` only if nothing is there; False when another creator won.
 
     The bytes are made durable under a temp name first and then linked into place, so a reader
@@ -242,11 +280,121 @@ class StableRead:
     st: os.stat_result
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What must not move while a file is read: a rename, a rewrite or a chmod all show here."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+FileProblem = Literal[
+    "missing",
+    "symlink",
+    "not-regular",
+    "unopenable",
+    "not-private",
+    "too-large",
+    "grew",
+    "size",
+    "unstable",
+]
+
+
+class UnsafeFile(Exception):
+    """`path` cannot be read as a stable regular file; `detail` completes the sentence "path ...".
+
+    `problem` tells callers with their own vocabulary (checkpoint integrity, capture) which
+    refusal to word; `errno` is the open's error for "unopenable".
+    """
+
+    def __init__(self, path: Path, problem: FileProblem, detail: str, err: int = 0) -> None:
+        super().__init__(f"{path} {detail}")
+        self.path = path
+        self.problem: FileProblem = problem
+        self.detail = detail
+        self.errno = err
+
+
+def open_regular(path: Path, *, dir_fd: int | None = None) -> tuple[int, os.stat_result]:
+    """Open a regular file read-only without following a symlink: (fd, its fstat)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise UnsafeFile(path, "missing", "does not exist", exc.errno) from None
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFile(path, "symlink", "is a symlink", exc.errno) from None
+        raise UnsafeFile(
+            path, "unopenable", f"cannot be opened ({exc.strerror})", exc.errno or 0
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(path, "not-regular", "is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def stream_stable(
+    path: Path,
+    consume: Callable[[bytes], object],
+    *,
+    cap: int | None = None,
+    expect_size: int | None = None,
+    require_private: bool = False,
+) -> os.stat_result:
+    """Feed a regular, non-symlink file to `consume` and prove it did not change meanwhile.
+
+    The fd is fstat'd before and after and the path lstat'd again; any move of dev, inode, size,
+    mtime or ctime is "unstable". `cap` bounds the bytes read, `expect_size` refuses a file of
+    another size before reading it. Raises `UnsafeFile`; what `consume` got is then not the file.
+    """
+    path = Path(path)
+    fd, before = open_regular(path)
+    try:
+        mode = stat.S_IMODE(before.st_mode)
+        if require_private and mode & 0o077:
+            raise UnsafeFile(
+                path, "not-private", f"is not private (mode {mode:04o}, expected 0600)"
+            )
+        if cap is not None and before.st_size > cap:
+            raise UnsafeFile(
+                path, "too-large", f"is {before.st_size} bytes, over the {cap}-byte cap"
+            )
+        if expect_size is not None and before.st_size != expect_size:
+            raise UnsafeFile(path, "size", f"is {before.st_size} bytes")
+        total = 0
+        while chunk := os.read(fd, CHUNK):
+            total += len(chunk)
+            if cap is not None and total > cap:
+                raise UnsafeFile(path, "grew", f"grew past the {cap}-byte cap while being read")
+            consume(chunk)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    try:
+        again: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        again = None
+    if (
+        again is None
+        or file_identity(before) != file_identity(after)
+        or file_identity(after) != file_identity(again)
+    ):
+        raise UnsafeFile(path, "unstable", "changed while it was being read")
+    return after
+
+
+CHUNK = 1024 * 1024
 UNSTABLE_TRIES = 3
+
+_READ_CURES: dict[FileProblem, tuple[str, str]] = {
+    "missing": ("missing", "check the path"),
+    "symlink": ("unsafe-path", "replace it with the real file"),
+    "not-regular": ("unsafe-path", "replace it with the real file"),
+    "too-large": ("too-large", "check the file"),
+    "unstable": ("unstable", "retry once nothing writes to it"),
+}
 
 
 def read_stable(path: Path, *, cap: int, what: str, require_private: bool = False) -> StableRead:
@@ -255,77 +403,28 @@ def read_stable(path: Path, *, cap: int, what: str, require_private: bool = Fals
     A file just published by link-then-unlink changes its ctime once as the temp name goes, so
     an unstable read is retried a few times; a file that keeps changing is refused.
     """
+    path = Path(path)
     for attempt in range(UNSTABLE_TRIES):
+        chunks: list[bytes] = []
         try:
-            return _read_stable_once(path, cap=cap, what=what, require_private=require_private)
-        except Refusal as exc:
-            if exc.code != "unstable" or attempt == UNSTABLE_TRIES - 1:
-                raise
-            time.sleep(0.01 * (attempt + 1))
+            st = stream_stable(path, chunks.append, cap=cap, require_private=require_private)
+        except UnsafeFile as exc:
+            if exc.problem == "unstable" and attempt < UNSTABLE_TRIES - 1:
+                time.sleep(0.01 * (attempt + 1))
+                continue
+            if exc.problem == "unopenable":
+                # Not a property of the file (EACCES, EMFILE, ...): the caller's OSError.
+                raise OSError(exc.errno, os.strerror(exc.errno), str(exc.path)) from None
+            raise _read_refusal(exc, what) from None
+        return StableRead(b"".join(chunks), st)
     raise AssertionError("unreachable")
 
 
-def _read_stable_once(path: Path, *, cap: int, what: str, require_private: bool) -> StableRead:
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refusal(
-                "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
-            ) from None
-        if exc.errno == errno.ENOENT:
-            raise Refusal("missing", f"{what} {path} does not exist", "check the path") from None
-        raise
-    try:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            raise Refusal(
-                "unsafe-path",
-                f"{what} {path} is not a regular file",
-                "replace it with the real file",
-            )
-        if require_private and stat.S_IMODE(before.st_mode) & 0o077:
-            raise Refusal(
-                "not-private",
-                f"{what} {path} is not private (mode {stat.S_IMODE(before.st_mode):04o}, expected 0600)",
-                f"chmod 600 {path}",
-            )
-        if before.st_size > cap:
-            raise Refusal(
-                "too-large",
-                f"{what} {path} is {before.st_size} bytes, over the {cap}-byte cap",
-                "check the file",
-            )
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            chunk = os.read(fd, 1024 * 1024)
-            if not chunk:
-                break
-            total += len(chunk)
-            if total > cap:
-                raise Refusal(
-                    "too-large",
-                    f"{what} {path} grew past the {cap}-byte cap while being read",
-                    "retry once it is quiet",
-                )
-            chunks.append(chunk)
-        after = os.fstat(fd)
-    finally:
-        os.close(fd)
-    try:
-        again = os.lstat(path)
-    except FileNotFoundError:
-        again = None
-    if (
-        again is None
-        or _identity(before) != _identity(after)
-        or _identity(after) != _identity(again)
-    ):
-        raise Refusal(
-            "unstable",
-            f"{what} {path} changed while it was being read",
-            "retry once nothing writes to it",
-        )
-    return StableRead(b"".join(chunks), after)
+def _read_refusal(exc: UnsafeFile, what: str) -> Refusal:
+    message = f"{what} {exc.path} {exc.detail}"
+    if exc.problem == "not-private":
+        return Refusal("not-private", message, f"chmod 600 {exc.path}")
+    if exc.problem == "grew":
+        return Refusal("too-large", message, "retry once it is quiet")
+    code, cure = _READ_CURES.get(exc.problem, ("unsafe-path", "check the file"))
+    return Refusal(code, message, cure)

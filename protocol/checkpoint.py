@@ -24,16 +24,30 @@ import base64
 import binascii
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
 from protocol.codec import decode_json, encode_json
 from protocol.instant import parse_instant
-from protocol.names import ATTEMPT_ID_RE, INSTANCE_ID_RE, LIFECYCLE_UID_RE, SEAT_NAME_RE, SPACE_RE
+from protocol.names import (
+    FILE_NAME,
+    REF_NAME,
+    AttemptIdField,
+    FileNameField,
+    HeadRefField,
+    InstanceIdField,
+    InstantField,
+    LifecycleUidField,
+    ObjectIdField,
+    SeatNameField,
+    Sha256Field,
+    SpaceField,
+)
+from protocol.names import OBJECT_ID as _OBJECT_ID
 
-SEAT_CHECKPOINT_FORMAT = "cotal-seat-checkpoint/v1"
-MANIFEST_FORMAT = "cotal-checkpoint-manifest/v1"
+SEAT_CHECKPOINT_FORMAT: Final = "cotal-seat-checkpoint/v1"
+MANIFEST_FORMAT: Final = "cotal-checkpoint-manifest/v1"
 
 CHECKPOINT_FILE = "checkpoint.json"
 MANIFEST_FILE = "manifest.json"
@@ -61,24 +75,20 @@ CONTROL_DIR = ".cotal"
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
 Anchor = Literal["cwd", "workspace-root", "home"]
 
-FILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
-FileName = Annotated[str, msgspec.Meta(pattern=FILE_NAME_RE.pattern)]
-Sha256Hex = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
-# A full object id: SHA-1 repositories give 40 hex, SHA-256 repositories 64.
-ObjectId = Annotated[str, msgspec.Meta(pattern=r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")]
-Instant = Annotated[str, msgspec.Meta(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")]
+FILE_NAME_RE = FILE_NAME.regex
+FileName = FileNameField
+Sha256Hex = Sha256Field
+ObjectId = ObjectIdField
+Instant = InstantField
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Positive = Annotated[int, msgspec.Meta(gt=0)]
-SpaceName = Annotated[str, msgspec.Meta(pattern=SPACE_RE.pattern)]
-SeatName = Annotated[str, msgspec.Meta(pattern=SEAT_NAME_RE.pattern)]
-LifecycleUid = Annotated[str, msgspec.Meta(pattern=LIFECYCLE_UID_RE.pattern)]
-InstanceId = Annotated[str, msgspec.Meta(pattern=INSTANCE_ID_RE.pattern)]
-AttemptId = Annotated[str, msgspec.Meta(pattern=ATTEMPT_ID_RE.pattern)]
-# git check-ref-format forbids spaces and control characters, which is what lets refs.txt be
-# one "<oid> <refname>" per line.
-HeadRef = Annotated[
-    str, msgspec.Meta(pattern=r"^refs/heads/[^\x00-\x20\x7f~^:?*\[\\]+$", max_length=1024)
-]
+SpaceName = SpaceField
+SeatName = SeatNameField
+LifecycleUid = LifecycleUidField
+InstanceId = InstanceIdField
+AttemptId = AttemptIdField
+HeadRef = HeadRefField
+_REFS_LINE = re.compile(rf"({_OBJECT_ID.body}) ({REF_NAME.body})")
 
 
 def _check_instant(field: str, text: str) -> None:
@@ -142,7 +152,7 @@ def porcelain_by_path(status: str) -> dict[str, str]:
 
 
 def format_refs_list(refs: Mapping[str, str]) -> bytes:
-    """refs.txt: one `<oid> <refname>` line per ref, sorted by name, so it diffs and hashes stably."""
+    """refs.txt: one `<oid> <refname>` line per ref, sorted by name, so it hashes stably."""
     return "".join(f"{refs[name]} {name}\n" for name in sorted(refs)).encode()
 
 
@@ -156,7 +166,7 @@ def parse_refs_list(data: bytes) -> dict[str, str]:
     if text and not text.endswith("\n"):
         raise ValueError("refs list does not end with a newline")
     for line in text.splitlines():
-        m = re.fullmatch(r"([0-9a-f]{40}|[0-9a-f]{64}) (refs/[^\x00-\x20\x7f~^:?*\[\\]+)", line)
+        m = _REFS_LINE.fullmatch(line)
         if not m:
             raise ValueError(f"refs list line {line!r} is not '<oid> <refname>'")
         if m.group(2) in refs:
@@ -248,7 +258,8 @@ class SessionRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", 
         if self.continuity in ("exact", "fork"):
             if self.pointer is None or not self.store or self.session_id is None:
                 raise ValueError(
-                    f"continuity {self.continuity!r} requires sessionId, pointer and at least one store file"
+                    f"continuity {self.continuity!r} requires sessionId, pointer and at least one "
+                    "store file"
                 )
 
 
@@ -277,7 +288,7 @@ def _check_signature_shape(signature: str) -> None:
 
 
 class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """One seat at the cut (record 1.1). `entry` is the resume-inventory entry, carried unchanged."""
+    """One seat at the cut (record 1.1). `entry` is the resume-inventory entry, unchanged."""
 
     format: Literal["cotal-seat-checkpoint/v1"]
     entry: dict[str, Any]
@@ -334,7 +345,8 @@ class ManifestSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
 
 
 class AttemptManifest(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """Every seat sealed by one preservation attempt, and the resume document that goes with them."""
+    """Every seat sealed by one preservation attempt, and the resume document that goes with
+    them."""
 
     format: Literal["cotal-checkpoint-manifest/v1"]
     attempt_id: AttemptId

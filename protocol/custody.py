@@ -12,6 +12,7 @@ from typing import Annotated
 import msgspec
 
 from protocol.codec import decode_json, encode_json
+from protocol.names import InstanceIdField, LifecycleUidField, SeatNameField
 
 CUSTODY_CAP = 4096
 
@@ -19,10 +20,10 @@ CUSTODY_CAP = 4096
 class CustodyRecord(
     msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True
 ):
-    seat: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_]{1,64}\Z")]
-    lifecycle_uid: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]{26,32}\Z")]
+    seat: SeatNameField
+    lifecycle_uid: LifecycleUidField
     generation: Annotated[int, msgspec.Meta(ge=0)]
-    holder: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]{26,32}\Z")]
+    holder: InstanceIdField
     claimed_at: str
     attempt_id: str | None = None
 

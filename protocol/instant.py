@@ -7,10 +7,9 @@ instant at second resolution in the compact ISO 8601 form.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
-_INSTANT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
+from protocol.names import INSTANT
 
 
 def format_instant(when: datetime) -> str:
@@ -26,7 +25,7 @@ def now_iso() -> str:
 
 def parse_instant(text: str) -> datetime:
     """Parse what `format_instant` wrote; anything else is a ValueError that shows the form."""
-    if not _INSTANT.fullmatch(text):
+    if not INSTANT.matches(text):
         raise ValueError(
             f"{text!r} is not RFC 3339 UTC with milliseconds (2026-11-29T14:00:00.123Z)"
         )

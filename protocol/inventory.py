@@ -37,7 +37,19 @@ import msgspec
 
 from protocol.codec import encode_json
 from protocol.errors import DecodeError, Refusal
-from protocol.names import MAX_SEATS, check_attempt_id
+from protocol.names import (
+    MAX_SEATS,
+    AttemptIdField,
+    DependencyKindField,
+    InstanceIdField,
+    LabelField,
+    LifecycleUidField,
+    SeatNameField,
+    Sha256Field,
+    SpaceField,
+    WordField,
+    check_attempt_id,
+)
 
 INVENTORY_V1: Final = "cotal-manager-resume/v1"
 INVENTORY_V2: Final = "cotal-manager-resume/v2"
@@ -53,22 +65,22 @@ MAX_INVENTORY_SEATS = MAX_SEATS
 _WHAT = "resume inventory"
 _CURE_SHAPE = "re-run the cut so the manager writes the inventory; never edit it by hand"
 
-# Patterns end in \Z, not $: msgspec searches with `re`, where `$` also matches before a
-# trailing newline, and a token with a newline in it is exactly what these rules keep out.
-Label = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}\Z")]
-Token = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_]{1,128}\Z")]
-SeatName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_]{1,64}\Z")]
-Space = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,64}\Z")]
-AttemptId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}\Z")]
-LifecycleUid = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]{26,32}\Z")]
-InstanceId = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]{26,32}\Z")]
-Digest = Annotated[str, msgspec.Meta(pattern=r"^[a-f0-9]{64}\Z")]
+# The token rules are `protocol.names`'s; the names here are the ones the records use.
+Label = LabelField
+Token = WordField
+SeatName = SeatNameField
+Space = SpaceField
+AttemptId = AttemptIdField
+LifecycleUid = LifecycleUidField
+InstanceId = InstanceIdField
+Digest = Sha256Field
 Short = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 LongText = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 Instant = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-# Absolute, no NUL; normalization is checked in __post_init__ because a regex cannot say it.
+# A path, not a token: any byte but NUL may be in one (a newline too); normalization is
+# checked in __post_init__ because a regex cannot say it.
 AbsPath = Annotated[str, msgspec.Meta(pattern=r"^/[^\x00]{0,4095}\Z")]
-DependencyKind = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]{0,63}\Z")]
+DependencyKind = DependencyKindField
 
 DEPENDENCY_PROFILE = "profile"
 
@@ -297,7 +309,8 @@ def inventory_version(data: bytes) -> str:
         raise Refusal(
             "too-large",
             f"resume-preserved args exceed {INVENTORY_CAP} bytes ({len(data)} bytes)",
-            f"a cut holds at most {MAX_INVENTORY_SEATS} seats in {INVENTORY_CAP} bytes; split the space",
+            f"a cut holds at most {MAX_INVENTORY_SEATS} seats in {INVENTORY_CAP} bytes; split the "
+            "space",
         )
     probe = _decode_strict(data, _VersionProbe)
     if probe.version not in SUPPORTED_VERSIONS:

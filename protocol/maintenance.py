@@ -60,7 +60,7 @@ import msgspec
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.inventory import INVENTORY_CAP, AbsPath, AttemptId, Digest, Instant, SeatName
-from protocol.names import check_attempt_id
+from protocol.names import CommitTokenField, check_attempt_id
 
 # -- errors --------------------------------------------------------------------------------------
 
@@ -177,7 +177,8 @@ class Maintenance:
                     event,
                     f"preservation attempt {attempt_id} has begun stopping children and cannot "
                     "return to active mode",
-                    "finish the cut (cotal down --preserve-state); its seats resume from the checkpoint",
+                    "finish the cut (cotal down --preserve-state); its seats resume from the "
+                    "checkpoint",
                 )
         if event == "commit-resume" and self.state == "resuming" and not self.activated:
             raise IllegalTransition(
@@ -213,7 +214,10 @@ class Maintenance:
         if attempt_id == bound:
             return
         if event == "prepare":
-            message = f"manager is fenced for preservation attempt {bound}; refusing different attempt {attempt_id}"
+            message = (
+                f"manager is fenced for preservation attempt {bound}; "
+                f"refusing different attempt {attempt_id}"
+            )
         elif event in ("commit", "stopped"):
             message = f"preservation attempt {attempt_id} was not prepared by this manager"
         elif event == "abort":
@@ -290,7 +294,7 @@ RESUME_STATES: Final = frozenset({"resume-intent", "resume-active", "resume-comm
 JOURNAL_CAP = 256 * 1024
 RESUME_FILE: Final = "resume.json"
 
-CommitToken = Annotated[str, msgspec.Meta(pattern=r"^[a-f0-9]{64}\Z")]
+CommitToken = CommitTokenField
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
 
 

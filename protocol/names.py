@@ -9,16 +9,129 @@ from __future__ import annotations
 
 import re
 import secrets
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import msgspec
 
 from protocol.errors import Refusal
 
-LIFECYCLE_UID_RE = re.compile(r"^[a-z0-9]{26,32}$")
-SPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# -- token rules ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenRule:
+    """One kind of token: its rule, written once, and the example a test proves it with.
+
+    `pattern` is what a msgspec `Meta(pattern=...)` takes. msgspec matches with `re.search`, and
+    `$` also matches before a trailing newline, so every pattern is anchored with `\\Z`: a token
+    with a newline in it is exactly what these rules keep out of file names, subjects and logs.
+    """
+
+    what: str
+    body: str
+    example: str
+    pattern: str = field(init=False)
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", rf"^(?:{self.body})\Z")
+        object.__setattr__(self, "regex", re.compile(self.pattern))
+
+    def matches(self, value: object) -> bool:
+        return isinstance(value, str) and self.regex.fullmatch(value) is not None
+
+
 # Seat names become the actor half of a principal, which is joined with '-' in JetStream names
 # and '.' in subjects, so neither separator may appear inside one.
-SEAT_NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-ATTEMPT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-INSTANCE_ID_RE = re.compile(r"^[a-z0-9]{26,32}$")
+SEAT_NAME = TokenRule("seat name", r"[A-Za-z0-9_]{1,64}", "worker_2")
+SPACE = TokenRule("space", r"[A-Za-z0-9_-]{1,64}", "main-2")
+LIFECYCLE_UID = TokenRule("lifecycle uid", r"[a-z0-9]{26,32}", "0" * 6 + "abcdefghij0123456789")
+INSTANCE_ID = TokenRule("instance id", r"[a-z0-9]{26,32}", "k" * 26)
+ATTEMPT_ID = TokenRule("attempt id", r"[A-Za-z0-9_-]{1,128}", "20261129T140000Z-0a1b2c3d")
+# Inventory labels (launch option keys) and tokens (harness-level words such as an agent kind).
+LABEL = TokenRule("label", r"[A-Za-z0-9_-]{1,128}", "reasoning-effort")
+WORD = TokenRule("token", r"[A-Za-z0-9_]{1,128}", "claude_code")
+SHA256_HEX = TokenRule("sha256 digest", r"[0-9a-f]{64}", "ab" * 32)
+# The durable commit token a maintenance attempt hands back: 32 random bytes in hex.
+COMMIT_TOKEN = TokenRule("commit token", r"[0-9a-f]{64}", "0f" * 32)
+# The control socket's shared secret, written by the daemon as 32 random bytes in hex.
+CONTROL_TOKEN = TokenRule("control token", r"[0-9a-f]{64}", "c3" * 32)
+# A full git object id: SHA-1 repositories give 40 hex, SHA-256 repositories 64.
+OBJECT_ID = TokenRule("object id", r"[0-9a-f]{40}|[0-9a-f]{64}", "1" * 40)
+# git check-ref-format forbids spaces and control characters, which is what lets refs.txt be
+# one "<oid> <refname>" per line.
+REF_NAME = TokenRule("ref name", r"refs/[^\x00-\x20\x7f~^:?*\[\\]+", "refs/stash")
+HEAD_REF = TokenRule("branch ref", r"refs/heads/[^\x00-\x20\x7f~^:?*\[\\]+", "refs/heads/main")
+# `protocol.instant.format_instant`'s form; [0-9], not \d, which also admits non-ASCII digits.
+INSTANT = TokenRule(
+    "instant",
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z",
+    "2026-11-29T14:00:00.123Z",
+)
+# A file a checkpoint names: a plain basename that cannot be hidden or climb out.
+FILE_NAME = TokenRule("checkpoint file name", r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}", "repo.bundle")
+# The suffix of a directory set aside by a restore (`<target>.superseded.<stamp>`).
+STAMP = TokenRule("stamp", r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", "20261129T140000Z")
+DEPENDENCY_KIND = TokenRule("dependency kind", r"[a-z][a-z0-9-]{0,63}", "profile")
+# A writer generation's file name: a positive decimal without leading zeros that fits an i64.
+GENERATION = TokenRule("generation", r"[1-9][0-9]{0,17}", "42")
+# The session id pi and Claude Code mint: a lowercase RFC 4122 UUID.
+SESSION_UUID = TokenRule(
+    "session id",
+    r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+    "0b9e3f52-7c1d-4a8e-9f20-5d6c7b8a9e01",
+)
+# The id of a direct message (uuid4 hex); it doubles as the JetStream Nats-Msg-Id.
+MESSAGE_ID = TokenRule("message id", r"[0-9a-f]{32}", "9" * 32)
+ENV_NAME = TokenRule("environment variable name", r"[A-Za-z_][A-Za-z0-9_]*", "ANTHROPIC_API_KEY")
+
+TOKEN_RULES: tuple[TokenRule, ...] = (
+    SEAT_NAME,
+    SPACE,
+    LIFECYCLE_UID,
+    INSTANCE_ID,
+    ATTEMPT_ID,
+    LABEL,
+    WORD,
+    SHA256_HEX,
+    COMMIT_TOKEN,
+    CONTROL_TOKEN,
+    OBJECT_ID,
+    REF_NAME,
+    HEAD_REF,
+    INSTANT,
+    FILE_NAME,
+    STAMP,
+    DEPENDENCY_KIND,
+    GENERATION,
+    SESSION_UUID,
+    MESSAGE_ID,
+    ENV_NAME,
+)
+
+# The compiled rules under the names callers already use.
+LIFECYCLE_UID_RE = LIFECYCLE_UID.regex
+SPACE_RE = SPACE.regex
+SEAT_NAME_RE = SEAT_NAME.regex
+ATTEMPT_ID_RE = ATTEMPT_ID.regex
+INSTANCE_ID_RE = INSTANCE_ID.regex
+
+# Field types for msgspec records.
+SeatNameField = Annotated[str, msgspec.Meta(pattern=SEAT_NAME.pattern)]
+SpaceField = Annotated[str, msgspec.Meta(pattern=SPACE.pattern)]
+LifecycleUidField = Annotated[str, msgspec.Meta(pattern=LIFECYCLE_UID.pattern)]
+InstanceIdField = Annotated[str, msgspec.Meta(pattern=INSTANCE_ID.pattern)]
+AttemptIdField = Annotated[str, msgspec.Meta(pattern=ATTEMPT_ID.pattern)]
+LabelField = Annotated[str, msgspec.Meta(pattern=LABEL.pattern)]
+WordField = Annotated[str, msgspec.Meta(pattern=WORD.pattern)]
+Sha256Field = Annotated[str, msgspec.Meta(pattern=SHA256_HEX.pattern)]
+CommitTokenField = Annotated[str, msgspec.Meta(pattern=COMMIT_TOKEN.pattern)]
+ObjectIdField = Annotated[str, msgspec.Meta(pattern=OBJECT_ID.pattern)]
+HeadRefField = Annotated[str, msgspec.Meta(pattern=HEAD_REF.pattern, max_length=1024)]
+InstantField = Annotated[str, msgspec.Meta(pattern=INSTANT.pattern)]
+FileNameField = Annotated[str, msgspec.Meta(pattern=FILE_NAME.pattern)]
+DependencyKindField = Annotated[str, msgspec.Meta(pattern=DEPENDENCY_KIND.pattern)]
 
 DEFAULT_SPACE = "main"
 SEAT_OWNER = "local"
@@ -87,9 +200,10 @@ def check_attempt_id(attempt_id: str) -> str:
 
 
 def mint_attempt_id() -> str:
-    import time
+    # Imported here because `protocol.instant` takes its instant rule from this module.
+    from protocol.instant import file_stamp
 
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+    return file_stamp() + "-" + secrets.token_hex(4)
 
 
 def space_hex(space: str) -> str:

@@ -117,7 +117,8 @@ def identity(
             raise _refuse(
                 "identity",
                 "paths-differ",
-                f"seat {name} was cut in workspace root {record.workspace_root}, this root is {root}",
+                f"seat {name} was cut in workspace root {record.workspace_root}, this root is "
+                f"{root}",
                 f"resume from a root at {record.workspace_root}: the seat's paths are absolute",
             )
         uid = record.lifecycle_uid
@@ -132,9 +133,11 @@ def identity(
             raise _refuse(
                 "identity",
                 "uid-live",
-                f"retained principal {name} (uid {uid}) is already live at the broker and this runtime "
+                f"retained principal {name} (uid {uid}) is already live at the broker and this "
+                "runtime "
                 "cannot authoritatively adopt it",
-                "stop the running incarnation first (presence expires 6 s after it stops), or pass --monitor "
+                "stop the running incarnation first (presence expires 6 s after it stops), or "
+                "pass --monitor "
                 "so cotal can verify its predecessor is gone",
             )
         agent = adm.agent(name)
@@ -145,9 +148,11 @@ def identity(
             raise _refuse(
                 "identity",
                 "profile-drift",
-                f"seat {name}: this host's launch profile for {agent.launch.connector} has revision "
+                f"seat {name}: this host's launch profile for {agent.launch.connector} has "
+                "revision "
                 f"{expected}, the checkpoint recorded {record.profile}",
-                "make cotal.toml here match the source's settings for that agent; a resumed session "
+                "make cotal.toml here match the source's settings for that agent; a resumed "
+                "session "
                 "never runs under a different profile",
             )
 
@@ -172,7 +177,8 @@ def recency(
             raise _refuse(
                 "recency",
                 "future-checkpoint",
-                f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this host's clock "
+                f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this "
+                "host's clock "
                 f"({now.isoformat()}), beyond the {skew_ms} ms skew allowed",
                 "fix this host's clock (or the source's) and retry; no override exists",
             )
@@ -181,7 +187,8 @@ def recency(
                 raise _refuse(
                     "recency",
                     "stale-checkpoint",
-                    f"seat {name}: capturedAt {record.captured_at} is {age_ms} ms old at this host's clock "
+                    f"seat {name}: capturedAt {record.captured_at} is {age_ms} ms old at this "
+                    "host's clock "
                     f"({now.isoformat()}), beyond its horizon of {record.recency_horizon_ms} ms",
                     "pass --accept-stale-checkpoint to resume it anyway (the consent is journaled)",
                 )

@@ -21,6 +21,7 @@ import msgspec
 import structlog
 
 from connectors.base import ContinuityClass, StoreDecl
+from connectors.privatefs import DIR_MODE, ensure_private_dir
 from manager.checkpoint.gitstate import capture_repository
 from manager.checkpoint.seal import (
     capture_file,
@@ -31,7 +32,6 @@ from manager.checkpoint.seal import (
 )
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
-from manager.workspace.private import ensure_private_dir
 from protocol.checkpoint import (
     DEFAULT_RECENCY_HORIZON_MS,
     MANIFEST_FORMAT,
@@ -82,13 +82,15 @@ def anchor_of(path: Path, *, root: Path, cwd: Path, home: Path) -> tuple[Anchor,
         ):
             raise Refusal(
                 "unsafe-store",
-                f"session store {path} lies in the control directory outside .cotal/sessions; it would carry secrets",
+                f"session store {path} lies in the control directory outside .cotal/sessions; it "
+                "would carry secrets",
                 "name the harness's own session directory, never .cotal itself",
             )
         return anchor, str(rel)
     raise Refusal(
         "unanchored-store",
-        f"session store {path} is outside the workspace root, the seat's cwd and the home directory",
+        f"session store {path} is outside the workspace root, the seat's cwd and the home "
+        "directory",
         "move the store under the workspace root, or name one a destination can resolve",
     )
 
@@ -277,11 +279,12 @@ def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
     ensure_private_dir(layout.maintenance / "checkpoints")
     path = attempt_dir(layout, attempt_id)
     try:
-        os.mkdir(path, 0o700)
+        os.mkdir(path, DIR_MODE)
     except FileExistsError:
         raise Refusal(
             "checkpoint-exists",
             f"checkpoint directory {path} already exists; a sealed checkpoint is never overwritten",
-            "choose a new attempt, or move the directory aside if it is the evidence of a failed cut",
+            "choose a new attempt, or move the directory aside if it is the evidence of a failed "
+            "cut",
         ) from None
     return path

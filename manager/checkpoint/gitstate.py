@@ -34,6 +34,13 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
+from connectors.privatefs import (
+    UnsafeDirectory,
+    UnsafeFile,
+    file_identity,
+    open_parent_below,
+    open_regular,
+)
 from manager.checkpoint.seal import ExclusiveFile
 from protocol.checkpoint import (
     BUNDLE_FILE,
@@ -252,14 +259,17 @@ async def _facts(cwd: Path) -> RepoFacts:
     if probe.rc != 0 or not lines or lines[0] != "true":
         raise Refusal(
             "not-a-repository",
-            f"seat cwd {cwd} is not the working tree of a git repository, so its state cannot be captured",
-            f"run `git init` in {cwd} and commit the seat's files, or move the seat into a git repository",
+            f"seat cwd {cwd} is not the working tree of a git repository, so its state cannot be "
+            "captured",
+            f"run `git init` in {cwd} and commit the seat's files, or move the seat into a git "
+            "repository",
         )
     top = Path(lines[1]).resolve() if len(lines) > 1 else None
     if top != real:
         raise Refusal(
             "not-top-level",
-            f"seat cwd {cwd} is inside the repository at {top} but is not its top level; the restore "
+            f"seat cwd {cwd} is inside the repository at {top} but is not its top level; the "
+            "restore "
             "rebuilds the repository at the seat's cwd",
             f"run the seat at {top}, or run `git init` in {cwd} to give it a repository of its own",
         )
@@ -273,7 +283,8 @@ async def _facts(cwd: Path) -> RepoFacts:
         if os.path.lexists(cwd / rel):
             raise Refusal(
                 "operation-in-progress",
-                f"{what} is in progress in {cwd} ({rel} exists); its state lives in files a checkpoint does not carry",
+                f"{what} is in progress in {cwd} ({rel} exists); its state lives in files a "
+                "checkpoint does not carry",
                 cure + ", then cut again",
             )
 
@@ -283,7 +294,8 @@ async def _facts(cwd: Path) -> RepoFacts:
     if head_commit.rc != 0:
         raise Refusal(
             "unborn-head",
-            f"{cwd} has no commit yet ({head or 'HEAD'} is unborn), so there is no history to bundle",
+            f"{cwd} has no commit yet ({head or 'HEAD'} is unborn), so there is no history to "
+            "bundle",
             "make a first commit (`git add -A && git commit`), then cut again",
         )
     base = head_commit.stdout.decode().strip()
@@ -292,7 +304,8 @@ async def _facts(cwd: Path) -> RepoFacts:
     if shallow.stdout.strip() == b"true":
         raise Refusal(
             "shallow",
-            f"{cwd} is a shallow clone; its bundle would need history the destination does not have",
+            f"{cwd} is a shallow clone; its bundle would need history the destination does not "
+            "have",
             "run `git fetch --unshallow`, then cut again",
         )
 
@@ -316,20 +329,23 @@ async def _facts(cwd: Path) -> RepoFacts:
     if unmerged:
         raise Refusal(
             "unmerged",
-            f"{cwd} has unmerged paths ({_names(unmerged)}); `git diff --cached` cannot express them",
+            f"{cwd} has unmerged paths ({_names(unmerged)}); `git diff --cached` cannot express "
+            "them",
             "resolve them (`git add` the result) or abort the merge, then cut again",
         )
     if gitlinks:
         raise Refusal(
             "submodule",
-            f"{cwd} has submodules ({_names(gitlinks)}); a checkpoint restores a submodule as an empty "
+            f"{cwd} has submodules ({_names(gitlinks)}); a checkpoint restores a submodule as an "
+            "empty "
             "directory (record open point 9)",
             "remove the submodules or run the seat in a repository without them",
         )
     if flagged:
         raise Refusal(
             "index-flags",
-            f"{cwd} has index entries marked skip-worktree or assume-unchanged ({_names(flagged)}); "
+            f"{cwd} has index entries marked skip-worktree or assume-unchanged "
+            f"({_names(flagged)}); "
             "those bits do not travel and the restored tree would differ",
             "clear them (`git sparse-checkout disable`, `git update-index --no-skip-worktree "
             "--no-assume-unchanged <path>`), then cut again",
@@ -337,7 +353,8 @@ async def _facts(cwd: Path) -> RepoFacts:
     if control:
         raise Refusal(
             "control-dir-tracked",
-            f"{cwd} tracks files under {CONTROL_DIR}/ ({_names(control)}); the control directory holds "
+            f"{cwd} tracks files under {CONTROL_DIR}/ ({_names(control)}); the control directory "
+            "holds "
             "credentials and must never enter a checkpoint",
             f"run `git rm -r --cached {CONTROL_DIR}` and add {CONTROL_DIR}/ to .gitignore",
         )
@@ -350,7 +367,8 @@ async def _facts(cwd: Path) -> RepoFacts:
     if nested:
         raise Refusal(
             "untracked-unsupported",
-            f"{cwd} holds nested repositories ({_names(nested)}); their history cannot travel in the untracked archive",
+            f"{cwd} holds nested repositories ({_names(nested)}); their history cannot travel in "
+            "the untracked archive",
             "commit their contents into this repository, move them out, or list them in .gitignore",
         )
     odd: list[bytes] = []
@@ -366,7 +384,8 @@ async def _facts(cwd: Path) -> RepoFacts:
         raise Refusal(
             "untracked-unsupported",
             f"{cwd} has untracked entries that are not regular files or symlinks ({_names(odd)})",
-            "remove them (sockets, fifos and devices cannot be archived) or list them in .gitignore",
+            "remove them (sockets, fifos and devices cannot be archived) or list them in "
+            ".gitignore",
         )
 
     raw_status = (await run_git(cwd, *STATUS_ARGS)).stdout
@@ -376,7 +395,8 @@ async def _facts(cwd: Path) -> RepoFacts:
         bad = [e for e in raw_status.split(b"\0") if not _utf8(e)]
         raise Refusal(
             "non-utf8-path",
-            f"{cwd} has changed or untracked paths whose names are not UTF-8 ({_names(bad)}); the record is JSON",
+            f"{cwd} has changed or untracked paths whose names are not UTF-8 ({_names(bad)}); the "
+            "record is JSON",
             "rename them to UTF-8 names, then cut again",
         ) from None
     return RepoFacts(top=real, base=base, head=head, status=status, untracked=untracked)
@@ -401,7 +421,8 @@ async def preflight_repository(cwd: Path) -> None:
 # -- capture ------------------------------------------------------------------------------------
 
 
-async def _refs(cwd: Path) -> dict[str, str]:
+async def read_refs(cwd: Path) -> dict[str, str]:
+    """Every ref of the repository at `cwd` and the object it names, as `{refname: oid}`."""
     out = await run_git(cwd, "for-each-ref", "--format=%(objectname) %(refname)")
     refs: dict[str, str] = {}
     for line in out.stdout.decode("utf-8").splitlines():
@@ -438,23 +459,6 @@ async def _intent_to_add(cwd: Path) -> list[str]:
     return sorted(p for p, s in visible.items() if hidden.get(p) != s)
 
 
-def _open_parent(top_fd: int, rel: str) -> tuple[int, str]:
-    """Open the directory holding `rel` beneath `top_fd`, refusing a symlink at any step."""
-    parts = rel.split("/")
-    fd = os.dup(top_fd)
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, parts[-1]
-
-
 def _write_untracked_tar(
     top: Path, paths: Sequence[bytes], out: ExclusiveFile, report: Callable[[int], None]
 ) -> None:
@@ -485,11 +489,12 @@ def _write_untracked_tar(
             for raw in paths:
                 rel = os.fsdecode(raw)
                 try:
-                    parent, leaf = _open_parent(top_fd, rel)
-                except OSError as exc:
+                    parent, leaf = open_parent_below(top_fd, rel)
+                except (OSError, UnsafeDirectory) as exc:
+                    why = exc.reason if isinstance(exc, UnsafeDirectory) else exc.strerror
                     raise Refusal(
                         "changed-during-capture",
-                        f"untracked file {rel} is no longer beneath a plain directory ({exc.strerror})",
+                        f"untracked file {rel} is no longer beneath a plain directory ({why})",
                         "make sure nothing writes to the seat's tree, then cut again",
                     ) from None
                 try:
@@ -510,27 +515,23 @@ def _write_untracked_tar(
                             f"untracked entry {rel} is not a regular file or symlink",
                             "remove it or list it in .gitignore",
                         )
-                    fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                    fd, before = open_regular(Path(leaf), dir_fd=parent)
                     with os.fdopen(fd, "rb") as stream:
-                        before = os.fstat(fd)
                         info.size = before.st_size
                         info.mode = stat.S_IMODE(before.st_mode) & 0o777
                         tar.addfile(info, stream)
                         after = os.fstat(fd)
-                    if (before.st_ino, before.st_size, before.st_mtime_ns) != (
-                        after.st_ino,
-                        after.st_size,
-                        after.st_mtime_ns,
-                    ) or before.st_ino != st.st_ino:
+                    if file_identity(before) != file_identity(after) or before.st_ino != st.st_ino:
                         raise Refusal(
                             "changed-during-capture",
                             f"untracked file {rel} changed while it was archived",
                             "make sure nothing writes to the seat's tree, then cut again",
                         )
-                except OSError as exc:
+                except (OSError, UnsafeFile) as exc:
+                    why = exc.detail if isinstance(exc, UnsafeFile) else exc.strerror
                     raise Refusal(
                         "changed-during-capture",
-                        f"untracked file {rel} could not be archived ({exc.strerror})",
+                        f"untracked file {rel} could not be archived ({why})",
                         "make sure nothing writes to the seat's tree, then cut again",
                     ) from None
                 finally:
@@ -585,7 +586,7 @@ async def capture_repository(
     cwd = Path(cwd)
     seat_dir = Path(seat_dir)
     facts = await _facts(cwd)
-    refs = await _refs(cwd)
+    refs = await read_refs(cwd)
     ita = await _intent_to_add(cwd)
 
     bundle = await stream_git_to_file(
@@ -601,7 +602,8 @@ async def capture_repository(
     if differ:
         raise Refusal(
             "bundle-refs",
-            f"the bundle of {cwd} does not carry exactly the repository's refs ({', '.join(differ[:5])})",
+            f"the bundle of {cwd} does not carry exactly the repository's refs "
+            f"({', '.join(differ[:5])})",
             "make sure nothing changes the repository during the cut, then cut again",
         )
 
@@ -637,7 +639,7 @@ async def capture_repository(
         facts.base,
         facts.head,
         facts.status,
-    ) or await _refs(cwd) != refs:
+    ) or await read_refs(cwd) != refs:
         raise Refusal(
             "changed-during-capture",
             f"the repository at {cwd} changed while it was being captured",
@@ -666,5 +668,6 @@ async def capture_repository(
         raise Refusal(
             "capture-inconsistent",
             f"the capture of {cwd} does not form a valid record: {exc}",
-            "report this with the repository state; cut again after committing or stashing the odd state",
+            "report this with the repository state; cut again after committing or stashing the "
+            "odd state",
         ) from None

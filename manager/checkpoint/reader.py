@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import errno
 import hashlib
 import os
 import stat
@@ -21,7 +20,7 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from manager.workspace.private import read_stable
+from connectors.privatefs import UnsafeFile, read_stable, stream_stable
 from protocol.checkpoint import (
     CHECKPOINT_CAP,
     CHECKPOINT_FILE,
@@ -37,8 +36,6 @@ from protocol.checkpoint import (
 )
 from protocol.errors import DecodeError, Refusal
 
-CHUNK = 1024 * 1024
-
 _CURE_DAMAGED = (
     "the checkpoint was altered or damaged after it was sealed; copy the attempt directory again "
     "from the source host, or cut a new checkpoint"
@@ -49,47 +46,33 @@ def _integrity(path: Path, detail: str, cure: str = _CURE_DAMAGED) -> Refusal:
     return Refusal("integrity", f"checkpoint integrity: {path} {detail}", cure)
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def verify_file(directory: Path, ref: FileRef) -> None:
     """Gate 1 for one file: present, regular, not a symlink, recorded size and sha256, stable."""
     path = Path(directory) / ref.file
+    digest = hashlib.sha256()
+    read = 0
+
+    def consume(chunk: bytes) -> None:
+        nonlocal read
+        digest.update(chunk)
+        read += len(chunk)
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            raise _integrity(path, f"is missing from {directory}") from None
-        if exc.errno == errno.ELOOP:
-            raise _integrity(path, "is a symlink; the record names a regular file") from None
-        raise _integrity(path, f"cannot be opened ({exc.strerror})") from None
-    try:
-        before = os.fstat(fd)
-        if not stat.S_ISREG(before.st_mode):
-            raise _integrity(path, "is not a regular file")
-        if before.st_size != ref.bytes:
-            raise _integrity(path, f"is {before.st_size} bytes, the record says {ref.bytes}")
-        digest = hashlib.sha256()
-        read = 0
-        while chunk := os.read(fd, CHUNK):
-            digest.update(chunk)
-            read += len(chunk)
-        after = os.fstat(fd)
-    finally:
-        os.close(fd)
-    try:
-        again = os.lstat(path)
-    except FileNotFoundError:
-        again = None
-    if (
-        again is None
-        or _identity(before) != _identity(after)
-        or _identity(after) != _identity(again)
-    ):
-        raise _integrity(
-            path, "changed while it was being read", "retry once nothing writes to the checkpoint"
-        )
+        stream_stable(path, consume, expect_size=ref.bytes)
+    except UnsafeFile as exc:
+        match exc.problem:
+            case "missing":
+                raise _integrity(path, f"is missing from {directory}") from None
+            case "symlink":
+                raise _integrity(path, "is a symlink; the record names a regular file") from None
+            case "size":
+                raise _integrity(path, f"{exc.detail}, the record says {ref.bytes}") from None
+            case "unstable":
+                raise _integrity(
+                    path, exc.detail, "retry once nothing writes to the checkpoint"
+                ) from None
+            case _:
+                raise _integrity(path, exc.detail) from None
     if read != ref.bytes:
         raise _integrity(path, f"ended after {read} of {ref.bytes} bytes")
     if digest.hexdigest() != ref.sha256:
@@ -112,7 +95,8 @@ def verify_signature(
     what: str,
     trusted_keys: Collection[str] | None = None,
 ) -> None:
-    """The signature must verify under the recorded key, and that key must be trusted if a set is given.
+    """The signature must verify under the recorded key, and that key must be trusted if a set
+    is given.
 
     A recorded key alone proves the record is unaltered since a signer sealed it, not who that
     signer was; `trusted_keys` is how a caller pins the manager that may have sealed it.
@@ -131,13 +115,16 @@ def verify_signature(
     except (InvalidSignature, ValueError, binascii.Error):
         raise Refusal(
             "bad-signature",
-            f"{what} signature does not verify under its recorded public key {record.signer.public_key}",
-            "the record was altered after sealing; copy it again from the source host or cut a new checkpoint",
+            f"{what} signature does not verify under its recorded public key "
+            f"{record.signer.public_key}",
+            "the record was altered after sealing; copy it again from the source host or cut a "
+            "new checkpoint",
         ) from None
     if trusted_keys is not None and record.signer.public_key not in trusted_keys:
         raise Refusal(
             "untrusted-signer",
-            f"{what} was sealed by key {record.signer.public_key} (instance {record.signer.instance_id}), "
+            f"{what} was sealed by key {record.signer.public_key} (instance "
+            f"{record.signer.instance_id}), "
             "which this destination does not trust",
             "admit checkpoints only from the space's own manager, or add its key deliberately",
         )
@@ -186,7 +173,8 @@ def _check_exact_entries(directory: Path, expected: set[str]) -> None:
         raise _integrity(
             directory,
             f"holds entries its record does not name: {names}",
-            "a sealed checkpoint holds exactly the files its record names; move the extra entries out "
+            "a sealed checkpoint holds exactly the files its record names; move the extra entries "
+            "out "
             "(a leftover .*.tmp is a write interrupted after sealing) and retry",
         )
 
@@ -239,7 +227,8 @@ def verify_integrity(
                 "bad-signature",
                 f"seat checkpoint {path} was sealed by key {record.signer.public_key}, "
                 f"the manifest by {manifest.signer.public_key}",
-                "one attempt is sealed by one manager; do not mix seat directories from different cuts",
+                "one attempt is sealed by one manager; do not mix seat directories from different "
+                "cuts",
             )
         verify_seat_files(seat_dir, record)
         records.append(record)

@@ -16,22 +16,35 @@ rules; reattach HEAD to its branch; compare `git status`; promote; compare again
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import re
 import stat
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import anyio.to_thread
 
-from manager.checkpoint.gitstate import STATUS_ARGS, bundle_heads, refs_differing, run_git
+from connectors.privatefs import (
+    DIR_MODE,
+    UnsafeDirectory,
+    UnsafeFile,
+    create_private_exclusive,
+    fsync_dir,
+    open_parent_below,
+    open_regular,
+    stream_stable,
+)
+from manager.checkpoint.gitstate import (
+    STATUS_ARGS,
+    bundle_heads,
+    read_refs,
+    refs_differing,
+    run_git,
+)
 from manager.checkpoint.reader import verify_file
-from manager.workspace.private import DIR_MODE, FILE_MODE, fsync_dir
 from protocol.checkpoint import (
     CONTROL_DIR,
     RepositoryRecord,
@@ -41,8 +54,9 @@ from protocol.checkpoint import (
     porcelain_by_path,
 )
 from protocol.errors import Refusal
+from protocol.names import STAMP
 
-STAMP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+STAMP_RE = STAMP.regex
 CHUNK = 1024 * 1024
 _RESTORE_REFLOG = "cotal: restored from checkpoint"
 
@@ -67,36 +81,18 @@ def _show_status(status: str, limit: int = 600) -> str:
 def _open_dirs(root_fd: int, rel: str, *, create: bool) -> tuple[int, str]:
     """Open the parent of `rel` beneath `root_fd`, creating missing directories if asked.
 
-    Every step is opened with O_NOFOLLOW, so a symlink anywhere on the way (one planted by an
-    earlier archive member or carried in the tracked tree) refuses instead of being written through.
+    A symlink anywhere on the way (one planted by an earlier archive member or carried in the
+    tracked tree) refuses instead of being written through.
     """
-    parts = rel.split("/")
-    fd = os.dup(root_fd)
     try:
-        for part in parts[:-1]:
-            if create:
-                try:
-                    os.mkdir(part, 0o777, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            try:
-                nxt = os.open(
-                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                )
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise Refusal(
-                        "unsafe-archive",
-                        f"{rel} would be written through {part!r}, which is a symlink or not a directory",
-                        "the checkpoint is not one cotal captured; cut a new one on the source host",
-                    ) from None
-                raise
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, parts[-1]
+        return open_parent_below(root_fd, rel, create_mode=0o777 if create else None)
+    except UnsafeDirectory as exc:
+        raise Refusal(
+            "unsafe-archive",
+            f"{rel} would be written through {exc.path.name!r}, "
+            "which is a symlink or not a directory",
+            "the checkpoint is not one cotal captured; cut a new one on the source host",
+        ) from None
 
 
 def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
@@ -118,7 +114,8 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
         parts = name.split("/")
         for i in range(1, len(parts)):
             if "/".join(parts[:i]) in symlinks:
-                problem = f"would be written through the symlink {'/'.join(parts[:i])} an earlier member made"
+                link = "/".join(parts[:i])
+                problem = f"would be written through the symlink {link} an earlier member made"
                 break
     if problem:
         raise Refusal(
@@ -130,7 +127,8 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
 
 
 def _extract_untracked(tar_path: Path, root: Path) -> None:
-    """Extract the untracked archive into `root`, member by member, creating nothing it must replace."""
+    """Extract the untracked archive into `root`, member by member, creating nothing it must
+    replace."""
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     tar_fd = os.open(tar_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     symlinks: set[str] = set()
@@ -160,8 +158,10 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
                 except FileExistsError:
                     raise Refusal(
                         "unsafe-archive",
-                        f"untracked archive member {name!r} would replace a path the restore already wrote",
-                        "the checkpoint is not one cotal captured; cut a new one on the source host",
+                        f"untracked archive member {name!r} would replace a path the restore "
+                        "already wrote",
+                        "the checkpoint is not one cotal captured; cut a new one on the source "
+                        "host",
                     ) from None
                 finally:
                     os.close(parent)
@@ -192,15 +192,6 @@ def _create_placeholder(root: Path, rel: str) -> None:
 
 
 # -- the staged build ---------------------------------------------------------------------------
-
-
-async def _for_each_ref(repo: Path) -> dict[str, str]:
-    out = await run_git(repo, "for-each-ref", "--format=%(objectname) %(refname)")
-    refs: dict[str, str] = {}
-    for line in out.stdout.decode("utf-8").splitlines():
-        oid, _, name = line.partition(" ")
-        refs[name] = oid
-    return refs
 
 
 async def _mark_intent_to_add(repo: Path, paths: Sequence[str]) -> None:
@@ -243,14 +234,16 @@ async def _build(
     if found.rc != 0:
         raise Refusal(
             "base-absent",
-            f"the bundle does not contain the recorded base commit {record.base}, so the diffs do not apply to its history",
-            "the bundle and the record do not belong together; copy the checkpoint again from the source host",
+            f"the bundle does not contain the recorded base commit {record.base}, so the diffs do "
+            "not apply to its history",
+            "the bundle and the record do not belong together; copy the checkpoint again from the "
+            "source host",
         )
     await run_git(staging, "checkout", "--quiet", "--detach", record.base, code="restore-failed")
 
     # The clone's remote points at the checkpoint's bundle file; the seat never had it.
     await run_git(staging, "remote", "remove", "origin", code="restore-failed")
-    present = await _for_each_ref(staging)
+    present = await read_refs(staging)
     commands = [f"update {name} {oid}\n" for name, oid in sorted(refs.items())]
     commands += [f"delete {name}\n" for name in sorted(set(present) - set(refs))]
     if commands:
@@ -264,9 +257,10 @@ async def _build(
             "--stdin",
             stdin="".join(commands).encode(),
             code="restore-failed",
-            cure="the bundle does not hold the objects the recorded refs name; copy the checkpoint again",
+            cure="the bundle does not hold the objects the recorded refs name; "
+            "copy the checkpoint again",
         )
-    if await _for_each_ref(staging) != refs:
+    if await read_refs(staging) != refs:
         raise Refusal(
             "refs-mismatch",
             "the restored refs differ from the refs the checkpoint recorded",
@@ -282,7 +276,8 @@ async def _build(
         "--whitespace=nowarn",
         str(seat_dir / record.index_diff.file),
         code="apply-failed",
-        cure="the index diff does not apply to the recorded base; the checkpoint is inconsistent, cut a new one",
+        cure="the index diff does not apply to the recorded base; "
+        "the checkpoint is inconsistent, cut a new one",
     )
     # An intent-to-add entry whose file was gone at the cut shows in the worktree diff as the
     # deletion of an empty file; that deletion only applies to an entry that exists.
@@ -299,7 +294,8 @@ async def _build(
         "--whitespace=nowarn",
         str(seat_dir / record.worktree_diff.file),
         code="apply-failed",
-        cure="the worktree diff does not apply on top of the index diff; the checkpoint is inconsistent, cut a new one",
+        cure="the worktree diff does not apply on top of the index diff; "
+        "the checkpoint is inconsistent, cut a new one",
     )
     # The rest were created as new files by the worktree diff; mark them as the cut had them.
     await _mark_intent_to_add(staging, [p for p in record.intent_to_add if p not in gone])
@@ -319,7 +315,8 @@ async def _build(
     if staged != record.status:
         raise Refusal(
             "restore-mismatch",
-            f"the staged tree's git status is {_show_status(staged)}, the checkpoint recorded {_show_status(record.status)}",
+            f"the staged tree's git status is {_show_status(staged)}, the checkpoint recorded "
+            f"{_show_status(record.status)}",
             "the checkpoint does not reproduce its own tree; cut a new one",
         )
 
@@ -338,7 +335,8 @@ def _claim_aside(target: Path, stamp: str) -> Path:
             continue
     raise Refusal(
         "restore-failed",
-        f"no free name for moving {target} aside ({target.name}.superseded.{stamp}[.1-99] all exist)",
+        f"no free name for moving {target} aside ({target.name}.superseded.{stamp}[.1-99] all "
+        "exist)",
         "pass a new stamp or clear old superseded directories",
     )
 
@@ -386,7 +384,8 @@ def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Pa
             os.rename(aside / name, target / name)
         raise Refusal(
             "restore-failed",
-            f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; {staging} is left as evidence",
+            f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; "
+            f"{staging} is left as evidence",
             f"inspect {staging}, remove it and the empty {aside} by hand, then restore again",
         ) from None
     fsync_dir(target)
@@ -467,8 +466,10 @@ async def restore_repository(
     if differ:
         raise Refusal(
             "refs-mismatch",
-            f"the bundle's refs differ from the refs the checkpoint recorded ({', '.join(differ[:5])})",
-            "the bundle and the record do not belong together; copy the checkpoint again from the source host",
+            "the bundle's refs differ from the refs the checkpoint recorded "
+            f"({', '.join(differ[:5])})",
+            "the bundle and the record do not belong together; copy the checkpoint again from the "
+            "source host",
         )
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -477,7 +478,8 @@ async def restore_repository(
     except FileExistsError:
         raise Refusal(
             "staging-exists",
-            f"refusing: {staging} already exists; it is the evidence of an earlier failed restore — inspect and remove it by hand",
+            f"refusing: {staging} already exists; it is the evidence of an earlier failed restore "
+            "— inspect and remove it by hand",
             f"inspect {staging}, remove it by hand, then restore again",
         ) from None
     try:
@@ -498,7 +500,8 @@ async def restore_repository(
     except OSError as exc:
         raise Refusal(
             "restore-failed",
-            f"restoring into {staging} failed ({exc}); {target} is unchanged and {staging} is left as the evidence",
+            f"restoring into {staging} failed ({exc}); {target} is unchanged and {staging} is "
+            "left as the evidence",
             f"inspect {staging} and remove it by hand before restoring again",
         ) from None
 
@@ -508,9 +511,11 @@ async def restore_repository(
         where = f"; the previous tree is at {aside}" if aside else ""
         raise Refusal(
             "restore-mismatch",
-            f"after promotion {target} reports git status {_show_status(final)}, the checkpoint recorded "
+            f"after promotion {target} reports git status {_show_status(final)}, the checkpoint "
+            "recorded "
             f"{_show_status(record.status)}{where}",
-            f"inspect {target} before starting the seat; something other than the checkpoint is in the tree",
+            f"inspect {target} before starting the seat; something other than the checkpoint is "
+            "in the tree",
         )
     return RestoreResult(target=target, superseded=aside, head=record.head, status=final)
 
@@ -519,7 +524,8 @@ async def restore_repository(
 
 
 def session_destination(entry: SessionFile, *, cwd: Path, workspace_root: Path, home: Path) -> Path:
-    """Where a captured session file goes back: its anchor resolved on this host, plus its relpath."""
+    """Where a captured session file goes back: its anchor resolved on this host, plus its
+    relpath."""
     base = {"cwd": cwd, "workspace-root": workspace_root, "home": home}[entry.anchor]
     try:
         check_relpath("relpath", entry.relpath)
@@ -529,25 +535,26 @@ def session_destination(entry: SessionFile, *, cwd: Path, workspace_root: Path, 
 
 
 def _hash_nofollow(path: Path, what: str) -> str:
+    digest = hashlib.sha256()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refusal(
-                "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
-            ) from None
-        raise
-    with os.fdopen(fd, "rb") as stream:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Refusal("unsafe-path", f"{what} {path} is not a regular file", "move it aside")
-        digest = hashlib.sha256()
-        while chunk := stream.read(CHUNK):
-            digest.update(chunk)
+        stream_stable(path, digest.update)
+    except UnsafeFile as exc:
+        match exc.problem:
+            case "symlink":
+                raise Refusal(
+                    "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
+                ) from None
+            case "not-regular":
+                raise Refusal(
+                    "unsafe-path", f"{what} {path} is not a regular file", "move it aside"
+                ) from None
+            case "unstable":
+                raise Refusal(
+                    "unstable", f"{what} {path} changed while it was read", "retry"
+                ) from None
+            case _:
+                raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from None
     return digest.hexdigest()
-
-
-def _nofollow_opener(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def _make_parents(path: Path) -> None:
@@ -580,48 +587,36 @@ def place_session_file(
     if expected_sha256 is not None and src_digest != expected_sha256:
         raise Refusal(
             "integrity",
-            f"checkpoint integrity: {src_file} hashes to {src_digest}, the record says {expected_sha256}",
+            f"checkpoint integrity: {src_file} hashes to {src_digest}, the record says "
+            f"{expected_sha256}",
             "copy the checkpoint again from the source host",
         )
     if not os.path.lexists(dest_path):
         _make_parents(dest_path.parent)
-        tmp = dest_path.with_name(f".{dest_path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        digest = hashlib.sha256()
-        try:
-            with open(src_file, "rb", opener=_nofollow_opener) as src:
-                out_fd = os.open(
-                    tmp,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    FILE_MODE,
-                )
-                with os.fdopen(out_fd, "wb") as out:
-                    while chunk := src.read(CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                    out.flush()
-                    os.fsync(out.fileno())
+
+        def copied() -> Iterator[bytes]:
+            # The copy is checked against the digest just proven, before it is published.
+            digest = hashlib.sha256()
+            fd, _ = open_regular(src_file)
+            with os.fdopen(fd, "rb") as src:
+                while chunk := src.read(CHUNK):
+                    digest.update(chunk)
+                    yield chunk
             if digest.hexdigest() != src_digest:
                 raise Refusal(
                     "unstable", f"session file {src_file} changed while it was copied", "retry"
                 )
-            try:
-                # link, not rename: publication must not replace a file that appeared meanwhile.
-                os.link(tmp, dest_path)
-            except FileExistsError:
-                pass
-            else:
-                fsync_dir(dest_path.parent)
-                return "placed"
-        finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+
+        # Linked, not renamed: publication must not replace a file that appeared meanwhile.
+        if create_private_exclusive(dest_path, copied()):
+            return "placed"
     existing = _hash_nofollow(dest_path, "session destination")
     if existing != src_digest:
         raise Refusal(
             "session-conflict",
-            f"{dest_path} already exists with sha256 {existing}; the checkpoint's file {src_file} has sha256 {src_digest}",
-            f"move {dest_path} aside if the checkpoint's session is the one to resume, then restore again",
+            f"{dest_path} already exists with sha256 {existing}; the checkpoint's file {src_file} "
+            f"has sha256 {src_digest}",
+            f"move {dest_path} aside if the checkpoint's session is the one to resume, then "
+            "restore again",
         )
     return "present"

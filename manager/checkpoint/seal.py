@@ -10,7 +10,6 @@ no reader admits it) or a complete one naming bytes that are already on disk.
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import os
 import stat
@@ -22,13 +21,15 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from manager.workspace.private import (
+from connectors.privatefs import (
     DIR_MODE,
     FILE_MODE,
+    UnsafeFile,
     create_private_exclusive,
     ensure_private_dir,
     fsync_dir,
     read_stable,
+    stream_stable,
 )
 from protocol.checkpoint import (
     CHECKPOINT_CAP,
@@ -60,8 +61,10 @@ def _check_file_name(name: str) -> str:
     if not FILE_NAME_RE.fullmatch(name) or name in RESERVED_FILES:
         raise Refusal(
             "bad-file-name",
-            f"checkpoint file name {name!r} is not a plain basename or is reserved for the sealed record",
-            "use a basename of letters, digits, '_', '.' and '-' other than checkpoint.json and manifest.json",
+            f"checkpoint file name {name!r} is not a plain basename or is reserved for the sealed "
+            "record",
+            "use a basename of letters, digits, '_', '.' and '-' other than checkpoint.json and "
+            "manifest.json",
         )
     return name
 
@@ -73,7 +76,8 @@ def create_seat_dir(attempt_dir: Path, seat: str) -> Path:
     if os.path.lexists(attempt_dir / MANIFEST_FILE):
         raise Refusal(
             "already-sealed",
-            f"attempt {attempt_dir} is already sealed (it has a {MANIFEST_FILE}); no seat can be added to it",
+            f"attempt {attempt_dir} is already sealed (it has a {MANIFEST_FILE}); no seat can be "
+            "added to it",
             "choose a new attemptId",
         )
     path = attempt_dir / seat
@@ -141,7 +145,8 @@ class ExclusiveFile:
             raise Refusal(
                 "integrity",
                 f"checkpoint file {self.path} is {st.st_size} bytes after writing {self.size}",
-                "something else wrote into the checkpoint directory; cut again under a new attemptId",
+                "something else wrote into the checkpoint directory; cut again under a new "
+                "attemptId",
             )
         return FileRef(file=self.path.name, bytes=self.size, sha256=self._hash.hexdigest())
 
@@ -178,41 +183,44 @@ def write_file_exclusive(
 
 
 def capture_file(src: Path, directory: Path, name: str) -> FileRef:
-    """Copy an existing regular file into the checkpoint, never through a symlink."""
+    """Copy an existing regular file into the checkpoint, never through a symlink.
+
+    The source is read with `stream_stable`, so a file that moved in any way while it was
+    copied (a rename, a rewrite, a chmod) is refused and the partial copy removed.
+    """
     src = Path(src)
+    out = ExclusiveFile(directory, name)
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refusal(
-                "unsafe-path", f"capture source {src} is a symlink", "capture the real file"
-            ) from None
-        if exc.errno == errno.ENOENT:
-            raise Refusal(
-                "missing", f"capture source {src} does not exist", "check the session path"
-            ) from None
+        stream_stable(src, out.write)
+        return out.finish()
+    except UnsafeFile as exc:
+        out.abort()
+        match exc.problem:
+            case "symlink":
+                raise Refusal(
+                    "unsafe-path", f"capture source {src} is a symlink", "capture the real file"
+                ) from None
+            case "missing":
+                raise Refusal(
+                    "missing", f"capture source {src} does not exist", "check the session path"
+                ) from None
+            case "not-regular":
+                raise Refusal(
+                    "unsafe-path",
+                    f"capture source {src} is not a regular file",
+                    "capture a regular file",
+                ) from None
+            case "unstable":
+                raise Refusal(
+                    "unstable",
+                    f"capture source {src} changed while it was being copied",
+                    "capture only after the seat is proven stopped",
+                ) from None
+            case _:
+                raise OSError(exc.errno, os.strerror(exc.errno), str(src)) from None
+    except BaseException:
+        out.abort()
         raise
-    with os.fdopen(fd, "rb") as stream:
-        before = os.fstat(stream.fileno())
-        if not stat.S_ISREG(before.st_mode):
-            raise Refusal(
-                "unsafe-path",
-                f"capture source {src} is not a regular file",
-                "capture a regular file",
-            )
-        ref = write_file_exclusive(directory, name, stream)
-        after = os.fstat(stream.fileno())
-    if ref.bytes != after.st_size or (before.st_mtime_ns, before.st_size) != (
-        after.st_mtime_ns,
-        after.st_size,
-    ):
-        os.unlink(Path(directory) / name)
-        raise Refusal(
-            "unstable",
-            f"capture source {src} changed while it was being copied",
-            "capture only after the seat is proven stopped",
-        )
-    return ref
 
 
 def sign_record(record: Signed, sign: Sign, public_key_b64: str, instance_id: str) -> Signed:
@@ -230,7 +238,8 @@ def sign_record(record: Signed, sign: Sign, public_key_b64: str, instance_id: st
     except (InvalidSignature, ValueError) as exc:
         raise Refusal(
             "bad-signature",
-            f"the signing callable's signature does not verify under public key {public_key_b64} ({type(exc).__name__})",
+            f"the signing callable's signature does not verify under public key {public_key_b64} "
+            f"({type(exc).__name__})",
             "pass the public key of the same Ed25519 key the callable signs with",
         ) from None
     return with_signature(unsigned, signer, signature)
@@ -243,7 +252,8 @@ def _record_bytes(record: SeatCheckpoint | AttemptManifest, cap: int, what: str)
     if len(data) > cap:
         raise Refusal(
             "too-large",
-            f"{what} would be {len(data)} bytes, over the {cap}-byte cap (status and intent-to-add lists are inline)",
+            f"{what} would be {len(data)} bytes, over the {cap}-byte cap (status and "
+            "intent-to-add lists are inline)",
             "reduce the number of changed and untracked paths in the seat's tree before the cut",
         )
     return data
@@ -252,7 +262,7 @@ def _record_bytes(record: SeatCheckpoint | AttemptManifest, cap: int, what: str)
 def _check_present(
     directory: Path, refs: Iterable[FileRef], allowed_extra: Iterable[str] = ()
 ) -> None:
-    """Every named file present, regular, of its recorded size, and nothing else in the directory."""
+    """Every named file present, regular, of its recorded size, and nothing else beside them."""
     expected = {ref.file: ref for ref in refs}
     for name, ref in expected.items():
         try:
@@ -274,7 +284,8 @@ def _check_present(
         raise Refusal(
             "seal-incomplete",
             f"cannot seal {directory}: it holds files the record does not name: {', '.join(extra)}",
-            "capture into a fresh directory; a sealed directory holds exactly what its record names",
+            "capture into a fresh directory; a sealed directory holds exactly what its record "
+            "names",
         )
 
 
@@ -342,7 +353,8 @@ def seal_manifest(
         ):
             raise Refusal(
                 "seal-incomplete",
-                f"cannot seal attempt {attempt_dir}: seat {seat.name}'s {CHECKPOINT_FILE} is not the one the manifest names",
+                f"cannot seal attempt {attempt_dir}: seat {seat.name}'s {CHECKPOINT_FILE} is not "
+                "the one the manifest names",
                 "build the manifest from the FileRef seal_seat returned",
             )
     _check_present(

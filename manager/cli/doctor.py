@@ -248,7 +248,8 @@ def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | N
         report.missing.append(
             Missing(
                 f"jcode is not installed (looked for it on {where})",
-                "install jcode with an adapter for cotal's JSON-lines protocol (connectors/jcode.py) and set agents.jcode.binary",
+                "install jcode with an adapter for cotal's JSON-lines protocol "
+                "(connectors/jcode.py) and set agents.jcode.binary",
             )
         )
         return
@@ -269,7 +270,8 @@ def _pinned_or_configured(
             report.missing.append(
                 Missing(
                     f"agents.{report.name}.binary {binary} does not exist",
-                    f"fix agents.{report.name}.binary in cotal.toml or remove it to use the pinned install",
+                    f"fix agents.{report.name}.binary in cotal.toml or remove it to use the "
+                    "pinned install",
                 )
             )
             return None
@@ -348,7 +350,8 @@ def _key_check(report: Report, settings: Mapping[str, Any], *, default: str | No
         report.missing.append(
             Missing(
                 f"{var} (the API key variable) is not set in this environment",
-                f"export {var} before starting the manager, or name another variable with agents.{report.name}.api_key_env",
+                f"export {var} before starting the manager, or name another variable with "
+                f"agents.{report.name}.api_key_env",
                 "config",
             )
         )

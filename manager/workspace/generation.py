@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import time
 from pathlib import Path
 
 import msgspec
@@ -35,13 +34,14 @@ from manager.workspace.private import (
 )
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
+from protocol.instant import now_iso
 from protocol.inventory import AttemptId, InstanceId, LifecycleUid, SeatName
-from protocol.names import check_attempt_id, check_lifecycle_uid, check_seat_name
+from protocol.names import GENERATION, check_attempt_id, check_lifecycle_uid, check_seat_name
 
 RECORD_CAP = 4096
-_NAME_RE = re.compile(r"[1-9][0-9]{0,17}")
+_NAME_RE = GENERATION.regex
 # create_private_exclusive stages bytes under `.<name>.<hex>.tmp`; a crash can leave one behind.
-_TEMP_RE = re.compile(r"\.[1-9][0-9]{0,17}\.[0-9a-f]+\.tmp")
+_TEMP_RE = re.compile(rf"\.(?:{GENERATION.body})\.[0-9a-f]+\.tmp")
 
 
 class GenerationRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -185,7 +185,7 @@ def claim_successor(
         generation=target,
         holder=instance_id,
         attempt_id=attempt_id,
-        claimed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        claimed_at=now_iso(),
     )
     # Round-trip before publishing: a record this root cannot read back must not become custody.
     data = encode_json(record)

@@ -8,7 +8,6 @@ how a stale host would quietly become a new authority.
 from __future__ import annotations
 
 import base64
-import time
 from dataclasses import dataclass
 
 import msgspec
@@ -19,7 +18,8 @@ from manager.workspace.layout import Layout
 from manager.workspace.private import create_private_exclusive, ensure_private_dir, read_stable
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
-from protocol.names import INSTANCE_ID_RE, mint_instance_id
+from protocol.instant import now_iso
+from protocol.names import INSTANCE_ID, mint_instance_id
 
 IDENTITY_CAP = 4096
 
@@ -68,7 +68,7 @@ def load_or_create_identity(layout: Layout, space: str) -> InstanceIdentity:
             space=space,
             signing_key=base64.b64encode(_raw_private(key)).decode(),
             public_key="",
-            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            created_at=now_iso(),
         )
         ident = InstanceIdentity(record.instance_id, space, key)
         record = msgspec.structs.replace(record, public_key=ident.public_key_b64)
@@ -82,7 +82,10 @@ def _load(path: object, space: str) -> InstanceIdentity:
     from pathlib import Path
 
     p = Path(str(path))
-    cure = f"restore {p} from backup; a restart must preserve the logical instanceId, so cotal will not mint over it"
+    cure = (
+        f"restore {p} from backup; a restart must preserve the logical instanceId, "
+        "so cotal will not mint over it"
+    )
     try:
         data = read_stable(
             p, cap=IDENTITY_CAP, what="manager instance identity", require_private=True
@@ -92,11 +95,7 @@ def _load(path: object, space: str) -> InstanceIdentity:
         )
     except DecodeError as exc:
         raise Refusal("identity-malformed", exc.message, cure) from None
-    if (
-        record.version != 1
-        or not INSTANCE_ID_RE.fullmatch(record.instance_id)
-        or record.space != space
-    ):
+    if record.version != 1 or not INSTANCE_ID.matches(record.instance_id) or record.space != space:
         raise Refusal(
             "identity-malformed",
             f"manager instance identity {p} is malformed (version, instanceId or space)",

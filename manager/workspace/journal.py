@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import time
 from pathlib import Path
 
 from manager.workspace.layout import Layout
@@ -26,6 +25,7 @@ from manager.workspace.private import (
     write_private_atomic,
 )
 from protocol.errors import DecodeError, Refusal
+from protocol.instant import now_iso
 from protocol.inventory import (
     INVENTORY_CAP,
     SUPPORTED_VERSIONS,
@@ -54,7 +54,7 @@ _WHAT_RESUME = "maintenance resume document"
 
 
 def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return now_iso()
 
 
 def _maintenance_dir(layout: Layout) -> Path:
@@ -149,7 +149,8 @@ def read_resume_document(
         if exc.code == "too-large":
             raise Refusal(
                 "resume-mismatch",
-                f"{_WHAT_RESUME} {path} is larger than the {descriptor.bytes} bytes the journal records",
+                f"{_WHAT_RESUME} {path} is larger than the {descriptor.bytes} bytes the journal "
+                "records",
                 cure_tamper,
             ) from None
         raise
@@ -164,7 +165,8 @@ def read_resume_document(
     if len(got.data) != descriptor.bytes:
         raise Refusal(
             "resume-mismatch",
-            f"{_WHAT_RESUME} {path} is {len(got.data)} bytes, the journal records {descriptor.bytes}",
+            f"{_WHAT_RESUME} {path} is {len(got.data)} bytes, the journal records "
+            f"{descriptor.bytes}",
             cure_tamper,
         )
     digest = hashlib.sha256(got.data).hexdigest()
@@ -191,7 +193,7 @@ def read_resume_document(
     return inventory
 
 
-# -- the journal -------------------------------------------------------------------------------------
+# -- the journal ---------------------------------------------------------------------------------
 
 
 class Journal:
@@ -285,7 +287,8 @@ class Journal:
         if record.attempt_id != attempt_id:
             raise Refusal(
                 "attempt-mismatch",
-                f"maintenance journal belongs to attempt {record.attempt_id}; refusing to discard it "
+                f"maintenance journal belongs to attempt {record.attempt_id}; refusing to discard "
+                "it "
                 f"for attempt {attempt_id}",
                 "name the attempt the journal records",
             )

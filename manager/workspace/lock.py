@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
-import time
 from pathlib import Path
 from types import TracebackType
 
@@ -37,6 +36,7 @@ from manager.workspace.private import (
 )
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
+from protocol.instant import now_iso
 from protocol.names import check_attempt_id
 
 LOCK_FILE = "lock"
@@ -150,7 +150,7 @@ class MaintenanceLock:
             boot_id=boot_id(),
             host=socket.gethostname(),
             attempt_id=self.attempt_id,
-            created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            created_at=now_iso(),
         )
         data = encode_json(record)
         if create_private_exclusive(self.path, data):
