@@ -93,6 +93,7 @@ from connectors.launchkit import (
     seat_files,
 )
 from connectors.privatefs import create_private_new, ensure_seat_dir, write_private_atomic
+from protocol import names
 from protocol.errors import Refusal
 
 NAME = "claude"
@@ -124,7 +125,6 @@ QUIET_ENV = {
 # would silently empty a seat continued from an old checkpoint. 100 years is "keep".
 SETTINGS = {"cleanupPeriodDays": 36500}
 
-MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@\[\]+-]{0,199}$")
 
 LAUNCH_RECORD = "cotal-launch.json"
 FORKS_DIR = "cotal-forks"
@@ -357,7 +357,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             ),
         )
     model = opts.model or config.get("model")
-    if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
+    if model is not None and not names.CLAUDE_MODEL.matches(model):
         raise Refusal(
             "bad-launch",
             f"claude connector: model {model!r} is not a model name (letters, digits, ._:/@[]+-)",

@@ -62,6 +62,7 @@ from connectors.jsonl_driver import (
 )
 from connectors.launchkit import agent_config, base_env, check_prompt, launch_prompt, seat_cwd
 from connectors.privatefs import UnsafeDirectory, ensure_private_dirs_below
+from protocol import names
 from protocol.errors import DecodeError, Refusal
 from protocol.names import check_seat_name, check_space
 
@@ -69,7 +70,6 @@ NAME = "jcode"
 DEFAULT_BINARY = "jcode"
 PROTOCOL_FLAG = "--cotal-jsonl"
 CONFIG_KEYS = frozenset({"binary", "model", "home"})
-MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 SLUG_MAX = 40
 HASH_HEX = 12
 LINE_CAP = 16 * 1024 * 1024
@@ -163,7 +163,7 @@ class JcodeConnector:
         check_seat_name(opts.name)
         config = agent_config(NAME, opts, CONFIG_KEYS, dropped="at launch")
         model = opts.model or config.get("model")
-        if model is not None and (not isinstance(model, str) or not MODEL_RE.match(model)):
+        if model is not None and not names.HARNESS_MODEL.matches(model):
             raise Refusal(
                 "bad-launch",
                 f"jcode connector: model {model!r} is not a model name (letters, digits, ._:/@+-)",

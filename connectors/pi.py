@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +68,7 @@ from connectors.launchkit import (
     seat_files,
 )
 from connectors.privatefs import create_private_new, ensure_seat_dir, write_private_atomic
+from protocol import instant, names
 from protocol.errors import Refusal
 
 NAME = "pi"
@@ -87,8 +86,6 @@ HEADER_CAP = 64 * 1024
 # because a setting that is silently dropped would not survive into a crash restart either.
 CONFIG_KEYS = frozenset({"base_url", "model", "provider", "api_key_env", "binary", "extra_env"})
 
-PROVIDER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 
 # A full agent_end line carries every message of the run (tool output included), so the line
 # cap is generous; past it the driver stops rather than buffering without bound.
@@ -299,14 +296,14 @@ def _check_config(opts: LaunchOpts) -> _Config:
         ),
     )
     model = opts.model or config.get("model")
-    if not isinstance(model, str) or not MODEL_RE.match(model):
+    if not names.HARNESS_MODEL.matches(model):
         raise Refusal(
             "bad-launch",
             f"pi connector needs a model id (letters, digits, ._:/@+-), got {model!r}",
             "pass --model or set agents.pi.model in cotal.toml",
         )
     provider = config.get("provider") or DEFAULT_PROVIDER
-    if not isinstance(provider, str) or not PROVIDER_RE.match(provider):
+    if not names.PROVIDER.matches(provider):
         raise Refusal(
             "bad-launch",
             f"pi connector: provider {provider!r} is not a simple name",
@@ -485,8 +482,7 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
 
 
 def _seed_fresh_session(store: Path, session_id: str, cwd: Path) -> Path:
-    now = datetime.now(UTC)
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    stamp = instant.now_iso()
     header = {
         "type": "session",
         "version": SESSION_VERSION,

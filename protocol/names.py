@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, TypeGuard
 
 import msgspec
 
@@ -38,7 +38,7 @@ class TokenRule:
         object.__setattr__(self, "pattern", rf"^(?:{self.body})\Z")
         object.__setattr__(self, "regex", re.compile(self.pattern))
 
-    def matches(self, value: object) -> bool:
+    def matches(self, value: object) -> TypeGuard[str]:
         return isinstance(value, str) and self.regex.fullmatch(value) is not None
 
 
@@ -85,6 +85,15 @@ SESSION_UUID = TokenRule(
 # The id of a direct message (uuid4 hex); it doubles as the JetStream Nats-Msg-Id.
 MESSAGE_ID = TokenRule("message id", r"[0-9a-f]{32}", "9" * 32)
 ENV_NAME = TokenRule("environment variable name", r"[A-Za-z_][A-Za-z0-9_]*", "ANTHROPIC_API_KEY")
+# What an operator may name as a harness's model or provider: it reaches the harness's argv, so it
+# may not begin with '-' or hold a space. Claude Code's model ids also carry a `[1m]` context tag.
+HARNESS_MODEL = TokenRule("model", r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}", "openai/gpt-4o-mini")
+CLAUDE_MODEL = TokenRule(
+    "Claude model", r"[A-Za-z0-9][A-Za-z0-9._:/@\[\]+-]{0,199}", "claude-sonnet-4-5[1m]"
+)
+PROVIDER = TokenRule("provider", r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", "openai")
+# The scribe's own session ids name a file in its store, so they may not climb out of it.
+SCRIBE_SESSION_ID = TokenRule("scribe session id", r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", "s-1.a")
 
 TOKEN_RULES: tuple[TokenRule, ...] = (
     SEAT_NAME,
@@ -108,6 +117,10 @@ TOKEN_RULES: tuple[TokenRule, ...] = (
     SESSION_UUID,
     MESSAGE_ID,
     ENV_NAME,
+    HARNESS_MODEL,
+    CLAUDE_MODEL,
+    PROVIDER,
+    SCRIBE_SESSION_ID,
 )
 
 # The compiled rules under the names callers already use.

@@ -17,7 +17,6 @@ Standard library and msgspec only, plus cotal's private-file primitives (`connec
 
 from __future__ import annotations
 
-import datetime as dt
 import fcntl
 import os
 import re
@@ -33,6 +32,7 @@ import msgspec
 
 from connectors import privatefs
 from connectors.privatefs import create_private_exclusive, make_private_dirs
+from protocol import instant, names
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
@@ -44,7 +44,6 @@ ACK_CHARS = 200
 SLOW_CAP_MS = 600_000
 
 # A session id names a file in the store, so it must not be able to climb out of it.
-_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _REMEMBER = re.compile(r"remember the phrase\s+([A-Za-z0-9-]+)", re.IGNORECASE)
 _ASK = re.compile(r"what was the phrase", re.IGNORECASE)
 _ERROR_ONCE = re.compile(r"#error-once:([A-Za-z0-9_-]{1,64})")
@@ -217,8 +216,7 @@ def chunks(reply: str) -> list[str]:
     return re.findall(r"\S+\s*|\s+", reply)
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+now_iso = instant.now_iso
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,7 +307,7 @@ class Store:
         return cls(root)
 
     def transcript_path(self, session_id: str) -> Path:
-        if not _SESSION_ID.fullmatch(session_id):
+        if not names.SCRIBE_SESSION_ID.matches(session_id):
             raise StoreError(
                 f"session id {session_id[:80]!r} is not usable as a file name "
                 "(1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)"
