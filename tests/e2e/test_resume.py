@@ -170,7 +170,8 @@ def _restore_in_namespace(
     # The bind covers the root's parent, as a host's own disk would: the staging directory
     # beside the root must be on the same filesystem as the root it is promoted into.
     script = (
-        f'mount --bind "{host_dir}" "{base}" && exec "{sys.executable}" -m manager.cli up --restore '
+        f'mount --bind "{host_dir}" "{base}" && '
+        f'exec "{sys.executable}" -m manager.cli up --restore '
         f'"{checkpoint}" --server "{b.url}" --creds "{b.creds}" --root "{root}" --json'
     )
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]

@@ -73,7 +73,7 @@ def layout(tmp_path: Path) -> Layout:
     return Layout.at(tmp_path)
 
 
-# -- resume document ---------------------------------------------------------------------------------
+# -- resume document ------------------------------------------------------------------------------
 
 
 def test_resume_document_round_trip(layout: Layout) -> None:
@@ -142,7 +142,7 @@ def test_journal_pins_its_resume_document(layout: Layout) -> None:
     assert read_resume_document(layout, desc).agents[0].launch.model == "m-1"
 
 
-# -- journal -----------------------------------------------------------------------------------------
+# -- journal --------------------------------------------------------------------------------------
 
 
 def run_cut_and_resume(journal: Journal, desc: Any) -> list[int]:
@@ -265,7 +265,7 @@ def test_illegal_advance_and_discard(layout: Layout) -> None:
         journal.advance("other", "ready")
 
 
-# -- lock ---------------------------------------------------------------------------------------------
+# -- lock -----------------------------------------------------------------------------------------
 
 CHILD_PRELUDE = textwrap.dedent(
     """
@@ -449,7 +449,7 @@ def test_malformed_lock_refuses(layout: Layout) -> None:
     assert info.value.code == "lock-malformed"
 
 
-# -- writer generation ------------------------------------------------------------------------------------
+# -- writer generation ----------------------------------------------------------------------------
 
 
 def test_sixteen_concurrent_claims_exactly_one_wins(tmp_path: Path) -> None:

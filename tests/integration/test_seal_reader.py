@@ -332,7 +332,8 @@ async def test_the_writer_never_reuses_a_directory_or_a_record(attempt: Attempt)
     create_seat_dir(other, "default")
     err = expect_refusal("exists", lambda: create_seat_dir(other, "default"))
     assert err.message == (
-        f"checkpoint directory {other / 'default'} already exists; a sealed checkpoint is never overwritten"
+        f"checkpoint directory {other / 'default'} already exists; "
+        "a sealed checkpoint is never overwritten"
     )
     assert err.cure == "choose a new attemptId"
 
