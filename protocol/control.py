@@ -8,7 +8,7 @@ Each op has its own argument record and its own size cap, checked before decodin
 from __future__ import annotations
 
 import struct
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -75,11 +75,19 @@ class AttemptArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     attempt_id: str
 
 
+DRAIN_TIMEOUT_MAX_S = 3600.0
+
+
 class CommitPreservationArgs(
     msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True
 ):
+    """`drain_timeout_s` bounds how long commit waits, per seat and concurrently, for the turn
+    in flight to reach its terminal boundary before the seat is stopped; a seat still mid-turn
+    then is cut anyway and its message stays unacknowledged."""
+
     attempt_id: str
     session_stores: list[str] = []
+    drain_timeout_s: Annotated[float, msgspec.Meta(ge=0.0, le=DRAIN_TIMEOUT_MAX_S)] = 120.0
 
 
 class ResumeArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -178,6 +186,11 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     restarts: int
     started_at: str
     durable: str
+    # A turn in flight: a message handed to the harness and not yet settled at the broker.
+    busy: bool = False
+    turn_started_at: str | None = None
+    # Why a seat is not running when the manager knows (a re-adoption it refused).
+    reason: str | None = None
 
 
 def seat_rows(obj: Any) -> list[SeatRow]:
@@ -185,7 +198,15 @@ def seat_rows(obj: Any) -> list[SeatRow]:
 
 
 ProgressPhase = Literal[
-    "fenced", "drained", "planned", "stopping", "stopped", "capture", "sealed", "failed"
+    "fenced",
+    "drained",
+    "planned",
+    "turn-wait",
+    "stopping",
+    "stopped",
+    "capture",
+    "sealed",
+    "failed",
 ]
 
 
@@ -194,6 +215,8 @@ class ProgressRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
 
     This is the coordinator's view of a cut in flight: it polls `progress` while `commit`
     runs, so no log event name is an interface. `seat` is absent for attempt-wide steps;
+    `turn-wait` is a seat's turn in flight at commit (`detail` says whether it reached its
+    boundary or was cut mid-turn, and names the message);
     `step` names the part of a seat's capture (bundle, index-diff, worktree-diff, untracked,
     session, seal) and `bytes` what that part has written so far.
     """

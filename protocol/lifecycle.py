@@ -33,12 +33,22 @@ stop has begun, so a shutdown racing an eviction or a cut does not turn into an 
 
 `retired` (a crash loop) and `evicted` are terminal. A seat leaves the Manager's table without a
 state of its own: removal is the table's business, not the lifecycle's.
+
+A manager that died (even by SIGKILL) took its seats with it; the next manager of the root reads
+each seat's `SeatRecord` and enters it in `exited`, which is what it is: an exit nobody asked
+for. Re-adoption is then an ordinary `restart`, and a seat it must not relaunch (custody moved,
+the durable is gone, the session cannot be named) is `fail`ed, kept with its footprint and listed
+with the reason.
 """
 
 from __future__ import annotations
 
-from typing import Final, Literal, get_args
+from typing import Annotated, Final, Literal, get_args
 
+import msgspec
+
+from protocol.codec import decode_json, encode_json
+from protocol.inventory import AbsPath, Instant, LifecycleUid, SeatName
 from protocol.maintenance import IllegalTransition
 
 SeatState = Literal[
@@ -120,3 +130,44 @@ class SeatLifecycle:
     @property
     def deliberate(self) -> bool:
         return self.state in DELIBERATE_STATES
+
+
+# -- the persisted seat record -------------------------------------------------------------------
+
+SEAT_RECORD_CAP: Final = 16 * 1024
+Continuity = Literal["exact", "fork", "fresh", "drain-only"]
+Label = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,128}\Z")]
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+
+
+class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One seat of a manager's table, as the next manager of the root needs it to re-adopt it.
+
+    Written on every spawn, relaunch and stop, removed with the seat. `state` is the seat's
+    lifecycle state when written: a record left in a deliberate state names a stop the dead
+    manager had begun, which its successor does not undo by relaunching.
+    """
+
+    version: Literal[1]
+    name: SeatName
+    agent: Label
+    lifecycle_uid: LifecycleUid
+    cwd: AbsPath
+    model: Text | None
+    continuity: Continuity
+    generation: Annotated[int, msgspec.Meta(ge=0)]
+    custody_revision: Annotated[int, msgspec.Meta(ge=0)] | None
+    pointer_path: AbsPath
+    started_at: Instant
+    session_id: Text | None
+    restarts: Annotated[int, msgspec.Meta(ge=0)]
+    state: SeatState
+    reason: Text | None = None
+
+
+def encode_seat_record(record: SeatRecord) -> bytes:
+    return encode_json(record)
+
+
+def decode_seat_record(data: bytes, *, where: str) -> SeatRecord:
+    return decode_json(data, SeatRecord, what=f"seat record {where}", cap=SEAT_RECORD_CAP)

@@ -4,6 +4,10 @@ Exit watchers report; only the Manager decides (gunicorn's arbiter). Every lifec
 runs inside `lifecycle()`, which refuses new work unless the state is `active` and counts work
 in flight, so a fence set before the first await of a cut sees every accepted operation and
 can drain it.
+
+The table is also on disk (`seatfile`): every spawn, relaunch and stop rewrites the seat's
+record and every removal deletes it, so a manager started in `active` re-adopts the seats a
+dead predecessor left behind (`readopt`).
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.dm import new_message_id, publish_dm
 from manager.broker.fence import WriterFence
-from manager.daemon.delivery import DeliveryBridge, Waiter
+from manager.daemon import seatfile
+from manager.daemon.delivery import DeliveryBridge, DeliveryGate, Waiter
 from manager.daemon.preserve import Preservation
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
+from manager.daemon.readopt import Readoption
 from manager.daemon.resume import Resumption
 from manager.daemon.seat import Seat, read_pointer
 from manager.procs import processes_with_env
@@ -82,8 +88,10 @@ class Manager:
         self._leases: KeyValue | None = None
         self.custody: KeyValue | None = None
         self.started_at = now_iso()
+        self.delivery_gate = DeliveryGate()
         self.preservation = Preservation(self)
         self.resumption = Resumption(self)
+        self.readoption = Readoption(self)
 
     # -- the narrow view the cut and the resume get (SeatOwner) -----------------------------------
 
@@ -114,6 +122,54 @@ class Manager:
     def remove(self, seat: Seat) -> None:
         if self.seats.get(seat.name) is seat:
             del self.seats[seat.name]
+            seatfile.delete(self.layout, seat)
+
+    def hand_over(self, seat: Seat) -> None:
+        seatfile.delete(self.layout, seat)
+
+    def persist(self, seat: Seat) -> None:
+        """Rewrite the seat's record; a failure costs only the re-adoption after a crash, so it
+        is logged, not raised."""
+        if self.seats.get(seat.name) is not seat:
+            return
+        try:
+            seatfile.save(self.layout, seat)
+        except (OSError, Refusal) as exc:
+            log.error("seat.record_write_failed", seat=seat.name, error=str(exc))
+
+    def refuse(self, seat: Seat, reason: str, *, footprint_owned: bool) -> None:
+        """Keep a seat this manager will not relaunch: listed, `failed`, with its reason."""
+        if seat.lifecycle.allows("fail"):
+            seat.apply("fail")
+        seat.reason = reason
+        seat.footprint_owned = seat.footprint_owned and footprint_owned
+        log.error("seat.readopt_refused", seat=seat.name, uid=seat.uid, reason=reason)
+        self.persist(seat)
+
+    async def relaunch(
+        self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
+    ) -> None:
+        """Restart an `exited` seat under its uid. A broker briefly away (an election) defers
+        the relaunch; any other refusal leaves the seat `exited` and is raised."""
+        delay = 1.0
+        while True:
+            seat.apply("restart")
+            try:
+                await self.launch(seat, continue_session=continue_session, resume=resume)
+            except Refusal as exc:
+                if seat.lifecycle.allows("exit"):
+                    seat.apply("exit")
+                if exc.code != "broker-unavailable" or not self.active:
+                    raise
+                log.warning(
+                    "seat.relaunch_deferred", seat=seat.name, error=exc.text, retry_in_s=delay
+                )
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            seat.restarts += 1
+            self.persist(seat)
+            return
 
     async def launch(
         self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
@@ -180,6 +236,11 @@ class Manager:
             self._tg = tg
             tg.start_soon(self._lease_loop)
             tg.start_soon(self._custody_watch)
+            if self.maintenance.state == "active":
+                # Only a manager in ordinary service takes back its predecessor's seats; one
+                # started for a resume adopts exactly what the checkpoint names.
+                for seat, record in self.readoption.enter_all():
+                    await tg.start(self.readoption.run, seat, record)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -272,6 +333,9 @@ class Manager:
                     held.revision,
                     held.record.generation,
                 )
+                # On disk before the launch: a manager that dies from here on leaves a record
+                # its successor re-adopts, not an orphaned durable and custody key.
+                seatfile.save(self.layout, seat)
                 seat.fence = WriterFence(self.js, self.space, name, self.identity.instance_id, 0)
                 await seat.fence.establish()
                 await self._launch(
@@ -392,10 +456,13 @@ class Manager:
                         on_fenced=lambda: self._schedule_evict(
                             seat, holder_now=None, reason="a publish was refused by the broker"
                         ),
+                        gate=self.delivery_gate,
                     )
+                    seat.bridge = bridge
                     await tg.start(bridge.run)
                     tg.start_soon(self._presence_loop, seat, handle)
                     seat.apply("ready")
+                    self.persist(seat)
                     started = True
                     task_status.started()
         except BaseExceptionGroup as group:
@@ -557,6 +624,7 @@ class Manager:
                     seat.apply("restart")
                     await self._launch(seat, self._launch_opts(seat, continue_session=session_id))
                     seat.restarts += 1
+                    self.persist(seat)
                     log.info(
                         "seat.restarted",
                         seat=seat.name,
@@ -646,6 +714,10 @@ class Manager:
         seat = self.seats.get(name)
         if seat is None or seat.uid != uid or not seat.lifecycle.allows("evict"):
             return
+        if seat.handle is None and seat.state in ("exited", "failed"):
+            # Entered from its record and never run here: re-adoption reads the custody itself
+            # and keeps the seat listed with the reason instead of making it vanish.
+            return
         if entry.operation in ("DEL", "PURGE"):
             if not seat.lifecycle.deliberate:
                 self._schedule_evict(seat, holder_now=None, reason="custody record deleted")
@@ -676,7 +748,8 @@ class Manager:
 
     async def _free(self, seat: Seat) -> None:
         self.remove(seat)
-        await self._deprovision(seat)
+        if seat.footprint_owned:
+            await self._deprovision(seat)
 
     async def _deprovision(self, seat: Seat) -> None:
         """Ordinary teardown: exactly this seat's durable, its presence and its pointer."""
@@ -714,7 +787,7 @@ class Manager:
                 "exitCode": seat.handle.returncode if seat.handle else None,
             }
 
-    async def stop_and_prove(self, seat: Seat, *, graceful: bool) -> None:
+    async def stop_and_prove(self, seat: Seat, *, graceful: bool, record: bool = True) -> None:
         """The one stop: signal the group, wait for the reaped exit under a deadline, and prove
         no process of the lifecycle survives. Raises `Refusal("stop-unproven")` otherwise.
 
@@ -725,6 +798,9 @@ class Manager:
             async with seat.stop_lock:
                 if seat.apply("stop") in ("stopped", "evicted"):
                     return
+                if record:
+                    # A successor must not relaunch a seat whose stop had begun.
+                    self.persist(seat)
                 handle = seat.handle
                 proven = handle is None or await handle.stop(graceful=graceful)
                 pid = handle.pid if handle is not None else None
@@ -866,6 +942,8 @@ class Manager:
 
     async def _stop_quietly(self, seat: Seat) -> None:
         try:
-            await self.stop_and_prove(seat, graceful=True)
+            # The records stay as they were: a manager stopped by a signal (a service manager's
+            # restart) is succeeded by one that takes its seats back.
+            await self.stop_and_prove(seat, graceful=True, record=False)
         except Refusal as exc:
             log.error("seat.stop_failed", seat=seat.name, error=exc.text)

@@ -4,11 +4,19 @@ Acknowledgement discipline (record 4.2): a message is acked only after the harne
 clean terminal turn boundary for it. An error or abort is negatively acknowledged so it comes
 back; an unknown end (the harness died mid-turn) is released only after the process is reaped,
 so a possibly-live provider call cannot race its own redelivery.
+
+The cut's fence closes the `DeliveryGate`: from then on no bridge starts a turn. A message
+fetched but not yet handed to the harness is released at once (it comes back after the resume,
+or after an abort reopens the gate), and the turn already in flight runs to its boundary, which
+commit waits for before it stops the seat. A reply's id is derived from the message it answers,
+so a turn redelivered after its reply was published (the ack was lost with a dead manager) is
+answered once: the broker drops the second reply as a duplicate.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +27,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from connectors.base import Driver, TurnOutcome
-from manager.broker.dm import new_message_id, publish_dm
+from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
 from manager.daemon.process import SeatHandle
@@ -43,6 +51,45 @@ class Waiter:
     attempts: int = 0
 
 
+def reply_id(message_id: str) -> str:
+    return hashlib.sha256(b"cotal-reply\0" + message_id.encode()).hexdigest()[:32]
+
+
+class DeliveryGate:
+    """Whether any seat may start a turn. One per manager; the cut closes it at the fence."""
+
+    def __init__(self) -> None:
+        self._open = True
+        self._reopened = anyio.Event()
+        self._reopened.set()
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._reopened = anyio.Event()
+
+    def open(self) -> None:
+        if not self._open:
+            self._open = True
+            self._reopened.set()
+
+    async def wait_open(self) -> None:
+        while not self._open:
+            await self._reopened.wait()
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A message handed to the harness and not yet settled at the broker."""
+
+    message_id: str
+    started_at: str
+
+
 class DeliveryBridge:
     def __init__(
         self,
@@ -56,6 +103,7 @@ class DeliveryBridge:
         *,
         fence: WriterFence,
         on_fenced: Callable[[], None],
+        gate: DeliveryGate,
     ) -> None:
         self.js = js
         self.space = space
@@ -68,6 +116,23 @@ class DeliveryBridge:
         self.delivered = 0
         self.fence = fence
         self.on_fenced = on_fenced
+        self.gate = gate
+        self.turn: Turn | None = None
+        self._settled = anyio.Event()
+        self._settled.set()
+        self.pulling = False
+        self._pull_done = anyio.Event()
+        self._pull_done.set()
+
+    async def wait_no_pull(self) -> None:
+        """Return once no pull request of this bridge is outstanding at the broker."""
+        while self.pulling:
+            await self._pull_done.wait()
+
+    async def wait_settled(self) -> None:
+        """Return once no turn is in flight: the last one was acked, or released."""
+        while self.turn is not None:
+            await self._settled.wait()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -84,6 +149,8 @@ class DeliveryBridge:
             # Once the harness is gone, a further pull would hand a redelivered message to a
             # subscription nobody reads, stranding it until ack_wait expires.
             while not self.handle.reaped:
+                await self.gate.wait_open()
+                self.pulling, self._pull_done = True, anyio.Event()
                 try:
                     msgs = await psub.fetch(1, timeout=FETCH_WAIT_S)
                 except nats.errors.TimeoutError:
@@ -96,6 +163,9 @@ class DeliveryBridge:
                     )
                     await anyio.sleep(FETCH_WAIT_S)
                     continue
+                finally:
+                    self.pulling = False
+                    self._pull_done.set()
                 for msg in msgs:
                     await self._deliver(msg)
             await anyio.sleep_forever()
@@ -112,10 +182,17 @@ class DeliveryBridge:
             with contextlib.suppress(*TRANSIENT):
                 await msg.term()
             return
+        # Checked with no await before the turn is recorded, so a fence set meanwhile is seen.
+        if not self.gate.is_open:
+            log.info("delivery.released", seat=self.seat, id=dm.id, reason="fenced for a cut")
+            with contextlib.suppress(*TRANSIENT):
+                await msg.nak()
+            return
         waiter = self.waiters.get(dm.id)
         if waiter is not None:
             waiter.attempts += 1
         outcome: TurnOutcome | None = None
+        self.turn, self._settled = Turn(dm.id, now_iso()), anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._keep_in_progress, msg)
@@ -134,6 +211,8 @@ class DeliveryBridge:
                 elif await self._settle(msg, dm, outcome) and waiter is not None:
                     waiter.outcome = outcome
                     waiter.done.set()
+                self.turn = None
+                self._settled.set()
 
     async def _keep_in_progress(self, msg: Msg) -> None:
         while True:
@@ -153,7 +232,7 @@ class DeliveryBridge:
         """Ack a clean turn whose reply the broker accepted (True); otherwise release it."""
         if outcome.status == "ok":
             reply = DirectMessage(
-                id=new_message_id(),
+                id=reply_id(dm.id),
                 sender=self.principal,
                 recipient=dm.sender,
                 text=outcome.reply,

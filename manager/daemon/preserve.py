@@ -1,10 +1,14 @@
 """The cut, daemon side (record 1.3): fence, drain, plan, persist; then stop, prove, capture, seal.
 
 `prepare` stops nothing: a plan that cannot resume fails there, when a failure costs nothing,
-and the fence is lifted again. `commit` is the point of no return: cleanup is suppressed (no
-deprovision, no restart), every seat is hard-stopped in parallel, each exit is proven, and only
-then is anything captured. A seat that cannot be proven stopped fails the cut by name and
-nothing is captured for it.
+and the fence is lifted again. The fence also closes the delivery gate, so no seat starts a new
+turn from then on (an abort opens it again). `commit` is the point of no return: cleanup is
+suppressed (no deprovision, no restart); each seat, in parallel, is given until the drain
+timeout for the turn in flight to reach its boundary and be acknowledged, then hard-stopped, and
+each exit is proven; only then is anything captured. A seat still mid-turn at the deadline is
+cut anyway and named (`midTurn`): its message stays unacknowledged and comes back after the
+resume. A seat that cannot be proven stopped fails the cut by name and nothing is captured for
+it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from manager import registry
 from manager.broker import custody
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
+from manager.daemon.delivery import FETCH_WAIT_S
 from manager.daemon.progress import ProgressLog
 from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
@@ -41,6 +46,9 @@ from protocol.inventory import (
 from protocol.maintenance import ResumeDescriptor
 
 log = structlog.get_logger("cotal.preserve")
+
+# A pull request lives at most FETCH_WAIT_S at the broker; past this the release path covers it.
+PULL_QUIESCE_S = 3 * FETCH_WAIT_S
 
 
 class Preservation:
@@ -69,12 +77,15 @@ class Preservation:
                 "prepare-preservation refused: the manager is stopping",
                 "wait for it to exit",
             )
-        # The fence lands before any await, so accepted work has already counted itself.
+        # The fence lands before any await, so accepted work has already counted itself, and
+        # no bridge can start a turn after it.
         m.apply("prepare", attempt)
+        self.mgr.delivery_gate.close()
         self.progress.begin(attempt)
         self.progress.add("fenced")
         try:
             await self.mgr.drain()
+            await self._quiesce_pulls()
             self.progress.add("drained")
             inventory = self._build_inventory(attempt)
             failures = self._reference_failures(inventory)
@@ -101,6 +112,7 @@ class Preservation:
         except BaseException as exc:
             # Nothing was stopped, so the fence is lifted again and the seats carry on.
             m.apply("abort", attempt)
+            self.mgr.delivery_gate.open()
             log.info("cut.prepare_failed", attempt=attempt)
             self.progress.add("failed", detail=exc.text if isinstance(exc, Refusal) else repr(exc))
             self.progress.done = True
@@ -109,6 +121,14 @@ class Preservation:
         self.progress.add("planned", detail=f"{len(inventory.agents)} seat(s)")
         log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
         return self._plan_result(attempt)
+
+    async def _quiesce_pulls(self) -> None:
+        """Wait out the pull requests issued before the fence, so that from the moment prepare
+        answers nothing more is pulled; whatever they brought is released, not run."""
+        with anyio.move_on_after(PULL_QUIESCE_S):
+            for seat in list(self.mgr.seats.values()):
+                if seat.bridge is not None:
+                    await seat.bridge.wait_no_pull()
 
     async def _read_custody(self, inventory: Inventory) -> None:
         """The revision each seat's custody stands at: what a destination must CAS against."""
@@ -243,16 +263,20 @@ class Preservation:
         t0 = time.monotonic()
         seats = dict(mgr.seats)
         failures: dict[str, str] = {}
+        mid_turn: dict[str, str] = {}
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for one in seats.values():
-                    tg.start_soon(self._stop_one, one, failures)
+                    tg.start_soon(
+                        self._drain_and_stop_one, one, args.drain_timeout_s, failures, mid_turn
+                    )
         t_stop = time.monotonic()
         log.info(
             "cut.stopped",
             attempt=attempt,
             proven=len(seats) - len(failures),
             failed=sorted(failures),
+            mid_turn=sorted(mid_turn),
         )
         attempt_path = cut.prepare_attempt_dir(mgr.layout, attempt)
         summaries: list[cut.SeatSummary] = []
@@ -300,8 +324,9 @@ class Preservation:
             "state": m.state,
             "checkpointDir": str(attempt_path),
             "sealed": manifest is not None,
-            "seats": [s.as_dict() for s in summaries],
+            "seats": [{**s.as_dict(), "midTurn": mid_turn.get(s.name)} for s in summaries],
             "failures": [{"name": n, "error": e} for n, e in sorted(failures.items())],
+            "midTurn": [{"name": n, "messageId": i} for n, i in sorted(mid_turn.items())],
             "timingsMs": {
                 "stop": int((t_stop - t0) * 1000),
                 "capture": int((t_capture - t_stop) * 1000),
@@ -314,6 +339,40 @@ class Preservation:
         )
         return self.result
 
+    async def _drain_and_stop_one(
+        self, seat: Seat, drain_timeout_s: float, failures: dict[str, str], mid_turn: dict[str, str]
+    ) -> None:
+        # The gate has been shut since the fence, so the turn seen here is the last one this
+        # seat runs before the cut; waiting for it is what keeps a tool call from being killed
+        # halfway when the operator allowed the time.
+        bridge = seat.bridge
+        turn = bridge.turn if bridge is not None and seat.state == "running" else None
+        if bridge is not None and turn is not None:
+            self.progress.add(
+                "turn-wait", seat=seat.name, detail=f"waiting for message {turn.message_id}"
+            )
+            with anyio.move_on_after(drain_timeout_s):
+                await bridge.wait_settled()
+            left = bridge.turn
+            if left is not None:
+                mid_turn[seat.name] = left.message_id
+                log.warning(
+                    "cut.mid_turn", seat=seat.name, id=left.message_id, waited_s=drain_timeout_s
+                )
+                self.progress.add(
+                    "turn-wait",
+                    seat=seat.name,
+                    detail=f"cut mid-turn after {drain_timeout_s:g}s: message "
+                    f"{left.message_id} stays unacknowledged and is redelivered after the resume",
+                )
+            else:
+                self.progress.add(
+                    "turn-wait",
+                    seat=seat.name,
+                    detail=f"message {turn.message_id} reached its turn boundary",
+                )
+        await self._stop_one(seat, failures)
+
     async def _stop_one(self, seat: Seat, failures: dict[str, str]) -> None:
         # The owner's one stop-and-prove; outside `active` it neither restarts the seat nor
         # deprovisions its durable, which is the cut's suppressed cleanup.
@@ -323,6 +382,7 @@ class Preservation:
             failures[seat.name] = exc.text
             self.progress.add("stopped", seat=seat.name, detail=exc.text)
             return
+        self.mgr.hand_over(seat)
         self.progress.add("stopped", seat=seat.name)
 
     # -- abort ----------------------------------------------------------------------------------
@@ -332,7 +392,8 @@ class Preservation:
         m = self.mgr.maintenance
         if m.state == "active":
             return {"attemptId": attempt, "state": "active"}
-        m.apply("abort", attempt, draining=self.mgr.in_flight > 0)
+        if m.apply("abort", attempt, draining=self.mgr.in_flight > 0) == "active":
+            self.mgr.delivery_gate.open()
         self.plan = self.descriptor = None
         log.info("cut.aborted", attempt=attempt)
         return {"attemptId": attempt, "state": m.state}

@@ -21,6 +21,7 @@ from nats.js.kv import KeyValue
 
 from connectors.base import Connector, ContinuityClass, Driver, LaunchSpec
 from manager.broker.fence import WriterFence
+from manager.daemon.delivery import DeliveryBridge, DeliveryGate
 from manager.daemon.process import SeatHandle
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
@@ -50,6 +51,12 @@ class Seat:
     spec: LaunchSpec | None = None
     session_id: str | None = None
     fence: WriterFence | None = None
+    bridge: DeliveryBridge | None = None
+    # Why the seat is not running, when the Manager refused to relaunch it.
+    reason: str | None = None
+    # False for a seat whose durable and custody record belong to someone else now (custody
+    # moved, or a cut holds it): removing it from the table then deprovisions nothing.
+    footprint_owned: bool = True
     crashes: list[float] = field(default_factory=list)
     restarts: int = 0
     # One stopper at a time: a second waits for the first's proof instead of racing it.
@@ -74,6 +81,7 @@ class Seat:
         )
 
     def row(self, instance_id: str) -> control.SeatRow:
+        turn = self.bridge.turn if self.bridge is not None and self.state == "running" else None
         return control.SeatRow(
             name=self.name,
             agent=self.agent,
@@ -87,6 +95,9 @@ class Seat:
             restarts=self.restarts,
             started_at=self.started_at,
             durable=names.dm_durable(names.SEAT_OWNER, self.name, self.uid),
+            busy=turn is not None,
+            turn_started_at=turn.started_at if turn is not None else None,
+            reason=self.reason,
         )
 
 
@@ -127,6 +138,9 @@ class SeatOwner(Protocol):
     @property
     def in_flight(self) -> int: ...
 
+    @property
+    def delivery_gate(self) -> DeliveryGate: ...
+
     def agent_settings(self, agent: str) -> Mapping[str, Any]: ...
 
     def custody_bucket(self) -> KeyValue: ...
@@ -151,4 +165,9 @@ class SeatOwner(Protocol):
 
     def remove(self, seat: Seat) -> None:
         """Drop the seat from the table, deprovisioning nothing."""
+        ...
+
+    def hand_over(self, seat: Seat) -> None:
+        """The seat is stopped and a cut carries it from here: forget its record on disk, so a
+        later manager of this root does not relaunch it behind the checkpoint's back."""
         ...

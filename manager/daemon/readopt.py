@@ -1,0 +1,244 @@
+"""Re-adoption: a manager that starts in `active` takes back the seats its dead predecessor ran.
+
+Seats die with their manager (design decision 12), so each persisted `SeatRecord` names a seat
+whose process is gone and whose footprint (durable, custody, pointer, store) was left behind on
+purpose. The successor enters every record in its table as `exited`, then relaunches each seat
+under its own lifecycle uid and into its own session, exactly as a crash restart would, after
+the same proofs a resume asks for: custody still held by this instance at the recorded
+generation, the `dm_` durable at the broker, and no process of the lifecycle alive. A seat that
+fails a proof is not launched and not deprovisioned: it stays in the table as `failed`, with the
+reason, until an operator stops it.
+
+The predecessor's last delivery (a turn it handed over and never settled) would otherwise wait
+out `ack_wait` at the broker, and the durable admits one unacknowledged message at a time, so
+the seat's inbox would stall for a minute. Once the lifecycle is proven dead, that delivery is
+negatively acknowledged on the predecessor's behalf and comes back at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+import structlog
+from anyio.abc import TaskStatus
+from nats.aio.client import Client
+
+from manager import registry
+from manager.broker import custody, footprint
+from manager.broker.retry import TRANSIENT
+from manager.daemon import seatfile
+from manager.daemon.seat import Seat, SeatOwner, read_pointer
+from manager.procs import processes_with_env
+from manager.workspace.journal import Journal
+from protocol import names
+from protocol.errors import DecodeError, Refusal
+from protocol.lifecycle import DELIBERATE_STATES, SeatLifecycle, SeatRecord
+
+log = structlog.get_logger("cotal.readopt")
+
+# A pdeathsig is delivered as the parent dies, but the kernel may still be tearing the child
+# down when the successor looks.
+SURVIVOR_WAIT_S = 10.0
+# The journal states in which a cut, not this root's manager, carries the seats.
+CUT_STATES = frozenset({"cut-intent", "cut-committed", "ready"})
+LIVE_STATES = frozenset({"starting", "running", "exited", "restarting"})
+
+
+class Readopter(SeatOwner, Protocol):
+    """What re-adoption needs beyond the cut's view: counting itself as lifecycle work,
+    relaunching a seat, and keeping one it refuses."""
+
+    @property
+    def nc(self) -> Client: ...
+
+    def lifecycle(self, what: str) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    async def relaunch(
+        self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
+    ) -> None: ...
+
+    def refuse(self, seat: Seat, reason: str, *, footprint_owned: bool) -> None: ...
+
+    def persist(self, seat: Seat) -> None: ...
+
+
+class Readoption:
+    def __init__(self, owner: Readopter) -> None:
+        self.mgr = owner
+
+    def enter_all(self) -> list[tuple[Seat, SeatRecord]]:
+        """Every readable record becomes a seat in the table, in `exited`, before any await,
+        so `ps` lists it from the first answer on and a spawn cannot take its name."""
+        mgr = self.mgr
+        entered: list[tuple[Seat, SeatRecord]] = []
+        for loaded in seatfile.load_all(mgr.layout):
+            record = loaded.record
+            if record is None:
+                log.error("seat.record_unreadable", path=str(loaded.path), error=loaded.error)
+                continue
+            try:
+                connector = registry.load_connector(record.agent)
+            except Refusal as exc:
+                log.error("seat.readopt_failed", seat=record.name, error=exc.text)
+                continue
+            seat = Seat(
+                name=record.name,
+                agent=record.agent,
+                uid=record.lifecycle_uid,
+                cwd=Path(record.cwd),
+                connector=connector,
+                continuity=record.continuity,
+                model=record.model,
+                started_at=record.started_at,
+                pointer_path=Path(record.pointer_path),
+                custody_revision=record.custody_revision,
+                generation_at_broker=record.generation,
+                lifecycle=SeatLifecycle("exited"),
+                session_id=record.session_id,
+                restarts=record.restarts,
+            )
+            try:
+                mgr.adopt(seat)
+            except Refusal as exc:
+                log.error("seat.readopt_failed", seat=record.name, uid=seat.uid, error=exc.text)
+                continue
+            entered.append((seat, record))
+        return entered
+
+    async def run(self, seat: Seat, record: SeatRecord, *, task_status: TaskStatus[None]) -> None:
+        # Counted before the caller goes on, so a cut prepared meanwhile drains this too.
+        async with self.mgr.lifecycle("re-adopt"):
+            task_status.started()
+            try:
+                await self._readopt(seat, record)
+            except Refusal as exc:
+                self.mgr.refuse(seat, exc.text, footprint_owned=True)
+
+    async def _readopt(self, seat: Seat, record: SeatRecord) -> None:
+        mgr = self.mgr
+        held = await custody.read(mgr.custody_bucket(), seat.name, seat.uid)
+        ours = (
+            held is not None
+            and held.record.holder == mgr.identity.instance_id
+            and held.record.generation == seat.generation_at_broker
+        )
+        if not ours:
+            who = (
+                f"instance {held.record.holder} at generation {held.record.generation}"
+                if held is not None
+                else "nobody"
+            )
+            mgr.refuse(
+                seat,
+                f"custody-not-held: custody of {seat.name} is held by {who}, not by this "
+                f"manager at generation {seat.generation_at_broker}; not relaunched, "
+                "footprint kept",
+                footprint_owned=False,
+            )
+            return
+        assert held is not None
+        seat.custody_revision = held.revision
+        journal = Journal(mgr.layout).load()
+        if journal is not None and journal.state in CUT_STATES:
+            mgr.refuse(
+                seat,
+                f"preserved: cut attempt {journal.attempt_id} ({journal.state}) carries this seat; "
+                "finish it with `cotal down --preserve-state` and resume with `cotal up --restore`",
+                footprint_owned=False,
+            )
+            return
+        if record.state not in LIVE_STATES:
+            why = (
+                "a stop was in progress"
+                if record.state in DELIBERATE_STATES
+                else f"the seat was {record.state}"
+                + (f" ({record.reason})" if record.reason else "")
+            )
+            mgr.refuse(
+                seat,
+                f"not relaunched: {why} when the previous manager died; `cotal stop {seat.name}` "
+                "finishes it",
+                footprint_owned=record.state not in ("evicting", "evicted"),
+            )
+            return
+        await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid)
+        await self._prove_lifecycle_dead(seat)
+        continue_session, fork_from = self._session_to_reopen(seat)
+        await self._release_predecessor_delivery(seat)
+        before = seat.session_id
+        await mgr.relaunch(seat, continue_session=continue_session, resume=fork_from)
+        log.info(
+            "seat.readopted",
+            seat=seat.name,
+            uid=seat.uid,
+            continuity=seat.continuity,
+            session_before=before,
+            session_after=seat.session_id,
+            observation={
+                "exact": "reopened its session",
+                "fork": "forked: a new session carrying its history",
+                "fresh": "started fresh: this harness cannot reopen a session",
+                "drain-only": "started fresh: this harness cannot continue a session (drain-only)",
+            }[seat.continuity],
+        )
+
+    async def _prove_lifecycle_dead(self, seat: Seat) -> None:
+        survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
+        with anyio.move_on_after(SURVIVOR_WAIT_S):
+            while survivors:
+                await anyio.sleep(0.1)
+                survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
+        if survivors:
+            raise Refusal(
+                "uid-live",
+                f"processes of {seat.name}'s lifecycle outlived its manager: {survivors}",
+                f"kill {' '.join(map(str, survivors))}, then `cotal stop {seat.name}` and spawn "
+                "it again",
+            )
+
+    def _session_to_reopen(self, seat: Seat) -> tuple[str | None, str | None]:
+        """(continue_session, fork_from): the pointer names the live session, as for a crash
+        restart; a seat whose class promises a session and whose pointer cannot name it is
+        refused rather than silently started fresh."""
+        if seat.continuity not in ("exact", "fork"):
+            return None, None
+        try:
+            pointer = read_pointer(seat.pointer_path)
+        except (FileNotFoundError, DecodeError) as exc:
+            raise Refusal(
+                "session-unknown",
+                f"{seat.name}'s session pointer {seat.pointer_path} cannot be read ({exc})",
+                f"`cotal stop {seat.name}`; its session cannot be reopened",
+            ) from None
+        if pointer.status != "running":
+            raise Refusal(
+                "deliberate-quit",
+                f"{seat.name}'s harness quit its session deliberately before its manager died",
+                f"`cotal stop {seat.name}`",
+            )
+        if seat.continuity == "exact":
+            return pointer.session_id, None
+        return None, pointer.session_id
+
+    async def _release_predecessor_delivery(self, seat: Seat) -> None:
+        mgr = self.mgr
+        stream = names.dm_stream(mgr.space)
+        durable = names.dm_durable(names.SEAT_OWNER, seat.name, seat.uid)
+        try:
+            with anyio.fail_after(5.0):
+                info = await mgr.js.consumer_info(stream, durable)
+                if not info.num_ack_pending:
+                    return
+                # The ack subject of the one outstanding delivery (the durable admits one):
+                # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>
+                sseq, dseq = info.delivered.stream_seq, info.delivered.consumer_seq
+                await mgr.nc.publish(f"$JS.ACK.{stream}.{durable}.1.{sseq}.{dseq}.0.0", b"-NAK")
+                await mgr.nc.flush()
+        except TRANSIENT as exc:
+            # The broker redelivers it after ack_wait anyway.
+            log.warning("seat.release_deferred", seat=seat.name, error=repr(exc))
+            return
+        log.info("delivery.released", seat=seat.name, seq=sseq, reason="its manager died mid-turn")

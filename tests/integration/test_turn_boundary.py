@@ -1,0 +1,162 @@
+"""The cut stops seats at a turn boundary: real broker, real daemon, scribe seats.
+
+From the fence on no seat starts a turn; commit waits (bounded by `drainTimeoutS`) for the turn
+in flight to be acknowledged, and a seat still mid-turn at the deadline is cut anyway, named,
+and its message redelivered after the resume.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from manager.control.client import ControlClient
+from manager.workspace.layout import Layout
+from tests.conftest import Cli, SharedBroker
+from tests.gitrepo import git, init_repo, write
+from tests.helpers import broker_at, pid_alive, wait_gone
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
+
+
+def committed_root(cli: Cli) -> None:
+    init_repo(cli.root)
+    write(cli.root / "f.txt", "x\n")
+    git(cli.root, "add", "f.txt")
+    git(cli.root, "commit", "-q", "-m", "one")
+
+
+async def client(cli: Cli) -> ControlClient:
+    layout = Layout.at(cli.root)
+    return await ControlClient.connect(layout.socket, layout.control_token.read_text().strip())
+
+
+async def consumer(b: SharedBroker, name: str, uid: str) -> Any:
+    async with broker_at(b.url, b.creds) as js:
+        return await js.consumer_info("DM_main", f"dm_local-{name}-{uid}")
+
+
+def transcript(root: Path, name: str, uid: str) -> str:
+    store = root / ".cotal" / "sessions" / "scribe" / f"{name}-{uid}.store"
+    return "".join(p.read_text() for p in sorted(store.glob("*.jsonl")))
+
+
+async def wait_busy(c: ControlClient, name: str, timeout: float = 30.0) -> dict[str, Any]:
+    with anyio.fail_after(timeout):
+        while True:
+            [row] = [r for r in await c.call("ps") if r["name"] == name]
+            if row["busy"]:
+                return dict(row)
+            await anyio.sleep(0.05)
+
+
+async def test_turn_in_flight_at_the_cut_reaches_its_boundary_and_is_acked(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
+    committed_root(cli)
+    cli.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
+    row = cli.json("spawn", "worker")
+    uid = row["lifecycleUid"]
+    idle = cli.json("spawn", "idle")
+    sent = cli.json("send", "worker", "remember the phrase slow-boundary-5 #slow:10000")
+    c = await client(cli)
+    async with c:
+        busy = await wait_busy(c, "worker")
+        assert busy["turnStartedAt"] and busy["state"] == "running"
+        [idle_row] = [r for r in await c.call("ps") if r["name"] == "idle"]
+        assert idle_row["busy"] is False and idle_row["turnStartedAt"] is None
+    # Not yet answered when the cut begins: the turn takes ten seconds.
+    assert "slow-boundary-5" not in transcript(cli.root, "worker", uid)
+    result = json.loads(cli.run("down", "--preserve-state", "--json", timeout=180).stdout)
+    assert result["journal"] == "ready" and result["failures"] == []
+    assert result["midTurn"] == []
+    assert {s["name"]: s["midTurn"] for s in result["seats"]} == {"worker": None, "idle": None}
+    await wait_gone([row["pid"], idle["pid"]])
+    # The turn finished before the stop: its reply is in the transcript the cut captured, and
+    # the broker holds it acknowledged.
+    assert "Noted: slow-boundary-5." in transcript(cli.root, "worker", uid)
+    info = await consumer(shared_broker, "worker", uid)
+    assert info.ack_floor.stream_seq >= sent["seq"]
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+def take_host_a_away(root: Path, attempt_dir: Path, dest: Path) -> Path:
+    copy = dest / attempt_dir.name
+    shutil.copytree(attempt_dir, copy, symlinks=True)
+    shutil.rmtree(root)
+    root.mkdir()
+    return copy
+
+
+async def test_a_long_turn_is_cut_mid_turn_and_a_late_message_waits_for_the_resume(
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker
+) -> None:
+    committed_root(cli)
+    cli.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
+    long_row = cli.json("spawn", "long")
+    late_row = cli.json("spawn", "late")
+    # Long enough that a two-second drain cannot see it end, short enough to be answered again
+    # after the resume within the test.
+    long_msg = cli.json("send", "long", "remember the phrase cut-mid-turn-3 #slow:20000")
+    daemon = cli.json("status")["pid"]
+    c = await client(cli)
+    async with c:
+        await wait_busy(c, "long")
+        await c.call("prepare-preservation", {"attemptId": "turns-1"})
+        # Sent after the fence: no bridge may pull it. An unfenced bridge has a fetch waiting
+        # and would take it within milliseconds; the broker records any delivery.
+        late_msg = await c.call(
+            "send", {"name": "late", "text": "remember the phrase after-prepare-8"}
+        )
+        with anyio.move_on_after(3.0):
+            while True:
+                info = await consumer(shared_broker, "late", late_row["lifecycleUid"])
+                assert info.delivered.stream_seq < late_msg["seq"], "pulled after the fence"
+                await anyio.sleep(0.2)
+        result = await c.call(
+            "commit-preservation", {"attemptId": "turns-1", "drainTimeoutS": 2}, timeout=120
+        )
+        progress = await c.call("progress", {"attemptId": "turns-1"})
+        await c.call("shutdown")
+    assert result["sealed"] is True and result["failures"] == []
+    assert result["midTurn"] == [{"name": "long", "messageId": long_msg["id"]}]
+    by_name = {s["name"]: s for s in result["seats"]}
+    assert by_name["long"]["midTurn"] == long_msg["id"] and by_name["late"]["midTurn"] is None
+    waits = [r for r in progress["records"] if r["phase"] == "turn-wait"]
+    assert [r["seat"] for r in waits] == ["long", "long"]
+    assert "cut mid-turn" in waits[1]["detail"] and long_msg["id"] in waits[1]["detail"]
+    assert result["timingsMs"]["stop"] < 15_000
+    await wait_gone([daemon, long_row["pid"], late_row["pid"]], timeout=30)
+    # Neither message was acknowledged: the long one was cut, the late one never pulled.
+    long_info = await consumer(shared_broker, "long", long_row["lifecycleUid"])
+    assert long_info.ack_floor.stream_seq < long_msg["seq"]
+    late_info = await consumer(shared_broker, "late", late_row["lifecycleUid"])
+    assert late_info.delivered.stream_seq < late_msg["seq"] and late_info.num_pending == 1
+    assert "cut-mid-turn-3" not in transcript(cli.root, "long", long_row["lifecycleUid"])
+    assert "after-prepare-8" not in transcript(cli.root, "late", late_row["lifecycleUid"])
+
+    copy = take_host_a_away(cli.root, Path(result["checkpointDir"]), tmp_path)
+    cli.run(
+        "up", "--restore", str(copy), "--server", shared_broker.url, "--creds", shared_broker.creds
+    )
+    # The inbox is FIFO with one message in flight, so each question is answered after the
+    # message the cut left behind.
+    assert (
+        cli.json("send", "long", "What was the phrase?", "--wait", "--timeout", "120")["reply"]
+        == "The phrase is cut-mid-turn-3."
+    )
+    assert (
+        cli.json("send", "late", "What was the phrase?", "--wait")["reply"]
+        == "The phrase is after-prepare-8."
+    )
+    for row in (long_row, late_row):
+        info = await consumer(shared_broker, row["name"], row["lifecycleUid"])
+        assert info.num_pending == 0 and info.num_ack_pending == 0
+    assert transcript(cli.root, "long", long_row["lifecycleUid"]).count("cut-mid-turn-3 #slow") == 1
+    cli.run("down")
+    assert not pid_alive(long_row["pid"])
