@@ -491,7 +491,7 @@ def run_stamped(
 
 
 def count_processes(fn: Callable[[], T]) -> tuple[int, T]:
-    """How many processes `fn` starts through anyio (run_process and open_process), and its result."""
+    """How many processes `fn` starts through anyio (run_process, open_process), and its result."""
     from unittest import mock
 
     import anyio

@@ -323,9 +323,12 @@ def print_table(doc: dict[str, Any]) -> None:
     r = doc["repository"]
     shape = r["repo"]
     out(
-        f"Repository capture: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB pack, built in "
-        f"{shape['buildMs'] / 1000:.1f} s), {shape['trackedFiles']} tracked files, {shape['staged']} staged, "
-        f"{shape['unstaged']} unstaged, {shape['untracked']} untracked; {r['reps']} interleaved repetitions\n"
+        f"Repository capture: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB pack, "
+        "built in "
+        f"{shape['buildMs'] / 1000:.1f} s), {shape['trackedFiles']} tracked files, "
+        f"{shape['staged']} staged, "
+        f"{shape['unstaged']} unstaged, {shape['untracked']} untracked; {r['reps']} interleaved "
+        "repetitions\n"
     )
     rows = [
         ("ours: capture_repository", r["ours"], r["artifactBytes"].get("ours")),
@@ -338,31 +341,41 @@ def print_table(doc: dict[str, Any]) -> None:
     for label, s, size in rows:
         art = f"{size / 1e6:.2f} MB" if size is not None else ""
         out(
-            f"  {label:<50} {s['medianMs']:>7.1f}ms {s['minMs']:>7.1f}ms {s['maxMs']:>7.1f}ms {art:>11}\n"
+            f"  {label:<50} {s['medianMs']:>7.1f}ms {s['minMs']:>7.1f}ms {s['maxMs']:>7.1f}ms "
+            f"{art:>11}\n"
         )
     out(
-        f"  ratio ours/shell (medians): {r['ratioOursOverShell']:.2f}x; ours starts {r['gitProcessesOurs']} git "
+        f"  ratio ours/shell (medians): {r['ratioOursOverShell']:.2f}x; ours starts "
+        f"{r['gitProcessesOurs']} git "
         "processes, the shell procedure 5 (plus tar and sha256sum)\n\n"
     )
     out(
-        "Cut wall time: idle scribe seats, each in its own small repository; medians over repetitions\n"
+        "Cut wall time: idle scribe seats, each in its own small repository; medians over "
+        "repetitions\n"
     )
     out(
-        f"  {'seats':>5} {'reps':>4} {'down wall':>10} {'wallMs':>8} {'stop':>7} {'capture':>8} {'total':>7} "
+        f"  {'seats':>5} {'reps':>4} {'down wall':>10} {'wallMs':>8} {'stop':>7} {'capture':>8} "
+        f"{'total':>7} "
         f"{'rest':>7} {'capture/seat':>13} {'spawn all':>10}\n"
     )
     for row in doc["cut"]:
         per = row["captureMsMedian"] / row["seats"]
         out(
-            f"  {row['seats']:>5} {row['reps']:>4} {row['downWallMs']['medianMs']:>8.0f}ms {row['wallMsMedian']:>6.0f}ms "
-            f"{row['stopMsMedian']:>5.0f}ms {row['captureMsMedian']:>6.0f}ms {row['totalMsMedian']:>5.0f}ms "
+            f"  {row['seats']:>5} {row['reps']:>4} {row['downWallMs']['medianMs']:>8.0f}ms "
+            f"{row['wallMsMedian']:>6.0f}ms "
+            f"{row['stopMsMedian']:>5.0f}ms {row['captureMsMedian']:>6.0f}ms "
+            f"{row['totalMsMedian']:>5.0f}ms "
             f"{row['restMsMedian']:>5.0f}ms {per:>11.1f}ms {row['spawnAllMsMedian']:>8.0f}ms\n"
         )
     out(
-        "  down wall: `cotal down --preserve-state --json` run as a subprocess, end to end (interpreter start\n"
-        "  included). wallMs, stop, capture, total: what that command reports; stop and capture are the daemon's\n"
-        "  commit phases, total adds sealing the manifest. rest = wallMs - total: prepare (fence, drain, preflight\n"
-        "  of every repository, resume document), journal, stopping the manager and broker. capture/seat =\n"
+        "  down wall: `cotal down --preserve-state --json` run as a subprocess, end to end "
+        "(interpreter start\n"
+        "  included). wallMs, stop, capture, total: what that command reports; stop and capture "
+        "are the daemon's\n"
+        "  commit phases, total adds sealing the manifest. rest = wallMs - total: prepare (fence, "
+        "drain, preflight\n"
+        "  of every repository, resume document), journal, stopping the manager and broker. "
+        "capture/seat =\n"
         "  capture / seats. spawn all: the N `cotal spawn` calls. Each column is its own median.\n"
     )
 

@@ -79,11 +79,13 @@ from bench.common import (  # noqa: E402
     tree_digest,
 )
 from manager import logs  # noqa: E402
+from manager.broker.connection import LazyConnection  # noqa: E402
+from manager.broker.presence import live_uids as read_live_uids  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
 from manager.checkpoint.gitstate import STATUS_ARGS, run_git  # noqa: E402
 from manager.checkpoint.reader import verify_file  # noqa: E402
 from manager.checkpoint.restore import place_session_file, restore_repository, session_destination  # noqa: E402
-from manager.cli.restore import _live_uids, _settings  # noqa: E402
+from manager.cli.verify import agent_settings  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
 from protocol.checkpoint import SeatCheckpoint  # noqa: E402
 
@@ -347,7 +349,7 @@ def bench_restore(
             root=recorded_root,
             live_uids=set(),
             held_uids=set(),
-            settings_for=_settings(settings_root),
+            settings_for=agent_settings(settings_root),
         )
         t2 = time.perf_counter()
         admit.recency(adm, now=datetime.now(UTC), accept_stale=False)
@@ -477,12 +479,14 @@ def bench_restore(
             )
         )[0]
 
+    async def roster() -> Any:
+        # Connect, read, close: what one admission pays for its roster read.
+        conn = LazyConnection(broker["url"], Path(broker["creds"]), name="cotal-admission")
+        async with conn:
+            return await read_live_uids(await conn.jetstream(), record.space)
+
     def live_uids() -> float:
-        return timed(
-            lambda: anyio.run(
-                _live_uids, broker["url"], Path(broker["creds"]), record.space, backend="asyncio"
-            )
-        )[0]
+        return timed(lambda: anyio.run(roster, backend="asyncio"))[0]
 
     cases = {
         "ours": ours,
@@ -654,7 +658,8 @@ def resume_once(
                 or result.get("journal") != "retired"
             ):
                 raise RuntimeError(
-                    f"resume of {seats} seat(s): {len(rows)} seats, sameUid {same_uid}, sameSession "
+                    f"resume of {seats} seat(s): {len(rows)} seats, sameUid {same_uid}, "
+                    "sameSession "
                     f"{same_session}, trees {restored_ok}; {run['stdout'][:2000]}"
                 )
             down_s, _ = timed(lambda: cli.run("down", timeout=300.0))
@@ -730,14 +735,18 @@ def print_table(doc: dict[str, Any]) -> None:
         f"load {' '.join(map(str, m['loadAvgAtStart']))} at start\n"
     )
     out(
-        f"command: {doc['command']}; {doc['totalS']} s; load {' '.join(map(str, doc['loadAvgAtEnd']))} at end\n\n"
+        f"command: {doc['command']}; {doc['totalS']} s; load "
+        f"{' '.join(map(str, doc['loadAvgAtEnd']))} at end\n\n"
     )
     r = doc["restore"]
     shape = r["repo"]
     out(
-        f"Admission + restore: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB pack), "
-        f"{shape['trackedFiles']} tracked files, {shape['staged']} staged, {shape['unstaged']} unstaged, "
-        f"{shape['untracked']} untracked; checkpoint {r['checkpointBytes'] / 1e6:.2f} MB, repository artifacts "
+        f"Admission + restore: {shape['commits']} commits ({shape['packBytes'] / 1e6:.1f} MB "
+        "pack), "
+        f"{shape['trackedFiles']} tracked files, {shape['staged']} staged, {shape['unstaged']} "
+        "unstaged, "
+        f"{shape['untracked']} untracked; checkpoint {r['checkpointBytes'] / 1e6:.2f} MB, "
+        "repository artifacts "
         f"{r['artifactBytes'] / 1e6:.2f} MB; {r['reps']} interleaved repetitions\n"
     )
     rows = [
@@ -752,7 +761,7 @@ def print_table(doc: dict[str, Any]) -> None:
         ("diagnostic: shell sha256sum -c alone", r["shellSha256"]),
         ("diagnostic: restore's re-hash of the repo files", r["rehash"]),
         ("diagnostic: one porcelain status (restore runs 2)", r["status"]),
-        ("diagnostic: broker presence read (_live_uids)", r["liveUids"]),
+        ("diagnostic: broker presence read (live_uids)", r["liveUids"]),
         ("diagnostic: cotal checkpoint verify (CLI wall)", r["verifyCli"]),
         ("calibration: write 300 files of 2 KiB (Python)", r["createFiles"]),
     ]
@@ -764,7 +773,8 @@ def print_table(doc: dict[str, Any]) -> None:
         f"{r['gitProcessesOurs']} git processes, the shell procedure 5 (plus sha256sum, tar, mv)\n"
     )
     out(
-        "  where the time goes (traced repetitions, median per step; ours = restore_repository alone):\n"
+        "  where the time goes (traced repetitions, median per step; ours = restore_repository "
+        "alone):\n"
     )
     for side in ("ours", "shell"):
         steps = sorted(r["stepsMs"][side].items(), key=lambda kv: -kv[1])
@@ -775,7 +785,8 @@ def print_table(doc: dict[str, Any]) -> None:
         )
     out("\n")
     out(
-        "Resume wall time: idle scribe seats, each in its own small repository; medians over repetitions\n"
+        "Resume wall time: idle scribe seats, each in its own small repository; medians over "
+        "repetitions\n"
     )
     keys = [
         "startup",
@@ -811,19 +822,29 @@ def print_table(doc: dict[str, Any]) -> None:
     for row in doc["resume"]:
         ph = row["phasesMsMedian"]
         out(
-            f"  {row['seats']:>5} {row['reps']:>4} {row['restoreWallMs']['medianMs']:>6.0f}ms {row['wallMsMedian']:>5.0f}ms "
+            f"  {row['seats']:>5} {row['reps']:>4} {row['restoreWallMs']['medianMs']:>6.0f}ms "
+            f"{row['wallMsMedian']:>5.0f}ms "
             + " ".join(f"{ph[k]:>5.0f}ms" for k in keys)
-            + f" {str(row['allSameUid']) + '/' + str(row['allSameSession']):>17} {row['downMsMedian']:>5.0f}ms\n"
+            + f" {str(row['allSameUid']) + '/' + str(row['allSameSession']):>17} "
+            + f"{row['downMsMedian']:>5.0f}ms\n"
         )
     out(
-        "  wall: `cotal up --restore DIR --server URL --creds F --json` as a subprocess, end to end. wallMs: what\n"
-        "  it reports. Phases run from one mark to the next (progress lines stamped as they arrive, mesh.json's\n"
-        "  mtime, the manager log): start = interpreter and imports; integ = gate 1; id+rec = the broker presence\n"
-        "  read, gates 2 and 3; journal = lock and resume-intent; custody = the claims here and at the broker;\n"
-        "  restore = every repository and session file; daemon = starting the manager until its log says ready;\n"
-        "  answer = until the CLI's status poll (every 0.1 s) reaches it and mesh.json is written; adopt =\n"
-        "  resume-preserved (every seat relaunched and proven); commit = commit-resume and finalize-resume;\n"
-        "  tail = ps, output, exit. down: the plain `cotal down` after. Each column is its own median.\n"
+        "  wall: `cotal up --restore DIR --server URL --creds F --json` as a subprocess, end to "
+        "end. wallMs: what\n"
+        "  it reports. Phases run from one mark to the next (progress lines stamped as they "
+        "arrive, mesh.json's\n"
+        "  mtime, the manager log): start = interpreter and imports; integ = gate 1; id+rec = the "
+        "broker presence\n"
+        "  read, gates 2 and 3; journal = lock and resume-intent; custody = the claims here and "
+        "at the broker;\n"
+        "  restore = every repository and session file; daemon = starting the manager until its "
+        "log says ready;\n"
+        "  answer = until the CLI's status poll (every 0.1 s) reaches it and mesh.json is "
+        "written; adopt =\n"
+        "  resume-preserved (every seat relaunched and proven); commit = commit-resume and "
+        "finalize-resume;\n"
+        "  tail = ps, output, exit. down: the plain `cotal down` after. Each column is its own "
+        "median.\n"
     )
 
 

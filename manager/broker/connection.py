@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import nats
 import structlog
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from protocol.errors import Refusal
 
@@ -86,3 +88,36 @@ async def connect(server: str, creds: Path | None, *, name: str) -> Client:
         ) from None
     log.info("broker.connected", server=nc.connected_url.netloc if nc.connected_url else server)
     return nc
+
+
+class LazyConnection:
+    """A coordinator's one broker connection: opened at its first use, closed once at the end.
+
+    A coordinator that refuses before it needs the broker never connects, and every broker
+    phase after the first reuses the same connection instead of paying for a new handshake.
+    """
+
+    def __init__(self, server: str, creds: Path | None, *, name: str) -> None:
+        self.server = server
+        self.creds = creds
+        self.name = name
+        self._nc: Client | None = None
+        self.opened = 0
+
+    async def jetstream(self) -> JetStreamContext:
+        if self._nc is None:
+            self._nc = await connect(self.server, self.creds, name=self.name)
+            self.opened += 1
+        return self._nc.jetstream()
+
+    async def aclose(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None:
+            with anyio.CancelScope(shield=True):
+                await nc.close()
+
+    async def __aenter__(self) -> LazyConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-import time
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import structlog
+from nats.js import JetStreamContext
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from manager.broker.footprint import ensure_kv
 from manager.broker.retry import riding_elections
 from protocol import names
+from protocol.checkpoint import SeatCheckpoint
+from protocol.codec import encode_json
 from protocol.custody import CustodyRecord, custody_key, decode_custody, encode_custody
 from protocol.errors import DecodeError, Refusal
+from protocol.instant import now_iso
+from protocol.inventory import Inventory
 
 log = structlog.get_logger("cotal.custody")
 
 CALL_S = 5.0
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ async def create_exclusive(kv: KeyValue, key: str, value: bytes) -> int | None:
 async def establish(kv: KeyValue, seat: str, uid: str, holder: str) -> Held:
     """A new lifecycle's first custody, generation 0, by create (the key must not exist)."""
     record = CustodyRecord(
-        seat=seat, lifecycle_uid=uid, generation=0, holder=holder, claimed_at=_now()
+        seat=seat, lifecycle_uid=uid, generation=0, holder=holder, claimed_at=now_iso()
     )
     rev = await create_exclusive(
         kv, custody_key(names.SEAT_OWNER, seat, uid), encode_custody(record)
@@ -105,7 +110,7 @@ async def claim(
         lifecycle_uid=uid,
         generation=generation,
         holder=holder,
-        claimed_at=_now(),
+        claimed_at=now_iso(),
         attempt_id=attempt_id,
     )
     try:
@@ -128,8 +133,8 @@ async def claim(
         )
         raise Refusal(
             "custody-lost",
-            f"custody of {seat} (uid {uid}) moved since the checkpoint (expected revision {expected_revision}); "
-            f"it is held by {who}",
+            f"custody of {seat} (uid {uid}) moved since the checkpoint (expected revision "
+            f"{expected_revision}); it is held by {who}",
             "another destination already resumed this seat; do not start it here",
         ) from None
     log.info(
@@ -141,3 +146,85 @@ async def claim(
         attempt=attempt_id,
     )
     return Held(record, rev)
+
+
+async def custody_kv(js: JetStreamContext, space: str) -> KeyValue:
+    return await ensure_kv(js, names.custody_bucket(space), ttl=None)
+
+
+async def revisions(js: JetStreamContext, inventory: Inventory) -> dict[str, int]:
+    """Each planned seat's custody revision, for a capture that must record it; a seat whose
+    custody no longer matches the plan refuses, because another root may hold it now."""
+    kv = await custody_kv(js, inventory.space)
+    out: dict[str, int] = {}
+    for agent in inventory.agents:
+        held = await read(kv, agent.name, agent.identity.lifecycle_uid)
+        if held is None or held.record.generation != agent.generation:
+            raise Refusal(
+                "custody-lost",
+                f"seat {agent.name}: custody at the broker no longer matches the plan",
+                "another root may hold this seat now; do not capture it here",
+            )
+        out[agent.name] = held.revision
+    return out
+
+
+async def claim_attempt(
+    js: JetStreamContext,
+    space: str,
+    attempt_id: str,
+    records: Mapping[str, SeatCheckpoint],
+    *,
+    holder: str,
+    root: Path,
+) -> list[dict[str, Any]]:
+    """A destination's whole claim: the attempt key first (one destination wins the whole
+    attempt), then each seat's key by compare-and-set against the revision its checkpoint
+    recorded, at the successor generation. Returns `{name, generation, revision}` per seat."""
+    kv = await custody_kv(js, space)
+    for name, record in records.items():
+        current = await read(kv, name, record.lifecycle_uid)
+        if (
+            current is not None
+            and current.record.generation > record.generation
+            and not (current.record.holder == holder and current.record.attempt_id == attempt_id)
+        ):
+            raise Refusal(
+                "generation-behind",
+                f"seat {name}: this checkpoint is at writer generation {record.generation}, but "
+                f"custody is at generation {current.record.generation}, held by instance "
+                f"{current.record.holder}",
+                "this record is stale: the seat was resumed elsewhere; do not launch it here",
+            )
+    claim_key = f"attempt.{attempt_id}"
+    mine = encode_json({"holder": holder, "root": str(root)})
+    if await create_exclusive(kv, claim_key, mine) is None:
+
+        async def get() -> KeyValue.Entry:
+            return await kv.get(claim_key)
+
+        entry = await riding_elections(f"claim {claim_key}", get)
+        if entry.value != mine:
+            winner = json.loads(entry.value or b"{}")
+            raise Refusal(
+                "custody-lost",
+                f"attempt {attempt_id} was already claimed by instance {winner.get('holder')} "
+                f"at {winner.get('root')}",
+                "another destination is resuming these seats; this one must not start them",
+            )
+    claims: list[dict[str, Any]] = []
+    for name, record in records.items():
+        assert record.custody_revision is not None
+        held = await claim(
+            kv,
+            name,
+            record.lifecycle_uid,
+            expected_revision=record.custody_revision,
+            generation=record.generation + 1,
+            holder=holder,
+            attempt_id=attempt_id,
+        )
+        claims.append(
+            {"name": name, "generation": held.record.generation, "revision": held.revision}
+        )
+    return claims

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import nkeys
+import nkeys  # type: ignore[import-untyped]
 
 from manager.procs import ProcIdentity, alive, pid_identity, prove_gone
 from manager.workspace.private import ensure_private_dir, write_private_atomic

@@ -12,10 +12,15 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
+from nats.js import JetStreamContext
+from nats.js.errors import KeyWrongLastSequenceError
 
+from manager.broker.presence import LivePresence, presence_kv
+from manager.broker.retry import riding_elections
 from protocol.errors import Refusal
 
 PAGE = 256
@@ -46,8 +51,8 @@ def _unverified(monitor: str, detail: str) -> Refusal:
     return Refusal(
         "eviction-unverified",
         f"cannot verify the predecessor is gone: {monitor} {detail}",
-        "make every broker monitoring endpoint reachable (--monitor), or wait for the predecessor's "
-        "presence to expire; an oracle that cannot answer is a refusal, never a pass",
+        "make every broker monitoring endpoint reachable (--monitor), or wait for the "
+        "predecessor's presence to expire; an oracle that cannot answer is a refusal, never a pass",
     )
 
 
@@ -99,3 +104,57 @@ async def verify_gone(monitors: list[str], instance_id: str) -> GoneEvidence:
     for monitor in monitors:
         scanned += await anyio.to_thread.run_sync(_scan_one, monitor, name)
     return GoneEvidence(instance_id, tuple(monitors), scanned)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """What a destination proved about its seats' predecessors, and the roster that remains."""
+
+    evidence: list[dict[str, object]]
+    live: dict[str, LivePresence]
+
+
+async def evict_ghosts(
+    js: JetStreamContext,
+    space: str,
+    seats: Mapping[str, str],
+    live: Mapping[str, LivePresence],
+    monitors: Sequence[str],
+) -> Eviction:
+    """`seats` maps each seat to its lifecycle uid. A seat whose predecessor still shows presence
+    is admitted only with verified-gone evidence for that predecessor; without a monitor to ask,
+    its uid stays live (and the identity gate refuses it). Once verified, exactly the presence
+    entry that was checked is retired (deleted at its revision), so the manager's own roster
+    check sees the predecessor as confirmed retired."""
+    remaining = dict(live)
+    evidence: list[dict[str, object]] = []
+    retire: list[LivePresence] = []
+    for name, uid in seats.items():
+        if uid not in remaining or not monitors:
+            continue
+        predecessor = remaining[uid]
+        if not predecessor.instance_id:
+            raise Refusal(
+                "eviction-unverified",
+                f"seat {name}: its presence names no readable predecessor",
+                "wait for the presence to expire (6 s) and retry",
+            )
+        proof = await verify_gone(list(monitors), predecessor.instance_id)
+        retire.append(remaining.pop(uid))
+        evidence.append({"seat": name, **proof.as_dict()})
+    if retire:
+        kv = await presence_kv(js, space)
+        for ghost in retire:
+
+            async def delete(ghost: LivePresence = ghost) -> bool:
+                return bool(await kv.delete(ghost.key, last=ghost.revision))
+
+            try:
+                await riding_elections(f"retire presence {ghost.key}", delete)
+            except KeyWrongLastSequenceError:
+                raise Refusal(
+                    "predecessor-live",
+                    f"presence {ghost.key} changed while it was being retired",
+                    "something still heartbeats as this seat; stop it first",
+                ) from None
+    return Eviction(evidence, remaining)

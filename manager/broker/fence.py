@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import structlog
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
 from manager.broker.retry import riding_elections
@@ -89,13 +89,14 @@ class WriterFence:
                 last = await self._last_on_filter()
                 subject = marker_subject(self.space, self.owner, self.seat, self.generation)
                 headers = {EXPECT_SEQ: str(last), EXPECT_SUBJECT: self.filter, HOLDER: self.holder}
+
+                async def publish(
+                    subject: str = subject, headers: dict[str, str] = headers
+                ) -> api.PubAck:
+                    return await self.js.publish(subject, b"", headers=headers)
+
                 try:
-                    ack = await riding_elections(
-                        f"fence {self.seat}",
-                        lambda subject=subject, headers=headers: self.js.publish(
-                            subject, b"", headers=headers
-                        ),
-                    )
+                    ack = await riding_elections(f"fence {self.seat}", publish)
                 except APIError as exc:
                     if _wrong_sequence(exc):
                         continue

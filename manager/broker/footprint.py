@@ -53,7 +53,8 @@ async def ensure_dm_durable(
 
     async def ensure() -> api.ConsumerInfo:
         try:
-            return await js.consumer_info(stream, durable)
+            existing: api.ConsumerInfo = await js.consumer_info(stream, durable)
+            return existing
         except NotFoundError:
             pass
         frontier = (await js.stream_info(stream)).state.last_seq
@@ -93,8 +94,10 @@ async def confirm_dm_durable(
     except NotFoundError:
         raise Refusal(
             "lifecycle-proof-failed",
-            f"lifecycle proof failed for {actor} (uid {uid}): its dm_ durable {durable} is not present at the broker; refusing to publish presence",
-            "resume with the uid the checkpoint recorded, against the broker that holds the seat's inbox",
+            f"lifecycle proof failed for {actor} (uid {uid}): its dm_ durable {durable} is not "
+            "present at the broker; refusing to publish presence",
+            "resume with the uid the checkpoint recorded, against the broker that holds the "
+            "seat's inbox",
         ) from None
 
 

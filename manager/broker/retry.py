@@ -9,7 +9,8 @@ deadline, is a refusal that says so; it is never mistaken for an answer.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import anyio
@@ -37,12 +38,17 @@ TRANSIENT: tuple[type[BaseException], ...] = (
     nats.js.errors.ServerError,
 )
 
+# What a coordinator's broker phase turns into `broker-unavailable`: the transient failures that
+# outlasted their retries, and any other failure the client library reports.
+BROKER_FAILURES: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
+
 
 def unavailable(what: str, deadline: float, exc: BaseException) -> Refusal:
     return Refusal(
         "broker-unavailable",
         f"{what}: the broker did not answer for {deadline:.0f}s ({type(exc).__name__})",
-        "the broker or cluster may have lost quorum; nothing was changed by this call; retry once it is back",
+        "the broker or cluster may have lost quorum; nothing was changed by this call; retry once "
+        "it is back",
     )
 
 
@@ -65,3 +71,15 @@ async def riding_elections(
             log.warning("broker.retry", what=what, error=type(exc).__name__)
             await anyio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+@contextmanager
+def phase(what: str) -> Iterator[None]:
+    """One broker-facing phase of a coordinator: a broker failure that escaped the retries
+    becomes a refusal that names the phase; a refusal passes through as it is."""
+    try:
+        yield
+    except Refusal:
+        raise
+    except BROKER_FAILURES as exc:
+        raise unavailable(what, ELECTION_S, exc) from None

@@ -280,9 +280,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
-    from manager.cli import restore as resume_cli
+    from manager.cli import verify
 
-    return int(resume_cli.run_verify(args, _root(args)))
+    return int(verify.run_verify(args, _root(args)))
 
 
 # -- parser -------------------------------------------------------------------------------------

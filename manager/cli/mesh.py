@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import signal
@@ -9,14 +10,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from manager.broker import embedded
 from manager.broker.footprint import default_replicas
-from manager.control.client import ControlClient
+from manager.control.client import ControlSession
 from manager.procs import alive, pid_identity, prove_gone
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
@@ -60,71 +63,76 @@ def read_token(layout: Layout) -> str:
         raise
 
 
+def control(layout: Layout) -> ControlSession:
+    """The control session a command holds for its whole run."""
+    return ControlSession(layout.socket, lambda: read_token(layout))
+
+
 async def call(root: Path, op: str, args: dict[str, Any], timeout: float = 60.0) -> Any:
-    layout = Layout.at(root)
-    token = read_token(layout)
-    client = await ControlClient.connect(layout.socket, token)
-    async with client:
-        return await client.call(op, args, timeout=timeout)
+    """One op on a session of its own: for commands that make a single call."""
+    async with control(Layout.at(root)) as session:
+        return await session.call(op, args, timeout=timeout)
 
 
-def _daemon_answers(layout: Layout, token: str) -> dict[str, Any] | None:
-    async def probe() -> dict[str, Any] | None:
-        try:
-            client = await ControlClient.connect(layout.socket, token, timeout=2.0)
-        except Refusal:
-            return None
-        async with client:
-            result: dict[str, Any] = await client.call("status", timeout=5.0)
-            return result
-
-    if not layout.socket.exists():
-        return None
-    return anyio.run(probe, backend="asyncio")
+async def probe_status(layout: Layout) -> dict[str, Any] | None:
+    async with control(layout) as session:
+        return await session.status()
 
 
 def daemon_status(layout: Layout) -> dict[str, Any] | None:
     """The running manager's status for this root, or None when none answers (or none was ever
     started here: no token)."""
-    try:
-        token = read_token(layout)
-    except Refusal:
-        return None
-    return _daemon_answers(layout, token)
+    return anyio.run(probe_status, layout, backend="asyncio")
 
 
-def up(
-    root: Path,
+@dataclass(frozen=True)
+class _Launch:
+    layout: Layout
+    record: MeshRecord
+    argv: list[str]
+    token: str
+
+
+async def _provision(
+    layout: Layout,
+    session: ControlSession,
     *,
     space: str,
     server: str | None,
     creds: str | None,
-    detach: bool,
-    report: Report = _noop,
-    resume_attempt: str | None = None,
-    replicas: int | None = None,
-) -> dict[str, Any]:
-    layout = Layout.at(root)
+    resume_attempt: str | None,
+    replicas: int | None,
+    report: Report,
+) -> _Launch:
+    """Everything before the manager runs: the refusal if one already answers, a fresh control
+    token, the broker (embedded unless `server`), the mesh record and the manager's argv."""
     check_space(space)
     ensure_private_dir(layout.control)
     ensure_private_dir(layout.auth)
     ensure_private_dir(layout.logs)
     existing = read_mesh(layout)
     if existing is not None and layout.control_token.exists():
-        status = _daemon_answers(layout, read_token(layout))
+        status = await session.status()
         if status is not None:
             raise Refusal(
                 "already-up",
                 f"a manager (pid {status['pid']}) already serves {layout.root}",
                 "use it, or `cotal down` first",
             )
+    await session.forget()
     token = secrets.token_hex(32)
     write_private_atomic(layout.control_token, token.encode() + b"\n")
     broker_ref: ProcRef | None = None
+    creds_path: Path | None
     if server is None:
         report("starting the embedded broker")
-        info = embedded.start_embedded(
-            layout.nats_store, layout.broker_creds, log_path=layout.logs / "nats.log"
+        info = await anyio.to_thread.run_sync(
+            functools.partial(
+                embedded.start_embedded,
+                layout.nats_store,
+                layout.broker_creds,
+                log_path=layout.logs / "nats.log",
+            )
         )
         server, creds_path, broker_ref = info.url, layout.broker_creds, info.identity
     else:
@@ -156,85 +164,165 @@ def up(
     if resume_attempt:
         argv += ["--resume-attempt", resume_attempt]
     argv += ["--replicas", str(replicas if replicas is not None else default_replicas(server))]
-    if not detach:
-        report(f"manager serving {layout.root} in the foreground (Ctrl-C stops it)")
-        try:
-            subprocess.run(argv, check=False)
-        finally:
-            if broker_ref is not None:
-                embedded.stop_embedded(broker_ref)
-            layout.mesh.unlink(missing_ok=True)
-        return {
-            "root": str(layout.root),
-            "space": space,
-            "server": server,
-            "embedded": broker_ref is not None,
-            "pid": None,
-            "instanceId": None,
-            "socket": str(layout.socket),
-        }
+    return _Launch(layout, record, argv, token)
+
+
+def _summary(launch: _Launch, pid: int | None, instance: str | None) -> dict[str, Any]:
+    return {
+        "root": str(launch.layout.root),
+        "space": launch.record.space,
+        "server": launch.record.server,
+        "embedded": launch.record.embedded_broker is not None,
+        "pid": pid,
+        "instanceId": instance,
+        "socket": str(launch.layout.socket),
+    }
+
+
+async def start(
+    root: Path,
+    session: ControlSession,
+    *,
+    space: str,
+    server: str | None,
+    creds: str | None,
+    report: Report = _noop,
+    resume_attempt: str | None = None,
+    replicas: int | None = None,
+) -> dict[str, Any]:
+    """Start a detached manager and return once it answers on `session`, which stays connected
+    to it: the caller's next op needs no second handshake."""
+    layout = Layout.at(root)
+    launch = await _provision(
+        layout,
+        session,
+        space=space,
+        server=server,
+        creds=creds,
+        resume_attempt=resume_attempt,
+        replicas=replicas,
+        report=report,
+    )
+    broker_ref = launch.record.embedded_broker
     report("starting the manager")
     out = os.open(layout.logs / "daemon.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-            cwd=layout.root,
+        # Detached on purpose (its own session, outliving this command), so not an anyio child.
+        proc = await anyio.to_thread.run_sync(
+            functools.partial(
+                subprocess.Popen,
+                launch.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                cwd=layout.root,
+            )
         )
     finally:
         os.close(out)
-    deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
     status = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            if broker_ref is not None:
-                embedded.stop_embedded(broker_ref)
-            raise Refusal(
-                "daemon-failed",
-                f"the manager exited with code {proc.returncode} during start",
-                f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
-            )
-        status = _daemon_answers(layout, token)
-        if status is not None:
-            break
-        time.sleep(0.1)
+    with anyio.move_on_after(DAEMON_START_TIMEOUT_S):
+        while True:
+            if proc.poll() is not None:
+                if broker_ref is not None:
+                    await anyio.to_thread.run_sync(embedded.stop_embedded, broker_ref)
+                raise Refusal(
+                    "daemon-failed",
+                    f"the manager exited with code {proc.returncode} during start",
+                    f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
+                )
+            status = await session.status()
+            if status is not None:
+                break
+            await anyio.sleep(0.1)
     if status is None:
         proc.kill()
-        proc.wait()
+        await anyio.to_thread.run_sync(proc.wait)
         raise Refusal(
             "daemon-failed",
             f"the manager did not answer within {DAEMON_START_TIMEOUT_S:.0f}s",
             f"read {layout.manager_log}",
         )
-    manager_ref = pid_identity(proc.pid)
     write_mesh(
         layout,
-        MeshRecord(
-            version=1,
+        msgspec.structs.replace(launch.record, manager=pid_identity(proc.pid)),
+    )
+    return _summary(launch, status["pid"], status["instanceId"])
+
+
+async def _up(
+    root: Path,
+    *,
+    space: str,
+    server: str | None,
+    creds: str | None,
+    detach: bool,
+    report: Report,
+    replicas: int | None,
+) -> dict[str, Any] | _Launch:
+    layout = Layout.at(root)
+    async with control(layout) as session:
+        if detach:
+            return await start(
+                root,
+                session,
+                space=space,
+                server=server,
+                creds=creds,
+                report=report,
+                replicas=replicas,
+            )
+        return await _provision(
+            layout,
+            session,
             space=space,
             server=server,
-            creds=record.creds,
-            embedded_broker=broker_ref,
-            broker_store=record.broker_store,
-            manager=manager_ref,
+            creds=creds,
+            resume_attempt=None,
+            replicas=replicas,
+            report=report,
+        )
+
+
+def up(
+    root: Path,
+    *,
+    space: str,
+    server: str | None,
+    creds: str | None,
+    detach: bool,
+    report: Report = _noop,
+    replicas: int | None = None,
+) -> dict[str, Any]:
+    result = anyio.run(
+        functools.partial(
+            _up,
+            root,
+            space=space,
+            server=server,
+            creds=creds,
+            detach=detach,
+            report=report,
+            replicas=replicas,
         ),
+        backend="asyncio",
     )
-    return {
-        "root": str(layout.root),
-        "space": space,
-        "server": server,
-        "embedded": broker_ref is not None,
-        "pid": status["pid"],
-        "instanceId": status["instanceId"],
-        "socket": str(layout.socket),
-    }
+    if isinstance(result, dict):
+        return result
+    # In the foreground the manager is this process's child until Ctrl-C, which must reach it
+    # and then still stop the embedded broker: a plain blocking wait outside any event loop.
+    report(f"manager serving {result.layout.root} in the foreground (Ctrl-C stops it)")
+    try:
+        subprocess.run(result.argv, check=False)
+    finally:
+        if result.record.embedded_broker is not None:
+            embedded.stop_embedded(result.record.embedded_broker)
+        result.layout.mesh.unlink(missing_ok=True)
+    return _summary(result, None, None)
 
 
-def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
-    layout = Layout.at(root)
+async def _down(layout: Layout, report: Report) -> dict[str, Any]:
     record = read_mesh(layout)
     if record is None:
         raise Refusal(
@@ -242,19 +330,24 @@ def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
         )
     seats: list[dict[str, Any]] = []
     manager_pid: int | None = None
-    token = read_token(layout)
-    status = _daemon_answers(layout, token)
+    read_token(layout)
+    async with control(layout) as session:
+        status = await session.status()
+        if status is not None:
+            manager_pid = int(status["pid"])
+            ref = (
+                record.manager
+                if record.manager and record.manager.pid == manager_pid
+                else pid_identity(manager_pid)
+            )
+            report(f"stopping {status['seats']} seat(s) and the manager")
+            result = await session.call("shutdown", {}, timeout=120.0)
+            seats = result["stopped"]
     if status is not None:
-        manager_pid = int(status["pid"])
-        ref = (
-            record.manager
-            if record.manager and record.manager.pid == manager_pid
-            else pid_identity(manager_pid)
+        gone = await anyio.to_thread.run_sync(
+            functools.partial(prove_gone, ref, timeout=DAEMON_EXIT_TIMEOUT_S)
         )
-        report(f"stopping {status['seats']} seat(s) and the manager")
-        result = anyio.run(call, layout.root, "shutdown", {}, 120.0, backend="asyncio")
-        seats = result["stopped"]
-        if not prove_gone(ref, timeout=DAEMON_EXIT_TIMEOUT_S):
+        if not gone:
             raise Refusal(
                 "daemon-stuck",
                 f"manager pid {manager_pid} did not exit after shutdown",
@@ -269,10 +362,15 @@ def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
     broker_pid = None
     if record.embedded_broker is not None:
         report("stopping the embedded broker")
-        embedded.stop_embedded(record.embedded_broker)
+        await anyio.to_thread.run_sync(embedded.stop_embedded, record.embedded_broker)
         broker_pid = record.embedded_broker.pid
     layout.mesh.unlink(missing_ok=True)
     return {"seats": seats, "manager": manager_pid, "broker": broker_pid}
+
+
+def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
+    result: dict[str, Any] = anyio.run(_down, Layout.at(root), report, backend="asyncio")
+    return result
 
 
 def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[str], None]) -> int:

@@ -1,8 +1,15 @@
-"""A control-socket client for the CLI: connect, hello, then request/reply."""
+"""A control-socket client for the CLI: connect, hello, then request/reply.
+
+The daemon answers one request at a time per connection, in order, so a client never has two
+requests outstanding on one connection: a caller that must ask something while a long call is
+in flight opens a second connection for it (`ControlSession.side_channel`).
+"""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +41,8 @@ class ControlClient:
         except (OSError, TimeoutError) as exc:
             raise Refusal(
                 "daemon-unreachable",
-                f"no manager answers at {socket_path} ({getattr(exc, 'strerror', None) or type(exc).__name__})",
+                f"no manager answers at {socket_path} "
+                f"({getattr(exc, 'strerror', None) or type(exc).__name__})",
                 "start it with `cotal up --detach`",
             ) from None
         client = cls(stream)
@@ -99,6 +107,86 @@ class ControlClient:
         await self._stream.aclose()
 
     async def __aenter__(self) -> ControlClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+# A reply that never came, a closed connection or a reply out of order leaves the connection
+# in an unknown place in the request/reply sequence: it is never used again.
+_BROKEN = frozenset({"timeout", "connection-lost", "protocol"})
+
+
+class ControlSession:
+    """A coordinator's one control session: connected at its first use, reused for every op.
+
+    The token is read at each connect, because a resume writes a fresh one when it starts its
+    own manager. A session whose connection broke connects again at the next op; the op that
+    failed is never retried, since the daemon may have acted on it.
+    """
+
+    def __init__(self, socket_path: Path, token: Callable[[], str]) -> None:
+        self._socket = socket_path
+        self._token = token
+        self._client: ControlClient | None = None
+        self.connects = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
+    async def _connect(self, *, timeout: float = 5.0) -> ControlClient:
+        if self._client is None:
+            self._client = await ControlClient.connect(self._socket, self._token(), timeout=timeout)
+            self.connects += 1
+        return self._client
+
+    async def status(self) -> dict[str, Any] | None:
+        """The daemon's status, or None when no daemon answers here (or none was ever started:
+        no token). A daemon that accepts the connection but does not answer is an error."""
+        if self._client is None:
+            if not self._socket.exists():
+                return None
+            try:
+                await self._connect(timeout=2.0)
+            except Refusal:
+                return None
+        result: dict[str, Any] = await self.call("status", timeout=5.0)
+        return result
+
+    async def call(
+        self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0
+    ) -> Any:
+        client = await self._connect()
+        try:
+            return await client.call(op, args, timeout=timeout)
+        except ControlError:
+            raise
+        except Refusal as exc:
+            if exc.code in _BROKEN:
+                await self.forget()
+            raise
+
+    async def forget(self) -> None:
+        """Drop the connection: the daemon went away (shutdown, restart) or it broke."""
+        client, self._client = self._client, None
+        if client is not None:
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
+
+    @asynccontextmanager
+    async def side_channel(self) -> AsyncIterator[ControlClient]:
+        """A second connection for as long as a long call holds the first one."""
+        client = await ControlClient.connect(self._socket, self._token())
+        self.connects += 1
+        async with client:
+            yield client
+
+    async def aclose(self) -> None:
+        await self.forget()
+
+    async def __aenter__(self) -> ControlSession:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -1,0 +1,173 @@
+"""A cut in flight, for people: the daemon's progress records, polled over the control socket.
+
+The coordinator asks the daemon (op `progress`) rather than reading its log, so no log event name
+is an interface. What is shown: one line per phase; a seat's capture steps only once that
+capture has run longer than a second (then the steps it already went through as well, so the
+sequence reads whole); and every failure. A daemon that predates the op answers with a refusal
+and the cut simply shows no progress.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+
+from manager.control.client import ControlClient, ControlError, ControlSession
+from protocol.control import ProgressRecord, progress_result
+from protocol.errors import Refusal
+
+T = TypeVar("T")
+
+POLL_S = 0.25
+SLOW_CAPTURE_S = 1.0
+# How often a step that is still running repeats its line with the bytes written so far.
+REPEAT_S = 1.0
+# A daemon without the op: the refusal its dispatcher or its argument decoder gives.
+_NO_PROGRESS_OP = frozenset({"unsupported-op", "unknown-op"})
+
+
+@dataclass
+class _Capture:
+    began: float
+    shown: bool = False
+    done: bool = False
+    step: str | None = None
+    last_line: float = 0.0
+    pending: list[str] = field(default_factory=list)
+
+
+class ProgressView:
+    """Turns progress records into lines for people; `after` is the last sequence seen."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.after = 0
+        self._phases: set[str] = set()
+        self._captures: dict[str, _Capture] = {}
+
+    def take(self, records: list[ProgressRecord], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for record in sorted(records, key=lambda r: r.seq):
+            if record.seq <= self.after:
+                continue
+            self.after = record.seq
+            self._one(record, now)
+
+    def tick(self, now: float | None = None) -> None:
+        """A seat whose capture passed a second shows its steps, even between records."""
+        now = time.monotonic() if now is None else now
+        for capture in self._captures.values():
+            if not capture.shown and not capture.done and now - capture.began >= SLOW_CAPTURE_S:
+                capture.shown = True
+                for line in capture.pending:
+                    self.say(line)
+                capture.pending.clear()
+                capture.last_line = now
+
+    def _one(self, record: ProgressRecord, now: float) -> None:
+        if record.phase == "failed":
+            who = f"seat {record.seat}" if record.seat else "the attempt"
+            self.say(f"  failed: {who}{': ' + record.detail if record.detail else ''}")
+            if record.seat in self._captures:
+                self._captures[record.seat].done = True
+            return
+        if record.phase not in self._phases:
+            self._phases.add(record.phase)
+            detail = f": {record.detail}" if record.seat is None and record.detail else ""
+            self.say(f"  {record.phase}{detail}")
+        if record.seat is None:
+            return
+        if record.phase == "sealed":
+            capture = self._captures.get(record.seat)
+            if capture is not None:
+                capture.done = True
+            return
+        if record.phase == "capture" and record.step is not None:
+            self._step(record, record.seat, record.step, now)
+
+    def _step(self, record: ProgressRecord, seat: str, step: str, now: float) -> None:
+        capture = self._captures.setdefault(seat, _Capture(began=now))
+        if step == "seal":
+            # The last step of a seat's capture: what follows is the seal's own write, not work
+            # a person waits on, so a capture that was quick stays quiet.
+            capture.done = True
+        size = f" bytes={record.bytes}" if record.bytes is not None else ""
+        line = f"  capture.progress: seat={seat} phase={step}{size}"
+        new_step = step != capture.step
+        capture.step = step
+        if not capture.shown:
+            if new_step:
+                capture.pending.append(line)
+            elif capture.pending:
+                capture.pending[-1] = line
+            return
+        if new_step or now - capture.last_line >= REPEAT_S:
+            self.say(line)
+            capture.last_line = now
+
+
+async def poll(client: ControlClient | ControlSession, attempt: str, view: ProgressView) -> bool:
+    """One poll; False once the daemon has said it has no progress to give."""
+    try:
+        raw = await client.call("progress", {"attemptId": attempt, "after": view.after})
+    except ControlError as exc:
+        if exc.code in _NO_PROGRESS_OP:
+            return False
+        raise
+    view.take(progress_result(raw).records)
+    return True
+
+
+async def _poll_and_tick(client: ControlClient, attempt: str, view: ProgressView) -> bool:
+    more = await poll(client, attempt, view)
+    view.tick()
+    return more
+
+
+async def _follow(session: ControlSession, attempt: str, view: ProgressView) -> None:
+    # The daemon answers one request at a time per connection and the commit holds the
+    # session's connection until it returns, so polling needs a second connection: exactly two
+    # control connections while the commit is in flight, one otherwise.
+    try:
+        async with session.side_channel() as side:
+            while True:
+                if not await _poll_and_tick(side, attempt, view):
+                    return
+                await anyio.sleep(POLL_S)
+    except Refusal as exc:
+        # Progress is for people; losing it must not fail the cut it describes.
+        view.say(f"  (progress unavailable: {exc.text})")
+
+
+async def follow_commit(
+    session: ControlSession,
+    attempt: str,
+    view: ProgressView,
+    commit: Callable[[], Awaitable[T]],
+) -> T:
+    """Run `commit` on the session while progress is polled beside it, then show whatever the
+    daemon recorded after the last poll."""
+    failure: BaseException | None = None
+    result: Any = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_follow, session, attempt, view)
+        try:
+            result = await commit()
+        except Refusal as exc:
+            # Raised outside the task group, so the caller sees the refusal, not a group.
+            failure = exc
+        finally:
+            tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    # The commit is over: a capture not shown by now was quick, so the last records only add
+    # phase lines, failures and the steps of captures already shown.
+    try:
+        await poll(session, attempt, view)
+    except Refusal as exc:
+        view.say(f"  (progress unavailable: {exc.text})")
+    return result  # type: ignore[no-any-return]
