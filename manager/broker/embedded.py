@@ -8,6 +8,7 @@ store.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -95,8 +96,41 @@ def start_embedded(
     log_path: Path | None = None,
     timeout: float = 15.0,
 ) -> BrokerInfo:
-    """Start a detached broker and wait until it has written its ports file."""
+    """Start a detached broker and wait until it has written its ports file.
+
+    One broker per store, always: the broker process inherits an exclusive `flock` on the
+    store's `owner.lock`, so the lock lives exactly as long as the broker does (a crash releases
+    it) and a second start on the same store is refused before it can touch the files.
+    """
     store_dir = ensure_private_dir(store_dir)
+    lock_fd = os.open(
+        store_dir / "owner.lock",
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+    )
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Refusal(
+                "broker-running",
+                f"another nats-server already owns the store {store_dir}",
+                "use that broker (`cotal up` reuses the one its mesh record names) or stop it "
+                "first; `cotal status` and .cotal/mesh.json name its pid",
+            ) from None
+        return _start_locked(store_dir, creds_path, lock_fd, port, log_path, timeout)
+    finally:
+        os.close(lock_fd)
+
+
+def _start_locked(
+    store_dir: Path,
+    creds_path: Path,
+    lock_fd: int,
+    port: int,
+    log_path: Path | None,
+    timeout: float,
+) -> BrokerInfo:
     if creds_path.exists():
         user_pub = public_key_of(creds_path)
     else:
@@ -115,6 +149,7 @@ def start_embedded(
             stderr=log,
             start_new_session=True,
             close_fds=True,
+            pass_fds=(lock_fd,),
         )
     finally:
         log.close()

@@ -56,7 +56,9 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-async def _commit(session: ControlSession, attempt: str, stores: list[str]) -> dict[str, Any]:
+async def _commit(
+    session: ControlSession, attempt: str, stores: list[str], drain_timeout: float
+) -> dict[str, Any]:
     """`commit-preservation`, with the attempt's progress shown while it runs."""
     view = ProgressView(_say)
     result: dict[str, Any] = await follow_commit(
@@ -65,8 +67,9 @@ async def _commit(session: ControlSession, attempt: str, stores: list[str]) -> d
         view,
         lambda: session.call(
             "commit-preservation",
-            {"attemptId": attempt, "sessionStores": stores},
-            timeout=COMMIT_TIMEOUT_S,
+            {"attemptId": attempt, "sessionStores": stores, "drainTimeoutS": drain_timeout},
+            # The daemon may spend the whole drain on a turn before it stops anything.
+            timeout=COMMIT_TIMEOUT_S + drain_timeout,
         ),
     )
     return result
@@ -212,6 +215,7 @@ async def _continue(
     record: JournalRecord,
     status: dict[str, Any] | None,
     stores: list[str],
+    drain_timeout: float,
 ) -> dict[str, Any]:
     """A rerun after a failure: through the daemon when it still holds the attempt, offline
     when it died."""
@@ -221,7 +225,7 @@ async def _continue(
             await session.call(
                 "prepare-preservation", {"attemptId": attempt}, timeout=PREPARE_TIMEOUT_S
             )
-        return await _commit(session, attempt, stores)
+        return await _commit(session, attempt, stores, drain_timeout)
     if status is not None:
         raise Refusal(
             "cut-interrupted",
@@ -301,12 +305,14 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                 descriptor = convert(plan["resume"], ResumeDescriptor, what="prepare result")
                 journal.advance(attempt, "cut-intent", resume=descriptor)
                 _say("stopping every seat, proving each exit, capturing and sealing")
-                result = await _commit(session, attempt, stores)
+                result = await _commit(session, attempt, stores, args.drain_timeout)
             else:
                 assert record is not None and record.resume is not None
                 descriptor = record.resume
                 _say(f"continuing cut {attempt} from journal state {record.state}")
-                result = await _continue(layout, session, journal, record, status, stores)
+                result = await _continue(
+                    layout, session, journal, record, status, stores, args.drain_timeout
+                )
             return await _finish(layout, session, journal, attempt, result, descriptor, t0)
 
 
@@ -333,6 +339,11 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, already: bool = 
             f"  {seat['name']:<16} {seat.get('continuity', '?'):<10} "
             f"{seat.get('bytes', 0):>10} bytes  repo {t.get('repository', '-')}ms  "
             f"session {t.get('session', '-')}ms  seal {t.get('seal', '-')}ms\n"
+        )
+    for mid in result.get("midTurn") or []:
+        out(
+            f"  {mid['name']} was cut mid-turn (message {mid['messageId']}): "
+            "it is redelivered after the resume\n"
         )
     tm = result.get("timingsMs") or {}
     out(

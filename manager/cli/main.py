@@ -99,7 +99,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     else:
         for seat in result["seats"]:
             say(
-                f"stopped {seat['name']} (uid {seat['lifecycleUid']}, exit {seat['exitCode']}); durable deleted"
+                f"stopped {seat['name']} (uid {seat['lifecycleUid']}, exit {seat['exitCode']}); "
+                "durable deleted"
             )
         if result["manager"]:
             say(f"manager pid {result['manager']} proven gone")
@@ -441,6 +442,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="DIR",
         help="an extra session-store directory to capture (repeatable)",
+    )
+    down.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="with --preserve-state: seconds each seat's turn in flight may take to finish "
+        "before it is cut anyway (its message is then redelivered after the resume; default 120)",
     )
     down.set_defaults(fn=cmd_down)
 

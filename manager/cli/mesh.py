@@ -124,7 +124,15 @@ async def _provision(
     write_private_atomic(layout.control_token, token.encode() + b"\n")
     broker_ref: ProcRef | None = None
     creds_path: Path | None
-    if server is None:
+    reused = _live_embedded_broker(layout, existing) if server is None else None
+    if reused is not None:
+        # The manager died and left its broker running: a second broker on the same store
+        # is exactly what must never happen, so the new manager joins this one.
+        assert existing is not None
+        report(f"reusing the embedded broker left running (pid {reused.pid})")
+        server, broker_ref = existing.server, reused
+        creds_path = Path(existing.creds) if existing.creds else None
+    elif server is None:
         report("starting the embedded broker")
         info = await anyio.to_thread.run_sync(
             functools.partial(
@@ -165,6 +173,14 @@ async def _provision(
         argv += ["--resume-attempt", resume_attempt]
     argv += ["--replicas", str(replicas if replicas is not None else default_replicas(server))]
     return _Launch(layout, record, argv, token)
+
+
+def _live_embedded_broker(layout: Layout, record: MeshRecord | None) -> ProcRef | None:
+    if record is None or record.embedded_broker is None:
+        return None
+    if record.broker_store != str(layout.nats_store) or not alive(record.embedded_broker):
+        return None
+    return record.embedded_broker
 
 
 def _summary(launch: _Launch, pid: int | None, instance: str | None) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def peer_uid(stream: SocketStream) -> int:
     sock: socket.socket = stream.extra(SocketAttribute.raw_socket)
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", raw)
-    return uid
+    return int(uid)
 
 
 class ControlServer:
@@ -122,8 +122,8 @@ class ControlServer:
             return control.error_reply(
                 request_id,
                 "broker-unavailable",
-                f"the broker did not answer in time ({type(exc).__name__}); the broker or cluster may have lost "
-                "quorum; retry once it is back",
+                f"the broker did not answer in time ({type(exc).__name__}); the broker or "
+                "cluster may have lost quorum; retry once it is back",
             )
         except Exception as exc:  # a bug must not take the daemon down, but it must be seen
             log.exception("control.internal_error")

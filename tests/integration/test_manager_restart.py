@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ import pytest
 
 from manager.daemon.delivery import reply_id
 from protocol.lifecycle import decode_seat_record
-from tests.conftest import Cli, cotal_env
+from tests.conftest import Cli
 from tests.harness import mode
 from tests.helpers import broker, pid_alive, wait_gone, wait_until
 
@@ -25,39 +23,19 @@ pytestmark = pytest.mark.anyio
 SEATS = 5
 
 
-def start_daemon_like_up(root: Path) -> subprocess.Popen[bytes]:
-    """What `cotal up` runs, against the broker the mesh record names (it outlived the daemon)."""
-    record = json.loads((root / ".cotal" / "mesh.json").read_text())
-    argv = [
-        sys.executable,
-        "-m",
-        "manager.cli",
-        "manager",
-        "serve",
-        "--root",
-        str(root),
-        "--space",
-        record["space"],
-        "--server",
-        record["server"],
-        "--creds",
-        record["creds"],
-        "--replicas",
-        "1",
-    ]
-    out = os.open(root / ".cotal" / "logs" / "daemon.out", os.O_WRONLY | os.O_APPEND, 0o600)
-    try:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-            cwd=root,
-            env=cotal_env(),
-        )
-    finally:
-        os.close(out)
+def nats_servers_on(store: Path) -> list[int]:
+    """Every live nats-server whose config lives in `store`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"nats-server") and str(store).encode() in b" ".join(argv):
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 async def replies_to(root: Path, ids: set[str]) -> dict[str, list[dict[str, Any]]]:
@@ -92,7 +70,14 @@ async def test_seats_come_back_after_the_manager_is_killed(mesh: Cli) -> None:
     records = sorted(p.name for p in (mesh.root / ".cotal" / "seats").iterdir())
     assert records == sorted(f"{r['name']}-{r['lifecycleUid']}.json" for r in rows)
 
-    proc = start_daemon_like_up(mesh.root)
+    broker_before = json.loads((mesh.root / ".cotal" / "mesh.json").read_text())["embeddedBroker"]
+    # The operator's own recovery: `cotal up` again. The broker outlived the daemon, so the new
+    # manager must join it rather than start a second broker on the same store.
+    up = mesh.run("up", "--detach")
+    assert "reusing the embedded broker left running" in up.stderr
+    record = json.loads((mesh.root / ".cotal" / "mesh.json").read_text())
+    assert record["embeddedBroker"] == broker_before
+    assert nats_servers_on(mesh.root / ".cotal" / "nats") == [broker_before["pid"]]
     try:
         by_name = {r["name"]: r for r in rows}
         with anyio.fail_after(60):
@@ -103,7 +88,8 @@ async def test_seats_come_back_after_the_manager_is_killed(mesh: Cli) -> None:
                     if len(ps) == SEATS and all(r["state"] == "running" for r in ps):
                         break
                 await anyio.sleep(0.2)
-        assert json.loads(status.stdout)["pid"] == proc.pid
+        new_daemon = json.loads(status.stdout)["pid"]
+        assert new_daemon == record["manager"]["pid"] and new_daemon != daemon
         for row in ps:
             before = by_name[row["name"]]
             assert row["lifecycleUid"] == before["lifecycleUid"]
@@ -129,14 +115,12 @@ async def test_seats_come_back_after_the_manager_is_killed(mesh: Cli) -> None:
                 )
                 assert info.num_pending == 0 and info.num_ack_pending == 0
         mesh.run("down")
-        assert proc.wait(timeout=30) == 0
+        await wait_gone([new_daemon, broker_before["pid"]], timeout=30)
         assert not (mesh.root / ".cotal" / "seats").exists() or not any(
             (mesh.root / ".cotal" / "seats").iterdir()
         )
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        mesh.run("down", check=False)
 
 
 async def test_a_seat_whose_custody_moved_is_listed_failed_and_never_relaunched(
@@ -164,7 +148,14 @@ async def test_a_seat_whose_custody_moved_is_listed_failed_and_never_relaunched(
         custody = json.loads((await kv.get(key)).value or b"")
         custody.update(holder="z" * 26, generation=custody["generation"] + 1)
         await kv.put(key, json.dumps(custody).encode())
-    proc = start_daemon_like_up(mesh.root)
+    broker_before = json.loads((mesh.root / ".cotal" / "mesh.json").read_text())["embeddedBroker"]
+    # The operator's own recovery: `cotal up` again. The broker outlived the daemon, so the new
+    # manager must join it rather than start a second broker on the same store.
+    up = mesh.run("up", "--detach")
+    assert "reusing the embedded broker left running" in up.stderr
+    record = json.loads((mesh.root / ".cotal" / "mesh.json").read_text())
+    assert record["embeddedBroker"] == broker_before
+    assert nats_servers_on(mesh.root / ".cotal" / "nats") == [broker_before["pid"]]
     try:
         with anyio.fail_after(60):
             while True:
@@ -188,6 +179,3 @@ async def test_a_seat_whose_custody_moved_is_listed_failed_and_never_relaunched(
         assert not record_file.exists()
     finally:
         mesh.run("down", check=False)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
