@@ -279,6 +279,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.run(_root(args), as_json=args.json, say=say)
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from manager.cli import logs as logs_cli
+
+    return logs_cli.run(
+        _root(args),
+        seat=args.seat,
+        follow=args.follow,
+        since=args.since,
+        as_json=args.json,
+        transcript=args.transcript,
+    )
+
+
+def _since(text: str) -> Any:
+    from manager.cli import logs as logs_cli
+
+    try:
+        return logs_cli.parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     from manager.cli import restore as resume_cli
 
@@ -579,6 +601,42 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal doctor --json",
     )
     doctor.set_defaults(fn=cmd_doctor)
+
+    logs_cmd = command(
+        sub,
+        "logs",
+        "the manager's events for people, a seat's harness stderr, or its transcript",
+        "cotal logs",
+        "cotal logs alice --since 10m",
+        "cotal logs -f",
+        "cotal logs alice --since 2026-12-01T13:00:00Z --json",
+        "cotal logs alice --transcript",
+    )
+    logs_cmd.add_argument(
+        "seat",
+        nargs="?",
+        metavar="SEAT",
+        help="only this seat's events, then its harness stderr (lines prefixed `stderr`)",
+    )
+    logs_cmd.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new events as they are written, until Ctrl-C or SIGTERM",
+    )
+    logs_cmd.add_argument(
+        "--since",
+        type=_since,
+        metavar="T",
+        help="only events at or after T: an instant (2026-12-01T13:00:00Z) or a duration back "
+        "from now (30s, 10m, 2h, 1d)",
+    )
+    logs_cmd.add_argument(
+        "--transcript",
+        action="store_true",
+        help="print SEAT's conversation as its harness stored it (scribe, pi, claude)",
+    )
+    logs_cmd.set_defaults(fn=cmd_logs)
 
     ckpt = command(
         sub,
