@@ -215,7 +215,7 @@ def binary_of(pin: Pin) -> Path:
             "not-installed",
             f"harness {pin.name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: "
             f"{found}",
-            "run `python -m manager.cli.tools install`",
+            "run `cotal tools install`",
         )
     if pin.native is not None:
         return _native_binary(pin, pin.native)
@@ -224,7 +224,7 @@ def binary_of(pin: Pin) -> Path:
         raise Refusal(
             "not-installed",
             f"harness {pin.name} binary {path} is missing",
-            "run `python -m manager.cli.tools install`",
+            "run `cotal tools install`",
         )
     return path
 
@@ -243,7 +243,7 @@ def _native_binary(pin: Pin, native: Native) -> Path:
             f"harness {pin.name}: its native package {package}@{pin.version} is not ready under "
             f"{pin.prefix}: {found}"
             " (npm installs only the platform packages this host can run)",
-            "run `python -m manager.cli.tools install`; if this platform has no native package, "
+            "run `cotal tools install`; if this platform has no native package, "
             "the harness cannot run here",
         )
     path = pkg_dir / native.bin
@@ -251,6 +251,6 @@ def _native_binary(pin: Pin, native: Native) -> Path:
         raise Refusal(
             "not-installed",
             f"harness {pin.name} binary {path} is missing or not executable",
-            "run `python -m manager.cli.tools install`",
+            "run `cotal tools install`",
         )
     return path

@@ -339,11 +339,7 @@ def _pinned_or_configured(
         path = tools.binary_of(pin)
     except Refusal as exc:
         report.missing.append(
-            Missing(
-                exc.message,
-                "run `python -m manager.cli.tools install` with cotal's Python "
-                "(`make harnesses` in a checkout)",
-            )
+            Missing(exc.message, "run `cotal tools install` (`make harnesses` in a checkout)")
         )
         return None
     report.installed = True

@@ -292,6 +292,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_tools(args: argparse.Namespace) -> int:
+    from manager.cli import tools
+
+    pins = tools.load_pins()
+    for name in args.names or sorted(pins):
+        say(tools.install(tools.get_pin(name)))
+    return 0
+
+
 def _since(text: str) -> Any:
     from manager.cli import logs as logs_cli
 
@@ -637,6 +646,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="print SEAT's conversation as its harness stored it (scribe, pi, claude)",
     )
     logs_cmd.set_defaults(fn=cmd_logs)
+
+    tools_cmd = command(
+        sub,
+        "tools",
+        "the pinned harness programs (pi, Claude Code) in the tools directory",
+        "cotal tools install",
+        common_flags=False,
+    )
+    tools_sub = tools_cmd.add_subparsers(
+        dest="tools_command", required=True, metavar="COMMAND", help="what to do"
+    )
+    tools_install = command(
+        tools_sub,
+        "install",
+        "install the pinned versions with npm into $COTAL_TOOLS_DIR, a checkout's .tools, else"
+        " the user data directory (or confirm they are there)",
+        "cotal tools install",
+        "cotal tools install pi",
+        "COTAL_TOOLS_DIR=/opt/cotal-tools cotal tools install",
+        common_flags=False,
+    )
+    tools_install.add_argument(
+        "names", nargs="*", metavar="NAME", help="only these harnesses (default: every pin)"
+    )
+    tools_install.set_defaults(fn=cmd_tools)
 
     ckpt = command(
         sub,
