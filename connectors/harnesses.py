@@ -124,9 +124,7 @@ def load_pins(source: Path | None = None) -> dict[str, Pin]:
             "malformed", f"harness pin file {where} is not valid JSON ({exc})", "fix the file"
         ) from None
     if not isinstance(raw, dict):
-        raise Refusal(
-            "malformed", f"harness pin file {where} must hold an object", "fix the file"
-        )
+        raise Refusal("malformed", f"harness pin file {where} must hold an object", "fix the file")
     pins: dict[str, Pin] = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict) or not all(
