@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Harnesses install into the checkout, so `make clean` removes them and CI keeps them with the
+# clone; an installed wheel uses the user's data directory instead (connectors/harnesses.py).
+export COTAL_TOOLS_DIR ?= $(CURDIR)/.tools
 
 .PHONY: demo test lint venv clean harnesses
 

@@ -1,12 +1,20 @@
 """The harness pins (`harnesses.json`) and where each pinned harness's program is installed.
 
-`harnesses.json` at the repository root pins each npm-distributed harness to an exact version,
-so a test run, a demo and a seat all drive the program whose behaviour was measured. Nothing is
-resolved from the operator's PATH: a harness binary that happens to be on PATH may be another
-version with other flags and another session format.
+`harnesses.json` ships inside this package (package data, so a wheel carries it) and pins each
+npm-distributed harness to an exact version, so a test run, a demo and a seat all drive the
+program whose behaviour was measured. Nothing is resolved from the operator's PATH: a harness
+binary that happens to be on PATH may be another version with other flags and another session
+format.
+
+Installs go to one tools directory, `tools_dir()`: `$COTAL_TOOLS_DIR` when set, else
+`<checkout>/.tools` when cotal runs from a source checkout (so `make test`, the tests' own
+subprocesses and a developer's shell agree without passing anything along), else the user's
+data directory (`platformdirs.user_data_path("cotal") / "tools"`, e.g.
+`~/.local/share/cotal/tools`), which is where an installed wheel keeps them.
 
 This lives in `connectors` because a connector finds its pinned binary here and may not import
-the manager; the installer (`manager.cli.tools`) reads the same pins from here.
+the manager; the installer (`manager.cli.tools`) and `cotal doctor` read the same pins and the
+same directory from here.
 """
 
 from __future__ import annotations
@@ -16,13 +24,42 @@ import os
 import platform
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
+
+import platformdirs
 
 from protocol.errors import Refusal
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-PIN_FILE = REPO_ROOT / "harnesses.json"
-TOOLS_DIR = REPO_ROOT / ".tools"
+PIN_RESOURCE = "harnesses.json"
+TOOLS_ENV = "COTAL_TOOLS_DIR"
+# The directory that holds the `connectors`, `manager` and `protocol` packages: the checkout in
+# a source tree, site-packages in an installed wheel. A child Python that must import cotal
+# whatever its cwd gets it on PYTHONPATH.
+PACKAGES_ROOT = Path(__file__).resolve().parents[1]
+
+
+def source_checkout() -> Path | None:
+    """The checkout cotal runs from, or None for an installed wheel (site-packages holds no
+    pyproject.toml)."""
+    return PACKAGES_ROOT if (PACKAGES_ROOT / "pyproject.toml").is_file() else None
+
+
+def tools_dir() -> Path:
+    """Where pinned harnesses are installed. Read on every call, not at import: a test or an
+    operator may point `COTAL_TOOLS_DIR` elsewhere in a process that already imported this."""
+    configured = os.environ.get(TOOLS_ENV)
+    if configured:
+        return Path(configured).expanduser().resolve()
+    checkout = source_checkout()
+    if checkout is not None:
+        return checkout / ".tools"
+    return platformdirs.user_data_path("cotal") / "tools"
+
+
+def pin_file() -> Path:
+    """The pin file as a path, for messages and for callers that want to read it themselves."""
+    return Path(str(resources.files("connectors").joinpath(PIN_RESOURCE)))
 
 
 @dataclass(frozen=True)
@@ -46,7 +83,7 @@ class Pin:
 
     @property
     def prefix(self) -> Path:
-        return TOOLS_DIR / self.name
+        return tools_dir() / self.name
 
     @property
     def package_dir(self) -> Path:
@@ -66,21 +103,28 @@ def npm_platform() -> str:
     return f"{system}-{arch}{'-musl' if musl else ''}"
 
 
-def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
+def load_pins(source: Path | None = None) -> dict[str, Pin]:
+    """The pins of `source`, by default the package's own `harnesses.json`."""
+    where = source or pin_file()
     try:
-        raw = json.loads(pin_file.read_text())
+        text = (
+            source.read_text()
+            if source is not None
+            else resources.files("connectors").joinpath(PIN_RESOURCE).read_text()
+        )
+        raw = json.loads(text)
     except FileNotFoundError:
         raise Refusal(
-            "missing", f"harness pin file {pin_file} does not exist", "restore it from git"
+            "missing",
+            f"harness pin file {where} does not exist",
+            "reinstall cotal (the pins ship inside the connectors package)",
         ) from None
     except json.JSONDecodeError as exc:
         raise Refusal(
-            "malformed", f"harness pin file {pin_file} is not valid JSON ({exc})", "fix the file"
+            "malformed", f"harness pin file {where} is not valid JSON ({exc})", "fix the file"
         ) from None
     if not isinstance(raw, dict):
-        raise Refusal(
-            "malformed", f"harness pin file {pin_file} must hold an object", "fix the file"
-        )
+        raise Refusal("malformed", f"harness pin file {where} must hold an object", "fix the file")
     pins: dict[str, Pin] = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict) or not all(
@@ -88,7 +132,7 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
         ):
             raise Refusal(
                 "malformed",
-                f"harness pin {name!r} in {pin_file} needs non-empty string fields package and "
+                f"harness pin {name!r} in {where} needs non-empty string fields package and "
                 "version",
                 "fix the entry",
             )
@@ -100,7 +144,7 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
         ):
             raise Refusal(
                 "malformed",
-                f"harness pin {name!r} in {pin_file}: native needs string fields package (with "
+                f"harness pin {name!r} in {where}: native needs string fields package (with "
                 f"{{platform}}) and bin",
                 "fix the entry",
             )
@@ -114,14 +158,14 @@ def load_pins(pin_file: Path = PIN_FILE) -> dict[str, Pin]:
     return pins
 
 
-def get_pin(name: str, pin_file: Path = PIN_FILE) -> Pin:
-    pins = load_pins(pin_file)
+def get_pin(name: str, source: Path | None = None) -> Pin:
+    pins = load_pins(source)
     if name not in pins:
         raise Refusal(
             "unknown-harness",
-            f"no harness named {name!r} is pinned in {pin_file} (pinned: "
+            f"no harness named {name!r} is pinned in {source or pin_file()} (pinned: "
             f"{', '.join(sorted(pins)) or 'none'})",
-            "add it to harnesses.json or use a pinned name",
+            "add it to connectors/harnesses.json or use a pinned name",
         )
     return pins[name]
 
@@ -150,14 +194,14 @@ def _bin_relpath(pin: Pin) -> str:
     )
 
 
-def which(name: str, pin_file: Path = PIN_FILE) -> Path:
+def which(name: str, source: Path | None = None) -> Path:
     """The installed harness's entry point.
 
     The script file itself (its shebang runs `node`), not `node_modules/.bin/<bin>`: that link is
     an npm artefact that `--ignore-scripts`-style installs and copies can leave out. For a pin
     with a `native` entry, the platform package's binary (see `Native`).
     """
-    return binary_of(get_pin(name, pin_file))
+    return binary_of(get_pin(name, source))
 
 
 def binary_of(pin: Pin) -> Path:
@@ -169,7 +213,7 @@ def binary_of(pin: Pin) -> Path:
             "not-installed",
             f"harness {pin.name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: "
             f"{found}",
-            "run `python -m manager.cli.tools install`",
+            "run `cotal tools install`",
         )
     if pin.native is not None:
         return _native_binary(pin, pin.native)
@@ -178,7 +222,7 @@ def binary_of(pin: Pin) -> Path:
         raise Refusal(
             "not-installed",
             f"harness {pin.name} binary {path} is missing",
-            "run `python -m manager.cli.tools install`",
+            "run `cotal tools install`",
         )
     return path
 
@@ -197,7 +241,7 @@ def _native_binary(pin: Pin, native: Native) -> Path:
             f"harness {pin.name}: its native package {package}@{pin.version} is not ready under "
             f"{pin.prefix}: {found}"
             " (npm installs only the platform packages this host can run)",
-            "run `python -m manager.cli.tools install`; if this platform has no native package, "
+            "run `cotal tools install`; if this platform has no native package, "
             "the harness cannot run here",
         )
     path = pkg_dir / native.bin
@@ -205,6 +249,6 @@ def _native_binary(pin: Pin, native: Native) -> Path:
         raise Refusal(
             "not-installed",
             f"harness {pin.name} binary {path} is missing or not executable",
-            "run `python -m manager.cli.tools install`",
+            "run `cotal tools install`",
         )
     return path

@@ -2,10 +2,12 @@
 
 For each harness (scribe, pi, claude, jcode) it reports:
 
-* installed: where its program is (the pinned install under `.tools/`, `agents.<name>.binary`
-  from cotal.toml, or PATH for jcode) and which version the install holds;
+* installed: where its program is (the pinned install under the tools directory,
+  `agents.<name>.binary` from cotal.toml, or PATH for jcode) and which version it holds;
 * usable: whether the program answers a quick `--version` run within a timeout;
 * continuity: the class the connector's declared capability flags give (never a probe);
+* used: whether this root uses it (`used_by`: the built-in default agent, `cotal.toml`, a seat
+  the running manager holds);
 * missing: each problem with its cure.
 
 States in the table: `ready`; `config` (runs, but a seat launch needs a setting first);
@@ -14,10 +16,10 @@ States in the table: `ready`; `config` (runs, but a seat launch needs a setting 
 The `--version` runs get an empty private config dir and the harness's offline switches, so a
 check neither reads nor writes the operator's own harness state and needs no network.
 
-Exit code: 1 when a harness the repository pins (harnesses.json) or the operator configured
-(cotal.toml) is not ready, or when the configuration itself cannot be read; 0 otherwise. A
-harness that is neither pinned nor configured (jcode, normally) is reported but does not fail
-the check.
+Exit code: 1 when a harness this root uses is not ready; 0 otherwise. A harness the root does
+not use is reported (`not installed (not used by this root)` when absent) but never fails the
+check: a machine that only runs scribe seats needs no Node.js. A `cotal.toml` that cannot be
+read is a refusal (status 2, on stderr), as for every other command.
 """
 
 from __future__ import annotations
@@ -33,14 +35,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from connectors.base import continuity_class
 from manager import registry
 from manager.cli import tools
+from manager.workspace.layout import Layout
 from protocol.errors import Refusal
 
 HARNESSES = ("scribe", "pi", "claude", "jcode")
 VERSION_TIMEOUT_S = 15.0
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PS_TIMEOUT_S = 5.0
+UNUSED_ABSENT = "not installed (not used by this root)"
 
 
 @dataclass
@@ -60,52 +66,66 @@ class Report:
     path: str | None = None
     version: str | None = None
     usable: bool = False
-    required: bool = False
     missing: list[Missing] = field(default_factory=list)
 
     configured: bool = False
+    used_by: list[str] = field(default_factory=list)
+
+    @property
+    def used(self) -> bool:
+        return bool(self.used_by)
 
     @property
     def ready(self) -> bool:
         return self.installed and self.usable and not self.missing
 
     @property
+    def state(self) -> str:
+        if self.ready:
+            return "ready"
+        if not self.installed:
+            return "absent"
+        if self.usable and all(m.kind == "config" for m in self.missing):
+            return "config"
+        return "broken"
+
+    @property
     def failing(self) -> bool:
-        """Fails the check: a pinned/configured harness that cannot run, or a configured one
-        whose configuration is incomplete. An unconfigured harness lacking settings is only
-        reported."""
-        if not self.required:
+        """Fails the check: a used harness that cannot run, or a configured one whose
+        configuration is incomplete. A harness used without configuration (the default scribe,
+        a running seat) that lacks settings is only reported, as is every unused harness."""
+        if not self.used:
             return False
         if not (self.installed and self.usable) or any(m.kind == "program" for m in self.missing):
             return True
         return self.configured and bool(self.missing)
 
+    @property
+    def note(self) -> str | None:
+        return UNUSED_ABSENT if not self.used and not self.installed else None
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["ready"] = self.ready
+        out.update(ready=self.ready, used=self.used, state=self.state, note=self.note)
         return out
 
 
 def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
-    try:
-        cfg = registry.load_config(root)
-    except Refusal as exc:
-        if as_json:
-            say(
-                json.dumps(
-                    {"error": exc.code, "message": exc.message, "cure": exc.cure}, sort_keys=True
-                )
-            )
-        else:
-            say(f"cotal doctor: {exc.text}")
-        return 1
+    cfg = registry.load_config(root)
+    seats = running_seats(root)
     try:
         pins = tools.load_pins()
         pin_problem: Missing | None = None
     except Refusal as exc:
         pins, pin_problem = {}, Missing(exc.message, exc.cure)
     reports = [
-        check(name, registry.agent_settings(cfg, name), pins, configured=name in cfg.agents)
+        check(
+            name,
+            registry.agent_settings(cfg, name),
+            pins,
+            configured=name in cfg.agents,
+            used_by=used_by(name, cfg, seats),
+        )
         for name in HARNESSES
     ]
     if pin_problem is not None:
@@ -118,23 +138,47 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
     else:
         for line in render(reports):
             say(line)
-    return 1 if pin_problem is not None or any(r.failing for r in reports) else 0
+    return 1 if any(r.failing for r in reports) else 0
+
+
+def used_by(name: str, cfg: registry.FileConfig, seats: Mapping[str, str]) -> list[str]:
+    """Why this root needs the harness: the reasons, in a stable order; empty when it does not."""
+    reasons = ["default agent"] if name == "scribe" else []
+    if name in cfg.agents:
+        reasons.append("cotal.toml")
+    reasons += [f"seat {seat}" for seat, agent in sorted(seats.items()) if agent == name]
+    return reasons
+
+
+def running_seats(root: Path) -> dict[str, str]:
+    """Seat name -> agent of the seats the root's manager holds, or nothing when no manager
+    answers: a doctor run must work on a machine where nothing is up."""
+    from manager.cli import mesh
+
+    layout = Layout.at(root)
+    if not (layout.mesh.exists() and layout.control_token.exists() and layout.socket.exists()):
+        return {}
+    try:
+        rows = anyio.run(mesh.call, root, "ps", {}, PS_TIMEOUT_S, backend="asyncio")
+    except (Refusal, OSError, TimeoutError):
+        return {}
+    return {
+        str(row["name"]): str(row["agent"])
+        for row in rows
+        if isinstance(row, dict) and "name" in row and "agent" in row
+    }
 
 
 def render(reports: list[Report]) -> list[str]:
     lines = [f"{'harness':<8} {'continuity':<11} {'state':<8} {'version':<12} program"]
     for r in reports:
-        if r.ready:
-            state = "ready"
-        elif not r.installed:
-            state = "absent"
-        elif r.usable and all(m.kind == "config" for m in r.missing):
-            state = "config"
-        else:
-            state = "broken"
+        program = r.note or r.path or "-"
         lines.append(
-            f"{r.name:<8} {r.continuity:<11} {state:<8} {r.version or '-':<12} {r.path or '-'}"
+            f"{r.name:<8} {r.continuity:<11} {r.state:<8} {r.version or '-':<12} {program}"
         )
+        if r.note:
+            # Not used here: what it would take to install it is noise until it is.
+            continue
         for m in r.missing:
             lines.append(f"         missing: {m.problem}")
             lines.append(f"         cure:    {m.cure}")
@@ -142,7 +186,12 @@ def render(reports: list[Report]) -> list[str]:
 
 
 def check(
-    name: str, settings: Mapping[str, Any], pins: Mapping[str, tools.Pin], *, configured: bool
+    name: str,
+    settings: Mapping[str, Any],
+    pins: Mapping[str, tools.Pin],
+    *,
+    configured: bool,
+    used_by: list[str] | None = None,
 ) -> Report:
     try:
         continuity: str = continuity_class(registry.load_connector(name).capabilities)
@@ -151,8 +200,8 @@ def check(
     report = Report(
         name=name,
         continuity=continuity,
-        required=configured or name in pins or name == "scribe",
         configured=configured,
+        used_by=list(used_by or []),
     )
     if continuity == "unavailable":
         report.missing.append(
@@ -181,12 +230,12 @@ def _check_scribe(report: Report, settings: Mapping[str, Any], pin: tools.Pin | 
         report.version = f"cotal {version('cotal')}"
     except Exception:
         report.version = "built-in"
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO_ROOT)}
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tools.PACKAGES_ROOT)}
     ok, detail = _probe([sys.executable, "-m", "connectors.scribe", "--help"], env)
     report.usable = ok
     if not ok:
         report.missing.append(
-            Missing(f"scribe does not start: {detail}", "reinstall cotal (`make venv`)")
+            Missing(f"scribe does not start: {detail}", "reinstall cotal (`pip install .`)")
         )
 
 
@@ -281,7 +330,8 @@ def _pinned_or_configured(
     if pin is None:
         report.missing.append(
             Missing(
-                f"{report.name} is not pinned in harnesses.json", "restore harnesses.json from git"
+                f"{report.name} is not pinned in {tools.pin_file()}",
+                "reinstall cotal (the pins ship inside it)",
             )
         )
         return None
@@ -289,7 +339,7 @@ def _pinned_or_configured(
         path = tools.binary_of(pin)
     except Refusal as exc:
         report.missing.append(
-            Missing(exc.message, "run `make harnesses` (python -m manager.cli.tools install)")
+            Missing(exc.message, "run `cotal tools install` (`make harnesses` in a checkout)")
         )
         return None
     report.installed = True

@@ -280,6 +280,37 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.run(_root(args), as_json=args.json, say=say)
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from manager.cli import logs as logs_cli
+
+    return logs_cli.run(
+        _root(args),
+        seat=args.seat,
+        follow=args.follow,
+        since=args.since,
+        as_json=args.json,
+        transcript=args.transcript,
+    )
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    from manager.cli import tools
+
+    pins = tools.load_pins()
+    for name in args.names or sorted(pins):
+        say(tools.install(tools.get_pin(name)))
+    return 0
+
+
+def _since(text: str) -> Any:
+    from manager.cli import logs as logs_cli
+
+    try:
+        return logs_cli.parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     from manager.cli import verify
 
@@ -588,6 +619,67 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal doctor --json",
     )
     doctor.set_defaults(fn=cmd_doctor)
+
+    logs_cmd = command(
+        sub,
+        "logs",
+        "the manager's events for people, a seat's harness stderr, or its transcript",
+        "cotal logs",
+        "cotal logs alice --since 10m",
+        "cotal logs -f",
+        "cotal logs alice --since 2026-12-01T13:00:00Z --json",
+        "cotal logs alice --transcript",
+    )
+    logs_cmd.add_argument(
+        "seat",
+        nargs="?",
+        metavar="SEAT",
+        help="only this seat's events, then its harness stderr (lines prefixed `stderr`)",
+    )
+    logs_cmd.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new events as they are written, until Ctrl-C or SIGTERM",
+    )
+    logs_cmd.add_argument(
+        "--since",
+        type=_since,
+        metavar="T",
+        help="only events at or after T: an instant (2026-12-01T13:00:00Z) or a duration back "
+        "from now (30s, 10m, 2h, 1d)",
+    )
+    logs_cmd.add_argument(
+        "--transcript",
+        action="store_true",
+        help="print SEAT's conversation as its harness stored it (scribe, pi, claude)",
+    )
+    logs_cmd.set_defaults(fn=cmd_logs)
+
+    tools_cmd = command(
+        sub,
+        "tools",
+        "the pinned harness programs (pi, Claude Code) in the tools directory",
+        "cotal tools install",
+        common_flags=False,
+    )
+    tools_sub = tools_cmd.add_subparsers(
+        dest="tools_command", required=True, metavar="COMMAND", help="what to do"
+    )
+    tools_install = command(
+        tools_sub,
+        "install",
+        "install the pinned versions with npm into $COTAL_TOOLS_DIR, a checkout's .tools, else"
+        " the user data directory (or confirm they are there)",
+        "cotal tools install",
+        "cotal tools install pi",
+        "COTAL_TOOLS_DIR=/opt/cotal-tools cotal tools install",
+        common_flags=False,
+    )
+    tools_install.add_argument(
+        "names", nargs="*", metavar="NAME", help="only these harnesses (default: every pin)"
+    )
+    tools_install.set_defaults(fn=cmd_tools)
 
     ckpt = command(
         sub,

@@ -1,11 +1,14 @@
-"""Pinned harness programs, installed per repository under `.tools/<name>/`.
+"""Pinned harness programs, installed under the tools directory as `<tools>/<name>/`.
 
-The pins and the binary lookup live in `connectors.harnesses` (connectors find their pinned
-binary there and may not import the manager); this module installs what they pin. Nothing is
-installed globally.
+The pins, the tools directory and the binary lookup live in `connectors.harnesses` (connectors
+find their pinned binary there and may not import the manager); this module installs what they
+pin. The tools directory is `$COTAL_TOOLS_DIR`, else `<checkout>/.tools` in a source checkout,
+else the user's data directory (`~/.local/share/cotal/tools`); nothing goes to npm's global
+prefix.
 
     python -m manager.cli.tools install [name ...]   install (or confirm) the pinned versions
     python -m manager.cli.tools which <name>         print the binary path of an installed harness
+    python -m manager.cli.tools dir                  print the tools directory
 """
 
 from __future__ import annotations
@@ -18,9 +21,8 @@ import sys
 from collections.abc import Sequence
 
 from connectors.harnesses import (
-    PIN_FILE,
-    REPO_ROOT,
-    TOOLS_DIR,
+    PACKAGES_ROOT,
+    TOOLS_ENV,
     Native,
     Pin,
     binary_of,
@@ -28,15 +30,16 @@ from connectors.harnesses import (
     installed_version,
     load_pins,
     npm_platform,
+    pin_file,
+    tools_dir,
     which,
 )
 from protocol.errors import Refusal
 
 # Callers (doctor, tests) reach the pins through this module too.
 __all__ = [
-    "PIN_FILE",
-    "REPO_ROOT",
-    "TOOLS_DIR",
+    "PACKAGES_ROOT",
+    "TOOLS_ENV",
     "Native",
     "Pin",
     "binary_of",
@@ -47,6 +50,8 @@ __all__ = [
     "load_pins",
     "main",
     "npm_platform",
+    "pin_file",
+    "tools_dir",
     "which",
 ]
 
@@ -98,7 +103,7 @@ def _runnable(pin: Pin) -> bool:
 
 
 def install(pin: Pin) -> str:
-    """Install `pin` under `.tools/<name>/` unless that exact version is already there."""
+    """Install `pin` under `<tools>/<name>/` unless that exact version is already there."""
     have = installed_version(pin)
     if have == pin.version and _runnable(pin):
         check_node(pin)
@@ -132,7 +137,7 @@ def install(pin: Pin) -> str:
             "install-failed",
             f"npm install of {pin.package}@{pin.version} into {pin.prefix} failed with rc "
             f"{proc.returncode}:\n{tail}",
-            "check network access to the npm registry and the pin in harnesses.json",
+            f"check network access to the npm registry and the pin in {pin_file()}",
         )
     have = installed_version(pin)
     if have != pin.version:
@@ -148,7 +153,7 @@ def install(pin: Pin) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: python -m manager.cli.tools install [name ...] | which <name>"
+    usage = "usage: python -m manager.cli.tools install [name ...] | which <name> | dir"
     try:
         if args[:1] == ["install"]:
             pins = load_pins()
@@ -158,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args[:1] == ["which"] and len(args) == 2:
             print(which(args[1]))
+            return 0
+        if args == ["dir"]:
+            print(tools_dir())
             return 0
     except Refusal as exc:
         print(f"cotal tools: {exc.text}", file=sys.stderr)
