@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from connectors.harnesses import tools_dir
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -48,7 +50,11 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COTAL_")}
+    # A stray COTAL_ROOT or token would point a test's CLI at another root; the tools dir is
+    # where the harnesses are, not state, so it passes.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("COTAL_") or k == "COTAL_TOOLS_DIR"
+    }
     env["PYTHONPATH"] = str(REPO)
     env.update(extra or {})
     return env
@@ -230,15 +236,10 @@ def fake_anthropic(tmp_path: Path) -> Iterator[AnthropicServer]:
     )
 
 
+# Where the pinned pi lands, the same rule the manager uses (COTAL_TOOLS_DIR, else the checkout's
+# .tools); it need not exist: tests that need it skip by its absence.
 PI_CLI = (
-    REPO
-    / ".tools"
-    / "pi"
-    / "node_modules"
-    / "@mariozechner"
-    / "pi-coding-agent"
-    / "dist"
-    / "cli.js"
+    tools_dir() / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent" / "dist" / "cli.js"
 )
 
 
