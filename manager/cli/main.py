@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,6 +32,7 @@ from manager.cli.output import (
 )
 from protocol import names
 from protocol.errors import Refusal
+from protocol.instant import parse_instant
 
 __all__ = [
     "EX_INTERNAL",
@@ -185,8 +187,9 @@ PS_COLUMNS = [
     ("NAME", "name"),
     ("AGENT", "agent"),
     ("STATE", "state"),
+    ("TURN", "turn"),
+    ("UPTIME", "uptime"),
     ("RESTARTS", "restarts"),
-    ("STARTED", "startedAt"),
 ]
 PS_WIDE = [
     ("PID", "pid"),
@@ -195,6 +198,8 @@ PS_WIDE = [
     ("INSTANCE", "instanceId"),
     ("SESSION", "sessionId"),
     ("CONTINUITY", "continuity"),
+    ("STARTED", "startedAt"),
+    ("REASON", "reason"),
 ]
 
 
@@ -217,8 +222,37 @@ def cmd_ps(args: argparse.Namespace) -> int:
     if not rows:
         say("no seats")
         return 0
-    say(format_table(rows, PS_COLUMNS + (PS_WIDE if args.wide else [])))
+    now = datetime.now(UTC)
+    shown = [
+        {
+            **row,
+            "turn": "busy" if row.get("busy") else "idle",
+            "uptime": _uptime(row.get("startedAt"), now) if row.get("state") == "running" else None,
+        }
+        for row in rows
+    ]
+    say(format_table(shown, PS_COLUMNS + (PS_WIDE if args.wide else [])))
     return 0
+
+
+def _uptime(started_at: str | None, now: datetime) -> str | None:
+    """`3d4h`, `2h05m`, `4m12s`, `9s`: the two largest units an operator reads at a glance."""
+    if not started_at:
+        return None
+    try:
+        seconds = max(0, int((now - parse_instant(started_at)).total_seconds()))
+    except ValueError:
+        return None
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
 
 
 def cmd_send(args: argparse.Namespace) -> int:
