@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from connectors.base import Connector
+from protocol.checkpoint import check_carry_pattern
 from protocol.errors import Refusal
 
 CONFIG_NAME = "cotal.toml"
@@ -55,8 +56,35 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     ignore_sigterm: bool = False
 
 
+class CarryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[carry]`: ignored paths a checkpoint carries anyway (record open point 8). Each is a
+    relative path or simple glob under the seat's repository, such as `.env`."""
+
+    include: list[str] = []
+
+
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     agents: dict[str, AgentConfig] = {}
+    carry: CarryConfig = CarryConfig()
+
+
+def carry_includes(cfg: FileConfig, extra: Sequence[str] = ()) -> list[str]:
+    """The declared ignored paths for one cut: the root's `[carry] include`, then `--include`
+    values, each validated, first mention kept."""
+    out: list[str] = []
+    for pattern in [*cfg.carry.include, *extra]:
+        try:
+            check_carry_pattern(pattern)
+        except ValueError as exc:
+            raise Refusal(
+                "bad-include",
+                str(exc),
+                "declare a relative path or simple glob under the repository, such as .env or "
+                "config/*.local",
+            ) from None
+        if pattern not in out:
+            out.append(pattern)
+    return out
 
 
 def load_config(root: Path) -> FileConfig:
@@ -77,6 +105,15 @@ def load_config(root: Path) -> FileConfig:
         raise Refusal(
             "bad-config", f"{path} is not valid TOML: {exc}", "see docs/cli.md (Configuration)"
         ) from None
+    for pattern in cfg.carry.include:
+        try:
+            check_carry_pattern(pattern)
+        except ValueError as exc:
+            raise Refusal(
+                "bad-config",
+                f"{path} [carry] include: {exc}",
+                "list relative paths or simple globs under the repository, such as .env",
+            ) from None
     unknown = set(cfg.agents) - set(KNOWN)
     if unknown:
         raise Refusal(

@@ -65,12 +65,32 @@ INDEX_DIFF_FILE = "index.diff"
 WORKTREE_DIFF_FILE = "worktree.diff"
 UNTRACKED_FILE = "untracked.tar"
 REFS_FILE = "refs.txt"
+STATUS_FILE = "status.z"
+INTENT_TO_ADD_FILE = "intent-to-add.z"
+GIT_CONFIG_FILE = "git-config"
+INFO_EXCLUDE_FILE = "git-info-exclude"
+HOOK_FILE_PREFIX = "hook-"
+# Above this many bytes the porcelain status and intent-to-add list leave checkpoint.json (whose
+# cap is 256 KiB) for files of their own; below it they stay inline, as older records have them.
+LISTS_INLINE_CAP = 64 * 1024
 
-# The one untracked selection rule this format knows. The record carries the text so that a
+CONTROL_DIR = ".cotal"
+# A restore into a root that is a mount point stages inside the root itself (a rename cannot
+# leave the mount), so these two name prefixes are reserved there and never captured.
+INCOMING_PREFIX = ".cotal-incoming-"
+SUPERSEDED_PREFIX = ".cotal-superseded-"
+
+# The untracked selection rules this format knows. The record carries the text so that a
 # destination can refuse a rule it cannot reproduce (record 1.1) instead of restoring a thinner
 # tree; `.cotal/` is excluded because in the single-root case it holds the manager's secrets.
-UNTRACKED_SELECTION = "git ls-files --others --exclude-standard -z, excluding .cotal/"
-CONTROL_DIR = ".cotal"
+# The legacy text predates the reserved staging names and is still read.
+LEGACY_UNTRACKED_SELECTION = "git ls-files --others --exclude-standard -z, excluding .cotal/"
+UNTRACKED_SELECTION = (
+    "git ls-files --others --exclude-standard -z, excluding .cotal/, "
+    f"{INCOMING_PREFIX}*/ and {SUPERSEDED_PREFIX}*/"
+)
+DECLARED_IGNORED = "; plus declared ignored: "
+_CARRY_GLOB_OK = re.compile(r"[^\x00-\x1f\x7f\\:,\[\]!{}]+")
 
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
 Anchor = Literal["cwd", "workspace-root", "home"]
@@ -117,6 +137,60 @@ def check_relpath(field: str, path: str) -> str:
 
 def _in_control_dir(path: str) -> bool:
     return path == CONTROL_DIR or path.startswith(CONTROL_DIR + "/")
+
+
+def check_carry_pattern(pattern: str) -> str:
+    """One declared ignored path to carry: a relative path or a simple `*`/`?` glob under the
+    repository, never `..`, absolute, `.git/`, the control directory or a reserved staging name.
+    """
+    check_relpath("carry include", pattern)
+    if not _CARRY_GLOB_OK.fullmatch(pattern):
+        raise ValueError(
+            f"carry include {pattern!r} may hold only path characters and the globs * and ?; "
+            "no control characters, backslash, ':', ',', '!', braces or brackets"
+        )
+    first = pattern.split("/")[0].casefold()
+    if first in (".git", CONTROL_DIR) or first.startswith((INCOMING_PREFIX, SUPERSEDED_PREFIX)):
+        raise ValueError(
+            f"carry include {pattern!r} points into .git/, {CONTROL_DIR}/ or a restore's "
+            "staging directory, none of which a checkpoint carries"
+        )
+    return pattern
+
+
+def selection_rule(include: list[str]) -> str:
+    """The exact untracked selection text for a capture that also carries `include`."""
+    if not include:
+        return UNTRACKED_SELECTION
+    return UNTRACKED_SELECTION + DECLARED_IGNORED + ", ".join(include)
+
+
+def check_repository_lists(status: str, intent_to_add: list[str]) -> None:
+    """The porcelain status parses, and every intent-to-add entry is a safe path it shows."""
+    try:
+        entries = porcelain_by_path(status)
+    except ValueError as exc:
+        raise ValueError(f"status: {exc}") from None
+    for path in intent_to_add:
+        check_relpath("intentToAdd entry", path)
+        if _in_control_dir(path) or path == ".git" or path.startswith(".git/"):
+            raise ValueError(f"intentToAdd entry {path!r} is inside .cotal/ or .git/")
+        # An intent-to-add entry is invisible in the index diff and always differs from
+        # the worktree, so status shows it as " A" (file present) or " D" (file gone).
+        if entries.get(path) not in (" A", " D"):
+            raise ValueError(f"intentToAdd entry {path!r} is not ' A' or ' D' in status")
+    if len(set(intent_to_add)) != len(intent_to_add):
+        raise ValueError("intentToAdd names a path twice")
+
+
+def parse_intent_to_add(data: bytes) -> list[str]:
+    """The out-of-line intent-to-add list: UTF-8 paths, each NUL-terminated."""
+    if data and not data.endswith(b"\0"):
+        raise ValueError("intent-to-add list is not NUL-terminated")
+    try:
+        return [p.decode("utf-8") for p in data.split(b"\0")[:-1]] if data else []
+    except UnicodeDecodeError:
+        raise ValueError("intent-to-add list is not UTF-8") from None
 
 
 # -- porcelain status and refs list --------------------------------------------------------------
@@ -186,6 +260,34 @@ class FileRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     sha256: Sha256Hex
 
 
+class CarriedHook(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One `.git/hooks/<name>` (never a `*.sample`), its permission bits and its bytes."""
+
+    name: FileName
+    mode: Annotated[int, msgspec.Meta(ge=0, le=0o777)]
+    file: FileRef
+
+    def __post_init__(self) -> None:
+        if self.name.endswith(".sample"):
+            raise ValueError(f"hook {self.name!r} is a sample; samples are not carried")
+        if self.file.file != HOOK_FILE_PREFIX + self.name:
+            raise ValueError(
+                f"hook {self.name!r} must be stored as {HOOK_FILE_PREFIX + self.name!r}, "
+                f"not {self.file.file!r}"
+            )
+
+
+class StashEntry(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One `refs/stash` reflog entry: the stash commit and the subject `git stash list` shows."""
+
+    oid: ObjectId
+    message: str
+
+    def __post_init__(self) -> None:
+        if len(self.message) > 4096 or any(c in self.message for c in "\n\r\x00"):
+            raise ValueError("stash message must be one line of at most 4096 characters")
+
+
 class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
 
@@ -193,42 +295,76 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     restore can reattach HEAD instead of leaving the seat on a detached checkout. `status` is
     `git status --porcelain=v1 -z --untracked-files=all --no-renames` under the selection rule,
     re-read by the restore in the promoted tree. `intentToAdd` lists the `git add -N` entries the
-    two diffs cannot carry (peers.md 6); their bytes travel in the worktree diff. `refs` lists
-    every ref at the cut, because cloning a bundle recreates only branches and tags and drops
-    refs/stash; it is None only when the repository had no refs at all (a bare detached HEAD).
+    two diffs cannot carry (peers.md 6); their bytes travel in the worktree diff. When the two
+    lists are large they live in `statusFile` and `intentToAddFile` instead, and the inline
+    fields are empty. `refs` lists every ref at the cut, because cloning a bundle recreates only
+    branches and tags and drops refs/stash; it is None only when the repository had no refs.
+
+    From `.git` exactly three things travel: `config` (with any credential in it redacted and the
+    redacted keys named in `configRedacted`), `hooks` and `infoExclude`. `stash` is every
+    `refs/stash` reflog entry, newest first; the bundle carries each of their commits. `include`
+    is the operator's declared ignored paths, also spelled out in `untrackedSelection`.
     """
 
     base: ObjectId
     untracked_selection: str
-    status: str
     bundle: FileRef
     index_diff: FileRef
     worktree_diff: FileRef
     untracked: FileRef
-    intent_to_add: list[str]
+    status: str = ""
+    intent_to_add: list[str] = []
     head: HeadRef | None = None
     refs: FileRef | None = None
+    status_file: FileRef | None = None
+    intent_to_add_file: FileRef | None = None
+    config: FileRef | None = None
+    config_redacted: list[str] = []
+    hooks: list[CarriedHook] = []
+    info_exclude: FileRef | None = None
+    stash: list[StashEntry] = []
+    include: list[str] = []
 
     def __post_init__(self) -> None:
-        if self.untracked_selection != UNTRACKED_SELECTION:
+        for pattern in self.include:
+            check_carry_pattern(pattern)
+        if len(set(self.include)) != len(self.include):
+            raise ValueError("include names a pattern twice")
+        legacy = not self.include and self.untracked_selection == LEGACY_UNTRACKED_SELECTION
+        if not legacy and self.untracked_selection != selection_rule(self.include):
             raise ValueError(
                 f"untrackedSelection {self.untracked_selection!r} is not the rule this reader "
-                f"reproduces ({UNTRACKED_SELECTION!r})"
+                f"reproduces ({selection_rule(self.include)!r})"
             )
-        try:
-            entries = porcelain_by_path(self.status)
-        except ValueError as exc:
-            raise ValueError(f"status: {exc}") from None
-        for path in self.intent_to_add:
-            check_relpath("intentToAdd entry", path)
-            if _in_control_dir(path) or path == ".git" or path.startswith(".git/"):
-                raise ValueError(f"intentToAdd entry {path!r} is inside .cotal/ or .git/")
-            # An intent-to-add entry is invisible in the index diff and always differs from
-            # the worktree, so status shows it as " A" (file present) or " D" (file gone).
-            if entries.get(path) not in (" A", " D"):
-                raise ValueError(f"intentToAdd entry {path!r} is not ' A' or ' D' in status")
-        if len(set(self.intent_to_add)) != len(self.intent_to_add):
-            raise ValueError("intentToAdd names a path twice")
+        if (self.status_file is None) != (self.intent_to_add_file is None):
+            raise ValueError("statusFile and intentToAddFile come together or not at all")
+        if self.status_file is not None:
+            if self.status or self.intent_to_add:
+                raise ValueError("status and intentToAdd are empty when their files carry them")
+        else:
+            check_repository_lists(self.status, self.intent_to_add)
+        names = [hook.name for hook in self.hooks]
+        if len(set(names)) != len(names):
+            raise ValueError("hooks names a hook twice")
+        for key in self.config_redacted:
+            if not key or len(key) > 1024 or any(ord(c) < 32 for c in key):
+                raise ValueError("configRedacted entries must be printable config key names")
+        if self.config_redacted and self.config is None:
+            raise ValueError("configRedacted names keys of a config the record does not carry")
+
+    def files(self) -> list[FileRef]:
+        """Every file this record names, in a stable order."""
+        files = [self.bundle, self.index_diff, self.worktree_diff, self.untracked]
+        optional = (
+            self.refs,
+            self.status_file,
+            self.intent_to_add_file,
+            self.config,
+            self.info_exclude,
+        )
+        files.extend(ref for ref in optional if ref is not None)
+        files.extend(hook.file for hook in self.hooks)
+        return files
 
 
 class SessionFile(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -371,10 +507,7 @@ class AttemptManifest(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
 
 def checkpoint_files(record: SeatCheckpoint) -> list[FileRef]:
     """Every file a seat checkpoint names besides itself, in a stable order."""
-    repo = record.repository
-    files = [repo.bundle, repo.index_diff, repo.worktree_diff, repo.untracked]
-    if repo.refs is not None:
-        files.append(repo.refs)
+    files = record.repository.files()
     if record.session.pointer is not None:
         files.append(record.session.pointer.file)
     files.extend(sf.file for sf in record.session.store)

@@ -141,3 +141,40 @@ def seat_dir_for(tmp_path: Path, name: str = "default") -> Path:
     seat = tmp_path / "ckpt" / name
     seat.mkdir(parents=True, mode=0o700)
     return seat
+
+
+REMOTE_TOKEN = b"SECRET-REMOTE-TOKEN-3f9a21"
+
+
+def make_fidelity_repo(path: Path) -> Path:
+    """A committed repository whose .git holds what a checkpoint carries and what it must not:
+    a remote URL with a token, an extra auth header, hooks (one not executable), a sample,
+    info/exclude, a `credentials` file and a stale lock."""
+    repo = init_repo(path)
+    write(repo / ".gitignore", ".env\n*.log\nconfig/*.local\n.cotal/\n")
+    write(repo / "README.md", "# fidelity\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+    token = REMOTE_TOKEN.decode()
+    git(repo, "remote", "add", "origin", f"https://alice:{token}@example.invalid/team/r.git")
+    git(repo, "remote", "add", "upstream", "https://example.invalid/up/r.git")
+    git(repo, "config", "branch.main.remote", "origin")
+    git(repo, "config", "branch.main.merge", "refs/heads/main")
+    git(repo, "config", "http.https://example.invalid/.extraheader", f"Authorization: {token}")
+    git(repo, "config", "core.filemode", "true")
+    hooks = repo / ".git" / "hooks"
+    write(hooks / "pre-commit", "#!/bin/sh\nexit 0\n", 0o755)
+    write(hooks / "post-checkout", "#!/bin/sh\n# not executable on purpose\n", 0o640)
+    write(hooks / "pre-push.sample", "#!/bin/sh\n", 0o755)
+    write(repo / ".git" / "info" / "exclude", "# local\nscratch/\n")
+    write(repo / ".git" / "credentials", REMOTE_TOKEN + b"\n", 0o600)
+    write(repo / ".git" / "stale.lock", b"lock\n")
+    return repo
+
+
+def stash_list(repo: Path) -> bytes:
+    return git(repo, "stash", "list")
+
+
+def git_config_list(repo: Path) -> list[str]:
+    return git(repo, "config", "--local", "--list").decode().splitlines()

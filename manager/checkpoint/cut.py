@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +22,7 @@ import structlog
 
 from connectors.base import ContinuityClass, StoreDecl
 from connectors.privatefs import DIR_MODE, ensure_private_dir
+from manager import registry
 from manager.checkpoint.gitstate import capture_repository
 from manager.checkpoint.seal import (
     capture_file,
@@ -173,13 +174,22 @@ async def capture_seat(
     horizon_ms: int = DEFAULT_RECENCY_HORIZON_MS,
     progress: Progress | None = None,
     custody_revision: int | None = None,
+    include: Sequence[str] = (),
 ) -> SeatSummary:
-    """Repository, pointer and store files into a fresh 0700 seat directory, then the record."""
+    """Repository, pointer and store files into a fresh 0700 seat directory, then the record.
+
+    `include` is the cut's `--include` paths, carried with the root's `[carry] include`.
+    """
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
     home = Path(os.path.expanduser("~"))
     seat_dir = create_seat_dir(attempt, agent.name)
-    repository = await capture_repository(cwd, seat_dir, progress=progress)
+    repository = await capture_repository(
+        cwd,
+        seat_dir,
+        progress=progress,
+        include=registry.carry_includes(registry.load_config(layout.root), include),
+    )
     t_repo = time.monotonic()
 
     pointer: SessionFile | None = None

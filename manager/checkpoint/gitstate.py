@@ -6,7 +6,9 @@ index->worktree, because one combined diff restores every change as unstaged; `u
 carries the untracked files under the recorded selection rule; `refs.txt` lists every ref,
 because a clone of the bundle drops refs/stash. The record adds the base commit, the branch HEAD
 is on, the porcelain status the restore must reproduce, and the intent-to-add entries, which
-neither diff carries as index entries.
+neither diff carries as index entries. From `.git` the config (credentials redacted), the hooks
+that are not samples and `info/exclude` travel; every stash entry travels by its commit in the
+bundle and its reflog subject in the record. Declared ignored paths join the untracked set.
 
 States the procedure cannot reproduce are refused by name before anything is written: no
 repository, an unborn HEAD, a shallow history, an unmerged index or an operation in progress,
@@ -23,6 +25,7 @@ dropping it would sweep files the operator ignores (an `.env`) into the artifact
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import tarfile
@@ -33,6 +36,7 @@ from pathlib import Path
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+import structlog
 
 from connectors.privatefs import (
     UnsafeDirectory,
@@ -40,30 +44,50 @@ from connectors.privatefs import (
     file_identity,
     open_parent_below,
     open_regular,
+    read_stable,
 )
-from manager.checkpoint.seal import ExclusiveFile
+from manager.checkpoint.seal import ExclusiveFile, capture_file
 from protocol.checkpoint import (
     BUNDLE_FILE,
     CONTROL_DIR,
+    FILE_NAME_RE,
+    GIT_CONFIG_FILE,
+    HOOK_FILE_PREFIX,
+    INCOMING_PREFIX,
     INDEX_DIFF_FILE,
+    INFO_EXCLUDE_FILE,
+    INTENT_TO_ADD_FILE,
+    LISTS_INLINE_CAP,
     REFS_FILE,
+    STATUS_FILE,
+    SUPERSEDED_PREFIX,
     UNTRACKED_FILE,
-    UNTRACKED_SELECTION,
     WORKTREE_DIFF_FILE,
+    CarriedHook,
     FileRef,
     RepositoryRecord,
+    StashEntry,
+    check_carry_pattern,
     format_refs_list,
+    selection_rule,
 )
 from protocol.codec import decode_json, encode_json
 from protocol.errors import Refusal
 
 Progress = Callable[[str, int], None]
+log = structlog.get_logger("cotal.cut")
 
 GIT = "git"
 # Every git run: hooks and fsmonitor are programs a seat can configure in .git/config; a cut
 # must never execute them.
 SAFE_CONFIG: tuple[str, ...] = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
 EXCLUDE_CONTROL = f":(exclude){CONTROL_DIR}"
+# A mount-point restore stages and supersedes inside the root; neither is the seat's tree. No
+# glob magic: the plain wildcard's `*` also crosses `/`, so everything beneath is excluded.
+EXCLUDE_STAGING: tuple[str, ...] = (
+    f":(exclude){INCOMING_PREFIX}*",
+    f":(exclude){SUPERSEDED_PREFIX}*",
+)
 # Flags that make `git diff` a patch `git apply` reads back the same on any host, whatever the
 # operator's diff.* config says (color, prefixes, external drivers, textconv, renames).
 DIFF_FLAGS: tuple[str, ...] = (
@@ -85,6 +109,7 @@ STATUS_ARGS: tuple[str, ...] = (
     "--no-renames",
     "--",
     EXCLUDE_CONTROL,
+    *EXCLUDE_STAGING,
 )
 _ENV_PASS = ("PATH", "HOME", "XDG_CONFIG_HOME", "TMPDIR")
 _STDERR_KEEP = 64 * 1024
@@ -223,17 +248,109 @@ async def stream_git_to_file(
 
 
 @dataclass(frozen=True)
+class GitDirFacts:
+    """What travels from the git dir: the config, the hooks that are not samples, info/exclude."""
+
+    config: Path | None
+    hooks: list[tuple[str, Path]]
+    info_exclude: Path | None
+
+
+@dataclass(frozen=True)
 class RepoFacts:
     top: Path
     base: str
     head: str | None
     status: str
     untracked: list[bytes]
+    gitdir: GitDirFacts
 
 
 def _in_control_dir(path: bytes) -> bool:
     ctl = CONTROL_DIR.encode()
-    return path == ctl or path.startswith(ctl + b"/")
+    if path == ctl or path.startswith(ctl + b"/"):
+        return True
+    return path.startswith((INCOMING_PREFIX.encode(), SUPERSEDED_PREFIX.encode()))
+
+
+def check_includes(include: Sequence[str]) -> list[str]:
+    """The declared ignored paths as the record will carry them: validated, first mention kept."""
+    out: list[str] = []
+    for pattern in include:
+        try:
+            check_carry_pattern(pattern)
+        except ValueError as exc:
+            raise Refusal(
+                "bad-include",
+                str(exc),
+                "declare a relative path or simple glob under the repository, such as .env or "
+                "config/*.local",
+            ) from None
+        if pattern not in out:
+            out.append(pattern)
+    return out
+
+
+def _plain_file(path: Path, what: str, cure: str) -> Path | None:
+    """`path` when it is a regular file, None when absent; anything else refuses by name."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise Refusal(
+            "gitdir-unsupported",
+            f"{what} {path} is a symlink or not a regular file; a checkpoint carries only "
+            "regular files from .git",
+            cure,
+        )
+    return path
+
+
+async def _gitdir_facts(cwd: Path) -> GitDirFacts:
+    out = await run_git(cwd, "rev-parse", "--git-common-dir")
+    common = (cwd / out.stdout.decode("utf-8", "surrogateescape").strip()).resolve()
+    config = _plain_file(
+        common / "config", "git config", "replace it with a regular file, then cut again"
+    )
+    if config is not None:
+        keys = await run_git(cwd, "config", "--file", str(config), "--null", "--name-only", "-l")
+        if b"core.worktree" in [k.lower() for k in _split_z(keys.stdout)]:
+            raise Refusal(
+                "gitdir-unsupported",
+                f"{config} sets core.worktree, which names a path on this host; the restore "
+                "rebuilds the worktree at the seat's cwd",
+                "run `git config --unset core.worktree` and run the seat at its worktree, then "
+                "cut again",
+            )
+    hooks: list[tuple[str, Path]] = []
+    hooks_dir = common / "hooks"
+    if os.path.isdir(hooks_dir) and not os.path.islink(hooks_dir):
+        for name in sorted(os.listdir(hooks_dir)):
+            if name.endswith(".sample"):
+                continue
+            cure = f"remove {hooks_dir / name} or replace it with a regular file, then cut again"
+            if not FILE_NAME_RE.fullmatch(HOOK_FILE_PREFIX + name):
+                raise Refusal(
+                    "gitdir-unsupported",
+                    f"hook {hooks_dir / name} has a name a checkpoint file cannot take",
+                    cure,
+                )
+            path = _plain_file(hooks_dir / name, "hook", cure)
+            if path is not None:
+                hooks.append((name, path))
+    elif os.path.lexists(hooks_dir):
+        raise Refusal(
+            "gitdir-unsupported",
+            f"{hooks_dir} is a symlink or not a directory",
+            "replace it with a plain directory of hooks, then cut again",
+        )
+    exclude = _plain_file(
+        common / "info" / "exclude",
+        "info/exclude",
+        "replace it with a regular file, then cut again",
+    )
+    return GitDirFacts(config=config, hooks=hooks, info_exclude=exclude)
 
 
 def _split_z(data: bytes) -> list[bytes]:
@@ -245,7 +362,7 @@ def _names(paths: Sequence[bytes], limit: int = 5) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-async def _facts(cwd: Path) -> RepoFacts:
+async def _facts(cwd: Path, include: Sequence[str] = ()) -> RepoFacts:
     cwd = Path(cwd)
     if not cwd.is_dir():
         raise Refusal(
@@ -336,10 +453,11 @@ async def _facts(cwd: Path) -> RepoFacts:
     if gitlinks:
         raise Refusal(
             "submodule",
-            f"{cwd} has submodules ({_names(gitlinks)}); a checkpoint restores a submodule as an "
-            "empty "
+            f"{cwd} has submodules ({_names(gitlinks)}); a checkpoint carries neither a "
+            "submodule's history nor its inner checkout and would restore it as an empty "
             "directory (record open point 9)",
-            "remove the submodules or run the seat in a repository without them",
+            f"remove the submodule (`git rm {os.fsdecode(gitlinks[0])}`) or fold its inner state "
+            "into this repository as ordinary files, then cut again",
         )
     if flagged:
         raise Refusal(
@@ -360,9 +478,34 @@ async def _facts(cwd: Path) -> RepoFacts:
         )
 
     listed = await run_git(
-        cwd, "ls-files", "--others", "--exclude-standard", "-z", "--", EXCLUDE_CONTROL
+        cwd,
+        "ls-files",
+        "--others",
+        "--exclude-standard",
+        "-z",
+        "--",
+        EXCLUDE_CONTROL,
+        *EXCLUDE_STAGING,
     )
     untracked = [p for p in _split_z(listed.stdout) if not _in_control_dir(p)]
+    if include:
+        # Glob magic so `*` stays within one directory level, as the operator wrote it.
+        declared = await run_git(
+            cwd,
+            "ls-files",
+            "--others",
+            "--ignored",
+            "--exclude-standard",
+            "-z",
+            "--",
+            *(f":(glob){pattern}" for pattern in include),
+            EXCLUDE_CONTROL,
+            *EXCLUDE_STAGING,
+        )
+        seen = set(untracked)
+        untracked += [
+            p for p in _split_z(declared.stdout) if p not in seen and not _in_control_dir(p)
+        ]
     nested = [p for p in untracked if p.endswith(b"/")]
     if nested:
         raise Refusal(
@@ -399,7 +542,10 @@ async def _facts(cwd: Path) -> RepoFacts:
             "record is JSON",
             "rename them to UTF-8 names, then cut again",
         ) from None
-    return RepoFacts(top=real, base=base, head=head, status=status, untracked=untracked)
+    gitdir = await _gitdir_facts(cwd)
+    return RepoFacts(
+        top=real, base=base, head=head, status=status, untracked=untracked, gitdir=gitdir
+    )
 
 
 def _utf8(data: bytes) -> bool:
@@ -410,12 +556,12 @@ def _utf8(data: bytes) -> bool:
     return True
 
 
-async def preflight_repository(cwd: Path) -> None:
+async def preflight_repository(cwd: Path, *, include: Sequence[str] = ()) -> None:
     """Refuse, by name and with a cure, a repository state the checkpoint cannot reproduce.
 
     Read-only: it runs before the seat is stopped, so a refusal costs nothing.
     """
-    await _facts(Path(cwd))
+    await _facts(Path(cwd), check_includes(include))
 
 
 # -- capture ------------------------------------------------------------------------------------
@@ -560,6 +706,154 @@ async def _capture_untracked(
         raise
 
 
+async def read_stash(cwd: Path) -> list[StashEntry]:
+    """Every `refs/stash` reflog entry, newest first, as `git stash list` numbers them."""
+    probe = await run_git(cwd, "rev-parse", "-q", "--verify", "refs/stash", ok=(0, 1))
+    if probe.rc != 0:
+        return []
+    out = await run_git(
+        cwd, "reflog", "show", "--no-abbrev", "--no-decorate", "--format=%H%x00%gs", "refs/stash"
+    )
+    entries: list[StashEntry] = []
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        oid, _, message = line.partition("\0")
+        entries.append(StashEntry(oid=oid, message=message))
+    return entries
+
+
+# A URL whose userinfo carries a password (`scheme://user:secret@host`): group 2 is kept.
+_URL_CREDENTIAL = re.compile(rb"([A-Za-z][A-Za-z0-9+.-]*://)([^/@:\s\"]*):([^/@\s\"]*)@")
+
+
+def _strip_password(text: bytes) -> bytes:
+    return _URL_CREDENTIAL.sub(
+        lambda m: m.group(1) + (m.group(2) + b"@" if m.group(2) else b""), text
+    )
+
+
+def _config_entries(listing: bytes) -> list[tuple[bytes, bytes | None]]:
+    """`git config --null --list` as (key, value) pairs; a bare key (boolean true) has None."""
+    entries: list[tuple[bytes, bytes | None]] = []
+    for item in listing.split(b"\0")[:-1]:
+        key, nl, value = item.partition(b"\n")
+        entries.append((key, value if nl else None))
+    return entries
+
+
+def _quote(text: bytes) -> bytes:
+    escaped = text.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+    return b'"' + escaped.replace(b"\n", b"\\n").replace(b"\t", b"\\t") + b'"'
+
+
+def _render_config(entries: Sequence[tuple[bytes, bytes | None]]) -> bytes:
+    lines: list[bytes] = []
+    current: bytes | None = None
+    for key, value in entries:
+        first, last = key.index(b"."), key.rindex(b".")
+        section, name = key[:first], key[last + 1 :]
+        header = b"[" + section + (b" " + _quote(key[first + 1 : last]) if first != last else b"")
+        header += b"]"
+        if header != current:
+            lines.append(header)
+            current = header
+        lines.append(b"\t" + name + (b"" if value is None else b" = " + _quote(value)))
+    return b"\n".join(lines) + b"\n" if lines else b""
+
+
+def _redact_config(
+    raw: bytes, entries: list[tuple[bytes, bytes | None]]
+) -> tuple[list[tuple[bytes, bytes | None]], list[str]]:
+    """The entries with every credential removed, and the keys that held one."""
+    kept: list[tuple[bytes, bytes | None]] = []
+    redacted: list[str] = []
+    for key, value in entries:
+        name = key.decode("utf-8", "replace")
+        section, _, rest = key.partition(b".")
+        if section == b"http" and rest.rpartition(b".")[2] == b"extraheader":
+            # An extra header is how a token is handed to git over http; never carried.
+            redacted.append(name)
+            continue
+        new_key = _strip_password(key)
+        new_value = None if value is None else _strip_password(value)
+        if (new_key, new_value) != (key, value):
+            redacted.append(_strip_password(key).decode("utf-8", "replace"))
+        kept.append((new_key, new_value))
+    if not redacted and _URL_CREDENTIAL.search(raw):
+        # Only a comment held one; rewriting from the entries drops every comment.
+        redacted.append("#comment")
+    return kept, redacted
+
+
+async def _capture_config(cwd: Path, config: Path, seat_dir: Path) -> tuple[FileRef, list[str]]:
+    raw = read_stable(config, cap=1 << 20, what="git config").data
+    listing = await run_git(cwd, "config", "--file", str(config), "--null", "--list")
+    entries = _config_entries(listing.stdout)
+    kept, redacted = _redact_config(raw, entries)
+    data = raw if not redacted else _render_config(kept)
+    out = ExclusiveFile(seat_dir, GIT_CONFIG_FILE)
+    try:
+        out.write(data)
+        ref = out.finish()
+    except BaseException:
+        out.abort()
+        raise
+    if redacted:
+        reread = await run_git(
+            cwd, "config", "--file", str(seat_dir / GIT_CONFIG_FILE), "--null", "--list"
+        )
+        if _config_entries(reread.stdout) != kept or _URL_CREDENTIAL.search(data):
+            raise Refusal(
+                "config-redaction",
+                f"the redacted copy of {config} does not read back as the source's settings",
+                "remove the credentials from the repository's remote URLs by hand "
+                "(`git remote set-url`), then cut again",
+            )
+        log.warning(
+            "cut.config_redacted",
+            repo=str(cwd),
+            keys=redacted,
+            reason="a credential in .git/config never enters a checkpoint; re-enter it on the "
+            "destination",
+        )
+    return ref, redacted
+
+
+async def _capture_gitdir(
+    cwd: Path, facts: GitDirFacts, seat_dir: Path
+) -> tuple[FileRef | None, list[str], list[CarriedHook], FileRef | None]:
+    config: FileRef | None = None
+    redacted: list[str] = []
+    if facts.config is not None:
+        config, redacted = await _capture_config(cwd, facts.config, seat_dir)
+    hooks: list[CarriedHook] = []
+    for name, path in facts.hooks:
+        mode = stat.S_IMODE(os.lstat(path).st_mode) & 0o777
+        ref = await anyio.to_thread.run_sync(capture_file, path, seat_dir, HOOK_FILE_PREFIX + name)
+        if stat.S_IMODE(os.lstat(path).st_mode) & 0o777 != mode:
+            raise Refusal(
+                "changed-during-capture",
+                f"hook {path} changed mode while it was captured",
+                "make sure nothing writes to the seat's repository, then cut again",
+            )
+        hooks.append(CarriedHook(name=name, mode=mode, file=ref))
+    exclude: FileRef | None = None
+    if facts.info_exclude is not None:
+        exclude = await anyio.to_thread.run_sync(
+            capture_file, facts.info_exclude, seat_dir, INFO_EXCLUDE_FILE
+        )
+    return config, redacted, hooks, exclude
+
+
+def _write_small(seat_dir: Path, name: str, data: bytes) -> FileRef:
+    out = ExclusiveFile(seat_dir, name)
+    try:
+        out.write(data)
+        return out.finish()
+    except BaseException:
+        out.abort()
+        raise
+
+
 def bundle_heads(list_heads_output: bytes) -> dict[str, str]:
     """`git bundle list-heads` output as {ref: oid}, without the symbolic HEAD line."""
     carried = {}
@@ -575,9 +869,16 @@ def refs_differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
 
 
 async def capture_repository(
-    cwd: Path, seat_dir: Path, *, progress: Progress | None = None
+    cwd: Path,
+    seat_dir: Path,
+    *,
+    progress: Progress | None = None,
+    include: Sequence[str] = (),
 ) -> RepositoryRecord:
     """Capture the seat's repository into `seat_dir` and return the record that names it.
+
+    `include` is the operator's declared ignored paths (the root's `[carry] include` plus any
+    `--include` at the cut): relative paths or simple globs whose ignored files travel too.
 
     Runs only after the seat is proven stopped (record 1.3 step 7). Preflight runs again first,
     and the refs and status are re-read at the end: a repository that moved during the capture
@@ -585,13 +886,24 @@ async def capture_repository(
     """
     cwd = Path(cwd)
     seat_dir = Path(seat_dir)
-    facts = await _facts(cwd)
+    declared = check_includes(include)
+    facts = await _facts(cwd, declared)
     refs = await read_refs(cwd)
     ita = await _intent_to_add(cwd)
+    stash = await read_stash(cwd)
+    if stash and refs.get("refs/stash") != stash[0].oid:
+        raise Refusal(
+            "changed-during-capture",
+            f"refs/stash of {cwd} does not name the newest entry of its reflog",
+            "make sure nothing changes the repository during the cut, then cut again",
+        )
 
+    # Older stash entries live only in the reflog; naming their commits puts them in the pack
+    # without adding a ref to the bundle's header.
+    stash_revs = list(dict.fromkeys(entry.oid for entry in stash))
     bundle = await stream_git_to_file(
         cwd,
-        ["bundle", "create", "--quiet", "-", "--all"],
+        ["bundle", "create", "--quiet", "-", "--all", *stash_revs],
         seat_dir,
         BUNDLE_FILE,
         progress=progress,
@@ -626,20 +938,23 @@ async def capture_repository(
     untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress)
     refs_ref: FileRef | None = None
     if refs:
-        out = ExclusiveFile(seat_dir, REFS_FILE)
-        try:
-            out.write(format_refs_list(refs))
-            refs_ref = out.finish()
-        except BaseException:
-            out.abort()
-            raise
+        refs_ref = _write_small(seat_dir, REFS_FILE, format_refs_list(refs))
+    config, redacted, hooks, exclude = await _capture_gitdir(cwd, facts.gitdir, seat_dir)
+    status_file: FileRef | None = None
+    ita_file: FileRef | None = None
+    status_inline, ita_inline = facts.status, ita
+    ita_bytes = b"".join(p.encode() + b"\0" for p in ita)
+    if len(facts.status.encode()) + len(ita_bytes) > LISTS_INLINE_CAP:
+        status_file = _write_small(seat_dir, STATUS_FILE, facts.status.encode())
+        ita_file = _write_small(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
+        status_inline, ita_inline = "", []
 
-    after = await _facts(cwd)
-    if (after.base, after.head, after.status) != (
-        facts.base,
-        facts.head,
-        facts.status,
-    ) or await read_refs(cwd) != refs:
+    after = await _facts(cwd, declared)
+    if (
+        (after.base, after.head, after.status) != (facts.base, facts.head, facts.status)
+        or await read_refs(cwd) != refs
+        or await read_stash(cwd) != stash
+    ):
         raise Refusal(
             "changed-during-capture",
             f"the repository at {cwd} changed while it was being captured",
@@ -650,14 +965,22 @@ async def capture_repository(
         record = RepositoryRecord(
             base=facts.base,
             head=facts.head,
-            untracked_selection=UNTRACKED_SELECTION,
-            status=facts.status,
+            untracked_selection=selection_rule(declared),
+            status=status_inline,
             bundle=bundle,
             index_diff=index_diff,
             worktree_diff=worktree_diff,
             untracked=untracked,
-            intent_to_add=ita,
+            intent_to_add=ita_inline,
             refs=refs_ref,
+            status_file=status_file,
+            intent_to_add_file=ita_file,
+            config=config,
+            config_redacted=redacted,
+            hooks=hooks,
+            info_exclude=exclude,
+            stash=stash,
+            include=declared,
         )
         # Round-trip through the strict decoder so the capture never returns a record the
         # reader would refuse (the constructor does not check field patterns).

@@ -6,18 +6,24 @@ succeeded and the staged tree already shows the recorded status. A failure befor
 leaves the target as it was and the staging directory as the evidence of what failed; nothing
 here ever deletes a staging directory, because it is the only record of that failure.
 
+A target that is a mount point stages inside itself instead (`<target>/.cotal-incoming-<stamp>`),
+since a rename cannot cross out of a mount, and promotes by swapping entries within it.
+
 The sequence, in order: verify every digest before any write; check the bundle carries exactly
-the recorded refs; clone; verify the base; detach at the base; recreate the recorded refs (a
-clone keeps branches and tags only, and would drop refs/stash); apply the index diff with
+the recorded refs; clone; verify the base; detach at the base; put back the carried config,
+info/exclude and hooks; recreate the recorded refs (a clone keeps branches and tags only) and
+rebuild the stash reflog entry by entry; apply the index diff with
 --index; put back intent-to-add entries whose file was gone at the cut; apply the worktree diff;
 mark the remaining intent-to-add entries; extract the untracked archive under strict member
-rules; reattach HEAD to its branch; compare `git status`; promote; compare again in place.
+rules; prove no ignored file lies outside the recorded selection; reattach HEAD to its branch;
+compare `git status`; promote; compare again in place.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -35,21 +41,30 @@ from connectors.privatefs import (
     fsync_dir,
     open_parent_below,
     open_regular,
+    read_stable,
     stream_stable,
 )
 from manager.checkpoint.gitstate import (
+    EXCLUDE_CONTROL,
+    EXCLUDE_STAGING,
     STATUS_ARGS,
     bundle_heads,
     read_refs,
+    read_stash,
     refs_differing,
     run_git,
 )
 from manager.checkpoint.reader import verify_file
 from protocol.checkpoint import (
     CONTROL_DIR,
+    INCOMING_PREFIX,
+    SUPERSEDED_PREFIX,
+    FileRef,
     RepositoryRecord,
     SessionFile,
     check_relpath,
+    check_repository_lists,
+    parse_intent_to_add,
     parse_refs_list,
     porcelain_by_path,
 )
@@ -213,8 +228,113 @@ async def _mark_intent_to_add(repo: Path, paths: Sequence[str]) -> None:
     )
 
 
+def _carried_bytes(seat_dir: Path, ref: FileRef) -> bytes:
+    """A carried file's bytes, re-proven against its digest as they are read."""
+    try:
+        data = read_stable(seat_dir / ref.file, cap=max(ref.bytes, 1), what="carried file").data
+    except Refusal as exc:
+        raise Refusal("integrity", f"checkpoint integrity: {exc.message}", exc.cure) from None
+    if len(data) != ref.bytes or hashlib.sha256(data).hexdigest() != ref.sha256:
+        raise Refusal(
+            "integrity",
+            f"checkpoint integrity: {seat_dir / ref.file} changed after it was verified",
+            "copy the checkpoint again from the source host",
+        )
+    return data
+
+
+def _write_gitdir_file(gitdir: Path, rel: str, data: bytes, mode: int) -> None:
+    """Write one carried file into the staged `.git`, which the clone made and nothing else has
+    touched; a symlink on the way refuses rather than being written through."""
+    root_fd = os.open(gitdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        parent, leaf = _open_dirs(root_fd, rel, create=True)
+        try:
+            fd = os.open(
+                leaf,
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=parent,
+            )
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                os.fchmod(out.fileno(), mode)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(root_fd)
+
+
+def _restore_gitdir(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+    gitdir = staging / ".git"
+    if record.config is not None:
+        _write_gitdir_file(gitdir, "config", _carried_bytes(seat_dir, record.config), 0o644)
+    if record.info_exclude is not None:
+        data = _carried_bytes(seat_dir, record.info_exclude)
+        _write_gitdir_file(gitdir, "info/exclude", data, 0o644)
+    for hook in record.hooks:
+        data = _carried_bytes(seat_dir, hook.file)
+        _write_gitdir_file(gitdir, f"hooks/{hook.name}", data, hook.mode)
+
+
+async def _rebuild_stash(staging: Path, record: RepositoryRecord) -> None:
+    """Recreate the `refs/stash` reflog oldest to newest, so `git stash list` numbers it alike."""
+    for entry in reversed(record.stash):
+        await run_git(
+            staging,
+            "update-ref",
+            "--create-reflog",
+            "-m",
+            entry.message,
+            "refs/stash",
+            entry.oid,
+            code="restore-failed",
+            cure="the bundle does not hold every recorded stash commit; copy the checkpoint "
+            "again from the source host",
+        )
+    if await read_stash(staging) != record.stash:
+        raise Refusal(
+            "stash-mismatch",
+            "the rebuilt stash list differs from the one the checkpoint recorded",
+            "copy the checkpoint again from the source host",
+        )
+
+
+async def _prove_selection(staging: Path, record: RepositoryRecord) -> None:
+    """No ignored file is in the staged tree beyond the declared ones: the recorded selection
+    rule is the one this tree reproduces."""
+    base = ("ls-files", "--others", "--ignored", "--exclude-standard", "-z", "--")
+    every = (await run_git(staging, *base, EXCLUDE_CONTROL, *EXCLUDE_STAGING)).stdout
+    declared = b""
+    if record.include:
+        declared = (
+            await run_git(
+                staging,
+                *base,
+                *(f":(glob){pattern}" for pattern in record.include),
+                EXCLUDE_CONTROL,
+                *EXCLUDE_STAGING,
+            )
+        ).stdout
+    extra = sorted(set(every.split(b"\0")) - set(declared.split(b"\0")) - {b""})
+    if extra:
+        shown = ", ".join(os.fsdecode(p) for p in extra[:5])
+        raise Refusal(
+            "selection-mismatch",
+            f"the staged tree holds ignored files outside the recorded selection rule "
+            f"{record.untracked_selection!r} ({shown})",
+            "the checkpoint and its rule disagree, or this host ignores paths the source did "
+            "not (a global excludes file); align core.excludesFile or cut a new checkpoint",
+        )
+
+
 async def _build(
-    staging: Path, seat_dir: Path, record: RepositoryRecord, refs: dict[str, str]
+    staging: Path,
+    seat_dir: Path,
+    record: RepositoryRecord,
+    refs: dict[str, str],
+    status: str,
+    intent_to_add: list[str],
 ) -> None:
     bundle = seat_dir / record.bundle.file
     await run_git(
@@ -241,11 +361,17 @@ async def _build(
         )
     await run_git(staging, "checkout", "--quiet", "--detach", record.base, code="restore-failed")
 
-    # The clone's remote points at the checkpoint's bundle file; the seat never had it.
+    # The clone's remote points at the checkpoint's bundle file, with tracking refs the seat
+    # never had. The carried config, written next, replaces the clone's, so the remotes are
+    # the source's; it and info/exclude go in before the applies and the status comparison,
+    # which read them as the source did.
     await run_git(staging, "remote", "remove", "origin", code="restore-failed")
+    await anyio.to_thread.run_sync(_restore_gitdir, staging, seat_dir, record)
     present = await read_refs(staging)
-    commands = [f"update {name} {oid}\n" for name, oid in sorted(refs.items())]
-    commands += [f"delete {name}\n" for name in sorted(set(present) - set(refs))]
+    # With the stash recorded entry by entry, refs/stash is rebuilt from it below instead.
+    plain = {n: o for n, o in refs.items() if not (record.stash and n == "refs/stash")}
+    commands = [f"update {name} {oid}\n" for name, oid in sorted(plain.items())]
+    commands += [f"delete {name}\n" for name in sorted(set(present) - set(plain))]
     if commands:
         # --create-reflog so refs/stash gets the reflog `git stash list` reads its entries from.
         await run_git(
@@ -260,6 +386,14 @@ async def _build(
             cure="the bundle does not hold the objects the recorded refs name; "
             "copy the checkpoint again",
         )
+    if record.stash:
+        if refs.get("refs/stash") != record.stash[0].oid:
+            raise Refusal(
+                "refs-mismatch",
+                "the recorded refs/stash is not the newest recorded stash entry",
+                "the checkpoint is inconsistent; cut a new one",
+            )
+        await _rebuild_stash(staging, record)
     if await read_refs(staging) != refs:
         raise Refusal(
             "refs-mismatch",
@@ -281,8 +415,8 @@ async def _build(
     )
     # An intent-to-add entry whose file was gone at the cut shows in the worktree diff as the
     # deletion of an empty file; that deletion only applies to an entry that exists.
-    status_of = porcelain_by_path(record.status)
-    gone = [p for p in record.intent_to_add if status_of.get(p) == " D"]
+    status_of = porcelain_by_path(status)
+    gone = [p for p in intent_to_add if status_of.get(p) == " D"]
     for path in gone:
         _create_placeholder(staging, path)
     await _mark_intent_to_add(staging, gone)
@@ -298,8 +432,9 @@ async def _build(
         "the checkpoint is inconsistent, cut a new one",
     )
     # The rest were created as new files by the worktree diff; mark them as the cut had them.
-    await _mark_intent_to_add(staging, [p for p in record.intent_to_add if p not in gone])
+    await _mark_intent_to_add(staging, [p for p in intent_to_add if p not in gone])
     await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
+    await _prove_selection(staging, record)
 
     if record.head is not None:
         if refs.get(record.head) != record.base:
@@ -312,11 +447,11 @@ async def _build(
         await run_git(staging, "symbolic-ref", "HEAD", record.head, code="restore-failed")
 
     staged = (await run_git(staging, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
-    if staged != record.status:
+    if staged != status:
         raise Refusal(
             "restore-mismatch",
             f"the staged tree's git status is {_show_status(staged)}, the checkpoint recorded "
-            f"{_show_status(record.status)}",
+            f"{_show_status(status)}",
             "the checkpoint does not reproduce its own tree; cut a new one",
         )
 
@@ -324,10 +459,14 @@ async def _build(
 # -- promotion ----------------------------------------------------------------------------------
 
 
-def _claim_aside(target: Path, stamp: str) -> Path:
-    """Claim `<target>.superseded.<stamp>[.<k>]` by exclusive mkdir; the name is ours alone."""
+def _claim_aside(target: Path, stamp: str, *, inside: bool = False) -> Path:
+    """Claim an aside directory by exclusive mkdir, so the name is ours alone: beside the target
+    (`<target>.superseded.<stamp>[.<k>]`) or, for a mount point, inside it
+    (`<target>/.cotal-superseded-<stamp>[.<k>]`)."""
+    base = f"{SUPERSEDED_PREFIX}{stamp}" if inside else f"{target.name}.superseded.{stamp}"
     for k in range(100):
-        aside = target.with_name(f"{target.name}.superseded.{stamp}" + (f".{k}" if k else ""))
+        name = base + (f".{k}" if k else "")
+        aside = target / name if inside else target.with_name(name)
         try:
             os.mkdir(aside, DIR_MODE)
             return aside
@@ -335,10 +474,38 @@ def _claim_aside(target: Path, stamp: str) -> Path:
             continue
     raise Refusal(
         "restore-failed",
-        f"no free name for moving {target} aside ({target.name}.superseded.{stamp}[.1-99] all "
-        "exist)",
+        f"no free name for moving {target} aside ({base}[.1-99] all exist)",
         "pass a new stamp or clear old superseded directories",
     )
+
+
+def _swap(staging: Path, target: Path, aside: Path | None, movable: Sequence[str]) -> None:
+    """Move `movable` from the target into `aside`, then every staged entry into the target, all
+    renames within one filesystem; any failure puts every moved entry back where it was."""
+    moved_out: list[str] = []
+    moved_in: list[str] = []
+    try:
+        for name in movable:
+            assert aside is not None
+            os.rename(target / name, aside / name)
+            moved_out.append(name)
+        for name in sorted(os.listdir(staging)):
+            os.rename(staging / name, target / name)
+            moved_in.append(name)
+        os.rmdir(staging)
+    except OSError as exc:
+        for name in reversed(moved_in):
+            os.rename(target / name, staging / name)
+        for name in reversed(moved_out):
+            assert aside is not None
+            os.rename(aside / name, target / name)
+        leftover = f" and the empty {aside}" if aside is not None else ""
+        raise Refusal(
+            "restore-failed",
+            f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; "
+            f"{staging} is left as evidence",
+            f"inspect {staging}, remove it{leftover} by hand, then restore again",
+        ) from None
 
 
 def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Path | None:
@@ -350,9 +517,7 @@ def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Pa
     kept = [name for name in keep if os.path.lexists(target / name)]
     if kept and not set(os.listdir(target)) - set(kept):
         # Only the control directory is there (a fresh root): nothing to move aside.
-        for name in sorted(os.listdir(staging)):
-            os.rename(staging / name, target / name)
-        os.rmdir(staging)
+        _swap(staging, target, None, [])
         fsync_dir(target)
         fsync_dir(parent)
         return None
@@ -366,32 +531,60 @@ def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Pa
     # The single-root case: the target holds the destination's own control directory, which a
     # running daemon may be using and which holds this very checkpoint. It stays where it is
     # (same inode); everything else moves aside and the staged tree moves in around it.
-    moved_out: list[str] = []
-    moved_in: list[str] = []
-    try:
-        for name in sorted(os.listdir(target)):
-            if name not in kept:
-                os.rename(target / name, aside / name)
-                moved_out.append(name)
-        for name in sorted(os.listdir(staging)):
-            os.rename(staging / name, target / name)
-            moved_in.append(name)
-        os.rmdir(staging)
-    except OSError as exc:
-        for name in reversed(moved_in):
-            os.rename(target / name, staging / name)
-        for name in reversed(moved_out):
-            os.rename(aside / name, target / name)
-        raise Refusal(
-            "restore-failed",
-            f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; "
-            f"{staging} is left as evidence",
-            f"inspect {staging}, remove it and the empty {aside} by hand, then restore again",
-        ) from None
+    _swap(staging, target, aside, sorted(n for n in os.listdir(target) if n not in kept))
     fsync_dir(target)
     fsync_dir(aside)
     fsync_dir(parent)
     return aside
+
+
+def _promote_in_place(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Path | None:
+    """Promotion for a target that is a mount point: a rename cannot cross out of it, so the
+    staged tree (already inside it) swaps with the old entries, which go to an aside directory
+    inside it too. Earlier staging and superseded directories are left where they are."""
+
+    def stays(name: str) -> bool:
+        return name in keep or name.startswith((INCOMING_PREFIX, SUPERSEDED_PREFIX))
+
+    movable = sorted(n for n in os.listdir(target) if not stays(n))
+    aside = _claim_aside(target, stamp, inside=True) if movable else None
+    try:
+        _swap(staging, target, aside, movable)
+    except Refusal:
+        if aside is not None:
+            os.rmdir(aside)
+        raise
+    fsync_dir(target)
+    if aside is not None:
+        fsync_dir(aside)
+    return aside
+
+
+def _mount_points() -> set[str]:
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
+    return {
+        re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split(" ")[4])
+        for line in lines
+        if len(line.split(" ")) > 4
+    }
+
+
+def _is_mount_point(target: Path) -> bool:
+    """Whether `target` is a mount point, so a staging directory beside it is on another
+    filesystem (or another mount of the same one, which rename(2) refuses just the same)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    if st.st_dev != os.stat(target.parent).st_dev or os.path.ismount(target):
+        return True
+    return os.path.realpath(target) in _mount_points()
 
 
 def _check_target(target: Path, stamp: str, keep_paths: Sequence[str]) -> None:
@@ -428,22 +621,32 @@ async def restore_repository(
     stamp: str,
     keep_paths: tuple[str, ...] = (CONTROL_DIR,),
 ) -> RestoreResult:
-    """Rebuild the captured repository at `target` through a staging directory beside it."""
+    """Rebuild the captured repository at `target` through a staging directory beside it, or
+    inside it when the target is a mount point (`<target>/.cotal-incoming-<stamp>`)."""
     seat_dir = Path(os.path.abspath(seat_dir))
     target = Path(os.path.abspath(target))
     _check_target(target, stamp, keep_paths)
-    staging = target.with_name(target.name + ".incoming")
+    in_place = _is_mount_point(target)
+    if in_place:
+        staging = target / f"{INCOMING_PREFIX}{stamp}"
+    else:
+        staging = target.with_name(target.name + ".incoming")
 
     # Every digest is proven before the first write anywhere.
-    for ref in (
-        record.bundle,
-        record.index_diff,
-        record.worktree_diff,
-        record.untracked,
-        record.refs,
-    ):
-        if ref is not None:
-            await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
+    for ref in record.files():
+        await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
+    status, intent_to_add = record.status, record.intent_to_add
+    if record.status_file is not None and record.intent_to_add_file is not None:
+        try:
+            status = _carried_bytes(seat_dir, record.status_file).decode("utf-8")
+            intent_to_add = parse_intent_to_add(_carried_bytes(seat_dir, record.intent_to_add_file))
+            check_repository_lists(status, intent_to_add)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise Refusal(
+                "bad-record",
+                f"the status and intent-to-add files in {seat_dir} do not form a valid list: {exc}",
+                "cut a new checkpoint",
+            ) from None
     refs: dict[str, str] = {}
     if record.refs is not None:
         try:
@@ -482,8 +685,9 @@ async def restore_repository(
             "— inspect and remove it by hand",
             f"inspect {staging}, remove it by hand, then restore again",
         ) from None
+    unchanged = f"{target} is unchanged" + (f" apart from {staging}" if in_place else "")
     try:
-        await _build(staging, seat_dir, record, refs)
+        await _build(staging, seat_dir, record, refs, status, intent_to_add)
         clash = [name for name in keep_paths if os.path.lexists(staging / name)]
         if clash:
             raise Refusal(
@@ -494,26 +698,29 @@ async def restore_repository(
     except Refusal as exc:
         raise Refusal(
             exc.code,
-            f"{exc.message}; {target} is unchanged and {staging} is left as the evidence",
+            f"{exc.message}; {unchanged} and {staging} is left as the evidence",
             f"{exc.cure}; inspect {staging} and remove it by hand before restoring again",
         ) from None
     except OSError as exc:
         raise Refusal(
             "restore-failed",
-            f"restoring into {staging} failed ({exc}); {target} is unchanged and {staging} is "
-            "left as the evidence",
+            f"restoring into {staging} failed ({exc}); {unchanged} and {staging} is left as "
+            "the evidence",
             f"inspect {staging} and remove it by hand before restoring again",
         ) from None
 
-    aside = _promote(staging, target, stamp, keep_paths)
+    if in_place:
+        aside = _promote_in_place(staging, target, stamp, keep_paths)
+    else:
+        aside = _promote(staging, target, stamp, keep_paths)
     final = (await run_git(target, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
-    if final != record.status:
+    if final != status:
         where = f"; the previous tree is at {aside}" if aside else ""
         raise Refusal(
             "restore-mismatch",
             f"after promotion {target} reports git status {_show_status(final)}, the checkpoint "
             "recorded "
-            f"{_show_status(record.status)}{where}",
+            f"{_show_status(status)}{where}",
             f"inspect {target} before starting the seat; something other than the checkpoint is "
             "in the tree",
         )

@@ -200,16 +200,20 @@ async def test_capture_writes_private_files_and_a_consistent_record(tmp_path: Pa
     }
 
     names = sorted(os.listdir(seat))
+    # git init writes a config and an info/exclude; its hooks are samples and stay behind.
     assert names == sorted(
-        ["repo.bundle", "index.diff", "worktree.diff", "untracked.tar", "refs.txt"]
+        [
+            "repo.bundle",
+            "index.diff",
+            "worktree.diff",
+            "untracked.tar",
+            "refs.txt",
+            "git-config",
+            "git-info-exclude",
+        ]
     )
-    for ref in (
-        record.bundle,
-        record.index_diff,
-        record.worktree_diff,
-        record.untracked,
-        record.refs,
-    ):
+    assert sorted(ref.file for ref in record.files()) == names
+    for ref in record.files():
         path = seat / ref.file
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o600
         assert path.stat().st_size == ref.bytes
