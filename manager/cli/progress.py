@@ -24,6 +24,9 @@ T = TypeVar("T")
 
 POLL_S = 0.25
 SLOW_CAPTURE_S = 1.0
+# A capture step that has written this much is a large repository: its byte counts are shown
+# however quickly the machine gets through them.
+LARGE_STEP_BYTES = 8 * 1024 * 1024
 # How often a step that is still running repeats its line with the bytes written so far.
 REPEAT_S = 1.0
 # A daemon without the op: the refusal its dispatcher or its argument decoder gives.
@@ -99,6 +102,14 @@ class ProgressView:
         line = f"  capture.progress: seat={seat} phase={step}{size}"
         new_step = step != capture.step
         capture.step = step
+        if not capture.shown and (record.bytes or 0) >= LARGE_STEP_BYTES:
+            capture.shown = True
+            for earlier in capture.pending[:-1] if not new_step else capture.pending:
+                self.say(earlier)
+            capture.pending.clear()
+            self.say(line)
+            capture.last_line = now
+            return
         if not capture.shown:
             if new_step:
                 capture.pending.append(line)

@@ -32,6 +32,8 @@ class ProgressLog:
         self.done = False
         self._records: deque[control.ProgressRecord] = deque(maxlen=KEEP_RECORDS)
         self._seq = 0
+        # Per seat, the last capture count the throttle held back: (step, bytes).
+        self._held: dict[str, tuple[str, int]] = {}
 
     def begin(self, attempt_id: str) -> None:
         """A new attempt starts a new log; the same attempt again continues its own."""
@@ -40,6 +42,7 @@ class ProgressLog:
             return
         self.attempt_id, self.done, self._seq = attempt_id, False, 0
         self._records.clear()
+        self._held.clear()
 
     def add(
         self,
@@ -49,6 +52,22 @@ class ProgressLog:
         step: str | None = None,
         size: int | None = None,
         detail: str | None = None,
+    ) -> None:
+        if phase != "capture":
+            # Whatever comes next (a seal, a failure, the next phase), each step's total
+            # reaches the coordinator first, however fast the step ran.
+            for held_seat, (held_step, held_bytes) in sorted(self._held.items()):
+                self._append("capture", held_seat, held_step, held_bytes, None)
+            self._held.clear()
+        self._append(phase, seat, step, size, detail)
+
+    def _append(
+        self,
+        phase: control.ProgressPhase,
+        seat: str | None,
+        step: str | None,
+        size: int | None,
+        detail: str | None,
     ) -> None:
         self._seq += 1
         self._records.append(
@@ -64,15 +83,27 @@ class ProgressLog:
         )
 
     def capture_reporter(self, seat: str) -> cut.Progress:
-        """Every step change, and within a step at most twice a second."""
+        """Every step change, and within a step at most twice a second. A count the throttle
+        held back is recorded when the next step or the next phase begins."""
         last: dict[str, float | str] = {"at": 0.0, "step": ""}
+
+        def record(step: str, done: int) -> None:
+            log.info("capture.progress", seat=seat, phase=step, bytes=done)
+            self.add("capture", seat=seat, step=step, size=done)
 
         def report(step: str, done: int) -> None:
             now = time.monotonic()
-            if step != last["step"] or now - float(last["at"]) >= CAPTURE_EVERY_S:
+            held = self._held.pop(seat, None)
+            if step != last["step"]:
+                if held is not None:
+                    record(*held)
                 last.update(at=now, step=step)
-                log.info("capture.progress", seat=seat, phase=step, bytes=done)
-                self.add("capture", seat=seat, step=step, size=done)
+                record(step, done)
+            elif now - float(last["at"]) >= CAPTURE_EVERY_S:
+                last.update(at=now)
+                record(step, done)
+            else:
+                self._held[seat] = (step, done)
 
         return report
 
