@@ -45,9 +45,16 @@ class Cut:
     attempt_id: str
     rows: dict[str, dict[str, Any]]
     broker: SharedBroker
+    # The source manager's instance key: what a destination must trust to admit this cut.
+    signer_key: str
 
     def uid(self, seat: str = "scribe1") -> str:
         return str(self.rows[seat]["lifecycleUid"])
+
+    @property
+    def trust(self) -> tuple[str, ...]:
+        """The flags that make a destination trust this cut's signer for one run."""
+        return ("--trust-signer", self.signer_key)
 
     @property
     def instance_id(self) -> str:
@@ -82,7 +89,8 @@ def make_cut(
     assert result["journal"] == "ready" and result["failures"] == [], result
     source_dir = Path(result["checkpointDir"])
     shutil.copytree(source_dir, copy_to)
-    return Cut(cli.root, source_dir, copy_to, result["attemptId"], rows, b)
+    key = source_identity(cli.root).public_key_b64
+    return Cut(cli.root, source_dir, copy_to, result["attemptId"], rows, b, key)
 
 
 def make_destination(root: Path) -> None:
