@@ -74,6 +74,8 @@ def refused(proc: subprocess.CompletedProcess[str], code: str) -> dict[str, Any]
 
 def test_add_list_remove_round_trip_in_a_private_file(cli: Cli) -> None:
     a, b = new_key(), new_key()
+    assert fingerprint(a) == ssh_fingerprint(a) and fingerprint(a).startswith("SHA256:")
+    assert "=" not in fingerprint(a)
     assert listed(cli) == []
     assert not (cli.root / ".cotal").exists()  # listing an empty store creates nothing
 
