@@ -16,6 +16,7 @@ rules; reattach HEAD to its branch; compare `git status`; promote; compare again
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import secrets
@@ -60,6 +61,9 @@ from protocol.names import STAMP
 STAMP_RE = STAMP.regex
 CHUNK = 1024 * 1024
 _RESTORE_REFLOG = "cotal: restored from checkpoint"
+_MEMBER_ERRNOS = frozenset(
+    {errno.ENAMETOOLONG, errno.ENOENT, errno.EINVAL, errno.ELOOP, errno.ENOTDIR, errno.EILSEQ}
+)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
         problem = "lands in .git/ or the control directory"
     elif member.islnk():
         problem = "is a hard link"
+    elif member.issym() and (not member.linkname or "\x00" in member.linkname):
+        problem = "is a symlink with an empty or unprintable target"
     elif not (member.isreg() or member.issym()):
         problem = "is not a regular file or symlink (directory, device, fifo or other)"
     else:
@@ -166,6 +172,16 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
                     ) from None
                 finally:
                     os.close(parent)
+    except OSError as exc:
+        # A name too long for this filesystem, a link target it refuses: the member cannot be
+        # placed as recorded, which is a property of the archive, not of this host's health.
+        if exc.errno not in _MEMBER_ERRNOS:
+            raise
+        raise Refusal(
+            "unsafe-archive",
+            f"untracked archive member {exc.filename or '?'!r} cannot be written ({exc.strerror})",
+            "the checkpoint is not one cotal captured; cut a new one on the source host",
+        ) from None
     except tarfile.TarError as exc:
         raise Refusal(
             "unsafe-archive",
@@ -611,7 +627,7 @@ def confine_cwd(seat: str, cwd: str, *, root: Path, maps: Mapping[Path, Path] = 
         )
     rel = here.relative_to(inside[0]).parts
     problem = _parts_problem(rel)
-    if problem is None and rel and rel[0] == CONTROL_DIR:
+    if problem is None and CONTROL_DIR in rel:
         problem = "is inside the control directory"
     if problem is not None:
         raise Refusal("cwd-outside-root", f"seat {seat}: its cwd {here} {problem}", _CURE_FORGED)
