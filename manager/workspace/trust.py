@@ -284,3 +284,16 @@ def trusted_keys_for(layout: Layout, space: str, pinned: Iterable[str]) -> list[
         if signer.key not in keys:
             keys.append(signer.key)
     return keys
+
+
+def why_trusted(layout: Layout, space: str, pinned: Iterable[str], key: str) -> str:
+    """How admission came to trust `key`, for the operator's record: "pinned" (--trust-signer),
+    "own" (this root's manager instance key) or the trust-store name it was added under."""
+    if key in set(pinned):
+        return "pinned"
+    if key == own_key(layout, space):
+        return "own"
+    for signer in read_trusted(layout):
+        if signer.key == key:
+            return f"trust store: {signer.name}"
+    return "not trusted"

@@ -887,6 +887,12 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
     out = json.loads(
         cli.run("checkpoint", "verify", str(cut.copy), "--json", *broker_args(b), *cut.trust).stdout
     )
+    signer = out.pop("signer")
+    assert {k: signer[k] for k in ("instanceId", "publicKey", "pinned")} == {
+        "instanceId": cut.instance_id,
+        "publicKey": record.signer.public_key if record.signer else None,
+        "pinned": True,
+    }
     assert out == {
         "admitted": True,
         "attemptId": cut.attempt_id,
@@ -902,11 +908,6 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
                 "sessionId": cut.rows[SEAT]["sessionId"],
             }
         ],
-        "signer": {
-            "instanceId": cut.instance_id,
-            "publicKey": record.signer.public_key if record.signer else None,
-            "pinned": True,
-        },
     }
     text = cli.run("checkpoint", "verify", str(cut.copy), *broker_args(b), *cut.trust).stdout
     assert f"checkpoint {cut.copy}: admitted (attempt {cut.attempt_id}, space main)" in text
