@@ -100,7 +100,9 @@ def verify_signature(
     is given.
 
     A recorded key alone proves the record is unaltered since a signer sealed it, not who that
-    signer was; `trusted_keys` is how a caller pins the manager that may have sealed it.
+    signer was. `trusted_keys=None` checks the signature without judging the signer, which is
+    for tools that inspect or re-seal a checkpoint; admission (`admit.integrity`) always passes
+    a set, and an empty one trusts nobody.
     """
     if record.signer is None or not record.signature:
         raise Refusal(

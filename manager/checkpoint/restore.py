@@ -793,7 +793,10 @@ def probe_session_target(target: SessionTarget) -> None:
             if stat.S_ISLNK(st.st_mode) or (
                 not stat.S_ISDIR(st.st_mode) if not last else not stat.S_ISREG(st.st_mode)
             ):
-                kind = "is a symlink" if stat.S_ISLNK(st.st_mode) else "is not what it must be"
+                if stat.S_ISLNK(st.st_mode):
+                    kind = "is a symlink"
+                else:
+                    kind = "is not a regular file" if last else "is not a directory"
                 raise _unsafe_walk(
                     target, UnsafeDirectory(target.base.joinpath(*parts[: i + 1]), kind)
                 )

@@ -388,3 +388,33 @@ async def test_a_bundle_that_does_not_match_its_record_refuses_at_admission(
         "admission refused at the integrity gate",
         says,
     )
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["outside", "in-git", "in-control"],
+)
+async def test_the_tree_is_written_only_under_the_root_checked_again_at_the_write(
+    tmp_path: Path, where: str
+) -> None:
+    from manager.checkpoint.restore import restore_repository
+    from tests.unit.test_checkpoint_record import repository
+
+    root = tmp_path / "root"
+    root.mkdir()
+    target = {
+        "outside": tmp_path / "elsewhere",
+        "in-git": root / "sub/.git/hooks",
+        "in-control": root / ".cotal/auth",
+    }[where]
+    before = snapshot(tmp_path)
+    with pytest.raises(Refusal) as err:
+        await restore_repository(
+            tmp_path / "no-checkpoint-needed",
+            repository(),
+            target,
+            stamp="20261129T140000Z",
+            confine_to=(root,),
+        )
+    assert err.value.code == "cwd-outside-root" and str(target) in err.value.message
+    assert snapshot(tmp_path) == before
