@@ -83,7 +83,7 @@ from manager.broker.connection import LazyConnection  # noqa: E402
 from manager.broker.presence import live_uids as read_live_uids  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
 from manager.checkpoint.gitstate import STATUS_ARGS, run_git  # noqa: E402
-from manager.checkpoint.reader import verify_file  # noqa: E402
+from manager.checkpoint.reader import read_manifest, verify_file  # noqa: E402
 from manager.checkpoint.restore import place_session_file, restore_repository, session_destination  # noqa: E402
 from manager.cli.verify import agent_settings  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
@@ -309,7 +309,11 @@ def bench_restore(
         cut, cut_times = cut_seats(cli, mesh, broker, [repo])
     carried = copy_out(Path(cut["checkpointDir"]), scratch / "carried-1")
     settings_root = Layout.at(root)
-    adm0 = admit.integrity(carried)
+    # The benchmark resumes the source's own cut, so the source's own key is the trusted one.
+    signer = read_manifest(carried).signer
+    assert signer is not None
+    trusted = [signer.public_key]
+    adm0 = admit.integrity(carried, trusted_keys=trusted)
     [name] = list(adm0.records)
     record = adm0.records[name]
     seat_dir = seat_dir_of(adm0, name)
@@ -341,7 +345,7 @@ def bench_restore(
         ws = parent / "ws"
         target = ws / "repo"
         t0 = time.perf_counter()
-        adm = admit.integrity(carried)
+        adm = admit.integrity(carried, trusted_keys=trusted)
         t1 = time.perf_counter()
         admit.identity(
             adm,

@@ -30,6 +30,7 @@ from protocol.checkpoint import (
     SeatCheckpoint,
 )
 from protocol.codec import encode_json
+from protocol.inventory import Inventory, encode_inventory, parse_resume_args
 from tests.conftest import Cli, SharedBroker
 from tests.gitrepo import git, init_repo, tree_digest, write
 from tests.helpers import broker_at
@@ -45,9 +46,16 @@ class Cut:
     attempt_id: str
     rows: dict[str, dict[str, Any]]
     broker: SharedBroker
+    # The source manager's instance key: what a destination must trust to admit this cut.
+    signer_key: str
 
     def uid(self, seat: str = "scribe1") -> str:
         return str(self.rows[seat]["lifecycleUid"])
+
+    @property
+    def trust(self) -> tuple[str, ...]:
+        """The flags that make a destination trust this cut's signer for one run."""
+        return ("--trust-signer", self.signer_key)
 
     @property
     def instance_id(self) -> str:
@@ -82,7 +90,8 @@ def make_cut(
     assert result["journal"] == "ready" and result["failures"] == [], result
     source_dir = Path(result["checkpointDir"])
     shutil.copytree(source_dir, copy_to)
-    return Cut(cli.root, source_dir, copy_to, result["attemptId"], rows, b)
+    key = source_identity(cli.root).public_key_b64
+    return Cut(cli.root, source_dir, copy_to, result["attemptId"], rows, b, key)
 
 
 def make_destination(root: Path) -> None:
@@ -139,9 +148,11 @@ def reseal_manifest(
         for s in manifest.seats
         if s.name not in drop
     ]
+    # The resume document too is named by whatever bytes it holds now (a forged plan included).
+    resume = file_ref(attempt / manifest.resume.file)
     seal_manifest(
         attempt,
-        msgspec.structs.replace(manifest, seats=seats),
+        msgspec.structs.replace(manifest, seats=seats, resume=resume),
         identity.sign,
         identity.public_key_b64,
         identity.instance_id,
@@ -156,13 +167,20 @@ def reseal(
     edit: Callable[[SeatCheckpoint], SeatCheckpoint] | None = None,
     only: Collection[str] | None = None,
     drop: Collection[str] = (),
+    plan: Callable[[Inventory], Inventory] | None = None,
 ) -> Path:
     """Copy an attempt and seal it again with `identity`: each seat (or those in `only`) edited
-    by `edit` and signed anew, `drop` seats removed with their manifest entries, the manifest
-    re-signed last. The resume document travels unchanged."""
+    by `edit` and signed anew, `drop` seats removed with their manifest entries, the resume
+    document rewritten by `plan` when given, the manifest re-signed last: what a hostile signer
+    can send."""
     shutil.copytree(src, dst)
     for name in drop:
         shutil.rmtree(dst / name)
+    if plan is not None:
+        manifest = read_manifest(dst)
+        path = dst / manifest.resume.file
+        inventory = parse_resume_args(manifest.attempt_id, path.read_bytes())
+        path.write_bytes(encode_inventory(plan(inventory)))
     if edit is not None:
         for seat in read_manifest(dst).seats:
             if seat.name in drop or (only is not None and seat.name not in only):
@@ -175,6 +193,21 @@ def reseal(
             )
     reseal_manifest(dst, identity, drop=drop)
     return dst
+
+
+def replace_agent(seat: str, **launch: Any) -> Callable[[Inventory], Inventory]:
+    """A plan edit: seat `seat`'s launch fields replaced (e.g. `cwd`, `session_stores`)."""
+
+    def edit(inventory: Inventory) -> Inventory:
+        agents = [
+            msgspec.structs.replace(a, launch=msgspec.structs.replace(a.launch, **launch))
+            if a.name == seat
+            else a
+            for a in inventory.agents
+        ]
+        return msgspec.structs.replace(inventory, agents=agents)
+
+    return edit
 
 
 def snapshot(root: Path) -> dict[str, tuple[object, ...]]:

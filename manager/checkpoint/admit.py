@@ -1,5 +1,14 @@
 """Admission (record 2.2): integrity, then identity, then recency, all-or-nothing over an attempt.
 
+A checkpoint directory came over the network, so every gate treats it as hostile. Integrity
+admits only a signer this destination trusts (its own manager instance key, the operator's
+trust store, or a key pinned for the run) and then proves the artifacts agree with each other:
+the bundle carries exactly the recorded refs and the recorded base commit. Identity proves the
+checkpoint is for this space and root and confines every path it would write: the seat's tree
+under the root, each session file at the seat's own pointer or under a store the seat declared,
+never in .git, never in the control directory, never through a symlink. All of it runs before
+the journal or custody move, so a refusal leaves everything as it was.
+
 Cheapest and most conclusive first. Integrity and identity have no override; recency has one
 (`--accept-stale-checkpoint`), because a stale checkpoint is sometimes the only checkpoint, and
 the consent is returned so the caller can print and journal it. A capturedAt that cannot be read,
@@ -10,6 +19,9 @@ gate that fails open is not a gate.
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import tempfile
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,15 +29,39 @@ from pathlib import Path
 from typing import Any
 
 from manager import registry
+from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, refs_differing
 from manager.checkpoint.reader import read_manifest, verify_integrity
+from manager.checkpoint.restore import (
+    SessionTarget,
+    confine_cwd,
+    probe_session_target,
+    seat_paths,
+    session_target,
+)
 from manager.workspace.private import read_stable
-from protocol.checkpoint import AttemptManifest, SeatCheckpoint
+from protocol.checkpoint import (
+    AttemptManifest,
+    RepositoryRecord,
+    SeatCheckpoint,
+    SessionFile,
+    parse_refs_list,
+)
 from protocol.errors import Refusal
 from protocol.instant import parse_instant
 from protocol.inventory import INVENTORY_CAP, Agent, Inventory, parse_resume_args
 from protocol.maintenance import Consent
 
 CLOCK_SKEW_MS = 60_000
+GIT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class ConfinedSeat:
+    """Where one admitted seat may write on this host, proven by the identity gate: its tree at
+    `cwd`, and each session file (pointer first) at its target."""
+
+    cwd: Path
+    sessions: tuple[tuple[SessionFile, SessionTarget], ...]
 
 
 @dataclass
@@ -37,6 +73,7 @@ class Admission:
     records: dict[str, SeatCheckpoint]
     consents: list[Consent] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    confined: dict[str, ConfinedSeat] = field(default_factory=dict)
 
     def agent(self, name: str) -> Agent:
         return next(a for a in self.inventory.agents if a.name == name)
@@ -46,11 +83,19 @@ def _refuse(gate: str, code: str, message: str, cure: str) -> Refusal:
     return Refusal(code, f"admission refused at the {gate} gate: {message}", cure)
 
 
-def integrity(attempt_dir: Path, *, trusted_keys: Collection[str] | None = None) -> Admission:
+def integrity(attempt_dir: Path, *, trusted_keys: Collection[str]) -> Admission:
     """Gate 1: every named file present, regular, not a symlink, of its size and digest, stable
-    while read; the signatures verify; the resume document is the one the manifest names."""
-    records = verify_integrity(attempt_dir, trusted_keys=trusted_keys)
-    manifest = read_manifest(attempt_dir, trusted_keys=trusted_keys)
+    while read; the signatures verify under a trusted key; the resume document is the one the
+    manifest names; each bundle carries exactly the recorded refs and the recorded base.
+
+    `trusted_keys` is required and an empty collection trusts nobody (see
+    `manager.workspace.trust.trusted_keys_for`): a valid signature by an unknown key proves only
+    that someone sealed the bytes.
+    """
+    # None would mean "any signer" to the reader below; here it means nothing is trusted.
+    keys = frozenset(trusted_keys) if trusted_keys is not None else frozenset()
+    records = verify_integrity(attempt_dir, trusted_keys=keys)
+    manifest = read_manifest(attempt_dir, trusted_keys=keys)
     doc = read_stable(
         attempt_dir / manifest.resume.file, cap=INVENTORY_CAP, what="resume document"
     ).data
@@ -85,7 +130,123 @@ def integrity(attempt_dir: Path, *, trusted_keys: Collection[str] | None = None)
                 f"seat {name}: its checkpoint and the resume document disagree",
                 "copy the checkpoint again from the source host",
             )
+    dirs = {seat.name: seat.dir for seat in manifest.seats}
+    for name, record in by_name.items():
+        check_repository(name, attempt_dir / dirs[name], record.repository)
     return Admission(attempt_dir, manifest, inventory, doc, by_name)
+
+
+def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(
+            [GIT, *SAFE_CONFIG, *args],
+            cwd=cwd,
+            env=git_env({"GIT_CEILING_DIRECTORIES": str(cwd.parent)}),
+            input=stdin,
+            capture_output=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise Refusal(
+            "git-missing", "cannot run git to read the checkpoint's bundle", "install git"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise Refusal(
+            "bundle-invalid",
+            f"`git {' '.join(args[:2])}` over the checkpoint's bundle ran past "
+            f"{GIT_TIMEOUT_S:.0f} s",
+            "copy the checkpoint again; a bundle cotal cut reads in seconds",
+        ) from None
+
+
+def check_repository(name: str, seat_dir: Path, record: RepositoryRecord) -> None:
+    """The repository half's artifacts agree with the record and with each other.
+
+    Each file's digest is already proven, but a signer can seal any bytes: a bundle swapped for
+    another repository's, re-signed, passes every digest. So the bundle's heads must be exactly
+    `refs.txt`, the branch HEAD was on must point at the base, and the base and every recorded
+    ref must be objects the bundle really carries (unbundled into a throwaway repository).
+    Refused here, the restore never claims custody for a tree it cannot build.
+    """
+    bundle = seat_dir / record.bundle.file
+    refs: dict[str, str] = {}
+    if record.refs is not None:
+        try:
+            refs = parse_refs_list((seat_dir / record.refs.file).read_bytes())
+        except ValueError as exc:
+            raise _refuse(
+                "integrity",
+                "refs-mismatch",
+                f"seat {name}: {seat_dir / record.refs.file} is not a refs list ({exc})",
+                "the checkpoint is not one cotal cut; cut the seat again on the source host",
+            ) from None
+    if record.head is not None and refs.get(record.head) != record.base:
+        raise _refuse(
+            "integrity",
+            "refs-mismatch",
+            f"seat {name}: HEAD was on {record.head} at the cut, but the recorded refs put that "
+            f"branch at {refs.get(record.head, 'nothing')}, not the base {record.base}",
+            "the record and its refs do not belong together; cut the seat again",
+        )
+    with tempfile.TemporaryDirectory(prefix="cotal-admit-") as tmp:
+        scratch = Path(tmp) / "bundle.git"
+        listed = _git(Path(tmp), "bundle", "list-heads", os.fspath(bundle))
+        if listed.returncode != 0:
+            raise _bundle_invalid(name, bundle, listed)
+        differ = refs_differing(bundle_heads(listed.stdout), refs)
+        if differ:
+            raise _refuse(
+                "integrity",
+                "refs-mismatch",
+                f"seat {name}: the bundle {bundle} carries other refs than the checkpoint "
+                f"recorded ({', '.join(differ[:5])})",
+                "the bundle and the record do not belong together; copy the checkpoint again "
+                "from the source host, or cut the seat again",
+            )
+        made = _git(Path(tmp), "init", "--quiet", "--bare", "--template=", os.fspath(scratch))
+        if made.returncode != 0:
+            raise _bundle_invalid(name, bundle, made)
+        unpacked = _git(scratch, "bundle", "unbundle", os.fspath(bundle))
+        if unpacked.returncode != 0:
+            raise _bundle_invalid(name, bundle, unpacked)
+        wanted = [f"{record.base}^{{commit}}", *sorted(set(refs.values()))]
+        found = _git(
+            scratch, "cat-file", "--batch-check", stdin="".join(w + "\n" for w in wanted).encode()
+        )
+        lines = found.stdout.decode("utf-8", "replace").splitlines()
+        if found.returncode != 0 or len(lines) != len(wanted):
+            raise _bundle_invalid(name, bundle, found)
+        if lines[0].endswith(" missing"):
+            raise _refuse(
+                "integrity",
+                "base-missing",
+                f"seat {name}: the bundle {bundle} does not carry the recorded base commit "
+                f"{record.base}, so the recorded diffs do not apply to its history",
+                "the bundle and the record do not belong together; copy the checkpoint again "
+                "from the source host, or cut the seat again",
+            )
+        absent = [
+            w for w, line in zip(wanted[1:], lines[1:], strict=True) if line.endswith(" missing")
+        ]
+        if absent:
+            raise _refuse(
+                "integrity",
+                "refs-mismatch",
+                f"seat {name}: the bundle {bundle} lists refs whose objects it does not carry "
+                f"({', '.join(absent[:5])})",
+                "copy the checkpoint again from the source host, or cut the seat again",
+            )
+
+
+def _bundle_invalid(name: str, bundle: Path, proc: subprocess.CompletedProcess[bytes]) -> Refusal:
+    said = proc.stderr.decode("utf-8", "replace").strip()[-600:]
+    return _refuse(
+        "integrity",
+        "bundle-invalid",
+        f"seat {name}: git cannot read the bundle {bundle} (exit {proc.returncode}: {said})",
+        "copy the checkpoint again from the source host, or cut the seat again",
+    )
 
 
 def identity(
@@ -96,8 +257,12 @@ def identity(
     live_uids: Collection[str],
     held_uids: Collection[str],
     settings_for: Mapping[str, Mapping[str, Any]],
+    home: Path | None = None,
+    maps: Mapping[Path, Path] | None = None,
 ) -> None:
-    """Gate 2: same space, same paths, a uid nobody runs, and the recorded profile revision."""
+    """Gate 2: same space, same paths, every path it would write confined, a uid nobody runs,
+    and the recorded profile revision. The confined paths are kept in `adm.confined` for the
+    restore to write through (and check again)."""
     if adm.manifest.space != space:
         raise _refuse(
             "identity",
@@ -121,6 +286,9 @@ def identity(
                 f"{root}",
                 f"resume from a root at {record.workspace_root}: the seat's paths are absolute",
             )
+        adm.confined[name] = confine(
+            adm, name, root=root, home=home if home is not None else _home(), maps=maps or {}
+        )
         uid = record.lifecycle_uid
         if uid in held_uids:
             raise _refuse(
@@ -155,6 +323,44 @@ def identity(
                 "session "
                 "never runs under a different profile",
             )
+
+
+def _home() -> Path:
+    return Path(os.path.expanduser("~"))
+
+
+def confine(
+    adm: Admission, name: str, *, root: Path, home: Path, maps: Mapping[Path, Path] = {}
+) -> ConfinedSeat:
+    """Every place seat `name` would write on this host, each refused by name when it is not
+    the seat's own: `cwd-outside-root`, `unsafe-store`, `session-outside-store`,
+    `unsafe-session-path` (a symlink already on the way counts, so nothing is written first).
+    """
+    record = adm.records[name]
+    launch = adm.agent(name).launch
+    try:
+        cwd = confine_cwd(name, launch.cwd, root=root, maps=maps)
+        paths = seat_paths(
+            name,
+            record.lifecycle_uid,
+            launch.connector,
+            launch.session_stores,
+            root=root,
+            maps=maps,
+        )
+        placed: list[tuple[SessionFile, SessionTarget]] = []
+        session = record.session
+        entries = [(session.pointer, True)] if session.pointer is not None else []
+        entries += [(entry, False) for entry in session.store]
+        for entry, is_pointer in entries:
+            target = session_target(
+                entry, paths, pointer=is_pointer, cwd=cwd, root=root, home=home, maps=maps
+            )
+            probe_session_target(target)
+            placed.append((entry, target))
+    except Refusal as exc:
+        raise _refuse("identity", exc.code, exc.message, exc.cure) from None
+    return ConfinedSeat(cwd=cwd, sessions=tuple(placed))
 
 
 def recency(

@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from connectors.privatefs import UnsafeFile, read_stable, stream_stable
+from manager.workspace.trust import fingerprint
 from protocol.checkpoint import (
     CHECKPOINT_CAP,
     CHECKPOINT_FILE,
@@ -99,7 +100,9 @@ def verify_signature(
     is given.
 
     A recorded key alone proves the record is unaltered since a signer sealed it, not who that
-    signer was; `trusted_keys` is how a caller pins the manager that may have sealed it.
+    signer was. `trusted_keys=None` checks the signature without judging the signer, which is
+    for tools that inspect or re-seal a checkpoint; admission (`admit.integrity`) always passes
+    a set, and an empty one trusts nobody.
     """
     if record.signer is None or not record.signature:
         raise Refusal(
@@ -121,13 +124,25 @@ def verify_signature(
             "new checkpoint",
         ) from None
     if trusted_keys is not None and record.signer.public_key not in trusted_keys:
-        raise Refusal(
-            "untrusted-signer",
-            f"{what} was sealed by key {record.signer.public_key} (instance "
-            f"{record.signer.instance_id}), "
-            "which this destination does not trust",
-            "admit checkpoints only from the space's own manager, or add its key deliberately",
-        )
+        raise untrusted_signer(what, record.signer.public_key, record.signer.instance_id)
+
+
+def untrusted_signer(what: str, key: str, instance_id: str) -> Refusal:
+    """The refusal for a valid signature by a key this destination does not trust.
+
+    It prints what the operator needs to decide: the key, its fingerprint, and the command that
+    trusts it. Trusting it on the strength of this message alone would trust whoever forged the
+    checkpoint, so the cure says to compare the fingerprint with the source first.
+    """
+    return Refusal(
+        "untrusted-signer",
+        f"{what} was sealed by manager instance {instance_id} with key {key} "
+        f"(fingerprint {fingerprint(key)}), which this destination does not trust",
+        "verify the key out of band first: on the source host `cotal status` prints its manager "
+        "instance key and fingerprint; only when they match, run "
+        f"`cotal trust add {key} --name {instance_id}` (or pass --trust-signer {key} for this "
+        "run) and retry",
+    )
 
 
 def _parse_seat(data: bytes, path: Path, trusted_keys: Collection[str] | None) -> SeatCheckpoint:

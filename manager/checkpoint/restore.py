@@ -21,12 +21,14 @@ compare `git status`; promote; compare again in place.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import secrets
 import stat
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,9 +37,9 @@ import anyio.to_thread
 
 from connectors.privatefs import (
     DIR_MODE,
+    FILE_MODE,
     UnsafeDirectory,
     UnsafeFile,
-    create_private_exclusive,
     fsync_dir,
     open_parent_below,
     open_regular,
@@ -74,6 +76,9 @@ from protocol.names import STAMP
 STAMP_RE = STAMP.regex
 CHUNK = 1024 * 1024
 _RESTORE_REFLOG = "cotal: restored from checkpoint"
+_MEMBER_ERRNOS = frozenset(
+    {errno.ENAMETOOLONG, errno.ENOENT, errno.EINVAL, errno.ELOOP, errno.ENOTDIR, errno.EILSEQ}
+)
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,8 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
         problem = "lands in .git/ or the control directory"
     elif member.islnk():
         problem = "is a hard link"
+    elif member.issym() and (not member.linkname or "\x00" in member.linkname):
+        problem = "is a symlink with an empty or unprintable target"
     elif not (member.isreg() or member.issym()):
         problem = "is not a regular file or symlink (directory, device, fifo or other)"
     else:
@@ -180,6 +187,16 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
                     ) from None
                 finally:
                     os.close(parent)
+    except OSError as exc:
+        # A name too long for this filesystem, a link target it refuses: the member cannot be
+        # placed as recorded, which is a property of the archive, not of this host's health.
+        if exc.errno not in _MEMBER_ERRNOS:
+            raise
+        raise Refusal(
+            "unsafe-archive",
+            f"untracked archive member {exc.filename or '?'!r} cannot be written ({exc.strerror})",
+            "the checkpoint is not one cotal captured; cut a new one on the source host",
+        ) from None
     except tarfile.TarError as exc:
         raise Refusal(
             "unsafe-archive",
@@ -587,7 +604,22 @@ def _is_mount_point(target: Path) -> bool:
     return os.path.realpath(target) in _mount_points()
 
 
-def _check_target(target: Path, stamp: str, keep_paths: Sequence[str]) -> None:
+def _check_target(
+    target: Path, stamp: str, keep_paths: Sequence[str], confine_to: Sequence[Path]
+) -> None:
+    # The admission gate proved the cwd confined; this repeats it where the tree is written,
+    # so no caller can promote a checkpoint's tree into a hook directory or the control dir.
+    problem = _parts_problem(target.parts)
+    if problem is None and CONTROL_DIR in target.parts:
+        problem = "is inside a control directory"
+    if (
+        problem is None
+        and confine_to
+        and not any(target.is_relative_to(_lexical(base)) for base in confine_to)
+    ):
+        problem = "is outside " + ", ".join(str(base) for base in confine_to)
+    if problem is not None:
+        raise Refusal("cwd-outside-root", f"restore target {target} {problem}", _CURE_FORGED)
     if not STAMP_RE.fullmatch(stamp):
         raise Refusal(
             "bad-stamp",
@@ -620,12 +652,17 @@ async def restore_repository(
     *,
     stamp: str,
     keep_paths: tuple[str, ...] = (CONTROL_DIR,),
+    confine_to: Sequence[Path] = (),
 ) -> RestoreResult:
     """Rebuild the captured repository at `target` through a staging directory beside it, or
-    inside it when the target is a mount point (`<target>/.cotal-incoming-<stamp>`)."""
+    inside it when the target is a mount point (`<target>/.cotal-incoming-<stamp>`).
+
+    `confine_to` is the destination root and any mapped directories: a target outside them
+    refuses before anything is written.
+    """
     seat_dir = Path(os.path.abspath(seat_dir))
     target = Path(os.path.abspath(target))
-    _check_target(target, stamp, keep_paths)
+    _check_target(target, stamp, keep_paths, confine_to)
     in_place = _is_mount_point(target)
     if in_place:
         staging = target / f"{INCOMING_PREFIX}{stamp}"
@@ -727,17 +764,273 @@ async def restore_repository(
     return RestoreResult(target=target, superseded=aside, head=record.head, status=final)
 
 
-# -- session files ------------------------------------------------------------------------------
+# -- where a checkpoint may write ---------------------------------------------------------------
+#
+# Every path below comes from a record a remote signer wrote. A trusted signer is still not
+# trusted to name arbitrary places on this host: a seat's tree lands only under the destination
+# root (or a directory mapped onto it), and a session file only at the seat's own pointer or
+# under a session store the seat declared, which itself must be the seat's own. The same checks
+# run at admission (nothing changed yet) and again right before each write.
+
+_CURE_FORGED = (
+    "cotal's cut never records such a path: this checkpoint was altered and re-signed, or its "
+    "signer is not who you think; do not restore it, cut the seat again on the source host, and "
+    "`cotal trust remove` its signer if you did not expect this"
+)
+
+
+def _lexical(path: Path | str) -> Path:
+    return Path(os.path.normpath(path))
+
+
+def _parts_problem(parts: Sequence[str]) -> str | None:
+    for part in parts:
+        if "\x00" in part:
+            return "contains a NUL"
+        if part.casefold() == ".git":
+            return "is inside a .git directory (hooks and config there run programs)"
+    return None
+
+
+def map_path(path: Path, maps: Mapping[Path, Path]) -> Path | None:
+    """`path` carried onto this host through the longest `--map SRC=DST` prefix, if any."""
+    best: tuple[Path, Path] | None = None
+    for src, dst in maps.items():
+        if path.is_relative_to(src) and (best is None or len(src.parts) > len(best[0].parts)):
+            best = (src, dst)
+    if best is None:
+        return None
+    return _lexical(best[1]) / path.relative_to(best[0])
+
+
+def _confining(root: Path, maps: Mapping[Path, Path]) -> list[Path]:
+    return [_lexical(root), *(_lexical(dst) for dst in maps.values())]
+
+
+def confine_cwd(seat: str, cwd: str, *, root: Path, maps: Mapping[Path, Path] = {}) -> Path:
+    """The seat's working tree on this host: under the root or a mapped directory, never inside
+    the control directory or a .git directory. Refuses `cwd-outside-root` otherwise."""
+    if "\x00" in cwd or not cwd.startswith("/"):
+        raise Refusal(
+            "cwd-outside-root",
+            f"seat {seat}: its cwd {cwd!r} is not an absolute path without NUL",
+            _CURE_FORGED,
+        )
+    source = _lexical(cwd)
+    mapped = map_path(source, maps)
+    here = mapped if mapped is not None else source
+    inside = [base for base in _confining(root, maps) if here.is_relative_to(base)]
+    if not inside:
+        raise Refusal(
+            "cwd-outside-root",
+            f"seat {seat}: its cwd {here} is outside the destination root {root}"
+            + (
+                f" and the mapped directories {', '.join(str(v) for v in maps.values())}"
+                if maps
+                else ""
+            ),
+            "a restore only rebuilds trees under the destination root; resume from a root that "
+            "holds the seat's cwd, or map its directory onto this host",
+        )
+    rel = here.relative_to(inside[0]).parts
+    problem = _parts_problem(rel)
+    if problem is None and CONTROL_DIR in rel:
+        problem = "is inside the control directory"
+    if problem is not None:
+        raise Refusal("cwd-outside-root", f"seat {seat}: its cwd {here} {problem}", _CURE_FORGED)
+    return here
+
+
+@dataclass(frozen=True)
+class SeatPaths:
+    """What one seat may write on this host besides its tree."""
+
+    seat: str
+    pointer: Path
+    stores: tuple[Path, ...]
+
+
+def _own_session_name(name: str, seat: str, uid: str) -> bool:
+    return name.startswith(f"{seat}-{uid}.")
+
+
+def seat_paths(
+    seat: str,
+    uid: str,
+    connector: str,
+    declared_stores: Sequence[str],
+    *,
+    root: Path,
+    maps: Mapping[Path, Path] = {},
+) -> SeatPaths:
+    """The seat's own pointer (the layout's path) and its declared stores, each proven to be a
+    directory the seat may own: under the root or a mapped directory, outside .git, and inside
+    the control directory only as `.cotal/sessions/<connector>/<seat>-<uid>.*`."""
+    root = _lexical(root)
+    sessions = root / CONTROL_DIR / "sessions" / connector
+    pointer = sessions / f"{seat}-{uid}.json"
+    stores: list[Path] = []
+    for declared in declared_stores:
+        problem: str | None = None
+        source = _lexical(declared) if declared.startswith("/") and "\x00" not in declared else None
+        here = None if source is None else (map_path(source, maps) or source)
+        inside = (
+            [] if here is None else [b for b in _confining(root, maps) if here.is_relative_to(b)]
+        )
+        if here is None:
+            problem = "is not an absolute path without NUL"
+        elif not inside or here == inside[0]:
+            problem = f"is not strictly below the destination root {root}"
+        else:
+            rel = here.relative_to(inside[0]).parts
+            problem = _parts_problem(rel)
+            if (
+                problem is None
+                and rel[0] == CONTROL_DIR
+                and not (here.parent == sessions and _own_session_name(here.name, seat, uid))
+            ):
+                problem = (
+                    f"is inside the control directory but not the seat's own "
+                    f"{sessions}/{seat}-{uid}.* store"
+                )
+        if problem is not None:
+            raise Refusal(
+                "unsafe-store",
+                f"seat {seat}: the declared session store {here or repr(declared)} {problem}",
+                _CURE_FORGED,
+            )
+        assert here is not None
+        stores.append(here)
+    return SeatPaths(seat=seat, pointer=pointer, stores=tuple(stores))
+
+
+@dataclass(frozen=True)
+class SessionTarget:
+    """Where one session file lands: a directory this host trusts and a path below it that is
+    walked one component at a time without following a symlink."""
+
+    base: Path
+    relpath: str
+
+    @property
+    def path(self) -> Path:
+        return self.base / self.relpath
+
+
+def session_target(
+    entry: SessionFile,
+    paths: SeatPaths,
+    *,
+    pointer: bool,
+    cwd: Path,
+    root: Path,
+    home: Path,
+    maps: Mapping[Path, Path] = {},
+) -> SessionTarget:
+    """Where a captured session file goes back, or a refusal naming the destination.
+
+    The pointer lands exactly at the seat's pointer path; a store file strictly below one of the
+    seat's declared stores. The walk starts at the root (or mapped directory) holding it, so a
+    symlink anywhere below that, including one the restored tree itself carries, is refused.
+    """
+    base = {"cwd": cwd, "workspace-root": root, "home": home}[entry.anchor]
+    try:
+        check_relpath("relpath", entry.relpath)
+    except ValueError as exc:
+        raise Refusal(
+            "unsafe-session-path",
+            f"seat {paths.seat}: session file {entry.file.file}: {exc}",
+            _CURE_FORGED,
+        ) from None
+    dest = _lexical(base) / entry.relpath
+    problem = _parts_problem(entry.relpath.split("/"))
+    if problem is not None:
+        raise Refusal(
+            "unsafe-session-path",
+            f"seat {paths.seat}: session file {entry.file.file} would land at {dest}, which "
+            f"{problem}",
+            _CURE_FORGED,
+        )
+    if pointer:
+        allowed = dest == paths.pointer
+        wanted = f"the seat's pointer {paths.pointer}"
+    else:
+        allowed = any(dest.is_relative_to(s) and dest != s for s in paths.stores)
+        wanted = (
+            "a session store the seat declared ("
+            + (", ".join(str(s) for s in paths.stores) or "none")
+            + ")"
+        )
+    if not allowed:
+        raise Refusal(
+            "session-outside-store",
+            f"seat {paths.seat}: session file {entry.file.file} would land at {dest}, which is "
+            f"not {wanted}",
+            _CURE_FORGED,
+        )
+    holder = next(b for b in _confining(root, maps) if dest.is_relative_to(b))
+    return SessionTarget(holder, dest.relative_to(holder).as_posix())
+
+
+def _unsafe_walk(target: SessionTarget, exc: UnsafeDirectory) -> Refusal:
+    return Refusal(
+        "unsafe-session-path",
+        f"session file {target.path} would be written through {exc.path}, which {exc.reason}",
+        "a session file is never written through a symlink; move it aside and restore again "
+        "(if the checkpoint's own tree carries it: " + _CURE_FORGED + ")",
+    )
+
+
+def probe_session_target(target: SessionTarget) -> None:
+    """Admission's look at the destination: refuse a symlink or a non-directory on the way to
+    (or a symlink at) the target, creating nothing. A missing directory is fine: the restore
+    makes it."""
+    try:
+        fd = os.open(target.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    parts = target.relpath.split("/")
+    try:
+        for i, part in enumerate(parts):
+            try:
+                st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            last = i == len(parts) - 1
+            if stat.S_ISLNK(st.st_mode) or (
+                not stat.S_ISDIR(st.st_mode) if not last else not stat.S_ISREG(st.st_mode)
+            ):
+                if stat.S_ISLNK(st.st_mode):
+                    kind = "is a symlink"
+                else:
+                    kind = "is not a regular file" if last else "is not a directory"
+                raise _unsafe_walk(
+                    target, UnsafeDirectory(target.base.joinpath(*parts[: i + 1]), kind)
+                )
+            if last:
+                return
+            child = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
 
 
 def session_destination(entry: SessionFile, *, cwd: Path, workspace_root: Path, home: Path) -> Path:
     """Where a captured session file goes back: its anchor resolved on this host, plus its
-    relpath."""
+    relpath. Only the relpath's shape is checked here; `session_target` confines it."""
     base = {"cwd": cwd, "workspace-root": workspace_root, "home": home}[entry.anchor]
     try:
         check_relpath("relpath", entry.relpath)
     except ValueError as exc:
-        raise Refusal("unsafe-path", str(exc), "cut a new checkpoint") from None
+        raise Refusal("unsafe-session-path", str(exc), _CURE_FORGED) from None
+    problem = _parts_problem(entry.relpath.split("/"))
+    if problem is not None:
+        raise Refusal(
+            "unsafe-session-path", f"{Path(base) / entry.relpath} {problem}", _CURE_FORGED
+        )
     return Path(base) / entry.relpath
 
 
@@ -764,32 +1057,75 @@ def _hash_nofollow(path: Path, what: str) -> str:
     return digest.hexdigest()
 
 
-def _make_parents(path: Path) -> None:
-    missing: list[Path] = []
-    probe = path
-    while not os.path.lexists(probe):
-        missing.append(probe)
-        probe = probe.parent
-    if not stat.S_ISDIR(os.stat(probe).st_mode):
-        raise Refusal(
-            "unsafe-path", f"{probe} is not a directory", f"move it aside so {path} can be created"
-        )
-    for directory in reversed(missing):
+def _hash_at(parent: int, leaf: str, shown: Path) -> str:
+    try:
+        fd, _ = open_regular(Path(leaf), dir_fd=parent)
+    except UnsafeFile as exc:
+        if exc.problem in ("symlink", "not-regular"):
+            raise Refusal(
+                "unsafe-path",
+                f"session destination {shown} {exc.detail}",
+                f"move {shown} aside, then restore again",
+            ) from None
+        raise OSError(exc.errno, os.strerror(exc.errno), str(shown)) from None
+    digest = hashlib.sha256()
+    with os.fdopen(fd, "rb") as stream:
+        while chunk := stream.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _create_exclusive_at(parent: int, leaf: str, chunks: Iterator[bytes]) -> bool:
+    """Publish the chunks as `leaf` in the directory `parent` only if nothing is there: written
+    under a temp name, fsynced, then linked, so a reader never sees half a file."""
+    tmp = f".{leaf[:200]}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(
+        tmp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        FILE_MODE,
+        dir_fd=parent,
+    )
+    try:
         try:
-            os.mkdir(directory, DIR_MODE)
+            os.fchmod(fd, FILE_MODE)
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, leaf, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
         except FileExistsError:
-            pass
+            return False
+        os.fsync(parent)
+        return True
+    finally:
+        os.unlink(tmp, dir_fd=parent)
 
 
 def place_session_file(
-    src_file: Path, dest_path: Path, *, expected_sha256: str | None = None
+    src_file: Path, dest: Path | SessionTarget, *, expected_sha256: str | None = None
 ) -> Literal["placed", "present"]:
-    """Put one session file back: exclusive create 0600 with 0700 parents.
+    """Put one session file back: exclusive create 0600, missing parents 0700, never through a
+    symlink (a plain absolute path is walked from `/`; a `SessionTarget` from its base).
 
     An existing file with the same digest is accepted (a retried restore); a different one is
     refused naming both digests, because overwriting a transcript is how a seat loses history.
     """
-    src_file, dest_path = Path(src_file), Path(dest_path)
+    src_file = Path(src_file)
+    if isinstance(dest, SessionTarget):
+        target = dest
+    else:
+        dest = _lexical(dest)
+        if not dest.is_absolute() or dest == Path("/"):
+            raise Refusal(
+                "unsafe-session-path",
+                f"session destination {dest} is not an absolute file path",
+                "pass the absolute path session_destination returned",
+            )
+        target = SessionTarget(Path("/"), dest.relative_to("/").as_posix())
     src_digest = _hash_nofollow(src_file, "session file")
     if expected_sha256 is not None and src_digest != expected_sha256:
         raise Refusal(
@@ -798,32 +1134,47 @@ def place_session_file(
             f"{expected_sha256}",
             "copy the checkpoint again from the source host",
         )
-    if not os.path.lexists(dest_path):
-        _make_parents(dest_path.parent)
 
-        def copied() -> Iterator[bytes]:
-            # The copy is checked against the digest just proven, before it is published.
-            digest = hashlib.sha256()
-            fd, _ = open_regular(src_file)
-            with os.fdopen(fd, "rb") as src:
-                while chunk := src.read(CHUNK):
-                    digest.update(chunk)
-                    yield chunk
-            if digest.hexdigest() != src_digest:
-                raise Refusal(
-                    "unstable", f"session file {src_file} changed while it was copied", "retry"
-                )
+    def copied() -> Iterator[bytes]:
+        # The copy is checked against the digest just proven, before it is published.
+        digest = hashlib.sha256()
+        fd, _ = open_regular(src_file)
+        with os.fdopen(fd, "rb") as src:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                yield chunk
+        if digest.hexdigest() != src_digest:
+            raise Refusal(
+                "unstable", f"session file {src_file} changed while it was copied", "retry"
+            )
 
-        # Linked, not renamed: publication must not replace a file that appeared meanwhile.
-        if create_private_exclusive(dest_path, copied()):
-            return "placed"
-    existing = _hash_nofollow(dest_path, "session destination")
+    base_fd = os.open(target.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            parent, leaf = open_parent_below(
+                base_fd, target.relpath, create_mode=DIR_MODE, root=target.base
+            )
+        except UnsafeDirectory as exc:
+            raise _unsafe_walk(target, exc) from None
+        try:
+            try:
+                os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+                present = True
+            except FileNotFoundError:
+                present = False
+            if not present and _create_exclusive_at(parent, leaf, copied()):
+                return "placed"
+            existing = _hash_at(parent, leaf, target.path)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(base_fd)
     if existing != src_digest:
         raise Refusal(
             "session-conflict",
-            f"{dest_path} already exists with sha256 {existing}; the checkpoint's file {src_file} "
-            f"has sha256 {src_digest}",
-            f"move {dest_path} aside if the checkpoint's session is the one to resume, then "
+            f"{target.path} already exists with sha256 {existing}; the checkpoint's file "
+            f"{src_file} has sha256 {src_digest}",
+            f"move {target.path} aside if the checkpoint's session is the one to resume, then "
             "restore again",
         )
     return "present"

@@ -351,6 +351,26 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     return int(verify.run_verify(args, _root(args)))
 
 
+def cmd_trust_add(args: argparse.Namespace) -> int:
+    from manager.cli import trust
+
+    return trust.run_add(
+        _root(args), args.key, args.name, as_json=args.json, say=say, emit=emit_json
+    )
+
+
+def cmd_trust_list(args: argparse.Namespace) -> int:
+    from manager.cli import trust
+
+    return trust.run_list(_root(args), as_json=args.json, say=say, emit=emit_json)
+
+
+def cmd_trust_remove(args: argparse.Namespace) -> int:
+    from manager.cli import trust
+
+    return trust.run_remove(_root(args), args.signer, as_json=args.json, say=say, emit=emit_json)
+
+
 # -- parser -------------------------------------------------------------------------------------
 
 
@@ -407,6 +427,8 @@ _SPACE_HELP = "the space: the namespace this mesh uses at the broker (default: %
 _SERVER_HELP = "use this NATS server or cluster (URLs separated by commas)"
 _CREDS_HELP = "the credential for --server: an nkey user seed or a NATS .creds file"
 _TRUST_HELP = "admit only checkpoints sealed by this Ed25519 key (base64; repeatable)"
+# RFC 8032's first test public key: a real Ed25519 key to show the shape of one.
+_EXAMPLE_KEY = "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="
 _STALE_HELP = "admit a checkpoint older than its recency horizon (recorded as consent)"
 _TOP_EPILOG = (
     _examples(
@@ -745,6 +767,55 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--creds", help=_CREDS_HELP)
     verify.set_defaults(fn=cmd_checkpoint_verify)
+
+    trust_cmd = command(
+        sub,
+        "trust",
+        "the checkpoint signers this root admits besides its own manager",
+        f"cotal trust add {_EXAMPLE_KEY} --name host-a",
+        "cotal trust list",
+        "cotal trust remove host-a",
+        common_flags=False,
+    )
+    trust_sub = trust_cmd.add_subparsers(
+        dest="trust_command", required=True, metavar="COMMAND", help="what to do"
+    )
+    tadd = command(
+        trust_sub,
+        "add",
+        "trust a manager's checkpoint signing key (compare it with `cotal status` there first)",
+        f"cotal trust add {_EXAMPLE_KEY} --name host-a",
+        f"cotal trust add {_EXAMPLE_KEY} --name host-a --json",
+    )
+    tadd.add_argument(
+        "key",
+        metavar="KEY",
+        help="the signer's raw Ed25519 public key, base64, as an untrusted-signer refusal or "
+        "`cotal status` on the source prints it",
+    )
+    tadd.add_argument(
+        "--name",
+        help="a label for the signer, e.g. the source host or its instance id "
+        "(default: signer-<hex of the key's digest>)",
+    )
+    tadd.set_defaults(fn=cmd_trust_add)
+    tlist = command(
+        trust_sub,
+        "list",
+        "list the trusted signers: name, fingerprint and key",
+        "cotal trust list",
+        "cotal trust list --json",
+    )
+    tlist.set_defaults(fn=cmd_trust_list)
+    tremove = command(
+        trust_sub,
+        "remove",
+        "stop trusting a signer",
+        "cotal trust remove host-a",
+        f"cotal trust remove {_EXAMPLE_KEY}",
+    )
+    tremove.add_argument("signer", metavar="KEY|NAME", help="the signer's key or its name")
+    tremove.set_defaults(fn=cmd_trust_remove)
     return p
 
 

@@ -32,13 +32,14 @@ from manager.broker.evict import evict_ghosts
 from manager.broker.presence import live_uids
 from manager.broker.retry import phase
 from manager.checkpoint import admit
-from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
+from manager.checkpoint.restore import place_session_file, restore_repository
 from manager.cli import mesh
 from manager.cli.verify import (
     BrokerRef,
     admit_integrity,
     agent_settings,
     signer,
+    signer_line,
     trusted_keys,
 )
 from manager.control.client import ControlSession
@@ -114,6 +115,7 @@ async def _admit_at_broker(
         live_uids=set(eviction.live),
         held_uids=set(),
         settings_for=agent_settings(layout),
+        home=Path(os.path.expanduser("~")),
     )
     consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
     return eviction.evidence, consents
@@ -132,17 +134,9 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 "a resume starts its own manager: stop this one first",
             )
         _say(f"admitting {src}")
-        trusted = trusted_keys(args, layout, src)
-        adm = await admit_integrity(src, trusted)
-        sig = signer(adm, trusted)
-        _say(
-            f"sealed by instance {sig['instanceId']} key {sig['publicKey']}"
-            + (
-                " (pinned)"
-                if sig["pinned"]
-                else " (not pinned; pass --trust-signer KEY to require it)"
-            )
-        )
+        adm = await admit_integrity(src, trusted_keys(args, layout))
+        sig = signer(adm, args, layout)
+        _say(f"sealed by {signer_line(sig)}")
         broker = _broker_for(args, layout)
         embedded_info = None
         if broker.embedded:
@@ -355,17 +349,24 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
     agree; restoring it once per seat would only stack superseded copies beside it.
     """
     stamp = file_stamp()
-    home = Path(os.path.expanduser("~"))
     dirs = {s.name: s.dir for s in adm.manifest.seats}
     restored: dict[Path, tuple[str, Any]] = {}
     out = []
     for name, record in adm.records.items():
-        cwd = Path(adm.agent(name).launch.cwd)
+        # The identity gate confined every path this seat writes; restore exactly those.
+        confined = adm.confined[name]
+        cwd = confined.cwd
         seat_dir = adm.attempt_dir / dirs[name]
         if cwd in restored:
             first, result = restored[cwd]
             other = adm.records[first].repository
-            if (record.repository.base, record.repository.status) != (other.base, other.status):
+            if (record.repository.base, record.repository.files()) != (
+                other.base,
+                other.files(),
+            ) or (record.repository.status, record.repository.status_file) != (
+                other.status,
+                other.status_file,
+            ):
                 raise Refusal(
                     "inconsistent-checkpoint",
                     f"seats {first} and {name} share {cwd} but their checkpoints record "
@@ -377,20 +378,20 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
             keep = (".cotal",) if cwd == layout.root else ()
             _say(f"restoring {name} into {cwd}")
             result = await restore_repository(
-                seat_dir, record.repository, cwd, stamp=stamp, keep_paths=keep
+                seat_dir,
+                record.repository,
+                cwd,
+                stamp=stamp,
+                keep_paths=keep,
+                confine_to=(layout.root,),
             )
             restored[cwd] = (name, result)
-        placed = []
-        files = ([record.session.pointer] if record.session.pointer else []) + list(
-            record.session.store
-        )
-        for entry in files:
-            dest = session_destination(entry, cwd=cwd, workspace_root=layout.root, home=home)
-            placed.append(
-                place_session_file(
-                    seat_dir / entry.file.file, dest, expected_sha256=entry.file.sha256
-                )
+        placed = [
+            place_session_file(
+                seat_dir / entry.file.file, target, expected_sha256=entry.file.sha256
             )
+            for entry, target in confined.sessions
+        ]
         out.append(
             {
                 "name": name,

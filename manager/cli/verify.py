@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
 from manager.checkpoint import admit
 from manager.cli import mesh
-from manager.workspace.identity import load_or_create_identity
+from manager.workspace import trust
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
 
@@ -43,33 +44,33 @@ def agent_settings(layout: Layout) -> dict[str, Mapping[str, Any]]:
     return {agent: registry.agent_settings(cfg, agent) for agent in registry.KNOWN}
 
 
-def trusted_keys(args: argparse.Namespace, layout: Layout, src: Path) -> list[str] | None:
-    """Which signers a destination admits. `--trust-signer` pins explicitly; a root resuming its
-    own cut pins its own instance key; otherwise any valid signature is accepted and the signer
-    is printed, because a destination on another host has nothing of its own to compare with."""
-    pinned = list(getattr(args, "trust_signer", None) or [])
-    if pinned:
-        return pinned
-    try:
-        own_cut = src.is_relative_to(layout.maintenance / "checkpoints")
-    except ValueError:
-        own_cut = False
-    if own_cut and layout.instance_identity(args.space).exists():
-        return [load_or_create_identity(layout, args.space).public_key_b64]
-    return None
+def trusted_keys(args: argparse.Namespace, layout: Layout) -> list[str]:
+    """Which signers a destination admits: this root's own instance key for the space, the
+    operator's trust store (`cotal trust add`), and any `--trust-signer` pins for this run."""
+    return trust.trusted_keys_for(layout, args.space, getattr(args, "trust_signer", None) or [])
 
 
-def signer(adm: admit.Admission, pinned: list[str] | None) -> dict[str, Any]:
+def signer(adm: admit.Admission, args: argparse.Namespace, layout: Layout) -> dict[str, Any]:
     sealed_by = adm.manifest.signer
     assert sealed_by is not None
+    pins = getattr(args, "trust_signer", None) or []
     return {
         "instanceId": sealed_by.instance_id,
         "publicKey": sealed_by.public_key,
-        "pinned": pinned is not None,
+        "fingerprint": trust.fingerprint(sealed_by.public_key),
+        "pinned": sealed_by.public_key in pins,
+        "trustedAs": trust.why_trusted(layout, args.space, pins, sealed_by.public_key),
     }
 
 
-async def admit_integrity(src: Path, trusted: list[str] | None) -> admit.Admission:
+def signer_line(sig: dict[str, Any]) -> str:
+    return (
+        f"instance {sig['instanceId']} key {sig['publicKey']} "
+        f"({sig['fingerprint']}; trusted: {sig['trustedAs']})"
+    )
+
+
+async def admit_integrity(src: Path, trusted: list[str]) -> admit.Admission:
     """Gate 1 reads and hashes every file of the attempt: off the event loop."""
     return await anyio.to_thread.run_sync(
         functools.partial(admit.integrity, src, trusted_keys=trusted)
@@ -92,8 +93,7 @@ def _broker_for_verify(args: argparse.Namespace, layout: Layout) -> BrokerRef:
 async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     layout = Layout.at(root)
     src = Path(args.dir).resolve()
-    trusted = trusted_keys(args, layout, src)
-    adm = await admit_integrity(src, trusted)
+    adm = await admit_integrity(src, trusted_keys(args, layout))
     verdicts = {"integrity": "pass"}
     broker = _broker_for_verify(args, layout)
     async with LazyConnection(broker.server, broker.creds, name="cotal-admission") as conn:
@@ -106,6 +106,7 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         live_uids=set(live),
         held_uids=set(),
         settings_for=agent_settings(layout),
+        home=Path(os.path.expanduser("~")),
     )
     verdicts["identity"] = "pass"
     consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
@@ -126,7 +127,7 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "space": adm.manifest.space,
         "gates": verdicts,
         "seats": seats,
-        "signer": signer(adm, trusted),
+        "signer": signer(adm, args, layout),
         "consents": [msgspec.to_builtins(c) for c in consents],
         "admitted": True,
     }
@@ -143,12 +144,7 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
     for gate, verdict in out["gates"].items():
         w(f"  {gate:<10} {verdict}\n")
     sig = out["signer"]
-    pinned = (
-        " (pinned)"
-        if sig["pinned"]
-        else " (not pinned: compare it with the source, or pass --trust-signer)"
-    )
-    w(f"  signer     instance {sig['instanceId']} key {sig['publicKey']}{pinned}\n")
+    w(f"  signer     {signer_line(sig)}\n")
     for s in out["seats"]:
         w(
             f"  seat {s['name']:<16} {s['continuity']:<10} uid {s['lifecycleUid']} "

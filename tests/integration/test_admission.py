@@ -107,11 +107,13 @@ async def refused(
     contains: list[str],
     seats: tuple[str, ...] = (SEAT,),
     claimed_by_nobody: bool = True,
+    trust: bool = True,
 ) -> str:
     """`cotal up --restore` exits 2 with the refusal named, and nothing moved anywhere."""
     before = snapshot(cli.root)
+    pins = cut.trust if trust else ()
     proc = cli.run(
-        "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *extra, check=False
+        "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *pins, *extra, check=False
     )
     assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
     out = refusal_of(proc)
@@ -259,9 +261,18 @@ def reseal_manifest_by_another_key(ckpt: Path) -> tuple[str, list[str]]:
     seat_key = signer.public_key
     ident = foreign_identity()
     reseal_manifest(ckpt, ident)
-    return "bad-signature", [
+    # Consistent in itself, but sealed by a key the destination never trusted: refused before
+    # the one-signer-per-attempt rule is even reached (the reader alone still catches that).
+    with pytest.raises(Refusal) as err:
+        verify_integrity(ckpt)
+    assert err.value.code == "bad-signature"
+    assert (
         f"seat checkpoint {_seat(ckpt) / CHECKPOINT_FILE} was sealed by key {seat_key}, "
         f"the manifest by {ident.public_key_b64}"
+    ) in err.value.message
+    return "untrusted-signer", [
+        f"sealed by manager instance {ident.instance_id} with key {ident.public_key_b64}",
+        f"cotal trust add {ident.public_key_b64} --name {ident.instance_id}",
     ]
 
 
@@ -289,23 +300,35 @@ async def test_integrity_refuses_a_damaged_checkpoint(cli: Cli, cut: Cut, mutate
     await refused(cli, cut, cut.copy, "--accept-stale-checkpoint", code=code, contains=contains)
 
 
-async def test_a_consistent_reseal_by_a_foreign_key_passes_only_an_unpinned_reader(
+async def test_a_consistent_reseal_by_a_foreign_key_is_refused_unless_trusted(
     cut: Cut, tmp_path: Path
 ) -> None:
     """Manifest and seat re-signed together by another key: every digest and signature is
-    consistent, so only pinning the signer refuses it (`trusted_keys`; the CLI pins nothing)."""
+    consistent, so only the signer's trust refuses it. Nothing trusted means nothing admitted."""
     own = source_identity(cut.root)
     ident = foreign_identity()
     forged = reseal(cut.copy, tmp_path / "forged", ident, edit=lambda r: r)
     assert [r.name for r in verify_integrity(forged)] == [SEAT]
+    for keys in ({own.public_key_b64}, set()):
+        with pytest.raises(Refusal) as err:
+            admit.integrity(forged, trusted_keys=keys)
+        assert err.value.code == "untrusted-signer"
+        assert (
+            f"sealed by manager instance {ident.instance_id} with key {ident.public_key_b64}"
+            in err.value.message
+        )
+        assert (
+            f"cotal trust add {ident.public_key_b64} --name {ident.instance_id}" in err.value.cure
+        )
     with pytest.raises(Refusal) as err:
-        admit.integrity(forged, trusted_keys={own.public_key_b64})
+        admit.integrity(cut.copy, trusted_keys=())
     assert err.value.code == "untrusted-signer"
     assert (
-        f"sealed by key {ident.public_key_b64} (instance {ident.instance_id})" in err.value.message
+        admit.integrity(cut.copy, trusted_keys={own.public_key_b64}).records[SEAT].lifecycle_uid
+        == cut.uid()
     )
     assert (
-        admit.integrity(cut.copy, trusted_keys={own.public_key_b64}).records[SEAT].lifecycle_uid
+        admit.integrity(forged, trusted_keys={ident.public_key_b64}).records[SEAT].lifecycle_uid
         == cut.uid()
     )
 
@@ -391,7 +414,9 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
     """Resume in root A; then a copy of the same checkpoint in root B at the same path."""
     b = cut.broker
     move_source_away(cut)
-    first = json.loads(cli.run("up", "--restore", str(cut.copy), "--json", *broker_args(b)).stdout)
+    first = json.loads(
+        cli.run("up", "--restore", str(cut.copy), "--json", *broker_args(b), *cut.trust).stdout
+    )
     assert first["journal"] == "retired" and first["claims"][0]["generation"] == 1
     [row] = cli.ps()
     assert row["lifecycleUid"] == cut.uid() and row["state"] == "running"
@@ -422,13 +447,15 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
         Cli(live_root).run("down")
         await wait_presence(b, cut.uid(), live=False)
         tree_before = {k: v for k, v in snapshot(cli.root).items() if not k.startswith(".cotal")}
-        proc = cli.run("up", "--restore", str(cut.copy), "--json", *broker_args(b), check=False)
+        proc = cli.run(
+            "up", "--restore", str(cut.copy), "--json", *broker_args(b), *cut.trust, check=False
+        )
         assert proc.returncode == 2, proc.stderr
         out = refusal_of(proc)
         assert out["code"] == "custody-lost", out
         assert (
-            f"attempt {cut.attempt_id} was already claimed by instance {holder_a} at {cut.root.resolve()}"
-            in out["error"]
+            f"attempt {cut.attempt_id} was already claimed by instance {holder_a} at "
+            f"{cut.root.resolve()}" in out["error"]
         )
         assert {
             k: v for k, v in snapshot(cli.root).items() if not k.startswith(".cotal")
@@ -450,7 +477,7 @@ async def test_a_live_uid_refuses_and_then_the_attempt_is_custody_lost(cli: Cli,
 
 
 async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -> None:
-    adm = admit.integrity(cut.copy)
+    adm = admit.integrity(cut.copy, trusted_keys={cut.signer_key})
     record = adm.records[SEAT]
     captured = parse_instant(record.captured_at)
     assert record.recency_horizon_ms == HORIZON
@@ -464,7 +491,8 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
         admit.recency(adm, now=now, accept_stale=False)
     assert err.value.code == "stale-checkpoint"
     assert err.value.message == (
-        f"admission refused at the recency gate: seat {SEAT}: capturedAt {record.captured_at} is {HORIZON + 1} ms "
+        f"admission refused at the recency gate: seat {SEAT}: capturedAt {record.captured_at} "
+        f"is {HORIZON + 1} ms "
         f"old at this host's clock ({now.isoformat()}), beyond its horizon of {HORIZON} ms"
     )
     assert "--accept-stale-checkpoint" in err.value.cure
@@ -493,7 +521,8 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
             admit.recency(adm, now=now, accept_stale=accept)
         assert err.value.code == "future-checkpoint"
         assert (
-            f"seat {SEAT}: capturedAt {record.captured_at} is {admit.CLOCK_SKEW_MS + 1} ms later than this "
+            f"seat {SEAT}: capturedAt {record.captured_at} is {admit.CLOCK_SKEW_MS + 1} ms "
+            f"later than this "
             f"host's clock ({now.isoformat()}), beyond the {admit.CLOCK_SKEW_MS} ms skew allowed"
         ) in err.value.message
         assert "no override exists" in err.value.cure
@@ -541,12 +570,14 @@ async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_jou
     # Without the flag: refused, naming capturedAt, this host's clock reading and the horizon.
     before = snapshot(cli.root)
     t0 = datetime.now(UTC)
-    proc = cli.run("up", "--restore", str(stale), *broker_args(cut.broker), check=False)
+    proc = cli.run("up", "--restore", str(stale), *broker_args(cut.broker), *cut.trust, check=False)
     t1 = datetime.now(UTC)
     assert proc.returncode == 2, proc.stderr
     m = re.search(
-        r"cotal: admission refused at the recency gate: seat scribe1: capturedAt (\S+) is (\d+) ms old "
-        r"at this host's clock \(([^)]+)\), beyond its horizon of (\d+) ms; pass --accept-stale-checkpoint",
+        r"cotal: admission refused at the recency gate: seat scribe1: capturedAt (\S+) is (\d+) "
+        r"ms old "
+        r"at this host's clock \(([^)]+)\), beyond its horizon of (\d+) ms; pass "
+        r"--accept-stale-checkpoint",
         proc.stderr,
     )
     assert m, proc.stderr
@@ -572,6 +603,7 @@ async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_jou
         "--json",
         "--accept-stale-checkpoint",
         *broker_args(cut.broker),
+        *cut.trust,
         check=False,
     )
     try:
@@ -586,7 +618,8 @@ async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_jou
         )
         assert 2 * 86_400_000 <= consent["ageMs"] <= 2 * 86_400_000 + 300_000
         assert (
-            f"CONSENT: seat {SEAT} captured {when} is {consent['ageMs']} ms old, beyond its {HORIZON} ms "
+            f"CONSENT: seat {SEAT} captured {when} is {consent['ageMs']} ms old, beyond its "
+            f"{HORIZON} ms "
             "horizon; admitted by --accept-stale-checkpoint"
         ) in proc.stderr
         journal = json.loads((cli.root / ".cotal/maintenance/v1/journal.json").read_text())
@@ -666,7 +699,7 @@ async def test_an_unparseable_seat_record_is_refused_naming_its_file(
     path.write_bytes(json.dumps(doc, indent=2).encode() + b"\n")
     reseal_manifest(bad, source_identity(cut.root))
     with pytest.raises(Refusal) as err:
-        admit.integrity(bad)
+        admit.integrity(bad, trusted_keys={cut.signer_key})
     assert "capturedAt" in err.value.message
     assert str(path) in err.value.message
 
@@ -774,7 +807,14 @@ async def test_a_rerun_after_a_failed_restore_continues_the_admitted_attempt(
     leftover = Path(f"{cut.root}.incoming")
     write(leftover / "evidence.txt", "an earlier failed restore\n")
     proc = cli.run(
-        "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False
+        "up",
+        "--restore",
+        str(ckpt),
+        "--json",
+        *broker_args(cut.broker),
+        *cut.trust,
+        *flags,
+        check=False,
     )
     assert proc.returncode == 2 and refusal_of(proc)["code"] == "staging-exists", proc.stderr
     journal_path = cli.root / ".cotal/maintenance/v1/journal.json"
@@ -785,7 +825,14 @@ async def test_a_rerun_after_a_failed_restore_continues_the_admitted_attempt(
     shutil.rmtree(leftover)
     try:
         proc = cli.run(
-            "up", "--restore", str(ckpt), "--json", *broker_args(cut.broker), *flags, check=False
+            "up",
+            "--restore",
+            str(ckpt),
+            "--json",
+            *broker_args(cut.broker),
+            *cut.trust,
+            *flags,
+            check=False,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert json.loads(proc.stdout)["journal"] == "retired"
@@ -843,8 +890,14 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
     record = read_seat_checkpoint(cut.copy / SEAT)
 
     out = json.loads(
-        cli.run("checkpoint", "verify", str(cut.copy), "--json", *broker_args(b)).stdout
+        cli.run("checkpoint", "verify", str(cut.copy), "--json", *broker_args(b), *cut.trust).stdout
     )
+    signer = out.pop("signer")
+    assert {k: signer[k] for k in ("instanceId", "publicKey", "pinned")} == {
+        "instanceId": cut.instance_id,
+        "publicKey": record.signer.public_key if record.signer else None,
+        "pinned": True,
+    }
     assert out == {
         "admitted": True,
         "attemptId": cut.attempt_id,
@@ -860,27 +913,26 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
                 "sessionId": cut.rows[SEAT]["sessionId"],
             }
         ],
-        "signer": {
-            "instanceId": cut.instance_id,
-            "publicKey": record.signer.public_key if record.signer else None,
-            "pinned": False,
-        },
     }
-    text = cli.run("checkpoint", "verify", str(cut.copy), *broker_args(b)).stdout
+    text = cli.run("checkpoint", "verify", str(cut.copy), *broker_args(b), *cut.trust).stdout
     assert f"checkpoint {cut.copy}: admitted (attempt {cut.attempt_id}, space main)" in text
     assert re.search(r"integrity\s+pass", text) and re.search(r"recency\s+pass", text)
 
     damaged = tmp_path / "damaged"
     shutil.copytree(cut.copy, damaged)
     _, contains = flip_store_byte(damaged)
-    proc = cli.run("checkpoint", "verify", str(damaged), "--json", *broker_args(b), check=False)
+    proc = cli.run(
+        "checkpoint", "verify", str(damaged), "--json", *broker_args(b), *cut.trust, check=False
+    )
     assert proc.returncode == 2
     bad = refusal_of(proc)
     assert bad["code"] == "integrity" and contains[0] in bad["error"]
 
     when = days_ago(2)
     stale = reseal(cut.copy, tmp_path / "stale", source_identity(src), edit=captured_at(when))
-    proc = cli.run("checkpoint", "verify", str(stale), "--json", *broker_args(b), check=False)
+    proc = cli.run(
+        "checkpoint", "verify", str(stale), "--json", *broker_args(b), *cut.trust, check=False
+    )
     assert proc.returncode == 2 and refusal_of(proc)["code"] == "stale-checkpoint"
     out = json.loads(
         cli.run(
@@ -890,6 +942,7 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
             "--json",
             "--accept-stale-checkpoint",
             *broker_args(b),
+            *cut.trust,
         ).stdout
     )
     assert out["gates"]["recency"] == "stale, accepted by --accept-stale-checkpoint"
@@ -897,7 +950,7 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
     assert (consent["seat"], consent["capturedAt"], consent["horizonMs"]) == (SEAT, when, HORIZON)
 
     # The identity gate needs the broker's answer; without one it refuses rather than passes.
-    proc = cli.run("checkpoint", "verify", str(cut.copy), "--json", check=False)
+    proc = cli.run("checkpoint", "verify", str(cut.copy), "--json", *cut.trust, check=False)
     assert proc.returncode == 2 and refusal_of(proc)["code"] == "no-broker"
 
     assert tree_digest(cli.root, skip=(), times=True) == everything
