@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -76,3 +79,32 @@ def processes_mentioning(text: str) -> list[int]:
 
 def frame(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
+
+
+def signer_key(root: Path) -> str:
+    """The source manager's public signing key: what `cotal status` shows the operator to carry."""
+    [identity] = (root / ".cotal" / "auth").glob("manager-instance.*.json")
+    key = json.loads(identity.read_text())["publicKey"]
+    assert isinstance(key, str)
+    return key
+
+
+def carry_to_new_host(root: Path, attempt_dir: Path, dest: Path, *, trust: bool = True) -> Path:
+    """Copy the sealed attempt out and remove the whole source tree: host A is gone. With
+    `trust`, the operator has carried host A's key over and trusted it on the new host."""
+    from tests.conftest import cotal_env
+
+    key = signer_key(root)
+    copy = dest / attempt_dir.name
+    shutil.copytree(attempt_dir, copy, symlinks=True)
+    shutil.rmtree(root)
+    root.mkdir()
+    if trust:
+        subprocess.run(
+            [sys.executable, "-m", "manager.cli", "trust", "add", key, "--name", "host-a"]
+            + ["--root", str(root)],
+            check=True,
+            capture_output=True,
+            env=cotal_env(),
+        )
+    return copy

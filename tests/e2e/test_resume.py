@@ -21,7 +21,13 @@ from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from tests.conftest import Cli, SharedBroker, cotal_env
 from tests.gitrepo import git, init_repo, tree_digest, write
-from tests.helpers import broker_at, processes_mentioning, wait_until
+from tests.helpers import (
+    broker_at,
+    carry_to_new_host,
+    processes_mentioning,
+    signer_key,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -71,15 +77,6 @@ def cut(cli: Cli, b: SharedBroker, cwd: Path) -> tuple[dict[str, Any], Path]:
     return row, Path(result["checkpointDir"])
 
 
-def take_host_a_away(root: Path, attempt_dir: Path, dest: Path) -> Path:
-    """Copy the sealed attempt out, then remove the whole source tree: host A is gone."""
-    copy = dest / attempt_dir.name
-    shutil.copytree(attempt_dir, copy, symlinks=True)
-    shutil.rmtree(root)
-    root.mkdir()
-    return copy
-
-
 @pytest.mark.parametrize("layout_kind", ["cwd-is-root", "cwd-is-subdirectory"])
 async def test_record6_cut_and_resume_on_another_host(
     tmp_path: Path, cli: Cli, shared_broker: SharedBroker, layout_kind: str
@@ -88,8 +85,9 @@ async def test_record6_cut_and_resume_on_another_host(
     make_workspace(cwd)
     status_before, bytes_before = porcelain(cwd), tree_digest(cwd)
     row, attempt_dir = cut(cli, shared_broker, cwd)
-    copy = take_host_a_away(cli.root, attempt_dir, tmp_path)
-    assert not cwd.exists() or not any(cwd.iterdir())
+    copy = carry_to_new_host(cli.root, attempt_dir, tmp_path)
+    # Nothing of host A's tree is here: only the trust store the operator just wrote.
+    assert not cwd.exists() or [p.name for p in cwd.iterdir()] in ([], [".cotal"])
 
     out = cli.run(
         "up",
@@ -137,7 +135,7 @@ async def test_message_sent_while_cut_is_delivered_after_resume(
 ) -> None:
     make_workspace(cli.root)
     row, attempt_dir = cut(cli, shared_broker, cli.root)
-    copy = take_host_a_away(cli.root, attempt_dir, tmp_path)
+    copy = carry_to_new_host(cli.root, attempt_dir, tmp_path)
     # The seat is cut and no manager runs anywhere: the message waits in its durable inbox.
     queued = cli.json(
         "send",
@@ -165,14 +163,15 @@ async def test_message_sent_while_cut_is_delivered_after_resume(
 
 
 def _restore_in_namespace(
-    host_dir: Path, base: Path, root: Path, checkpoint: Path, b: SharedBroker
+    host_dir: Path, base: Path, root: Path, checkpoint: Path, b: SharedBroker, key: str
 ) -> list[str]:
     # The bind covers the root's parent, as a host's own disk would: the staging directory
     # beside the root must be on the same filesystem as the root it is promoted into.
     script = (
         f'mount --bind "{host_dir}" "{base}" && '
         f'exec "{sys.executable}" -m manager.cli up --restore '
-        f'"{checkpoint}" --server "{b.url}" --creds "{b.creds}" --root "{root}" --json'
+        f'"{checkpoint}" --server "{b.url}" --creds "{b.creds}" --root "{root}" --json '
+        f'--trust-signer "{key}"'
     )
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
 
@@ -202,12 +201,13 @@ async def test_two_destinations_race_and_exactly_one_claims_custody(
         source = Cli(root)
         make_workspace(root)
         row, attempt_dir = cut(source, shared_broker, root)
-        copy = take_host_a_away(root, attempt_dir, tmp_path / f"round{n}")
+        key = signer_key(root)
+        copy = carry_to_new_host(root, attempt_dir, tmp_path / f"round{n}", trust=False)
         hosts = [tmp_path / f"round{n}" / "hostB", tmp_path / f"round{n}" / "hostC"]
         for h in hosts:
             (h / "ws").mkdir(parents=True)
         results = await _race(
-            [_restore_in_namespace(h, base, root, copy, shared_broker) for h in hosts]
+            [_restore_in_namespace(h, base, root, copy, shared_broker, key) for h in hosts]
         )
         winners = [i for i, r in results.items() if r[0] == 0]
         assert len(winners) == 1, results
@@ -245,30 +245,26 @@ async def test_two_destinations_race_and_exactly_one_claims_custody(
         shutil.rmtree(root)
 
 
-async def test_a_pinned_signer_is_required_and_an_unpinned_one_is_shown(
+async def test_an_untrusted_signer_is_refused_and_a_pinned_one_admitted(
     tmp_path: Path, cli: Cli, shared_broker: SharedBroker
 ) -> None:
     make_workspace(cli.root)
     row, attempt_dir = cut(cli, shared_broker, cli.root)
-    source_key = json.loads(
-        (cli.root / ".cotal/auth")
-        .joinpath(
-            next(
-                p.name
-                for p in (cli.root / ".cotal/auth").iterdir()
-                if p.name.startswith("manager-instance")
-            )
-        )
-        .read_text()
-    )["publicKey"]
-    copy = take_host_a_away(cli.root, attempt_dir, tmp_path)
+    source_key = signer_key(cli.root)
+    copy = carry_to_new_host(cli.root, attempt_dir, tmp_path, trust=False)
     b = ["--server", shared_broker.url, "--creds", shared_broker.creds]
-    verify = json.loads(cli.run("checkpoint", "verify", str(copy), *b, "--json").stdout)
-    assert verify["signer"] == {
-        "instanceId": row["instanceId"],
-        "publicKey": source_key,
-        "pinned": False,
-    }
+    verify = cli.run("checkpoint", "verify", str(copy), *b, "--json", check=False)
+    assert verify.returncode == 2 and json.loads(verify.stderr.splitlines()[-1])["code"] == (
+        "untrusted-signer"
+    )
+    assert source_key in verify.stderr and f"cotal trust add {source_key}" in verify.stderr
+    verified = json.loads(
+        cli.run(
+            "checkpoint", "verify", str(copy), *b, "--trust-signer", source_key, "--json"
+        ).stdout
+    )
+    assert verified["signer"]["instanceId"] == row["instanceId"]
+    assert verified["signer"]["publicKey"] == source_key and verified["signer"]["pinned"] is True
     other = "A" * 43 + "="
     out = cli.run("up", "--restore", str(copy), *b, "--trust-signer", other, check=False)
     assert out.returncode == 2 and "does not trust" in out.stderr and source_key in out.stderr
@@ -290,7 +286,7 @@ async def test_seats_sharing_a_tree_restore_it_once(
         cli.json("spawn", f"s{i}", "--prompt", f"Remember the phrase shared-{i}") for i in range(3)
     ]
     cut_result = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
-    copy = take_host_a_away(cli.root, Path(cut_result["checkpointDir"]), tmp_path)
+    copy = carry_to_new_host(cli.root, Path(cut_result["checkpointDir"]), tmp_path)
     out = cli.run(
         "up",
         "--restore",

@@ -8,7 +8,6 @@ and its message redelivered after the resume.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from manager.control.client import ControlClient
 from manager.workspace.layout import Layout
 from tests.conftest import Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker_at, pid_alive, wait_gone
+from tests.helpers import broker_at, carry_to_new_host, pid_alive, wait_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -85,14 +84,6 @@ async def test_turn_in_flight_at_the_cut_reaches_its_boundary_and_is_acked(
     assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
-def take_host_a_away(root: Path, attempt_dir: Path, dest: Path) -> Path:
-    copy = dest / attempt_dir.name
-    shutil.copytree(attempt_dir, copy, symlinks=True)
-    shutil.rmtree(root)
-    root.mkdir()
-    return copy
-
-
 async def test_a_long_turn_is_cut_mid_turn_and_a_late_message_waits_for_the_resume(
     tmp_path: Path, cli: Cli, shared_broker: SharedBroker
 ) -> None:
@@ -140,7 +131,7 @@ async def test_a_long_turn_is_cut_mid_turn_and_a_late_message_waits_for_the_resu
     assert "cut-mid-turn-3" not in transcript(cli.root, "long", long_row["lifecycleUid"])
     assert "after-prepare-8" not in transcript(cli.root, "late", late_row["lifecycleUid"])
 
-    copy = take_host_a_away(cli.root, Path(result["checkpointDir"]), tmp_path)
+    copy = carry_to_new_host(cli.root, Path(result["checkpointDir"]), tmp_path)
     cli.run(
         "up", "--restore", str(copy), "--server", shared_broker.url, "--creds", shared_broker.creds
     )
