@@ -3,6 +3,8 @@ of illegal ones, and every state reachable from a fresh seat."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from protocol.errors import Refusal
@@ -186,3 +188,18 @@ def test_an_eviction_ends_evicted_whether_or_not_the_exit_was_proven() -> None:
         seat.apply("evict")
         assert seat.apply("stop") == "evicting"
         assert seat.apply(proof) == "evicted"
+
+
+def test_the_architecture_page_shows_this_table() -> None:
+    """The page's seat table is a rendering of `SEAT_TRANSITIONS`, so it cannot drift from it."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    lines = page[page.index("| state \\ event | ready |") :].splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    assert header == list(SEAT_EVENTS)
+    shown: dict[str, dict[str, str]] = {}
+    for line in lines[2:]:
+        if not line.startswith("| `"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        shown[cells[0].strip("`")] = {e: t for e, t in zip(header, cells[1:], strict=True) if t}
+    assert shown == SEAT_TRANSITIONS
