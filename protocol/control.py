@@ -61,6 +61,21 @@ class SpawnArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froz
 
 
 class StopSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`stop-seat` keeps the seat (durable, session, custody, record); `remove-seat` is the one
+    that deprovisions it."""
+
+    name: str
+
+
+class StartSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+
+
+class RestartSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+
+
+class RemoveSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     name: str
 
 
@@ -113,6 +128,9 @@ OPS: dict[str, tuple[type[Any], int]] = {
     "ps": (NoArgs, 1 * _KIB),
     "spawn": (SpawnArgs, 64 * _KIB),
     "stop-seat": (StopSeatArgs, 1 * _KIB),
+    "start-seat": (StartSeatArgs, 1 * _KIB),
+    "restart-seat": (RestartSeatArgs, 1 * _KIB),
+    "remove-seat": (RemoveSeatArgs, 1 * _KIB),
     "send": (SendArgs, 160 * _KIB),
     "shutdown": (NoArgs, 1 * _KIB),
     "prepare-preservation": (AttemptArgs, 1 * _KIB),
@@ -191,6 +209,8 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     turn_started_at: str | None = None
     # Why a seat is not running when the manager knows (a re-adoption it refused).
     reason: str | None = None
+    # How the seat's last process ended: its exit code ("0") or the signal ("SIGTERM").
+    last_exit: str | None = None
 
 
 def seat_rows(obj: Any) -> list[SeatRow]:

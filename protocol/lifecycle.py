@@ -13,7 +13,7 @@ Theory of operation
                                              +--retire--> retired +--exit--> exited
                                              +--fail----> failed  +--fail--> failed
 
-    (any live state) --stop--> stopping --proven--> stopped
+    (any live state) --stop--> stopping --proven--> stopped --start--> restarting
                                    |
                                    +--unproven--> unproven --reaped--> stopped
 
@@ -27,6 +27,11 @@ reaped exit did not arrive by its deadline; the Manager still holds the process,
 reap (`reaped`) is what finally proves it. `evicting` is a stop the custody watcher demanded:
 its end is `evicted` whether or not the exit was proven in time, because the seat belongs to
 another holder now and is never relaunched here.
+
+`start` is the one way back from a deliberate state, and only from `stopped`: the operator asked
+for the seat again (`cotal start`, `cotal restart`), its exit is already proven, and the
+relaunch goes through `restarting` under the same uid into the same session, as a crash restart
+does. An unproven stop, an eviction and its end never lead back.
 
 A second stopper of the same seat joins the first: `stop` and `proven` are self-loops once the
 stop has begun, so a shutdown racing an eviction or a cut does not turn into an illegal event.
@@ -43,6 +48,7 @@ with the reason.
 
 from __future__ import annotations
 
+import signal
 from typing import Annotated, Final, Literal, get_args
 
 import msgspec
@@ -65,7 +71,17 @@ SeatState = Literal[
     "evicted",
 ]
 SeatEvent = Literal[
-    "ready", "exit", "restart", "retire", "fail", "stop", "proven", "unproven", "reaped", "evict"
+    "ready",
+    "exit",
+    "restart",
+    "retire",
+    "fail",
+    "stop",
+    "proven",
+    "unproven",
+    "reaped",
+    "evict",
+    "start",
 ]
 
 SEAT_STATES: Final[tuple[SeatState, ...]] = get_args(SeatState)
@@ -99,13 +115,15 @@ SEAT_TRANSITIONS: Final[dict[SeatState, dict[SeatEvent, SeatState]]] = {
         "unproven": "unproven",
         "evict": "evicting",
     },
-    "stopped": {"stop": "stopped", "proven": "stopped", "evict": "evicting"},
+    # Kept with its footprint: the operator's `start` brings it back, `rm` deprovisions it.
+    "stopped": {"stop": "stopped", "proven": "stopped", "evict": "evicting", "start": "restarting"},
     "unproven": {"stop": "stopping", "reaped": "stopped", "evict": "evicting"},
     "evicting": {"stop": "evicting", "proven": "evicted", "unproven": "evicted"},
     "evicted": {"stop": "evicted", "proven": "evicted", "unproven": "evicted"},
 }
 
-# A deliberate stop owns the exit: no restart and no deprovision may follow from it.
+# A deliberate stop owns the exit: no crash restart and no deprovision may follow from it; only
+# the operator's `start` of a `stopped` seat leads back.
 DELIBERATE_STATES: Final[frozenset[SeatState]] = frozenset(
     {"stopping", "stopped", "unproven", "evicting", "evicted"}
 )
@@ -138,6 +156,7 @@ SEAT_RECORD_CAP: Final = 16 * 1024
 Continuity = Literal["exact", "fork", "fresh", "drain-only"]
 Label = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,128}\Z")]
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+ExitText = Annotated[str, msgspec.Meta(min_length=1, max_length=32)]
 
 
 class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -145,7 +164,9 @@ class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
 
     Written on every spawn, relaunch and stop, removed with the seat. `state` is the seat's
     lifecycle state when written: a record left in a deliberate state names a stop the dead
-    manager had begun, which its successor does not undo by relaunching.
+    manager had begun, which its successor does not undo by relaunching: it keeps the seat
+    `stopped` until the operator starts or removes it. `last_exit` is how the last process of
+    the seat ended (`lastExit` in `ps`).
     """
 
     version: Literal[1]
@@ -163,6 +184,20 @@ class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     restarts: Annotated[int, msgspec.Meta(ge=0)]
     state: SeatState
     reason: Text | None = None
+    last_exit: ExitText | None = None
+
+
+def exit_text(returncode: int | None) -> str | None:
+    """How a reaped process ended, as `ps` shows it: its exit code (`0`, `3`) or the signal that
+    killed it (`SIGTERM`)."""
+    if returncode is None:
+        return None
+    if returncode >= 0:
+        return str(returncode)
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
 
 
 def encode_seat_record(record: SeatRecord) -> bytes:

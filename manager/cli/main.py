@@ -67,6 +67,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         from manager.cli import restore as resume_cli
 
         return int(resume_cli.run_restore(args, _root(args)))
+    _warn_waiting(_root(args))
     result = mesh.up(
         _root(args),
         space=args.space,
@@ -86,6 +87,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         say(f"  socket    {result['socket']}")
         say("next: cotal spawn NAME --agent scribe")
     return 0
+
+
+def _warn_waiting(root: Path) -> None:
+    """A plain `up` beside a sealed cut (or an attempt cut short) is allowed, since the operator
+    may want a fresh mesh, but never silent: the cut's seats are not among the new mesh's."""
+    from manager.cli import status
+    from manager.workspace.layout import Layout
+
+    for line in status.warning_lines(status.waiting(Layout.at(root))):
+        progress(line)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -180,7 +191,41 @@ def cmd_spawn(args: argparse.Namespace) -> int:
     else:
         say(f"spawned {row['name']} ({row['agent']}) pid {row['pid']} uid {row['lifecycleUid']}")
         say(f"  session {row['sessionId']}  continuity {row['continuity']}")
+    warning = _cut_warning(Path(row["cwd"]))
+    if warning:
+        progress(warning)
     return 0
+
+
+def _cut_warning(cwd: Path) -> str | None:
+    """Said at spawn, when it is cheap to act on, rather than at the cut, which refuses such a
+    seat by name (`not-a-repository`, `not-top-level`)."""
+    import subprocess
+
+    try:
+        probe = subprocess.run(
+            ["git", "-C", str(cwd), "rev-parse", "--is-inside-work-tree", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        lines = probe.stdout.splitlines() if probe.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        lines = []
+    if not lines or lines[0] != "true":
+        return (
+            f"warning: {cwd} is not a git repository: this seat cannot be cut (cotal down "
+            "--preserve-state refuses it); use a git work tree or accept that it cannot move"
+        )
+    top = Path(lines[1]).resolve() if len(lines) > 1 else None
+    if top is not None and top != cwd.resolve():
+        return (
+            f"warning: {cwd} is inside the git repository at {top} but not its top level: this "
+            "seat cannot be cut (cotal down --preserve-state refuses it); run it at the top "
+            "level or accept that it cannot move"
+        )
+    return None
 
 
 PS_COLUMNS = [
@@ -199,6 +244,7 @@ PS_WIDE = [
     ("SESSION", "sessionId"),
     ("CONTINUITY", "continuity"),
     ("STARTED", "startedAt"),
+    ("LAST EXIT", "lastExit"),
     ("REASON", "reason"),
 ]
 
@@ -290,21 +336,70 @@ def cmd_stop(args: argparse.Namespace) -> int:
     result = _call(_root(args), "stop-seat", {"name": args.name})
     if args.json:
         emit_json(result)
+    elif result.get("alreadyStopped"):
+        say(f"{result['name']} was already stopped (last exit {result['lastExit']})")
     else:
         say(
-            f"stopped {result['name']} (uid {result['lifecycleUid']},"
-            f" exit {result['exitCode']}); durable deleted"
+            f"stopped {result['name']} (uid {result['lifecycleUid']}, exit {result['lastExit']});"
+            f" kept: inbox, session and custody stay (`cotal start {result['name']}` brings it"
+            f" back, `cotal rm {result['name']}` removes it)"
+        )
+    return 0
+
+
+def _started(row: dict[str, Any], verb: str) -> None:
+    say(
+        f"{verb} {row['name']} ({row['agent']}) pid {row['pid']} uid {row['lifecycleUid']}"
+        f" restarts {row['restarts']}"
+    )
+    say(f"  session {row['sessionId']}  continuity {row['continuity']}")
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    row = _call(_root(args), "start-seat", {"name": args.name}, timeout=90.0)
+    if args.json:
+        emit_json(row)
+    elif row.get("alreadyRunning"):
+        say(f"{row['name']} is already running (pid {row['pid']})")
+    else:
+        _started(row, "started")
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    row = _call(_root(args), "restart-seat", {"name": args.name}, timeout=120.0)
+    if args.json:
+        emit_json(row)
+    else:
+        _started(row, "restarted")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    result = _call(_root(args), "remove-seat", {"name": args.name})
+    if args.json:
+        emit_json(result)
+    elif result.get("footprintDeleted"):
+        say(
+            f"removed {result['name']} (uid {result['lifecycleUid']}, exit {result['lastExit']});"
+            " durable, custody record and session pointer deleted"
+        )
+    else:
+        say(
+            f"removed {result['name']} (uid {result['lifecycleUid']}) from this manager; its "
+            "durable and custody record belong to their new holder and were kept"
         )
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    result = _call(_root(args), "status")
+    from manager.cli import status
+
+    doc = status.gather(_root(args))
     if args.json:
-        emit_json(result)
+        emit_json(doc)
     else:
-        for key in ("state", "pid", "space", "instanceId", "server", "seats", "startedAt"):
-            say(f"{key:<11} {result[key]}")
+        status.print_human(doc, say)
     return 0
 
 
@@ -631,7 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument(
         "--wide",
         action="store_true",
-        help="add pid, cwd, lifecycle uid, instance id, session id and continuity",
+        help="add pid, cwd, lifecycle uid, instance id, session id, continuity, start instant,"
+        " last exit and reason",
     )
     ps.set_defaults(fn=cmd_ps)
 
@@ -660,11 +756,50 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--space", default="main", help="with --server: " + _SPACE_HELP)
     send.set_defaults(fn=cmd_send)
 
-    stop = command(sub, "stop", "stop one seat and delete its durable", "cotal stop alice")
+    stop = command(
+        sub,
+        "stop",
+        "stop one seat and keep it: its inbox, session and custody stay",
+        "cotal stop alice",
+        "cotal stop alice --json",
+    )
     stop.add_argument("name", help="the seat to stop")
     stop.set_defaults(fn=cmd_stop)
 
-    status = command(sub, "status", "the manager's state", "cotal status", "cotal status --json")
+    start = command(
+        sub,
+        "start",
+        "start a stopped seat again: same lifecycle uid, same session",
+        "cotal start alice",
+    )
+    start.add_argument("name", help="the stopped seat to start")
+    start.set_defaults(fn=cmd_start)
+
+    restart = command(
+        sub,
+        "restart",
+        "stop one seat, prove the exit, and start it again in the same session",
+        "cotal restart alice",
+    )
+    restart.add_argument("name", help="the seat to restart")
+    restart.set_defaults(fn=cmd_restart)
+
+    rm = command(
+        sub,
+        "rm",
+        "remove one seat: stop it if running, then delete its durable, custody and session pointer",
+        "cotal rm alice",
+    )
+    rm.add_argument("name", help="the seat to remove")
+    rm.set_defaults(fn=cmd_rm)
+
+    status = command(
+        sub,
+        "status",
+        "what is up in this root (manager, broker, seats) and what is waiting (a sealed cut)",
+        "cotal status",
+        "cotal status --json",
+    )
     status.set_defaults(fn=cmd_status)
 
     doctor = command(

@@ -108,6 +108,11 @@ async def _provision(
     token, the broker (embedded unless `server`), the mesh record and the manager's argv."""
     check_space(space)
     ensure_private_dir(layout.control)
+    # Nothing under .cotal is ever the operator's to commit (tokens, the broker store, logs), so
+    # a root that is a git work tree does not list it as untracked.
+    ignore = layout.control / ".gitignore"
+    if not ignore.exists():
+        write_private_atomic(ignore, b"*\n")
     ensure_private_dir(layout.auth)
     ensure_private_dir(layout.logs)
     existing = read_mesh(layout)

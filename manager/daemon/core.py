@@ -7,7 +7,11 @@ can drain it.
 
 The table is also on disk (`seatfile`): every spawn, relaunch and stop rewrites the seat's
 record and every removal deletes it, so a manager started in `active` re-adopts the seats a
-dead predecessor left behind (`readopt`).
+dead predecessor left behind (`readopt`), and keeps the ones the operator stopped stopped.
+
+An operator's seat verbs: `stop-seat` stops and proves and keeps everything (durable, session,
+custody, record); `start-seat` relaunches a `stopped` seat under its uid into its session;
+`restart-seat` is the two in one; `remove-seat` stops if needed and deprovisions.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 from nats.aio.client import Client
@@ -37,7 +42,7 @@ from manager.daemon.preserve import Preservation
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.readopt import Readoption
 from manager.daemon.resume import Resumption
-from manager.daemon.seat import Seat, read_pointer
+from manager.daemon.seat import Seat, read_pointer, session_to_reopen
 from manager.procs import processes_with_env
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
@@ -46,6 +51,7 @@ from protocol import control, names
 from protocol.custody import custody_key, decode_custody
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
+from protocol.lifecycle import exit_text
 from protocol.maintenance import Maintenance
 from protocol.messages import DirectMessage, ManagerLease, Presence, encode
 from protocol.session import SessionPointer
@@ -115,7 +121,7 @@ class Manager:
             raise Refusal(
                 "duplicate-name",
                 f"a seat named {seat.name!r} already exists",
-                f"pick another name or `cotal stop {seat.name}` first",
+                f"pick another name or `cotal rm {seat.name}` first",
             )
         self.seats[seat.name] = seat
 
@@ -281,10 +287,17 @@ class Manager:
             "instanceId": self.identity.instance_id,
             "state": self.state,
             "seats": len(self.seats),
+            "seatStates": self._seat_states(),
             "server": self.server_url,
             "startedAt": self.started_at,
             "inFlight": self.in_flight,
         }
+
+    def _seat_states(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for seat in self.seats.values():
+            counts[seat.state] = counts.get(seat.state, 0) + 1
+        return dict(sorted(counts.items()))
 
     async def op_ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
         return [
@@ -301,7 +314,7 @@ class Manager:
                 raise Refusal(
                     "capacity",
                     f"this manager already runs {names.MAX_SEATS} seats",
-                    "stop a seat first",
+                    "remove a seat first (`cotal rm NAME`; a stopped seat still counts)",
                 )
             connector = registry.load_connector(args.agent)
             cwd = Path(args.cwd).resolve() if args.cwd else self.layout.root
@@ -405,6 +418,16 @@ class Manager:
     async def _run_seat(
         self, seat: Seat, spec: LaunchSpec, *, task_status: TaskStatus[None]
     ) -> None:
+        done = anyio.Event()
+        seat.run_done = done
+        try:
+            await self._run_incarnation(seat, spec, task_status=task_status)
+        finally:
+            done.set()
+
+    async def _run_incarnation(
+        self, seat: Seat, spec: LaunchSpec, *, task_status: TaskStatus[None]
+    ) -> None:
         handle = SeatHandle(spec, self.layout.seat_log(seat.name, seat.uid))
         seat.handle = handle
         process = await handle.start()
@@ -477,12 +500,14 @@ class Manager:
                 await handle.reap()
                 await self._clear_presence(seat)
                 if seat.handle is handle:
+                    seat.last_exit = exit_text(handle.returncode)
                     # An exit nobody asked for is `exit`; a stop that missed its deadline is
                     # proven by this reap. A stop in progress owns its own proof.
                     if seat.lifecycle.allows("exit"):
                         seat.apply("exit")
                     elif seat.state == "unproven":
                         seat.apply("reaped")
+                        self.persist(seat)
         if not started:
             raise failure or Refusal(
                 "seat-failed",
@@ -490,7 +515,7 @@ class Manager:
                 f"read {handle.log_path}",
             )
         if seat.handle is handle and self._tg is not None:
-            self._tg.start_soon(self._on_exit, seat, handle.returncode)
+            self._tg.start_soon(self._on_exit, seat, handle)
 
     async def _watch_exit(self, seat: Seat, handle: SeatHandle, scope: anyio.CancelScope) -> None:
         rc = await handle.wait_for_exit()
@@ -582,9 +607,16 @@ class Manager:
 
     # -- exits and crash recovery -----------------------------------------------------------------
 
-    async def _on_exit(self, seat: Seat, code: int | None) -> None:
-        if seat.state != "exited" or not self.active or self.seats.get(seat.name) is not seat:
-            # A deliberate stop or a cut owns this exit; the watcher must not deprovision.
+    async def _on_exit(self, seat: Seat, handle: SeatHandle) -> None:
+        code = handle.returncode
+        if (
+            seat.state != "exited"
+            or seat.handle is not handle
+            or not self.active
+            or self.seats.get(seat.name) is not seat
+        ):
+            # A deliberate stop, a cut or a later incarnation owns this exit; the watcher must
+            # neither deprovision nor relaunch.
             return
         pointer: SessionPointer | None = None
         if seat.continuity == "exact" and seat.recovery_armed:
@@ -777,15 +809,118 @@ class Manager:
     # -- stop -----------------------------------------------------------------------------------
 
     async def op_stop_seat(self, args: control.StopSeatArgs) -> dict[str, Any]:
+        """Stop and prove, and keep: the durable, the session, the custody and the record stay,
+        so `start-seat` can bring the seat back as it was."""
         async with self.lifecycle("stop-seat"):
+            seat = self._seat(args.name)
+            if seat.state in ("evicting", "evicted"):
+                raise Refusal(
+                    "evicted",
+                    f"seat {seat.name} is {seat.state}: its custody moved to another holder",
+                    "nothing to stop here; see `cotal ps`",
+                )
+            already = seat.state == "stopped"
+            await self.stop_and_prove(seat, graceful=True)
+            log.info("seat.stopped", seat=seat.name, uid=seat.uid, last_exit=seat.last_exit)
+            return self._stop_result(seat, alreadyStopped=already, kept=True)
+
+    async def op_start_seat(self, args: control.StartSeatArgs) -> dict[str, Any]:
+        async with self.lifecycle("start-seat"):
+            seat = self._seat(args.name)
+            already = seat.state == "running"
+            if not already:
+                self._require_startable(seat, "start")
+                await self._start(seat)
+            row: dict[str, Any] = msgspec.to_builtins(seat.row(self.identity.instance_id))
+            return {**row, "alreadyRunning": already}
+
+    async def op_restart_seat(self, args: control.RestartSeatArgs) -> control.SeatRow:
+        async with self.lifecycle("restart-seat"):
+            seat = self._seat(args.name)
+            if seat.state != "running":
+                self._require_startable(seat, "restart")
+            await self.stop_and_prove(seat, graceful=True)
+            await self._start(seat)
+            return seat.row(self.identity.instance_id)
+
+    async def op_remove_seat(self, args: control.RemoveSeatArgs) -> dict[str, Any]:
+        """Stop if running, prove it, then deprovision exactly this seat's footprint: durable,
+        presence, custody record, session pointer and persisted record."""
+        async with self.lifecycle("remove-seat"):
             seat = self._seat(args.name)
             await self.stop_and_prove(seat, graceful=True)
             await self._free(seat)
-            return {
-                "name": seat.name,
-                "lifecycleUid": seat.uid,
-                "exitCode": seat.handle.returncode if seat.handle else None,
-            }
+            log.info("seat.removed", seat=seat.name, uid=seat.uid, footprint=seat.footprint_owned)
+            return self._stop_result(seat, footprintDeleted=seat.footprint_owned)
+
+    def _stop_result(self, seat: Seat, **extra: bool) -> dict[str, Any]:
+        return {
+            "name": seat.name,
+            "lifecycleUid": seat.uid,
+            "exitCode": seat.handle.returncode if seat.handle else None,
+            "lastExit": seat.last_exit,
+            "state": seat.state,
+            **extra,
+        }
+
+    @staticmethod
+    def _require_startable(seat: Seat, verb: str) -> None:
+        if seat.state == "stopped":
+            return
+        cure = {
+            "failed": f"`cotal stop {seat.name}` then `cotal start {seat.name}` to try again, or "
+            f"`cotal rm {seat.name}`",
+            "exited": "the manager is restarting it after a crash; see `cotal ps`",
+            "restarting": "it is being started; see `cotal ps`",
+            "starting": "it is being started; see `cotal ps`",
+            "stopping": f"wait for its stop to be proven (`cotal ps`), then `cotal {verb}`",
+            "unproven": "its stop is not proven yet: the manager reaps it as soon as it dies; "
+            f"then `cotal {verb} {seat.name}`",
+        }.get(seat.state, f"`cotal rm {seat.name}`; this seat is not started here again")
+        why = f" ({seat.reason})" if seat.reason else ""
+        raise Refusal(
+            "not-stopped",
+            f"{verb} refused: seat {seat.name} is {seat.state}{why}; only a stopped seat (or, for "
+            "restart, a running one) is started",
+            cure,
+        )
+
+    async def _start(self, seat: Seat) -> None:
+        """Relaunch a `stopped` seat under its uid into its session, as a crash restart does:
+        custody re-checked, the durable confirmed, the pointer's session continued (`exact`) or
+        forked from (`fork`). A start that fails leaves the seat stopped again, proven."""
+        failure: BaseException | None = None
+        with anyio.CancelScope(shield=True):
+            # The stop lock is held through the launch, so a stop arriving meanwhile stops the
+            # new process instead of proving the old, already reaped one.
+            async with seat.stop_lock:
+                try:
+                    if seat.run_done is not None:
+                        # The last incarnation's own cleanup reads the lifecycle to tell a crash
+                        # from a stop: it must have finished before the seat moves on.
+                        with anyio.fail_after(READINESS_TIMEOUT_S):
+                            await seat.run_done.wait()
+                    await footprint.confirm_dm_durable(
+                        self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid
+                    )
+                    continue_session, fork_from = session_to_reopen(seat)
+                    seat.apply("start")
+                    seat.reason = None
+                    await self.launch(seat, continue_session=continue_session, resume=fork_from)
+                except BaseException as exc:
+                    failure = exc
+                else:
+                    seat.restarts += 1
+                    self.persist(seat)
+            if failure is not None:
+                # Straight back to `stopped` (from `restarting` or the failed launch's `exited`)
+                # through the one stop-and-prove, never through a crash restart.
+                if seat.state != "stopped":
+                    await self.stop_and_prove(seat, graceful=False)
+                raise failure
+        log.info(
+            "seat.started_again", seat=seat.name, session=seat.session_id, restarts=seat.restarts
+        )
 
     async def stop_and_prove(self, seat: Seat, *, graceful: bool, record: bool = True) -> None:
         """The one stop: signal the group, wait for the reaped exit under a deadline, and prove
@@ -823,6 +958,10 @@ class Manager:
                         f"kill {' '.join(map(str, survivors))}, then retry",
                     )
                 seat.apply("proven")
+                if handle is not None:
+                    seat.last_exit = exit_text(handle.returncode)
+                if record:
+                    self.persist(seat)
 
     def _seat(self, name: str) -> Seat:
         seat = self.seats.get(name)
@@ -875,6 +1014,19 @@ class Manager:
         return self.preservation.progress.read(args)
 
     async def op_prepare_preservation(self, args: control.AttemptArgs) -> dict[str, Any]:
+        if self.maintenance.state == "active":
+            # A cut carries running seats and resumes them running; a stopped seat would come
+            # back started behind the operator's back, so the operator decides first. Checked
+            # before the fence, so the refusal changes nothing.
+            kept = sorted(s.name for s in self.seats.values() if s.state == "stopped")
+            if kept:
+                raise Refusal(
+                    "seat-stopped",
+                    f"preservation refused: seat(s) {', '.join(kept)} stopped; a cut carries "
+                    "running seats only",
+                    f"`cotal start {kept[0]}` or `cotal rm {kept[0]}` first (each stopped seat), "
+                    "then cut again; nothing was stopped",
+                )
         return await self.preservation.prepare(args)
 
     async def op_commit_preservation(self, args: control.CommitPreservationArgs) -> dict[str, Any]:

@@ -7,7 +7,9 @@ under its own lifecycle uid and into its own session, exactly as a crash restart
 the same proofs a resume asks for: custody still held by this instance at the recorded
 generation, the `dm_` durable at the broker, and no process of the lifecycle alive. A seat that
 fails a proof is not launched and not deprovisioned: it stays in the table as `failed`, with the
-reason, until an operator stops it.
+reason, until an operator removes it (`cotal rm`) or stops and starts it again. A seat the
+operator had stopped (`cotal stop`) is proven dead and kept `stopped`: a manager restart never
+starts what the operator stopped.
 
 The predecessor's last delivery (a turn it handed over and never settled) would otherwise wait
 out `ack_wait` at the broker, and the durable admits one unacknowledged message at a time, so
@@ -30,12 +32,12 @@ from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.retry import TRANSIENT
 from manager.daemon import seatfile
-from manager.daemon.seat import Seat, SeatOwner, read_pointer
+from manager.daemon.seat import Seat, SeatOwner, session_to_reopen
 from manager.procs import processes_with_env
 from manager.workspace.journal import Journal
 from protocol import names
-from protocol.errors import DecodeError, Refusal
-from protocol.lifecycle import DELIBERATE_STATES, SeatLifecycle, SeatRecord
+from protocol.errors import Refusal
+from protocol.lifecycle import SeatLifecycle, SeatRecord
 
 log = structlog.get_logger("cotal.readopt")
 
@@ -45,6 +47,8 @@ SURVIVOR_WAIT_S = 10.0
 # The journal states in which a cut, not this root's manager, carries the seats.
 CUT_STATES = frozenset({"cut-intent", "cut-committed", "ready"})
 LIVE_STATES = frozenset({"starting", "running", "exited", "restarting"})
+# A stop the operator asked for (or had begun) keeps the seat, stopped, across managers.
+KEPT_STATES = frozenset({"stopping", "stopped", "unproven"})
 
 
 class Readopter(SeatOwner, Protocol):
@@ -99,6 +103,7 @@ class Readoption:
                 lifecycle=SeatLifecycle("exited"),
                 session_id=record.session_id,
                 restarts=record.restarts,
+                last_exit=record.last_exit,
             )
             try:
                 mgr.adopt(seat)
@@ -150,23 +155,25 @@ class Readoption:
                 footprint_owned=False,
             )
             return
+        if record.state in KEPT_STATES:
+            # Stopped by the operator (or on the way there): its process died with the
+            # predecessor, which is proven here, and it stays stopped until `cotal start`.
+            await self._prove_lifecycle_dead(seat)
+            await mgr.stop_and_prove(seat, graceful=True)
+            log.info("seat.readopted_stopped", seat=seat.name, uid=seat.uid, was=record.state)
+            return
         if record.state not in LIVE_STATES:
-            why = (
-                "a stop was in progress"
-                if record.state in DELIBERATE_STATES
-                else f"the seat was {record.state}"
-                + (f" ({record.reason})" if record.reason else "")
-            )
             mgr.refuse(
                 seat,
-                f"not relaunched: {why} when the previous manager died; `cotal stop {seat.name}` "
-                "finishes it",
+                f"not relaunched: the seat was {record.state}"
+                + (f" ({record.reason})" if record.reason else "")
+                + f" when the previous manager died; `cotal rm {seat.name}` removes it",
                 footprint_owned=record.state not in ("evicting", "evicted"),
             )
             return
         await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid)
         await self._prove_lifecycle_dead(seat)
-        continue_session, fork_from = self._session_to_reopen(seat)
+        continue_session, fork_from = session_to_reopen(seat)
         await self._release_predecessor_delivery(seat)
         before = seat.session_id
         await mgr.relaunch(seat, continue_session=continue_session, resume=fork_from)
@@ -195,33 +202,9 @@ class Readoption:
             raise Refusal(
                 "uid-live",
                 f"processes of {seat.name}'s lifecycle outlived its manager: {survivors}",
-                f"kill {' '.join(map(str, survivors))}, then `cotal stop {seat.name}` and spawn "
-                "it again",
+                f"kill {' '.join(map(str, survivors))}, then `cotal stop {seat.name}` and "
+                f"`cotal start {seat.name}`",
             )
-
-    def _session_to_reopen(self, seat: Seat) -> tuple[str | None, str | None]:
-        """(continue_session, fork_from): the pointer names the live session, as for a crash
-        restart; a seat whose class promises a session and whose pointer cannot name it is
-        refused rather than silently started fresh."""
-        if seat.continuity not in ("exact", "fork"):
-            return None, None
-        try:
-            pointer = read_pointer(seat.pointer_path)
-        except (FileNotFoundError, DecodeError) as exc:
-            raise Refusal(
-                "session-unknown",
-                f"{seat.name}'s session pointer {seat.pointer_path} cannot be read ({exc})",
-                f"`cotal stop {seat.name}`; its session cannot be reopened",
-            ) from None
-        if pointer.status != "running":
-            raise Refusal(
-                "deliberate-quit",
-                f"{seat.name}'s harness quit its session deliberately before its manager died",
-                f"`cotal stop {seat.name}`",
-            )
-        if seat.continuity == "exact":
-            return pointer.session_id, None
-        return None, pointer.session_id
 
     async def _release_predecessor_delivery(self, seat: Seat) -> None:
         mgr = self.mgr

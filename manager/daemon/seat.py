@@ -26,6 +26,7 @@ from manager.daemon.process import SeatHandle
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from protocol import control, names
+from protocol.errors import DecodeError, Refusal
 from protocol.lifecycle import SeatEvent, SeatLifecycle, SeatState
 from protocol.maintenance import Maintenance
 from protocol.session import SessionPointer, decode_pointer
@@ -47,6 +48,8 @@ class Seat:
     lifecycle: SeatLifecycle = field(default_factory=SeatLifecycle)
     # The current incarnation: replaced by each launch, so an exit report names its own.
     handle: SeatHandle | None = None
+    # Set once the current incarnation's run task has finished its cleanup.
+    run_done: anyio.Event | None = None
     driver: Driver | None = None
     spec: LaunchSpec | None = None
     session_id: str | None = None
@@ -59,6 +62,8 @@ class Seat:
     footprint_owned: bool = True
     crashes: list[float] = field(default_factory=list)
     restarts: int = 0
+    # How the last process of this seat ended (`exit_text`), kept across relaunches.
+    last_exit: str | None = None
     # One stopper at a time: a second waits for the first's proof instead of racing it.
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
 
@@ -98,6 +103,7 @@ class Seat:
             busy=turn is not None,
             turn_started_at=turn.started_at if turn is not None else None,
             reason=self.reason,
+            last_exit=self.last_exit,
         )
 
 
@@ -108,6 +114,31 @@ def read_pointer(path: Path) -> SessionPointer:
     finally:
         os.close(fd)
     return decode_pointer(data, where=f"connector session state {path}")
+
+
+def session_to_reopen(seat: Seat) -> tuple[str | None, str | None]:
+    """(continue_session, fork_from) for a relaunch under the seat's uid: the pointer names the
+    live session, as for a crash restart. A seat whose class promises a session and whose pointer
+    cannot name it is refused rather than silently started fresh."""
+    if seat.continuity not in ("exact", "fork"):
+        return None, None
+    try:
+        pointer = read_pointer(seat.pointer_path)
+    except (FileNotFoundError, DecodeError) as exc:
+        raise Refusal(
+            "session-unknown",
+            f"{seat.name}'s session pointer {seat.pointer_path} cannot be read ({exc})",
+            f"`cotal rm {seat.name}`; its session cannot be reopened",
+        ) from None
+    if pointer.status != "running":
+        raise Refusal(
+            "deliberate-quit",
+            f"{seat.name}'s harness quit its session deliberately; there is no session to reopen",
+            f"`cotal rm {seat.name}`, then spawn it again",
+        )
+    if seat.continuity == "exact":
+        return pointer.session_id, None
+    return None, pointer.session_id
 
 
 class SeatOwner(Protocol):

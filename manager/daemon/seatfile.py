@@ -54,6 +54,7 @@ def record_of(seat: Seat) -> SeatRecord:
         restarts=seat.restarts,
         state=seat.state,
         reason=seat.reason[:1024] if seat.reason else None,
+        last_exit=seat.last_exit,
     )
 
 

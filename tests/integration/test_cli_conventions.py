@@ -199,7 +199,7 @@ def _parsers(
 def test_every_flag_has_help_and_every_command_an_example() -> None:
     parsers = list(_parsers(cli_main.build_parser()))
     leaves = [p.prog for p, leaf in parsers if leaf]
-    assert "cotal ps" in leaves and "cotal manager serve" in leaves and len(leaves) == 13
+    assert "cotal ps" in leaves and "cotal manager serve" in leaves and len(leaves) == 16
     missing = [
         f"{p.prog} {'/'.join(a.option_strings) or a.dest}"
         for p, _ in parsers

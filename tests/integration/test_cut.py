@@ -149,7 +149,7 @@ async def test_sigterm_ignoring_seat_is_still_proven_stopped(
     await anyio.sleep(0.3)
     assert pid_alive(stubborn["pid"])  # it really ignores SIGTERM
     # A graceful stop escalates to SIGKILL after the grace period and proves the exit.
-    stopped = cli.json("stop", "stubborn")
+    stopped = cli.json("rm", "stubborn")
     assert stopped["exitCode"] == -9
     assert not pid_alive(stubborn["pid"])
     # The cut hard-stops and proves it, too.
@@ -251,7 +251,7 @@ async def test_prepare_refuses_mid_merge_and_non_repository_without_stopping(
     assert cli.json("status")["state"] == "active"
     [row] = cli.ps()
     assert row["pid"] == merging["pid"] and row["state"] == "running"
-    cli.run("stop", "merging")
+    cli.run("rm", "merging")
     loose = cli.json("spawn", "loose", "--cwd", str(plain))
     out = cli.run("down", "--preserve-state", check=False)
     assert out.returncode == 2 and "seat loose" in out.stderr and "git init" in out.stderr

@@ -169,8 +169,8 @@ async def test_a_seat_whose_custody_moved_is_listed_failed_and_never_relaunched(
         assert row["pid"] is None and row["lifecycleUid"] == moved["lifecycleUid"]
         assert row["reason"].startswith("custody-not-held") and "z" * 26 in row["reason"]
         assert ps["kept"]["sessionId"] == kept["sessionId"]
-        # Nothing was deprovisioned, and stopping it drops only this manager's entry.
-        mesh.run("stop", "moved")
+        # Nothing was deprovisioned, and removing it drops only this manager's entry.
+        mesh.run("rm", "moved")
         async with broker(mesh.root) as js:
             await js.consumer_info("DM_main", f"dm_local-moved-{moved['lifecycleUid']}")
             entry = await (await js.key_value("cotal_custody_main")).get(key)

@@ -26,7 +26,7 @@ async def _durable_exists(cli: Cli, name: str, uid: str) -> bool:
             return False
 
 
-async def test_spawn_ps_durable_send_stop(mesh: Cli) -> None:
+async def test_spawn_ps_durable_send_rm(mesh: Cli) -> None:
     row = mesh.json(
         "spawn", "alice", "--agent", "scribe", "--prompt", "Remember the phrase juniper-ledger-41"
     )
@@ -59,8 +59,8 @@ async def test_spawn_ps_durable_send_stop(mesh: Cli) -> None:
     assert reply["reply"] == "The phrase is juniper-ledger-41."
     assert reply["attempts"] == 1
 
-    stopped = mesh.json("stop", "alice")
-    assert stopped["lifecycleUid"] == uid
+    removed = mesh.json("rm", "alice")
+    assert removed["lifecycleUid"] == uid
     assert not await _durable_exists(mesh, "alice", uid)
     assert not pointer.exists()
     assert mesh.ps() == []
@@ -71,7 +71,7 @@ async def test_spawn_refusals_change_nothing(mesh: Cli) -> None:
     mesh.json("spawn", "bob", "--agent", "scribe")
     dup = mesh.run("spawn", "bob", "--agent", "scribe", check=False)
     assert dup.returncode == 2
-    assert "a seat named 'bob' already exists" in dup.stderr and "cotal stop bob" in dup.stderr
+    assert "a seat named 'bob' already exists" in dup.stderr and "cotal rm bob" in dup.stderr
     bad = mesh.run("spawn", "no-dashes", check=False)
     assert bad.returncode == 2 and "is not a safe label" in bad.stderr
     unknown = mesh.run("spawn", "carol", "--agent", "nope", check=False)

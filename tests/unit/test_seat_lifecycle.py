@@ -3,6 +3,8 @@ of illegal ones, and every state reachable from a fresh seat."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from protocol.errors import Refusal
@@ -57,6 +59,14 @@ def test_every_legal_transition(state: SeatState, event: SeatEvent, target: Seat
         ("stopping", "exit"),
         ("stopped", "restart"),
         ("stopped", "exit"),
+        ("stopped", "ready"),
+        ("running", "start"),
+        ("exited", "start"),
+        ("stopping", "start"),
+        ("unproven", "start"),
+        ("failed", "start"),
+        ("evicting", "start"),
+        ("evicted", "start"),
         ("unproven", "restart"),
         ("evicting", "restart"),
         ("evicting", "evict"),
@@ -103,9 +113,48 @@ def test_every_state_is_reachable_from_a_fresh_seat() -> None:
 def test_only_an_exit_nobody_asked_for_can_be_restarted() -> None:
     restartable = {s for s in SEAT_STATES if "restart" in SEAT_TRANSITIONS[s]}
     assert restartable == {"exited"}
-    # No deliberate stop ever leads back to a live state.
-    for state in DELIBERATE_STATES:
-        assert not set(SEAT_TRANSITIONS[state].values()) & {"running", "restarting", "exited"}
+    # No deliberate stop leads back to a live state by itself: the one way back is the
+    # operator's `start` of a seat whose stop was proven.
+    back = {
+        (state, event)
+        for state in DELIBERATE_STATES
+        for event, target in SEAT_TRANSITIONS[state].items()
+        if target in {"starting", "running", "restarting", "exited"}
+    }
+    assert back == {("stopped", "start")}
+    assert SEAT_TRANSITIONS["stopped"]["start"] == "restarting"
+
+
+def test_only_a_proven_stop_can_be_started() -> None:
+    startable = {s for s in SEAT_STATES if "start" in SEAT_TRANSITIONS[s]}
+    assert startable == {"stopped"}
+
+
+def test_stop_start_restart_keep_one_seat() -> None:
+    """`cotal stop`, `cotal start`, then `cotal restart` (stop-and-prove, then start), and a
+    start whose launch fails going back to `stopped` through the ordinary stop."""
+    seat = SeatLifecycle("running")
+    for event, state in [
+        ("stop", "stopping"),
+        ("proven", "stopped"),
+        ("start", "restarting"),
+        ("ready", "running"),
+        ("stop", "stopping"),
+        ("proven", "stopped"),
+        ("start", "restarting"),
+        ("exit", "exited"),
+        ("stop", "stopping"),
+        ("proven", "stopped"),
+    ]:
+        assert seat.apply(event) == state  # type: ignore[arg-type]
+    assert seat.deliberate
+
+
+def test_a_failed_seat_is_started_only_after_a_proven_stop() -> None:
+    seat = SeatLifecycle("failed")
+    assert not seat.allows("start")
+    assert seat.apply("stop") == "stopping" and seat.apply("proven") == "stopped"
+    assert seat.apply("start") == "restarting"
 
 
 def test_a_crash_and_restart_then_a_cut() -> None:
@@ -139,3 +188,18 @@ def test_an_eviction_ends_evicted_whether_or_not_the_exit_was_proven() -> None:
         seat.apply("evict")
         assert seat.apply("stop") == "evicting"
         assert seat.apply(proof) == "evicted"
+
+
+def test_the_architecture_page_shows_this_table() -> None:
+    """The page's seat table is a rendering of `SEAT_TRANSITIONS`, so it cannot drift from it."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    lines = page[page.index("| state \\ event | ready |") :].splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    assert header == list(SEAT_EVENTS)
+    shown: dict[str, dict[str, str]] = {}
+    for line in lines[2:]:
+        if not line.startswith("| `"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        shown[cells[0].strip("`")] = {e: t for e, t in zip(header, cells[1:], strict=True) if t}
+    assert shown == SEAT_TRANSITIONS

@@ -1,0 +1,285 @@
+"""`cotal status`: what is up in a root and what is waiting there, whether or not a manager runs.
+
+A report, never a refusal: nothing up is an answer (exit 0). Every fact is read from where it
+lives: the manager answers for itself over the control socket; the broker is the mesh record;
+the signing key is the instance identity file; what waits is the maintenance journal (a sealed
+cut not yet restored, an attempt cut short) and the seat records a manager started here would
+take back. Nothing here writes, takes a lock or mints anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from manager.cli import mesh
+from manager.procs import alive
+from manager.workspace import identity
+from manager.workspace.journal import Journal
+from manager.workspace.layout import Layout
+from manager.workspace.private import read_stable
+from protocol.errors import DecodeError, Refusal
+from protocol.lifecycle import SEAT_RECORD_CAP, decode_seat_record
+from protocol.maintenance import JournalRecord
+from protocol.mesh import MeshRecord
+
+# The attempt states a plain `cotal up` does not finish, with the command that does.
+_CUT_UNDER_WAY = ("cut-intent", "cut-committed")
+_RESUME_UNDER_WAY = ("resume-intent", "resume-active", "resume-committed")
+_IDENTITY_FILE = re.compile(r"^manager-instance\.([0-9a-f]+)\.json\Z")
+
+
+def gather(root: Path) -> dict[str, Any]:
+    layout = Layout.at(root)
+    try:
+        # Read first: a root without a token never had a manager, and anything else wrong with
+        # the control directory is reported as what it is.
+        mesh.read_token(layout)
+        has_token = True
+    except Refusal as exc:
+        if exc.code != "not-up":
+            raise
+        has_token = False
+    record, record_error = _mesh_record(layout)
+    manager = _manager(layout, record, has_token)
+    space = manager.get("space") or (record.space if record is not None else None)
+    manager.update(_identity(layout, space))
+    broker = _broker(record, record_error)
+    doc: dict[str, Any] = {
+        "root": str(layout.root),
+        "up": manager["state"] not in ("down", "unresponsive"),
+        "manager": manager,
+        "broker": broker,
+        "seats": _seats(layout, manager),
+        "custody": {"holder": manager.get("instanceId")},
+        "waiting": waiting(layout),
+    }
+    # The keys `cotal status --json` always had, at the top for scripts that read them.
+    for key in ("state", "pid", "space", "instanceId", "startedAt"):
+        doc.setdefault(key, manager.get(key))
+    doc["server"] = manager.get("server") or broker.get("url")
+    doc["seatCount"] = doc["seats"]["count"]
+    return doc
+
+
+def _mesh_record(layout: Layout) -> tuple[MeshRecord | None, str | None]:
+    try:
+        return mesh.read_mesh(layout), None
+    except (Refusal, DecodeError) as exc:
+        return None, str(exc)
+
+
+def _manager(layout: Layout, record: MeshRecord | None, has_token: bool) -> dict[str, Any]:
+    answered: dict[str, Any] | None = None
+    error: str | None = None
+    if has_token:
+        try:
+            answered = mesh.daemon_status(layout)
+        except Refusal as exc:
+            error = exc.text
+    if answered is not None:
+        return {**answered, "answering": True}
+    ref = record.manager if record is not None else None
+    if ref is not None and alive(ref):
+        return {
+            "state": "unresponsive",
+            "pid": ref.pid,
+            "answering": False,
+            "error": error or f"manager pid {ref.pid} is alive but does not answer",
+        }
+    return {"state": "down", "pid": None, "answering": False}
+
+
+def _identity(layout: Layout, space: str | None) -> dict[str, Any]:
+    """The instance id and its signing public key: what a destination pins with `cotal trust
+    add`. Read from the file, never minted: a status that created one would invent an
+    authority."""
+    spaces = [space] if space else _identity_spaces(layout)
+    if not spaces:
+        return {"publicKey": None}
+    found = spaces[0]
+    path = layout.instance_identity(found)
+    if not path.exists():
+        return {"publicKey": None, "space": found}
+    try:
+        ident = identity._load(path, found)
+    except Refusal as exc:
+        return {"publicKey": None, "space": found, "identityError": exc.text}
+    return {"space": found, "instanceId": ident.instance_id, "publicKey": ident.public_key_b64}
+
+
+def _identity_spaces(layout: Layout) -> list[str]:
+    if not layout.auth.is_dir():
+        return []
+    spaces: list[str] = []
+    for path in sorted(layout.auth.iterdir()):
+        match = _IDENTITY_FILE.match(path.name)
+        if match is None:
+            continue
+        try:
+            spaces.append(bytes.fromhex(match.group(1)).decode())
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return spaces
+
+
+def _broker(record: MeshRecord | None, error: str | None) -> dict[str, Any]:
+    if record is None:
+        return {"url": None, "embedded": None, "pid": None, "alive": None, "error": error}
+    ref = record.embedded_broker
+    live = alive(ref) if ref is not None else None
+    return {
+        "url": record.server,
+        "embedded": ref is not None,
+        "pid": ref.pid if ref is not None and live else None,
+        "alive": live,
+    }
+
+
+def _seats(layout: Layout, manager: dict[str, Any]) -> dict[str, Any]:
+    """By state: the manager's table when it answers, else the records on disk, which are the
+    seats the next `cotal up` takes back (running ones relaunched, stopped ones kept)."""
+    if manager.get("answering"):
+        states = dict(manager.get("seatStates") or {})
+        count = int(manager.get("seats") or 0)
+        if not states and count:
+            states = {"unknown": count}
+        return {"count": count, "byState": states, "source": "manager"}
+    states = {}
+    unreadable = 0
+    directory = layout.control / "seats"
+    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    for path in files:
+        try:
+            data = read_stable(path, cap=SEAT_RECORD_CAP, what="seat record").data
+            state = decode_seat_record(data, where=str(path)).state
+        except (DecodeError, Refusal, OSError):
+            unreadable += 1
+            continue
+        states[state] = states.get(state, 0) + 1
+    if unreadable:
+        states["unreadable"] = unreadable
+    return {"count": len(files), "byState": dict(sorted(states.items())), "source": "records"}
+
+
+def waiting(layout: Layout) -> list[dict[str, Any]]:
+    """What a plain `cotal up` does not finish, each with the exact command that does."""
+    try:
+        record = Journal(layout).load()
+    except Refusal as exc:
+        return [
+            {
+                "what": "journal-unreadable",
+                "detail": exc.message,
+                "next": [exc.cure],
+            }
+        ]
+    if record is None:
+        return []
+    return [item] if (item := _waiting_on(record)) is not None else []
+
+
+def _waiting_on(record: JournalRecord) -> dict[str, Any] | None:
+    base = {
+        "attemptId": record.attempt_id,
+        "journalState": record.state,
+        "checkpointDir": record.checkpoint_dir,
+        "updatedAt": record.updated_at,
+    }
+    restore = f"cotal up --restore {record.checkpoint_dir or 'DIR'}"
+    discard = f"cotal checkpoint discard {record.attempt_id}"
+    if record.state == "ready":
+        return {
+            **base,
+            "what": "sealed-cut",
+            "detail": f"cut {record.attempt_id} is sealed and not restored",
+            "next": [restore, discard],
+        }
+    if record.state in _CUT_UNDER_WAY:
+        return {
+            **base,
+            "what": "cut-under-way",
+            "detail": f"cut {record.attempt_id} stopped at {record.state}",
+            "next": ["cotal down --preserve-state"],
+        }
+    if record.state in _RESUME_UNDER_WAY:
+        return {
+            **base,
+            "what": "resume-under-way",
+            "detail": f"resume {record.attempt_id} stopped at {record.state}",
+            "next": [restore],
+        }
+    if record.state == "degraded":
+        degraded = record.degraded
+        return {
+            **base,
+            "what": "degraded",
+            "detail": f"attempt {record.attempt_id} is degraded"
+            + (f": {degraded.reason}" if degraded is not None else ""),
+            "next": ([degraded.recourse] if degraded is not None else []) + [discard],
+        }
+    return None
+
+
+_NEXT_LABELS = {
+    "sealed-cut": ("restore", "discard"),
+    "degraded": ("recourse", "discard"),
+}
+
+
+def warning_lines(items: list[dict[str, Any]]) -> list[str]:
+    """What `cotal up` says on stderr about an attempt it will not finish itself."""
+    lines: list[str] = []
+    for item in items:
+        lines.append(f"warning: {item['detail']}; a plain `cotal up` starts a fresh mesh beside it")
+        labels = _NEXT_LABELS.get(item["what"], ())
+        for i, step in enumerate(item["next"]):
+            label = labels[i] if i < len(labels) else "continue"
+            lines.append(f"  {label + ':':<9} {step}")
+    return lines
+
+
+def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
+    manager, broker, seats = doc["manager"], doc["broker"], doc["seats"]
+    say(f"root      {doc['root']}")
+    if manager["state"] == "down":
+        say("manager   not running")
+    else:
+        line = f"manager   {manager['state']}  pid {manager['pid']}"
+        if manager.get("startedAt"):
+            line += f"  since {manager['startedAt']}"
+        say(line)
+        if manager.get("error"):
+            say(f"          {manager['error']}")
+    if manager.get("instanceId"):
+        say(f"instance  {manager['instanceId']}  space {manager.get('space')}")
+    if manager.get("publicKey"):
+        say(f"signer    {manager['publicKey']}  (carry it: cotal trust add KEY)")
+    if manager.get("identityError"):
+        say(f"signer    unreadable: {manager['identityError']}")
+    if broker["url"] is None:
+        say("broker    none recorded" + (f" ({broker['error']})" if broker.get("error") else ""))
+    elif broker["embedded"]:
+        state = f"pid {broker['pid']}" if broker["alive"] else "not running"
+        say(f"broker    {broker['url']}  embedded, {state}")
+    else:
+        say(f"broker    {broker['url']}  external")
+    by_state = ", ".join(f"{n} {s}" for s, n in seats["byState"].items())
+    where = "" if seats["source"] == "manager" else " recorded (taken back by `cotal up`)"
+    say(f"seats     {seats['count']}{where}" + (f": {by_state}" if by_state else ""))
+    if doc["custody"]["holder"]:
+        say(f"custody   held by this instance ({doc['custody']['holder']})")
+    if not doc["waiting"]:
+        say("waiting   nothing")
+    for item in doc["waiting"]:
+        say(f"waiting   {item['detail']}")
+        if item.get("checkpointDir"):
+            say(f"          checkpoint {item['checkpointDir']}")
+        labels = _NEXT_LABELS.get(item["what"], ())
+        for i, step in enumerate(item["next"]):
+            label = labels[i] if i < len(labels) else "continue"
+            say(f"          {label + ':':<9} {step}")
+    if not doc["up"] and not doc["waiting"]:
+        say(f"nothing is up in {doc['root']}")
