@@ -40,26 +40,47 @@ start: its response names the process id, and Claude Code's live registry
 `$CLAUDE_CONFIG_DIR/sessions/<pid>.json` names the session that process holds. That report,
 not the id we asked for, is what the driver returns from `get_state` and writes to the pointer.
 
+Credentials, resolved at every launch (a spawn or a crash restart), first match wins; the secret
+travels only in the child's environment, declared in `secret_env`:
+
+1. `agents.claude.api_key_file`: the key read from that file now (0600 or stricter, ours, not a
+   symlink), so a key rotated in the file reaches the next launch without restarting the
+   manager, whose own environment is fixed when it starts;
+2. `agents.claude.api_key_env` (default `ANTHROPIC_API_KEY`) in the manager's environment;
+3. `CLAUDE_CODE_OAUTH_TOKEN` in the manager's environment (a `claude setup-token` token);
+4. the operator's `claude login`: `claudeAiOauth.accessToken` of `.credentials.json` in the
+   manager's `$CLAUDE_CONFIG_DIR`, else `~/.claude`, read now and passed as
+   `CLAUDE_CODE_OAUTH_TOKEN` (measured on 2.1.197: sent as `Authorization: Bearer`, also to a
+   `base_url` override). The file is never linked or copied into the seat's config dir: that dir
+   is the session store a checkpoint captures, and a checkpoint refuses symlinks.
+
+A configured source (1 or an explicit 2) that yields nothing is refused rather than passed over:
+a seat silently billed to a subscription instead of the key the operator named is a surprise.
+
 Flags and why:
 
 * `--replay-user-messages`: Claude Code echoes each input message with the `uuid` we gave it,
   so a `result` is attributed to our prompt and not to some other turn.
 * `--disable-slash-commands`: an inbox message is a peer's text. Without it a message such as
   `/clear` runs a command that silently switches the process to a new session (measured).
-* `--permission-mode bypassPermissions`: a seat has no human to answer permission prompts.
-  As root Claude Code refuses this unless `IS_SANDBOX=1` is set, so the connector sets it then.
+* `--permission-mode <agents.claude.permission_mode>` (default `bypassPermissions`): a seat has
+  no human to answer a permission prompt, so in any stricter mode a tool call that needs
+  approval is not run. As root Claude Code refuses `bypassPermissions` unless `IS_SANDBOX=1` is
+  set, so the connector sets it then (and only then).
 * `--strict-mcp-config`: only MCP servers cotal passes (none), never a project's `.mcp.json`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import stat
+import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +119,24 @@ from protocol.errors import Refusal
 
 NAME = "claude"
 KEY_VAR = "ANTHROPIC_API_KEY"
-CONFIG_KEYS = frozenset({"base_url", "model", "api_key_env", "binary", "extra_env"})
+CONFIG_KEYS = frozenset(
+    {"base_url", "model", "api_key_env", "api_key_file", "permission_mode", "binary", "extra_env"}
+)
+OAUTH_VAR = "CLAUDE_CODE_OAUTH_TOKEN"
+# What `claude --permission-mode` accepts in the pinned version (its --help choices).
+PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
+DEFAULT_PERMISSION_MODE = "bypassPermissions"
+CREDENTIALS_FILE = ".credentials.json"
+KEY_FILE_CAP = 4096
+CREDENTIALS_CAP = 64 * 1024
 # Variables this connector sets itself; an operator passing them through would silently
 # override the seat's isolation (config dir, endpoint, key) or its safety switches.
 RESERVED_ENV = frozenset(
     {
         "CLAUDE_CONFIG_DIR",
         KEY_VAR,
+        OAUTH_VAR,
+        "CLAUDE_CODE_OAUTH_REFRESH_TOKEN",
         "ANTHROPIC_AUTH_TOKEN",
         "ANTHROPIC_BASE_URL",
         "IS_SANDBOX",
@@ -292,7 +324,7 @@ class ClaudeCodeConnector:
             "--replay-user-messages",
             "--disable-slash-commands",
             "--permission-mode",
-            "bypassPermissions",
+            cfg.permission_mode,
             "--strict-mcp-config",
         ]
         if cfg.model is not None:
@@ -304,10 +336,11 @@ class ClaudeCodeConnector:
         env["CLAUDE_CONFIG_DIR"] = str(paths.config)
         if cfg.base_url is not None:
             env["ANTHROPIC_BASE_URL"] = cfg.base_url
-        # The key travels in the child's environment only (never argv, never a file), under the
-        # one name Claude Code reads, and is declared secret so the manager never logs it.
-        env[KEY_VAR] = cfg.api_key
-        if os.geteuid() == 0:
+        # The credential travels in the child's environment only (never argv, never a file),
+        # under the one name Claude Code reads for its kind, and is declared secret so the
+        # manager never logs it.
+        env[cfg.credential.var] = cfg.credential.value
+        if cfg.permission_mode == "bypassPermissions" and os.geteuid() == 0:
             env["IS_SANDBOX"] = "1"
         return LaunchSpec(
             argv=argv,
@@ -318,8 +351,17 @@ class ClaudeCodeConnector:
             expected_session_id=expected,
             # stream-json mode takes no prompt in argv; the driver sends it as the first turn.
             initial_prompt=launch_prompt(opts),
-            secret_env=(KEY_VAR,),
+            secret_env=(cfg.credential.var,),
         )
+
+    def describe(self, opts: LaunchOpts) -> dict[str, str]:
+        """What an operator may see about a seat's launch (for `ps --wide`): the permission mode
+        and where its credential comes from, never the credential itself. Reads no secret."""
+        config = agent_config(NAME, opts, CONFIG_KEYS)
+        return {
+            "permissionMode": _permission_mode(config),
+            "credentials": _credential_source(config),
+        }
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> ClaudeDriver:
         config = spec.env.get("CLAUDE_CONFIG_DIR")
@@ -337,7 +379,8 @@ class ClaudeCodeConnector:
 class _Config:
     base_url: str | None
     model: str | None
-    api_key: str
+    credential: Credential
+    permission_mode: str
     binary: str | None
     passthrough: tuple[str, ...]
 
@@ -363,20 +406,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             f"claude connector: model {model!r} is not a model name (letters, digits, ._:/@[]+-)",
             "pass --model or set agents.claude.model in cotal.toml",
         )
-    api_key_env = key_env_name(
-        NAME, config.get("api_key_env") or KEY_VAR, example="ANTHROPIC_API_KEY"
-    )
-    api_key = os.environ.get(api_key_env)
-    if not api_key:
-        # The seat's config dir is private, so no login the operator made elsewhere applies:
-        # without a key every turn would fail late with "Not logged in".
-        raise Refusal(
-            "bad-launch",
-            f"claude connector needs an API key, and {api_key_env} is not set in the manager's "
-            "environment",
-            f"export {api_key_env} before starting the manager, or name another variable with "
-            "agents.claude.api_key_env",
-        )
+    permission_mode = _permission_mode(config)
     extra_env = extra_env_names(NAME, config)
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
@@ -387,7 +417,191 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "remove them from agents.claude.extra_env",
         )
     binary = configured_binary(NAME, config, what="the claude executable")
-    return _Config(base_url, model, api_key, binary, tuple(extra_env))
+    # Last among the checks: a launch refused for its config never reads a secret.
+    credential = resolve_credential(config)
+    return _Config(base_url, model, credential, permission_mode, binary, tuple(extra_env))
+
+
+def _permission_mode(config: Mapping[str, Any]) -> str:
+    mode = config.get("permission_mode", DEFAULT_PERMISSION_MODE)
+    if mode not in PERMISSION_MODES:
+        raise Refusal(
+            "bad-launch",
+            f"claude connector: permission_mode {mode!r} is not one Claude Code accepts",
+            f"set agents.claude.permission_mode to one of {', '.join(PERMISSION_MODES)}, or unset "
+            f"it for {DEFAULT_PERMISSION_MODE}",
+        )
+    return str(mode)
+
+
+# -- credentials ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A secret and the one variable it travels in. `source` names where it came from and is
+    safe to show; the value never is."""
+
+    var: str
+    value: str = field(repr=False)
+    source: str
+
+
+def login_credentials_path() -> Path:
+    """Where `claude login` left the operator's credentials, for the manager's environment."""
+    config_dir = os.environ.get("CLAUDE_CONFIG_DIR")
+    base = Path(config_dir) if config_dir else Path(os.path.expanduser("~")) / ".claude"
+    return base / CREDENTIALS_FILE
+
+
+def _key_file_path(config: Mapping[str, Any]) -> Path | None:
+    value = config.get("api_key_file")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise Refusal(
+            "bad-launch",
+            f"claude connector: api_key_file must be an absolute path, got {value!r}",
+            "set agents.claude.api_key_file to the absolute path of a 0600 file holding the key",
+        )
+    return Path(os.path.normpath(value))
+
+
+def _key_env(config: Mapping[str, Any]) -> str:
+    if "api_key_env" in config and "api_key_file" in config:
+        raise Refusal(
+            "bad-launch",
+            "claude connector: api_key_env and api_key_file both name the key",
+            "keep one of agents.claude.api_key_env and agents.claude.api_key_file",
+        )
+    return key_env_name(NAME, config.get("api_key_env") or KEY_VAR, example=KEY_VAR)
+
+
+def _credential_source(config: Mapping[str, Any]) -> str:
+    """The source `resolve_credential` would use, judged by presence alone."""
+    key_file = _key_file_path(config)
+    api_key_env = _key_env(config)
+    if key_file is not None:
+        return f"api_key_file {key_file}"
+    if os.environ.get(api_key_env) or "api_key_env" in config:
+        return f"api_key_env {api_key_env}"
+    if os.environ.get(OAUTH_VAR):
+        return OAUTH_VAR
+    return f"login {login_credentials_path()}"
+
+
+def _read_private(path: Path, cap: int, what: str, cure: str) -> bytes:
+    """A file only this uid can read or write: regular, not a symlink, ours, no group or other
+    bits, at most `cap` bytes. Anything else is refused, since a secret others can change or
+    read is not the operator's alone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise Refusal(
+            "no-credentials", f"claude connector: {what} {path} does not exist", cure
+        ) from None
+    except OSError as exc:
+        reason = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+        raise Refusal(
+            "bad-credentials", f"claude connector: {what} {path} {reason}", cure
+        ) from None
+    try:
+        st = os.fstat(fd)
+        problem = None
+        if not stat.S_ISREG(st.st_mode):
+            problem = "is not a regular file"
+        elif st.st_uid != os.geteuid():
+            problem = f"is owned by uid {st.st_uid}, not by the manager's uid {os.geteuid()}"
+        elif st.st_mode & 0o077:
+            problem = f"has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0600 or stricter"
+        elif st.st_size > cap:
+            problem = f"is over {cap} bytes"
+        if problem is not None:
+            raise Refusal("bad-credentials", f"claude connector: {what} {path} {problem}", cure)
+        return os.read(fd, cap + 1)[:cap]
+    finally:
+        os.close(fd)
+
+
+def _key_from_file(path: Path) -> Credential:
+    cure = f"write the key alone into {path} (chmod 600), or unset agents.claude.api_key_file"
+    data = _read_private(path, KEY_FILE_CAP, "api_key_file", cure)
+    try:
+        key = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        key = ""
+    if not key or any(c.isspace() or not c.isprintable() for c in key):
+        raise Refusal(
+            "bad-credentials",
+            f"claude connector: api_key_file {path} does not hold one key (one line, no spaces)",
+            cure,
+        )
+    return Credential(KEY_VAR, key, f"api_key_file {path}")
+
+
+def _login_token(path: Path) -> Credential:
+    cure = (
+        f"run `claude login` as the manager's user (it writes {path}), or set an API key "
+        f"(agents.claude.api_key_file, or {KEY_VAR} exported before starting the manager)"
+    )
+    data = _read_private(path, CREDENTIALS_CAP, "the login's credentials", cure)
+    try:
+        oauth = json.loads(data).get("claudeAiOauth")
+    except (ValueError, AttributeError):
+        oauth = None
+    token = oauth.get("accessToken") if isinstance(oauth, dict) else None
+    if not isinstance(token, str) or not token or any(c.isspace() for c in token):
+        raise Refusal(
+            "no-credentials",
+            f"claude connector: {path} holds no Claude login (claudeAiOauth.accessToken)",
+            cure,
+        )
+    expires = oauth.get("expiresAt") if isinstance(oauth, dict) else None
+    if isinstance(expires, int | float) and expires / 1000 <= time.time():
+        # The seat gets the access token only: refreshing needs the refresh token, and a
+        # refresh rotates it, which would log the operator's own Claude Code out.
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires / 1000))
+        raise Refusal(
+            "no-credentials",
+            f"claude connector: the Claude login in {path} expired at {when}",
+            "run `claude` once as the manager's user so it refreshes the login, then spawn again; "
+            "or set an API key",
+        )
+    return Credential(OAUTH_VAR, token, f"login {path}")
+
+
+def resolve_credential(config: Mapping[str, Any]) -> Credential:
+    """The seat's credential, read now (see the module doc for the order)."""
+    key_file = _key_file_path(config)
+    api_key_env = _key_env(config)
+    if key_file is not None:
+        return _key_from_file(key_file)
+    key = os.environ.get(api_key_env)
+    if key:
+        return Credential(KEY_VAR, key, f"api_key_env {api_key_env}")
+    if "api_key_env" in config:
+        raise Refusal(
+            "no-credentials",
+            f"claude connector: agents.claude.api_key_env names {api_key_env}, which is not set "
+            "in the manager's environment",
+            f"export {api_key_env} before starting the manager, or use agents.claude.api_key_file "
+            "(read at every spawn), or drop api_key_env to use the operator's `claude login`",
+        )
+    token = os.environ.get(OAUTH_VAR)
+    if token:
+        return Credential(OAUTH_VAR, token, OAUTH_VAR)
+    login = login_credentials_path()
+    if not os.path.lexists(login):
+        raise Refusal(
+            "no-credentials",
+            f"claude connector has no credentials: no API key ({KEY_VAR} is not set in the "
+            f"manager's environment, no agents.claude.api_key_file) and no Claude login ({login} "
+            "does not exist)",
+            f"set agents.claude.api_key_file to a 0600 file holding the key (read at every "
+            f"spawn), or export {KEY_VAR} before starting the manager, or run `claude login` as "
+            "the manager's user",
+        )
+    return _login_token(login)
 
 
 def _program(binary: str | None) -> str:

@@ -1,4 +1,18 @@
-"""Daemon wiring: broker connection, Manager, control socket, signals."""
+"""Daemon wiring: broker connection, Manager, control socket, signals, and the service
+manager's readiness protocol.
+
+Under systemd (`Type=notify`, deploy/systemd/cotal-manager@.service) the daemon sends:
+
+* `READY=1` with `MAINPID=` and a `STATUS=` line once the control socket accepts connections,
+  the broker footprint exists and every seat a predecessor left recorded has been re-adopted
+  (relaunched and proven, or refused and shown as failed): `Manager.drain()` returns when no
+  lifecycle operation is in flight, and the re-adoptions are counted as such before
+  `Manager.run` reports started. A spawn that arrives meanwhile is waited for too.
+* `STOPPING=1` as soon as a shutdown (the `shutdown` op, SIGTERM or SIGINT) begins.
+
+Started directly rather than by `cotal up` there is no `.cotal/mesh.json`, which `cotal down`
+and `cotal status` need to find the manager; the daemon then writes one naming itself.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +28,13 @@ from manager import logs
 from manager.broker.connection import connect
 from manager.control.server import ControlServer
 from manager.daemon.core import Manager
+from manager.daemon.notify import sd_notify
+from manager.procs import alive, pid_identity
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
 from protocol.errors import Refusal
+from protocol.mesh import MESH_CAP, MeshRecord, decode_mesh, encode_mesh
 from protocol.names import check_space
 
 log = structlog.get_logger("cotal.daemon")
@@ -38,6 +55,48 @@ def read_control_token(layout: Layout) -> str:
             "bad-token", f"control token {layout.control_token} is too short", "rerun `cotal up`"
         )
     return token
+
+
+def record_mesh(layout: Layout, space: str, server: str, creds: Path | None) -> bool:
+    """Write `.cotal/mesh.json` naming this process, when none names a manager that may be
+    running; True when written.
+
+    A record without a manager is `cotal up` starting this daemon: `up` names it itself once it
+    answers, and keeps the embedded broker it started in the record, so that one is left alone.
+    A record of a dead manager on the same server keeps its broker fields for `cotal down`.
+    """
+    existing: MeshRecord | None = None
+    if os.path.lexists(layout.mesh):
+        try:
+            existing = decode_mesh(read_stable(layout.mesh, cap=MESH_CAP, what="mesh record").data)
+        except (Refusal, OSError) as exc:
+            log.warning("daemon.mesh_unreadable", path=str(layout.mesh), error=str(exc))
+        if existing is not None and (existing.manager is None or alive(existing.manager)):
+            return False
+    keep = existing is not None and existing.server == server
+    record = MeshRecord(
+        version=1,
+        space=space,
+        server=server,
+        creds=str(creds.resolve()) if creds else None,
+        embedded_broker=existing.embedded_broker if keep and existing else None,
+        broker_store=existing.broker_store if keep and existing else None,
+        manager=pid_identity(os.getpid()),
+    )
+    write_private_atomic(layout.mesh, encode_mesh(record))
+    return True
+
+
+class _Notifier:
+    """The service-manager messages this daemon sends, each at most once."""
+
+    def __init__(self) -> None:
+        self._stopping = False
+
+    def stopping(self) -> None:
+        if not self._stopping:
+            self._stopping = True
+            sd_notify("STOPPING=1\nSTATUS=stopping")
 
 
 async def serve(
@@ -66,18 +125,30 @@ async def serve(
         space=space,
         instance=identity.instance_id,
     )
+    notifier = _Notifier()
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(manager.run)
             await tg.start(ControlServer(layout.socket, token, manager.handle).serve)
-            tg.start_soon(_signals, manager)
-            log.info("daemon.ready", socket=str(layout.socket))
+            tg.start_soon(_signals, manager, notifier)
+            if record_mesh(layout, space, server, creds):
+                log.info("daemon.mesh_recorded", path=str(layout.mesh))
+            if manager.in_flight:
+                sd_notify(f"STATUS=re-adopting {len(manager.seats)} seat(s)")
+            await manager.drain()
+            log.info("daemon.ready", socket=str(layout.socket), seats=len(manager.seats))
+            sd_notify(
+                f"READY=1\nMAINPID={os.getpid()}\n"
+                f"STATUS=serving {layout.root} ({len(manager.seats)} seat(s))"
+            )
             await manager.shutdown_requested.wait()
+            notifier.stopping()
             # Let the shutdown reply reach the caller before the socket goes away.
             await anyio.sleep(0.2)
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
+            notifier.stopping()
             if not manager.stopping:
                 await manager.stop_all_keep_footprint()
             try:
@@ -89,10 +160,11 @@ async def serve(
             log.info("daemon.stopped", pid=os.getpid())
 
 
-async def _signals(manager: Manager) -> None:
+async def _signals(manager: Manager, notifier: _Notifier) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("daemon.signal", signal=signal.Signals(signum).name)
+            notifier.stopping()
             await manager.stop_all_keep_footprint()
             manager.shutdown_requested.set()
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +21,13 @@ import anyio
 import pytest
 
 from connectors.base import LaunchOpts, StoreDecl, TurnOutcome
-from connectors.claude_code import ClaudeCodeConnector, ClaudeDriver, judge_result
+from connectors.claude_code import (
+    DEFAULT_PERMISSION_MODE,
+    PERMISSION_MODES,
+    ClaudeCodeConnector,
+    ClaudeDriver,
+    judge_result,
+)
 from protocol.errors import Refusal
 from tests.harness import Pipe, mode, placeholder_binary, seat_opts
 
@@ -42,8 +49,11 @@ FLAGS = [
 
 
 @pytest.fixture
-def root(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def root(root: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv(KEY_VAR, SECRET)
+    # The operator's own Claude login must not be what a test measures.
+    for var in ("ANTHROPIC_API_KEY", "CLAUDE_CONFIG_DIR", "CLAUDE_CODE_OAUTH_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
     return root
 
 
@@ -183,9 +193,9 @@ def test_default_key_variable_is_anthropic_api_key(
     assert ClaudeCodeConnector().build_launch(opts).env["ANTHROPIC_API_KEY"] == SECRET
     monkeypatch.delenv("ANTHROPIC_API_KEY")
     exc = refusal(opts)
-    assert exc.code == "bad-launch"
-    assert "ANTHROPIC_API_KEY is not set" in exc.message
-    assert "agents.claude.api_key_env" in exc.cure
+    assert exc.code == "no-credentials"
+    assert "ANTHROPIC_API_KEY is not set" in exc.message and "no Claude login" in exc.message
+    assert "agents.claude.api_key_file" in exc.cure and "claude login" in exc.cure
 
 
 def test_extra_env_passes_named_variables_only(
@@ -394,7 +404,17 @@ def test_resume_refusals(root: Path, binary: Path, tmp_path: Path) -> None:
     [
         ({"config": {"provider": "x", "home": "/srv/claude"}}, "home, provider"),
         ({"config": {"base_url": "http://user:pw@127.0.0.1:9"}}, "credentials"),
-        ({"config": {"api_key_env": "NOT_SET_ANYWHERE_1"}}, "NOT_SET_ANYWHERE_1 is not set"),
+        (
+            {"config": {"extra_env": ["CLAUDE_CODE_OAUTH_TOKEN"]}},
+            "CLAUDE_CODE_OAUTH_TOKEN, which the connector sets itself",
+        ),
+        ({"config": {"permission_mode": "yolo"}}, "permission_mode 'yolo' is not one"),
+        ({"config": {"permission_mode": "BypassPermissions"}}, "'BypassPermissions'"),
+        ({"config": {"api_key_file": "key.txt"}}, "api_key_file must be an absolute path"),
+        (
+            {"config": {"api_key_file": "/etc/cotal/claude.key"}},
+            "api_key_env and api_key_file both name the key",
+        ),
         (
             {"config": {"extra_env": ["CLAUDE_CONFIG_DIR", "ANTHROPIC_BASE_URL"]}},
             "ANTHROPIC_BASE_URL, CLAUDE_CONFIG_DIR",
@@ -408,6 +428,181 @@ def test_config_refusals_name_the_problem_and_change_nothing(
 ) -> None:
     exc = refusal(opts_for(root, binary, **kw))
     assert exc.code == "bad-launch" and names in exc.message and exc.cure
+    assert not (root / ".cotal").exists()
+
+
+# -- permission mode ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode_name", list(PERMISSION_MODES))
+def test_permission_mode_is_a_seat_option(root: Path, binary: Path, mode_name: str) -> None:
+    opts = opts_for(root, binary, config={"permission_mode": mode_name})
+    spec = ClaudeCodeConnector().build_launch(opts)
+    at = spec.argv.index("--permission-mode")
+    assert spec.argv[at + 1] == mode_name and spec.argv.count("--permission-mode") == 1
+    # Claude Code refuses only bypassPermissions as root; no other mode gets the switch.
+    sandbox = mode_name == "bypassPermissions" and os.geteuid() == 0
+    assert spec.env.get("IS_SANDBOX") == ("1" if sandbox else None)
+    assert ClaudeCodeConnector().describe(opts)["permissionMode"] == mode_name
+
+
+def test_permission_mode_defaults_to_bypass(root: Path, binary: Path) -> None:
+    opts = opts_for(root, binary)
+    assert DEFAULT_PERMISSION_MODE == "bypassPermissions"
+    assert ClaudeCodeConnector().build_launch(opts).argv[1 : len(FLAGS) + 1] == FLAGS
+    assert ClaudeCodeConnector().describe(opts) == {
+        "permissionMode": "bypassPermissions",
+        "credentials": f"api_key_env {KEY_VAR}",
+    }
+
+
+# -- credentials ----------------------------------------------------------------------------------
+
+LOGIN_TOKEN = "sk-ant-oat01-login-token-do-not-leak"
+
+
+def write_login(config: Path, *, token: str = LOGIN_TOKEN, expires_in_s: float = 3600) -> Path:
+    """Credentials in the shape `claude login` leaves them (`claudeAiOauth`, expiry in ms)."""
+    config.mkdir(parents=True, exist_ok=True)
+    path = config / ".credentials.json"
+    body = {
+        "claudeAiOauth": {
+            "accessToken": token,
+            "refreshToken": "sk-ant-ort01-refresh-do-not-leak",
+            "expiresAt": int((time.time() + expires_in_s) * 1000),
+            "scopes": ["user:inference", "user:profile"],
+            "subscriptionType": "max",
+        }
+    }
+    path.write_text(json.dumps(body))
+    path.chmod(0o600)
+    return path
+
+
+def no_bytes_of(root: Path, secrets: list[str], argv: list[str]) -> None:
+    for secret in secrets:
+        assert not any(secret in a for a in argv)
+        for path in root.rglob("*"):
+            if path.is_symlink():
+                raise AssertionError(f"{path} is a symlink: a checkpoint refuses the store")
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), f"{secret} leaked into {path}"
+
+
+def test_key_file_is_read_at_every_launch(root: Path, binary: Path, tmp_path: Path) -> None:
+    key_file = tmp_path / "claude.key"
+    key_file.write_text("sk-ant-first-key\n")
+    key_file.chmod(0o600)
+    config = {"api_key_env": None, "api_key_file": str(key_file)}
+    opts = opts_for(root, binary, config=config)
+    opts = replace(opts, config={k: v for k, v in opts.config.items() if v is not None})
+    first = ClaudeCodeConnector().build_launch(opts)
+    assert first.env["ANTHROPIC_API_KEY"] == "sk-ant-first-key"
+    assert first.secret_env == ("ANTHROPIC_API_KEY",) and KEY_VAR not in first.env
+    key_file.write_text("sk-ant-second-key\n")
+    second = ClaudeCodeConnector().build_launch(replace(opts, name="bob"))
+    assert second.env["ANTHROPIC_API_KEY"] == "sk-ant-second-key"
+    assert ClaudeCodeConnector().describe(opts)["credentials"] == f"api_key_file {key_file}"
+    no_bytes_of(root, ["sk-ant-first-key", "sk-ant-second-key"], first.argv + second.argv)
+
+
+def key_file_opts(root: Path, binary: Path, key_file: Path) -> LaunchOpts:
+    opts = opts_for(root, binary)
+    config = {k: v for k, v in opts.config.items() if k != "api_key_env"}
+    return replace(opts, config={**config, "api_key_file": str(key_file)})
+
+
+@pytest.mark.parametrize(
+    ("setup", "code", "words"),
+    [
+        ("missing", "no-credentials", "does not exist"),
+        ("symlink", "bad-credentials", "is a symlink"),
+        ("0644", "bad-credentials", "has mode 0644; it must be 0600 or stricter"),
+        ("empty", "bad-credentials", "does not hold one key"),
+        ("two words", "bad-credentials", "does not hold one key"),
+        ("directory", "bad-credentials", "is not a regular file"),
+    ],
+)
+def test_key_file_refusals(
+    root: Path, binary: Path, tmp_path: Path, setup: str, code: str, words: str
+) -> None:
+    key_file = tmp_path / "claude.key"
+    real = tmp_path / "real.key"
+    real.write_text("sk-ant-real\n")
+    real.chmod(0o600)
+    if setup == "symlink":
+        key_file.symlink_to(real)
+    elif setup == "directory":
+        key_file.mkdir(mode=0o700)
+    elif setup != "missing":
+        key_file.write_text({"0644": "sk-ant-x", "empty": "\n", "two words": "sk-ant a"}[setup])
+        key_file.chmod(0o644 if setup == "0644" else 0o600)
+    exc = refusal(key_file_opts(root, binary, key_file))
+    assert (exc.code, exc.cure != "") == (code, True)
+    assert f"api_key_file {key_file} {words}" in exc.message
+    assert not (root / ".cotal").exists()
+
+
+def test_login_is_used_when_no_key_is_set(
+    root: Path, binary: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(KEY_VAR)
+    login = write_login(isolated_home / ".claude")
+    before = login.read_bytes()
+    opts = opts_for(root, binary)
+    opts = replace(opts, config={k: v for k, v in opts.config.items() if k != "api_key_env"})
+    spec = ClaudeCodeConnector().build_launch(opts)
+    assert spec.env["CLAUDE_CODE_OAUTH_TOKEN"] == LOGIN_TOKEN
+    assert "ANTHROPIC_API_KEY" not in spec.env and "ANTHROPIC_AUTH_TOKEN" not in spec.env
+    assert spec.secret_env == ("CLAUDE_CODE_OAUTH_TOKEN",)
+    # The seat's config dir is its own: the login is neither linked nor copied into it.
+    assert spec.env["CLAUDE_CONFIG_DIR"] == str(config_dir(opts))
+    assert not os.path.lexists(config_dir(opts) / ".credentials.json")
+    assert login.read_bytes() == before
+    assert ClaudeCodeConnector().describe(opts)["credentials"] == f"login {login}"
+    no_bytes_of(root, [LOGIN_TOKEN, "sk-ant-ort01-refresh-do-not-leak"], spec.argv)
+
+    # The manager's own CLAUDE_CONFIG_DIR is where `claude login` wrote, when it is set.
+    other = write_login(isolated_home / "elsewhere", token="sk-ant-oat01-elsewhere")
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(other.parent))
+    spec = ClaudeCodeConnector().build_launch(replace(opts, name="bob"))
+    assert spec.env["CLAUDE_CODE_OAUTH_TOKEN"] == "sk-ant-oat01-elsewhere"
+    assert spec.env["CLAUDE_CONFIG_DIR"] != str(other.parent)
+
+    # A token in the manager's environment comes before the login file; a key before both.
+    monkeypatch.setenv("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-from-env")
+    spec = ClaudeCodeConnector().build_launch(replace(opts, name="carol"))
+    assert spec.env["CLAUDE_CODE_OAUTH_TOKEN"] == "sk-ant-oat01-from-env"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)
+    spec = ClaudeCodeConnector().build_launch(replace(opts, name="dave"))
+    assert spec.env["ANTHROPIC_API_KEY"] == SECRET and "CLAUDE_CODE_OAUTH_TOKEN" not in spec.env
+
+
+def test_login_refusals(
+    root: Path, binary: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = opts_for(root, binary)
+    no_env = replace(opts, config={k: v for k, v in opts.config.items() if k != "api_key_env"})
+    login = write_login(isolated_home / ".claude", expires_in_s=-60)
+    expired = refusal(no_env)
+    assert expired.code == "no-credentials"
+    assert f"the Claude login in {login} expired at " in expired.message
+    assert "run `claude` once" in expired.cure
+
+    login.write_text(json.dumps({"mcpOAuth": {}}))
+    assert "holds no Claude login" in refusal(no_env).message
+
+    write_login(isolated_home / ".claude")
+    login.chmod(0o644)
+    loose = refusal(no_env)
+    assert loose.code == "bad-credentials" and "has mode 0644" in loose.message
+
+    # A key the operator named but did not set is refused, not replaced by the login.
+    login.chmod(0o600)
+    monkeypatch.delenv(KEY_VAR)
+    named = refusal(opts)
+    assert named.code == "no-credentials"
+    assert f"api_key_env names {KEY_VAR}, which is not set" in named.message
     assert not (root / ".cotal").exists()
 
 
