@@ -50,6 +50,9 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     base_url: str | None = None
     provider: str | None = None
     api_key_env: str | None = None
+    # Claude Code: a key file read at every spawn (0600, no symlink), and the permission mode.
+    api_key_file: str | None = None
+    permission_mode: str | None = None
     home: str | None = None
     extra_env: list[str] = []
     # scribe only, a test aid: the harness ignores SIGTERM so a stop must escalate to SIGKILL.

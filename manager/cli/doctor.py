@@ -282,7 +282,7 @@ def _check_claude(report: Report, settings: Mapping[str, Any], pin: tools.Pin | 
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         )
         _version_run(report, [program], env)
-    _key_check(report, settings, default="ANTHROPIC_API_KEY")
+    _claude_credential_check(report, settings)
 
 
 def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
@@ -392,6 +392,17 @@ def _base_env(**extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def _claude_credential_check(report: Report, settings: Mapping[str, Any]) -> None:
+    """A key file, a key variable, an OAuth token or a `claude login` each satisfy Claude Code;
+    only the source's name is shown, never the secret the connector resolved."""
+    from connectors.claude_code import resolve_credential
+
+    try:
+        resolve_credential(settings)
+    except Refusal as exc:
+        report.missing.append(Missing(exc.message, exc.cure, "config"))
 
 
 def _key_check(report: Report, settings: Mapping[str, Any], *, default: str | None) -> None:

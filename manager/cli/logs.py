@@ -392,7 +392,7 @@ def _pointer(layout: Layout, seat: str) -> tuple[str, str, str]:
         raise Refusal(
             "no-such-seat",
             f"no session pointer of a seat named {seat!r} under {layout.sessions}",
-            "see `cotal ps`; `cotal stop` and `cotal down` delete a seat's pointer",
+            "see `cotal ps`; `cotal rm` and `cotal down` delete a seat's pointer",
         )
     _, connector, uid, path = max(found)
     try:
