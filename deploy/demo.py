@@ -141,6 +141,10 @@ def main() -> int:
         )
         cotal(root, "ps", "--wide")
         cut = json.loads(cotal(root, "down", "--preserve-state", "--json").stdout)
+        # What the operator carries to host B besides the checkpoint: host A's signing key,
+        # read on host A, trusted on host B before anything is admitted.
+        key = json.loads(cotal(root, "status", "--json").stdout)["manager"]["publicKey"]
+        print(f"  host A's signing key {key}")
         checkpoint = outside / Path(cut["checkpointDir"]).name
         print(
             "\n== copy the sealed checkpoint out, then take host A away\n  cp -a "
@@ -154,6 +158,7 @@ def main() -> int:
             "\n== host B: the same path, admitted and restored from the checkpoint alone",
             flush=True,
         )
+        cotal(root, "trust", "add", key, "--name", "host-a")
         cotal(root, "checkpoint", "verify", str(checkpoint), "--server", server, "--creds", creds)
         resumed = json.loads(
             cotal(
