@@ -34,6 +34,7 @@ from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
 from protocol.checkpoint import (
     DEFAULT_RECENCY_HORIZON_MS,
+    INBOX_FILE,
     MANIFEST_FORMAT,
     RESUME_FILE,
     SEAT_CHECKPOINT_FORMAT,
@@ -44,7 +45,10 @@ from protocol.checkpoint import (
     SeatCheckpoint,
     SessionFile,
     SessionRecord,
+    SpaceExport,
+    SpaceRecord,
     continuity_capped,
+    encode_inbox,
 )
 from protocol.errors import Refusal
 from protocol.instant import format_instant
@@ -131,6 +135,18 @@ def has_files(directory: Path) -> bool:
     return bool(_regular_files(directory))
 
 
+def _write_space(seat_dir: Path, export: SpaceExport) -> SpaceRecord:
+    inbox = write_file_exclusive(seat_dir, INBOX_FILE, encode_inbox(export.messages))
+    return SpaceRecord(
+        broker_id=export.broker_id,
+        durable=export.durable,
+        custody=export.custody,
+        messages=len(export.messages),
+        message_bytes=sum(len(m.data()) for m in export.messages),
+        inbox=inbox,
+    )
+
+
 @dataclass
 class SeatSummary:
     name: str
@@ -173,8 +189,10 @@ async def capture_seat(
     horizon_ms: int = DEFAULT_RECENCY_HORIZON_MS,
     progress: Progress | None = None,
     custody_revision: int | None = None,
+    space_export: SpaceExport | None = None,
 ) -> SeatSummary:
-    """Repository, pointer and store files into a fresh 0700 seat directory, then the record."""
+    """Repository, pointer, store files and the inbox into a fresh 0700 seat directory, then
+    the record."""
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
     home = Path(os.path.expanduser("~"))
@@ -200,6 +218,7 @@ async def capture_seat(
                 path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}"
             )
             store.append(SessionFile(anchor=anchor, relpath=rel, file=ref))  # type: ignore[arg-type]
+    space_state = _write_space(seat_dir, space_export) if space_export is not None else None
     t_session = time.monotonic()
 
     continuity = continuity_capped(declared, pointer is not None, len(store), supports_fresh_start)
@@ -222,6 +241,7 @@ async def capture_seat(
         recency_horizon_ms=horizon_ms,
         workspace_root=str(layout.root),
         custody_revision=custody_revision,
+        space_state=space_state,
     )
     ref = seal_seat(seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id)
     t_seal = time.monotonic()
@@ -232,7 +252,8 @@ async def capture_seat(
         lifecycle_uid=agent.identity.lifecycle_uid,
         bytes=_refs_bytes(repository)
         + sum(s.file.bytes for s in store)
-        + (pointer.file.bytes if pointer else 0),
+        + (pointer.file.bytes if pointer else 0)
+        + (space_state.inbox.bytes if space_state else 0),
         timings_ms={
             "repository": int((t_repo - t0) * 1000),
             "session": int((t_session - t_repo) * 1000),

@@ -23,7 +23,7 @@ import msgspec
 import structlog
 
 from manager import registry
-from manager.broker import custody
+from manager.broker import custody, space
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.daemon.delivery import FETCH_WAIT_S
@@ -59,6 +59,7 @@ class Preservation:
         self.descriptor: ResumeDescriptor | None = None
         self.result: dict[str, Any] | None = None
         self.custody_revisions: dict[str, int] = {}
+        self.custody_held: dict[str, custody.Held] = {}
 
     # -- prepare --------------------------------------------------------------------------------
 
@@ -107,6 +108,10 @@ class Preservation:
                         exc.cure + "; nothing was stopped",
                     ) from None
             await self._read_custody(inventory)
+            for agent in inventory.agents:
+                await space.check_exportable(
+                    self.mgr.js, self.mgr.space, agent.name, agent.identity.lifecycle_uid
+                )
             descriptor = write_resume_document(self.mgr.layout, inventory)
             read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
         except BaseException as exc:
@@ -156,6 +161,7 @@ class Preservation:
                     "this root's record of the seat is stale; nothing was stopped",
                 )
             self.custody_revisions[agent.name] = held.revision
+            self.custody_held[agent.name] = held
 
     def _plan_result(self, attempt: str) -> dict[str, Any]:
         assert self.plan is not None and self.descriptor is not None
@@ -280,6 +286,7 @@ class Preservation:
         )
         attempt_path = cut.prepare_attempt_dir(mgr.layout, attempt)
         summaries: list[cut.SeatSummary] = []
+        broker_id: str | None = None
         for agent in self.plan.agents:
             seat = seats.get(agent.name)
             if agent.name in failures or seat is None:
@@ -287,6 +294,12 @@ class Preservation:
                 continue
             caps = seat.connector.capabilities
             try:
+                # Read only now: the seat is proven stopped, so its ack floor no longer moves.
+                if broker_id is None:
+                    broker_id = await space.broker_identity(mgr.custody_bucket())
+                carried = await space.export_space(
+                    mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
+                )
                 summaries.append(
                     await cut.capture_seat(
                         mgr.layout,
@@ -300,6 +313,7 @@ class Preservation:
                         space=mgr.space,
                         progress=self.progress.capture_reporter(agent.name),
                         custody_revision=self.custody_revisions.get(agent.name),
+                        space_export=carried,
                     )
                 )
             except Refusal as exc:
