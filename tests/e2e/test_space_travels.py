@@ -10,9 +10,11 @@ import shutil
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 import pytest
 from nats.js import JetStreamContext, api
@@ -25,13 +27,16 @@ from protocol import names
 from protocol.checkpoint import (
     CHECKPOINT_FILE,
     INBOX_FILE,
+    SpaceRecord,
     decode_inbox,
 )
 from protocol.errors import Refusal
+from protocol.instant import format_instant
+from tests.ckpt import reseal, source_identity
 from tests.cluster import Cluster
 from tests.conftest import Cli
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker, broker_at
+from tests.helpers import broker, broker_at, processes_mentioning
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -107,6 +112,17 @@ async def test_embedded_to_embedded_carries_the_inbox(tmp_path: Path, cli: Cli) 
         proc = cli.run("up", "--restore", str(bad), "--json", check=False)
         assert proc.returncode == 2 and refusal(proc)["code"] == "integrity", proc.stderr
         assert list(cli.root.iterdir()) == []
+    # A refusal at the broker's gates stops the broker this resume started and removes it.
+    when = format_instant(datetime.now(UTC) - timedelta(days=2))
+    stale = reseal(
+        copy,
+        tmp_path / "stale" / attempt.name,
+        source_identity(cli.root.with_name("ws.src")),
+        edit=lambda r: msgspec.structs.replace(r, captured_at=when),
+    )
+    proc = cli.run("up", "--restore", str(stale), "--json", check=False)
+    assert proc.returncode == 2 and refusal(proc)["code"] == "stale-checkpoint", proc.stderr
+    assert list(cli.root.iterdir()) == [] and processes_mentioning(str(cli.root)) == []
 
     out = cli.run("up", "--restore", str(copy), "--json")
     assert out.stderr.count(NO_FENCE_NOTE) == 1, out.stderr
@@ -357,3 +373,63 @@ async def test_a_stale_checkpoint_is_behind_a_broker_that_moved_on(
         with pytest.raises(Refusal) as behind:
             await _claim_across(ja, names.mint_instance_id(), "attempt-2", Rec(uid, 1, 1))
         assert behind.value.code == "generation-behind"
+
+
+def _cut_with_a_queued_note(cli: Cli, note: str) -> tuple[Path, SpaceRecord]:
+    cli.json("send", "default", "#slow:2000 take your time")
+    cli.json("send", "default", note)
+    cut = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
+    assert cut["journal"] == "ready" and cut["failures"] == [], cut
+    attempt = Path(cut["checkpointDir"])
+    state = read_seat_checkpoint(attempt / "default").space_state
+    assert state is not None and state.messages >= 1
+    return attempt, state
+
+
+def _host_away(cli: Cli, attempt: Path, to: Path, tag: str) -> Path:
+    copy = to / attempt.name
+    shutil.copytree(attempt, copy)
+    os.rename(cli.root, cli.root.with_name(f"ws.{tag}"))
+    cli.root.mkdir()
+    return copy
+
+
+async def test_embedded_to_cluster_to_embedded_end_to_end(
+    tmp_path: Path, cli: Cli, nats_cluster: Cluster
+) -> None:
+    seed(cli.root)
+    cli.run("up", "--detach")
+    row = cli.json(
+        "spawn", "default", "--agent", "scribe", "--prompt", f"Remember the phrase {PHRASE}."
+    )
+    attempt, _ = _cut_with_a_queued_note(cli, "first note n1-queued")
+    copy = _host_away(cli, attempt, tmp_path / "leg1", "a")
+    cluster = ("--server", nats_cluster.urls, "--creds", nats_cluster.creds)
+    out = cli.run("up", "--restore", str(copy), *cluster, "--json")
+    assert out.stderr.count(NO_FENCE_NOTE) == 1, out.stderr
+    [seat] = json.loads(out.stdout)["seats"]
+    assert seat["sameSession"] and seat["uidAfter"] == row["lifecycleUid"]
+    reply = cli.json("send", "default", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}."
+    assert "n1-queued" in store_texts(cli.root)
+    async with js_at(nats_cluster) as jc:
+        info = await jc.stream_info(f"DM_{SPACE}")
+        assert info.config.num_replicas == 3
+
+    # Back to an embedded broker of its own, from the cluster.
+    attempt, state = _cut_with_a_queued_note(cli, "second note n2-queued")
+    assert state.custody.generation == 1
+    copy = _host_away(cli, attempt, tmp_path / "leg2", "c")
+    out = cli.run("up", "--restore", str(copy), "--json")
+    assert out.stderr.count(NO_FENCE_NOTE) == 1, out.stderr
+    [seat] = json.loads(out.stdout)["seats"]
+    assert seat["sameSession"] and seat["uidAfter"] == row["lifecycleUid"]
+    reply = cli.json("send", "default", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}."
+    assert "n2-queued" in store_texts(cli.root)
+    async with broker(cli.root) as js:
+        entry = await (await js.key_value(f"cotal_custody_{SPACE}")).get(
+            f"local.default.{row['lifecycleUid']}"
+        )
+    assert json.loads(entry.value or b"")["generation"] == 2
+    cli.run("down")
