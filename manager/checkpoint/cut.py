@@ -48,6 +48,7 @@ from protocol.checkpoint import (
     SpaceExport,
     SpaceRecord,
     continuity_capped,
+    decode_inbox,
     encode_inbox,
 )
 from protocol.errors import Refusal
@@ -135,9 +136,10 @@ def has_files(directory: Path) -> bool:
     return bool(_regular_files(directory))
 
 
-def _write_space(seat_dir: Path, export: SpaceExport) -> SpaceRecord:
-    inbox = write_file_exclusive(seat_dir, INBOX_FILE, encode_inbox(export.messages))
-    return SpaceRecord(
+def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
+    data = encode_inbox(export.messages)
+    inbox = write_file_exclusive(seat_dir, INBOX_FILE, data)
+    record = SpaceRecord(
         broker_id=export.broker_id,
         durable=export.durable,
         custody=export.custody,
@@ -145,6 +147,17 @@ def _write_space(seat_dir: Path, export: SpaceExport) -> SpaceRecord:
         message_bytes=sum(len(m.data()) for m in export.messages),
         inbox=inbox,
     )
+    # What is sealed must be what a destination admits: the record through the seal's own
+    # decode, the inbox lines here.
+    try:
+        decode_inbox(data, record)
+    except ValueError as exc:
+        raise Refusal(
+            "inbox-unexportable",
+            f"seat {name}: its inbox does not make an admissible checkpoint: {exc}",
+            "cut again; if it repeats, report it with the seat's durable info",
+        ) from None
+    return record
 
 
 @dataclass
@@ -218,7 +231,9 @@ async def capture_seat(
                 path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}"
             )
             store.append(SessionFile(anchor=anchor, relpath=rel, file=ref))  # type: ignore[arg-type]
-    space_state = _write_space(seat_dir, space_export) if space_export is not None else None
+    space_state = None
+    if space_export is not None:
+        space_state = _write_space(seat_dir, agent.name, space_export)
     t_session = time.monotonic()
 
     continuity = continuity_capped(declared, pointer is not None, len(store), supports_fresh_start)

@@ -24,6 +24,7 @@ import structlog
 
 from manager import registry
 from manager.broker import custody, space
+from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.daemon.delivery import FETCH_WAIT_S
@@ -295,11 +296,12 @@ class Preservation:
             caps = seat.connector.capabilities
             try:
                 # Read only now: the seat is proven stopped, so its ack floor no longer moves.
-                if broker_id is None:
-                    broker_id = await space.broker_identity(mgr.custody_bucket())
-                carried = await space.export_space(
-                    mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
-                )
+                with phase(f"inbox export ({agent.name})"):
+                    if broker_id is None:
+                        broker_id = await space.broker_identity(mgr.custody_bucket())
+                    carried = await space.export_space(
+                        mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
+                    )
                 summaries.append(
                     await cut.capture_seat(
                         mgr.layout,
