@@ -50,6 +50,8 @@ from protocol.inventory import Agent
 log = structlog.get_logger("cotal.space")
 
 BROKER_ID_KEY = "broker.id"
+# Names the resume that rebuilt a durable, so its own rerun keeps it and a later leg replaces it.
+ATTEMPT_METADATA = "cotal.rebuilt-by-attempt"
 # Headers the source broker interpreted at publish time; replayed, they would be judged again
 # against a stream they were never written for (an expected last sequence always fails there).
 _DROPPED_HEADER_PREFIX = "nats-expected-"
@@ -259,13 +261,19 @@ async def import_inbox(
     record: DurableRecord,
     messages: list[CarriedMessage],
     *,
+    attempt_id: str,
+    shared: bool,
     replicas: int = 1,
 ) -> Imported:
-    """Rebuild the seat's inbox here unless this broker already holds its durable.
+    """Rebuild the seat's inbox here unless this broker already holds its live durable.
 
-    Idempotent: a rerun finds the durable it created and keeps it; a rerun that died before the
-    durable existed republishes again, and within the stream's duplicate window the broker
-    answers each message as a duplicate with its first sequence.
+    `shared`: this is the broker the checkpoint was cut from, so its durable is the seat's own
+    inbox with its exact frontier, and is kept. Otherwise a durable of this uid here is either
+    this attempt's own rebuild (a rerun: kept) or a leftover of an earlier leg of the chain (the
+    seat left this broker and came back): its frontier is stale and the checkpoint's is not, so
+    it is replaced. A rerun that died before the durable existed republishes again, and within
+    the stream's duplicate window the broker answers each message as a duplicate with its
+    first sequence.
     """
     stream = names.dm_stream(space)
     durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
@@ -286,8 +294,14 @@ async def import_inbox(
 
     held = await riding_elections(f"durable {durable}", existing)
     if held is not None:
-        log.info("space.kept", seat=seat, durable=durable)
-        return Imported(kept=True, start_seq=0)
+        rebuilt_by = (held.config.metadata or {}).get(ATTEMPT_METADATA)
+        if shared or rebuilt_by == attempt_id:
+            log.info("space.kept", seat=seat, durable=durable)
+            return Imported(kept=True, start_seq=0)
+        await riding_elections(
+            f"replace durable {durable}", lambda: js.delete_consumer(stream, durable)
+        )
+        log.warning("space.stale_durable_replaced", seat=seat, durable=durable, by=rebuilt_by)
     await ensure_dm_stream(js, space, replicas=replicas)
     first: int | None = None
     duplicates = 0
@@ -310,6 +324,7 @@ async def import_inbox(
         max_ack_pending=record.max_ack_pending,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
         opt_start_seq=first,
+        metadata={ATTEMPT_METADATA: attempt_id},
     )
 
     async def create() -> api.ConsumerInfo:

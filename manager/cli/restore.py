@@ -347,7 +347,7 @@ async def _resume_locked(
         )
         raise
     # Under custody, before the manager starts: its lifecycle proof needs each durable here.
-    inbox = await _import_inboxes(args, adm, js, broker, inboxes)
+    inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker is about to be restarted under the manager's mesh record.
     await conn.aclose()
@@ -409,6 +409,8 @@ async def _import_inboxes(
     js: JetStreamContext,
     broker: BrokerRef,
     inboxes: dict[str, list[CarriedMessage]],
+    *,
+    shared: bool,
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name, record in adm.records.items():
@@ -423,6 +425,8 @@ async def _import_inboxes(
                 record.lifecycle_uid,
                 state.durable,
                 inboxes[name],
+                attempt_id=adm.manifest.attempt_id,
+                shared=shared,
                 replicas=_replicas(args, broker),
             )
         if done.kept:

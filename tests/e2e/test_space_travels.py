@@ -250,12 +250,18 @@ async def test_out_of_order_ack_is_redelivered_in_another_broker(
         assert [m.seq for m in messages] == seqs[1:]
         assert [m.msg_id for m in messages] == ["s1-m1", "s1-m2"]
         # The same broker still holds the durable: it is kept exactly, frontier and all.
-        kept = await space.import_inbox(ja, SPACE, "s1", UID, record, messages)
+        kept = await space.import_inbox(
+            ja, SPACE, "s1", UID, record, messages, attempt_id="at-1", shared=True
+        )
         assert kept.kept
         # Another broker: rebuilt from the floor, so the out-of-order ack comes back too.
-        done = await space.import_inbox(jb, SPACE, "s1", UID, record, messages)
+        done = await space.import_inbox(
+            jb, SPACE, "s1", UID, record, messages, attempt_id="at-1", shared=False
+        )
         assert not done.kept and done.republished == 2 and done.duplicates == 0
-        again = await space.import_inbox(jb, SPACE, "s1", UID, record, messages)
+        again = await space.import_inbox(
+            jb, SPACE, "s1", UID, record, messages, attempt_id="at-1", shared=False
+        )
         assert again.kept
         assert await _drain(jb, "s1", UID, 2) == [(b"message 1", "s1-m1"), (b"message 2", "s1-m2")]
         info = await jb.consumer_info(names.dm_stream(SPACE), names.dm_durable("local", "s1", UID))
@@ -263,7 +269,9 @@ async def test_out_of_order_ack_is_redelivered_in_another_broker(
         # A rerun into a broker that still holds the messages (the durable lost) deduplicates
         # them by id and starts at their original sequences.
         await ja.delete_consumer(names.dm_stream(SPACE), names.dm_durable("local", "s1", UID))
-        redo = await space.import_inbox(ja, SPACE, "s1", UID, record, messages)
+        redo = await space.import_inbox(
+            ja, SPACE, "s1", UID, record, messages, attempt_id="at-1", shared=False
+        )
         assert redo.duplicates == 2 and redo.start_seq == seqs[1]
         assert await _drain(ja, "s1", UID, 2) == [(b"message 1", "s1-m1"), (b"message 2", "s1-m2")]
         # Broker identity: one per broker, stable.
@@ -284,7 +292,9 @@ async def test_an_empty_inbox_starts_after_everything_the_destination_holds(
         # Old mail for a former seat of the same name at the destination is not this uid's.
         await jb.publish(f"cotal.{SPACE}.inst.local.s2.local.operator", b"stale")
         record, _ = await space.export_inbox(ja, SPACE, "s2", UID)
-        done = await space.import_inbox(jb, SPACE, "s2", UID, record, [])
+        done = await space.import_inbox(
+            jb, SPACE, "s2", UID, record, [], attempt_id="at-2", shared=False
+        )
         assert done.start_seq == 2
         info = await jb.consumer_info(names.dm_stream(SPACE), names.dm_durable("local", "s2", UID))
         assert info.num_pending == 0
@@ -312,9 +322,13 @@ async def _claim_across(js: JetStreamContext, holder: str, attempt: str, rec: Re
     return out
 
 
-async def _travel(src: JetStreamContext, dst: JetStreamContext, uid: str, replicas: int) -> None:
+async def _travel(
+    src: JetStreamContext, dst: JetStreamContext, uid: str, replicas: int, attempt: str
+) -> None:
     record, messages = await space.export_inbox(src, SPACE, "s1", uid)
-    done = await space.import_inbox(dst, SPACE, "s1", uid, record, messages, replicas=replicas)
+    done = await space.import_inbox(
+        dst, SPACE, "s1", uid, record, messages, attempt_id=attempt, shared=False, replicas=replicas
+    )
     assert not done.kept
     got = await _drain(dst, "s1", uid, len(messages))
     assert [g[1] for g in got] == [m.msg_id for m in messages]
@@ -331,7 +345,7 @@ async def test_embedded_to_cluster_and_back(
         kva = await custody.custody_kv(ja, SPACE)
         base = await custody.establish(kva, "s1", uid, holder_a)
         # embedded -> cluster: the inbox and the custody chain continue at generation 1.
-        await _travel(ja, jc, uid, 3)
+        await _travel(ja, jc, uid, 3, "attempt-c")
         rec = Rec(uid, 0, base.revision)
         [claim] = await _claim_across(jc, holder_c, "attempt-c", rec)
         assert claim["generation"] == 1
@@ -348,13 +362,23 @@ async def test_embedded_to_cluster_and_back(
             b"from the cluster",
             headers={"Nats-Msg-Id": "s1-c1"},
         )
-        await _travel(jc, jb, uid, 1)
+        await _travel(jc, jb, uid, 1, "attempt-b")
         kvc = await custody.custody_kv(jc, SPACE)
         held_c = await custody.read(kvc, "s1", uid)
         assert held_c is not None
         [back] = await _claim_across(jb, holder_b, "attempt-b", Rec(uid, 1, held_c.revision))
         assert back["generation"] == 2
-        # Back to the first broker, which still holds generation 0: the chain moves it on.
+        # Back to the first broker, which still holds generation 0 and the seat's old durable:
+        # the chain moves custody on, and the stale durable gives way to the carried inbox.
+        await jb.publish(
+            f"cotal.{SPACE}.inst.local.s1.local.operator",
+            b"from the second embedded",
+            headers={"Nats-Msg-Id": "s1-b1"},
+        )
+        assert await space.read_broker_identity(ja, SPACE) != await space.broker_identity(
+            await custody.custody_kv(jb, SPACE)
+        )
+        await _travel(jb, ja, uid, 1, "attempt-a")
         [home] = await _claim_across(ja, holder_a, "attempt-a", Rec(uid, 2, 99))
         assert home["generation"] == 3
         held_a = await custody.read(kva, "s1", uid)
