@@ -8,6 +8,7 @@ Layout of an attempt directory (record 1.3 steps 7 and 8; design ARCHITECTURE "T
       <seat>/                one directory per seat, named by the seat
         repo.bundle  index.diff  worktree.diff  untracked.tar  refs.txt   (repository half)
         session-*            the harness session pointer and store files (session half)
+        inbox.jsonl          the seat's unacknowledged inbox messages (the space half)
         checkpoint.json      sealed last in its directory; names every file above by digest
 
 A directory is sealed exactly when its record file exists: the record is published by an
@@ -29,10 +30,12 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 import msgspec
 
 from protocol.codec import decode_json, encode_json
+from protocol.errors import DecodeError
 from protocol.instant import parse_instant
 from protocol.names import (
     FILE_NAME,
     REF_NAME,
+    SEAT_OWNER,
     AttemptIdField,
     FileNameField,
     HeadRefField,
@@ -43,6 +46,9 @@ from protocol.names import (
     SeatNameField,
     Sha256Field,
     SpaceField,
+    dm_durable,
+    dm_filter,
+    dm_stream,
 )
 from protocol.names import OBJECT_ID as _OBJECT_ID
 
@@ -73,6 +79,17 @@ HOOK_FILE_PREFIX = "hook-"
 # Above this many bytes the porcelain status and intent-to-add list leave checkpoint.json (whose
 # cap is 256 KiB) for files of their own; below it they stay inline, as older records have them.
 LISTS_INLINE_CAP = 64 * 1024
+# The space artifact: every inbox message at or above the durable's first undelivered sequence.
+INBOX_FILE = "inbox.jsonl"
+
+# A checkpoint carries an inbox, not a mailbox archive: past these the cut refuses by name.
+MAX_CARRIED_MESSAGES = 10_000
+MAX_CARRIED_BYTES = 64 * 1024 * 1024
+MAX_CARRIED_HEADERS = 32
+MAX_SUBJECT_CHARS = 512
+MAX_HEADER_CHARS = 4096
+# One line of inbox.jsonl: a payload the broker admits (1 MiB) in base64, plus its headers.
+INBOX_LINE_CAP = 2 * 1024 * 1024
 
 CONTROL_DIR = ".cotal"
 # A restore into a root that is a mount point stages inside the root itself (a rename cannot
@@ -423,6 +440,170 @@ def _check_signature_shape(signature: str) -> None:
         raise ValueError("signature must be 64 bytes of Ed25519 signature, base64")
 
 
+# -- the space half: a seat's inbox durable and its unacknowledged messages ---------------------
+
+BrokerId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
+Sequence = Annotated[int, msgspec.Meta(ge=1)]
+Subject = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SUBJECT_CHARS)]
+
+
+def first_undelivered(ack_floor: int, creation_lower_bound: int, first_seq: int) -> int:
+    """Record 1.3's conservative rule: the rebuilt durable starts at or below where the old one
+    stood, so an acknowledgement taken out of order above the floor is delivered again."""
+    return max(ack_floor + 1, creation_lower_bound, first_seq)
+
+
+class DurableRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The seat's `dm_` durable at the cut: its configuration and contiguous ack floor, and the
+    stream's bounds, so a destination can rebuild it at `startSeq` in any broker."""
+
+    name: str
+    stream: str
+    filter_subject: Subject
+    ack_wait_ms: Positive
+    max_ack_pending: Positive
+    creation_lower_bound: Sequence
+    ack_floor: NonNegative
+    delivered: NonNegative
+    first_seq: NonNegative
+    last_seq: NonNegative
+    start_seq: Sequence
+
+    def __post_init__(self) -> None:
+        if not self.ack_floor <= self.delivered <= self.last_seq:
+            raise ValueError(
+                f"durable {self.name}: ackFloor {self.ack_floor} <= delivered {self.delivered} <= "
+                f"lastSeq {self.last_seq} does not hold"
+            )
+        for field, value in (
+            ("firstSeq", self.first_seq),
+            ("creationLowerBound", self.creation_lower_bound),
+        ):
+            if value > self.last_seq + 1:
+                raise ValueError(
+                    f"durable {self.name}: {field} {value} is beyond lastSeq {self.last_seq} + 1"
+                )
+        rule = first_undelivered(self.ack_floor, self.creation_lower_bound, self.first_seq)
+        if self.start_seq != rule:
+            raise ValueError(
+                f"durable {self.name}: startSeq {self.start_seq} is not max(ackFloor+1, "
+                f"creationLowerBound, firstSeq) = {rule}"
+            )
+
+
+class CustodyAtCut(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The seat's custody record as the cut read it at the broker."""
+
+    holder: InstanceId
+    generation: NonNegative
+    revision: Positive
+
+
+class SpaceRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """What of the space travels with a seat: its inbox durable, the messages it has not
+    acknowledged (in `inbox`, one `CarriedMessage` per line), its custody, and the identity of
+    the broker it was cut from, so a destination can tell whether it shares that broker."""
+
+    broker_id: BrokerId
+    durable: DurableRecord
+    custody: CustodyAtCut
+    messages: Annotated[int, msgspec.Meta(ge=0, le=MAX_CARRIED_MESSAGES)]
+    message_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_CARRIED_BYTES)]
+    inbox: FileRef
+
+    def __post_init__(self) -> None:
+        if self.inbox.file != INBOX_FILE:
+            raise ValueError(f"inbox must be {INBOX_FILE!r}, not {self.inbox.file!r}")
+        if self.messages > self.durable.last_seq - self.durable.start_seq + 1:
+            raise ValueError(
+                f"{self.messages} carried messages cannot fit between startSeq "
+                f"{self.durable.start_seq} and lastSeq {self.durable.last_seq}"
+            )
+
+
+class CarriedMessage(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One inbox message as the source stream held it: its original sequence, subject, headers
+    (with `Nats-Msg-Id`, so a republish into a broker that still holds it is a duplicate) and
+    payload, base64."""
+
+    seq: Sequence
+    subject: Subject
+    headers: dict[str, str]
+    payload: str
+
+    def __post_init__(self) -> None:
+        if any(c in self.subject for c in " \t\r\n\x00*>"):
+            raise ValueError(f"subject {self.subject!r} is not a literal subject")
+        if len(self.headers) > MAX_CARRIED_HEADERS:
+            raise ValueError(f"message {self.seq} carries more than {MAX_CARRIED_HEADERS} headers")
+        for key, value in self.headers.items():
+            if (
+                not key
+                or len(key) + len(value) > MAX_HEADER_CHARS
+                or any(c in key + value for c in "\r\n\x00")
+            ):
+                raise ValueError(f"message {self.seq} header {key[:64]!r} is malformed")
+        self.data()
+
+    def data(self) -> bytes:
+        return _b64(f"message {self.seq} payload", self.payload)
+
+    @property
+    def msg_id(self) -> str | None:
+        return self.headers.get("Nats-Msg-Id")
+
+
+class SpaceExport(msgspec.Struct, frozen=True):
+    """A seat's inbox and custody as the broker held them after its stop was proven: what the
+    broker side reads and the capture writes down (as `SpaceRecord` plus `inbox.jsonl`)."""
+
+    broker_id: BrokerId
+    durable: DurableRecord
+    custody: CustodyAtCut
+    messages: list[CarriedMessage]
+
+
+def encode_inbox(messages: list[CarriedMessage]) -> bytes:
+    """inbox.jsonl: one normalized record per line, in stream order."""
+    return b"".join(encode_json(m) + b"\n" for m in messages)
+
+
+def decode_inbox(data: bytes, record: SpaceRecord) -> list[CarriedMessage]:
+    """The carried messages, proven to be exactly what the record describes: the count and
+    payload bytes it names, strictly increasing sequences inside the durable's window, every
+    subject under the seat's filter. A ValueError names the first line that is not."""
+    if data and not data.endswith(b"\n"):
+        raise ValueError(f"{INBOX_FILE} does not end with a newline")
+    prefix = record.durable.filter_subject.removesuffix(">")
+    messages: list[CarriedMessage] = []
+    last = record.durable.start_seq - 1
+    total = 0
+    for n, line in enumerate(data.splitlines(), start=1):
+        try:
+            m = decode_json(line, CarriedMessage, what=f"{INBOX_FILE} line {n}", cap=INBOX_LINE_CAP)
+        except DecodeError as exc:
+            raise ValueError(exc.message) from None
+        if m.seq <= last or m.seq > record.durable.last_seq:
+            raise ValueError(
+                f"{INBOX_FILE} line {n}: sequence {m.seq} is not after {last} and within lastSeq "
+                f"{record.durable.last_seq}"
+            )
+        if not m.subject.startswith(prefix) or m.subject == prefix:
+            raise ValueError(
+                f"{INBOX_FILE} line {n}: subject {m.subject!r} is not under "
+                f"{record.durable.filter_subject}"
+            )
+        last = m.seq
+        total += len(m.data())
+        messages.append(m)
+    if len(messages) != record.messages or total != record.message_bytes:
+        raise ValueError(
+            f"{INBOX_FILE} holds {len(messages)} message(s) of {total} bytes, the record says "
+            f"{record.messages} of {record.message_bytes}"
+        )
+    return messages
+
+
 class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """One seat at the cut (record 1.1). `entry` is the resume-inventory entry, unchanged."""
 
@@ -443,11 +624,16 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
     # The custody record's revision at the cut: a destination claims the successor generation
     # by compare-and-set against exactly this revision.
     custody_revision: Positive | None = None
+    # The seat's inbox and custody as they stood at the cut (None: a checkpoint from before the
+    # space travelled, which resumes only against the broker it was cut from).
+    space_state: SpaceRecord | None = None
     signer: Signer | None = None
     signature: str = ""
 
     def __post_init__(self) -> None:
         _check_instant("capturedAt", self.captured_at)
+        if self.space_state is not None:
+            self._check_space_state(self.space_state)
         if self.workspace_root is not None and not (
             self.workspace_root.startswith("/") and "\x00" not in self.workspace_root
         ):
@@ -463,6 +649,33 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
         if dupes:
             raise ValueError(
                 f"captured file names must be distinct; {', '.join(dupes)} appear twice"
+            )
+
+    def _check_space_state(self, state: SpaceRecord) -> None:
+        # The record must describe this seat's own inbox and custody, or a destination could be
+        # made to rebuild another seat's durable under this seat's name.
+        want = {
+            "name": dm_durable(SEAT_OWNER, self.name, self.lifecycle_uid),
+            "stream": dm_stream(self.space),
+            "filterSubject": dm_filter(self.space, SEAT_OWNER, self.name),
+        }
+        got = {
+            "name": state.durable.name,
+            "stream": state.durable.stream,
+            "filterSubject": state.durable.filter_subject,
+        }
+        for field, value in want.items():
+            if got[field] != value:
+                raise ValueError(f"spaceState.durable.{field} {got[field]!r} is not {value!r}")
+        if state.custody.generation != self.generation:
+            raise ValueError(
+                f"spaceState.custody.generation {state.custody.generation} is not the seat's "
+                f"generation {self.generation}"
+            )
+        if self.custody_revision is not None and state.custody.revision != self.custody_revision:
+            raise ValueError(
+                f"spaceState.custody.revision {state.custody.revision} is not custodyRevision "
+                f"{self.custody_revision}"
             )
 
 
@@ -511,6 +724,8 @@ def checkpoint_files(record: SeatCheckpoint) -> list[FileRef]:
     if record.session.pointer is not None:
         files.append(record.session.pointer.file)
     files.extend(sf.file for sf in record.session.store)
+    if record.space_state is not None:
+        files.append(record.space_state.inbox)
     return files
 
 

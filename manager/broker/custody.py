@@ -148,15 +148,20 @@ async def claim(
     return Held(record, rev)
 
 
-async def custody_kv(js: JetStreamContext, space: str) -> KeyValue:
-    return await ensure_kv(js, names.custody_bucket(space), ttl=None)
+async def custody_kv(js: JetStreamContext, space: str, *, replicas: int = 1) -> KeyValue:
+    return await ensure_kv(js, names.custody_bucket(space), ttl=None, replicas=replicas)
 
 
 async def revisions(js: JetStreamContext, inventory: Inventory) -> dict[str, int]:
     """Each planned seat's custody revision, for a capture that must record it; a seat whose
     custody no longer matches the plan refuses, because another root may hold it now."""
+    return {name: held.revision for name, held in (await held_for(js, inventory)).items()}
+
+
+async def held_for(js: JetStreamContext, inventory: Inventory) -> dict[str, Held]:
+    """Each planned seat's custody record and revision, as `revisions` checks them."""
     kv = await custody_kv(js, inventory.space)
-    out: dict[str, int] = {}
+    out: dict[str, Held] = {}
     for agent in inventory.agents:
         held = await read(kv, agent.name, agent.identity.lifecycle_uid)
         if held is None or held.record.generation != agent.generation:
@@ -165,7 +170,7 @@ async def revisions(js: JetStreamContext, inventory: Inventory) -> dict[str, int
                 f"seat {agent.name}: custody at the broker no longer matches the plan",
                 "another root may hold this seat now; do not capture it here",
             )
-        out[agent.name] = held.revision
+        out[agent.name] = held
     return out
 
 
@@ -196,22 +201,7 @@ async def claim_attempt(
                 f"{current.record.holder}",
                 "this record is stale: the seat was resumed elsewhere; do not launch it here",
             )
-    claim_key = f"attempt.{attempt_id}"
-    mine = encode_json({"holder": holder, "root": str(root)})
-    if await create_exclusive(kv, claim_key, mine) is None:
-
-        async def get() -> KeyValue.Entry:
-            return await kv.get(claim_key)
-
-        entry = await riding_elections(f"claim {claim_key}", get)
-        if entry.value != mine:
-            winner = json.loads(entry.value or b"{}")
-            raise Refusal(
-                "custody-lost",
-                f"attempt {attempt_id} was already claimed by instance {winner.get('holder')} "
-                f"at {winner.get('root')}",
-                "another destination is resuming these seats; this one must not start them",
-            )
+    await _claim_attempt_key(kv, attempt_id, holder=holder, root=root)
     claims: list[dict[str, Any]] = []
     for name, record in records.items():
         assert record.custody_revision is not None
@@ -228,3 +218,126 @@ async def claim_attempt(
             {"name": name, "generation": held.record.generation, "revision": held.revision}
         )
     return claims
+
+
+async def _claim_attempt_key(kv: KeyValue, attempt_id: str, *, holder: str, root: Path) -> None:
+    """One destination wins a whole attempt: `attempt.<id>` by exclusive create."""
+    claim_key = f"attempt.{attempt_id}"
+    mine = encode_json({"holder": holder, "root": str(root)})
+    if await create_exclusive(kv, claim_key, mine) is None:
+
+        async def get() -> KeyValue.Entry:
+            return await kv.get(claim_key)
+
+        entry = await riding_elections(f"claim {claim_key}", get)
+        if entry.value != mine:
+            winner = json.loads(entry.value or b"{}")
+            raise Refusal(
+                "custody-lost",
+                f"attempt {attempt_id} was already claimed by instance {winner.get('holder')} "
+                f"at {winner.get('root')}",
+                "another destination is resuming these seats; this one must not start them",
+            )
+
+
+async def claim_across(
+    js: JetStreamContext,
+    space: str,
+    attempt_id: str,
+    records: Mapping[str, SeatCheckpoint],
+    *,
+    holder: str,
+    root: Path,
+    replicas: int = 1,
+) -> list[dict[str, Any]]:
+    """The claim in a broker the source did not use: the chain of custody continues here at
+    generation N+1.
+
+    The recorded revision means nothing in this bucket, so each seat's key is created by
+    exclusive create (expected revision 0); a record this broker already holds at a lower
+    generation (a chain that left here and came back) is moved by compare-and-set at the
+    revision read, and one at N+1 or beyond held by anyone else refuses. Two destinations that
+    share this broker still cannot both win; two that do not share it cannot see each other.
+    """
+    kv = await custody_kv(js, space, replicas=replicas)
+    current: dict[str, Held | None] = {}
+    for name, record in records.items():
+        held = await read(kv, name, record.lifecycle_uid)
+        current[name] = held
+        if held is None or _mine(held, holder, attempt_id, record.generation + 1):
+            continue
+        if held.record.generation > record.generation:
+            raise Refusal(
+                "generation-behind",
+                f"seat {name}: this checkpoint is at writer generation {record.generation}, but "
+                f"this broker's custody is at generation {held.record.generation}, held by "
+                f"instance {held.record.holder}",
+                "this record is stale: the seat was resumed elsewhere; do not launch it here",
+            )
+    await _claim_attempt_key(kv, attempt_id, holder=holder, root=root)
+    claims: list[dict[str, Any]] = []
+    for name, record in records.items():
+        generation = record.generation + 1
+        held = current[name]
+        if held is not None and _mine(held, holder, attempt_id, generation):
+            won = held
+        elif held is not None:
+            won = await claim(
+                kv,
+                name,
+                record.lifecycle_uid,
+                expected_revision=held.revision,
+                generation=generation,
+                holder=holder,
+                attempt_id=attempt_id,
+            )
+        else:
+            won = await _create_claim(
+                kv, name, record.lifecycle_uid, generation, holder, attempt_id
+            )
+        claims.append({"name": name, "generation": won.record.generation, "revision": won.revision})
+    return claims
+
+
+def _mine(held: Held, holder: str, attempt_id: str, generation: int) -> bool:
+    r = held.record
+    return r.holder == holder and r.attempt_id == attempt_id and r.generation == generation
+
+
+async def _create_claim(
+    kv: KeyValue, seat: str, uid: str, generation: int, holder: str, attempt_id: str
+) -> Held:
+    key = custody_key(names.SEAT_OWNER, seat, uid)
+    record = CustodyRecord(
+        seat=seat,
+        lifecycle_uid=uid,
+        generation=generation,
+        holder=holder,
+        claimed_at=now_iso(),
+        attempt_id=attempt_id,
+    )
+    rev = await create_exclusive(kv, key, encode_custody(record))
+    if rev is None:
+        current = await read(kv, seat, uid)
+        if current is not None and _mine(current, holder, attempt_id, generation):
+            return current
+        who = (
+            f"instance {current.record.holder} at generation {current.record.generation}"
+            if current
+            else "nobody"
+        )
+        raise Refusal(
+            "custody-lost",
+            f"custody of {seat} (uid {uid}) was created in this broker by another claimant "
+            f"meanwhile; it is held by {who}",
+            "another destination already resumed this seat here; do not start it",
+        )
+    log.info(
+        "custody.claimed_across",
+        seat=seat,
+        uid=uid,
+        generation=generation,
+        revision=rev,
+        attempt=attempt_id,
+    )
+    return Held(record, rev)

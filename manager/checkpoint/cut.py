@@ -35,6 +35,7 @@ from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
 from protocol.checkpoint import (
     DEFAULT_RECENCY_HORIZON_MS,
+    INBOX_FILE,
     MANIFEST_FORMAT,
     RESUME_FILE,
     SEAT_CHECKPOINT_FORMAT,
@@ -45,7 +46,11 @@ from protocol.checkpoint import (
     SeatCheckpoint,
     SessionFile,
     SessionRecord,
+    SpaceExport,
+    SpaceRecord,
     continuity_capped,
+    decode_inbox,
+    encode_inbox,
 )
 from protocol.errors import Refusal
 from protocol.instant import format_instant
@@ -132,6 +137,30 @@ def has_files(directory: Path) -> bool:
     return bool(_regular_files(directory))
 
 
+def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
+    data = encode_inbox(export.messages)
+    inbox = write_file_exclusive(seat_dir, INBOX_FILE, data)
+    record = SpaceRecord(
+        broker_id=export.broker_id,
+        durable=export.durable,
+        custody=export.custody,
+        messages=len(export.messages),
+        message_bytes=sum(len(m.data()) for m in export.messages),
+        inbox=inbox,
+    )
+    # What is sealed must be what a destination admits: the record through the seal's own
+    # decode, the inbox lines here.
+    try:
+        decode_inbox(data, record)
+    except ValueError as exc:
+        raise Refusal(
+            "inbox-unexportable",
+            f"seat {name}: its inbox does not make an admissible checkpoint: {exc}",
+            "cut again; if it repeats, report it with the seat's durable info",
+        ) from None
+    return record
+
+
 @dataclass
 class SeatSummary:
     name: str
@@ -175,8 +204,10 @@ async def capture_seat(
     progress: Progress | None = None,
     custody_revision: int | None = None,
     include: Sequence[str] = (),
+    space_export: SpaceExport | None = None,
 ) -> SeatSummary:
-    """Repository, pointer and store files into a fresh 0700 seat directory, then the record.
+    """Repository, pointer, store files and the inbox into a fresh 0700 seat directory, then
+    the record.
 
     `include` is the cut's `--include` paths, carried with the root's `[carry] include`.
     """
@@ -210,6 +241,9 @@ async def capture_seat(
                 path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}"
             )
             store.append(SessionFile(anchor=anchor, relpath=rel, file=ref))  # type: ignore[arg-type]
+    space_state = None
+    if space_export is not None:
+        space_state = _write_space(seat_dir, agent.name, space_export)
     t_session = time.monotonic()
 
     continuity = continuity_capped(declared, pointer is not None, len(store), supports_fresh_start)
@@ -232,6 +266,7 @@ async def capture_seat(
         recency_horizon_ms=horizon_ms,
         workspace_root=str(layout.root),
         custody_revision=custody_revision,
+        space_state=space_state,
     )
     ref = seal_seat(seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id)
     t_seal = time.monotonic()
@@ -242,7 +277,8 @@ async def capture_seat(
         lifecycle_uid=agent.identity.lifecycle_uid,
         bytes=_refs_bytes(repository)
         + sum(s.file.bytes for s in store)
-        + (pointer.file.bytes if pointer else 0),
+        + (pointer.file.bytes if pointer else 0)
+        + (space_state.inbox.bytes if space_state else 0),
         timings_ms={
             "repository": int((t_repo - t0) * 1000),
             "session": int((t_session - t_repo) * 1000),

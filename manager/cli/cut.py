@@ -25,7 +25,7 @@ import anyio
 
 from connectors.base import continuity_class
 from manager import registry
-from manager.broker import custody, embedded
+from manager.broker import custody, embedded, space
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
 from manager.checkpoint import cut
@@ -39,6 +39,7 @@ from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
 from protocol import names
+from protocol.checkpoint import SpaceExport
 from protocol.codec import convert
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
@@ -87,8 +88,10 @@ def _prove_no_seat_processes(inventory: Inventory) -> None:
             )
 
 
-async def _custody_revisions(layout: Layout, inventory: Inventory) -> dict[str, int]:
-    """The custody revisions the offline capture records; an unreachable broker refuses."""
+async def _broker_reads(layout: Layout, inventory: Inventory) -> dict[str, SpaceExport]:
+    """What the offline capture records from the broker, over its one connection: each seat's
+    custody and its inbox (the seats are proven gone, so no ack floor moves); an unreachable
+    broker refuses."""
     record = mesh.read_mesh(layout)
     if record is None:
         raise Refusal(
@@ -98,8 +101,17 @@ async def _custody_revisions(layout: Layout, inventory: Inventory) -> dict[str, 
         )
     creds = Path(record.creds) if record.creds else None
     async with LazyConnection(record.server, creds, name="cotal-cut-offline") as broker:
-        with phase("offline capture (custody revisions)"):
-            return await custody.revisions(await broker.jetstream(), inventory)
+        js = await broker.jetstream()
+        with phase("offline capture (custody)"):
+            held = await custody.held_for(js, inventory)
+            broker_id = await space.broker_identity(await custody.custody_kv(js, inventory.space))
+        with phase("offline capture (inboxes)"):
+            return {
+                agent.name: await space.export_space(
+                    js, inventory.space, agent, held[agent.name], broker_id
+                )
+                for agent in inventory.agents
+            }
 
 
 async def _capture_offline(
@@ -112,7 +124,7 @@ async def _capture_offline(
         aside = path.with_name(f"{attempt}.partial-{file_stamp()}")
         os.rename(path, aside)
         _say(f"  moved the unsealed attempt directory aside as evidence: {aside}")
-    revisions = await _custody_revisions(layout, inventory)
+    carried = await _broker_reads(layout, inventory)
     attempt_path = cut.prepare_attempt_dir(layout, attempt)
     identity = load_or_create_identity(layout, inventory.space)
     summaries = []
@@ -132,7 +144,8 @@ async def _capture_offline(
                 supports_fresh_start=connector.capabilities.supports_fresh_start,
                 identity=identity,
                 space=inventory.space,
-                custody_revision=revisions[agent.name],
+                custody_revision=carried[agent.name].custody.revision,
+                space_export=carried[agent.name],
             )
         )
     await anyio.to_thread.run_sync(

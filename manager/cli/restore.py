@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from datetime import UTC, datetime
@@ -25,12 +27,16 @@ from typing import Any
 
 import anyio
 import msgspec
+from nats.js import JetStreamContext
 
+from connectors.privatefs import ensure_private_dir, read_stable
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.evict import evict_ghosts
+from manager.broker.footprint import default_replicas
 from manager.broker.presence import live_uids
 from manager.broker.retry import phase
+from manager.broker.space import import_inbox, read_broker_identity
 from manager.checkpoint import admit
 from manager.checkpoint.restore import place_session_file, restore_repository
 from manager.cli import mesh
@@ -48,6 +54,7 @@ from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal, write_resume_document
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
+from protocol.checkpoint import CarriedMessage, decode_inbox
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
 from protocol.inventory import encode_inventory
@@ -61,19 +68,70 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
+NO_FENCE_NOTE = (
+    "cotal: note: this destination does not share the source's broker, so no fence can stop "
+    "another destination from resuming the same checkpoint; resume it in one place only"
+)
+
+
 def _broker_for(args: argparse.Namespace, layout: Layout) -> BrokerRef:
+    """`--server`, or this root's embedded broker: its own store, or a new one, into which the
+    checkpoint's inboxes are imported before the manager starts."""
     if args.server:
         return BrokerRef(args.server, Path(args.creds).resolve() if args.creds else None, False)
-    if (layout.nats_store / "js").is_dir() and layout.broker_creds.exists():
-        return BrokerRef("", layout.broker_creds, True)
-    raise Refusal(
-        "no-broker",
-        "a resume needs the broker that holds the seats' inboxes",
-        "pass --server URL --creds FILE (the broker the source used), or resume in the source root",
-    )
+    return BrokerRef("", layout.broker_creds, True)
+
+
+def _replicas(args: argparse.Namespace, broker: BrokerRef) -> int:
+    if broker.embedded:
+        return 1
+    return int(args.replicas) if args.replicas else default_replicas(broker.server)
+
+
+def _read_inboxes(adm: admit.Admission) -> dict[str, list[CarriedMessage]]:
+    """Each seat's carried messages, re-hashed as they are read (gate 1 hashed them a moment
+    ago; the import must use exactly those bytes) and proven to match their record."""
+    dirs = {s.name: s.dir for s in adm.manifest.seats}
+    out: dict[str, list[CarriedMessage]] = {}
+    for name, record in adm.records.items():
+        state = record.space_state
+        if state is None:
+            continue
+        path = adm.attempt_dir / dirs[name] / state.inbox.file
+        data = read_stable(path, cap=state.inbox.bytes, what="carried inbox").data
+        digest = hashlib.sha256(data).hexdigest()
+        if len(data) != state.inbox.bytes or digest != state.inbox.sha256:
+            raise Refusal(
+                "integrity",
+                f"checkpoint integrity: {path} changed after admission (now {len(data)} bytes "
+                f"hashing to {digest})",
+                "retry once nothing writes to the checkpoint; nothing was changed",
+            )
+        try:
+            out[name] = decode_inbox(data, state)
+        except ValueError as exc:
+            raise Refusal(
+                "integrity",
+                f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
+                "copy the attempt directory again from the source host, or cut a new checkpoint; "
+                "nothing was changed",
+            ) from None
+    return out
+
+
+async def _shares_source_broker(js: JetStreamContext, adm: admit.Admission) -> bool:
+    """Whether this broker is the one the checkpoint was cut from (its custody chain)."""
+    carried = {r.space_state.broker_id for r in adm.records.values() if r.space_state}
+    if not carried:
+        # A checkpoint from before the space travelled resumes only where it was cut.
+        return True
+    here = await read_broker_identity(js, adm.manifest.space)
+    return carried == {here}
 
 
 async def _start_embedded(layout: Layout) -> embedded.BrokerInfo:
+    for directory in (layout.control, layout.auth, layout.logs):
+        ensure_private_dir(directory)
     return await anyio.to_thread.run_sync(
         functools.partial(
             embedded.start_embedded,
@@ -137,8 +195,10 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         adm = await admit_integrity(src, trusted_keys(args, layout))
         sig = signer(adm, args, layout)
         _say(f"sealed by {signer_line(sig)}")
+        inboxes = _read_inboxes(adm)
         broker = _broker_for(args, layout)
         embedded_info = None
+        fresh_root = not layout.control.exists()
         if broker.embedded:
             _say("starting the embedded broker from this root's store")
             embedded_info = await _start_embedded(layout)
@@ -156,6 +216,10 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                         await anyio.to_thread.run_sync(
                             embedded.stop_embedded, embedded_info.identity
                         )
+                        if fresh_root:
+                            # Only the broker this resume created is there: a refusal leaves
+                            # the destination as it found it.
+                            await anyio.to_thread.run_sync(shutil.rmtree, layout.control)
                 raise
             for c in consents:
                 _say(
@@ -165,7 +229,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             _say("admitted: integrity, identity and recency pass for every seat")
             with MaintenanceLock(layout, adm.manifest.attempt_id):
                 out = await _resume_locked(
-                    args, layout, adm, session, conn, broker, embedded_info, consents
+                    args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
                 )
         out.update(evictionEvidence=evidence, signer=sig)
         rows = {r["name"]: r for r in await session.call("ps", {}, timeout=RESUME_TIMEOUT_S)}
@@ -183,8 +247,10 @@ async def _resume_locked(
     broker: BrokerRef,
     embedded_info: embedded.BrokerInfo | None,
     consents: list[Consent],
+    inboxes: dict[str, list[CarriedMessage]],
 ) -> dict[str, Any]:
-    """Journal, custody, restore, then the manager's three resume ops, under the lock."""
+    """Journal, custody, inboxes, restore, then the manager's three resume ops, under the
+    lock."""
     space = args.space
     attempt = adm.manifest.attempt_id
     inventory = adm.inventory
@@ -235,15 +301,31 @@ async def _resume_locked(
                     ),
                 )
             )
-        with phase("custody claim"):
-            claims = await custody.claim_attempt(
-                await conn.jetstream(),
-                adm.manifest.space,
-                attempt,
-                adm.records,
-                holder=identity.instance_id,
-                root=layout.root,
-            )
+        js = await conn.jetstream()
+        with phase("broker identity"):
+            shared = await _shares_source_broker(js, adm)
+        if shared:
+            with phase("custody claim"):
+                claims = await custody.claim_attempt(
+                    js,
+                    adm.manifest.space,
+                    attempt,
+                    adm.records,
+                    holder=identity.instance_id,
+                    root=layout.root,
+                )
+        else:
+            _say(NO_FENCE_NOTE)
+            with phase("custody claim (continued in this broker)"):
+                claims = await custody.claim_across(
+                    js,
+                    adm.manifest.space,
+                    attempt,
+                    adm.records,
+                    holder=identity.instance_id,
+                    root=layout.root,
+                    replicas=_replicas(args, broker),
+                )
     except Refusal as exc:
         # Lost before any tree was touched: give back what this root claimed and say why.
         for name, generation in local:
@@ -258,6 +340,8 @@ async def _resume_locked(
             ),
         )
         raise
+    # Under custody, before the manager starts: its lifecycle proof needs each durable here.
+    inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker is about to be restarted under the manager's mesh record.
     await conn.aclose()
@@ -305,10 +389,57 @@ async def _resume_locked(
         "state": final["state"],
         "journal": "retired",
         "claims": claims,
+        "sharedBroker": shared,
+        "inbox": inbox,
         "restored": restored,
         "consents": [msgspec.to_builtins(c) for c in consents],
         "resumed": result["seats"],
     }
+
+
+async def _import_inboxes(
+    args: argparse.Namespace,
+    adm: admit.Admission,
+    js: JetStreamContext,
+    broker: BrokerRef,
+    inboxes: dict[str, list[CarriedMessage]],
+    *,
+    shared: bool,
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for name, record in adm.records.items():
+        state = record.space_state
+        if state is None:
+            continue
+        with phase(f"inbox import ({name})"):
+            done = await import_inbox(
+                js,
+                adm.manifest.space,
+                name,
+                record.lifecycle_uid,
+                state.durable,
+                inboxes[name],
+                attempt_id=adm.manifest.attempt_id,
+                shared=shared,
+                replicas=_replicas(args, broker),
+            )
+        if done.kept:
+            _say(f"{name}: inbox durable already at this broker; kept with its frontier")
+        else:
+            _say(
+                f"{name}: inbox rebuilt at sequence {done.start_seq} with {done.republished} "
+                f"carried message(s) ({done.duplicates} already here)"
+            )
+        out.append(
+            {
+                "name": name,
+                "kept": done.kept,
+                "startSeq": done.start_seq,
+                "republished": done.republished,
+                "duplicates": done.duplicates,
+            }
+        )
+    return out
 
 
 def _observations(

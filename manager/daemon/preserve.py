@@ -23,7 +23,8 @@ import msgspec
 import structlog
 
 from manager import registry
-from manager.broker import custody
+from manager.broker import custody, space
+from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.daemon.delivery import FETCH_WAIT_S
@@ -59,6 +60,7 @@ class Preservation:
         self.descriptor: ResumeDescriptor | None = None
         self.result: dict[str, Any] | None = None
         self.custody_revisions: dict[str, int] = {}
+        self.custody_held: dict[str, custody.Held] = {}
 
     # -- prepare --------------------------------------------------------------------------------
 
@@ -107,6 +109,10 @@ class Preservation:
                         exc.cure + "; nothing was stopped",
                     ) from None
             await self._read_custody(inventory)
+            for agent in inventory.agents:
+                await space.check_exportable(
+                    self.mgr.js, self.mgr.space, agent.name, agent.identity.lifecycle_uid
+                )
             descriptor = write_resume_document(self.mgr.layout, inventory)
             read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
         except BaseException as exc:
@@ -156,6 +162,7 @@ class Preservation:
                     "this root's record of the seat is stale; nothing was stopped",
                 )
             self.custody_revisions[agent.name] = held.revision
+            self.custody_held[agent.name] = held
 
     def _plan_result(self, attempt: str) -> dict[str, Any]:
         assert self.plan is not None and self.descriptor is not None
@@ -280,6 +287,7 @@ class Preservation:
         )
         attempt_path = cut.prepare_attempt_dir(mgr.layout, attempt)
         summaries: list[cut.SeatSummary] = []
+        broker_id: str | None = None
         for agent in self.plan.agents:
             seat = seats.get(agent.name)
             if agent.name in failures or seat is None:
@@ -287,6 +295,13 @@ class Preservation:
                 continue
             caps = seat.connector.capabilities
             try:
+                # Read only now: the seat is proven stopped, so its ack floor no longer moves.
+                with phase(f"inbox export ({agent.name})"):
+                    if broker_id is None:
+                        broker_id = await space.broker_identity(mgr.custody_bucket())
+                    carried = await space.export_space(
+                        mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
+                    )
                 summaries.append(
                     await cut.capture_seat(
                         mgr.layout,
@@ -300,6 +315,7 @@ class Preservation:
                         space=mgr.space,
                         progress=self.progress.capture_reporter(agent.name),
                         custody_revision=self.custody_revisions.get(agent.name),
+                        space_export=carried,
                     )
                 )
             except Refusal as exc:

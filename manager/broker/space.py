@@ -1,0 +1,347 @@
+"""A seat's inbox out of one broker and into another (record 1.3, `consumerConfigFromCheckpoint`).
+
+A durable consumer is not a file: what travels is a logical export. At the cut, after the seat
+is proven stopped, `export_inbox` reads the `dm_` durable's configuration and contiguous ack
+floor, and every message on the seat's filter from the first undelivered sequence on
+(max(ackFloor+1, creation lower bound, first sequence)). At the destination, `import_inbox`
+keeps a durable the broker already holds (a shared broker: the frontier survives exactly), and
+otherwise republishes the carried messages in order, with their message ids, and creates the
+durable at the first of them. Anything acknowledged out of order above the floor is delivered
+again: at-least-once, as the record says (4.2).
+
+The broker identity is a random id under `broker.id` in the space's custody bucket. Custody can
+only be compared-and-set where that bucket lives, so "the same broker" here means exactly "the
+same chain of custody": same id, the fence holds; another id, it cannot.
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from dataclasses import dataclass
+
+import structlog
+from nats.js import JetStreamContext, api
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from manager.broker.custody import Held, create_exclusive
+from manager.broker.footprint import ensure_dm_stream
+from manager.broker.retry import riding_elections
+from protocol import names
+from protocol.checkpoint import (
+    MAX_CARRIED_BYTES,
+    MAX_CARRIED_MESSAGES,
+    CarriedMessage,
+    CustodyAtCut,
+    DurableRecord,
+    SpaceExport,
+    first_undelivered,
+)
+from protocol.errors import Refusal
+from protocol.inventory import Agent
+
+log = structlog.get_logger("cotal.space")
+
+BROKER_ID_KEY = "broker.id"
+# Names the resume that rebuilt a durable, so its own rerun keeps it and a later leg replaces it.
+ATTEMPT_METADATA = "cotal.rebuilt-by-attempt"
+# Headers the source broker interpreted at publish time; replayed, they would be judged again
+# against a stream they were never written for (an expected last sequence always fails there).
+_DROPPED_HEADER_PREFIX = "nats-expected-"
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What `import_inbox` did: kept an existing durable, or rebuilt it at `start_seq`."""
+
+    kept: bool
+    start_seq: int
+    republished: int = 0
+    duplicates: int = 0
+
+
+# -- broker identity ----------------------------------------------------------------------------
+
+
+async def _custody_bucket(js: JetStreamContext, space: str) -> KeyValue | None:
+    bucket = names.custody_bucket(space)
+
+    async def get() -> KeyValue | None:
+        try:
+            return await js.key_value(bucket)
+        except BucketNotFoundError:
+            return None
+
+    return await riding_elections(f"bucket {bucket}", get)
+
+
+async def _read_id(kv: KeyValue) -> str | None:
+    try:
+        entry = await riding_elections(f"custody {BROKER_ID_KEY}", lambda: kv.get(BROKER_ID_KEY))
+    except (KeyNotFoundError, KeyDeletedError):
+        return None
+    value = (entry.value or b"").decode("ascii", "replace")
+    if len(value) != 32 or any(c not in "0123456789abcdef" for c in value):
+        raise Refusal(
+            "broker-id-malformed",
+            f"{BROKER_ID_KEY} in the custody bucket is {value[:64]!r}, not 32 hex digits",
+            "inspect the custody bucket; cotal never overwrites a record it cannot read",
+        )
+    return value
+
+
+async def broker_identity(kv: KeyValue) -> str:
+    """This broker's id in the custody bucket, created once by exclusive create."""
+    current = await _read_id(kv)
+    if current is not None:
+        return current
+    if await create_exclusive(kv, BROKER_ID_KEY, secrets.token_hex(16).encode()) is None:
+        log.info("space.broker_id_raced")
+    found = await _read_id(kv)
+    assert found is not None  # an exclusive create either wrote it or lost to one that did
+    return found
+
+
+async def read_broker_identity(js: JetStreamContext, space: str) -> str | None:
+    """The destination's id, without creating anything: None where no cut ever ran."""
+    kv = await _custody_bucket(js, space)
+    return None if kv is None else await _read_id(kv)
+
+
+# -- export -------------------------------------------------------------------------------------
+
+
+def _too_large(seat: str, what: str) -> Refusal:
+    return Refusal(
+        "inbox-too-large",
+        f"seat {seat}: its inbox holds {what}, more than a checkpoint carries "
+        f"({MAX_CARRIED_MESSAGES} messages, {MAX_CARRIED_BYTES} bytes)",
+        "resume this seat in place (its durable is kept), let it work its inbox down, and cut "
+        "again",
+    )
+
+
+async def check_exportable(js: JetStreamContext, space: str, seat: str, uid: str) -> None:
+    """At prepare, before anything stops: the durable is there and its inbox is not beyond what
+    a checkpoint carries (by count; the export enforces bytes, and the exact count, again)."""
+    stream = names.dm_stream(space)
+    durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
+    try:
+        info = await riding_elections(
+            f"durable {durable}", lambda: js.consumer_info(stream, durable)
+        )
+    except NotFoundError:
+        raise Refusal(
+            "lifecycle-proof-failed",
+            f"seat {seat} (uid {uid}): its dm_ durable {durable} is not at the broker, so its "
+            "inbox cannot travel",
+            "stop and respawn the seat (its inbox is already gone); nothing was stopped",
+        ) from None
+    queued = (info.num_pending or 0) + (info.num_ack_pending or 0)
+    if queued > MAX_CARRIED_MESSAGES:
+        raise _too_large(seat, f"{queued} messages")
+
+
+async def export_inbox(
+    js: JetStreamContext, space: str, seat: str, uid: str
+) -> tuple[DurableRecord, list[CarriedMessage]]:
+    """The durable's record and every message from its first undelivered sequence on.
+
+    Only ever called once the seat is proven stopped, so nothing acknowledges while it reads;
+    messages published meanwhile (a `send --server` to the cut seat) land above `lastSeq` and
+    are not carried, which the record's window makes explicit.
+    """
+    stream = names.dm_stream(space)
+    durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
+    try:
+        info = await riding_elections(
+            f"durable {durable}", lambda: js.consumer_info(stream, durable)
+        )
+    except NotFoundError:
+        raise Refusal(
+            "lifecycle-proof-failed",
+            f"seat {seat} (uid {uid}): its dm_ durable {durable} is not at the broker, so its "
+            "inbox cannot be exported",
+            "the seat's inbox is gone; resume in place against the broker that holds it",
+        ) from None
+    sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
+    config, state = info.config, sinfo.state
+    by_seq = config.deliver_policy == api.DeliverPolicy.BY_START_SEQUENCE
+    lower = config.opt_start_seq if by_seq else 1
+    record = DurableRecord(
+        name=durable,
+        stream=stream,
+        filter_subject=config.filter_subject or names.dm_filter(space, names.SEAT_OWNER, seat),
+        ack_wait_ms=max(1, int((config.ack_wait or names.ACK_WAIT_S) * 1000)),
+        max_ack_pending=config.max_ack_pending or 1,
+        creation_lower_bound=max(1, lower or 1),
+        ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0,
+        delivered=info.delivered.stream_seq if info.delivered else 0,
+        first_seq=state.first_seq,
+        last_seq=state.last_seq,
+        start_seq=first_undelivered(
+            info.ack_floor.stream_seq if info.ack_floor else 0,
+            max(1, lower or 1),
+            state.first_seq,
+        ),
+    )
+    messages: list[CarriedMessage] = []
+    total = 0
+    seq = record.start_seq
+    while seq <= record.last_seq:
+
+        async def get(at: int = seq) -> api.RawStreamMsg | None:
+            try:
+                return await js.get_msg(stream, seq=at, subject=record.filter_subject, next=True)
+            except NotFoundError:
+                return None
+
+        raw = await riding_elections(f"inbox of {seat} at {seq}", get)
+        if raw is None or raw.seq is None or raw.seq > record.last_seq:
+            break
+        data = raw.data or b""
+        total += len(data)
+        if len(messages) >= MAX_CARRIED_MESSAGES or total > MAX_CARRIED_BYTES:
+            raise _too_large(seat, f"more than {len(messages)} messages or {total} bytes")
+        headers = {
+            k: v
+            for k, v in (raw.headers or {}).items()
+            if not k.lower().startswith(_DROPPED_HEADER_PREFIX)
+        }
+        messages.append(
+            CarriedMessage(
+                seq=raw.seq,
+                subject=raw.subject or "",
+                headers=headers,
+                payload=base64.b64encode(data).decode(),
+            )
+        )
+        seq = raw.seq + 1
+    log.info(
+        "space.exported",
+        seat=seat,
+        durable=durable,
+        ack_floor=record.ack_floor,
+        start_seq=record.start_seq,
+        messages=len(messages),
+    )
+    return record, messages
+
+
+async def export_space(
+    js: JetStreamContext, space: str, agent: Agent, held: Held, broker_id: str
+) -> SpaceExport:
+    """The seat's inbox and custody for its checkpoint, read after its stop was proven."""
+    durable, messages = await export_inbox(js, space, agent.name, agent.identity.lifecycle_uid)
+    return SpaceExport(
+        broker_id=broker_id,
+        durable=durable,
+        custody=CustodyAtCut(
+            holder=held.record.holder, generation=held.record.generation, revision=held.revision
+        ),
+        messages=messages,
+    )
+
+
+# -- import -------------------------------------------------------------------------------------
+
+
+async def import_inbox(
+    js: JetStreamContext,
+    space: str,
+    seat: str,
+    uid: str,
+    record: DurableRecord,
+    messages: list[CarriedMessage],
+    *,
+    attempt_id: str,
+    shared: bool,
+    replicas: int = 1,
+) -> Imported:
+    """Rebuild the seat's inbox here unless this broker already holds its live durable.
+
+    `shared`: this is the broker the checkpoint was cut from, so its durable is the seat's own
+    inbox with its exact frontier, and is kept. Otherwise a durable of this uid here is either
+    this attempt's own rebuild (a rerun: kept) or a leftover of an earlier leg of the chain (the
+    seat left this broker and came back): its frontier is stale and the checkpoint's is not, so
+    it is replaced. A rerun that died before the durable existed republishes again, and within
+    the stream's duplicate window the broker answers each message as a duplicate with its
+    first sequence.
+    """
+    stream = names.dm_stream(space)
+    durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
+    if record.name != durable or record.stream != stream:
+        raise Refusal(
+            "space-mismatch",
+            f"seat {seat}: the checkpoint's durable {record.name} on {record.stream} is not "
+            f"{durable} on {stream}",
+            "resume the checkpoint into the space it was cut from",
+        )
+
+    async def existing() -> api.ConsumerInfo | None:
+        try:
+            found: api.ConsumerInfo = await js.consumer_info(stream, durable)
+            return found
+        except NotFoundError:
+            return None
+
+    held = await riding_elections(f"durable {durable}", existing)
+    if held is not None:
+        rebuilt_by = (held.config.metadata or {}).get(ATTEMPT_METADATA)
+        if shared or rebuilt_by == attempt_id:
+            log.info("space.kept", seat=seat, durable=durable)
+            return Imported(kept=True, start_seq=0)
+        await riding_elections(
+            f"replace durable {durable}", lambda: js.delete_consumer(stream, durable)
+        )
+        log.warning("space.stale_durable_replaced", seat=seat, durable=durable, by=rebuilt_by)
+    await ensure_dm_stream(js, space, replicas=replicas)
+    first: int | None = None
+    duplicates = 0
+    for m in messages:
+
+        async def publish(m: CarriedMessage = m) -> api.PubAck:
+            return await js.publish(m.subject, m.data(), stream=stream, headers=m.headers or None)
+
+        ack = await riding_elections(f"republish to {seat}", publish)
+        duplicates += 1 if ack.duplicate else 0
+        first = ack.seq if first is None else min(first, ack.seq)
+    if first is None:
+        sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
+        first = sinfo.state.last_seq + 1
+    config = api.ConsumerConfig(
+        durable_name=durable,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=record.ack_wait_ms / 1000,
+        filter_subject=record.filter_subject,
+        max_ack_pending=record.max_ack_pending,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=first,
+        metadata={ATTEMPT_METADATA: attempt_id},
+    )
+
+    async def create() -> api.ConsumerInfo:
+        try:
+            made: api.ConsumerInfo = await js.add_consumer(stream, config)
+        except BadRequestError:
+            # A concurrent or earlier run of this very resume may have created it.
+            made = await js.consumer_info(stream, durable)
+        return made
+
+    await riding_elections(f"durable {durable}", create)
+    log.info(
+        "space.imported",
+        seat=seat,
+        durable=durable,
+        start_seq=first,
+        republished=len(messages),
+        duplicates=duplicates,
+    )
+    return Imported(kept=False, start_seq=first, republished=len(messages), duplicates=duplicates)
