@@ -183,10 +183,7 @@ class SeatSummary:
 
 
 def _refs_bytes(repo: RepositoryRecord) -> int:
-    refs = [repo.bundle, repo.index_diff, repo.worktree_diff, repo.untracked]
-    if repo.refs is not None:
-        refs.append(repo.refs)
-    return sum(r.bytes for r in refs)
+    return sum(r.bytes for r in repo.files())
 
 
 async def capture_seat(
