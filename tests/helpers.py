@@ -108,3 +108,10 @@ def carry_to_new_host(root: Path, attempt_dir: Path, dest: Path, *, trust: bool 
             env=cotal_env(),
         )
     return copy
+
+
+def trusting(checkpoint: Path) -> list[str]:
+    """`--trust-signer KEY` for the key that sealed `checkpoint`: a test whose subject is not
+    trust pins the signer for the one run, leaving the destination's trust store untouched."""
+    manifest = json.loads((Path(checkpoint) / "manifest.json").read_text())
+    return ["--trust-signer", manifest["signer"]["publicKey"]]

@@ -19,7 +19,7 @@ from manager.cli.tools import which
 from protocol.errors import Refusal
 from tests.conftest import AnthropicServer, Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import wait_until
+from tests.helpers import trusting, wait_until
 
 
 def _installed() -> bool:
@@ -110,7 +110,9 @@ async def test_claude_seat_through_the_cut_and_the_resume(
     shutil.rmtree(cli.root)
     cli.root.mkdir()
     configure(cli.root, fake_anthropic)
-    result = json.loads(cli.run("up", "--restore", str(carried), *b, "--json", env=ENV).stdout)
+    result = json.loads(
+        cli.run("up", "--restore", str(carried), *b, *trusting(carried), "--json", env=ENV).stdout
+    )
     [obs] = result["seats"]
     assert obs["continuity"] == "exact"
     assert obs["sessionBefore"] == obs["sessionAfter"] == row["sessionId"]

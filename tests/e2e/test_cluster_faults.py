@@ -50,7 +50,7 @@ from protocol import names
 from tests.ckpt import make_destination, seed_tree, snapshot
 from tests.cluster import Cluster
 from tests.conftest import Cli, cotal_env
-from tests.helpers import wait_until
+from tests.helpers import trusting, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -366,6 +366,7 @@ def restore_args(cluster: Cluster, copy: Path) -> tuple[str, ...]:
         "--creds",
         cluster.creds,
         "--json",
+        *trusting(copy),
     )
 
 

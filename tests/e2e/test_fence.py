@@ -25,7 +25,7 @@ from protocol.messages import Presence, encode
 from tests.cluster import Cluster
 from tests.conftest import Cli, SharedBroker, cotal_env
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker_at, wait_gone, wait_until
+from tests.helpers import broker_at, trusting, wait_gone, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -256,7 +256,9 @@ async def test_stale_source_cannot_launch_while_the_destination_runs_the_seat(
     carried = tmp_path / "carried"
     shutil.copytree(sealed, carried)
     # Host B resumes the seat and runs it.
-    code, out, err = await run(host_b, "up", "--restore", str(carried), *b, "--json")
+    code, out, err = await run(
+        host_b, "up", "--restore", str(carried), *b, *trusting(carried), "--json"
+    )
     assert code == 0, err
     assert json.loads(out)["seats"][0]["uidAfter"] == row["lifecycleUid"]
     # Host A comes back with its stale local record (its journal still says `ready`) while B
@@ -320,6 +322,7 @@ async def test_resume_while_predecessor_shows_presence_needs_verified_eviction(
         shared_broker.url,
         "--creds",
         shared_broker.creds,
+        *trusting(carried),
     ]
     # Presence says the predecessor still runs the seat; with no way to check, refuse.
     await _ghost_presence(shared_broker, "ghost", row["lifecycleUid"], predecessor)

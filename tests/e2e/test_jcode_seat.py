@@ -15,6 +15,7 @@ import pytest
 from manager.checkpoint.reader import verify_integrity
 from tests.conftest import REPO, Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
+from tests.helpers import trusting
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 STANDIN = REPO / "tests" / "fixtures" / "jcode_standin.py"
@@ -45,7 +46,7 @@ async def test_jcode_is_drain_only_through_the_cut_and_the_resume(
     shutil.rmtree(cli.root)
     cli.root.mkdir()
     (cli.root / "cotal.toml").write_text(config)
-    out = cli.run("up", "--restore", str(carried), *b, "--json")
+    out = cli.run("up", "--restore", str(carried), *b, *trusting(carried), "--json")
     [obs] = json.loads(out.stdout)["seats"]
     assert obs["continuity"] == "drain-only"
     assert (

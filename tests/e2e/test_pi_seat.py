@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import PI_CLI, Cli, FakeServer, SharedBroker
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import wait_until
+from tests.helpers import trusting, wait_until
 
 pytestmark = [
     pytest.mark.anyio,
@@ -107,6 +107,7 @@ async def test_pi_seat_through_the_cut_and_the_resume(
             shared_broker.url,
             "--creds",
             shared_broker.creds,
+            *trusting(copy),
             "--json",
         ).stdout
     )

@@ -36,7 +36,7 @@ from tests.ckpt import reseal, source_identity
 from tests.cluster import Cluster
 from tests.conftest import Cli
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker, broker_at, processes_mentioning
+from tests.helpers import broker, broker_at, processes_mentioning, trusting
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -109,7 +109,7 @@ async def test_embedded_to_embedded_carries_the_inbox(tmp_path: Path, cli: Cli) 
     assert floor in text
     ck.write_text(text.replace(floor, f'"ackFloor": {state.durable.ack_floor + 1}'))
     for bad in (bad_inbox, bad_durable):
-        proc = cli.run("up", "--restore", str(bad), "--json", check=False)
+        proc = cli.run("up", "--restore", str(bad), *trusting(bad), "--json", check=False)
         assert proc.returncode == 2 and refusal(proc)["code"] == "integrity", proc.stderr
         assert list(cli.root.iterdir()) == []
     # A refusal at the broker's gates stops the broker this resume started and removes it.
@@ -120,11 +120,11 @@ async def test_embedded_to_embedded_carries_the_inbox(tmp_path: Path, cli: Cli) 
         source_identity(cli.root.with_name("ws.src")),
         edit=lambda r: msgspec.structs.replace(r, captured_at=when),
     )
-    proc = cli.run("up", "--restore", str(stale), "--json", check=False)
+    proc = cli.run("up", "--restore", str(stale), *trusting(stale), "--json", check=False)
     assert proc.returncode == 2 and refusal(proc)["code"] == "stale-checkpoint", proc.stderr
     assert list(cli.root.iterdir()) == [] and processes_mentioning(str(cli.root)) == []
 
-    out = cli.run("up", "--restore", str(copy), "--json")
+    out = cli.run("up", "--restore", str(copy), *trusting(copy), "--json")
     assert out.stderr.count(NO_FENCE_NOTE) == 1, out.stderr
     result = json.loads(out.stdout)
     [seat] = result["seats"]
@@ -429,7 +429,7 @@ async def test_embedded_to_cluster_to_embedded_end_to_end(
     attempt, _ = _cut_with_a_queued_note(cli, "first note n1-queued")
     copy = _host_away(cli, attempt, tmp_path / "leg1", "a")
     cluster = ("--server", nats_cluster.urls, "--creds", nats_cluster.creds)
-    out = cli.run("up", "--restore", str(copy), *cluster, "--json")
+    out = cli.run("up", "--restore", str(copy), *cluster, *trusting(copy), "--json")
     assert out.stderr.count(NO_FENCE_NOTE) == 1, out.stderr
     [seat] = json.loads(out.stdout)["seats"]
     assert seat["sameSession"] and seat["uidAfter"] == row["lifecycleUid"]
@@ -444,7 +444,7 @@ async def test_embedded_to_cluster_to_embedded_end_to_end(
     attempt, state = _cut_with_a_queued_note(cli, "second note n2-queued")
     assert state.custody.generation == 1
     copy = _host_away(cli, attempt, tmp_path / "leg2", "c")
-    out = cli.run("up", "--restore", str(copy), "--json")
+    out = cli.run("up", "--restore", str(copy), *trusting(copy), "--json")
     assert out.stderr.count(NO_FENCE_NOTE) == 1, out.stderr
     [seat] = json.loads(out.stdout)["seats"]
     assert seat["sameSession"] and seat["uidAfter"] == row["lifecycleUid"]
