@@ -11,7 +11,7 @@ the seat's files), `driverkit` (stdio driver plumbing) and `privatefs` (private 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -128,3 +128,73 @@ class Connector(Protocol):
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec: ...
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> Driver: ...
+
+
+# -- moving a session to another path -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Relocation:
+    """A seat resumed at other absolute paths: its cwd and workspace root before and after, and
+    the whole prefix map (longest source prefix first) for any other path its session names.
+
+    Paths are lexical and absolute; nothing here touches the disk."""
+
+    old_cwd: Path
+    new_cwd: Path
+    old_root: Path
+    new_root: Path
+    pairs: tuple[tuple[Path, Path], ...] = ()
+
+    @property
+    def moves(self) -> bool:
+        return self.old_cwd != self.new_cwd or self.old_root != self.new_root
+
+    def map(self, path: Path) -> Path | None:
+        """`path` carried through the longest prefix that holds it, or None."""
+        for old, new in self.pairs:
+            if path.is_relative_to(old):
+                return new / path.relative_to(old)
+        return None
+
+
+@dataclass(frozen=True)
+class FileMove:
+    """Where one store file lands, relative to its store, and how its first line is rewritten
+    (None: the bytes travel unchanged). A rewrite takes the line without its newline."""
+
+    relpath: str
+    head: Callable[[bytes], bytes] | None = None
+
+
+@dataclass(frozen=True)
+class SessionMove:
+    """What a connector does to carry a seat's session to a `Relocation`: each store file's
+    place and rewrite, and, when the harness cannot continue the session there, the class it can
+    honestly promise instead (with why)."""
+
+    files: Mapping[str, FileMove] = field(default_factory=dict)
+    continuity: ContinuityClass | None = None
+    why: str = ""
+
+
+class Relocating(Protocol):
+    """The optional hook: a connector whose session store names absolute paths."""
+
+    def relocate_session(
+        self, files: Sequence[str], reloc: Relocation, session_id: str | None
+    ) -> SessionMove:
+        """`files` are the store-relative paths of the seat's carried store files."""
+        ...
+
+
+def relocate_session(
+    connector: object, files: Sequence[str], reloc: Relocation, session_id: str | None
+) -> SessionMove:
+    """The connector's move for its session, or no change for a connector whose store names no
+    path (scribe) or that has no hook."""
+    hook = getattr(connector, "relocate_session", None)
+    if hook is None or not reloc.moves:
+        return SessionMove()
+    move: SessionMove = hook(files, reloc, session_id)
+    return move

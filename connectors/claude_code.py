@@ -79,7 +79,7 @@ import re
 import stat
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,8 +90,11 @@ from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
+    FileMove,
     LaunchOpts,
     LaunchSpec,
+    Relocation,
+    SessionMove,
     StoreDecl,
     TurnOutcome,
 )
@@ -250,6 +253,53 @@ def _same_cwd(transcript: Path, cwd: Path) -> bool:
     return recorded is not None and os.path.realpath(recorded) == os.path.realpath(cwd)
 
 
+# -- relocation -----------------------------------------------------------------------------------
+
+
+def relocate_claude_session(
+    files: Sequence[str], reloc: Relocation, session_id: str | None
+) -> SessionMove:
+    """Each `projects/<encoded dir>/...` of the seat's config dir renamed to the encoding of
+    that dir's new path; everything else in the config dir stays where it is.
+
+    Claude Code looks a session id up only under the project dir of its cwd (measured on
+    2.1.197: a transcript copied into the new cwd's project dir resumes under the same id), so
+    the session's transcript must move with the cwd. A dir whose name this connector cannot
+    recompute (an encoding past 200 characters, which Claude Code shortens with a hash) is left
+    as it is; when that holds the seat's own transcript, the session cannot be continued at the
+    new path and the seat is started fresh, said so.
+    """
+    # The dirs a transcript or memory dir can be keyed by: the cwd and each of its ancestors.
+    renames: dict[str, str | None] = {}
+    for old in (reloc.old_cwd, *reloc.old_cwd.parents, reloc.old_root):
+        new = reloc.map(old)
+        name = re.sub(r"[^A-Za-z0-9]", "-", str(old))
+        if new is not None and len(name) <= PROJECT_NAME_MAX and name not in renames:
+            renames[name] = project_dir_name(new)
+    moves: dict[str, FileMove] = {}
+    stranded = False
+    for rel in files:
+        parts = rel.split("/")
+        if len(parts) < 3 or parts[0] != "projects":
+            continue
+        target = renames.get(parts[1])
+        if target is not None:
+            moves[rel] = FileMove("/".join(["projects", target, *parts[2:]]))
+        elif session_id is not None and parts[-1] == f"{session_id}.jsonl":
+            stranded = parts[1] != project_dir_name(reloc.new_cwd)
+    if stranded:
+        return SessionMove(
+            files=moves,
+            continuity="fresh",
+            why=(
+                f"started fresh: Claude Code cannot find session {session_id} at the new cwd "
+                f"{reloc.new_cwd} (its project dir name cannot be recomputed there); the "
+                "transcript is restored in the seat's store"
+            ),
+        )
+    return SessionMove(files=moves)
+
+
 # -- the connector --------------------------------------------------------------------------------
 
 
@@ -362,6 +412,11 @@ class ClaudeCodeConnector:
             "permissionMode": _permission_mode(config),
             "credentials": _credential_source(config),
         }
+
+    def relocate_session(
+        self, files: Sequence[str], reloc: Relocation, session_id: str | None
+    ) -> SessionMove:
+        return relocate_claude_session(files, reloc, session_id)
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> ClaudeDriver:
         config = spec.env.get("CLAUDE_CONFIG_DIR")

@@ -36,7 +36,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -45,8 +45,11 @@ from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
+    FileMove,
     LaunchOpts,
     LaunchSpec,
+    Relocation,
+    SessionMove,
     StoreDecl,
     TurnOutcome,
 )
@@ -183,6 +186,47 @@ def find_session_file(store: Path, session_id: str) -> list[Path]:
     return [store / n for n in names]
 
 
+# -- relocation -----------------------------------------------------------------------------------
+
+
+def relocated_header(line: bytes, reloc: Relocation) -> bytes:
+    """A session header line with its `cwd` (and a fork's `parentSession`) carried through the
+    relocation; any other line, or a path no pair holds, comes back unchanged.
+
+    pi runs a reopened session in the header's cwd and exits when that directory is missing, so
+    the header must name the seat's new cwd (measured on 0.73.1: a rewritten header continues
+    the same id and runs there)."""
+    try:
+        header = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(header, dict) or header.get("type") != "session":
+        return line
+    changed = False
+    for key in ("cwd", "parentSession"):
+        value = header.get(key)
+        if isinstance(value, str) and value.startswith("/"):
+            here = reloc.map(Path(os.path.normpath(value)))
+            if here is not None and str(here) != value:
+                header[key] = str(here)
+                changed = True
+    if not changed:
+        return line
+    # pi writes its lines as compact JSON (JSON.stringify): keep that spelling.
+    return json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def relocate_pi_session(files: Sequence[str], reloc: Relocation) -> SessionMove:
+    """Every session file of the flat store stays where it is; its header names the new cwd."""
+
+    def head(line: bytes) -> bytes:
+        return relocated_header(line, reloc)
+
+    return SessionMove(
+        files={f: FileMove(f, head) for f in files if "/" not in f and f.endswith(".jsonl")}
+    )
+
+
 # -- the connector --------------------------------------------------------------------------------
 
 
@@ -261,6 +305,11 @@ class PiConnector:
             # first turn once the session is known.
             initial_prompt=launch_prompt(opts),
         )
+
+    def relocate_session(
+        self, files: Sequence[str], reloc: Relocation, session_id: str | None
+    ) -> SessionMove:
+        return relocate_pi_session(files, reloc)
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> PiDriver:
         return PiDriver(

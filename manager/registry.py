@@ -135,16 +135,24 @@ def agent_settings(cfg: FileConfig, agent: str) -> Mapping[str, Any]:
     return {k: v for k, v in msgspec.structs.asdict(entry).items() if v not in (None, [], False)}
 
 
+# What a seat *is*, as opposed to how this host reaches it. A resumed session must run the same
+# harness, model and behaviour flags (its permission mode, the scribe test aid), so those are the
+# profile. The binary's path, the endpoint URL and provider entry, where the key comes from, a
+# private home and passed-through variables are host bindings: each host supplies its own from
+# its own cotal.toml, and they must not make an otherwise identical seat refuse to move.
+PROFILE_KEYS = frozenset({"model", "permission_mode", "ignore_sigterm"})
+
+
 def profile_digest(agent: str, model: str | None, settings: Mapping[str, Any]) -> str:
     """The launch profile revision: what a destination must match to run the same intent.
 
-    It covers the connector, the model and the operator's non-secret connector settings (a key
-    is referenced by the name of its variable, never its value), normalized so equal profiles
-    hash equally on every host.
+    It covers the connector, the model and the intent settings (`PROFILE_KEYS`), normalized so
+    equal profiles hash equally on every host; host bindings are left out on purpose.
     """
     import hashlib
 
     from protocol.codec import encode_json
 
-    body = {"agent": agent, "model": model, "settings": dict(sorted(settings.items()))}
+    intent = {k: v for k, v in sorted(settings.items()) if k in PROFILE_KEYS}
+    body = {"agent": agent, "model": model, "settings": intent}
     return hashlib.sha256(encode_json(body)).hexdigest()

@@ -22,15 +22,17 @@ import hashlib
 import os
 import subprocess
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
 from manager import registry
 from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, refs_differing
 from manager.checkpoint.reader import read_manifest, verify_integrity
+from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
 from manager.checkpoint.restore import (
     SessionTarget,
     confine_cwd,
@@ -44,6 +46,7 @@ from protocol.checkpoint import (
     RepositoryRecord,
     SeatCheckpoint,
     SessionFile,
+    SessionRecord,
     parse_refs_list,
 )
 from protocol.errors import Refusal
@@ -62,6 +65,11 @@ class ConfinedSeat:
 
     cwd: Path
     sessions: tuple[tuple[SessionFile, SessionTarget], ...]
+    # Set when the seat's harness cannot continue its session at the relocated path: the class
+    # the resume can honestly promise instead, and why.
+    continuity: ContinuityClass | None = None
+    why: str = ""
+    reloc: Relocation | None = None
 
 
 @dataclass
@@ -74,6 +82,8 @@ class Admission:
     consents: list[Consent] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     confined: dict[str, ConfinedSeat] = field(default_factory=dict)
+    # Where trees may be rebuilt: the destination root and every --map destination.
+    confine_to: tuple[Path, ...] = ()
 
     def agent(self, name: str) -> Agent:
         return next(a for a in self.inventory.agents if a.name == name)
@@ -260,9 +270,11 @@ def identity(
     home: Path | None = None,
     maps: Mapping[Path, Path] | None = None,
 ) -> None:
-    """Gate 2: same space, same paths, every path it would write confined, a uid nobody runs,
-    and the recorded profile revision. The confined paths are kept in `adm.confined` for the
-    restore to write through (and check again)."""
+    """Gate 2: same space, every path carried onto this root (the source root onto `root`, the
+    rest through `maps`) and confined, a uid nobody runs, and the recorded profile revision.
+    The confined paths are kept in `adm.confined` for the restore to write through (and check
+    again); on a pass `adm.inventory` becomes the relocated inventory, the one this root
+    journals and hands to its manager."""
     if adm.manifest.space != space:
         raise _refuse(
             "identity",
@@ -270,6 +282,12 @@ def identity(
             f"the checkpoint belongs to space {adm.manifest.space!r}, not {space!r}",
             f"resume it with --space {adm.manifest.space}",
         )
+    user_maps = dict(maps or {})
+    try:
+        check_maps(user_maps, dest_root=root)
+    except Refusal as exc:
+        raise _refuse("identity", exc.code, exc.message, exc.cure) from None
+    relocations: dict[str, Relocation] = {}
     for name, record in adm.records.items():
         if record.workspace_root is None or record.custody_revision is None:
             raise _refuse(
@@ -278,17 +296,19 @@ def identity(
                 f"seat {name}: the checkpoint records no workspace root or custody revision",
                 "cut the seat again with this version of cotal",
             )
-        if Path(record.workspace_root) != root:
-            raise _refuse(
-                "identity",
-                "paths-differ",
-                f"seat {name} was cut in workspace root {record.workspace_root}, this root is "
-                f"{root}",
-                f"resume from a root at {record.workspace_root}: the seat's paths are absolute",
+        try:
+            reloc = relocation(
+                Path(record.workspace_root),
+                root,
+                user_maps,
+                old_cwd=Path(os.path.normpath(adm.agent(name).launch.cwd)),
             )
+        except Refusal as exc:
+            raise _refuse("identity", exc.code, f"seat {name}: {exc.message}", exc.cure) from None
         adm.confined[name] = confine(
-            adm, name, root=root, home=home if home is not None else _home(), maps=maps or {}
+            adm, name, root=root, home=home if home is not None else _home(), reloc=reloc
         )
+        relocations[name] = reloc
         uid = record.lifecycle_uid
         if uid in held_uids:
             raise _refuse(
@@ -323,6 +343,14 @@ def identity(
                 "session "
                 "never runs under a different profile",
             )
+    adm.confine_to = (root, *(new for new in user_maps.values()))
+    adm.inventory = relocate_inventory(
+        adm.inventory,
+        {
+            name: (reloc, adm.confined[name].continuity in (None, "exact"))
+            for name, reloc in relocations.items()
+        },
+    )
 
 
 def _home() -> Path:
@@ -330,15 +358,29 @@ def _home() -> Path:
 
 
 def confine(
-    adm: Admission, name: str, *, root: Path, home: Path, maps: Mapping[Path, Path] = {}
+    adm: Admission, name: str, *, root: Path, home: Path, reloc: Relocation | None = None
 ) -> ConfinedSeat:
     """Every place seat `name` would write on this host, each refused by name when it is not
-    the seat's own: `cwd-outside-root`, `unsafe-store`, `session-outside-store`,
+    the seat's own: `cwd-unmapped`, `cwd-outside-root`, `unsafe-store`, `session-outside-store`,
     `unsafe-session-path` (a symlink already on the way counts, so nothing is written first).
+
+    `reloc` carries the seat's recorded paths onto this root (by default the recorded root is
+    this one). A relocated seat's connector then says where its store files land and what in
+    them names the old path (`connectors.base.relocate_session`).
     """
     record = adm.records[name]
     launch = adm.agent(name).launch
     try:
+        if reloc is None:
+            reloc = relocation(
+                Path(record.workspace_root or root),
+                root,
+                {},
+                old_cwd=Path(os.path.normpath(launch.cwd)),
+            )
+        maps = dict(reloc.pairs)
+        for store in launch.session_stores:
+            map_store(name, store, reloc)
         cwd = confine_cwd(name, launch.cwd, root=root, maps=maps)
         paths = seat_paths(
             name,
@@ -356,11 +398,76 @@ def confine(
             target = session_target(
                 entry, paths, pointer=is_pointer, cwd=cwd, root=root, home=home, maps=maps
             )
-            probe_session_target(target)
             placed.append((entry, target))
+        move = _connector_move(name, launch.connector, placed, paths.stores, reloc, session)
+        placed = [(e, _moved(name, t, paths.stores, move)) for e, t in placed]
+        for _, target in placed:
+            probe_session_target(target)
     except Refusal as exc:
         raise _refuse("identity", exc.code, exc.message, exc.cure) from None
-    return ConfinedSeat(cwd=cwd, sessions=tuple(placed))
+    return ConfinedSeat(
+        cwd=cwd, sessions=tuple(placed), continuity=move.continuity, why=move.why, reloc=reloc
+    )
+
+
+def _store_of(path: Path, stores: Sequence[Path]) -> Path | None:
+    return next((s for s in stores if path.is_relative_to(s) and path != s), None)
+
+
+def _connector_move(
+    name: str,
+    agent: str,
+    placed: Sequence[tuple[SessionFile, SessionTarget]],
+    stores: Sequence[Path],
+    reloc: Relocation,
+    session: SessionRecord,
+) -> SessionMove:
+    if not reloc.moves:
+        return SessionMove()
+    files = []
+    for _, target in placed:
+        store = _store_of(target.path, stores)
+        if store is not None:
+            files.append(target.path.relative_to(store).as_posix())
+    try:
+        connector: object = registry.load_connector(agent)
+    except Refusal:
+        # The daemon refuses an unknown harness by name at adoption; a store no connector
+        # claims travels unchanged.
+        return SessionMove()
+    move = relocate_session(connector, files, reloc, session.session_id)
+    if move.continuity is not None and not move.why:
+        raise Refusal(
+            "relocation-failed",
+            f"seat {name}: the {agent} connector capped the class at {move.continuity} without "
+            "saying why",
+            "report this; a class change must be explained",
+        )
+    return move
+
+
+def _moved(
+    name: str, target: SessionTarget, stores: Sequence[Path], move: SessionMove
+) -> SessionTarget:
+    store = _store_of(target.path, stores)
+    if store is None:
+        return target
+    step = move.files.get(target.path.relative_to(store).as_posix())
+    if step is None:
+        return target
+    dest = Path(os.path.normpath(store / step.relpath))
+    if (
+        step.relpath.startswith("/")
+        or ".." in step.relpath.split("/")
+        or _store_of(dest, [store]) is None
+    ):
+        raise Refusal(
+            "relocation-failed",
+            f"seat {name}: its connector would move {target.path} to {dest}, outside its store "
+            f"{store}",
+            "report this; a relocated session file stays in its own store",
+        )
+    return SessionTarget(target.base, dest.relative_to(target.base).as_posix(), step.head)
 
 
 def recency(

@@ -28,7 +28,7 @@ import re
 import secrets
 import stat
 import tarfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -75,6 +75,8 @@ from protocol.names import STAMP
 
 STAMP_RE = STAMP.regex
 CHUNK = 1024 * 1024
+# A relocated header line is read whole; a harness's first line is far smaller than this.
+HEAD_CAP = 1024 * 1024
 _RESTORE_REFLOG = "cotal: restored from checkpoint"
 _MEMBER_ERRNOS = frozenset(
     {errno.ENAMETOOLONG, errno.ENOENT, errno.EINVAL, errno.ELOOP, errno.ENOTDIR, errno.EILSEQ}
@@ -907,10 +909,13 @@ def seat_paths(
 @dataclass(frozen=True)
 class SessionTarget:
     """Where one session file lands: a directory this host trusts and a path below it that is
-    walked one component at a time without following a symlink."""
+    walked one component at a time without following a symlink. `head`, set when the seat was
+    relocated and its harness records a path in the file's first line, rewrites that line (given
+    without its newline) as the file is placed."""
 
     base: Path
     relpath: str
+    head: Callable[[bytes], bytes] | None = None
 
     @property
     def path(self) -> Path:
@@ -1105,6 +1110,20 @@ def _create_exclusive_at(parent: int, leaf: str, chunks: Iterator[bytes]) -> boo
         os.unlink(tmp, dir_fd=parent)
 
 
+def _relocated_chunks(
+    src_file: Path, head: Callable[[bytes], bytes] | None
+) -> Iterator[tuple[bytes, bytes]]:
+    """(bytes read, bytes to write) pairs of a session file, its first line through `head`."""
+    fd, _ = open_regular(src_file)
+    with os.fdopen(fd, "rb") as src:
+        if head is not None:
+            first = src.readline(HEAD_CAP)
+            line, end = (first[:-1], b"\n") if first.endswith(b"\n") else (first, b"")
+            yield first, head(line) + end
+        while chunk := src.read(CHUNK):
+            yield chunk, chunk
+
+
 def place_session_file(
     src_file: Path, dest: Path | SessionTarget, *, expected_sha256: str | None = None
 ) -> Literal["placed", "present"]:
@@ -1138,15 +1157,22 @@ def place_session_file(
     def copied() -> Iterator[bytes]:
         # The copy is checked against the digest just proven, before it is published.
         digest = hashlib.sha256()
-        fd, _ = open_regular(src_file)
-        with os.fdopen(fd, "rb") as src:
-            while chunk := src.read(CHUNK):
-                digest.update(chunk)
-                yield chunk
+        for raw, out in _relocated_chunks(src_file, target.head):
+            digest.update(raw)
+            yield out
         if digest.hexdigest() != src_digest:
             raise Refusal(
                 "unstable", f"session file {src_file} changed while it was copied", "retry"
             )
+
+    # What lands is the checkpoint's bytes, or those bytes with the first line rewritten for the
+    # new path; a retried restore finds exactly that file and accepts it.
+    placed_digest = src_digest
+    if target.head is not None:
+        placed = hashlib.sha256()
+        for _, out in _relocated_chunks(src_file, target.head):
+            placed.update(out)
+        placed_digest = placed.hexdigest()
 
     base_fd = os.open(target.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -1169,11 +1195,11 @@ def place_session_file(
             os.close(parent)
     finally:
         os.close(base_fd)
-    if existing != src_digest:
+    if existing != placed_digest:
         raise Refusal(
             "session-conflict",
             f"{target.path} already exists with sha256 {existing}; the checkpoint's file "
-            f"{src_file} has sha256 {src_digest}",
+            f"{src_file} places sha256 {placed_digest}",
             f"move {target.path} aside if the checkpoint's session is the one to resume, then "
             "restore again",
         )

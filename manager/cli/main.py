@@ -525,6 +525,11 @@ _TRUST_HELP = "admit only checkpoints sealed by this Ed25519 key (base64; repeat
 # RFC 8032's first test public key: a real Ed25519 key to show the shape of one.
 _EXAMPLE_KEY = "11qYAYKxCrfVS/7TyWQHOg7hcvPapiMlrwIaaPcHURo="
 _STALE_HELP = "admit a checkpoint older than its recency horizon (recorded as consent)"
+_MAP_HELP = (
+    "carry a seat path outside the source root: source directory OLD is at NEW here "
+    "(repeatable; the source root always maps onto this root; longest OLD wins), "
+    "e.g. --map /srv/shared=/data/shared"
+)
 _TOP_EPILOG = (
     _examples(
         "cotal up --detach",
@@ -582,6 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal up --detach --server nats://10.0.0.5:4222 --creds broker.creds",
         "cotal up --restore /carried/20261129T142434Z-9356e4ba --server nats://10.0.0.5:4222"
         " --creds broker.creds",
+        "cotal up --restore /carried/20261129T142434Z-9356e4ba --map /srv/shared=/data/shared"
+        " --server nats://10.0.0.5:4222 --creds broker.creds",
     )
     up.add_argument("--space", default="main", help=_SPACE_HELP)
     up.add_argument("--server", help=_SERVER_HELP + " instead of starting the embedded broker")
@@ -603,6 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust-signer", action="append", metavar="KEY", help="with --restore: " + _TRUST_HELP
     )
     up.add_argument("--accept-stale-checkpoint", action="store_true", help=_STALE_HELP)
+    up.add_argument(
+        "--map", action="append", metavar="OLD=NEW", help="with --restore: " + _MAP_HELP
+    )
     up.set_defaults(fn=cmd_up)
 
     down = command(
@@ -901,6 +911,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the space whose instance key pins a root's own cut (default: %(default)s)",
     )
     verify.add_argument("--creds", help=_CREDS_HELP)
+    verify.add_argument("--map", action="append", metavar="OLD=NEW", help=_MAP_HELP)
     verify.set_defaults(fn=cmd_checkpoint_verify)
 
     trust_cmd = command(

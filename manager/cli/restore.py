@@ -30,6 +30,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from connectors.privatefs import ensure_private_dir, read_stable
+from manager import registry
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.evict import evict_ghosts
@@ -37,13 +38,14 @@ from manager.broker.footprint import default_replicas
 from manager.broker.presence import live_uids
 from manager.broker.retry import phase
 from manager.broker.space import import_inbox, read_broker_identity
-from manager.checkpoint import admit
+from manager.checkpoint import admit, relocate
 from manager.checkpoint.restore import place_session_file, restore_repository
 from manager.cli import mesh
 from manager.cli.verify import (
     BrokerRef,
     admit_integrity,
     agent_settings,
+    relocation_of,
     signer,
     signer_line,
     trusted_keys,
@@ -174,6 +176,7 @@ async def _admit_at_broker(
         held_uids=set(),
         settings_for=agent_settings(layout),
         home=Path(os.path.expanduser("~")),
+        maps=relocate.parse_maps(args.map or []),
     )
     consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
     return eviction.evidence, consents
@@ -450,11 +453,13 @@ def _observations(
     for seat in resumed:
         rec = adm.records[seat["name"]]
         row = rows.get(seat["name"], {})
+        moved = relocation_of(adm, seat["name"])
         observations.append(
             {
+                **moved,
                 "name": seat["name"],
                 "continuity": seat["continuity"],
-                "observation": seat["observation"],
+                "observation": moved.get("relocationNote") or seat["observation"],
                 "sessionBefore": rec.session.session_id,
                 "sessionAfter": row.get("sessionId"),
                 "uidBefore": rec.lifecycle_uid,
@@ -514,9 +519,11 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
                 cwd,
                 stamp=stamp,
                 keep_paths=keep,
-                confine_to=(layout.root,),
+                confine_to=adm.confine_to or (layout.root,),
             )
             restored[cwd] = (name, result)
+            if keep and result.superseded is not None:
+                _keep_host_config(layout.root, result.superseded)
         placed = [
             place_session_file(
                 seat_dir / entry.file.file, target, expected_sha256=entry.file.sha256
@@ -532,6 +539,24 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
             }
         )
     return out
+
+
+def _keep_host_config(root: Path, aside: Path) -> None:
+    """Put this host's cotal.toml back at the root after the root's tree was replaced.
+
+    It holds this host's bindings (binary paths, endpoints, key sources), the ones admission
+    just read; the seat's tree must not take them away. A tree that carries its own cotal.toml
+    keeps it, and the operator is told whose bindings the manager now reads."""
+    mine, restored = aside / registry.CONFIG_NAME, root / registry.CONFIG_NAME
+    if not os.path.lexists(mine):
+        return
+    if os.path.lexists(restored):
+        _say(
+            f"note: the restored tree carries its own {restored}; this host's is kept at {mine}. "
+            "Move it back if the manager should use this host's bindings"
+        )
+        return
+    os.rename(mine, restored)
 
 
 def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from manager import registry
 from manager.broker import presence
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
-from manager.checkpoint import admit
+from manager.checkpoint import admit, relocate
 from manager.cli import mesh
 from manager.workspace import trust
 from manager.workspace.layout import Layout
@@ -70,6 +70,20 @@ def signer_line(sig: dict[str, Any]) -> str:
     )
 
 
+def relocation_of(adm: admit.Admission, name: str) -> dict[str, Any]:
+    """Where an admitted seat runs here, and the class its harness can promise there when that
+    is less than the recorded one."""
+    confined = adm.confined[name]
+    reloc = confined.reloc
+    out: dict[str, Any] = {}
+    if reloc is not None and reloc.moves:
+        out["relocated"] = {"cwdBefore": str(reloc.old_cwd), "cwdAfter": str(reloc.new_cwd)}
+    if confined.continuity is not None:
+        out["continuity"] = confined.continuity
+        out["relocationNote"] = confined.why
+    return out
+
+
 async def admit_integrity(src: Path, trusted: list[str]) -> admit.Admission:
     """Gate 1 reads and hashes every file of the attempt: off the event loop."""
     return await anyio.to_thread.run_sync(
@@ -107,6 +121,7 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         held_uids=set(),
         settings_for=agent_settings(layout),
         home=Path(os.path.expanduser("~")),
+        maps=relocate.parse_maps(getattr(args, "map", None) or []),
     )
     verdicts["identity"] = "pass"
     consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
@@ -118,6 +133,7 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "continuity": r.session.continuity,
             "capturedAt": r.captured_at,
             "sessionId": r.session.session_id,
+            **relocation_of(adm, n),
         }
         for n, r in adm.records.items()
     ]
@@ -150,4 +166,9 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
             f"  seat {s['name']:<16} {s['continuity']:<10} uid {s['lifecycleUid']} "
             f"captured {s['capturedAt']}\n"
         )
+        if "relocated" in s:
+            moved = s["relocated"]
+            w(f"    relocated {moved['cwdBefore']} -> {moved['cwdAfter']}\n")
+        if "relocationNote" in s:
+            w(f"    {s['relocationNote']}\n")
     return 0

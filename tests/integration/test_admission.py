@@ -353,19 +353,31 @@ async def test_identity_refuses_another_space(cli: Cli, cut: Cut) -> None:
     )
 
 
-async def test_identity_refuses_a_root_at_another_path(cut: Cut, tmp_path: Path) -> None:
+async def test_identity_relocates_a_root_at_another_path(cut: Cut, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     make_destination(elsewhere)
     src = cut.root.resolve()
+    dest = Cli(elsewhere)
+    before = tree_digest(elsewhere, skip=(), times=True)
+    out = json.loads(
+        dest.run(
+            "checkpoint", "verify", str(cut.copy), "--json", *broker_args(cut.broker), *cut.trust
+        ).stdout
+    )
+    [seat] = out["seats"]
+    assert out["gates"]["identity"] == "pass" and seat["continuity"] == "exact"
+    assert seat["relocated"] == {"cwdBefore": str(src), "cwdAfter": str(elsewhere.resolve())}
+    assert tree_digest(elsewhere, skip=(), times=True) == before
+    # A --map whose destination is neither a directory here nor under the root is refused by
+    # name, and the refusal changes nothing either.
     await refused(
-        Cli(elsewhere),
+        dest,
         cut,
         cut.copy,
-        code="paths-differ",
-        contains=[
-            f"seat {SEAT} was cut in workspace root {src}, this root is {elsewhere.resolve()}",
-            f"resume from a root at {src}",
-        ],
+        "--map",
+        f"/srv/shared={tmp_path / 'missing'}",
+        code="bad-map",
+        contains=[f"{tmp_path / 'missing'} is missing", "create"],
     )
 
 

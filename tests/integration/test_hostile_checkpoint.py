@@ -217,8 +217,9 @@ def _own_key_reseal(cut: Cut, tmp_path: Path, **how: Any) -> Path:
                 "edit": store_entry("home", ".ssh/authorized_keys"),
                 "plan": "declare-home-ssh",
             },
-            "unsafe-store",
-            ["is not strictly below the destination root"],
+            # A store outside the source root has no place here unless the operator maps one.
+            "cwd-unmapped",
+            ["its session store", ".ssh", "is outside the source root", "no --map covers it"],
             id="home-ssh-declared-as-a-store",
         ),
         pytest.param(
@@ -232,8 +233,8 @@ def _own_key_reseal(cut: Cut, tmp_path: Path, **how: Any) -> Path:
         ),
         pytest.param(
             {"plan": "cwd-elsewhere"},
-            "cwd-outside-root",
-            ["is outside the destination root"],
+            "cwd-unmapped",
+            ["elsewhere is outside the source root", "no --map covers it", "--map"],
             id="cwd-outside-root",
         ),
         pytest.param(
@@ -284,10 +285,11 @@ async def test_a_trusted_signer_cannot_aim_a_write_outside_the_seat(
         "admission refused at the identity gate",
         *says,
     )
-    if "cwd-elsewhere" != how.get("plan"):
+    if how.get("plan") not in ("cwd-elsewhere", "declare-home-ssh"):
         assert "cotal's cut never records such a path" in err.cure
     else:
-        assert "resume from a root that holds the seat's cwd" in err.cure
+        # A path outside the source root is the operator's to place: the cure is a map.
+        assert "pass --map OLD=NEW" in err.cure
     assert not (home() / ".ssh").exists() and not (home() / ".bashrc").exists()
     assert not (tmp_path / "elsewhere").exists()
 
