@@ -109,6 +109,15 @@ def hooks(root: Path) -> dict[str, bool]:
     }
 
 
+def session_texts(root: Path) -> str:
+    """Everything the scribe seat stored under a root, as text."""
+    return "\n".join(
+        p.read_text(errors="replace")
+        for p in (root / ".cotal" / "sessions").rglob("*")
+        if p.is_file()
+    )
+
+
 def make_workspace(a: Host) -> None:
     root = a.root
     a.git("init", "-q", "-b", "main")
@@ -166,6 +175,7 @@ def main() -> int:
         cut = json.loads(
             a.cotal("down", "--preserve-state", "--drain-timeout", "1", "--json").stdout
         )
+        unanswered_on_a = QUEUED not in session_texts(a.root)
         key = json.loads(a.cotal("status", "--json").stdout)["manager"]["publicKey"]
         print(f"  host A's signing key {key} (the operator carries it to B)")
         packed = carried / f"{cut['attemptId']}.tar"
@@ -185,11 +195,7 @@ def main() -> int:
         [seat] = resumed["seats"]
         b.cotal("ps", "--wide")
         reply = b.cotal("send", "default", "What was the phrase?", "--wait").stdout.strip()
-        handled = "\n".join(
-            p.read_text(errors="replace")
-            for p in (b.root / ".cotal" / "sessions").rglob("*")
-            if p.is_file()
-        )
+        handled = session_texts(b.root)
         print("\n== host A: the handed-off checkpoint must not resume there")
         again = a.cotal("up", "--restore", cut["checkpointDir"], "--json", check=False)
         refused = json.loads(again.stderr.splitlines()[-1]) if again.returncode == 2 else {}
@@ -218,7 +224,12 @@ def main() -> int:
             ("hooks present and executable", hooks(b.root) == hooks_before == {"pre-commit": True}),
             ("stash list identical", b.git("stash", "list") == stash_before != ""),
             ("declared .env present", (b.root / ".env").is_file()),
-            ("the queued message is answered on B", QUEUED in handled),
+            (
+                "the queued message is answered on B",
+                unanswered_on_a
+                and sum(i["republished"] for i in resumed["inbox"]) >= 1
+                and QUEUED in handled,
+            ),
             ("host A refuses to resume (handed-off)", refused.get("code") == "handed-off"),
         ]
     finally:
