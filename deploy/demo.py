@@ -1,10 +1,11 @@
-"""`make demo`: record section 6 end to end on one machine, with readable output.
+"""`make demo`: the two-host story on one machine, with readable output.
 
-Host A and host B are one absolute path used twice: the cut happens on host A, the checkpoint
-is copied out, host A's tree is taken away entirely, and host B is laid down in its place.
-Both reach one shared broker (`cotal broker serve`), as two hosts would. Prints every command
-with its output, then a PASS/FAIL table of the three continuity observations plus the
-repository checks; exits non-zero on any FAIL.
+Host A and host B are two workspace roots at different absolute paths, each with its own
+`HOME` and its own embedded broker; no `--server` anywhere. Nothing passes between them but the
+packed checkpoint file and host A's signing key, which the operator reads on A (`cotal status
+--json`) and trusts on B (`cotal trust add`). A message still queued at the fence on A is
+answered on B. Prints every command with its output, then a PASS/FAIL table; exits non-zero on
+any FAIL.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import json
 import os
 import shutil
-import signal
+import stat
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PHRASE = "juniper-ledger-41"
+QUEUED = "queued-at-the-fence-73"
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "demo",
     "GIT_AUTHOR_EMAIL": "demo@example.invalid",
@@ -29,43 +31,63 @@ GIT_ENV = {
 }
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, **GIT_ENV, "PYTHONPATH": str(REPO)}
+def env(home: Path) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("COTAL_")}
+    tools = os.environ.get("COTAL_TOOLS_DIR")
+    return {
+        **keep,
+        **GIT_ENV,
+        "HOME": str(home),
+        "PYTHONPATH": str(REPO),
+        **({"COTAL_TOOLS_DIR": tools} if tools else {}),
+    }
 
 
-def cotal(
-    root: Path, *args: str, check: bool = True, show: bool = True
-) -> subprocess.CompletedProcess[str]:
-    if show:
-        print(f"\n$ cotal {' '.join(args)}", flush=True)
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "manager.cli", *args, "--root", str(root)],
-        cwd=root,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if show:
-        out = (proc.stdout + proc.stderr).rstrip()
-        if out:
-            print("  " + out.replace("\n", "\n  "))
-        print(f"  ({time.monotonic() - t0:.2f}s, exit {proc.returncode})", flush=True)
-    if check and proc.returncode != 0:
-        raise SystemExit(f"demo failed at: cotal {' '.join(args)}")
-    return proc
+class Host:
+    def __init__(self, name: str, base: Path) -> None:
+        self.name = name
+        self.home = base / name / "home"
+        self.root = base / name / "srv" / f"workspace-{name.lower()[-1]}"
+        self.home.mkdir(parents=True)
+        self.root.mkdir(parents=True)
+
+    def cotal(
+        self, *args: str, check: bool = True, show: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        if show:
+            print(f"\n[{self.name}]$ cotal {' '.join(args)}", flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "manager.cli", *args, "--root", str(self.root)],
+            cwd=self.root,
+            env=env(self.home),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if show:
+            out = (proc.stdout + proc.stderr).rstrip()
+            if out:
+                print("  " + out.replace("\n", "\n  "))
+            print(f"  ({time.monotonic() - t0:.2f}s, exit {proc.returncode})", flush=True)
+        if check and proc.returncode != 0:
+            raise SystemExit(f"demo failed at [{self.name}] cotal {' '.join(args)}")
+        return proc
+
+    def git(self, *args: str) -> str:
+        return subprocess.run(
+            ["git", *args],
+            cwd=self.root,
+            env=env(self.home),
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=env(), check=True, capture_output=True, text=True
-    ).stdout
-
-
-def porcelain(repo: Path) -> str:
+def porcelain(host: Host) -> str:
     # The record's selection rule: the control directory is never part of the seat's tree.
-    return git(repo, "status", "--porcelain", "--", ".", ":(exclude).cotal")
+    return host.git("status", "--porcelain", "--", ".", ":(exclude).cotal")
 
 
 def tree_bytes(root: Path) -> dict[str, str]:
@@ -78,58 +100,65 @@ def tree_bytes(root: Path) -> dict[str, str]:
     return out
 
 
-def make_workspace(root: Path) -> None:
-    git(root, "init", "-q", "-b", "main")
+def hooks(root: Path) -> dict[str, bool]:
+    d = root / ".git" / "hooks"
+    return {
+        p.name: bool(p.stat().st_mode & stat.S_IXUSR)
+        for p in sorted(d.iterdir())
+        if not p.name.endswith(".sample")
+    }
+
+
+def session_texts(root: Path) -> str:
+    """Everything the scribe seat stored under a root, as text."""
+    return "\n".join(
+        p.read_text(errors="replace")
+        for p in (root / ".cotal" / "sessions").rglob("*")
+        if p.is_file()
+    )
+
+
+def make_workspace(a: Host) -> None:
+    root = a.root
+    a.git("init", "-q", "-b", "main")
+    a.git("remote", "add", "origin", "https://git.example.invalid/team/project.git")
+    (root / "cotal.toml").write_text('[carry]\ninclude = [".env"]\n')
+    (root / ".gitignore").write_text(".env\n")
     (root / "README.md").write_text("# demo project\n")
     (root / "app.py").write_text("print('v1')\n")
-    git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "first")
+    a.git("add", "-A")
+    a.git("commit", "-q", "-m", "first")
+    for n in (1, 2):
+        (root / "app.py").write_text(f"print('stashed {n}')\n")
+        a.git("stash", "push", "-q", "-m", f"experiment {n}")
     (root / "app.py").write_text("print('v2, staged')\n")
-    git(root, "add", "app.py")
+    a.git("add", "app.py")
     (root / "app.py").write_text("print('v3, unstaged on top')\n")
     (root / "notes.txt").write_text("untracked notes\n")
+    (root / ".env").write_text("DEMO_SETTING=carried-by-declaration\n")
+    hook = root / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
 
 
 def main() -> int:
     base = REPO / ".demo"
     if base.exists():
         shutil.rmtree(base)
-    root = base / "host" / "workspace"
-    root.mkdir(parents=True)
-    outside = base / "carried"
-    outside.mkdir()
-    print("== a shared broker, reachable from both hosts", flush=True)
-    broker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "manager.cli",
-            "broker",
-            "serve",
-            "--store-dir",
-            str(base / "broker"),
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env(),
-    )
-    assert broker.stdout is not None
-    info = json.loads(broker.stdout.readline())
-    server, creds = info["url"], info["creds"]
-    print(f"  broker {server}  creds {creds}")
+    a, b = Host("host-A", base), Host("host-B", base)
+    carried = base / "carried"
+    carried.mkdir()
     checks: list[tuple[str, bool]] = []
     try:
-        print(
-            "\n== host A: a git workspace with staged, unstaged and untracked changes", flush=True
-        )
-        make_workspace(root)
-        status_before, bytes_before = porcelain(root), tree_bytes(root)
+        print(f"== host A at {a.root}, host B at {b.root}: two roots, two brokers", flush=True)
+        print("\n== host A: a git workspace (remote, hook, two stashes, a declared .env)")
+        make_workspace(a)
+        status_before, bytes_before = porcelain(a), tree_bytes(a.root)
+        stash_before, hooks_before = a.git("stash", "list"), hooks(a.root)
         print("  " + status_before.rstrip().replace("\n", "\n  "))
-        cotal(root, "up", "--detach", "--server", server, "--creds", creds)
+        a.cotal("up", "--detach")
         spawned = json.loads(
-            cotal(
-                root,
+            a.cotal(
                 "spawn",
                 "default",
                 "--agent",
@@ -139,65 +168,74 @@ def main() -> int:
                 f"Remember the phrase {PHRASE}. Reply with it.",
             ).stdout
         )
-        cotal(root, "ps", "--wide")
-        cut = json.loads(cotal(root, "down", "--preserve-state", "--json").stdout)
-        # What the operator carries to host B besides the checkpoint: host A's signing key,
-        # read on host A, trusted on host B before anything is admitted.
-        key = json.loads(cotal(root, "status", "--json").stdout)["manager"]["publicKey"]
-        print(f"  host A's signing key {key}")
-        checkpoint = outside / Path(cut["checkpointDir"]).name
-        print(
-            "\n== copy the sealed checkpoint out, then take host A away\n  cp -a "
-            f"{cut['checkpointDir']} {checkpoint}"
+        # A slow turn holds the seat's one in-flight slot, so the next message is still queued
+        # when the cut fences delivery: it travels in the checkpoint.
+        a.cotal("send", "default", "take your time #slow:4000")
+        a.cotal("send", "default", f"a note {QUEUED}")
+        cut = json.loads(
+            a.cotal("down", "--preserve-state", "--drain-timeout", "1", "--json").stdout
         )
-        shutil.copytree(cut["checkpointDir"], checkpoint, symlinks=True)
-        shutil.rmtree(root)
-        root.mkdir()
-        print(f"  rm -rf {root}  (host A is gone)")
-        print(
-            "\n== host B: the same path, admitted and restored from the checkpoint alone",
-            flush=True,
+        unanswered_on_a = QUEUED not in session_texts(a.root)
+        key = json.loads(a.cotal("status", "--json").stdout)["manager"]["publicKey"]
+        print(f"  host A's signing key {key} (the operator carries it to B)")
+        packed = carried / f"{cut['attemptId']}.tar"
+        pack = json.loads(
+            a.cotal("checkpoint", "pack", cut["checkpointDir"], "-o", str(packed), "--json").stdout
         )
-        cotal(root, "trust", "add", key, "--name", "host-a")
-        cotal(root, "checkpoint", "verify", str(checkpoint), "--server", server, "--creds", creds)
-        resumed = json.loads(
-            cotal(
-                root,
-                "up",
-                "--restore",
-                str(checkpoint),
-                "--server",
-                server,
-                "--creds",
-                creds,
-                "--json",
-            ).stdout
-        )
+        a.cotal("checkpoint", "list")
+        on_b = b.root.parent / packed.name
+        print(f"\n== copy the packed file to host B\n  cp {packed} {on_b}")
+        shutil.copyfile(packed, on_b)
+        copied = hashlib.sha256(on_b.read_bytes()).hexdigest()
+        print(f"  sha256 {copied}  (pack printed {pack['sha256']})")
+
+        print("\n== host B: its own path, its own embedded broker", flush=True)
+        b.cotal("trust", "add", key, "--name", "host-a")
+        resumed = json.loads(b.cotal("up", "--restore", str(on_b), "--json").stdout)
         [seat] = resumed["seats"]
-        cotal(root, "ps", "--wide")
-        reply = cotal(root, "send", "default", "What was the phrase?", "--wait").stdout.strip()
-        print("\n== continuity observations (record 6 step 9)")
+        b.cotal("ps", "--wide")
+        reply = b.cotal("send", "default", "What was the phrase?", "--wait").stdout.strip()
+        handled = session_texts(b.root)
+        print("\n== host A: the handed-off checkpoint must not resume there")
+        again = a.cotal("up", "--restore", cut["checkpointDir"], "--json", check=False)
+        refused = json.loads(again.stderr.splitlines()[-1]) if again.returncode == 2 else {}
+        print("\n== continuity observations")
         print(f"  session id   {seat['sessionBefore']} -> {seat['sessionAfter']}")
         print(f"  lifecycle    {seat['uidBefore']} -> {seat['uidAfter']}")
         print(f"  phrase       {reply!r}")
         checks += [
+            ("packed digest matches the copy on B", copied == pack["sha256"]),
             (
-                "1. same session id",
+                "same session id",
                 seat["sessionBefore"] == spawned["sessionId"] == seat["sessionAfter"],
             ),
             (
-                "2. same lifecycle uid",
+                "same lifecycle uid",
                 seat["uidBefore"] == spawned["lifecycleUid"] == seat["uidAfter"],
             ),
-            ("3. the phrase is answered through send --wait", PHRASE in reply),
-            ("porcelain identical", porcelain(root) == status_before),
-            ("worktree bytes identical", tree_bytes(root) == bytes_before),
+            ("the phrase is answered on B", PHRASE in reply),
+            ("porcelain identical", porcelain(b) == status_before),
+            ("worktree bytes identical", tree_bytes(b.root) == bytes_before),
+            (
+                "remote present",
+                b.git("remote", "get-url", "origin").strip()
+                == "https://git.example.invalid/team/project.git",
+            ),
+            ("hooks present and executable", hooks(b.root) == hooks_before == {"pre-commit": True}),
+            ("stash list identical", b.git("stash", "list") == stash_before != ""),
+            ("declared .env present", (b.root / ".env").is_file()),
+            (
+                "the queued message is answered on B",
+                unanswered_on_a
+                and sum(i["republished"] for i in resumed["inbox"]) >= 1
+                and QUEUED in handled,
+            ),
+            ("host A refuses to resume (handed-off)", refused.get("code") == "handed-off"),
         ]
     finally:
-        if (root / ".cotal" / "mesh.json").exists():
-            cotal(root, "down", check=False)
-        broker.send_signal(signal.SIGTERM)
-        broker.wait(timeout=30)
+        for host in (b, a):
+            if (host.root / ".cotal" / "mesh.json").exists():
+                host.cotal("down", check=False)
     print("\nRESULT")
     for name, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 from nats.js import JetStreamContext
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -18,7 +20,16 @@ from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.checkpoint import SeatCheckpoint
 from protocol.codec import encode_json
-from protocol.custody import CustodyRecord, custody_key, decode_custody, encode_custody
+from protocol.custody import (
+    CustodyRecord,
+    HandOffRecord,
+    custody_key,
+    decode_custody,
+    decode_handoff,
+    encode_custody,
+    encode_handoff,
+    handoff_key,
+)
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.inventory import Inventory
@@ -341,3 +352,81 @@ async def _create_claim(
         attempt=attempt_id,
     )
     return Held(record, rev)
+
+
+# -- hand-off: a packed checkpoint carried away from its source root ----------------------------
+
+
+async def read_handoff(kv: KeyValue, attempt_id: str) -> tuple[HandOffRecord, int] | None:
+    key = handoff_key(attempt_id)
+    try:
+        entry = await riding_elections(f"hand-off {key}", lambda: kv.get(key))
+    except (KeyNotFoundError, KeyDeletedError):
+        return None
+    try:
+        record = decode_handoff(entry.value or b"")
+    except DecodeError as exc:
+        raise Refusal(
+            "custody-malformed",
+            f"hand-off record {key} is malformed: {exc.message}",
+            "inspect the cotal_custody bucket; cotal never overwrites a record it cannot read",
+        ) from None
+    assert entry.revision is not None
+    return record, entry.revision
+
+
+async def record_handoff(kv: KeyValue, record: HandOffRecord) -> HandOffRecord:
+    """Publish that `record.attempt_id` was packed to be carried away. A standing hand-off of the
+    same attempt (a second pack) is kept as first recorded; one that was taken back is replaced,
+    by compare-and-set, since packing again carries the seats away again."""
+    key = handoff_key(record.attempt_id)
+    for _ in range(5):
+        if await create_exclusive(kv, key, encode_handoff(record)) is not None:
+            log.info("custody.handed_off", attempt=record.attempt_id, sha256=record.sha256)
+            return record
+        found = await read_handoff(kv, record.attempt_id)
+        if found is None:
+            continue
+        current, revision = found
+        if current.taken_back_at is None:
+            return current
+        try:
+            await riding_elections(
+                f"hand-off {key}",
+                functools.partial(kv.update, key, encode_handoff(record), last=revision),
+            )
+        except KeyWrongLastSequenceError:
+            continue
+        log.info("custody.handed_off", attempt=record.attempt_id, sha256=record.sha256)
+        return record
+    raise Refusal(
+        "custody-contended",
+        f"hand-off record {key} kept changing while it was written",
+        "make sure one operator packs or takes back this attempt at a time, then retry",
+    )
+
+
+async def take_back(kv: KeyValue, attempt_id: str, *, at: str) -> HandOffRecord | None:
+    """Mark a hand-off taken back (the record stays, as the evidence of what the operator did).
+    None when there is nothing standing to take back."""
+    key = handoff_key(attempt_id)
+    for _ in range(5):
+        found = await read_handoff(kv, attempt_id)
+        if found is None or found[0].taken_back_at is not None:
+            return None
+        current, revision = found
+        updated = msgspec.structs.replace(current, taken_back_at=at)
+        try:
+            await riding_elections(
+                f"take back {key}",
+                functools.partial(kv.update, key, encode_handoff(updated), last=revision),
+            )
+        except KeyWrongLastSequenceError:
+            continue
+        log.info("custody.taken_back", attempt=attempt_id)
+        return updated
+    raise Refusal(
+        "custody-contended",
+        f"hand-off record {key} kept changing while it was taken back",
+        "make sure one operator packs or takes back this attempt at a time, then retry",
+    )

@@ -446,6 +446,24 @@ def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
     return int(verify.run_verify(args, _root(args)))
 
 
+def cmd_checkpoint_pack(args: argparse.Namespace) -> int:
+    from manager.cli import checkpoints
+
+    return checkpoints.run_pack(args, _root(args))
+
+
+def cmd_checkpoint_list(args: argparse.Namespace) -> int:
+    from manager.cli import checkpoints
+
+    return checkpoints.run_list(args, _root(args))
+
+
+def cmd_checkpoint_discard(args: argparse.Namespace) -> int:
+    from manager.cli import checkpoints
+
+    return checkpoints.run_discard(args, _root(args))
+
+
 def cmd_trust_add(args: argparse.Namespace) -> int:
     from manager.cli import trust
 
@@ -587,6 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal up --detach --server nats://10.0.0.5:4222 --creds broker.creds",
         "cotal up --restore /carried/20261129T142434Z-9356e4ba --server nats://10.0.0.5:4222"
         " --creds broker.creds",
+        "cotal up --restore /carried/20261129T142434Z-9356e4ba.tar",
         "cotal up --restore /carried/20261129T142434Z-9356e4ba --map /srv/shared=/data/shared"
         " --server nats://10.0.0.5:4222 --creds broker.creds",
     )
@@ -604,7 +623,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--detach", action="store_true", help="return once the manager answers")
     up.add_argument(
-        "--restore", metavar="DIR", help="resume the seats of a sealed checkpoint directory"
+        "--restore",
+        metavar="DIR|FILE",
+        help="resume the seats of a sealed checkpoint directory, or of the file "
+        "`cotal checkpoint pack` wrote",
+    )
+    up.add_argument(
+        "--take-back",
+        action="store_true",
+        help="with --restore: resume seats this root handed off by packing them; "
+        "only if the packed copy was destroyed or never resumed elsewhere; otherwise two hosts "
+        "will run the same seat",
     )
     up.add_argument(
         "--trust-signer", action="append", metavar="KEY", help="with --restore: " + _TRUST_HELP
@@ -913,6 +942,58 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--creds", help=_CREDS_HELP)
     verify.add_argument("--map", action="append", metavar="OLD=NEW", help=_MAP_HELP)
     verify.set_defaults(fn=cmd_checkpoint_verify)
+    pack = command(
+        ckpt_sub,
+        "pack",
+        "pack a sealed cut into one file to carry away, and hand its seats off: this root will"
+        " not resume them from it (--take-back overrides)",
+        "cotal checkpoint pack .cotal/maintenance/v1/checkpoints/20261129T142434Z-9356e4ba"
+        " -o /carried/20261129T142434Z-9356e4ba.tar",
+        "cotal checkpoint pack .cotal/maintenance/v1/checkpoints/20261129T142434Z-9356e4ba"
+        " -o ckpt.tar --server nats://10.0.0.5:4222 --creds broker.creds --json",
+    )
+    pack.add_argument("dir", metavar="DIR", help="the sealed attempt directory this root cut")
+    pack.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="FILE",
+        help="the packed file to write (never overwritten); its sha256 is printed",
+    )
+    pack.add_argument(
+        "--server",
+        help="the broker that holds these seats' custody (default: the one this root's mesh "
+        "record names; an embedded one is started briefly from this root's store)",
+    )
+    pack.add_argument("--creds", help=_CREDS_HELP)
+    pack.add_argument(
+        "--space",
+        default="main",
+        help="the space whose instance key pins this root's own cut (default: %(default)s)",
+    )
+    pack.set_defaults(fn=cmd_checkpoint_pack)
+    clist = command(
+        ckpt_sub,
+        "list",
+        "list this root's checkpoints: state, seats, bytes, created, hand-off and journal",
+        "cotal checkpoint list",
+        "cotal checkpoint list --json",
+    )
+    clist.set_defaults(fn=cmd_checkpoint_list)
+    cdiscard = command(
+        ckpt_sub,
+        "discard",
+        "remove a sealed or failed checkpoint of this root (and the journal of a sealed cut"
+        " not restored); refused while an attempt under way still needs it",
+        "cotal checkpoint discard 20261129T142434Z-9356e4ba",
+        "cotal checkpoint discard 20261129T142434Z-9356e4ba.partial-20261129T142500Z --json",
+    )
+    cdiscard.add_argument(
+        "attempt",
+        metavar="ATTEMPT",
+        help="the checkpoint's name as `cotal checkpoint list` shows it",
+    )
+    cdiscard.set_defaults(fn=cmd_checkpoint_discard)
 
     trust_cmd = command(
         sub,

@@ -40,7 +40,7 @@ from manager.broker.retry import phase
 from manager.broker.space import import_inbox, read_broker_identity
 from manager.checkpoint import admit, relocate
 from manager.checkpoint.restore import place_session_file, restore_repository
-from manager.cli import mesh
+from manager.cli import checkpoints, mesh
 from manager.cli.verify import (
     BrokerRef,
     admit_integrity,
@@ -212,6 +212,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         async with LazyConnection(broker.server, broker.creds, name="cotal-resume") as conn:
             try:
                 evidence, consents = await _admit_at_broker(args, layout, adm, conn, monitors)
+                await checkpoints.check_handed_off(args, layout, adm, conn)
             except BaseException:
                 await conn.aclose()
                 if embedded_info is not None:
@@ -473,7 +474,9 @@ def _observations(
 
 
 def run_restore(args: argparse.Namespace, root: Path) -> int:
-    out = anyio.run(_restore, args, root, backend="asyncio")
+    # A packed FILE resumes from its unpacked staging directory like any carried directory.
+    with checkpoints.packed_source(args, root):
+        out = anyio.run(_restore, args, root, backend="asyncio")
     _print(args, out)
     return 0
 

@@ -55,6 +55,7 @@ def gather(root: Path) -> dict[str, Any]:
         "seats": _seats(layout, manager),
         "custody": {"holder": manager.get("instanceId")},
         "waiting": waiting(layout),
+        "handedOff": handed_off(layout),
     }
     # The keys `cotal status --json` always had, at the top for scripts that read them.
     for key in ("state", "pid", "space", "instanceId", "startedAt"):
@@ -178,10 +179,26 @@ def waiting(layout: Layout) -> list[dict[str, Any]]:
         ]
     if record is None:
         return []
-    return [item] if (item := _waiting_on(record)) is not None else []
+    return [item] if (item := _waiting_on(record, layout)) is not None else []
 
 
-def _waiting_on(record: JournalRecord) -> dict[str, Any] | None:
+def handed_off(layout: Layout) -> list[dict[str, Any]]:
+    """Attempts this root packed and handed off, not taken back: their seats are not this
+    root's to resume."""
+    from manager.cli.checkpoints import standing_handoffs
+
+    return [
+        {
+            "attemptId": h.attempt_id,
+            "packedAt": h.packed_at,
+            "sha256": h.sha256,
+            "seats": [s.name for s in h.seats],
+        }
+        for h in standing_handoffs(layout)
+    ]
+
+
+def _waiting_on(record: JournalRecord, layout: Layout) -> dict[str, Any] | None:
     base = {
         "attemptId": record.attempt_id,
         "journalState": record.state,
@@ -190,6 +207,18 @@ def _waiting_on(record: JournalRecord) -> dict[str, Any] | None:
     }
     restore = f"cotal up --restore {record.checkpoint_dir or 'DIR'}"
     discard = f"cotal checkpoint discard {record.attempt_id}"
+    if record.state == "ready" and any(
+        h["attemptId"] == record.attempt_id for h in handed_off(layout)
+    ):
+        # Packed and carried away: resuming here would run the seats twice; what is left is
+        # tidying up, or an explicit take-back.
+        return {
+            **base,
+            "what": "handed-off",
+            "detail": f"cut {record.attempt_id} was packed and handed off; its seats run "
+            "wherever the packed copy is resumed",
+            "next": [discard, f"{restore} --take-back"],
+        }
     if record.state == "ready":
         return {
             **base,
@@ -226,6 +255,7 @@ def _waiting_on(record: JournalRecord) -> dict[str, Any] | None:
 _NEXT_LABELS = {
     "sealed-cut": ("restore", "discard"),
     "degraded": ("recourse", "discard"),
+    "handed-off": ("discard", "take back"),
 }
 
 
@@ -271,6 +301,8 @@ def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
     say(f"seats     {seats['count']}{where}" + (f": {by_state}" if by_state else ""))
     if doc["custody"]["holder"]:
         say(f"custody   held by this instance ({doc['custody']['holder']})")
+    for h in doc["handedOff"]:
+        say(f"handed    {h['attemptId']} off at {h['packedAt']} (seats {', '.join(h['seats'])})")
     if not doc["waiting"]:
         say("waiting   nothing")
     for item in doc["waiting"]:

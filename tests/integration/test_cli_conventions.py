@@ -198,6 +198,9 @@ def _parsers(
 
 COMMANDS = [
     "cotal broker serve",
+    "cotal checkpoint discard",
+    "cotal checkpoint list",
+    "cotal checkpoint pack",
     "cotal checkpoint verify",
     "cotal doctor",
     "cotal down",

@@ -1,0 +1,823 @@
+"""`cotal checkpoint pack|list|discard`, and the packed file a resume accepts.
+
+Packing is a hand-off, not a copy: the source's broker records `handoff.<attempt>` beside the
+custody records before the packed file exists under its name, and this root refuses to resume
+those seats from that attempt until the operator takes them back. The custody records are left
+exactly as the cut wrote them, because a destination that shares this broker claims them by
+compare-and-set against the revisions the checkpoint recorded.
+
+A packed file is one ustar archive of the attempt directory. The destination unpacks it into
+`.cotal/maintenance/v1/incoming/<attempt>/` checking every member first (regular files and
+directories only, relative names inside the attempt, sizes capped, zero padding), then resumes
+from that directory exactly as from a carried one: the integrity gate is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import sys
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+import anyio
+import msgspec
+
+from connectors.privatefs import ensure_private_dir, fsync_dir, read_stable, write_private_atomic
+from manager.broker import custody, embedded
+from manager.broker.connection import LazyConnection
+from manager.broker.space import read_broker_identity
+from manager.checkpoint import admit
+from manager.checkpoint.reader import read_manifest
+from manager.cli import mesh
+from manager.cli.verify import admit_integrity, trusted_keys
+from manager.procs import alive
+from manager.workspace import identity
+from manager.workspace.journal import Journal
+from manager.workspace.layout import Layout
+from manager.workspace.lock import MaintenanceLock
+from protocol.checkpoint import MANIFEST_FILE
+from protocol.custody import HandedOffSeat, HandOffRecord, decode_handoff, encode_handoff
+from protocol.errors import DecodeError, Refusal
+from protocol.instant import format_instant, now_iso
+from protocol.maintenance import JournalRecord
+from protocol.names import ATTEMPT_ID
+
+NO_FENCE_AT_PACK = (
+    "cotal: warning: no fence spans brokers that cannot see each other: resume this packed "
+    "checkpoint in one place only; two destinations that do not share a broker could both start "
+    "these seats"
+)
+TAKE_BACK_RISK = (
+    "only if the packed copy was destroyed or never resumed elsewhere; otherwise two hosts will "
+    "run the same seat"
+)
+
+# Generous for a checkpoint (repository bundles included) and still a bound on what a hostile
+# file can make the destination write.
+MEMBER_CAP = 4 * 1024**3
+TOTAL_CAP = 16 * 1024**3
+MEMBERS_CAP = 200_000
+_BLOCK = 512
+_CHUNK = 1 << 20
+
+# Journal states in which the attempt's directory is still read by the attempt itself.
+_UNDER_WAY = {
+    "cut-intent": "a cut stopped part-way: finish it with `cotal down --preserve-state`",
+    "cut-committed": "a cut stopped part-way: finish it with `cotal down --preserve-state`",
+    "resume-intent": "a resume stopped part-way: finish it with `cotal up --restore DIR`",
+    "resume-active": "a resume stopped part-way: finish it with `cotal up --restore DIR`",
+    "resume-committed": "a resume stopped part-way: finish it with `cotal up --restore DIR`",
+}
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def checkpoints_dir(layout: Layout) -> Path:
+    return layout.maintenance / "checkpoints"
+
+
+def incoming_dir(layout: Layout) -> Path:
+    return layout.maintenance / "incoming"
+
+
+def handoffs_dir(layout: Layout) -> Path:
+    return layout.maintenance / "handoffs"
+
+
+def _attempt_of(name: str) -> str:
+    """`<attempt>` of a directory name, including one a failed cut moved aside as evidence."""
+    return name.split(".partial-", 1)[0]
+
+
+# -- the local hand-off marker ------------------------------------------------------------------
+
+
+def read_local_handoff(layout: Layout, attempt_id: str) -> HandOffRecord | None:
+    """This root's own note of a hand-off: what `cotal status` and `list` read without a broker.
+    The broker's record is the authority; this copy only reports it."""
+    path = handoffs_dir(layout) / f"{attempt_id}.json"
+    try:
+        data = read_stable(path, cap=64 * 1024, what="hand-off note").data
+    except Refusal as exc:
+        if exc.code == "missing":
+            return None
+        raise
+    try:
+        return decode_handoff(data)
+    except DecodeError as exc:
+        raise Refusal(
+            "handoff-malformed",
+            exc.message,
+            f"inspect {path}; the broker's record handoff.{attempt_id} is the authority",
+        ) from None
+
+
+def _write_local_handoff(layout: Layout, record: HandOffRecord) -> None:
+    ensure_private_dir(handoffs_dir(layout))
+    write_private_atomic(handoffs_dir(layout) / f"{record.attempt_id}.json", encode_handoff(record))
+
+
+def standing_handoffs(layout: Layout) -> list[HandOffRecord]:
+    """Hand-offs this root recorded and did not take back, for `cotal status`."""
+    directory = handoffs_dir(layout)
+    if not directory.is_dir():
+        return []
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            record = read_local_handoff(layout, path.stem)
+        except Refusal:
+            continue
+        if record is not None and record.taken_back_at is None:
+            out.append(record)
+    return out
+
+
+# -- the broker a pack records the hand-off in ---------------------------------------------------
+
+
+@dataclass
+class _Broker:
+    server: str
+    creds: Path | None
+    started: embedded.BrokerInfo | None
+
+
+async def _source_broker(args: argparse.Namespace, layout: Layout) -> _Broker:
+    """`--server`, else the broker this root's mesh record names; an embedded one stopped by the
+    cut is started from this root's store for as long as the pack needs it."""
+    if args.server:
+        return _Broker(args.server, Path(args.creds).resolve() if args.creds else None, None)
+    record = mesh.read_mesh(layout)
+    if record is not None and record.embedded_broker is None:
+        return _Broker(record.server, Path(record.creds) if record.creds else None, None)
+    if record is not None and record.embedded_broker is not None:
+        ref = record.embedded_broker
+        if record.broker_store == str(layout.nats_store) and alive(ref):
+            return _Broker(record.server, layout.broker_creds, None)
+    if not layout.nats_store.is_dir() or not layout.broker_creds.exists():
+        raise Refusal(
+            "broker-unavailable",
+            f"no broker is recorded for {layout.root} and its embedded broker store "
+            f"{layout.nats_store} (or its credential) is not there",
+            "pass --server URL --creds FILE for the broker that holds these seats' custody; "
+            "nothing was packed",
+        )
+    _say("starting this root's embedded broker to record the hand-off")
+    info = await anyio.to_thread.run_sync(
+        functools.partial(
+            embedded.start_embedded,
+            layout.nats_store,
+            layout.broker_creds,
+            log_path=layout.logs / "nats.log",
+        )
+    )
+    return _Broker(info.url, layout.broker_creds, info)
+
+
+async def _stop(broker: _Broker) -> None:
+    if broker.started is not None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(embedded.stop_embedded, broker.started.identity)
+
+
+# -- pack ---------------------------------------------------------------------------------------
+
+
+def _own_instance(layout: Layout, space: str) -> str | None:
+    path = layout.instance_identity(space)
+    if not path.exists():
+        return None
+    return identity._load(path, space).instance_id
+
+
+def _members(attempt_dir: Path) -> Iterator[tuple[Path, str]]:
+    """Every entry of the attempt, sorted, as (path, archive name); anything but a regular file
+    or a directory refuses, since the destination would refuse it anyway."""
+    base = attempt_dir.name
+    yield attempt_dir, base
+    for dirpath, dirnames, files in os.walk(attempt_dir):
+        dirnames.sort()
+        for name in sorted(dirnames + files):
+            path = Path(dirpath) / name
+            st = os.lstat(path)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise Refusal(
+                    "not-packable",
+                    f"{path} is neither a regular file nor a directory",
+                    "a sealed checkpoint holds only files and directories; cut again",
+                )
+            yield path, f"{base}/{path.relative_to(attempt_dir).as_posix()}"
+
+
+class _Hashing:
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.h = hashlib.sha256()
+        self.n = 0
+
+    def tell(self) -> int:
+        return self.n
+
+    def write(self, data: bytes) -> int:
+        self.h.update(data)
+        self.n += len(data)
+        return self.f.write(data)
+
+
+def _write_archive(attempt_dir: Path, tmp: Path) -> tuple[str, int]:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        out = _Hashing(f)
+        # Owner, group and times are the source host's business, not the destination's.
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:  # type: ignore[call-overload]
+            for path, name in _members(attempt_dir):
+                info = tar.gettarinfo(str(path), arcname=name)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                info.mode &= 0o755
+                if info.isreg():
+                    with open(path, "rb") as src:
+                        tar.addfile(info, src)
+                else:
+                    tar.addfile(info)
+        f.flush()
+        os.fsync(f.fileno())
+    return out.h.hexdigest(), out.n
+
+
+async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    layout = Layout.at(root)
+    src = Path(args.dir).resolve()
+    out = Path(args.output).resolve()
+    if out.exists() or out.is_symlink():
+        raise Refusal(
+            "output-exists",
+            f"{out} already exists; a packed checkpoint is never overwritten",
+            "name a new file with -o, or move the old one away first",
+        )
+    if not out.parent.is_dir():
+        raise Refusal(
+            "output-dir-missing",
+            f"{out.parent} is not a directory",
+            "create it first, or name a file in an existing directory",
+        )
+    adm = await admit_integrity(src, trusted_keys(args, layout))
+    attempt = adm.manifest.attempt_id
+    space = adm.manifest.space
+    sealed_by = adm.manifest.signer
+    assert sealed_by is not None
+    mine = _own_instance(layout, space)
+    if mine != sealed_by.instance_id:
+        raise Refusal(
+            "not-the-source",
+            f"attempt {attempt} was sealed by instance {sealed_by.instance_id}, not by this "
+            f"root's ({mine or 'none in space ' + space})",
+            "pack on the root that cut the checkpoint: only its broker can record the hand-off",
+        )
+    with MaintenanceLock(layout, attempt):
+        _check_journal_ready(layout, attempt)
+        broker = await _source_broker(args, layout)
+        try:
+            async with LazyConnection(broker.server, broker.creds, name="cotal-pack") as conn:
+                try:
+                    js = await conn.jetstream()
+                except Refusal as exc:
+                    raise Refusal(
+                        "broker-unavailable",
+                        f"the hand-off must be recorded at the source's broker: {exc.message}",
+                        "start that broker, or pass --server URL --creds FILE for it; nothing "
+                        "was packed",
+                    ) from None
+                await _check_custody_unmoved(js, adm)
+                tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
+                try:
+                    digest, size = await anyio.to_thread.run_sync(_write_archive, src, tmp)
+                    record = HandOffRecord(
+                        attempt_id=attempt,
+                        source_instance=sealed_by.instance_id,
+                        source_root=str(layout.root),
+                        packed_at=now_iso(),
+                        sha256=digest,
+                        seats=[
+                            HandedOffSeat(
+                                name=name, lifecycle_uid=r.lifecycle_uid, generation=r.generation
+                            )
+                            for name, r in adm.records.items()
+                        ],
+                    )
+                    kv = await custody.custody_kv(js, space)
+                    standing = await custody.record_handoff(kv, record)
+                    _write_local_handoff(layout, standing)
+                    os.rename(tmp, out)
+                    fsync_dir(out.parent)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+        finally:
+            await _stop(broker)
+    _say(NO_FENCE_AT_PACK)
+    return {
+        "attemptId": attempt,
+        "file": str(out),
+        "sha256": digest,
+        "bytes": size,
+        "seats": sorted(adm.records),
+        "handOff": msgspec.to_builtins(standing),
+        "broker": broker.server,
+    }
+
+
+def _check_journal_ready(layout: Layout, attempt: str) -> None:
+    """The seats must be stopped at exactly this checkpoint: a sealed cut not restored here."""
+    record = Journal(layout).load()
+    if record is None or record.attempt_id != attempt or record.state != "ready":
+        state = (
+            "no journal"
+            if record is None
+            else f"the journal is at {record.state} for attempt {record.attempt_id}"
+        )
+        raise Refusal(
+            "not-packable",
+            f"attempt {attempt} is not a sealed cut waiting in this root ({state}); its seats may "
+            "run here or elsewhere",
+            "pack the attempt `cotal status` shows waiting, right after `cotal down "
+            "--preserve-state`",
+        )
+
+
+async def _check_custody_unmoved(js: Any, adm: admit.Admission) -> None:
+    space = adm.manifest.space
+    carried = {r.space_state.broker_id for r in adm.records.values() if r.space_state}
+    here = await read_broker_identity(js, space)
+    if carried and carried != {here}:
+        raise Refusal(
+            "wrong-broker",
+            f"attempt {adm.manifest.attempt_id} was cut at broker {sorted(carried)}, this is "
+            f"broker {here}",
+            "pass --server URL --creds FILE for the broker the cut used",
+        )
+    kv = await custody.custody_kv(js, space)
+    for name, r in adm.records.items():
+        held = await custody.read(kv, name, r.lifecycle_uid)
+        if held is None or held.revision != r.custody_revision:
+            who = (
+                f"instance {held.record.holder} at generation {held.record.generation}"
+                if held
+                else "nobody"
+            )
+            raise Refusal(
+                "custody-lost",
+                f"seat {name}: custody moved since attempt {adm.manifest.attempt_id} was cut; it "
+                f"is held by {who}",
+                "the seat was resumed from this checkpoint already; do not carry it again",
+            )
+
+
+def run_pack(args: argparse.Namespace, root: Path) -> int:
+    out = anyio.run(_pack, args, root, backend="asyncio")
+    if args.json:
+        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+        return 0
+    w = sys.stdout.write
+    w(f"{out['sha256']}  {out['file']}\n")
+    w(f"packed attempt {out['attemptId']}: {out['bytes']} bytes, seats {', '.join(out['seats'])}\n")
+    w(
+        f"handed off at {out['handOff']['packedAt']} (recorded at {out['broker']}); this root "
+        "will not resume these seats from it\n"
+    )
+    w(f"next, on the destination: cotal up --restore {Path(out['file']).name}\n")
+    return 0
+
+
+# -- unpack (the destination) -------------------------------------------------------------------
+
+
+def _unsafe(src: Path, what: str) -> Refusal:
+    return Refusal(
+        "unsafe-archive",
+        f"packed checkpoint {src}: {what}",
+        "a packed checkpoint holds only the attempt's files and directories; pack it again on "
+        "the source with `cotal checkpoint pack`; nothing was written outside the staging "
+        "directory, which was removed",
+    )
+
+
+def _bad(src: Path, what: str) -> Refusal:
+    return Refusal(
+        "bad-archive",
+        f"packed checkpoint {src} is damaged: {what}",
+        "copy the file again and compare its sha256 with the one `cotal checkpoint pack` "
+        "printed; nothing was changed",
+    )
+
+
+def _member_parts(src: Path, name: str) -> tuple[str, ...]:
+    if not name or name.startswith("/") or "\\" in name or "\x00" in name:
+        raise _unsafe(src, f"member {name!r} is not a relative name")
+    parts = PurePosixPath(name).parts
+    if any(p in ("..", ".", "") for p in parts):
+        raise _unsafe(src, f"member {name!r} leaves the attempt directory")
+    return parts
+
+
+def _zeros(f: IO[bytes], start: int, end: int) -> bool:
+    f.seek(start)
+    left = end - start
+    while left > 0:
+        chunk = f.read(min(left, _CHUNK))
+        if not chunk or chunk.count(0) != len(chunk):
+            return False
+        left -= len(chunk)
+    return True
+
+
+def _extract(src: Path, dest: Path) -> str:
+    """Unpack `src` into the empty directory `dest`, checking each member before writing it.
+    Returns the attempt id the archive holds."""
+    attempt: str | None = None
+    seen: set[str] = set()
+    total = 0
+    with open(src, "rb") as raw, tarfile.open(fileobj=raw, mode="r:") as tar:
+        with open(src, "rb") as side:
+            end = 0
+            while True:
+                member = tar.next()
+                if member is None:
+                    break
+                if len(seen) >= MEMBERS_CAP:
+                    raise _unsafe(src, f"more than {MEMBERS_CAP} members")
+                parts = _member_parts(src, member.name)
+                if attempt is None:
+                    attempt = parts[0]
+                    if not ATTEMPT_ID.matches(attempt):
+                        raise _unsafe(src, f"its top directory {attempt!r} is not an attempt id")
+                if parts[0] != attempt:
+                    raise _unsafe(src, f"member {member.name!r} is outside {attempt}/")
+                key = "/".join(parts)
+                if key in seen:
+                    raise _unsafe(src, f"member {member.name!r} appears twice")
+                seen.add(key)
+                if member.pax_headers:
+                    raise _unsafe(src, f"member {member.name!r} carries extended headers")
+                target = dest.joinpath(*parts)
+                if member.isdir():
+                    os.mkdir(target, 0o700)
+                    end = member.offset_data
+                    continue
+                if not member.isreg():
+                    kind = "a link" if member.issym() or member.islnk() else "a device or fifo"
+                    raise _unsafe(src, f"member {member.name!r} is {kind}")
+                if member.size > MEMBER_CAP or total + member.size > TOTAL_CAP:
+                    raise _unsafe(src, f"member {member.name!r} exceeds the size cap")
+                total += member.size
+                # Padding after the data is not covered by any checkpoint digest: it must be
+                # what a writer puts there, so no byte of the file goes unchecked.
+                pad_end = member.offset_data + -(-member.size // _BLOCK) * _BLOCK
+                if not _zeros(side, member.offset_data + member.size, pad_end):
+                    raise _bad(src, f"the padding after {member.name!r} is not zero")
+                end = pad_end
+                data = tar.extractfile(member)
+                assert data is not None
+                fd = os.open(
+                    target,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                )
+                with os.fdopen(fd, "wb") as out:
+                    left = member.size
+                    while left > 0:
+                        chunk = data.read(min(left, _CHUNK))
+                        if not chunk:
+                            raise _bad(src, f"member {member.name!r} is truncated")
+                        out.write(chunk)
+                        left -= len(chunk)
+                    # Only the owner's execute bit matters to a checkpoint (its hooks).
+                    os.fchmod(out.fileno(), 0o700 if member.mode & 0o100 else 0o600)
+            size = os.fstat(side.fileno()).st_size
+            if not _zeros(side, max(end, tar.offset), size):
+                raise _bad(src, "bytes after the last member are not the archive's zero trailer")
+    if attempt is None:
+        raise _bad(src, "it holds no members")
+    return attempt
+
+
+def unpack(src: Path, layout: Layout) -> Path:
+    """Unpack into `incoming/<attempt>/`, which is replaced whole: a leftover from an earlier
+    run of the same resume is this root's own unpacking of the same file."""
+    ensure_private_dir(layout.control)
+    ensure_private_dir(layout.maintenance.parent)
+    ensure_private_dir(layout.maintenance)
+    base = ensure_private_dir(incoming_dir(layout))
+    work = base / f".unpacking-{secrets.token_hex(6)}"
+    os.mkdir(work, 0o700)
+    try:
+        try:
+            attempt = _extract(src, work)
+        except (tarfile.TarError, EOFError) as exc:
+            raise _bad(src, f"not a readable tar archive ({exc})") from None
+        except OSError as exc:
+            raise Refusal(
+                "unpack-failed",
+                f"unpacking {src} into {work} failed: {exc}",
+                "free space or fix permissions under .cotal/maintenance, then retry; nothing "
+                "was changed",
+            ) from None
+        staged = base / attempt
+        if staged.exists():
+            shutil.rmtree(staged)
+        os.rename(work / attempt, staged)
+        fsync_dir(base)
+        return staged
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def packed_source(args: argparse.Namespace, root: Path) -> Iterator[None]:
+    """`--restore FILE`: the resume runs from the unpacked staging directory. A refusal before
+    the resume journaled anything removes what this unpacking wrote (all of `.cotal` when the
+    root had none); a resume that got further keeps it, as the evidence its rerun needs."""
+    src = Path(args.restore)
+    if not src.is_file():
+        yield
+        return
+    layout = Layout.at(root)
+    fresh = not layout.control.exists()
+    try:
+        staged = unpack(src.resolve(), layout)
+    except BaseException:
+        _clean(layout, None, fresh)
+        raise
+    _say(f"unpacked {src} into {staged}")
+    args.restore = str(staged)
+    try:
+        yield
+    except BaseException:
+        if not (layout.maintenance / "journal.json").exists() or _journal_attempt(layout) != (
+            staged.name
+        ):
+            _clean(layout, staged, fresh)
+        raise
+    shutil.rmtree(staged, ignore_errors=True)
+
+
+def _journal_attempt(layout: Layout) -> str | None:
+    try:
+        record = Journal(layout).load()
+    except Refusal:
+        return None
+    return record.attempt_id if record is not None else None
+
+
+def _clean(layout: Layout, staged: Path | None, fresh: bool) -> None:
+    if fresh and not (layout.maintenance / "journal.json").exists():
+        shutil.rmtree(layout.control, ignore_errors=True)
+        return
+    if staged is not None:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+# -- the source root's check at resume ----------------------------------------------------------
+
+
+async def check_handed_off(
+    args: argparse.Namespace, layout: Layout, adm: admit.Admission, conn: LazyConnection
+) -> None:
+    """Refuse `handed-off` when this root packed this attempt to carry it away, unless the
+    operator takes it back (`--take-back`). Only the source root is refused: a destination that
+    shares this broker is another instance and resumes the packed copy as usual."""
+    attempt = adm.manifest.attempt_id
+    mine = _own_instance(layout, adm.manifest.space)
+    local = read_local_handoff(layout, attempt)
+    if mine is None and local is None:
+        return
+    js = await conn.jetstream()
+    kv = await custody.custody_kv(js, adm.manifest.space)
+    found = await custody.read_handoff(kv, attempt)
+    at_broker = found[0] if found is not None and found[0].source_instance == mine else None
+    standing = [r for r in (at_broker, local) if r is not None and r.taken_back_at is None]
+    if not standing:
+        if getattr(args, "take_back", False):
+            _say(f"cotal: note: attempt {attempt} was not handed off; nothing to take back")
+        return
+    record = standing[0]
+    if not getattr(args, "take_back", False):
+        raise Refusal(
+            "handed-off",
+            f"attempt {attempt} was packed and handed off at {record.packed_at} (sha256 "
+            f"{record.sha256}); its seats belong to whichever host resumes the packed copy",
+            "do not resume them here; if the packed copy was destroyed or never resumed "
+            f"elsewhere, take them back: cotal up --restore {args.restore} --take-back",
+        )
+    when = now_iso()
+    _say(
+        f"cotal: warning: taking back attempt {attempt} handed off at {record.packed_at}: "
+        + TAKE_BACK_RISK
+    )
+    if at_broker is not None:
+        await custody.take_back(kv, attempt, at=when)
+    if local is not None:
+        _write_local_handoff(layout, msgspec.structs.replace(local, taken_back_at=when))
+
+
+# -- list and discard ---------------------------------------------------------------------------
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(Path(dirpath) / name).st_size
+    return total
+
+
+def _load_journal(layout: Layout) -> tuple[JournalRecord | None, str | None]:
+    try:
+        return Journal(layout).load(), None
+    except Refusal as exc:
+        return None, exc.text
+
+
+def _entry(layout: Layout, path: Path, journal: JournalRecord | None) -> dict[str, Any]:
+    attempt = _attempt_of(path.name)
+    aside = path.name != attempt
+    seats: list[str]
+    created: str
+    detail = None
+    try:
+        manifest = None if aside else read_manifest(path)
+    except (Refusal, DecodeError) as exc:
+        manifest = None
+        detail = str(exc)
+    if manifest is not None:
+        state = "sealed"
+        seats = sorted(s.name for s in manifest.seats)
+        created = manifest.created_at
+    else:
+        seats = sorted(p.name for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+        created = format_instant(datetime.fromtimestamp(path.stat().st_mtime, UTC))
+        under_way = (
+            not aside
+            and journal is not None
+            and journal.attempt_id == attempt
+            and journal.state in _UNDER_WAY
+        )
+        if under_way:
+            state = "partial"
+        else:
+            state = "failed"
+            if detail is None:
+                detail = (
+                    "moved aside as the evidence of a cut that failed"
+                    if aside
+                    else f"no {MANIFEST_FILE}: a cut that never sealed"
+                )
+    journal_state = (
+        journal.state
+        if journal is not None and journal.attempt_id == attempt and not aside
+        else None
+    )
+    handoff = read_local_handoff(layout, attempt) if not aside else None
+    return {
+        "name": path.name,
+        "attemptId": attempt,
+        "path": str(path),
+        "state": state,
+        "detail": detail,
+        "seats": seats,
+        "bytes": _size(path),
+        "createdAt": created,
+        "handedOff": None
+        if handoff is None
+        else {
+            "packedAt": handoff.packed_at,
+            "sha256": handoff.sha256,
+            "takenBackAt": handoff.taken_back_at,
+        },
+        "journalState": journal_state,
+        "journalNeedsIt": journal_state in _UNDER_WAY or journal_state == "ready",
+    }
+
+
+def gather(root: Path) -> dict[str, Any]:
+    layout = Layout.at(root)
+    journal, error = _load_journal(layout)
+    directory = checkpoints_dir(layout)
+    paths = (
+        sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if directory.is_dir()
+        else []
+    )
+    return {
+        "root": str(layout.root),
+        "journalError": error,
+        "checkpoints": [_entry(layout, p, journal) for p in paths],
+    }
+
+
+def run_list(args: argparse.Namespace, root: Path) -> int:
+    doc = gather(root)
+    if args.json:
+        sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+        return 0
+    w = sys.stdout.write
+    if doc["journalError"]:
+        w(f"journal unreadable: {doc['journalError']}\n")
+    if not doc["checkpoints"]:
+        w(f"no checkpoints in {doc['root']}\n")
+        return 0
+    for c in doc["checkpoints"]:
+        flags = []
+        if c["journalState"]:
+            flags.append(f"journal {c['journalState']}")
+        if c["handedOff"] and not c["handedOff"]["takenBackAt"]:
+            flags.append(f"handed off {c['handedOff']['packedAt']}")
+        elif c["handedOff"]:
+            flags.append(f"taken back {c['handedOff']['takenBackAt']}")
+        w(
+            f"{c['name']:<44} {c['state']:<8} {c['bytes']:>12} B  {c['createdAt']}  "
+            f"seats {','.join(c['seats']) or '-'}"
+            + (f"  ({'; '.join(flags)})" if flags else "")
+            + "\n"
+        )
+    return 0
+
+
+def discard(root: Path, name: str) -> dict[str, Any]:
+    layout = Layout.at(root)
+    attempt = _attempt_of(name)
+    if not ATTEMPT_ID.matches(attempt) or "/" in name or name.startswith("."):
+        raise Refusal(
+            "no-such-checkpoint",
+            f"{name!r} is not an attempt name",
+            "name one that `cotal checkpoint list` shows",
+        )
+    path = checkpoints_dir(layout) / name
+    with MaintenanceLock(layout, attempt):
+        journal = Journal(layout).load()
+        mine = journal is not None and journal.attempt_id == attempt and name == attempt
+        if not path.is_dir() and not mine:
+            raise Refusal(
+                "no-such-checkpoint",
+                f"no checkpoint {name} under {checkpoints_dir(layout)}, and the journal does not "
+                "name it",
+                "name one that `cotal checkpoint list` shows",
+            )
+        if mine and journal is not None and journal.state in _UNDER_WAY:
+            raise Refusal(
+                "journal-needs-it",
+                f"this root's maintenance journal is at {journal.state} for attempt {attempt}: "
+                "the attempt still reads this checkpoint",
+                _UNDER_WAY[journal.state] + ", or abandon it, then discard",
+            )
+        removed = None
+        if path.is_dir():
+            # Renamed first, so a crash part-way leaves a name `list` reports as failed evidence
+            # rather than a half-deleted attempt that looks sealed.
+            doomed = path.with_name(f".discarding-{name}-{secrets.token_hex(4)}")
+            os.rename(path, doomed)
+            fsync_dir(path.parent)
+            shutil.rmtree(doomed)
+            removed = str(path)
+        journal_discarded = None
+        if mine and journal is not None:
+            # A sealed cut not restored, a retired resume or a degraded attempt: with its
+            # checkpoint gone the journal would only point at nothing.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(layout.maintenance / "journal.json")
+            fsync_dir(layout.maintenance)
+            journal_discarded = journal.state
+    return {"attemptId": attempt, "removed": removed, "journalDiscarded": journal_discarded}
+
+
+def run_discard(args: argparse.Namespace, root: Path) -> int:
+    out = discard(root, args.attempt)
+    if args.json:
+        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+        return 0
+    if out["removed"]:
+        sys.stdout.write(f"removed {out['removed']}\n")
+    if out["journalDiscarded"]:
+        sys.stdout.write(
+            f"discarded the maintenance journal (it was {out['journalDiscarded']} for attempt "
+            f"{out['attemptId']}); its seats will not be resumed here\n"
+        )
+    return 0
