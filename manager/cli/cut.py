@@ -280,8 +280,12 @@ async def _continue(
         }
     try:
         return await _capture_offline(layout, attempt, inventory, stores)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ExceptionGroup) as exc:
         # Nothing sealed: what the try wrote is kept aside and the rerun captures afresh.
+        while isinstance(exc, ExceptionGroup):
+            exc = exc.exceptions[0]
+        if isinstance(exc, Refusal):
+            raise exc from None
         path = cut.attempt_dir(layout, attempt)
         evidence = cut.keep_as_evidence(path, "failed") if path.is_dir() else path
         refusal = (

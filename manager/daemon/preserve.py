@@ -333,7 +333,7 @@ class Preservation:
                 failures[agent.name] = exc.text
                 codes[agent.name] = exc.code
                 log.error("cut.capture_failed", seat=agent.name, error=exc.text)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, ExceptionGroup) as exc:
                 refusal = _capture_refusal(agent.name, exc)
                 failures[agent.name], codes[agent.name] = refusal.text, refusal.code
                 log.error("cut.capture_failed", seat=agent.name, error=refusal.text)
@@ -473,8 +473,13 @@ class Preservation:
         return {"attemptId": attempt, "state": m.state}
 
 
-def _capture_refusal(seat: str, exc: OSError | ValueError) -> Refusal:
+def _capture_refusal(seat: str, exc: Exception) -> Refusal:
     """What escaped a seat's capture, as a refusal naming the seat and the cure."""
+    while isinstance(exc, ExceptionGroup):
+        # A capture streams through a task group: the cause is its first leaf.
+        exc = exc.exceptions[0]
+    if isinstance(exc, Refusal):
+        return Refusal(exc.code, f"seat {seat}: {exc.message}", exc.cure)
     if isinstance(exc, OSError):
         refusal = cut.storage_refusal(exc, "writing the checkpoint of")
         return Refusal(refusal.code, f"seat {seat}: {refusal.message}", refusal.cure)

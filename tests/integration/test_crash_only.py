@@ -200,6 +200,87 @@ async def test_capture_of_a_session_prepare_did_not_plan_is_refused_by_name(
     assert [s["continuity"] for s in result["seats"]] == ["fresh"]
 
 
+def test_a_full_disk_refuses_by_name_and_a_rerun_after_freeing_it_seals(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a private mount namespace needs root")
+    repo = committed_repo(cli.root / "repo")
+    write(repo / "big.bin", os.urandom(4 * 1024 * 1024))
+    git(repo, "add", "big.bin")
+    git(repo, "commit", "-q", "-m", "big")
+    checkpoints = attempts_dir(cli)
+    # The checkpoint store is a 2 MiB tmpfs that only this namespace (the manager started in it,
+    # and the coordinators run in it) sees; the bundle alone does not fit.
+    holder = subprocess.Popen(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            f'mkdir -p "{checkpoints}" && chmod -R 700 "{cli.root / ".cotal"}" && '
+            f'mount -t tmpfs -o size=2m,mode=0700 tmpfs "{checkpoints}" && echo ready && '
+            "exec sleep 600",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        ns = ["nsenter", "-t", str(holder.pid), "-m", "--", sys.executable, "-m", "manager.cli"]
+
+        def in_ns(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*ns, *args, "--root", str(cli.root)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=cotal_env(),
+                cwd=cli.root,
+            )
+
+        up = in_ns("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
+        assert up.returncode == 0, up.stderr
+        seat = cli.json("spawn", "big", "--cwd", str(repo))
+        out = in_ns("down", "--preserve-state", "--json")
+        refused(out, "capture-failed")
+        assert "(ENOSPC)" in out.stderr and "no space left on device" in out.stderr
+        journal = Journal(Layout.at(cli.root)).load()
+        assert journal is not None and journal.state == "cut-intent"
+        evidence = f"{checkpoints / journal.attempt_id}.failed-"
+        assert f"evidence kept at {evidence}" in out.stderr
+        remount = subprocess.run(
+            ["nsenter", "-t", str(holder.pid), "-m", "--"]
+            + ["mount", "-o", "remount,size=64m", str(checkpoints)],
+            capture_output=True,
+            text=True,
+        )
+        assert remount.returncode == 0, remount.stderr
+        again = in_ns("down", "--preserve-state", "--json")
+        assert again.returncode == 0, again.stderr
+        result = json.loads(again.stdout)
+        assert result["attemptId"] == journal.attempt_id and result["journal"] == "ready"
+        check = subprocess.run(
+            [
+                *ns[:-2],
+                "-c",
+                "import sys; from manager.checkpoint.reader import verify_integrity; "
+                "print(len(verify_integrity(__import__('pathlib').Path(sys.argv[1]))))",
+                result["checkpointDir"],
+            ],
+            capture_output=True,
+            text=True,
+            env=cotal_env(),
+        )
+        assert check.stdout.strip() == "1", check.stderr
+        assert not pid_alive(seat["pid"])
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # -- a rerun while the commit is in flight, a daemon that died mid-commit -------------------------
 
 
