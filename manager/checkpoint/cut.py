@@ -8,6 +8,7 @@ the Manager, so what is captured depends only on what the plan recorded.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -53,7 +54,7 @@ from protocol.checkpoint import (
     encode_inbox,
 )
 from protocol.errors import Refusal
-from protocol.instant import format_instant
+from protocol.instant import file_stamp, format_instant
 from protocol.inventory import Agent
 
 log = structlog.get_logger("cotal.cut")
@@ -317,11 +318,25 @@ def seal_attempt(
     )
 
 
+def keep_as_evidence(path: Path, why: str) -> Path:
+    """Move an unsealed attempt directory aside as `<attempt>.<why>-<stamp>`, so the attempt can
+    be captured again into a fresh directory while what the failed try wrote stays readable.
+    Returns the new path; a rename never needs free space, so this works on a full disk."""
+    aside = path.with_name(f"{path.name}.{why}-{file_stamp()}")
+    os.rename(path, aside)
+    log.warning("cut.evidence_kept", attempt=path.name, evidence=str(aside))
+    return aside
+
+
 def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
-    ensure_private_dir(layout.maintenance)
-    ensure_private_dir(layout.maintenance / "checkpoints")
+    """A fresh, empty directory for the attempt. An unsealed one left by a try that failed or
+    died is moved aside as evidence first; a sealed one is never touched."""
     path = attempt_dir(layout, attempt_id)
     try:
+        ensure_private_dir(layout.maintenance)
+        ensure_private_dir(layout.maintenance / "checkpoints")
+        if path.is_dir() and not (path / "manifest.json").exists():
+            keep_as_evidence(path, "partial")
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         raise Refusal(
@@ -330,4 +345,23 @@ def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
             "choose a new attempt, or move the directory aside if it is the evidence of a failed "
             "cut",
         ) from None
+    except OSError as exc:
+        raise storage_refusal(exc, f"creating {path}") from None
     return path
+
+
+def storage_refusal(exc: OSError, doing: str) -> Refusal:
+    """A filesystem failure while capturing, named by its errno and what was being written."""
+    code = errno.errorcode.get(exc.errno or 0, "EIO")
+    where = f" {exc.filename}" if exc.filename else ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        cure = "free space on the filesystem holding .cotal/maintenance"
+    elif exc.errno == errno.EROFS:
+        cure = "make the checkpoint store writable"
+    else:
+        cure = "fix the cause the error names"
+    return Refusal(
+        "capture-failed",
+        f"{(exc.strerror or str(exc)).lower()} ({code}) {doing}{where}",
+        f"{cure}, then rerun `cotal down --preserve-state`",
+    )

@@ -44,7 +44,7 @@ from protocol.codec import convert
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
 from protocol.inventory import Inventory, encode_inventory
-from protocol.maintenance import JournalRecord, ResumeDescriptor
+from protocol.maintenance import TERMINAL_STATES, JournalRecord, ResumeDescriptor
 
 COMMIT_TIMEOUT_S = 600.0
 PREPARE_TIMEOUT_S = 120.0
@@ -60,20 +60,38 @@ def _say(text: str) -> None:
 async def _commit(
     session: ControlSession, attempt: str, stores: list[str], drain_timeout: float
 ) -> dict[str, Any]:
-    """`commit-preservation`, with the attempt's progress shown while it runs."""
+    """`commit-preservation`, with the attempt's progress shown while it runs. A commit already
+    running for this attempt (its coordinator died) is joined by the daemon, not repeated."""
     view = ProgressView(_say)
-    result: dict[str, Any] = await follow_commit(
-        session,
-        attempt,
-        view,
-        lambda: session.call(
-            "commit-preservation",
-            {"attemptId": attempt, "sessionStores": stores, "drainTimeoutS": drain_timeout},
-            # The daemon may spend the whole drain on a turn before it stops anything.
-            timeout=COMMIT_TIMEOUT_S + drain_timeout,
-        ),
-    )
+    try:
+        result: dict[str, Any] = await follow_commit(
+            session,
+            attempt,
+            view,
+            lambda: session.call(
+                "commit-preservation",
+                {"attemptId": attempt, "sessionStores": stores, "drainTimeoutS": drain_timeout},
+                # The daemon may spend the whole drain on a turn before it stops anything.
+                timeout=COMMIT_TIMEOUT_S + drain_timeout,
+            ),
+        )
+    except Refusal as exc:
+        if exc.code in ("connection-lost", "daemon-unreachable"):
+            raise _daemon_lost(attempt, exc.message) from None
+        raise
+    except (OSError, ExceptionGroup) as exc:
+        # The socket broke under the commit or its progress poll: the daemon died mid-commit.
+        raise _daemon_lost(attempt, " ".join(f"{type(exc).__name__}: {exc}".split())) from None
     return result
+
+
+def _daemon_lost(attempt: str, why: str) -> Refusal:
+    return Refusal(
+        "daemon-lost",
+        f"the manager went away during the commit of cut {attempt} ({why})",
+        "rerun `cotal down --preserve-state`: it finishes the cut offline once the manager and "
+        "its seats are proven gone (kill the manager if it is still alive but silent)",
+    )
 
 
 def _prove_no_seat_processes(inventory: Inventory) -> None:
@@ -179,16 +197,7 @@ async def _finish(
     t0: float,
 ) -> dict[str, Any]:
     if result["failures"] or not result["sealed"]:
-        failed = (
-            "; ".join(f"{f['name']}: {f['error']}" for f in result["failures"])
-            or "the attempt was not sealed"
-        )
-        raise Refusal(
-            "cut-incomplete",
-            f"cut {attempt} is incomplete: {failed}. Evidence: {result['checkpointDir']}",
-            "the seats are stopped and their durables kept; fix the cause and rerun "
-            "`cotal down --preserve-state` to continue this attempt",
-        )
+        raise _incomplete(attempt, result)
     await anyio.to_thread.run_sync(read_manifest, Path(result["checkpointDir"]))
     journal.advance(
         attempt, "cut-committed", resume=descriptor, checkpoint_dir=result["checkpointDir"]
@@ -219,6 +228,21 @@ async def _finish(
     result["wallMs"] = int((time.monotonic() - t0) * 1000)
     result["journal"] = "ready"
     return result
+
+
+def _incomplete(attempt: str, result: dict[str, Any]) -> Refusal:
+    """The refusal for a commit that did not seal. One cause shared by every failure is named by
+    its own code (`capture-failed`, `stop-unproven`, ...); several are `cut-incomplete`."""
+    failures = result["failures"]
+    failed = "; ".join(f"{f['name']}: {f['error']}" for f in failures) or "it was not sealed"
+    codes = {f.get("code") or "cut-incomplete" for f in failures}
+    evidence = result.get("evidence") or result["checkpointDir"]
+    return Refusal(
+        codes.pop() if len(codes) == 1 else "cut-incomplete",
+        f"cut {attempt} is incomplete: {failed}",
+        "the seats are stopped and their durables kept; fix the cause and rerun "
+        f"`cotal down --preserve-state` to capture again; evidence kept at {evidence}",
+    )
 
 
 async def _continue(
@@ -267,7 +291,26 @@ async def _continue(
             "seats": [{"name": s.name} for s in manifest.seats],
             "failures": [],
         }
-    return await _capture_offline(layout, attempt, inventory, stores)
+    try:
+        return await _capture_offline(layout, attempt, inventory, stores)
+    except (OSError, ValueError, ExceptionGroup) as exc:
+        # Nothing sealed: what the try wrote is kept aside and the rerun captures afresh.
+        while isinstance(exc, ExceptionGroup):
+            exc = exc.exceptions[0]
+        if isinstance(exc, Refusal):
+            raise exc from None
+        path = cut.attempt_dir(layout, attempt)
+        evidence = cut.keep_as_evidence(path, "failed") if path.is_dir() else path
+        refusal = (
+            cut.storage_refusal(exc, "capturing offline")
+            if isinstance(exc, OSError)
+            else Refusal("capture-failed", f"the offline capture failed: {exc}", "fix the cause")
+        )
+        raise Refusal(
+            refusal.code,
+            f"cut {attempt} is incomplete: {refusal.message}",
+            f"{refusal.cure}; evidence kept at {evidence}",
+        ) from None
 
 
 async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
@@ -277,6 +320,8 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
     journal = Journal(layout)
     record = journal.load() if (layout.maintenance / "journal.json").exists() else None
     stores = [str(Path(s).resolve()) for s in args.session_store]
+    if args.abort:
+        return await _abort(layout, journal, record)
     if record is not None and record.kind == "cut" and record.state == "ready":
         _print(
             args,
@@ -300,10 +345,15 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
     else:
         attempt, continuing = names.mint_attempt_id(), False
     async with mesh.control(layout) as session:
+        status = await session.status()
+        joined = _orphaned_attempt(status) if not continuing else None
+        if joined is not None:
+            # A coordinator died after the daemon prepared and before it journaled: the fence
+            # belongs to that attempt, so this run finishes it rather than minting another.
+            attempt = joined
         with MaintenanceLock(layout, attempt):
             if record is not None and not continuing:
                 journal.discard(record.attempt_id)
-            status = await session.status()
             if not continuing:
                 if status is None:
                     raise Refusal(
@@ -311,7 +361,10 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                         f"no manager answers in {layout.root}",
                         "start it with `cotal up --detach`",
                     )
-                _say(f"cut {attempt}: fencing, draining and planning {status['seats']} seat(s)")
+                if joined is not None:
+                    _say(f"joining cut {attempt}, prepared by a coordinator that did not finish")
+                else:
+                    _say(f"cut {attempt}: fencing, draining and planning {status['seats']} seat(s)")
                 plan = await session.call(
                     "prepare-preservation", {"attemptId": attempt}, timeout=PREPARE_TIMEOUT_S
                 )
@@ -329,11 +382,127 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
             return await _finish(layout, session, journal, attempt, result, descriptor, t0)
 
 
+def _orphaned_attempt(status: dict[str, Any] | None) -> str | None:
+    """The attempt a daemon is fenced for when no journal names it."""
+    if status is None or status.get("state") not in ("preserving", "preserved"):
+        return None
+    attempt = status.get("attemptId")
+    return attempt if isinstance(attempt, str) else None
+
+
+_CURE_FINISH = "rerun `cotal down --preserve-state` to finish the cut"
+
+
+async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None) -> dict[str, Any]:
+    """`--abort`: lift a fence a dead coordinator left, before its commit began, and drop its
+    `cut-intent`. Every seat keeps running; once the commit began only finishing is safe."""
+    if record is not None and record.kind == "resume" and record.state not in TERMINAL_STATES:
+        raise Refusal(
+            "journal-busy",
+            f"the maintenance journal is at {record.state} for resume attempt {record.attempt_id}; "
+            "there is no cut to abort",
+            "finish that resume (cotal up --restore) first",
+        )
+    if record is not None and record.kind == "cut" and record.state in ("cut-committed", "ready"):
+        raise Refusal(
+            "commit-begun",
+            f"cut {record.attempt_id} is already committed (journal {record.state}); its seats "
+            "were stopped and captured, so it cannot be aborted",
+            _CURE_FINISH if record.state != "ready" else "resume it with `cotal up --restore`",
+        )
+    intent = record if record is not None and record.state == "cut-intent" else None
+    async with mesh.control(layout) as session:
+        status = await session.status()
+        fenced = _orphaned_attempt(status)
+        if status is None:
+            if intent is None:
+                return {"aborted": False, "nothing": True}
+            raise Refusal(
+                "abort-unsafe",
+                f"cut {intent.attempt_id} is journaled but no manager answers, so whether its "
+                "commit began (seats stopped) cannot be told",
+                _CURE_FINISH + " offline",
+            )
+        assert status is not None
+        if fenced is not None and (status.get("commitStarted") or status["state"] == "preserved"):
+            raise Refusal(
+                "commit-begun",
+                f"cut {fenced} has begun its commit: its seats are being stopped and captured, so "
+                "it can no longer be aborted",
+                _CURE_FINISH,
+            )
+        if intent is not None and fenced is not None and fenced != intent.attempt_id:
+            raise Refusal(
+                "attempt-mismatch",
+                f"the journal names cut {intent.attempt_id} but the manager is fenced for {fenced}",
+                "kill the manager (its seats die with it) and rerun `cotal down --preserve-state`",
+            )
+        attempt = fenced or (intent.attempt_id if intent is not None else None)
+        if attempt is None:
+            return {"aborted": False, "nothing": True, "state": status["state"]}
+        with MaintenanceLock(layout, attempt):
+            if fenced is not None:
+                await session.call(
+                    "abort-preservation", {"attemptId": fenced}, timeout=PREPARE_TIMEOUT_S
+                )
+            elif intent is not None:
+                await _prove_untouched(session, journal, intent)
+            if intent is not None:
+                journal.discard(intent.attempt_id)
+        return {
+            "attemptId": attempt,
+            "aborted": True,
+            "fenceLifted": fenced is not None,
+            "journalDiscarded": intent is not None,
+            "state": "active",
+        }
+
+
+async def _prove_untouched(
+    session: ControlSession, journal: Journal, intent: JournalRecord
+) -> None:
+    """A `cut-intent` whose manager is not fenced: discarding it is safe only if every seat of
+    the plan still runs here under its uid, i.e. no commit ever stopped one."""
+    rows = {r["name"]: r for r in await session.call("ps", {})}
+    lost = [
+        a.name
+        for a in journal.resume_document(intent).agents
+        if rows.get(a.name, {}).get("lifecycleUid") != a.identity.lifecycle_uid
+        or rows[a.name].get("state") != "running"
+    ]
+    if lost:
+        raise Refusal(
+            "abort-unsafe",
+            f"cut {intent.attempt_id} is journaled and seat(s) {', '.join(lost)} of its plan no "
+            "longer run here, so its commit may have begun",
+            _CURE_FINISH,
+        )
+
+
 def run_cut(args: argparse.Namespace, root: Path) -> int:
     result = anyio.run(_cut, args, root, backend="asyncio")
-    if result is not None:
+    if result is not None and args.abort:
+        _print_abort(args, result)
+    elif result is not None:
         _print(args, result)
     return 0
+
+
+def _print_abort(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        return
+    if not result["aborted"]:
+        sys.stdout.write("no cut to abort: the manager is not fenced and no cut is journaled\n")
+        return
+    done = []
+    if result["fenceLifted"]:
+        done.append("the manager's fence is lifted")
+    if result["journalDiscarded"]:
+        done.append("its cut-intent journal is discarded")
+    sys.stdout.write(
+        f"cut {result['attemptId']} aborted: {' and '.join(done)}; every seat keeps running\n"
+    )
 
 
 def _print(args: argparse.Namespace, result: dict[str, Any], *, already: bool = False) -> None:

@@ -102,6 +102,12 @@ def _warn_waiting(root: Path) -> None:
 def cmd_down(args: argparse.Namespace) -> int:
     from manager.cli import mesh
 
+    if args.abort and not args.preserve_state:
+        raise Refusal(
+            "bad-args",
+            "--abort abandons a cut, and plain `cotal down` is not one",
+            "run `cotal down --preserve-state --abort`",
+        )
     if args.preserve_state:
         from manager.cli import cut as cut_cli
 
@@ -113,7 +119,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         for seat in result["seats"]:
             say(
                 f"stopped {seat['name']} (uid {seat['lifecycleUid']}, exit {seat['exitCode']}); "
-                "durable deleted"
+                + _durable_outcome(seat)
             )
         if result["manager"]:
             say(f"manager pid {result['manager']} proven gone")
@@ -121,6 +127,21 @@ def cmd_down(args: argparse.Namespace) -> int:
             say(f"embedded broker pid {result['broker']} proven gone")
         say("cotal is down")
     return 0
+
+
+def _durable_outcome(seat: dict[str, Any]) -> str:
+    # A daemon that predates the per-seat outcome reports none; it said nothing either way, so
+    # nothing is claimed for it.
+    if "durableDeleted" not in seat:
+        return "durable deletion not reported by this manager"
+    if seat["durableDeleted"]:
+        return "durable deleted"
+    if not seat.get("footprintOwned", True):
+        return "durable kept (not this manager's to delete)"
+    return (
+        f"durable NOT deleted ({seat.get('durableError') or 'unknown reason'}): its record is "
+        "kept; once the broker is back, run cotal up and then cotal down again"
+    )
 
 
 def cmd_manager_serve(args: argparse.Namespace) -> int:
@@ -651,6 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal down",
         "cotal down --preserve-state",
         "cotal down --preserve-state --session-store ~/.pi/sessions --json",
+        "cotal down --preserve-state --abort",
     )
     down.add_argument(
         "--preserve-state",
@@ -671,6 +693,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --preserve-state: seconds each seat's turn in flight may take to finish "
         "before it is cut anyway (its message is then redelivered after the resume; default 120)",
+    )
+    down.add_argument(
+        "--abort",
+        action="store_true",
+        help="with --preserve-state: abandon a cut whose coordinator died before its commit "
+        "began (lifts the manager's fence, discards its cut-intent journal; every seat keeps "
+        "running)",
     )
     down.set_defaults(fn=cmd_down)
 

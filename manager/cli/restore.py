@@ -189,11 +189,20 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     async with mesh.control(layout) as session:
         status = await session.status()
         if status is not None:
-            raise Refusal(
-                "already-up",
-                f"a manager (pid {status['pid']}) already serves {layout.root}",
-                "a resume starts its own manager: stop this one first",
-            )
+            # A rerun after this resume's coordinator died: the manager it started is still
+            # fenced to the attempt (or already finalized it), so this run drives what is left.
+            rejoined = await _rejoin(args, layout, src, session, status)
+            if rejoined is None:
+                raise Refusal(
+                    "already-up",
+                    f"a manager (pid {status['pid']}) already serves {layout.root}",
+                    "a resume starts its own manager: stop this one first",
+                )
+            rows = {r["name"]: r for r in await session.call("ps", {}, timeout=RESUME_TIMEOUT_S)}
+            adm = rejoined.pop("admission")
+            rejoined["seats"] = _observations(adm, rejoined.pop("resumed"), rows)
+            rejoined["wallMs"] = int((time.monotonic() - t0) * 1000)
+            return rejoined
         _say(f"admitting {src}")
         adm = await admit_integrity(src, trusted_keys(args, layout))
         sig = signer(adm, args, layout)
@@ -240,6 +249,102 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     out["seats"] = _observations(adm, out.pop("resumed"), rows)
     out["wallMs"] = int((time.monotonic() - t0) * 1000)
     return out
+
+
+_PENDING_RESUME = ("resume-intent", "resume-active", "resume-committed")
+
+
+async def _rejoin(
+    args: argparse.Namespace,
+    layout: Layout,
+    src: Path,
+    session: ControlSession,
+    status: dict[str, Any],
+) -> dict[str, Any] | None:
+    """Finish a resume whose coordinator died after it started the manager, or None when the
+    running manager is not this root's pending resume. Admission, custody and the restore of
+    the trees are behind it (the manager is started only after them), so what is left is the
+    manager's three resume ops, each of which answers a repeat with what it already did."""
+    journal = Journal(layout)
+    record = journal.load() if (layout.maintenance / "journal.json").exists() else None
+    if record is None or record.kind != "resume" or record.state not in _PENDING_RESUME:
+        return None
+    attempt = record.attempt_id
+    fenced = (
+        status["state"] in ("resume-required", "resuming", "awaiting-finalize")
+        and status.get("attemptId") == attempt
+    )
+    finalized = status["state"] == "active" and record.state == "resume-committed"
+    if not (fenced or finalized):
+        return None
+    adm = await admit_integrity(src, trusted_keys(args, layout))
+    if adm.manifest.attempt_id != attempt:
+        raise Refusal(
+            "attempt-mismatch",
+            f"this root's manager is resuming attempt {attempt}, not {adm.manifest.attempt_id} "
+            f"from {src}",
+            f"rerun `cotal up --restore` with the checkpoint of attempt {attempt} to finish it",
+        )
+    sig = signer(adm, args, layout)
+    _say(
+        f"continuing resume {attempt} from journal state {record.state} "
+        f"(manager pid {status['pid']} is {status['state']})"
+    )
+    descriptor, consents = record.resume, list(record.consents)
+    token = record.durable_commit_token
+    with MaintenanceLock(layout, attempt):
+        if finalized:
+            # Finalize ran; only its journal entry is missing. The manager answers a repeat.
+            resumed = [
+                {
+                    "name": name,
+                    "continuity": rec.session.continuity,
+                    "observation": "resumed by the run that was interrupted",
+                }
+                for name, rec in adm.records.items()
+            ]
+        else:
+            inventory = journal.resume_document(record)
+            result = await session.call(
+                "resume-preserved",
+                {"attemptId": attempt, "inventory": json.loads(encode_inventory(inventory))},
+                timeout=RESUME_TIMEOUT_S,
+            )
+            resumed = result["seats"]
+            journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+            commit = await session.call(
+                "commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S
+            )
+            token = commit["durableCommitToken"]
+            journal.advance(
+                attempt,
+                "resume-committed",
+                resume=descriptor,
+                consents=consents,
+                durable_commit_token=token,
+            )
+        assert token is not None
+        final = await session.call(
+            "finalize-resume",
+            {"attemptId": attempt, "durableCommitToken": token},
+            timeout=RESUME_TIMEOUT_S,
+        )
+        journal.advance(
+            attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
+        )
+    return {
+        "attemptId": attempt,
+        "state": final["state"],
+        "journal": "retired",
+        "continued": True,
+        "claims": [],
+        "restored": [],
+        "consents": [msgspec.to_builtins(c) for c in consents],
+        "resumed": resumed,
+        "admission": adm,
+        "evictionEvidence": [],
+        "signer": sig,
+    }
 
 
 async def _resume_locked(
@@ -333,7 +438,15 @@ async def _resume_locked(
     except Refusal as exc:
         # Lost before any tree was touched: give back what this root claimed and say why.
         for name, generation in local:
-            withdraw_claim(layout, space, name, generation, identity.instance_id, attempt)
+            withdraw_claim(
+                layout,
+                space,
+                name,
+                adm.records[name].lifecycle_uid,
+                generation,
+                identity.instance_id,
+                attempt,
+            )
         journal.advance(
             attempt,
             "degraded",

@@ -86,9 +86,24 @@ def relocation_of(adm: admit.Admission, name: str) -> dict[str, Any]:
 
 async def admit_integrity(src: Path, trusted: list[str]) -> admit.Admission:
     """Gate 1 reads and hashes every file of the attempt: off the event loop."""
-    return await anyio.to_thread.run_sync(
-        functools.partial(admit.integrity, src, trusted_keys=trusted)
-    )
+    if src.exists() and not src.is_dir():
+        raise Refusal(
+            "not-a-checkpoint",
+            f"{src} is a file, not a checkpoint directory",
+            "pass the attempt directory the cut printed (.cotal/maintenance/v1/checkpoints/"
+            "<attempt>, or its copy), not a file inside it",
+        )
+    try:
+        return await anyio.to_thread.run_sync(
+            functools.partial(admit.integrity, src, trusted_keys=trusted)
+        )
+    except OSError as exc:
+        # The gates name every problem they expect; what is left is the filesystem refusing.
+        raise Refusal(
+            "not-a-checkpoint",
+            f"{src} cannot be read as a checkpoint: {exc.strerror or exc} ({exc.filename or src})",
+            "pass a readable checkpoint directory, copied whole",
+        ) from None
 
 
 def _broker_for_verify(args: argparse.Namespace, layout: Layout) -> BrokerRef:

@@ -291,6 +291,11 @@ class Manager:
             "server": self.server_url,
             "startedAt": self.started_at,
             "inFlight": self.in_flight,
+            # A coordinator that died leaves its attempt here: a rerun joins it by this id, and
+            # `--abort` may lift the fence only while the commit has not begun.
+            "attemptId": self.maintenance.attempt_id,
+            "commitStarted": self.maintenance.commit_started,
+            "activated": self.maintenance.activated,
         }
 
     def _seat_states(self) -> dict[str, int]:
@@ -783,14 +788,17 @@ class Manager:
         if seat.footprint_owned:
             await self._deprovision(seat)
 
-    async def _deprovision(self, seat: Seat) -> None:
-        """Ordinary teardown: exactly this seat's durable, its presence and its pointer."""
+    async def _deprovision(self, seat: Seat) -> str | None:
+        """Ordinary teardown: exactly this seat's durable, its presence and its pointer. Returns
+        why the durable could not be deleted, or None once it is gone."""
+        durable_error: str | None = None
         with anyio.CancelScope(shield=True):
             try:
                 await footprint.delete_dm_durable(
                     self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid
                 )
             except Exception as exc:
+                durable_error = str(exc) or type(exc).__name__
                 log.error("durable.delete_failed", seat=seat.name, error=str(exc))
             await self._clear_presence(seat)
             if self.custody is not None:
@@ -805,6 +813,7 @@ class Manager:
                 seat.pointer_path.unlink()
             except FileNotFoundError:
                 pass
+        return durable_error
 
     # -- stop -----------------------------------------------------------------------------------
 
@@ -1075,12 +1084,25 @@ class Manager:
 
     async def _teardown_one(self, seat: Seat, out: list[dict[str, Any]]) -> None:
         await self.stop_and_prove(seat, graceful=True)
-        await self._free(seat)
+        # `_free`, with the deprovision's outcome kept: an operator told "durable deleted" while
+        # the broker refused the delete would believe a footprint gone that is still there.
+        self.remove(seat)
+        durable_error = await self._deprovision(seat) if seat.footprint_owned else None
+        if durable_error is not None:
+            # The durable outlives this manager, so its record must too: the next manager takes
+            # the seat back stopped, and its `cotal down` deletes what this one could not.
+            try:
+                seatfile.save(self.layout, seat)
+            except (OSError, Refusal) as exc:
+                log.error("seat.record_write_failed", seat=seat.name, error=str(exc))
         out.append(
             {
                 "name": seat.name,
                 "lifecycleUid": seat.uid,
                 "exitCode": seat.handle.returncode if seat.handle else None,
+                "durableDeleted": seat.footprint_owned and durable_error is None,
+                "durableError": durable_error,
+                "footprintOwned": seat.footprint_owned,
             }
         )
 

@@ -61,6 +61,8 @@ class Preservation:
         self.result: dict[str, Any] | None = None
         self.custody_revisions: dict[str, int] = {}
         self.custody_held: dict[str, custody.Held] = {}
+        self._commit_in_flight: anyio.Event | None = None
+        self._joined: dict[str, Any] | None = None
 
     # -- prepare --------------------------------------------------------------------------------
 
@@ -150,11 +152,12 @@ class Preservation:
                     "a seat this manager does not hold cannot be cut from here; nothing was "
                     "stopped",
                 )
-            if (
-                held.record.generation != agent.generation
-                or current_generation(mgr.layout, mgr.space, agent.name) > agent.generation
-            ):
-                local = current_generation(mgr.layout, mgr.space, agent.name)
+            # Keyed by the uid: a name reused after `cotal rm` is a new identity whose custody
+            # starts again, and must not inherit the generations of the seat it replaced.
+            local = current_generation(
+                mgr.layout, mgr.space, agent.name, agent.identity.lifecycle_uid
+            )
+            if held.record.generation != agent.generation or local > agent.generation:
                 raise Refusal(
                     "custody-stale",
                     f"seat {agent.name}: writer generation disagrees (broker "
@@ -244,6 +247,14 @@ class Preservation:
     async def commit(self, args: control.CommitPreservationArgs) -> dict[str, Any]:
         attempt = names.check_attempt_id(args.attempt_id)
         m, mgr = self.mgr.maintenance, self.mgr
+        in_flight = self._commit_in_flight
+        if in_flight is not None and m.attempt_id == attempt:
+            # A rerun whose coordinator found the commit still running (its first coordinator
+            # died): two commits would stop, capture and move aside each other's directory, so
+            # the second waits for the first and answers with its outcome.
+            await in_flight.wait()
+            if self._joined is not None:
+                return self._joined
         if m.state == "preserved" and m.attempt_id == attempt and self.result is not None:
             return self.result
         if self.plan is None or m.attempt_id != attempt or m.state != "preserving":
@@ -265,11 +276,26 @@ class Preservation:
                     )
                 cut.anchor_of(d, root=mgr.layout.root, cwd=Path(agent.launch.cwd), home=home)
         m.apply("commit", attempt)
+        done = self._commit_in_flight = anyio.Event()
+        self._joined = None
+        try:
+            self._joined = await self._commit(attempt, args, extra)
+            return self._joined
+        finally:
+            self._commit_in_flight = None
+            done.set()
+
+    async def _commit(
+        self, attempt: str, args: control.CommitPreservationArgs, extra: list[Path]
+    ) -> dict[str, Any]:
+        m, mgr = self.mgr.maintenance, self.mgr
+        assert self.plan is not None
         self.progress.begin(attempt)
         self.progress.add("stopping", detail=f"{len(mgr.seats)} seat(s)")
         t0 = time.monotonic()
         seats = dict(mgr.seats)
         failures: dict[str, str] = {}
+        codes: dict[str, str] = {}
         mid_turn: dict[str, str] = {}
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
@@ -292,6 +318,7 @@ class Preservation:
             seat = seats.get(agent.name)
             if agent.name in failures or seat is None:
                 failures.setdefault(agent.name, "seat left the table before the cut")
+                codes.setdefault(agent.name, "stop-unproven")
                 continue
             caps = seat.connector.capabilities
             try:
@@ -320,20 +347,32 @@ class Preservation:
                 )
             except Refusal as exc:
                 failures[agent.name] = exc.text
+                codes[agent.name] = exc.code
                 log.error("cut.capture_failed", seat=agent.name, error=exc.text)
+            except (OSError, ValueError, ExceptionGroup) as exc:
+                refusal = _capture_refusal(agent.name, exc)
+                failures[agent.name], codes[agent.name] = refusal.text, refusal.code
+                log.error("cut.capture_failed", seat=agent.name, error=refusal.text)
         t_capture = time.monotonic()
-        for name, error in sorted(failures.items()):
-            self.progress.add("failed", seat=name, detail=error)
         manifest = None
         if not failures:
             assert self.descriptor is not None
-            resume_bytes = encode_inventory(
-                read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt)
-            )
-            manifest = cut.seal_attempt(
-                attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity
-            )
-            self.progress.add("sealed", detail=str(attempt_path))
+            try:
+                resume_bytes = encode_inventory(
+                    read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt)
+                )
+                manifest = cut.seal_attempt(
+                    attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity
+                )
+            except (Refusal, OSError) as exc:
+                refusal = exc if isinstance(exc, Refusal) else cut.storage_refusal(exc, "sealing")
+                failures["the manifest"], codes["the manifest"] = refusal.text, refusal.code
+            else:
+                self.progress.add("sealed", detail=str(attempt_path))
+        for name, error in sorted(failures.items()):
+            self.progress.add("failed", seat=name, detail=error)
+        if failures:
+            return self._failed(attempt, attempt_path, failures, codes, mid_turn)
         m.apply("stopped", attempt)
         self.result = {
             "attemptId": attempt,
@@ -354,6 +393,41 @@ class Preservation:
             "cut.committed", attempt=attempt, sealed=manifest is not None, failures=len(failures)
         )
         return self.result
+
+    def _failed(
+        self,
+        attempt: str,
+        attempt_path: Path,
+        failures: dict[str, str],
+        codes: dict[str, str],
+        mid_turn: dict[str, str],
+    ) -> dict[str, Any]:
+        """A commit that could not seal stays `preserving` (its seats are stopped and proven, so
+        abort stays illegal) with nothing cached: the next commit of this attempt stops nothing
+        new and captures again into a fresh directory. What this try wrote is kept aside."""
+        try:
+            evidence = cut.keep_as_evidence(attempt_path, "failed")
+        except OSError as exc:
+            # The next try's prepare_attempt_dir moves it aside instead.
+            log.error("cut.evidence_move_failed", attempt=attempt, error=str(exc))
+            evidence = attempt_path
+        self.result = None
+        self.progress.done = True
+        log.error("cut.commit_failed", attempt=attempt, failures=sorted(failures))
+        return {
+            "attemptId": attempt,
+            "state": self.mgr.maintenance.state,
+            "checkpointDir": str(evidence),
+            "evidence": str(evidence),
+            "sealed": False,
+            "seats": [],
+            "failures": [
+                {"name": n, "error": e, "code": codes.get(n, "capture-failed")}
+                for n, e in sorted(failures.items())
+            ],
+            "midTurn": [{"name": n, "messageId": i} for n, i in sorted(mid_turn.items())],
+            "timingsMs": {},
+        }
 
     async def _drain_and_stop_one(
         self, seat: Seat, drain_timeout_s: float, failures: dict[str, str], mid_turn: dict[str, str]
@@ -413,3 +487,29 @@ class Preservation:
         self.plan = self.descriptor = None
         log.info("cut.aborted", attempt=attempt)
         return {"attemptId": attempt, "state": m.state}
+
+
+def _capture_refusal(seat: str, exc: Exception) -> Refusal:
+    """What escaped a seat's capture, as a refusal naming the seat and the cure."""
+    while isinstance(exc, ExceptionGroup):
+        # A capture streams through a task group: the cause is its first leaf.
+        exc = exc.exceptions[0]
+    if isinstance(exc, Refusal):
+        return Refusal(exc.code, f"seat {seat}: {exc.message}", exc.cure)
+    if isinstance(exc, OSError):
+        refusal = cut.storage_refusal(exc, "writing the checkpoint of")
+        return Refusal(refusal.code, f"seat {seat}: {refusal.message}", refusal.cure)
+    if "requires sessionId" in str(exc):
+        return Refusal(
+            "session-unplanned",
+            f"seat {seat}: the capture found a session (pointer and store files) that the plan "
+            f"made at prepare does not record, so no session can be promised for it: {exc}",
+            "rerun `cotal down --preserve-state` without the --session-store the plan did not "
+            "name (the seat then resumes fresh), or abort before commit next time and declare "
+            "the store in the agent's settings",
+        )
+    return Refusal(
+        "capture-failed",
+        f"seat {seat}: the capture produced a record that does not hold: {exc}",
+        "fix what the message names, then rerun `cotal down --preserve-state`",
+    )

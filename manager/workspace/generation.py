@@ -1,10 +1,13 @@
 """Per-seat writer generation: which custody of one seat identity is current in this root.
 
-Each claim is a file `<N>` under `.cotal/auth/seat-generation/<spacehex>/<seat>/`, published by
-exclusive create, so of any number of concurrent claimants of N+1 exactly one wins. The others
-refuse: a lost create means two destinations are claiming one seat, which is the condition this
-fence exists to stop. (The manager instance identity uses the same primitive and adopts the
-winner instead; there, two managers sharing one logical instance is the intended outcome.)
+A seat identity is its lifecycle uid, not its name: a name is reused by every `cotal spawn` after a
+`cotal rm`, and the new incarnation starts its custody from nothing. Each claim is a file `<N>`
+under `.cotal/auth/seat-generation/<spacehex>/<seat>-<uid>/` (a seat name holds no `-`, so no seat's
+directory can be mistaken for another's), published by exclusive create, so of any number of
+concurrent claimants of N+1 exactly one wins. The others refuse: a lost create means two
+destinations are claiming one seat, which is the condition this fence exists to stop. (The manager
+instance identity uses the same primitive and adopts the winner instead; there, two managers sharing
+one logical instance is the intended outcome.)
 
 The only exception is the same holder retrying the same attempt: a claim whose record already
 names this instance and this attempt is returned as ours, so a destination that crashed after
@@ -14,6 +17,11 @@ A malformed record is a loud refusal, never skipped or re-minted: treating a dam
 absent would let a stale root claim a generation that is already taken. Generation numbers may
 skip between roots (a checkpoint cut at 3 is claimed as 4 in a root that has never seen the
 seat); within a root they only grow. This fences one workspace root, not independent hosts.
+
+Roots written before the key was the uid hold claims under `<spacehex>/<seat>/`. Every record
+names the uid it was claimed for, so such a claim is read as belonging to that uid (and only to
+it); new claims are always made under the uid's directory, and the old files are left where they
+are as the evidence they always were.
 """
 
 from __future__ import annotations
@@ -68,7 +76,9 @@ def _refuse_malformed(path: Path, detail: str) -> Refusal:
     )
 
 
-def _read_record(path: Path, seat: str, generation: int) -> GenerationRecord:
+def _read_record(
+    path: Path, seat: str, generation: int, uid: str | None = None
+) -> GenerationRecord:
     try:
         got = read_stable(
             path, cap=RECORD_CAP, what="writer generation record", require_private=True
@@ -86,6 +96,10 @@ def _read_record(path: Path, seat: str, generation: int) -> GenerationRecord:
         )
     if record.seat != seat:
         raise _refuse_malformed(path, f"it records seat {record.seat!r}, not {seat!r}")
+    if uid is not None and record.lifecycle_uid != uid:
+        raise _refuse_malformed(
+            path, f"it records lifecycle {record.lifecycle_uid}, not the directory's {uid}"
+        )
     return record
 
 
@@ -113,17 +127,40 @@ def _claims(directory: Path) -> list[int]:
     return sorted(found)
 
 
-def current_record(layout: Layout, space: str, seat: str) -> GenerationRecord | None:
+def generation_dir(layout: Layout, space: str, seat: str, uid: str) -> Path:
+    """Where the claims of one seat identity (name and lifecycle uid) live."""
+    check_lifecycle_uid(uid)
+    return layout.seat_generation_dir(space, seat).with_name(f"{seat}-{uid}")
+
+
+def _legacy_record(layout: Layout, space: str, seat: str, uid: str) -> GenerationRecord | None:
+    """The highest claim for `uid` in the name-keyed directory an older root wrote."""
     directory = layout.seat_generation_dir(space, seat)
+    for n in reversed(_claims(directory)):
+        try:
+            record = _read_record(directory / str(n), seat, n)
+        except Refusal:
+            if not (directory / str(n)).exists():  # withdrawn while we listed
+                continue
+            raise
+        if record.lifecycle_uid == uid:
+            return record
+    return None
+
+
+def current_record(layout: Layout, space: str, seat: str, uid: str) -> GenerationRecord | None:
+    directory = generation_dir(layout, space, seat, uid)
     claims = _claims(directory)
-    if not claims:
-        return None
-    return _read_record(directory / str(claims[-1]), seat, claims[-1])
+    record = _read_record(directory / str(claims[-1]), seat, claims[-1], uid) if claims else None
+    legacy = _legacy_record(layout, space, seat, uid)
+    if legacy is not None and (record is None or legacy.generation > record.generation):
+        return legacy
+    return record
 
 
-def current_generation(layout: Layout, space: str, seat: str) -> int:
-    """The highest generation claimed for `seat` in this root; 0 when none was ever claimed."""
-    record = current_record(layout, space, seat)
+def current_generation(layout: Layout, space: str, seat: str, uid: str) -> int:
+    """The highest generation claimed for this seat identity in this root; 0 when none was."""
+    record = current_record(layout, space, seat, uid)
     return record.generation if record is not None else 0
 
 
@@ -135,8 +172,8 @@ def _same_claim(record: GenerationRecord, uid: str, instance_id: str, attempt_id
     )
 
 
-def _ensure_dirs(layout: Layout, space: str, seat: str) -> Path:
-    directory = layout.seat_generation_dir(space, seat)
+def _ensure_dirs(layout: Layout, space: str, seat: str, uid: str) -> Path:
+    directory = generation_dir(layout, space, seat, uid)
     # ensure_private_dir hardens only the last component; every level must be 0700.
     for level in (
         layout.control,
@@ -173,8 +210,8 @@ def claim_successor(
             "pass the checkpoint's generation",
         )
     target = expected_current + 1
-    directory = _ensure_dirs(layout, space, seat)
-    current = current_record(layout, space, seat)
+    directory = _ensure_dirs(layout, space, seat, uid)
+    current = current_record(layout, space, seat, uid)
     if current is not None and current.generation >= target:
         if current.generation == target and _same_claim(current, uid, instance_id, attempt_id):
             return target
@@ -192,7 +229,7 @@ def claim_successor(
     decode_json(data, GenerationRecord, what="new writer generation record", cap=RECORD_CAP)
     if create_private_exclusive(directory / str(target), data):
         return target
-    winner = _read_record(directory / str(target), seat, target)
+    winner = _read_record(directory / str(target), seat, target, uid)
     if _same_claim(winner, uid, instance_id, attempt_id):
         return target
     raise _refuse_taken(seat, target, winner)
@@ -210,17 +247,23 @@ def _refuse_taken(seat: str, target: int, holder: GenerationRecord) -> Refusal:
 
 
 def withdraw_claim(
-    layout: Layout, space: str, seat: str, generation: int, instance_id: str, attempt_id: str
+    layout: Layout,
+    space: str,
+    seat: str,
+    uid: str,
+    generation: int,
+    instance_id: str,
+    attempt_id: str,
 ) -> bool:
     """Remove a claim this holder made in this attempt (an all-or-nothing batch that lost part-
     way backs out exactly what it wrote). Someone else's claim is never removed."""
-    directory = layout.seat_generation_dir(space, seat)
+    directory = generation_dir(layout, space, seat, uid)
     claims = _claims(directory)
     # Only the top claim can be ours to back out; one below it was superseded by someone else.
     if not claims or claims[-1] != generation:
         return False
     path = directory / str(generation)
-    record = _read_record(path, seat, generation)
+    record = _read_record(path, seat, generation, uid)
     if (record.holder, record.attempt_id) != (instance_id, attempt_id):
         return False
     os.unlink(path)

@@ -18,6 +18,7 @@ import pytest
 from manager.workspace.generation import (
     claim_successor,
     current_generation,
+    generation_dir,
     withdraw_claim,
 )
 from manager.workspace.journal import (
@@ -462,11 +463,11 @@ def test_sixteen_concurrent_claims_exactly_one_wins(tmp_path: Path) -> None:
     winners = [r for r in results if r[0] == "won"]
     assert winners == [["won", "1"]]
     assert sorted(r[1] for r in results if r[0] == "refused") == ["custody-lost"] * 15
-    assert current_generation(Layout.at(tmp_path), "main", "w") == 1
+    assert current_generation(Layout.at(tmp_path), "main", "w", UID) == 1
 
 
 def test_claim_idempotent_for_same_holder_and_attempt(layout: Layout) -> None:
-    assert current_generation(layout, "main", "w") == 0
+    assert current_generation(layout, "main", "w", UID) == 0
     assert claim_successor(layout, "main", "w", UID, 0, INSTANCE, "resume-1") == 1
     assert claim_successor(layout, "main", "w", UID, 0, INSTANCE, "resume-1") == 1
     with pytest.raises(Refusal) as info:
@@ -480,8 +481,8 @@ def test_claim_idempotent_for_same_holder_and_attempt(layout: Layout) -> None:
     assert claim_successor(layout, "main", "w", UID, 1, INSTANCE, "resume-3") == 2
     # A checkpoint from a root that was further along claims past the gap.
     assert claim_successor(layout, "main", "w", UID, 5, INSTANCE, "resume-4") == 6
-    assert current_generation(layout, "main", "w") == 6
-    directory = layout.seat_generation_dir("main", "w")
+    assert current_generation(layout, "main", "w", UID) == 6
+    directory = generation_dir(layout, "main", "w", UID)
     assert sorted(os.listdir(directory)) == ["1", "2", "6"]
     assert all((directory / n).stat().st_mode & 0o777 == 0o600 for n in os.listdir(directory))
     assert directory.stat().st_mode & 0o777 == 0o700
@@ -489,9 +490,9 @@ def test_claim_idempotent_for_same_holder_and_attempt(layout: Layout) -> None:
 
 def test_withdraw_only_our_own_top_claim(layout: Layout) -> None:
     claim_successor(layout, "main", "w", UID, 0, INSTANCE, "resume-1")
-    assert not withdraw_claim(layout, "main", "w", 1, INSTANCE, "resume-other")
-    assert withdraw_claim(layout, "main", "w", 1, INSTANCE, "resume-1")
-    assert current_generation(layout, "main", "w") == 0
+    assert not withdraw_claim(layout, "main", "w", UID, 1, INSTANCE, "resume-other")
+    assert withdraw_claim(layout, "main", "w", UID, 1, INSTANCE, "resume-1")
+    assert current_generation(layout, "main", "w", UID) == 0
 
 
 @pytest.mark.parametrize(
@@ -525,7 +526,7 @@ def test_malformed_generation_refuses(layout: Layout, name: str, content: bytes)
     path.write_bytes(content)
     os.chmod(path, 0o600)
     with pytest.raises(Refusal) as info:
-        current_generation(layout, "main", "w")
+        current_generation(layout, "main", "w", UID)
     assert info.value.code == "generation-malformed"
     assert str(path) in info.value.message
     assert "never re-minted" in info.value.cure
@@ -540,12 +541,12 @@ def test_generation_symlink_refused(layout: Layout, tmp_path: Path) -> None:
     (tmp_path / "target").write_bytes(b"{}")
     os.symlink(tmp_path / "target", directory / "3")
     with pytest.raises(Refusal, match="not a regular file"):
-        current_generation(layout, "main", "w")
+        current_generation(layout, "main", "w", UID)
 
 
 def test_staging_temp_from_a_crash_is_ignored(layout: Layout) -> None:
     directory = layout.seat_generation_dir("main", "w")
     directory.mkdir(parents=True)
     (directory / ".1.0123abcd.tmp").write_bytes(b"{torn")
-    assert current_generation(layout, "main", "w") == 0
+    assert current_generation(layout, "main", "w", UID) == 0
     assert claim_successor(layout, "main", "w", UID, 0, INSTANCE, "resume-1") == 1
