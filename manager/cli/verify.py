@@ -72,8 +72,11 @@ def signer_line(sig: dict[str, Any]) -> str:
 
 def relocation_of(adm: admit.Admission, name: str) -> dict[str, Any]:
     """Where an admitted seat runs here, and the class its harness can promise there when that
-    is less than the recorded one."""
-    confined = adm.confined[name]
+    is less than the recorded one. A resume continued from its journal skips the identity gate
+    (the first run passed it and journaled the relocated plan), so it has nothing to add."""
+    confined = adm.confined.get(name)
+    if confined is None:
+        return {}
     reloc = confined.reloc
     out: dict[str, Any] = {}
     if reloc is not None and reloc.moves:
