@@ -46,6 +46,10 @@ SeatPids = Callable[[], Collection[int]]
 
 # How long the accept loop rests when the process is out of descriptors before trying again.
 ACCEPT_BACKOFF_S = 0.1
+# After dropping a connection to free its descriptor: long enough for its task to close it.
+ACCEPT_YIELD_S = 0.001
+# Trouble of one kind that recurs within this gap is one burst, logged once.
+BURST_GAP_S = 5.0
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 # Bounds the ancestry walk; a real process tree is far shallower.
 _MAX_ANCESTRY = 256
@@ -142,8 +146,8 @@ class ControlServer:
         # Connections that have not said hello yet, oldest first.
         self._pending: OrderedDict[int, anyio.CancelScope] = OrderedDict()
         self._next_id = 0
-        self._shed_burst = False
-        self._exhausted_burst = False
+        # When each kind of trouble was last seen, so it is logged once per burst.
+        self._last_seen: dict[str, float] = {}
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -168,27 +172,26 @@ class ControlServer:
                 stream = await listener.accept()
             except anyio.BrokenResourceError as exc:
                 # Out of descriptors (or a peer gone before accept): the seats and the
-                # connections already open are worth more than this one; rest and retry.
-                if not self._exhausted_burst:
-                    self._exhausted_burst = True
+                # connections already open are worth more than this one. The oldest callers
+                # that have not said hello give their descriptors back, so whoever waits in
+                # the backlog (the operator, say) still gets in; with none to drop, rest.
+                if self._burst_starts("exhausted"):
                     log.warning(
                         "control.accept_failed",
                         reason="descriptors exhausted" if _exhausted(exc) else "accept error",
                         error=str(exc.__cause__ or exc),
                         open=self._open,
                     )
-                await anyio.sleep(ACCEPT_BACKOFF_S)
+                # Half of them at once: a backlog of a thousand must drain within the 5 s a
+                # real client waits for its hello, one descriptor per accept is too slow.
+                dropped = [self._drop_oldest_pending() for _ in range(len(self._pending) // 2 + 1)]
+                await anyio.sleep(ACCEPT_YIELD_S if any(dropped) else ACCEPT_BACKOFF_S)
                 continue
-            if self._exhausted_burst:
-                self._exhausted_burst = False
-                log.info("control.accept_recovered", open=self._open)
             if self._open >= self._max_connections:
-                if not self._shed_burst:
-                    self._shed_burst = True
+                if self._burst_starts("shed"):
                     log.warning("control.refused", reason="too many connections", limit=self._open)
                 await stream.aclose()
                 continue
-            self._shed_burst = False
             self._open += 1
             tg.start_soon(self._tracked, stream)
 
@@ -198,9 +201,7 @@ class ControlServer:
         scope = anyio.CancelScope()
         self._pending[conn_id] = scope
         while len(self._pending) > self._max_unauthenticated:
-            oldest_id, oldest = next(iter(self._pending.items()))
-            del self._pending[oldest_id]
-            oldest.cancel()
+            self._drop_oldest_pending()
         try:
             with scope:
                 await self._connection(stream, conn_id)
@@ -209,6 +210,21 @@ class ControlServer:
             self._open -= 1
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
+
+    def _burst_starts(self, kind: str) -> bool:
+        """True for the first of a run of events no more than `BURST_GAP_S` apart."""
+        now = anyio.current_time()
+        last = self._last_seen.get(kind)
+        self._last_seen[kind] = now
+        return last is None or now - last > BURST_GAP_S
+
+    def _drop_oldest_pending(self) -> bool:
+        if not self._pending:
+            return False
+        oldest_id, oldest = next(iter(self._pending.items()))
+        del self._pending[oldest_id]
+        oldest.cancel()
+        return True
 
     async def _connection(self, stream: SocketStream, conn_id: int) -> None:
         try:
