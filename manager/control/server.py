@@ -67,7 +67,7 @@ def peer_uid(stream: SocketStream) -> int:
     return peer_cred(stream)[1]
 
 
-def _ppid(pid: int) -> int | None:
+def parent_pid(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -104,7 +104,7 @@ def seat_ancestor(pid: int, seats: Collection[int]) -> str | None:
             break
         if current in seat_set:
             return f"descends from seat process {current}"
-        current = _ppid(current)
+        current = parent_pid(current)
     try:
         sid = os.getsid(pid)
     except OSError:
