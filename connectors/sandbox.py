@@ -123,7 +123,6 @@ SYSTEM_READ = (
     "/proc",
     "/sys",
     "/run",
-    "/var/lib",
     "/nix",
     "/snap",
 )
@@ -169,7 +168,7 @@ _probed: Isolation | None = None
 
 
 def probe(refresh: bool = False) -> Isolation:
-    """Try, in a throwaway child, what `apply` would do; cached for the life of the process.
+    """Try, in a throwaway child, what the launcher does; cached for the life of the process.
     `COTAL_SEAT_ISOLATION=none` in the manager's environment turns isolation off."""
     global _probed
     if _probed is not None and not refresh:
@@ -400,8 +399,12 @@ def hide_control_dir(plan: Plan) -> None:
         if not os.path.lexists(path):
             # The seat's own directory, named by its launch and not made yet.
             os.makedirs(path, mode=0o700, exist_ok=True)
+        if os.path.islink(path):
+            # A link could name anything, `.cotal/auth` included: it is not brought back, so a
+            # harness whose own path is a link fails to start rather than see its target.
+            continue
         fd = os.open(path, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-        fds.append((path, fd, os.path.isdir(path) and not os.path.islink(path)))
+        fds.append((path, fd, os.path.isdir(path)))
     _mount("tmpfs", control, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700,size=64k")
     for path, fd, is_dir in fds:
         _placeholder(path, is_dir)

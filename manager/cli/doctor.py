@@ -42,6 +42,7 @@ from typing import Any
 
 import anyio
 
+from connectors import sandbox
 from connectors.base import continuity_class
 from manager import registry
 from manager.cli import tools
@@ -193,8 +194,6 @@ def render(reports: list[Report]) -> list[str]:
 
 
 def isolation_row() -> dict[str, Any]:
-    from connectors import sandbox
-
     found = sandbox.probe()
     row: dict[str, Any] = {
         "name": "isolation",
