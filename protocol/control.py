@@ -19,6 +19,14 @@ FRAME_CAP = 1024 * 1024
 HELLO_TIMEOUT_S = 5.0
 LENGTH = struct.Struct(">I")
 TOKEN_HEX_LEN = 64
+# What one caller may cost the daemon: connections open at once, connections that have not yet
+# said hello (the oldest is dropped for a newcomer), how deep a frame may nest, and how long a
+# string argument other than free text may be (a path or a name; PATH_MAX is 4096).
+MAX_CONNECTIONS = 256
+MAX_UNAUTHENTICATED = 64
+MAX_DEPTH = 64
+ARG_STRING_CAP = 4096
+FREE_TEXT_ARGS = frozenset({"text", "prompt"})
 
 
 class Hello(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -211,6 +219,8 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     reason: str | None = None
     # How the seat's last process ended: its exit code ("0") or the signal ("SIGTERM").
     last_exit: str | None = None
+    # What keeps the seat from the manager's authority: "mount-ns+landlock", ..., "none".
+    isolation: str | None = None
 
 
 def seat_rows(obj: Any) -> list[SeatRow]:

@@ -16,6 +16,11 @@ States in the table: `ready`; `config` (runs, but a seat launch needs a setting 
 The `--version` runs get an empty private config dir and the harness's offline switches, so a
 check neither reads nor writes the operator's own harness state and needs no network.
 
+Then one `isolation` row: what keeps a seat from the manager's authority on this host
+(`mount-ns+landlock`, `mount-ns`, `landlock` or `none`), probed the way the daemon probes it;
+where the manager's secrets are not hidden from seats it says so plainly, with the cure. It
+never fails the check: a host without isolation can still run seats, knowingly.
+
 Exit code: 1 when a harness this root uses is not ready; 0 otherwise. A harness the root does
 not use is reported (`not installed (not used by this root)` when absent) but never fails the
 check: a machine that only runs scribe seats needs no Node.js. A `cotal.toml` that cannot be
@@ -37,6 +42,7 @@ from typing import Any
 
 import anyio
 
+from connectors import sandbox
 from connectors.base import continuity_class
 from manager import registry
 from manager.cli import tools
@@ -132,11 +138,13 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
         for report in reports:
             if report.name in ("pi", "claude"):
                 report.missing.append(pin_problem)
+    isolation = isolation_row()
     if as_json:
         for report in reports:
             say(json.dumps(report.as_dict(), sort_keys=True))
+        say(json.dumps(isolation, sort_keys=True))
     else:
-        for line in render(reports):
+        for line in render(reports) + render_isolation(isolation):
             say(line)
     return 1 if any(r.failing for r in reports) else 0
 
@@ -182,6 +190,31 @@ def render(reports: list[Report]) -> list[str]:
         for m in r.missing:
             lines.append(f"         missing: {m.problem}")
             lines.append(f"         cure:    {m.cure}")
+    return lines
+
+
+def isolation_row() -> dict[str, Any]:
+    found = sandbox.probe()
+    row: dict[str, Any] = {
+        "name": "isolation",
+        "mode": found.mode,
+        "hidesSecrets": found.hides_secrets,
+        "detail": found.detail,
+        "warning": None,
+    }
+    if not found.hides_secrets:
+        row["warning"] = (
+            "seats can read .cotal/auth (control token, broker credential, signing key); only "
+            "the control socket's seat check stands between a seat and the manager. Cure: run "
+            "the manager as root or where unprivileged user namespaces are enabled"
+        )
+    return row
+
+
+def render_isolation(row: Mapping[str, Any]) -> list[str]:
+    lines = ["", f"seat isolation: {row['mode']} ({row['detail']})"]
+    if row["warning"]:
+        lines.append(f"         warning: {row['warning']}")
     return lines
 
 

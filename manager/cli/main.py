@@ -264,6 +264,7 @@ PS_WIDE = [
     ("INSTANCE", "instanceId"),
     ("SESSION", "sessionId"),
     ("CONTINUITY", "continuity"),
+    ("ISOLATION", "isolation"),
     ("STARTED", "startedAt"),
     ("LAST EXIT", "lastExit"),
     ("REASON", "reason"),

@@ -19,7 +19,9 @@ import anyio
 import structlog
 from anyio.abc import Process
 
+from connectors import sandbox
 from connectors.base import LaunchSpec
+from connectors.harnesses import source_checkout, tools_dir
 
 log = structlog.get_logger("cotal.seat")
 
@@ -39,6 +41,28 @@ def _pdeathsig_prefix() -> list[str]:
     return [setpriv, "--pdeathsig", "KILL", "--"]
 
 
+def _isolation_prefix(spec: LaunchSpec) -> tuple[list[str], str]:
+    """The launcher that isolates this seat before its harness runs, and the mode in force."""
+    found = sandbox.probe()
+    if found.mode == "none":
+        return [], "none"
+    read_only = [tools_dir()]
+    checkout = source_checkout()
+    if checkout is not None:
+        # cotal's own source: the scribe harness runs from it, and it holds no secret.
+        read_only.append(checkout)
+    plan = sandbox.plan_for(
+        spec.argv,
+        spec.env,
+        spec.cwd,
+        pointer=spec.session_pointer_path,
+        read_only=read_only,
+        mount=found.mount,
+        landlock=found.landlock,
+    )
+    return sandbox.launcher(plan), found.mode
+
+
 class SeatHandle:
     def __init__(self, spec: LaunchSpec, log_path: Path) -> None:
         self.spec = spec
@@ -46,6 +70,7 @@ class SeatHandle:
         self.process: Process | None = None
         self.returncode: int | None = None
         self._exited = anyio.Event()
+        self.isolation: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -53,10 +78,11 @@ class SeatHandle:
 
     async def start(self) -> Process:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        isolate, self.isolation = _isolation_prefix(self.spec)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
             self.process = await anyio.open_process(
-                _pdeathsig_prefix() + list(self.spec.argv),
+                _pdeathsig_prefix() + isolate + list(self.spec.argv),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=fd,
@@ -66,7 +92,12 @@ class SeatHandle:
             )
         finally:
             os.close(fd)
-        log.info("seat.started", pid=self.process.pid, argv0=self.spec.argv[0])
+        log.info(
+            "seat.started",
+            pid=self.process.pid,
+            argv0=self.spec.argv[0],
+            isolation=self.isolation,
+        )
         return self.process
 
     @property

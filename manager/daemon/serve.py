@@ -12,6 +12,11 @@ Under systemd (`Type=notify`, deploy/systemd/cotal-manager@.service) the daemon 
 
 Started directly rather than by `cotal up` there is no `.cotal/mesh.json`, which `cotal down`
 and `cotal status` need to find the manager; the daemon then writes one naming itself.
+
+Seat isolation (`manager/daemon/sandbox.py`) is probed once here, said once in the log (a
+warning when it cannot hide the manager's secrets), and the daemon makes itself undumpable
+first, so `/proc/<daemon>/environ` and `/proc/<daemon>/mem` are closed to a process of its own
+uid without CAP_SYS_PTRACE.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
+import msgspec
 import structlog
 
+from connectors import sandbox
 from manager import logs
 from manager.broker.connection import connect
 from manager.control.server import ControlServer
@@ -33,11 +42,14 @@ from manager.procs import alive, pid_identity
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
+from protocol import control
 from protocol.errors import Refusal
 from protocol.mesh import MESH_CAP, MeshRecord, decode_mesh, encode_mesh
 from protocol.names import check_space
 
 log = structlog.get_logger("cotal.daemon")
+
+ControlHandler = Callable[[str, Any], Awaitable[Any]]
 
 
 def read_control_token(layout: Layout) -> str:
@@ -87,6 +99,54 @@ def record_mesh(layout: Layout, space: str, server: str, creds: Path | None) -> 
     return True
 
 
+def seat_pids(manager: Manager) -> list[int]:
+    """The pids of the seats' processes that have not been reaped: who the socket refuses."""
+    return [
+        seat.handle.pid
+        for seat in list(manager.seats.values())
+        if seat.handle is not None and seat.handle.pid is not None and not seat.handle.reaped
+    ]
+
+
+def with_isolation(manager: Manager, handler: ControlHandler) -> ControlHandler:
+    """`ps` rows carry the isolation each seat was launched under."""
+
+    async def handle(op: str, args: Any) -> Any:
+        result = await handler(op, args)
+        if op == "ps" and isinstance(result, list):
+            return [
+                msgspec.structs.replace(row, isolation=_isolation_of(manager, row.name))
+                if isinstance(row, control.SeatRow) and row.isolation is None
+                else row
+                for row in result
+            ]
+        return result
+
+    return handle
+
+
+def _isolation_of(manager: Manager, name: str) -> str | None:
+    seat = manager.seats.get(name)
+    return seat.handle.isolation if seat is not None and seat.handle is not None else None
+
+
+def announce_isolation() -> sandbox.Isolation:
+    found = sandbox.probe()
+    if found.hides_secrets:
+        log.info("daemon.isolation", mode=found.mode, detail=found.detail)
+    else:
+        log.warning(
+            "daemon.isolation_weak",
+            mode=found.mode,
+            detail=found.detail,
+            consequence="seats can read .cotal/auth (control token, broker credential, signing "
+            "key) and reach the control socket; only the socket's seat check stands",
+            cure="run the manager where a mount namespace is allowed (root, or unprivileged user "
+            "namespaces enabled); see docs/operations.md, Seat isolation",
+        )
+    return found
+
+
 class _Notifier:
     """The service-manager messages this daemon sends, each at most once."""
 
@@ -111,7 +171,9 @@ async def serve(
     check_space(space)
     ensure_private_dir(layout.control)
     ensure_private_dir(layout.logs)
+    sandbox.make_undumpable()
     logs.configure(layout.manager_log)
+    announce_isolation()
     token = read_control_token(layout)
     identity = load_or_create_identity(layout, space)
     nc = await connect(server, creds, name=f"cotal-manager:{identity.instance_id}")
@@ -129,7 +191,13 @@ async def serve(
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(manager.run)
-            await tg.start(ControlServer(layout.socket, token, manager.handle).serve)
+            control_server = ControlServer(
+                layout.socket,
+                token,
+                with_isolation(manager, manager.handle),
+                seat_pids=lambda: seat_pids(manager),
+            )
+            await tg.start(control_server.serve)
             tg.start_soon(_signals, manager, notifier)
             if record_mesh(layout, space, server, creds):
                 log.info("daemon.mesh_recorded", path=str(layout.mesh))
