@@ -104,6 +104,7 @@ class Seat:
             turn_started_at=turn.started_at if turn is not None else None,
             reason=self.reason,
             last_exit=self.last_exit,
+            isolation=self.handle.isolation if self.handle is not None else None,
         )
 
 

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import structlog
 
 from connectors import sandbox
@@ -42,7 +41,6 @@ from manager.procs import alive, pid_identity
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
-from protocol import control
 from protocol.errors import Refusal
 from protocol.mesh import MESH_CAP, MeshRecord, decode_mesh, encode_mesh
 from protocol.names import check_space
@@ -106,28 +104,6 @@ def seat_pids(manager: Manager) -> list[int]:
         for seat in list(manager.seats.values())
         if seat.handle is not None and seat.handle.pid is not None and not seat.handle.reaped
     ]
-
-
-def with_isolation(manager: Manager, handler: ControlHandler) -> ControlHandler:
-    """`ps` rows carry the isolation each seat was launched under."""
-
-    async def handle(op: str, args: Any) -> Any:
-        result = await handler(op, args)
-        if op == "ps" and isinstance(result, list):
-            return [
-                msgspec.structs.replace(row, isolation=_isolation_of(manager, row.name))
-                if isinstance(row, control.SeatRow) and row.isolation is None
-                else row
-                for row in result
-            ]
-        return result
-
-    return handle
-
-
-def _isolation_of(manager: Manager, name: str) -> str | None:
-    seat = manager.seats.get(name)
-    return seat.handle.isolation if seat is not None and seat.handle is not None else None
 
 
 def announce_isolation() -> sandbox.Isolation:
@@ -194,7 +170,7 @@ async def serve(
             control_server = ControlServer(
                 layout.socket,
                 token,
-                with_isolation(manager, manager.handle),
+                manager.handle,
                 seat_pids=lambda: seat_pids(manager),
             )
             await tg.start(control_server.serve)

@@ -50,7 +50,7 @@ def test_a_root_that_only_runs_scribe_passes_without_any_installed_harness(
     lines = text.stdout.splitlines()
     assert lines[0].split() == ["harness", "continuity", "state", "version", "program"]
     assert lines[1].split()[:3] == ["scribe", "exact", "ready"]
-    assert [line.split(None, 4) for line in lines[2:]] == [
+    assert [line.split(None, 4) for line in lines[2:5]] == [
         ["pi", "exact", "absent", "-", UNUSED],
         ["claude", "exact", "absent", "-", UNUSED],
         ["jcode", "drain-only", "absent", "-", UNUSED],
