@@ -110,6 +110,9 @@ class CommitPreservationArgs(
 
     attempt_id: str
     session_stores: list[str] = []
+    # `--include`: ignored paths under each seat's repository carried for this cut, beside the
+    # root's `[carry] include`; each is validated again where it is used.
+    include: list[Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]] = []
     drain_timeout_s: Annotated[float, msgspec.Meta(ge=0.0, le=DRAIN_TIMEOUT_MAX_S)] = 120.0
 
 

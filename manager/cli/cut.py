@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,16 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-async def _commit(
-    session: ControlSession, attempt: str, stores: list[str], drain_timeout: float
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CutOptions:
+    """What the operator asked of this cut on the command line; a rerun passes them again."""
+
+    stores: list[str]
+    drain_timeout: float
+    include: list[str]
+
+
+async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> dict[str, Any]:
     """`commit-preservation`, with the attempt's progress shown while it runs. A commit already
     running for this attempt (its coordinator died) is joined by the daemon, not repeated."""
     view = ProgressView(_say)
@@ -70,9 +78,14 @@ async def _commit(
             view,
             lambda: session.call(
                 "commit-preservation",
-                {"attemptId": attempt, "sessionStores": stores, "drainTimeoutS": drain_timeout},
+                {
+                    "attemptId": attempt,
+                    "sessionStores": opts.stores,
+                    "drainTimeoutS": opts.drain_timeout,
+                    "include": opts.include,
+                },
                 # The daemon may spend the whole drain on a turn before it stops anything.
-                timeout=COMMIT_TIMEOUT_S + drain_timeout,
+                timeout=COMMIT_TIMEOUT_S + opts.drain_timeout,
             ),
         )
     except Refusal as exc:
@@ -133,7 +146,7 @@ async def _broker_reads(layout: Layout, inventory: Inventory) -> dict[str, Space
 
 
 async def _capture_offline(
-    layout: Layout, attempt: str, inventory: Inventory, stores: list[str]
+    layout: Layout, attempt: str, inventory: Inventory, opts: CutOptions
 ) -> dict[str, Any]:
     """The daemon died mid-cut: its seats died with it (parent-death signal) and are proven
     gone, so capture from the recorded plan, after death, into a fresh attempt directory."""
@@ -157,7 +170,8 @@ async def _capture_offline(
                 pointer_path=layout.session_pointer(
                     connector.name, agent.name, agent.identity.lifecycle_uid
                 ),
-                extra_stores=[Path(s) for s in stores],
+                extra_stores=[Path(s) for s in opts.stores],
+                include=opts.include,
                 declared=continuity_class(connector.capabilities),
                 supports_fresh_start=connector.capabilities.supports_fresh_start,
                 identity=identity,
@@ -251,8 +265,7 @@ async def _continue(
     journal: Journal,
     record: JournalRecord,
     status: dict[str, Any] | None,
-    stores: list[str],
-    drain_timeout: float,
+    opts: CutOptions,
 ) -> dict[str, Any]:
     """A rerun after a failure: through the daemon when it still holds the attempt, offline
     when it died."""
@@ -262,7 +275,7 @@ async def _continue(
             await session.call(
                 "prepare-preservation", {"attemptId": attempt}, timeout=PREPARE_TIMEOUT_S
             )
-        return await _commit(session, attempt, stores, drain_timeout)
+        return await _commit(session, attempt, opts)
     if status is not None:
         raise Refusal(
             "cut-interrupted",
@@ -292,7 +305,7 @@ async def _continue(
             "failures": [],
         }
     try:
-        return await _capture_offline(layout, attempt, inventory, stores)
+        return await _capture_offline(layout, attempt, inventory, opts)
     except (OSError, ValueError, ExceptionGroup) as exc:
         # Nothing sealed: what the try wrote is kept aside and the rerun captures afresh.
         while isinstance(exc, ExceptionGroup):
@@ -319,7 +332,12 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
     layout = Layout.at(root)
     journal = Journal(layout)
     record = journal.load() if (layout.maintenance / "journal.json").exists() else None
-    stores = [str(Path(s).resolve()) for s in args.session_store]
+    opts = CutOptions(
+        stores=[str(Path(s).resolve()) for s in args.session_store],
+        drain_timeout=args.drain_timeout,
+        # Refused here, before anything is fenced, rather than after the seats were stopped.
+        include=registry.carry_includes(registry.FileConfig(), args.include),
+    )
     if args.abort:
         return await _abort(layout, journal, record)
     if record is not None and record.kind == "cut" and record.state == "ready":
@@ -371,14 +389,12 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                 descriptor = convert(plan["resume"], ResumeDescriptor, what="prepare result")
                 journal.advance(attempt, "cut-intent", resume=descriptor)
                 _say("stopping every seat, proving each exit, capturing and sealing")
-                result = await _commit(session, attempt, stores, args.drain_timeout)
+                result = await _commit(session, attempt, opts)
             else:
                 assert record is not None and record.resume is not None
                 descriptor = record.resume
                 _say(f"continuing cut {attempt} from journal state {record.state}")
-                result = await _continue(
-                    layout, session, journal, record, status, stores, args.drain_timeout
-                )
+                result = await _continue(layout, session, journal, record, status, opts)
             return await _finish(layout, session, journal, attempt, result, descriptor, t0)
 
 

@@ -688,6 +688,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="an extra session-store directory to capture (repeatable)",
     )
     down.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="with --preserve-state: an ignored path or simple glob under each seat's repository "
+        "to carry anyway, such as .env (repeatable; added to cotal.toml's [carry] include)",
+    )
+    down.add_argument(
         "--drain-timeout",
         type=float,
         default=120.0,

@@ -343,6 +343,7 @@ class Preservation:
                         progress=self.progress.capture_reporter(agent.name),
                         custody_revision=self.custody_revisions.get(agent.name),
                         space_export=carried,
+                        include=args.include,
                     )
                 )
             except Refusal as exc:

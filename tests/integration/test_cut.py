@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -388,3 +389,29 @@ def _big_repo_sized(path: Path, size: int) -> Path:
     git(repo, "commit", "-q", "-m", "a")
     write(repo / "big.bin", os.urandom(size))
     return repo
+
+
+async def test_include_carries_a_declared_ignored_file_and_refuses_a_bad_pattern(
+    cli: Cli, shared_broker: SharedBroker
+) -> None:
+    repo = init_repo(cli.root / "app")
+    write(repo / ".gitignore", ".env\nbuild/\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "commit", "-q", "-m", "ignore")
+    write(repo / ".env", "API_URL=http://127.0.0.1:9\n")
+    write(repo / "build" / "out.bin", "not carried\n")
+    up_shared(cli, shared_broker)
+    cli.json("spawn", "app", "--cwd", str(repo))
+    # A pattern that climbs out of the repository is refused before anything is fenced.
+    bad = cli.run("down", "--preserve-state", "--include", "../secret", "--json", check=False)
+    assert bad.returncode == 2
+    assert json.loads(bad.stderr.splitlines()[-1])["code"] == "bad-include"
+    assert [r["state"] for r in cli.ps()] == ["running"]
+    out = json.loads(cli.run("down", "--preserve-state", "--include", ".env", "--json").stdout)
+    [record] = verify_integrity(Path(out["checkpointDir"]))
+    assert record.repository.include == [".env"]
+    assert record.repository.untracked_selection.endswith("; plus declared ignored: .env")
+    seat_dir = Path(out["checkpointDir"]) / "app"
+    with tarfile.open(seat_dir / record.repository.untracked.file) as archive:
+        names = archive.getnames()
+    assert ".env" in names and "build/out.bin" not in names
