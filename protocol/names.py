@@ -15,6 +15,7 @@ from typing import Annotated, TypeGuard
 import msgspec
 
 from protocol.errors import Refusal
+from protocol.instant import INSTANT_BODY, file_stamp
 
 # -- token rules ----------------------------------------------------------------------------------
 
@@ -63,12 +64,8 @@ OBJECT_ID = TokenRule("object id", r"[0-9a-f]{40}|[0-9a-f]{64}", "1" * 40)
 # one "<oid> <refname>" per line.
 REF_NAME = TokenRule("ref name", r"refs/[^\x00-\x20\x7f~^:?*\[\\]+", "refs/stash")
 HEAD_REF = TokenRule("branch ref", r"refs/heads/[^\x00-\x20\x7f~^:?*\[\\]+", "refs/heads/main")
-# `protocol.instant.format_instant`'s form; [0-9], not \d, which also admits non-ASCII digits.
-INSTANT = TokenRule(
-    "instant",
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z",
-    "2026-11-29T14:00:00.123Z",
-)
+# `protocol.instant.format_instant`'s form.
+INSTANT = TokenRule("instant", INSTANT_BODY, "2026-11-29T14:00:00.123Z")
 # A file a checkpoint names: a plain basename that cannot be hidden or climb out.
 FILE_NAME = TokenRule("checkpoint file name", r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}", "repo.bundle")
 # The suffix of a directory set aside by a restore (`<target>.superseded.<stamp>`).
@@ -213,9 +210,6 @@ def check_attempt_id(attempt_id: str) -> str:
 
 
 def mint_attempt_id() -> str:
-    # Imported here because `protocol.instant` takes its instant rule from this module.
-    from protocol.instant import file_stamp
-
     return file_stamp() + "-" + secrets.token_hex(4)
 
 
