@@ -20,27 +20,55 @@ from protocol.errors import Refusal
 log = structlog.get_logger("cotal.broker")
 
 
+# A seat's inbox is the one place a message waits for its reader, so the stream must refuse a
+# publish it cannot hold (the sender sees the error) rather than drop the oldest (which is
+# silent, and the oldest is the next unread message). No per-subject cap: one sender may queue at
+# least as much as a checkpoint carries. The whole-stream bounds keep a space's broker disk finite.
+DM_MAX_MSGS = 1_000_000
+DM_MAX_BYTES = 4 * 1024 * 1024 * 1024
+
+
+def dm_stream_config(space: str, *, replicas: int = 1) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=names.dm_stream(space),
+        subjects=[names.dm_stream_subjects(space)],
+        retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.NEW,
+        storage=api.StorageType.FILE,
+        max_msgs_per_subject=-1,
+        max_msgs=DM_MAX_MSGS,
+        max_bytes=DM_MAX_BYTES,
+        duplicate_window=120.0,
+        num_replicas=replicas,
+    )
+
+
+def _limits(config: api.StreamConfig) -> tuple[object, ...]:
+    return (config.discard, config.max_msgs_per_subject, config.max_msgs, config.max_bytes)
+
+
 async def ensure_dm_stream(js: JetStreamContext, space: str, *, replicas: int = 1) -> None:
     stream = names.dm_stream(space)
+    wanted = dm_stream_config(space, replicas=replicas)
 
     async def ensure() -> None:
         try:
-            await js.stream_info(stream)
-            return
+            info = await js.stream_info(stream)
         except NotFoundError:
-            pass
-        await js.add_stream(
-            api.StreamConfig(
-                name=stream,
-                subjects=[names.dm_stream_subjects(space)],
-                retention=api.RetentionPolicy.LIMITS,
-                discard=api.DiscardPolicy.OLD,
-                storage=api.StorageType.FILE,
-                max_msgs_per_subject=1000,
-                duplicate_window=120.0,
-                num_replicas=replicas,
-            )
-        )
+            await js.add_stream(wanted)
+            return
+        if _limits(info.config) == _limits(wanted):
+            return
+        # A stream made by an earlier release drops the oldest message past 1,000 per sender:
+        # its limits are brought in line in place, everything else (replicas, the messages, the
+        # durables) kept as the broker holds it.
+        config = info.config
+        config.discard = wanted.discard
+        config.max_msgs_per_subject = wanted.max_msgs_per_subject
+        config.max_msgs = wanted.max_msgs
+        config.max_bytes = wanted.max_bytes
+        await js.update_stream(config)
+        log.info("stream.limits_updated", stream=stream)
 
     await riding_elections(f"stream {stream}", ensure)
 
