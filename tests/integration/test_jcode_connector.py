@@ -94,7 +94,8 @@ def test_doctor_reports_the_configured_standin_as_drain_only(root: Path, binary:
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     rows = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
-    assert set(rows) == {"scribe", "pi", "claude", "jcode"}
+    # One row per harness, and the seat isolation in force on this machine.
+    assert set(rows) == {"scribe", "pi", "claude", "jcode", "isolation"}
     jcode = rows["jcode"]
     assert (
         jcode["continuity"],
