@@ -265,6 +265,7 @@ PS_WIDE = [
     ("SESSION", "sessionId"),
     ("CONTINUITY", "continuity"),
     ("ISOLATION", "isolation"),
+    ("MODE", "permissionMode"),
     ("STARTED", "startedAt"),
     ("LAST EXIT", "lastExit"),
     ("REASON", "reason"),
