@@ -82,9 +82,10 @@ from manager import logs  # noqa: E402
 from manager.broker.connection import LazyConnection  # noqa: E402
 from manager.broker.presence import live_uids as read_live_uids  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
+from manager.checkpoint.confine import place_session_file, session_destination  # noqa: E402
 from manager.checkpoint.gitstate import STATUS_ARGS, run_git  # noqa: E402
 from manager.checkpoint.reader import read_manifest, verify_file  # noqa: E402
-from manager.checkpoint.restore import place_session_file, restore_repository, session_destination  # noqa: E402
+from manager.checkpoint.restore import restore_repository  # noqa: E402
 from manager.cli.verify import agent_settings  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
 from protocol.checkpoint import SeatCheckpoint  # noqa: E402

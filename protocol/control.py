@@ -224,6 +224,8 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     last_exit: str | None = None
     # What keeps the seat from the manager's authority: "mount-ns+landlock", ..., "none".
     isolation: str | None = None
+    # The harness's own permission mode where it has one (Claude Code), as the seat was launched.
+    permission_mode: str | None = None
 
 
 def seat_rows(obj: Any) -> list[SeatRow]:

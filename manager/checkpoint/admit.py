@@ -30,16 +30,16 @@ from typing import Any
 
 from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
 from manager import registry
-from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, refs_differing
-from manager.checkpoint.reader import read_manifest, verify_integrity
-from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
-from manager.checkpoint.restore import (
+from manager.checkpoint.confine import (
     SessionTarget,
     confine_cwd,
     probe_session_target,
     seat_paths,
     session_target,
 )
+from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, refs_differing
+from manager.checkpoint.reader import read_manifest, verify_integrity
+from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
 from manager.workspace.private import read_stable
 from protocol.checkpoint import (
     AttemptManifest,

@@ -6,15 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from importlib import metadata
-from pathlib import Path
 from typing import Any, NoReturn
 
-import anyio
-
 from manager import logs
+from manager.cli import commands
+from manager.cli.commands import root_of
 from manager.cli.output import (
     EX_INTERNAL,
     EX_INTERRUPTED,
@@ -30,9 +28,7 @@ from manager.cli.output import (
     say,
     stdout_gone,
 )
-from protocol import names
 from protocol.errors import Refusal
-from protocol.instant import parse_instant
 
 __all__ = [
     "EX_INTERNAL",
@@ -47,466 +43,6 @@ __all__ = [
     "progress",
     "say",
 ]
-
-
-def _root(args: argparse.Namespace) -> Path:
-    return Path(args.root or os.environ.get("COTAL_ROOT") or os.getcwd()).resolve()
-
-
-def _run(fn: Callable[..., Any], *a: Any) -> Any:
-    return anyio.run(fn, *a, backend="asyncio")
-
-
-# -- commands -----------------------------------------------------------------------------------
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    from manager.cli import mesh
-
-    if args.restore:
-        from manager.cli import restore as resume_cli
-
-        return int(resume_cli.run_restore(args, _root(args)))
-    _warn_waiting(_root(args))
-    result = mesh.up(
-        _root(args),
-        space=args.space,
-        server=args.server,
-        creds=args.creds,
-        detach=args.detach,
-        report=progress,
-        replicas=args.replicas,
-    )
-    if args.json:
-        emit_json(result)
-    else:
-        say(f"cotal is up in {result['root']}")
-        say(f"  space     {result['space']}")
-        say(f"  broker    {result['server']}{' (embedded)' if result['embedded'] else ''}")
-        say(f"  manager   pid {result['pid']}  instance {result['instanceId']}")
-        say(f"  socket    {result['socket']}")
-        say("next: cotal spawn NAME --agent scribe")
-    return 0
-
-
-def _warn_waiting(root: Path) -> None:
-    """A plain `up` beside a sealed cut (or an attempt cut short) is allowed, since the operator
-    may want a fresh mesh, but never silent: the cut's seats are not among the new mesh's."""
-    from manager.cli import status
-    from manager.workspace.layout import Layout
-
-    for line in status.warning_lines(status.waiting(Layout.at(root))):
-        progress(line)
-
-
-def cmd_down(args: argparse.Namespace) -> int:
-    from manager.cli import mesh
-
-    if args.abort and not args.preserve_state:
-        raise Refusal(
-            "bad-args",
-            "--abort abandons a cut, and plain `cotal down` is not one",
-            "run `cotal down --preserve-state --abort`",
-        )
-    if args.preserve_state:
-        from manager.cli import cut as cut_cli
-
-        return int(cut_cli.run_cut(args, _root(args)))
-    result = mesh.down(_root(args), report=progress)
-    if args.json:
-        emit_json(result)
-    else:
-        for seat in result["seats"]:
-            say(
-                f"stopped {seat['name']} (uid {seat['lifecycleUid']}, exit {seat['exitCode']}); "
-                + _durable_outcome(seat)
-            )
-        if result["manager"]:
-            say(f"manager pid {result['manager']} proven gone")
-        if result["broker"]:
-            say(f"embedded broker pid {result['broker']} proven gone")
-        say("cotal is down")
-    return 0
-
-
-def _durable_outcome(seat: dict[str, Any]) -> str:
-    # A daemon that predates the per-seat outcome reports none; it said nothing either way, so
-    # nothing is claimed for it.
-    if "durableDeleted" not in seat:
-        return "durable deletion not reported by this manager"
-    if seat["durableDeleted"]:
-        return "durable deleted"
-    if not seat.get("footprintOwned", True):
-        return "durable kept (not this manager's to delete)"
-    return (
-        f"durable NOT deleted ({seat.get('durableError') or 'unknown reason'}): its record is "
-        "kept; once the broker is back, run cotal up and then cotal down again"
-    )
-
-
-def cmd_manager_serve(args: argparse.Namespace) -> int:
-    from manager.daemon import serve as daemon
-
-    creds = Path(args.creds).resolve() if args.creds else None
-    if args.resume_attempt:
-        names.check_attempt_id(args.resume_attempt)
-    _run(
-        daemon.serve,
-        _root(args),
-        args.space,
-        args.server,
-        creds,
-        args.resume_attempt,
-        args.replicas,
-    )
-    return 0
-
-
-def cmd_broker_serve(args: argparse.Namespace) -> int:
-    from manager.cli import mesh
-
-    return mesh.broker_serve(
-        Path(args.store_dir).resolve(), port=args.port, as_json=args.json, say=say
-    )
-
-
-def _call(
-    root: Path, op: str, payload: dict[str, Any] | None = None, *, timeout: float = 60.0
-) -> Any:
-    from manager.cli import mesh
-
-    return _run(mesh.call, root, op, payload or {}, timeout)
-
-
-def check_prompt(prompt: str) -> str:
-    """The documented `bad-prompt` rule, checked before the manager is asked. The connectors keep
-    their own check: the daemon is not only reached through this CLI."""
-    if not prompt.strip():
-        raise Refusal(
-            "bad-prompt",
-            "the prompt is empty",
-            "pass the text the seat should start with, or leave --prompt out",
-        )
-    if prompt.startswith(("-", "@")):
-        raise Refusal(
-            "bad-prompt",
-            "refusing a prompt starting with '-' or '@' (the harness would parse it as an option"
-            " or a file)",
-            "reword the prompt so it does not start with '-' or '@'",
-        )
-    return prompt
-
-
-def cmd_spawn(args: argparse.Namespace) -> int:
-    payload: dict[str, Any] = {"name": args.name, "agent": args.agent}
-    if args.prompt is not None:
-        payload["prompt"] = check_prompt(args.prompt)
-    for key in ("model", "resume"):
-        if getattr(args, key):
-            payload[key] = getattr(args, key)
-    if args.cwd:
-        payload["cwd"] = str(Path(args.cwd).resolve())
-    row = _call(_root(args), "spawn", payload, timeout=90.0)
-    if args.json:
-        emit_json(row)
-    else:
-        say(f"spawned {row['name']} ({row['agent']}) pid {row['pid']} uid {row['lifecycleUid']}")
-        say(f"  session {row['sessionId']}  continuity {row['continuity']}")
-    warning = _cut_warning(Path(row["cwd"]))
-    if warning:
-        progress(warning)
-    return 0
-
-
-def _cut_warning(cwd: Path) -> str | None:
-    """Said at spawn, when it is cheap to act on, rather than at the cut, which refuses such a
-    seat by name (`not-a-repository`, `not-top-level`)."""
-    import subprocess
-
-    try:
-        probe = subprocess.run(
-            ["git", "-C", str(cwd), "rev-parse", "--is-inside-work-tree", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-        lines = probe.stdout.splitlines() if probe.returncode == 0 else []
-    except (OSError, subprocess.TimeoutExpired):
-        lines = []
-    if not lines or lines[0] != "true":
-        return (
-            f"warning: {cwd} is not a git repository: this seat cannot be cut (cotal down "
-            "--preserve-state refuses it); use a git work tree or accept that it cannot move"
-        )
-    top = Path(lines[1]).resolve() if len(lines) > 1 else None
-    if top is not None and top != cwd.resolve():
-        return (
-            f"warning: {cwd} is inside the git repository at {top} but not its top level: this "
-            "seat cannot be cut (cotal down --preserve-state refuses it); run it at the top "
-            "level or accept that it cannot move"
-        )
-    return None
-
-
-PS_COLUMNS = [
-    ("NAME", "name"),
-    ("AGENT", "agent"),
-    ("STATE", "state"),
-    ("TURN", "turn"),
-    ("UPTIME", "uptime"),
-    ("RESTARTS", "restarts"),
-]
-PS_WIDE = [
-    ("PID", "pid"),
-    ("CWD", "cwd"),
-    ("LIFECYCLE UID", "lifecycleUid"),
-    ("INSTANCE", "instanceId"),
-    ("SESSION", "sessionId"),
-    ("CONTINUITY", "continuity"),
-    ("ISOLATION", "isolation"),
-    ("STARTED", "startedAt"),
-    ("LAST EXIT", "lastExit"),
-    ("REASON", "reason"),
-]
-
-
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
-    cells = [[h for h, _ in columns]] + [
-        ["-" if r.get(k) is None else str(r.get(k)) for _, k in columns] for r in rows
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    )
-
-
-def cmd_ps(args: argparse.Namespace) -> int:
-    rows = _call(_root(args), "ps")
-    if args.json:
-        for row in rows:
-            emit_json(row)
-        return 0
-    if not rows:
-        say("no seats")
-        return 0
-    now = datetime.now(UTC)
-    shown = [
-        {
-            **row,
-            "turn": "busy" if row.get("busy") else "idle",
-            "uptime": _uptime(row.get("startedAt"), now) if row.get("state") == "running" else None,
-        }
-        for row in rows
-    ]
-    say(format_table(shown, PS_COLUMNS + (PS_WIDE if args.wide else [])))
-    return 0
-
-
-def _uptime(started_at: str | None, now: datetime) -> str | None:
-    """`3d4h`, `2h05m`, `4m12s`, `9s`: the two largest units an operator reads at a glance."""
-    if not started_at:
-        return None
-    try:
-        seconds = max(0, int((now - parse_instant(started_at)).total_seconds()))
-    except ValueError:
-        return None
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
-
-
-def cmd_send(args: argparse.Namespace) -> int:
-    if args.server:
-        from manager.cli import mesh
-
-        if args.wait:
-            raise Refusal(
-                "bad-args",
-                "--wait needs a running manager; with --server the message is only queued",
-                "drop --wait, or send through the manager without --server",
-            )
-        creds = Path(args.creds).resolve() if args.creds else None
-        result = _run(mesh.publish_direct, args.server, creds, args.space, args.name, args.text)
-        if args.json:
-            emit_json(result)
-        else:
-            say(
-                f"queued {result['id']} for {result['seat']} at the broker"
-                f" (stream seq {result['seq']})"
-            )
-        return 0
-    payload = {"name": args.name, "text": args.text, "wait": args.wait, "timeoutS": args.timeout}
-    result = _call(_root(args), "send", payload, timeout=args.timeout + 10)
-    if args.json:
-        emit_json(result)
-    elif args.wait:
-        say(result["reply"])
-    else:
-        say(f"queued {result['id']} for {result['seat']} (stream seq {result['seq']})")
-    return 0
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    result = _call(_root(args), "stop-seat", {"name": args.name})
-    if args.json:
-        emit_json(result)
-    elif result.get("alreadyStopped"):
-        say(f"{result['name']} was already stopped (last exit {result['lastExit']})")
-    else:
-        say(
-            f"stopped {result['name']} (uid {result['lifecycleUid']}, exit {result['lastExit']});"
-            f" kept: inbox, session and custody stay (`cotal start {result['name']}` brings it"
-            f" back, `cotal rm {result['name']}` removes it)"
-        )
-    return 0
-
-
-def _started(row: dict[str, Any], verb: str) -> None:
-    say(
-        f"{verb} {row['name']} ({row['agent']}) pid {row['pid']} uid {row['lifecycleUid']}"
-        f" restarts {row['restarts']}"
-    )
-    say(f"  session {row['sessionId']}  continuity {row['continuity']}")
-
-
-def cmd_start(args: argparse.Namespace) -> int:
-    row = _call(_root(args), "start-seat", {"name": args.name}, timeout=90.0)
-    if args.json:
-        emit_json(row)
-    elif row.get("alreadyRunning"):
-        say(f"{row['name']} is already running (pid {row['pid']})")
-    else:
-        _started(row, "started")
-    return 0
-
-
-def cmd_restart(args: argparse.Namespace) -> int:
-    row = _call(_root(args), "restart-seat", {"name": args.name}, timeout=120.0)
-    if args.json:
-        emit_json(row)
-    else:
-        _started(row, "restarted")
-    return 0
-
-
-def cmd_rm(args: argparse.Namespace) -> int:
-    result = _call(_root(args), "remove-seat", {"name": args.name})
-    if args.json:
-        emit_json(result)
-    elif result.get("footprintDeleted"):
-        say(
-            f"removed {result['name']} (uid {result['lifecycleUid']}, exit {result['lastExit']});"
-            " durable, custody record and session pointer deleted"
-        )
-    else:
-        say(
-            f"removed {result['name']} (uid {result['lifecycleUid']}) from this manager; its "
-            "durable and custody record belong to their new holder and were kept"
-        )
-    return 0
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from manager.cli import status
-
-    doc = status.gather(_root(args))
-    if args.json:
-        emit_json(doc)
-    else:
-        status.print_human(doc, say)
-    return 0
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from manager.cli import doctor
-
-    return doctor.run(_root(args), as_json=args.json, say=say)
-
-
-def cmd_logs(args: argparse.Namespace) -> int:
-    from manager.cli import logs as logs_cli
-
-    return logs_cli.run(
-        _root(args),
-        seat=args.seat,
-        follow=args.follow,
-        since=args.since,
-        as_json=args.json,
-        transcript=args.transcript,
-    )
-
-
-def cmd_tools(args: argparse.Namespace) -> int:
-    from manager.cli import tools
-
-    pins = tools.load_pins()
-    for name in args.names or sorted(pins):
-        say(tools.install(tools.get_pin(name)))
-    return 0
-
-
-def _since(text: str) -> Any:
-    from manager.cli import logs as logs_cli
-
-    try:
-        return logs_cli.parse_since(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def cmd_checkpoint_verify(args: argparse.Namespace) -> int:
-    from manager.cli import verify
-
-    return int(verify.run_verify(args, _root(args)))
-
-
-def cmd_checkpoint_pack(args: argparse.Namespace) -> int:
-    from manager.cli import checkpoints
-
-    return checkpoints.run_pack(args, _root(args))
-
-
-def cmd_checkpoint_list(args: argparse.Namespace) -> int:
-    from manager.cli import checkpoints
-
-    return checkpoints.run_list(args, _root(args))
-
-
-def cmd_checkpoint_discard(args: argparse.Namespace) -> int:
-    from manager.cli import checkpoints
-
-    return checkpoints.run_discard(args, _root(args))
-
-
-def cmd_trust_add(args: argparse.Namespace) -> int:
-    from manager.cli import trust
-
-    return trust.run_add(
-        _root(args), args.key, args.name, as_json=args.json, say=say, emit=emit_json
-    )
-
-
-def cmd_trust_list(args: argparse.Namespace) -> int:
-    from manager.cli import trust
-
-    return trust.run_list(_root(args), as_json=args.json, say=say, emit=emit_json)
-
-
-def cmd_trust_remove(args: argparse.Namespace) -> int:
-    from manager.cli import trust
-
-    return trust.run_remove(_root(args), args.signer, as_json=args.json, say=say, emit=emit_json)
-
-
-# -- parser -------------------------------------------------------------------------------------
 
 
 class CotalParser(argparse.ArgumentParser):
@@ -664,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--map", action="append", metavar="OLD=NEW", help="with --restore: " + _MAP_HELP
     )
-    up.set_defaults(fn=cmd_up)
+    up.set_defaults(fn=commands.cmd_up)
 
     down = command(
         sub,
@@ -710,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "began (lifts the manager's fence, discards its cut-intent journal; every seat keeps "
         "running)",
     )
-    down.set_defaults(fn=cmd_down)
+    down.set_defaults(fn=commands.cmd_down)
 
     mgr = command(
         sub,
@@ -744,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="JetStream replicas for streams and buckets (default: %(default)s)",
     )
-    serve.set_defaults(fn=cmd_manager_serve)
+    serve.set_defaults(fn=commands.cmd_manager_serve)
 
     broker = command(
         sub,
@@ -772,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     bserve.add_argument(
         "--port", type=int, default=-1, help="the port to listen on (default: a free port)"
     )
-    bserve.set_defaults(fn=cmd_broker_serve)
+    bserve.set_defaults(fn=commands.cmd_broker_serve)
 
     spawn = command(
         sub,
@@ -797,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cwd", metavar="DIR", help="the seat's working directory (default: the root)"
     )
     spawn.add_argument("--resume", metavar="SESSION", help="fork from an existing harness session")
-    spawn.set_defaults(fn=cmd_spawn)
+    spawn.set_defaults(fn=commands.cmd_spawn)
 
     ps = command(sub, "ps", "list seats", "cotal ps", "cotal ps --wide", "cotal ps --json")
     ps.add_argument(
@@ -806,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="add pid, cwd, lifecycle uid, instance id, session id, continuity, start instant,"
         " last exit and reason",
     )
-    ps.set_defaults(fn=cmd_ps)
+    ps.set_defaults(fn=commands.cmd_ps)
 
     send = command(
         sub,
@@ -831,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     send.add_argument("--creds", help="with --server: " + _CREDS_HELP)
     send.add_argument("--space", default="main", help="with --server: " + _SPACE_HELP)
-    send.set_defaults(fn=cmd_send)
+    send.set_defaults(fn=commands.cmd_send)
 
     stop = command(
         sub,
@@ -841,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal stop alice --json",
     )
     stop.add_argument("name", help="the seat to stop")
-    stop.set_defaults(fn=cmd_stop)
+    stop.set_defaults(fn=commands.cmd_stop)
 
     start = command(
         sub,
@@ -850,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal start alice",
     )
     start.add_argument("name", help="the stopped seat to start")
-    start.set_defaults(fn=cmd_start)
+    start.set_defaults(fn=commands.cmd_start)
 
     restart = command(
         sub,
@@ -859,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal restart alice",
     )
     restart.add_argument("name", help="the seat to restart")
-    restart.set_defaults(fn=cmd_restart)
+    restart.set_defaults(fn=commands.cmd_restart)
 
     rm = command(
         sub,
@@ -868,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal rm alice",
     )
     rm.add_argument("name", help="the seat to remove")
-    rm.set_defaults(fn=cmd_rm)
+    rm.set_defaults(fn=commands.cmd_rm)
 
     status = command(
         sub,
@@ -877,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal status",
         "cotal status --json",
     )
-    status.set_defaults(fn=cmd_status)
+    status.set_defaults(fn=commands.cmd_status)
 
     doctor = command(
         sub,
@@ -886,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal doctor",
         "cotal doctor --json",
     )
-    doctor.set_defaults(fn=cmd_doctor)
+    doctor.set_defaults(fn=commands.cmd_doctor)
 
     logs_cmd = command(
         sub,
@@ -912,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     logs_cmd.add_argument(
         "--since",
-        type=_since,
+        type=commands.parse_since,
         metavar="T",
         help="only events at or after T: an instant (2026-12-01T13:00:00Z) or a duration back "
         "from now (30s, 10m, 2h, 1d)",
@@ -922,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print SEAT's conversation as its harness stored it (scribe, pi, claude)",
     )
-    logs_cmd.set_defaults(fn=cmd_logs)
+    logs_cmd.set_defaults(fn=commands.cmd_logs)
 
     tools_cmd = command(
         sub,
@@ -947,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     tools_install.add_argument(
         "names", nargs="*", metavar="NAME", help="only these harnesses (default: every pin)"
     )
-    tools_install.set_defaults(fn=cmd_tools)
+    tools_install.set_defaults(fn=commands.cmd_tools)
 
     ckpt = command(
         sub,
@@ -979,7 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("--creds", help=_CREDS_HELP)
     verify.add_argument("--map", action="append", metavar="OLD=NEW", help=_MAP_HELP)
-    verify.set_defaults(fn=cmd_checkpoint_verify)
+    verify.set_defaults(fn=commands.cmd_checkpoint_verify)
     pack = command(
         ckpt_sub,
         "pack",
@@ -1009,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="main",
         help="the space whose instance key pins this root's own cut (default: %(default)s)",
     )
-    pack.set_defaults(fn=cmd_checkpoint_pack)
+    pack.set_defaults(fn=commands.cmd_checkpoint_pack)
     clist = command(
         ckpt_sub,
         "list",
@@ -1017,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal checkpoint list",
         "cotal checkpoint list --json",
     )
-    clist.set_defaults(fn=cmd_checkpoint_list)
+    clist.set_defaults(fn=commands.cmd_checkpoint_list)
     cdiscard = command(
         ckpt_sub,
         "discard",
@@ -1031,7 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ATTEMPT",
         help="the checkpoint's name as `cotal checkpoint list` shows it",
     )
-    cdiscard.set_defaults(fn=cmd_checkpoint_discard)
+    cdiscard.set_defaults(fn=commands.cmd_checkpoint_discard)
 
     trust_cmd = command(
         sub,
@@ -1063,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a label for the signer, e.g. the source host or its instance id "
         "(default: signer-<hex of the key's digest>)",
     )
-    tadd.set_defaults(fn=cmd_trust_add)
+    tadd.set_defaults(fn=commands.cmd_trust_add)
     tlist = command(
         trust_sub,
         "list",
@@ -1071,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal trust list",
         "cotal trust list --json",
     )
-    tlist.set_defaults(fn=cmd_trust_list)
+    tlist.set_defaults(fn=commands.cmd_trust_list)
     tremove = command(
         trust_sub,
         "remove",
@@ -1080,7 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"cotal trust remove {_EXAMPLE_KEY}",
     )
     tremove.add_argument("signer", metavar="KEY|NAME", help="the signer's key or its name")
-    tremove.set_defaults(fn=cmd_trust_remove)
+    tremove.set_defaults(fn=commands.cmd_trust_remove)
     return p
 
 
@@ -1139,12 +675,12 @@ def _nothing_up(args: argparse.Namespace, exc: Refusal) -> bool:
         args.command == "down"
         and not args.preserve_state
         and exc.code == "not-up"
-        and not Layout.at(_root(args)).mesh.exists()
+        and not Layout.at(root_of(args)).mesh.exists()
     )
 
 
 def _say_nothing_up(args: argparse.Namespace) -> int:
-    root = _root(args)
+    root = root_of(args)
     if args.json:
         emit_json(
             {"nothingUp": True, "root": str(root), "seats": [], "manager": None, "broker": None}

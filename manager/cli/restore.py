@@ -39,7 +39,8 @@ from manager.broker.presence import live_uids
 from manager.broker.retry import phase
 from manager.broker.space import import_inbox, read_broker_identity
 from manager.checkpoint import admit, relocate
-from manager.checkpoint.restore import place_session_file, restore_repository
+from manager.checkpoint.confine import place_session_file
+from manager.checkpoint.restore import restore_repository
 from manager.cli import checkpoints, mesh
 from manager.cli.verify import (
     BrokerRef,

@@ -397,6 +397,10 @@ class Manager:
         spec = seat.connector.build_launch(opts)
         ensure_private_dir(seat.pointer_path.parent)
         seat.spec = spec
+        describe = getattr(seat.connector, "describe", None)
+        # What a connector says about a launch for people (its permission mode, where its
+        # credential comes from); it reads no secret, so it may be shown in `ps --wide`.
+        seat.described = dict(describe(opts)) if callable(describe) else {}
         await self._tg.start(self._run_seat, seat, spec)
 
     async def _require_custody(self, seat: Seat) -> None:

@@ -64,6 +64,7 @@ class Seat:
     restarts: int = 0
     # How the last process of this seat ended (`exit_text`), kept across relaunches.
     last_exit: str | None = None
+    described: dict[str, str] = field(default_factory=dict)
     # One stopper at a time: a second waits for the first's proof instead of racing it.
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
 
@@ -104,6 +105,7 @@ class Seat:
             turn_started_at=turn.started_at if turn is not None else None,
             reason=self.reason,
             last_exit=self.last_exit,
+            permission_mode=self.described.get("permissionMode"),
             isolation=self.handle.isolation if self.handle is not None else None,
         )
 

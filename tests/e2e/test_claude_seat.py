@@ -57,6 +57,11 @@ async def test_claude_seat_survives_a_crash_and_a_fork_of_another_session_is_rep
     cli.run("up", "--detach", env=ENV)
     row = cli.json("spawn", "c1", "--agent", "claude", "--prompt", f"Remember the phrase {PHRASE}.")
     assert row["continuity"] == "exact"
+    # The permission mode the seat runs under is shown, and it is the documented default.
+    assert row["permissionMode"] == "bypassPermissions"
+    wide = cli.run("ps", "--wide").stdout.splitlines()
+    column = wide[0].index(" MODE ") + 1
+    assert wide[1][column:].split()[0] == "bypassPermissions"
     assert (
         cli.json("send", "c1", "What was the phrase?", "--wait")["reply"]
         == f"The phrase is {PHRASE}."

@@ -34,6 +34,7 @@ EMPTY_PROMPT = (
 )
 # The package re-exports main(), which shadows the module of the same name.
 cli_main = importlib.import_module("manager.cli.main")
+cli_commands = importlib.import_module("manager.cli.commands")
 INTERNAL_CURE = "; report this with .cotal/logs/manager.log\n"
 
 
@@ -309,7 +310,7 @@ def _command_that(
 def test_a_closed_stdout_inside_a_command_ends_quietly(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_main, "cmd_status", _command_that(None, lines=3))
+    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(None, lines=3))
     with closed_stdout():
         assert cli_main.main(["status"]) == EX_PIPE_CLOSED
     assert capsys.readouterr().err == ""
@@ -320,7 +321,7 @@ def test_a_broken_pipe_elsewhere_is_an_internal_error(
 ) -> None:
     """The control socket can break too; with stdout still read, that is a failure to report."""
     boom = BrokenPipeError(32, "Broken pipe")
-    monkeypatch.setattr(cli_main, "cmd_status", _command_that(boom))
+    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(boom))
     assert cli_main.main(["status"]) == EX_INTERNAL
     assert capsys.readouterr().err == (
         "cotal: internal error: BrokenPipeError: [Errno 32] Broken pipe" + INTERNAL_CURE
@@ -350,7 +351,7 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(root: Path) -> None
 def test_an_internal_error_under_json_is_one_json_document(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_main, "cmd_status", _command_that(ValueError("two\nlines")))
+    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(ValueError("two\nlines")))
     assert cli_main.main(["status", "--json"]) == EX_INTERNAL
     out, err = capsys.readouterr()
     assert out == ""
@@ -364,6 +365,6 @@ def test_an_internal_error_under_json_is_one_json_document(
 def test_ctrl_c_exits_130(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_main, "cmd_status", _command_that(KeyboardInterrupt()))
+    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(KeyboardInterrupt()))
     assert cli_main.main(["status"]) == EX_INTERRUPTED == 130
     assert capsys.readouterr() == ("", "")

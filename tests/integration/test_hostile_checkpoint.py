@@ -22,8 +22,8 @@ import pytest
 
 from manager import registry
 from manager.checkpoint import admit
+from manager.checkpoint.confine import SessionTarget, place_session_file
 from manager.checkpoint.reader import read_seat_checkpoint
-from manager.checkpoint.restore import SessionTarget, place_session_file
 from manager.workspace.layout import Layout
 from manager.workspace.trust import fingerprint, trusted_keys_for
 from protocol.checkpoint import SeatCheckpoint, SessionFile

@@ -13,8 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from manager.checkpoint.confine import place_session_file, session_destination
 from manager.checkpoint.gitstate import capture_repository
-from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
+from manager.checkpoint.restore import restore_repository
 from protocol.checkpoint import FileRef, RepositoryRecord, SessionFile
 from protocol.errors import Refusal
 from tests.gitrepo import (

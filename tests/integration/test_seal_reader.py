@@ -17,9 +17,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from manager.checkpoint.confine import place_session_file, session_destination
 from manager.checkpoint.gitstate import capture_repository
 from manager.checkpoint.reader import read_manifest, read_seat_checkpoint, verify_integrity
-from manager.checkpoint.restore import place_session_file, restore_repository, session_destination
+from manager.checkpoint.restore import restore_repository
 from manager.checkpoint.seal import (
     capture_file,
     create_seat_dir,

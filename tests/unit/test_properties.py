@@ -28,13 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from manager.checkpoint.restore import (
-    SeatPaths,
-    _extract_untracked,
-    confine_cwd,
-    place_session_file,
-    session_target,
-)
+from manager.checkpoint.confine import SeatPaths, confine_cwd, place_session_file, session_target
+from manager.checkpoint.restore import _extract_untracked
 from protocol import checkpoint, control, custody, inventory, maintenance, mesh, messages, session
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import parse_instant
