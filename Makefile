@@ -21,9 +21,11 @@ venv: $(STAMP)
 harnesses: $(STAMP)
 	$(PY) -m manager.cli.tools install
 
-# Lint first: a test run that passes on code that does not lint is not a green build.
+# Lint first: a test run that passes on code that does not lint is not a green build. Two
+# workers: most tests wait on real brokers, git and seats rather than on a core, and each test
+# owns its own temporary root, broker ports and processes.
 test: lint harnesses
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 # The files mypy checks come from [tool.mypy] in pyproject.toml.
 lint: $(STAMP)
