@@ -73,9 +73,14 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 def carry_includes(cfg: FileConfig, extra: Sequence[str] = ()) -> list[str]:
     """The declared ignored paths for one cut: the root's `[carry] include`, then `--include`
-    values, each validated, first mention kept."""
+    values."""
+    return check_includes([*cfg.carry.include, *extra])
+
+
+def check_includes(include: Sequence[str]) -> list[str]:
+    """Each declared ignored path validated, first mention kept."""
     out: list[str] = []
-    for pattern in [*cfg.carry.include, *extra]:
+    for pattern in include:
         try:
             check_carry_pattern(pattern)
         except ValueError as exc:

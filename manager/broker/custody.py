@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -45,22 +45,35 @@ class Held:
     revision: int
 
 
-async def read(kv: KeyValue, seat: str, uid: str) -> Held | None:
-    key = custody_key(names.SEAT_OWNER, seat, uid)
+R = TypeVar("R")
+
+
+async def _read_record(
+    kv: KeyValue, key: str, what: str, decode: Callable[[bytes], R]
+) -> tuple[R, int] | None:
+    """A record of this bucket and its revision, or None; an unreadable one is a refusal, never
+    something to overwrite."""
     try:
-        entry = await riding_elections(f"custody {key}", lambda: kv.get(key))
+        entry = await riding_elections(f"{what} {key}", lambda: kv.get(key))
     except (KeyNotFoundError, KeyDeletedError):
         return None
     try:
-        record = decode_custody(entry.value or b"")
+        record = decode(entry.value or b"")
     except DecodeError as exc:
         raise Refusal(
             "custody-malformed",
-            f"custody record {key} is malformed: {exc.message}",
+            f"{what} record {key} is malformed: {exc.message}",
             "inspect the cotal_custody bucket; cotal never overwrites a record it cannot read",
         ) from None
     assert entry.revision is not None
-    return Held(record, entry.revision)
+    return record, entry.revision
+
+
+async def read(kv: KeyValue, seat: str, uid: str) -> Held | None:
+    found = await _read_record(
+        kv, custody_key(names.SEAT_OWNER, seat, uid), "custody", decode_custody
+    )
+    return None if found is None else Held(*found)
 
 
 async def create_exclusive(kv: KeyValue, key: str, value: bytes) -> int | None:
@@ -358,21 +371,7 @@ async def _create_claim(
 
 
 async def read_handoff(kv: KeyValue, attempt_id: str) -> tuple[HandOffRecord, int] | None:
-    key = handoff_key(attempt_id)
-    try:
-        entry = await riding_elections(f"hand-off {key}", lambda: kv.get(key))
-    except (KeyNotFoundError, KeyDeletedError):
-        return None
-    try:
-        record = decode_handoff(entry.value or b"")
-    except DecodeError as exc:
-        raise Refusal(
-            "custody-malformed",
-            f"hand-off record {key} is malformed: {exc.message}",
-            "inspect the cotal_custody bucket; cotal never overwrites a record it cannot read",
-        ) from None
-    assert entry.revision is not None
-    return record, entry.revision
+    return await _read_record(kv, handoff_key(attempt_id), "hand-off", decode_handoff)
 
 
 async def record_handoff(kv: KeyValue, record: HandOffRecord) -> HandOffRecord:

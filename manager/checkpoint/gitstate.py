@@ -46,6 +46,7 @@ from connectors.privatefs import (
     open_regular,
     read_stable,
 )
+from manager import registry
 from manager.checkpoint.seal import ExclusiveFile, capture_file
 from protocol.checkpoint import (
     BUNDLE_FILE,
@@ -67,7 +68,6 @@ from protocol.checkpoint import (
     FileRef,
     RepositoryRecord,
     StashEntry,
-    check_carry_pattern,
     format_refs_list,
     selection_rule,
 )
@@ -275,20 +275,7 @@ def _in_control_dir(path: bytes) -> bool:
 
 def check_includes(include: Sequence[str]) -> list[str]:
     """The declared ignored paths as the record will carry them: validated, first mention kept."""
-    out: list[str] = []
-    for pattern in include:
-        try:
-            check_carry_pattern(pattern)
-        except ValueError as exc:
-            raise Refusal(
-                "bad-include",
-                str(exc),
-                "declare a relative path or simple glob under the repository, such as .env or "
-                "config/*.local",
-            ) from None
-        if pattern not in out:
-            out.append(pattern)
-    return out
+    return registry.check_includes(include)
 
 
 def _plain_file(path: Path, what: str, cure: str) -> Path | None:

@@ -60,8 +60,8 @@ from manager.workspace.lock import MaintenanceLock
 from protocol.checkpoint import CarriedMessage, decode_inbox
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
-from protocol.inventory import encode_inventory
-from protocol.maintenance import Consent, Degraded
+from protocol.inventory import Inventory, encode_inventory
+from protocol.maintenance import Consent, Degraded, ResumeDescriptor
 
 RESUME_TIMEOUT_S = 600.0
 
@@ -305,34 +305,11 @@ async def _rejoin(
                 for name, rec in adm.records.items()
             ]
         else:
-            inventory = journal.resume_document(record)
-            result = await session.call(
-                "resume-preserved",
-                {"attemptId": attempt, "inventory": json.loads(encode_inventory(inventory))},
-                timeout=RESUME_TIMEOUT_S,
-            )
-            resumed = result["seats"]
-            journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
-            commit = await session.call(
-                "commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S
-            )
-            token = commit["durableCommitToken"]
-            journal.advance(
-                attempt,
-                "resume-committed",
-                resume=descriptor,
-                consents=consents,
-                durable_commit_token=token,
+            resumed, token = await _resume_and_commit(
+                session, journal, attempt, journal.resume_document(record), descriptor, consents
             )
         assert token is not None
-        final = await session.call(
-            "finalize-resume",
-            {"attemptId": attempt, "durableCommitToken": token},
-            timeout=RESUME_TIMEOUT_S,
-        )
-        journal.advance(
-            attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
-        )
+        final = await _finalize(session, journal, attempt, descriptor, consents, token)
     return {
         "attemptId": attempt,
         "state": final["state"],
@@ -479,29 +456,10 @@ async def _resume_locked(
         report=_say,
         resume_attempt=attempt,
     )
-    result = await session.call(
-        "resume-preserved",
-        {"attemptId": attempt, "inventory": json.loads(encode_inventory(inventory))},
-        timeout=RESUME_TIMEOUT_S,
+    resumed, token = await _resume_and_commit(
+        session, journal, attempt, inventory, descriptor, consents
     )
-    journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
-    commit = await session.call("commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S)
-    token = commit["durableCommitToken"]
-    journal.advance(
-        attempt,
-        "resume-committed",
-        resume=descriptor,
-        consents=consents,
-        durable_commit_token=token,
-    )
-    final = await session.call(
-        "finalize-resume",
-        {"attemptId": attempt, "durableCommitToken": token},
-        timeout=RESUME_TIMEOUT_S,
-    )
-    journal.advance(
-        attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
-    )
+    final = await _finalize(session, journal, attempt, descriptor, consents, token)
     return {
         "attemptId": attempt,
         "state": final["state"],
@@ -511,7 +469,7 @@ async def _resume_locked(
         "inbox": inbox,
         "restored": restored,
         "consents": [msgspec.to_builtins(c) for c in consents],
-        "resumed": result["seats"],
+        "resumed": resumed,
     }
 
 
@@ -585,6 +543,54 @@ def _observations(
             }
         )
     return observations
+
+
+async def _resume_and_commit(
+    session: ControlSession,
+    journal: Journal,
+    attempt: str,
+    inventory: Inventory,
+    descriptor: ResumeDescriptor | None,
+    consents: list[Consent],
+) -> tuple[list[dict[str, Any]], str]:
+    """`resume-preserved`, then `commit-resume`, each journaled as soon as it answers: a rerun
+    after a death at any point continues from what the journal says."""
+    result = await session.call(
+        "resume-preserved",
+        {"attemptId": attempt, "inventory": json.loads(encode_inventory(inventory))},
+        timeout=RESUME_TIMEOUT_S,
+    )
+    journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+    commit = await session.call("commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S)
+    token = str(commit["durableCommitToken"])
+    journal.advance(
+        attempt,
+        "resume-committed",
+        resume=descriptor,
+        consents=consents,
+        durable_commit_token=token,
+    )
+    return list(result["seats"]), token
+
+
+async def _finalize(
+    session: ControlSession,
+    journal: Journal,
+    attempt: str,
+    descriptor: ResumeDescriptor | None,
+    consents: list[Consent],
+    token: str,
+) -> dict[str, Any]:
+    """Only `finalize-resume` with the journaled token releases the fence; then `retired`."""
+    final: dict[str, Any] = await session.call(
+        "finalize-resume",
+        {"attemptId": attempt, "durableCommitToken": token},
+        timeout=RESUME_TIMEOUT_S,
+    )
+    journal.advance(
+        attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
+    )
+    return final
 
 
 def run_restore(args: argparse.Namespace, root: Path) -> int:
