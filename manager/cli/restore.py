@@ -30,7 +30,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from connectors.privatefs import ensure_private_dir, read_stable
-from manager import registry
+from manager import failpoint, registry
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.evict import evict_ghosts
@@ -240,6 +240,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     f"its {c.horizon_ms} ms horizon; admitted by --accept-stale-checkpoint"
                 )
             _say("admitted: integrity, identity and recency pass for every seat")
+            failpoint.reached("resume.after-admission", layout.root)
             with MaintenanceLock(layout, adm.manifest.attempt_id):
                 out = await _resume_locked(
                     args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
@@ -391,6 +392,7 @@ async def _resume_locked(
         # admission and stands; a fresh age reading must not contradict the record.
         consents = list(record.consents)
     journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
+    failpoint.reached("resume.after-resume-intent", layout.root)
     identity = load_or_create_identity(layout, space)
     _say("claiming custody (writer generation N+1) in this root and at the broker")
     local: list[tuple[str, int]] = []
@@ -457,12 +459,14 @@ async def _resume_locked(
             ),
         )
         raise
+    failpoint.reached("resume.after-custody-claim", layout.root)
     # Under custody, before the manager starts: its lifecycle proof needs each durable here.
     inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker is about to be restarted under the manager's mesh record.
     await conn.aclose()
     restored = await _restore_all(layout, adm)
+    failpoint.reached("resume.after-trees-restored", layout.root)
     _say("starting the manager fenced to this attempt")
     if embedded_info is not None:
         await anyio.to_thread.run_sync(embedded.stop_embedded, embedded_info.identity)
@@ -478,13 +482,17 @@ async def _resume_locked(
         report=_say,
         resume_attempt=attempt,
     )
+    failpoint.reached("resume.after-manager-started", layout.root)
     result = await session.call(
         "resume-preserved",
         {"attemptId": attempt, "inventory": json.loads(encode_inventory(inventory))},
         timeout=RESUME_TIMEOUT_S,
     )
+    failpoint.reached("resume.after-resume-preserved", layout.root)
     journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+    failpoint.reached("resume.after-resume-active", layout.root)
     commit = await session.call("commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S)
+    failpoint.reached("resume.after-commit-resume", layout.root)
     token = commit["durableCommitToken"]
     journal.advance(
         attempt,
@@ -493,11 +501,13 @@ async def _resume_locked(
         consents=consents,
         durable_commit_token=token,
     )
+    failpoint.reached("resume.after-resume-committed", layout.root)
     final = await session.call(
         "finalize-resume",
         {"attemptId": attempt, "durableCommitToken": token},
         timeout=RESUME_TIMEOUT_S,
     )
+    failpoint.reached("resume.after-finalize", layout.root)
     journal.advance(
         attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
     )
