@@ -51,6 +51,7 @@ from manager.cli.verify import (
     trusted_keys,
 )
 from manager.control.client import ControlSession
+from manager.procs import pid_identity
 from manager.workspace.generation import claim_successor, withdraw_claim
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal, write_resume_document
@@ -134,14 +135,24 @@ async def _shares_source_broker(js: JetStreamContext, adm: admit.Admission) -> b
 async def _start_embedded(layout: Layout) -> embedded.BrokerInfo:
     for directory in (layout.control, layout.auth, layout.logs):
         ensure_private_dir(directory)
-    return await anyio.to_thread.run_sync(
-        functools.partial(
-            embedded.start_embedded,
-            layout.nats_store,
-            layout.broker_creds,
-            log_path=layout.logs / "nats.log",
-        )
+    start = functools.partial(
+        embedded.start_embedded,
+        layout.nats_store,
+        layout.broker_creds,
+        log_path=layout.logs / "nats.log",
     )
+    try:
+        return await anyio.to_thread.run_sync(start)
+    except Refusal as exc:
+        if exc.code != "broker-running":
+            raise
+    # A resume coordinator that died before its manager started left this root's broker
+    # running with no mesh record naming it. No manager answers here (the caller checked), so
+    # nothing else uses it: it is stopped (flushing its store) and started for this run.
+    for pid in embedded.store_owners(layout.nats_store):
+        _say(f"stopping the embedded broker (pid {pid}) an interrupted resume left running")
+        await anyio.to_thread.run_sync(embedded.stop_embedded, pid_identity(pid))
+    return await anyio.to_thread.run_sync(start)
 
 
 async def _admit_at_broker(
