@@ -20,10 +20,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
-import msgspec
 
 from connectors.base import continuity_class
 from manager import failpoint, registry
@@ -351,7 +349,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
     else:
         attempt, continuing = names.mint_attempt_id(), False
     if continuing and record is not None and record.state == "cut-intent":
-        await _revive_broker(layout)
+        await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session:
         status = await session.status()
         joined = _orphaned_attempt(status) if not continuing else None
@@ -391,34 +389,6 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                     layout, session, journal, record, status, stores, args.drain_timeout
                 )
             return await _finish(layout, session, journal, attempt, result, descriptor, t0)
-
-
-async def _revive_broker(layout: Layout) -> None:
-    """The unfinished cut needs its broker (the manager's export, or an offline capture's
-    reads): an embedded one that died under it is started again on its own store and at the
-    URL the mesh names, where the manager's client keeps reconnecting."""
-    record = mesh.read_mesh(layout)
-    if (
-        record is None
-        or record.embedded_broker is None
-        or record.broker_store != str(layout.nats_store)
-        or alive(record.embedded_broker)
-    ):
-        return
-    port = urlsplit(record.server).port
-    if port is None:
-        return
-    _say(f"restarting the embedded broker on port {port}: it died during the cut")
-    info = await anyio.to_thread.run_sync(
-        functools.partial(
-            embedded.start_embedded,
-            layout.nats_store,
-            layout.broker_creds,
-            port=port,
-            log_path=layout.logs / "nats.log",
-        )
-    )
-    mesh.write_mesh(layout, msgspec.structs.replace(record, embedded_broker=info.identity))
 
 
 def _orphaned_attempt(status: dict[str, Any] | None) -> str | None:

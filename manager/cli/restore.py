@@ -197,6 +197,8 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     layout = Layout.at(root)
     src = Path(args.restore).resolve()
+    if _pending_resume(layout):
+        await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session:
         status = await session.status()
         if status is not None:
@@ -266,6 +268,13 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 _PENDING_RESUME = ("resume-intent", "resume-active", "resume-committed")
 
 
+def _pending_resume(layout: Layout) -> bool:
+    if not (layout.maintenance / "journal.json").exists():
+        return False
+    record = Journal(layout).load()
+    return record is not None and record.kind == "resume" and record.state in _PENDING_RESUME
+
+
 async def _rejoin(
     args: argparse.Namespace,
     layout: Layout,
@@ -323,7 +332,9 @@ async def _rejoin(
                 timeout=RESUME_TIMEOUT_S,
             )
             resumed = result["seats"]
-            journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+            if record.state == "resume-intent":
+                # A journal already past it keeps its state: the manager answered a repeat.
+                journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
             commit = await session.call(
                 "commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S
             )

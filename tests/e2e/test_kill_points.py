@@ -63,7 +63,16 @@ POINTS: list[tuple[str, str, str]] = [
     ("resume.after-manager-started:broker", RESUME, "rerun"),
 ]
 
-XFAIL: dict[str, str] = {}
+_MANAGER_LOST_MID_RESUME = (
+    "a resume whose manager died after `resume-active` was journaled cannot be finished: the "
+    "rerun finds no manager, starts over at admission and refuses `illegal-transition` "
+    "(journal {} does not allow begin-resume); nothing restarts the manager fenced to the "
+    "attempt without restoring the trees again"
+)
+XFAIL: dict[str, str] = {
+    "resume.daemon.after-commit-resume-rerun": _MANAGER_LOST_MID_RESUME.format("resume-active"),
+    "resume.daemon.after-finalize-rerun": _MANAGER_LOST_MID_RESUME.format("resume-committed"),
+}
 
 
 def _cases() -> list[Any]:
