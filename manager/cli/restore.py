@@ -151,8 +151,20 @@ async def _start_embedded(layout: Layout) -> embedded.BrokerInfo:
     # nothing else uses it: it is stopped (flushing its store) and started for this run.
     for pid in embedded.store_owners(layout.nats_store):
         _say(f"stopping the embedded broker (pid {pid}) an interrupted resume left running")
-        await anyio.to_thread.run_sync(embedded.stop_embedded, pid_identity(pid))
-    return await anyio.to_thread.run_sync(start)
+        try:
+            await anyio.to_thread.run_sync(embedded.stop_embedded, pid_identity(pid))
+        except ProcessLookupError:
+            continue
+    # A multi-threaded broker reads as a zombie once its leader thread exits, a moment before
+    # its last thread lets go of the store's lock.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return await anyio.to_thread.run_sync(start)
+        except Refusal as exc:
+            if exc.code != "broker-running" or time.monotonic() > deadline:
+                raise
+        await anyio.sleep(0.1)
 
 
 async def _admit_at_broker(
