@@ -188,6 +188,23 @@ def _start_locked(
     )
 
 
+def store_owners(store_dir: Path) -> list[int]:
+    """The live nats-servers started on this store's config: what holds its `owner.lock`."""
+    conf = str(store_dir / "server.conf").encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if conf in argv:
+            found.append(int(entry))
+    return found
+
+
 def stop_embedded(identity: ProcIdentity, *, timeout: float = 10.0) -> None:
     """SIGTERM (the broker flushes JetStream), then SIGKILL; prove the process gone."""
     if not alive(identity):

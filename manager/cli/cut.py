@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 
 from connectors.base import continuity_class
-from manager import registry
+from manager import failpoint, registry
 from manager.broker import custody, embedded, space
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
@@ -212,10 +212,12 @@ async def _finish(
 ) -> dict[str, Any]:
     if result["failures"] or not result["sealed"]:
         raise _incomplete(attempt, result)
+    failpoint.reached("cut.after-commit", layout.root)
     await anyio.to_thread.run_sync(read_manifest, Path(result["checkpointDir"]))
     journal.advance(
         attempt, "cut-committed", resume=descriptor, checkpoint_dir=result["checkpointDir"]
     )
+    failpoint.reached("cut.after-cut-committed", layout.root)
     record = mesh.read_mesh(layout)
     if await session.status() is not None:
         _say("stopping the manager (footprint kept)")
@@ -231,9 +233,11 @@ async def _finish(
                 f"manager pid {record.manager.pid} did not exit",
                 f"kill -9 {record.manager.pid}, then rerun `cotal down --preserve-state`",
             )
+    failpoint.reached("cut.after-manager-stopped", layout.root)
     if record is not None and record.embedded_broker is not None:
         _say("stopping the embedded broker")
         await anyio.to_thread.run_sync(embedded.stop_embedded, record.embedded_broker)
+        failpoint.reached("cut.after-broker-stopped", layout.root)
     inventory = journal.resume_document()
     await anyio.to_thread.run_sync(_prove_no_seat_processes, inventory)
     journal.advance(attempt, "ready", resume=descriptor, checkpoint_dir=result["checkpointDir"])
@@ -362,6 +366,8 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
         )
     else:
         attempt, continuing = names.mint_attempt_id(), False
+    if continuing and record is not None and record.state == "cut-intent":
+        await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session:
         status = await session.status()
         joined = _orphaned_attempt(status) if not continuing else None
@@ -370,6 +376,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
             # belongs to that attempt, so this run finishes it rather than minting another.
             attempt = joined
         with MaintenanceLock(layout, attempt):
+            failpoint.reached("cut.after-lock", layout.root)
             if record is not None and not continuing:
                 journal.discard(record.attempt_id)
             if not continuing:
@@ -386,8 +393,10 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                 plan = await session.call(
                     "prepare-preservation", {"attemptId": attempt}, timeout=PREPARE_TIMEOUT_S
                 )
+                failpoint.reached("cut.after-prepare", layout.root)
                 descriptor = convert(plan["resume"], ResumeDescriptor, what="prepare result")
                 journal.advance(attempt, "cut-intent", resume=descriptor)
+                failpoint.reached("cut.after-cut-intent", layout.root)
                 _say("stopping every seat, proving each exit, capturing and sealing")
                 result = await _commit(session, attempt, opts)
             else:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import msgspec
@@ -178,6 +179,34 @@ async def _provision(
         argv += ["--resume-attempt", resume_attempt]
     argv += ["--replicas", str(replicas if replicas is not None else default_replicas(server))]
     return _Launch(layout, record, argv, token)
+
+
+async def revive_embedded_broker(layout: Layout, report: Report) -> None:
+    """An unfinished cut or resume needs its broker: an embedded one that died under it is
+    started again on its own store and at the URL the mesh names, where the manager's client
+    keeps reconnecting."""
+    record = read_mesh(layout)
+    if (
+        record is None
+        or record.embedded_broker is None
+        or record.broker_store != str(layout.nats_store)
+        or alive(record.embedded_broker)
+    ):
+        return
+    port = urlsplit(record.server).port
+    if port is None:
+        return
+    report(f"restarting the embedded broker on port {port}: it died under an unfinished attempt")
+    info = await anyio.to_thread.run_sync(
+        functools.partial(
+            embedded.start_embedded,
+            layout.nats_store,
+            layout.broker_creds,
+            port=port,
+            log_path=layout.logs / "nats.log",
+        )
+    )
+    write_mesh(layout, msgspec.structs.replace(record, embedded_broker=info.identity))
 
 
 def _live_embedded_broker(layout: Layout, record: MeshRecord | None) -> ProcRef | None:

@@ -30,7 +30,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from connectors.privatefs import ensure_private_dir, read_stable
-from manager import registry
+from manager import failpoint, registry
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.evict import evict_ghosts
@@ -52,6 +52,7 @@ from manager.cli.verify import (
     trusted_keys,
 )
 from manager.control.client import ControlSession
+from manager.procs import pid_identity
 from manager.workspace.generation import claim_successor, withdraw_claim
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal, write_resume_document
@@ -135,14 +136,36 @@ async def _shares_source_broker(js: JetStreamContext, adm: admit.Admission) -> b
 async def _start_embedded(layout: Layout) -> embedded.BrokerInfo:
     for directory in (layout.control, layout.auth, layout.logs):
         ensure_private_dir(directory)
-    return await anyio.to_thread.run_sync(
-        functools.partial(
-            embedded.start_embedded,
-            layout.nats_store,
-            layout.broker_creds,
-            log_path=layout.logs / "nats.log",
-        )
+    start = functools.partial(
+        embedded.start_embedded,
+        layout.nats_store,
+        layout.broker_creds,
+        log_path=layout.logs / "nats.log",
     )
+    try:
+        return await anyio.to_thread.run_sync(start)
+    except Refusal as exc:
+        if exc.code != "broker-running":
+            raise
+    # A resume coordinator that died before its manager started left this root's broker
+    # running with no mesh record naming it. No manager answers here (the caller checked), so
+    # nothing else uses it: it is stopped (flushing its store) and started for this run.
+    for pid in embedded.store_owners(layout.nats_store):
+        _say(f"stopping the embedded broker (pid {pid}) an interrupted resume left running")
+        try:
+            await anyio.to_thread.run_sync(embedded.stop_embedded, pid_identity(pid))
+        except ProcessLookupError:
+            continue
+    # A multi-threaded broker reads as a zombie once its leader thread exits, a moment before
+    # its last thread lets go of the store's lock.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return await anyio.to_thread.run_sync(start)
+        except Refusal as exc:
+            if exc.code != "broker-running" or time.monotonic() > deadline:
+                raise
+        await anyio.sleep(0.1)
 
 
 async def _admit_at_broker(
@@ -187,6 +210,8 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     layout = Layout.at(root)
     src = Path(args.restore).resolve()
+    if _pending_resume(layout):
+        await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session:
         status = await session.status()
         if status is not None:
@@ -241,6 +266,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     f"its {c.horizon_ms} ms horizon; admitted by --accept-stale-checkpoint"
                 )
             _say("admitted: integrity, identity and recency pass for every seat")
+            failpoint.reached("resume.after-admission", layout.root)
             with MaintenanceLock(layout, adm.manifest.attempt_id):
                 out = await _resume_locked(
                     args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
@@ -253,6 +279,13 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 _PENDING_RESUME = ("resume-intent", "resume-active", "resume-committed")
+
+
+def _pending_resume(layout: Layout) -> bool:
+    if not (layout.maintenance / "journal.json").exists():
+        return False
+    record = Journal(layout).load()
+    return record is not None and record.kind == "resume" and record.state in _PENDING_RESUME
 
 
 async def _rejoin(
@@ -306,7 +339,16 @@ async def _rejoin(
             ]
         else:
             resumed, token = await _resume_and_commit(
-                session, journal, attempt, journal.resume_document(record), descriptor, consents
+                session,
+                journal,
+                attempt,
+                journal.resume_document(record),
+                descriptor,
+                consents,
+                root=layout.root,
+                # A journal already past resume-intent keeps its state: the manager answered a
+                # repeat of what was journaled.
+                advance_active=record.state == "resume-intent",
             )
         assert token is not None
         final = await _finalize(session, journal, attempt, descriptor, consents, token)
@@ -369,6 +411,7 @@ async def _resume_locked(
         # admission and stands; a fresh age reading must not contradict the record.
         consents = list(record.consents)
     journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
+    failpoint.reached("resume.after-resume-intent", layout.root)
     identity = load_or_create_identity(layout, space)
     _say("claiming custody (writer generation N+1) in this root and at the broker")
     local: list[tuple[str, int]] = []
@@ -435,12 +478,14 @@ async def _resume_locked(
             ),
         )
         raise
+    failpoint.reached("resume.after-custody-claim", layout.root)
     # Under custody, before the manager starts: its lifecycle proof needs each durable here.
     inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker is about to be restarted under the manager's mesh record.
     await conn.aclose()
     restored = await _restore_all(layout, adm)
+    failpoint.reached("resume.after-trees-restored", layout.root)
     _say("starting the manager fenced to this attempt")
     if embedded_info is not None:
         await anyio.to_thread.run_sync(embedded.stop_embedded, embedded_info.identity)
@@ -456,8 +501,9 @@ async def _resume_locked(
         report=_say,
         resume_attempt=attempt,
     )
+    failpoint.reached("resume.after-manager-started", layout.root)
     resumed, token = await _resume_and_commit(
-        session, journal, attempt, inventory, descriptor, consents
+        session, journal, attempt, inventory, descriptor, consents, root=layout.root
     )
     final = await _finalize(session, journal, attempt, descriptor, consents, token)
     return {
@@ -552,6 +598,9 @@ async def _resume_and_commit(
     inventory: Inventory,
     descriptor: ResumeDescriptor | None,
     consents: list[Consent],
+    *,
+    root: Path,
+    advance_active: bool = True,
 ) -> tuple[list[dict[str, Any]], str]:
     """`resume-preserved`, then `commit-resume`, each journaled as soon as it answers: a rerun
     after a death at any point continues from what the journal says."""
@@ -560,8 +609,12 @@ async def _resume_and_commit(
         {"attemptId": attempt, "inventory": json.loads(encode_inventory(inventory))},
         timeout=RESUME_TIMEOUT_S,
     )
-    journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+    failpoint.reached("resume.after-resume-preserved", root)
+    if advance_active:
+        journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+    failpoint.reached("resume.after-resume-active", root)
     commit = await session.call("commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S)
+    failpoint.reached("resume.after-commit-resume", root)
     token = str(commit["durableCommitToken"])
     journal.advance(
         attempt,
@@ -570,6 +623,7 @@ async def _resume_and_commit(
         consents=consents,
         durable_commit_token=token,
     )
+    failpoint.reached("resume.after-resume-committed", root)
     return list(result["seats"]), token
 
 
@@ -587,6 +641,7 @@ async def _finalize(
         {"attemptId": attempt, "durableCommitToken": token},
         timeout=RESUME_TIMEOUT_S,
     )
+    failpoint.reached("resume.after-finalize", journal.layout.root)
     journal.advance(
         attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
     )

@@ -22,7 +22,7 @@ import anyio
 import msgspec
 import structlog
 
-from manager import registry
+from manager import failpoint, registry
 from manager.broker import custody, space
 from manager.broker.retry import phase
 from manager.checkpoint import cut
@@ -87,10 +87,12 @@ class Preservation:
         self.mgr.delivery_gate.close()
         self.progress.begin(attempt)
         self.progress.add("fenced")
+        failpoint.reached("preserve.after-fence", self.mgr.layout.root)
         try:
             await self.mgr.drain()
             await self._quiesce_pulls()
             self.progress.add("drained")
+            failpoint.reached("preserve.after-drain", self.mgr.layout.root)
             inventory = self._build_inventory(attempt)
             failures = self._reference_failures(inventory)
             if failures:
@@ -117,6 +119,7 @@ class Preservation:
                 )
             descriptor = write_resume_document(self.mgr.layout, inventory)
             read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
+            failpoint.reached("preserve.after-persist", self.mgr.layout.root)
         except BaseException as exc:
             # Nothing was stopped, so the fence is lifted again and the seats carry on.
             m.apply("abort", attempt)
@@ -346,6 +349,7 @@ class Preservation:
                         include=args.include,
                     )
                 )
+                failpoint.reached("preserve.after-seat-sealed", mgr.layout.root)
             except Refusal as exc:
                 failures[agent.name] = exc.text
                 codes[agent.name] = exc.code
@@ -358,6 +362,7 @@ class Preservation:
         manifest = None
         if not failures:
             assert self.descriptor is not None
+            failpoint.reached("preserve.before-manifest-seal", mgr.layout.root)
             try:
                 resume_bytes = encode_inventory(
                     read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt)
@@ -475,6 +480,7 @@ class Preservation:
             return
         self.mgr.hand_over(seat)
         self.progress.add("stopped", seat=seat.name)
+        failpoint.reached("preserve.after-seat-stopped", self.mgr.layout.root)
 
     # -- abort ----------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import structlog
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
 from connectors.base import continuity_class
-from manager import registry
+from manager import failpoint, registry
 from manager.broker import custody, footprint
 from manager.broker.retry import riding_elections
 from manager.daemon.seat import Seat, SeatOwner
@@ -82,6 +82,7 @@ class Resumption:
             for agent in inventory.agents:
                 seat, observation = await self._adopt(agent, attempt)
                 launched.append(seat)
+                failpoint.reached("resume.daemon.after-seat-adopted", mgr.layout.root)
                 observations.append(observation)
         except BaseException:
             # Roll back to a clean resume-required daemon: stop what this attempt started and
@@ -235,6 +236,7 @@ class Resumption:
             )
         m.apply("commit-resume", attempt)
         self.token = self._expected_token(attempt)
+        failpoint.reached("resume.daemon.after-commit-resume", mgr.layout.root)
         return {"attemptId": attempt, "state": "awaitingFinalize", "durableCommitToken": self.token}
 
     async def finalize(self, args: control.FinalizeArgs) -> dict[str, Any]:
@@ -253,5 +255,6 @@ class Resumption:
                 "pass the token commit-resume returned (the journal records it)",
             )
         m.apply("finalize", attempt)
+        failpoint.reached("resume.daemon.after-finalize", self.mgr.layout.root)
         log.info("resume.finalized", attempt=attempt)
         return {"attemptId": attempt, "state": "active"}
