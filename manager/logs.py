@@ -151,5 +151,11 @@ def configure(
 
 
 def quiet() -> None:
-    """For the CLI: only warnings and worse reach stderr, people read the printed output."""
-    configure(None, level=logging.WARNING)
+    """For the CLI: no log line reaches the output people read. What a command has to say it
+    prints, and a failure is a refusal; the daemon's own events are in its log file (`cotal
+    logs`). `COTAL_DEBUG=1` shows the CLI process's warnings and errors on stderr."""
+    if os.environ.get("COTAL_DEBUG") == "1":
+        configure(None, level=logging.WARNING)
+    else:
+        # cotal logs nothing at CRITICAL: this keeps every event out of the output.
+        configure(None, level=logging.CRITICAL)
