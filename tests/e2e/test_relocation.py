@@ -32,10 +32,21 @@ def _hosts(tmp_path: Path) -> tuple[Cli, Cli]:
     return Cli(source), Cli(tmp_path / "hostB" / "work" / "ws2")
 
 
+def _broker_args(b: SharedBroker | None) -> list[str]:
+    """A shared broker, or none: each host then runs its own embedded one, and nothing but the
+    carried checkpoint passes between them."""
+    return [] if b is None else ["--server", b.url, "--creds", b.creds]
+
+
 def _spawn_and_cut(
-    a: Cli, b: SharedBroker, cwd: Path, *, agent: str = "scribe", env: dict[str, str] | None = None
+    a: Cli,
+    b: SharedBroker | None,
+    cwd: Path,
+    *,
+    agent: str = "scribe",
+    env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    a.run("up", "--detach", "--server", b.url, "--creds", b.creds, env=env)
+    a.run("up", "--detach", *_broker_args(b), env=env)
     row = a.json(
         "spawn",
         "default",
@@ -66,7 +77,7 @@ def _carry(a: Cli, dest: Cli, attempt_dir: Path, tmp_path: Path) -> Path:
 def _restore(
     dest: Cli,
     copy: Path,
-    b: SharedBroker,
+    b: SharedBroker | None,
     *extra: str,
     check: bool = True,
     env: dict[str, str] | None = None,
@@ -75,10 +86,7 @@ def _restore(
         "up",
         "--restore",
         str(copy),
-        "--server",
-        b.url,
-        "--creds",
-        b.creds,
+        *_broker_args(b),
         "--json",
         *extra,
         check=check,
@@ -211,19 +219,21 @@ def _repo(root: Path) -> None:
 @pytest.mark.pi
 @pytest.mark.skipif(not PI_CLI.is_file(), reason="pi is not installed under .tools/pi")
 async def test_a_pi_seat_continues_exactly_at_the_new_path(
-    tmp_path: Path, fake_openai: FakeServer, shared_broker: SharedBroker
+    tmp_path: Path, fake_openai: FakeServer
 ) -> None:
+    """Two hosts with nothing in common: each its own embedded broker, another root path."""
     a, dest = _hosts(tmp_path)
     _repo(a.root)
     config = f'[agents.pi]\nbase_url = "{fake_openai.base_url}"\nmodel = "fake-model"\n'
     (a.root / "cotal.toml").write_text(config)
-    row, attempt_dir = _spawn_and_cut(a, shared_broker, a.root, agent="pi")
+    row, attempt_dir = _spawn_and_cut(a, None, a.root, agent="pi")
     copy = _carry(a, dest, attempt_dir, tmp_path)
     (dest.root / "cotal.toml").write_text(config)
 
-    result = _restore(dest, copy, shared_broker)
+    result = _restore(dest, copy, None)
     [seat] = result["seats"]
     assert seat["continuity"] == "exact" and seat["sessionAfter"] == row["sessionId"]
+    assert result["sharedBroker"] is False
     [session] = (dest.root / ".cotal/sessions/pi").glob("*.store/*.jsonl")
     header = json.loads(session.read_text().splitlines()[0])
     assert header["id"] == row["sessionId"] and header["cwd"] == str(dest.root)
@@ -249,8 +259,9 @@ def _claude_installed() -> bool:
 @pytest.mark.claude
 @pytest.mark.skipif(not _claude_installed(), reason="Claude Code is not installed under .tools/")
 async def test_a_claude_seat_continues_exactly_at_the_new_path(
-    tmp_path: Path, fake_anthropic: AnthropicServer, shared_broker: SharedBroker
+    tmp_path: Path, fake_anthropic: AnthropicServer
 ) -> None:
+    """Two hosts with nothing in common: each its own embedded broker, another root path."""
     env = {"FAKE_ANTHROPIC_KEY": "sk-ant-fake-e2e-key-0123456789"}
     a, dest = _hosts(tmp_path)
     _repo(a.root)
@@ -259,13 +270,14 @@ async def test_a_claude_seat_continues_exactly_at_the_new_path(
         'api_key_env = "FAKE_ANTHROPIC_KEY"\n'
     )
     (a.root / "cotal.toml").write_text(config)
-    row, attempt_dir = _spawn_and_cut(a, shared_broker, a.root, agent="claude", env=env)
+    row, attempt_dir = _spawn_and_cut(a, None, a.root, agent="claude", env=env)
     copy = _carry(a, dest, attempt_dir, tmp_path)
     (dest.root / "cotal.toml").write_text(config)
 
-    result = _restore(dest, copy, shared_broker, env=env)
+    result = _restore(dest, copy, None, env=env)
     [seat] = result["seats"]
     assert seat["continuity"] == "exact", seat
+    assert result["sharedBroker"] is False
     assert seat["sessionBefore"] == seat["sessionAfter"] == row["sessionId"]
     # The transcript moved to the project dir Claude Code keys the new cwd by.
     [transcript] = (dest.root / ".cotal/sessions/claude").glob(
