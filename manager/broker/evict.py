@@ -5,6 +5,8 @@ monitoring endpoint answers, every page of its connection list is read, and no c
 named for the predecessor instance. A server that does not answer, a truncated or garbled
 answer, or a page that contradicts its own totals is not evidence: the oracle refuses, it never
 passes.
+
+See docs/design.md ("Eviction evidence").
 """
 
 from __future__ import annotations

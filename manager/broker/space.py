@@ -1,4 +1,4 @@
-"""A seat's inbox out of one broker and into another (record 1.3, `consumerConfigFromCheckpoint`).
+"""A seat's inbox out of one broker and into another (record 1.3; docs/design.md decision 14).
 
 A durable consumer is not a file: what travels is a logical export. At the cut, after the seat
 is proven stopped, `export_inbox` reads the `dm_` durable's configuration and contiguous ack

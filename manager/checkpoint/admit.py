@@ -14,6 +14,8 @@ Cheapest and most conclusive first. Integrity and identity have no override; rec
 the consent is returned so the caller can print and journal it. A capturedAt that cannot be read,
 or one later than this host's clock beyond a small skew, refuses with no override: a freshness
 gate that fails open is not a gate.
+
+See docs/cli.md (the resume: its refusal table, gate by gate).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ git runs as argv lists with a minimal environment: no system config, hooks point
 locks (so `git status` never rewrites the index), C locale. The operator's global config is
 kept on purpose: its excludes file is part of what `--exclude-standard` means on this host, and
 dropping it would sweep files the operator ignores (an `.env`) into the artifact.
+
+See docs/operations.md ("What a checkpoint carries").
 """
 
 from __future__ import annotations

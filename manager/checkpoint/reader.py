@@ -1,4 +1,4 @@
-"""The checkpoint reader and gate 1, integrity (record 2.2).
+"""The checkpoint reader and gate 1, integrity (record 2.2; docs/cli.md `checkpoint verify`).
 
 A record is read without following symlinks, under its size cap, and re-stat'd after reading;
 it is then parsed strictly and its Ed25519 signature verified. Integrity then proves every file

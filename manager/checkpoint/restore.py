@@ -17,6 +17,8 @@ rebuild the stash reflog entry by entry; apply the index diff with
 mark the remaining intent-to-add entries; extract the untracked archive under strict member
 rules; prove no ignored file lies outside the recorded selection; reattach HEAD to its branch;
 compare `git status`; promote; compare again in place.
+
+See docs/operations.md ("What a checkpoint carries").
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ or after an abort reopens the gate), and the turn already in flight runs to its 
 commit waits for before it stops the seat. A reply's id is derived from the message it answers,
 so a turn redelivered after its reply was published (the ack was lost with a dead manager) is
 answered once: the broker drops the second reply as a duplicate.
+
+See docs/design.md (decision 4) and docs/architecture.md (the seat lifecycle).
 """
 
 from __future__ import annotations

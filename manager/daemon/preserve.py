@@ -9,6 +9,8 @@ each exit is proven; only then is anything captured. A seat still mid-turn at th
 cut anyway and named (`midTurn`): its message stays unacknowledged and comes back after the
 resume. A seat that cannot be proven stopped fails the cut by name and nothing is captured for
 it.
+
+See docs/architecture.md ("How a cut flows through the house") and docs/cli.md (the cut).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The resume handshake, daemon side (record 2.1, 3.3 step 5-6, 5.4).
+"""The resume handshake, daemon side (record 2.1, 3.3 step 5-6, 5.4; docs/cli.md the resume).
 
 A daemon started for a resume is fenced to that attempt: only `resume-preserved`,
 `commit-resume` and `finalize-resume` for it are admitted. `resume-preserved` runs the checks in
