@@ -86,28 +86,36 @@ def _to_sink(_: Any, __: str, event_dict: EventDict) -> tuple[tuple[Any, ...], d
 
 
 class _Sink:
-    """structlog's logger: every level method takes the finished event dict."""
+    """structlog's logger: every level method takes the finished event dict.
 
-    def __init__(
-        self, file: RotatingFile | None, json_stream: TextIO | None, console: TextIO | None
-    ) -> None:
+    Streams are looked up when an event is written, not when logging is configured: a process
+    that swaps or closes its stderr (a test runner, a daemonizing parent) must not turn a later
+    log line into a crash. A line that cannot reach stderr is dropped; the file is the record.
+    """
+
+    def __init__(self, file: RotatingFile | None, *, json_stderr: bool, console: bool) -> None:
         self.file = file
-        self.json_stream = json_stream
-        self.console = console
+        self.json_stderr = json_stderr
         self.renderer = structlog.dev.ConsoleRenderer(colors=False) if console else None
 
     def msg(self, event_dict: Mapping[str, Any]) -> None:
         line = json.dumps(event_dict, sort_keys=True, default=repr)
         if self.file is not None:
             self.file.write_line(line)
-        if self.json_stream is not None:
-            self.json_stream.write(line + "\n")
-            self.json_stream.flush()
-        if self.console is not None and self.renderer is not None:
-            self.console.write(str(self.renderer(None, "", dict(event_dict))) + "\n")
-            self.console.flush()
+        if self.json_stderr:
+            _to_stderr(line)
+        if self.renderer is not None:
+            _to_stderr(str(self.renderer(None, "", dict(event_dict))))
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+def _to_stderr(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (ValueError, OSError):
+        pass
 
 
 def _stderr_is_tty() -> bool:
@@ -131,11 +139,7 @@ def configure(
         log_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         file = RotatingFile(log_path, max_bytes=max_bytes, backups=backups)
     tty = _stderr_is_tty()
-    sink = _Sink(
-        file,
-        json_stream=sys.stderr if log_path is None and not tty else None,
-        console=sys.stderr if tty else None,
-    )
+    sink = _Sink(file, json_stderr=log_path is None and not tty, console=tty)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
