@@ -198,6 +198,15 @@ async def held_for(js: JetStreamContext, inventory: Inventory) -> dict[str, Held
     return out
 
 
+def _generation_behind(name: str, generation: int, held: Held, where: str) -> Refusal:
+    return Refusal(
+        "generation-behind",
+        f"seat {name}: this checkpoint is at writer generation {generation}, but {where} is at "
+        f"generation {held.record.generation}, held by instance {held.record.holder}",
+        "this record is stale: the seat was resumed elsewhere; do not launch it here",
+    )
+
+
 async def claim_attempt(
     js: JetStreamContext,
     space: str,
@@ -218,13 +227,7 @@ async def claim_attempt(
             and current.record.generation > record.generation
             and not (current.record.holder == holder and current.record.attempt_id == attempt_id)
         ):
-            raise Refusal(
-                "generation-behind",
-                f"seat {name}: this checkpoint is at writer generation {record.generation}, but "
-                f"custody is at generation {current.record.generation}, held by instance "
-                f"{current.record.holder}",
-                "this record is stale: the seat was resumed elsewhere; do not launch it here",
-            )
+            raise _generation_behind(name, record.generation, current, "custody")
     await _claim_attempt_key(kv, attempt_id, holder=holder, root=root)
     claims: list[dict[str, Any]] = []
     for name, record in records.items():
@@ -291,13 +294,7 @@ async def claim_across(
         if held is None or _mine(held, holder, attempt_id, record.generation + 1):
             continue
         if held.record.generation > record.generation:
-            raise Refusal(
-                "generation-behind",
-                f"seat {name}: this checkpoint is at writer generation {record.generation}, but "
-                f"this broker's custody is at generation {held.record.generation}, held by "
-                f"instance {held.record.holder}",
-                "this record is stale: the seat was resumed elsewhere; do not launch it here",
-            )
+            raise _generation_behind(name, record.generation, held, "this broker's custody")
     await _claim_attempt_key(kv, attempt_id, holder=holder, root=root)
     claims: list[dict[str, Any]] = []
     for name, record in records.items():
