@@ -279,6 +279,8 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 _PENDING_RESUME = ("resume-intent", "resume-active", "resume-committed")
+# The journal states a resume reaches only after its manager adopted the seats.
+_MANAGER_RAN = ("resume-active", "resume-committed")
 
 
 def _pending_resume(layout: Layout) -> bool:
@@ -410,7 +412,18 @@ async def _resume_locked(
         # A rerun of an admitted attempt: the operator's consent was journaled at its first
         # admission and stands; a fresh age reading must not contradict the record.
         consents = list(record.consents)
-    journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
+    # Past `resume-active` the trees were restored, the inboxes imported and the manager ran
+    # the seats, which may have worked since: a rerun after that manager died restarts a
+    # manager fenced to the attempt over what is there now and never restores again.
+    relaunch = record is not None and record.kind == "resume" and record.state in _MANAGER_RAN
+    if relaunch:
+        assert record is not None
+        _say(
+            f"continuing resume {attempt} from journal state {record.state}: its manager died; "
+            "the trees and inboxes stay as the seats left them"
+        )
+    else:
+        journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
     failpoint.reached("resume.after-resume-intent", layout.root)
     identity = load_or_create_identity(layout, space)
     _say("claiming custody (writer generation N+1) in this root and at the broker")
@@ -479,12 +492,16 @@ async def _resume_locked(
         )
         raise
     failpoint.reached("resume.after-custody-claim", layout.root)
-    # Under custody, before the manager starts: its lifecycle proof needs each durable here.
-    inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
+    inbox: list[dict[str, Any]] = []
+    restored: list[dict[str, Any]] = []
+    if not relaunch:
+        # Under custody, before the manager starts: its lifecycle proof needs each durable here.
+        inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker is about to be restarted under the manager's mesh record.
     await conn.aclose()
-    restored = await _restore_all(layout, adm)
+    if not relaunch:
+        restored = await _restore_all(layout, adm)
     failpoint.reached("resume.after-trees-restored", layout.root)
     _say("starting the manager fenced to this attempt")
     if embedded_info is not None:
@@ -503,13 +520,21 @@ async def _resume_locked(
     )
     failpoint.reached("resume.after-manager-started", layout.root)
     resumed, token = await _resume_and_commit(
-        session, journal, attempt, inventory, descriptor, consents, root=layout.root
+        session,
+        journal,
+        attempt,
+        inventory,
+        descriptor,
+        consents,
+        root=layout.root,
+        advance_active=not relaunch,
     )
     final = await _finalize(session, journal, attempt, descriptor, consents, token)
     return {
         "attemptId": attempt,
         "state": final["state"],
         "journal": "retired",
+        "continued": relaunch,
         "claims": claims,
         "sharedBroker": shared,
         "inbox": inbox,
