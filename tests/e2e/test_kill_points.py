@@ -63,6 +63,7 @@ POINTS: list[tuple[str, str, str]] = [
     ("resume.after-manager-started:broker", RESUME, "rerun"),
 ]
 
+
 def _cases() -> list[Any]:
     out = []
     for point, command, recovery in POINTS:
