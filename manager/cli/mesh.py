@@ -104,6 +104,7 @@ async def _provision(
     resume_attempt: str | None,
     replicas: int | None,
     report: Report,
+    broker: embedded.BrokerInfo | None = None,
 ) -> _Launch:
     """Everything before the manager runs: the refusal if one already answers, a fresh control
     token, the broker (embedded unless `server`), the mesh record and the manager's argv."""
@@ -131,7 +132,11 @@ async def _provision(
     broker_ref: ProcRef | None = None
     creds_path: Path | None
     reused = _live_embedded_broker(layout, existing) if server is None else None
-    if reused is not None:
+    if broker is not None:
+        # The caller started this root's broker itself moments ago (a resume imports the
+        # inboxes into it first): the manager is its client from here on, not a second start.
+        server, creds_path, broker_ref = broker.url, Path(broker.creds), broker.identity
+    elif reused is not None:
         # The manager died and left its broker running: a second broker on the same store
         # is exactly what must never happen, so the new manager joins this one.
         assert existing is not None
@@ -239,9 +244,11 @@ async def start(
     report: Report = _noop,
     resume_attempt: str | None = None,
     replicas: int | None = None,
+    broker: embedded.BrokerInfo | None = None,
 ) -> dict[str, Any]:
     """Start a detached manager and return once it answers on `session`, which stays connected
-    to it: the caller's next op needs no second handshake."""
+    to it: the caller's next op needs no second handshake. `broker` is this root's embedded
+    broker when the caller already started it."""
     layout = Layout.at(root)
     launch = await _provision(
         layout,
@@ -252,6 +259,7 @@ async def start(
         resume_attempt=resume_attempt,
         replicas=replicas,
         report=report,
+        broker=broker,
     )
     broker_ref = launch.record.embedded_broker
     report("starting the manager")
@@ -285,7 +293,9 @@ async def start(
             status = await session.status()
             if status is not None:
                 break
-            await anyio.sleep(0.1)
+            # A refused connect to a socket not yet bound costs microseconds; a coarse poll
+            # would add its whole period to every start.
+            await anyio.sleep(0.02)
     if status is None:
         proc.kill()
         await anyio.to_thread.run_sync(proc.wait)

@@ -498,16 +498,14 @@ async def _resume_locked(
         # Under custody, before the manager starts: its lifecycle proof needs each durable here.
         inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
     # The broker's last use by this coordinator: the manager is its client from here on, and
-    # an embedded broker is about to be restarted under the manager's mesh record.
+    # an embedded broker passes to the manager's mesh record as it runs.
     await conn.aclose()
     if not relaunch:
         restored = await _restore_all(layout, adm)
     failpoint.reached("resume.after-trees-restored", layout.root)
     _say("starting the manager fenced to this attempt")
-    if embedded_info is not None:
-        await anyio.to_thread.run_sync(embedded.stop_embedded, embedded_info.identity)
-        server, creds = None, None
-    else:
+    server, creds = None, None
+    if embedded_info is None:
         server, creds = broker.server, str(broker.creds) if broker.creds else None
     await mesh.start(
         layout.root,
@@ -517,6 +515,7 @@ async def _resume_locked(
         creds=creds,
         report=_say,
         resume_attempt=attempt,
+        broker=embedded_info,
     )
     failpoint.reached("resume.after-manager-started", layout.root)
     resumed, token = await _resume_and_commit(
