@@ -15,6 +15,11 @@ repository, an unborn HEAD, a shallow history, an unmerged index or an operation
 submodules (record open point 9), index flags such as skip-worktree, a tracked or nested
 `.cotal`, and untracked entries that are not files or symlinks. Preflight changes nothing.
 
+An inspection is few git runs, each answering what it can at once (docs/design.md decision 17):
+one `rev-parse`, one `for-each-ref`, one `ls-files --debug`, one `status`, one `config --list`.
+The preflight at prepare leaves what it learned for the capture at commit, which reuses only
+the parts whose input it proves unchanged (manager/checkpoint/inspect.py says why that is sound).
+
 git runs as argv lists with a minimal environment: no system config, hooks pointed at
 /dev/null, no fsmonitor (both would run programs the seat may have configured), no optional
 locks (so `git status` never rewrites the index), C locale. The operator's global config is
