@@ -640,13 +640,18 @@ async def _read_refs_and_head(cwd: Path) -> tuple[dict[str, str], str | None]:
 
 
 async def _facts(
-    cwd: Path, include: Sequence[str] = (), earlier: Reusable | None = None
+    cwd: Path,
+    include: Sequence[str] = (),
+    earlier: Reusable | None = None,
+    *,
+    stash: bool = True,
 ) -> RepoFacts:
     """Inspect the repository at `cwd`, refusing what a checkpoint cannot reproduce.
 
     `earlier` is a previous inspection of the same repository: its index scan is reused when
     the index stamp is unchanged and its config listing when the config bytes are (see
-    manager/checkpoint/inspect.py for why nothing else is).
+    manager/checkpoint/inspect.py for why nothing else is). The stash reflog is read only for
+    a capture (`stash`): it refuses nothing, and a capture reads it again anyway.
     """
     cwd = Path(cwd)
     probe = await _probe(cwd)
@@ -724,7 +729,7 @@ async def _facts(
             "rename them to UTF-8 names, then cut again",
         ) from None
     gitdir = await _gitdir_facts(cwd, probe.common, earlier.config if earlier else None)
-    stash = await _read_stash_reflog(cwd) if "refs/stash" in probe.refs else []
+    entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
     return RepoFacts(
         top=probe.top,
         base=probe.base,
@@ -734,7 +739,7 @@ async def _facts(
         gitdir=gitdir,
         refs=probe.refs,
         index=index,
-        stash=stash,
+        stash=entries,
     )
 
 
@@ -754,7 +759,9 @@ async def preflight_repository(cwd: Path, *, include: Sequence[str] = ()) -> Non
     (manager/checkpoint/inspect.py).
     """
     cwd = Path(cwd)
-    facts = await _facts(cwd, check_includes(include), _INSPECTIONS.take(cwd.resolve()))
+    facts = await _facts(
+        cwd, check_includes(include), _INSPECTIONS.take(cwd.resolve()), stash=False
+    )
     _INSPECTIONS.remember(facts.top, facts.reusable())
 
 

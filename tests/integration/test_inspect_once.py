@@ -23,13 +23,13 @@ from tests.gitrepo import git, make_rich_repo, seat_dir_for, write
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 
-# The rich repository has a stash and a config without credentials: one reflog read per
-# inspection, no redaction read-back.
-PREFLIGHT = ["rev-parse", "for-each-ref", "ls-files", "status", "config", "reflog"]
+# The rich repository has a stash and a config without credentials: the capture reads the
+# stash reflog at each end, and there is no redaction read-back.
+PREFLIGHT = ["rev-parse", "for-each-ref", "ls-files", "status", "config"]
 CHECK = ["rev-parse", "for-each-ref", "status", "reflog"]
 ARTIFACTS = ["bundle", "diff", "diff"]
 CAPTURE_REUSING = CHECK + ARTIFACTS + CHECK
-CAPTURE_ALONE = PREFLIGHT + ARTIFACTS + CHECK
+CAPTURE_ALONE = [*PREFLIGHT, "reflog", *ARTIFACTS, *CHECK]
 
 
 class GitLog:
