@@ -31,6 +31,7 @@ See docs/operations.md ("What a checkpoint carries").
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -257,10 +258,10 @@ async def stream_git_to_file(
 
 @dataclass(frozen=True)
 class ConfigListing:
-    """`git config --file config --null --list` and the bytes of `config` it listed."""
+    """`git config --file config --null --list` and the digest of the bytes it listed."""
 
     # None when the file moved while git listed it: such a listing is never reused.
-    raw: bytes | None
+    digest: bytes | None
     listing: bytes
 
 
@@ -341,8 +342,15 @@ def _plain_file(path: Path, what: str, cure: str) -> Path | None:
 _CONFIG_CAP = 1 << 20
 
 
+def _config_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
 def _read_config_bytes(path: Path) -> tuple[bytes, tuple[int, int, int, int]] | None:
-    """The bytes of `path` and the stat data they were read under, or None past the cap."""
+    """The digest of `path` and the stat data it was read under, or None past the cap.
+
+    A digest, not the bytes: the cache lives as long as the daemon, and a config may hold a
+    credential."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -354,7 +362,7 @@ def _read_config_bytes(path: Path) -> tuple[bytes, tuple[int, int, int, int]] | 
         os.close(fd)
     if len(data) > _CONFIG_CAP:
         return None
-    return data, (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return _config_digest(data), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 async def _list_config(cwd: Path, config: Path, earlier: ConfigListing | None) -> ConfigListing:
@@ -364,12 +372,12 @@ async def _list_config(cwd: Path, config: Path, earlier: ConfigListing | None) -
     both reads agree, so its key is the content git actually read.
     """
     before = _read_config_bytes(config)
-    if earlier is not None and before is not None and before[0] == earlier.raw:
+    if earlier is not None and before is not None and before[0] == earlier.digest:
         return earlier
     listing = await run_git(cwd, "config", "--file", str(config), "--null", "--list")
     after = _read_config_bytes(config)
     key = before[0] if before is not None and before == after else None
-    return ConfigListing(raw=key, listing=listing.stdout)
+    return ConfigListing(digest=key, listing=listing.stdout)
 
 
 async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) -> GitDirFacts:
@@ -961,7 +969,7 @@ async def _capture_config(
     cwd: Path, config: Path, seat_dir: Path, listed: ConfigListing | None
 ) -> tuple[FileRef, list[str]]:
     raw = read_stable(config, cap=_CONFIG_CAP, what="git config").data
-    if listed is not None and listed.raw == raw:
+    if listed is not None and listed.digest == _config_digest(raw):
         # The inspection listed exactly these bytes; `--file` follows no includes, so the
         # listing is a function of them alone.
         listing = listed.listing

@@ -14,7 +14,7 @@ learned; a fact is reused only when the input it is a pure function of is proven
    a checksum (`index.skipHash`) or an absent one is never reused.
 2. The config listing (`git config --file config --null --list`) depends on nothing but the
    bytes of `config` (`--file` does not follow includes); it is reused only when the bytes read
-   at capture equal the bytes that were listed.
+   at capture hash as the bytes that were listed did, read before and after git listed them.
 
 Everything else is read again at every inspection, because no cheap stamp covers it:
 
