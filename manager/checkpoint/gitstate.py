@@ -15,6 +15,11 @@ repository, an unborn HEAD, a shallow history, an unmerged index or an operation
 submodules (record open point 9), index flags such as skip-worktree, a tracked or nested
 `.cotal`, and untracked entries that are not files or symlinks. Preflight changes nothing.
 
+An inspection is few git runs, each answering what it can at once (docs/design.md decision 17):
+one `rev-parse`, one `for-each-ref`, one `ls-files --debug`, one `status`, one `config --list`.
+The preflight at prepare leaves what it learned for the capture at commit, which reuses only
+the parts whose input it proves unchanged (manager/checkpoint/inspect.py says why that is sound).
+
 git runs as argv lists with a minimal environment: no system config, hooks pointed at
 /dev/null, no fsmonitor (both would run programs the seat may have configured), no optional
 locks (so `git status` never rewrites the index), C locale. The operator's global config is
@@ -26,6 +31,7 @@ See docs/operations.md ("What a checkpoint carries").
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -49,6 +55,7 @@ from connectors.privatefs import (
     read_stable,
 )
 from manager import registry
+from manager.checkpoint.inspect import IndexStamp, InspectionCache, index_stamp
 from manager.checkpoint.seal import ExclusiveFile, capture_file
 from protocol.checkpoint import (
     BUNDLE_FILE,
@@ -250,12 +257,38 @@ async def stream_git_to_file(
 
 
 @dataclass(frozen=True)
+class ConfigListing:
+    """`git config --file config --null --list` and the digest of the bytes it listed."""
+
+    # None when the file moved while git listed it: such a listing is never reused.
+    digest: bytes | None
+    listing: bytes
+
+
+@dataclass(frozen=True)
 class GitDirFacts:
     """What travels from the git dir: the config, the hooks that are not samples, info/exclude."""
 
     config: Path | None
     hooks: list[tuple[str, Path]]
     info_exclude: Path | None
+    listing: ConfigListing | None = None
+
+
+@dataclass(frozen=True)
+class IndexScan:
+    """What the index alone decides, with the stamp of the index it was read from."""
+
+    stamp: IndexStamp | None
+    intent_to_add: list[str]
+
+
+@dataclass(frozen=True)
+class Reusable:
+    """The part of an inspection a later one may reuse once its input is proven unchanged."""
+
+    index: IndexScan
+    config: ConfigListing | None
 
 
 @dataclass(frozen=True)
@@ -266,6 +299,16 @@ class RepoFacts:
     status: str
     untracked: list[bytes]
     gitdir: GitDirFacts
+    refs: dict[str, str]
+    index: IndexScan
+    stash: list[StashEntry]
+
+    def reusable(self) -> Reusable:
+        return Reusable(index=self.index, config=self.gitdir.listing)
+
+
+# The preflights at prepare, kept for the capture at commit (manager/checkpoint/inspect.py).
+_INSPECTIONS: InspectionCache[Reusable] = InspectionCache()
 
 
 def _in_control_dir(path: bytes) -> bool:
@@ -296,15 +339,56 @@ def _plain_file(path: Path, what: str, cure: str) -> Path | None:
     return path
 
 
-async def _gitdir_facts(cwd: Path) -> GitDirFacts:
-    out = await run_git(cwd, "rev-parse", "--git-common-dir")
-    common = (cwd / out.stdout.decode("utf-8", "surrogateescape").strip()).resolve()
+_CONFIG_CAP = 1 << 20
+
+
+def _config_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _read_config_bytes(path: Path) -> tuple[bytes, tuple[int, int, int, int]] | None:
+    """The digest of `path` and the stat data it was read under, or None past the cap.
+
+    A digest, not the bytes: the cache lives as long as the daemon, and a config may hold a
+    credential."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        data = os.pread(fd, _CONFIG_CAP + 1, 0)
+    finally:
+        os.close(fd)
+    if len(data) > _CONFIG_CAP:
+        return None
+    return _config_digest(data), (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+async def _list_config(cwd: Path, config: Path, earlier: ConfigListing | None) -> ConfigListing:
+    """The config's listing, reused when its bytes are those listed before.
+
+    The bytes are read before and after git lists them: a listing is kept for reuse only when
+    both reads agree, so its key is the content git actually read.
+    """
+    before = _read_config_bytes(config)
+    if earlier is not None and before is not None and before[0] == earlier.digest:
+        return earlier
+    listing = await run_git(cwd, "config", "--file", str(config), "--null", "--list")
+    after = _read_config_bytes(config)
+    key = before[0] if before is not None and before == after else None
+    return ConfigListing(digest=key, listing=listing.stdout)
+
+
+async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) -> GitDirFacts:
     config = _plain_file(
         common / "config", "git config", "replace it with a regular file, then cut again"
     )
+    listing: ConfigListing | None = None
     if config is not None:
-        keys = await run_git(cwd, "config", "--file", str(config), "--null", "--name-only", "-l")
-        if b"core.worktree" in [k.lower() for k in _split_z(keys.stdout)]:
+        listing = await _list_config(cwd, config, earlier)
+        keys = [key.lower() for key, _ in _config_entries(listing.listing)]
+        if b"core.worktree" in keys:
             raise Refusal(
                 "gitdir-unsupported",
                 f"{config} sets core.worktree, which names a path on this host; the restore "
@@ -339,7 +423,7 @@ async def _gitdir_facts(cwd: Path) -> GitDirFacts:
         "info/exclude",
         "replace it with a regular file, then cut again",
     )
-    return GitDirFacts(config=config, hooks=hooks, info_exclude=exclude)
+    return GitDirFacts(config=config, hooks=hooks, info_exclude=exclude, listing=listing)
 
 
 def _split_z(data: bytes) -> list[bytes]:
@@ -351,77 +435,47 @@ def _names(paths: Sequence[bytes], limit: int = 5) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-async def _facts(cwd: Path, include: Sequence[str] = ()) -> RepoFacts:
-    cwd = Path(cwd)
-    if not cwd.is_dir():
-        raise Refusal(
-            "not-a-repository",
-            f"seat cwd {cwd} is not a directory",
-            "run the seat in a directory that is a git repository",
-        )
-    real = cwd.resolve()
-    probe = await run_git(cwd, "rev-parse", "--is-inside-work-tree", "--show-toplevel", ok=(0, 128))
-    lines = probe.stdout.decode("utf-8", "replace").splitlines()
-    if probe.rc != 0 or not lines or lines[0] != "true":
-        raise Refusal(
-            "not-a-repository",
-            f"seat cwd {cwd} is not the working tree of a git repository, so its state cannot be "
-            "captured",
-            f"run `git init` in {cwd} and commit the seat's files, or move the seat into a git "
-            "repository",
-        )
-    top = Path(lines[1]).resolve() if len(lines) > 1 else None
-    if top != real:
-        raise Refusal(
-            "not-top-level",
-            f"seat cwd {cwd} is inside the repository at {top} but is not its top level; the "
-            "restore "
-            "rebuilds the repository at the seat's cwd",
-            f"run the seat at {top}, or run `git init` in {cwd} to give it a repository of its own",
-        )
+# The in-memory flag `git ls-files --debug` prints for an entry `git add -N` made.
+_CE_INTENT_TO_ADD = 1 << 29
+_DEBUG_LINES = 5
 
-    state = await run_git(
-        cwd, "rev-parse", *(arg for name, _, _ in _IN_PROGRESS for arg in ("--git-path", name))
-    )
-    for (_name, what, cure), rel in zip(
-        _IN_PROGRESS, state.stdout.decode().splitlines(), strict=True
-    ):
-        if os.path.lexists(cwd / rel):
+
+def _index_entries(out: bytes) -> list[tuple[bytes, bytes, int]]:
+    """`git ls-files -s -t -v -z --debug` as (meta, path, flags): each NUL-ended entry is
+    followed by five newline-ended lines of stat data, the last of them ending in its flags."""
+    chunks = out.split(b"\0")
+    entries: list[tuple[bytes, bytes, int]] = []
+    pending = chunks[0]
+    for chunk in chunks[1:]:
+        lines = chunk.split(b"\n", _DEBUG_LINES)
+        flags = lines[_DEBUG_LINES - 1].rpartition(b"flags: ")[2] if len(lines) > 4 else b""
+        if len(lines) != _DEBUG_LINES + 1 or not re.fullmatch(rb"[0-9a-f]+", flags):
             raise Refusal(
-                "operation-in-progress",
-                f"{what} is in progress in {cwd} ({rel} exists); its state lives in files a "
-                "checkpoint does not carry",
-                cure + ", then cut again",
+                "git-failed",
+                "`git ls-files --debug` printed an entry this version cannot read",
+                "report this with `git --version`; nothing was changed",
             )
-
-    head_commit = await run_git(cwd, "rev-parse", "--verify", "-q", "HEAD^{commit}", ok=(0, 1))
-    head_ref = await run_git(cwd, "symbolic-ref", "-q", "HEAD", ok=(0, 1))
-    head = head_ref.stdout.decode().strip() if head_ref.rc == 0 else None
-    if head_commit.rc != 0:
+        meta, _, path = pending.partition(b"\t")
+        entries.append((meta, path, int(flags, 16)))
+        pending = lines[_DEBUG_LINES]
+    if pending:
         raise Refusal(
-            "unborn-head",
-            f"{cwd} has no commit yet ({head or 'HEAD'} is unborn), so there is no history to "
-            "bundle",
-            "make a first commit (`git add -A && git commit`), then cut again",
+            "git-failed",
+            "`git ls-files --debug` output ended inside an entry",
+            "report this with `git --version`; nothing was changed",
         )
-    base = head_commit.stdout.decode().strip()
+    return entries
 
-    shallow = await run_git(cwd, "rev-parse", "--is-shallow-repository")
-    if shallow.stdout.strip() == b"true":
-        raise Refusal(
-            "shallow",
-            f"{cwd} is a shallow clone; its bundle would need history the destination does not "
-            "have",
-            "run `git fetch --unshallow`, then cut again",
-        )
 
-    index = await run_git(cwd, "ls-files", "-s", "-t", "-v", "-z")
+async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
+    """Refuse the index states a checkpoint cannot carry; name the intent-to-add entries."""
+    index = await run_git(cwd, "ls-files", "-s", "-t", "-v", "-z", "--debug")
     unmerged: list[bytes] = []
     gitlinks: list[bytes] = []
     flagged: list[bytes] = []
     control: list[bytes] = []
-    for entry in _split_z(index.stdout):
-        meta, _, path = entry.partition(b"\t")
+    ita: list[bytes] = []
+    for meta, path, flags in _index_entries(index.stdout):
         tag, mode, _oid, stage = meta.split(b" ")
         if stage != b"0":
             unmerged.append(path)
@@ -431,6 +485,8 @@ async def _facts(cwd: Path, include: Sequence[str] = ()) -> RepoFacts:
             flagged.append(path)
         if _in_control_dir(path):
             control.append(path)
+        elif flags & _CE_INTENT_TO_ADD and stage == b"0":
+            ita.append(path)
     unmerged = sorted(set(unmerged))
     if unmerged:
         raise Refusal(
@@ -465,18 +521,168 @@ async def _facts(cwd: Path, include: Sequence[str] = ()) -> RepoFacts:
             "credentials and must never enter a checkpoint",
             f"run `git rm -r --cached {CONTROL_DIR}` and add {CONTROL_DIR}/ to .gitignore",
         )
+    # Neither diff carries an intent-to-add entry as an index entry, so the record names them.
+    names = sorted(p.decode("utf-8", "surrogateescape") for p in ita)
+    return IndexScan(stamp=stamp, intent_to_add=names)
 
-    listed = await run_git(
+
+@dataclass(frozen=True)
+class _Probe:
+    top: Path
+    common: Path
+    index: Path
+    base: str
+    head: str | None
+    refs: dict[str, str]
+
+
+_PROBE_FIXED = 5  # is-inside-work-tree, toplevel, common dir, shallow, index path
+
+
+async def _probe(cwd: Path) -> _Probe:
+    """Where the repository is, whether it can be captured at all, and what its refs say.
+
+    One `git rev-parse` answers the top level, the git dirs, shallowness, the operation
+    markers and the HEAD commit; one `git for-each-ref` every ref and the branch HEAD is on.
+    """
+    if not cwd.is_dir():
+        raise Refusal(
+            "not-a-repository",
+            f"seat cwd {cwd} is not a directory",
+            "run the seat in a directory that is a git repository",
+        )
+    real = cwd.resolve()
+    probe = await run_git(
         cwd,
-        "ls-files",
-        "--others",
-        "--exclude-standard",
-        "-z",
-        "--",
-        EXCLUDE_CONTROL,
-        *EXCLUDE_STAGING,
+        "rev-parse",
+        "--is-inside-work-tree",
+        "--show-toplevel",
+        "--git-common-dir",
+        "--is-shallow-repository",
+        "--git-path",
+        "index",
+        *(arg for name, _, _ in _IN_PROGRESS for arg in ("--git-path", name)),
+        "--verify",
+        "-q",
+        "HEAD^{commit}",
+        ok=(0, 1, 128),
     )
-    untracked = [p for p in _split_z(listed.stdout) if not _in_control_dir(p)]
+    lines = probe.stdout.decode("utf-8", "surrogateescape").splitlines()
+    if probe.rc == 128 or not lines or lines[0] != "true":
+        raise Refusal(
+            "not-a-repository",
+            f"seat cwd {cwd} is not the working tree of a git repository, so its state cannot be "
+            "captured",
+            f"run `git init` in {cwd} and commit the seat's files, or move the seat into a git "
+            "repository",
+        )
+    expected = _PROBE_FIXED + len(_IN_PROGRESS) + (1 if probe.rc == 0 else 0)
+    if len(lines) != expected:
+        raise Refusal(
+            "git-failed",
+            f"`git rev-parse` in {cwd} printed {len(lines)} lines where {expected} were asked "
+            "for (a path with a newline in its name?)",
+            "run the seat in a directory whose path has no newline, then cut again",
+        )
+    top = Path(lines[1]).resolve()
+    if top != real:
+        raise Refusal(
+            "not-top-level",
+            f"seat cwd {cwd} is inside the repository at {top} but is not its top level; the "
+            "restore "
+            "rebuilds the repository at the seat's cwd",
+            f"run the seat at {top}, or run `git init` in {cwd} to give it a repository of its own",
+        )
+    markers = lines[_PROBE_FIXED : _PROBE_FIXED + len(_IN_PROGRESS)]
+    for (_name, what, cure), rel in zip(_IN_PROGRESS, markers, strict=True):
+        if os.path.lexists(cwd / rel):
+            raise Refusal(
+                "operation-in-progress",
+                f"{what} is in progress in {cwd} ({rel} exists); its state lives in files a "
+                "checkpoint does not carry",
+                cure + ", then cut again",
+            )
+    if probe.rc != 0:
+        # Only a refusal needs the unborn branch's name; a capturable HEAD gets it from the refs.
+        head_ref = await run_git(cwd, "symbolic-ref", "-q", "HEAD", ok=(0, 1))
+        unborn = head_ref.stdout.decode().strip() if head_ref.rc == 0 else None
+        raise Refusal(
+            "unborn-head",
+            f"{cwd} has no commit yet ({unborn or 'HEAD'} is unborn), so there is no history to "
+            "bundle",
+            "make a first commit (`git add -A && git commit`), then cut again",
+        )
+    if lines[3] == "true":
+        raise Refusal(
+            "shallow",
+            f"{cwd} is a shallow clone; its bundle would need history the destination does not "
+            "have",
+            "run `git fetch --unshallow`, then cut again",
+        )
+    refs, head = await _read_refs_and_head(cwd)
+    return _Probe(
+        top=real,
+        common=(cwd / lines[2]).resolve(),
+        index=cwd / lines[4],
+        base=lines[-1],
+        head=head,
+        refs=refs,
+    )
+
+
+async def _read_refs_and_head(cwd: Path) -> tuple[dict[str, str], str | None]:
+    """Every ref as `{refname: oid}`, and the ref HEAD is on (None when detached).
+
+    `%(HEAD)` marks the ref HEAD resolves to, as `git symbolic-ref HEAD` names it.
+    """
+    # `%(HEAD)` is one character, `*` or a space, so it leads the line.
+    out = await run_git(cwd, "for-each-ref", "--format=%(HEAD)%(objectname) %(refname)")
+    refs: dict[str, str] = {}
+    head: str | None = None
+    for line in out.stdout.decode("utf-8").splitlines():
+        oid, _, name = line[1:].partition(" ")
+        refs[name] = oid
+        if line[:1] == "*":
+            head = name
+    return refs, head
+
+
+async def _facts(
+    cwd: Path,
+    include: Sequence[str] = (),
+    earlier: Reusable | None = None,
+    *,
+    stash: bool = True,
+) -> RepoFacts:
+    """Inspect the repository at `cwd`, refusing what a checkpoint cannot reproduce.
+
+    `earlier` is a previous inspection of the same repository: its index scan is reused when
+    the index stamp is unchanged and its config listing when the config bytes are (see
+    manager/checkpoint/inspect.py for why nothing else is). The stash reflog is read only for
+    a capture (`stash`): it refuses nothing, and a capture reads it again anyway.
+    """
+    cwd = Path(cwd)
+    probe = await _probe(cwd)
+
+    stamp = index_stamp(probe.index)
+    if (
+        earlier is not None
+        and stamp is not None
+        and stamp.reusable
+        and earlier.index.stamp == stamp
+    ):
+        index = earlier.index
+    else:
+        index = await _scan_index(cwd, stamp)
+
+    # The status lists every untracked file (`--untracked-files=all`) with the same pathspec the
+    # untracked archive uses, so one git run answers both.
+    raw_status = (await run_git(cwd, *STATUS_ARGS)).stdout
+    untracked = [
+        entry[3:]
+        for entry in _split_z(raw_status)
+        if entry.startswith(b"?? ") and not _in_control_dir(entry[3:])
+    ]
     if include:
         # Glob magic so `*` stays within one directory level, as the operator wrote it.
         declared = await run_git(
@@ -520,7 +726,6 @@ async def _facts(cwd: Path, include: Sequence[str] = ()) -> RepoFacts:
             ".gitignore",
         )
 
-    raw_status = (await run_git(cwd, *STATUS_ARGS)).stdout
     try:
         status = raw_status.decode("utf-8")
     except UnicodeDecodeError:
@@ -531,9 +736,18 @@ async def _facts(cwd: Path, include: Sequence[str] = ()) -> RepoFacts:
             "record is JSON",
             "rename them to UTF-8 names, then cut again",
         ) from None
-    gitdir = await _gitdir_facts(cwd)
+    gitdir = await _gitdir_facts(cwd, probe.common, earlier.config if earlier else None)
+    entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
     return RepoFacts(
-        top=real, base=base, head=head, status=status, untracked=untracked, gitdir=gitdir
+        top=probe.top,
+        base=probe.base,
+        head=probe.head,
+        status=status,
+        untracked=untracked,
+        gitdir=gitdir,
+        refs=probe.refs,
+        index=index,
+        stash=entries,
     )
 
 
@@ -548,9 +762,15 @@ def _utf8(data: bytes) -> bool:
 async def preflight_repository(cwd: Path, *, include: Sequence[str] = ()) -> None:
     """Refuse, by name and with a cure, a repository state the checkpoint cannot reproduce.
 
-    Read-only: it runs before the seat is stopped, so a refusal costs nothing.
+    Read-only: it runs before the seat is stopped, so a refusal costs nothing. What it learned
+    is kept for the capture of the same repository, which reuses only what it proves unchanged
+    (manager/checkpoint/inspect.py).
     """
-    await _facts(Path(cwd), check_includes(include))
+    cwd = Path(cwd)
+    facts = await _facts(
+        cwd, check_includes(include), _INSPECTIONS.take(cwd.resolve()), stash=False
+    )
+    _INSPECTIONS.remember(facts.top, facts.reusable())
 
 
 # -- capture ------------------------------------------------------------------------------------
@@ -558,40 +778,27 @@ async def preflight_repository(cwd: Path, *, include: Sequence[str] = ()) -> Non
 
 async def read_refs(cwd: Path) -> dict[str, str]:
     """Every ref of the repository at `cwd` and the object it names, as `{refname: oid}`."""
-    out = await run_git(cwd, "for-each-ref", "--format=%(objectname) %(refname)")
-    refs: dict[str, str] = {}
-    for line in out.stdout.decode("utf-8").splitlines():
-        oid, _, name = line.partition(" ")
-        refs[name] = oid
+    refs, _head = await _read_refs_and_head(cwd)
     return refs
 
 
-async def _intent_to_add(cwd: Path) -> list[str]:
-    """Paths `git add -N` put in the index.
+async def _read_stash_reflog(cwd: Path) -> list[StashEntry]:
+    out = await run_git(
+        cwd, "reflog", "show", "--no-abbrev", "--no-decorate", "--format=%H%x00%gs", "refs/stash"
+    )
+    entries: list[StashEntry] = []
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        oid, _, message = line.partition("\0")
+        entries.append(StashEntry(oid=oid, message=message))
+    return entries
 
-    An intent-to-add entry is the one index entry whose base->index status depends on whether
-    the diff shows it (as an empty added file) or hides it; a regular entry reads the same
-    both ways. Both modes are named explicitly so the answer does not depend on a default.
-    """
 
-    async def name_status(mode: str) -> dict[str, str]:
-        out = await run_git(
-            cwd,
-            "diff",
-            "--cached",
-            mode,
-            "--name-status",
-            "--no-renames",
-            "-z",
-            "--",
-            EXCLUDE_CONTROL,
-        )
-        fields = out.stdout.decode("utf-8").split("\0")
-        return {fields[i + 1]: fields[i] for i in range(0, len(fields) - 1, 2)}
-
-    visible = await name_status("--ita-visible-in-index")
-    hidden = await name_status("--ita-invisible-in-index")
-    return sorted(p for p, s in visible.items() if hidden.get(p) != s)
+async def read_stash(cwd: Path) -> list[StashEntry]:
+    """Every `refs/stash` reflog entry, newest first, as `git stash list` numbers them."""
+    probe = await run_git(cwd, "rev-parse", "-q", "--verify", "refs/stash", ok=(0, 1))
+    if probe.rc != 0:
+        return []
+    return await _read_stash_reflog(cwd)
 
 
 def _write_untracked_tar(
@@ -695,21 +902,6 @@ async def _capture_untracked(
         raise
 
 
-async def read_stash(cwd: Path) -> list[StashEntry]:
-    """Every `refs/stash` reflog entry, newest first, as `git stash list` numbers them."""
-    probe = await run_git(cwd, "rev-parse", "-q", "--verify", "refs/stash", ok=(0, 1))
-    if probe.rc != 0:
-        return []
-    out = await run_git(
-        cwd, "reflog", "show", "--no-abbrev", "--no-decorate", "--format=%H%x00%gs", "refs/stash"
-    )
-    entries: list[StashEntry] = []
-    for line in out.stdout.decode("utf-8", "replace").splitlines():
-        oid, _, message = line.partition("\0")
-        entries.append(StashEntry(oid=oid, message=message))
-    return entries
-
-
 # A URL whose userinfo carries a password (`scheme://user:secret@host`): group 2 is kept.
 _URL_CREDENTIAL = re.compile(rb"([A-Za-z][A-Za-z0-9+.-]*://)([^/@:\s\"]*):([^/@\s\"]*)@")
 
@@ -773,10 +965,17 @@ def _redact_config(
     return kept, redacted
 
 
-async def _capture_config(cwd: Path, config: Path, seat_dir: Path) -> tuple[FileRef, list[str]]:
-    raw = read_stable(config, cap=1 << 20, what="git config").data
-    listing = await run_git(cwd, "config", "--file", str(config), "--null", "--list")
-    entries = _config_entries(listing.stdout)
+async def _capture_config(
+    cwd: Path, config: Path, seat_dir: Path, listed: ConfigListing | None
+) -> tuple[FileRef, list[str]]:
+    raw = read_stable(config, cap=_CONFIG_CAP, what="git config").data
+    if listed is not None and listed.digest == _config_digest(raw):
+        # The inspection listed exactly these bytes; `--file` follows no includes, so the
+        # listing is a function of them alone.
+        listing = listed.listing
+    else:
+        listing = (await run_git(cwd, "config", "--file", str(config), "--null", "--list")).stdout
+    entries = _config_entries(listing)
     kept, redacted = _redact_config(raw, entries)
     data = raw if not redacted else _render_config(kept)
     out = ExclusiveFile(seat_dir, GIT_CONFIG_FILE)
@@ -813,7 +1012,7 @@ async def _capture_gitdir(
     config: FileRef | None = None
     redacted: list[str] = []
     if facts.config is not None:
-        config, redacted = await _capture_config(cwd, facts.config, seat_dir)
+        config, redacted = await _capture_config(cwd, facts.config, seat_dir, facts.listing)
     hooks: list[CarriedHook] = []
     for name, path in facts.hooks:
         mode = stat.S_IMODE(os.lstat(path).st_mode) & 0o777
@@ -853,6 +1052,39 @@ def bundle_heads(list_heads_output: bytes) -> dict[str, str]:
     return carried
 
 
+_BUNDLE_SIGNATURES = (b"# v2 git bundle\n", b"# v3 git bundle\n")
+_BUNDLE_HEADER_CAP = 64 << 20
+
+
+def _read_bundle_header(path: Path) -> bytes | None:
+    """The ref lines of the bundle at `path` in `git bundle list-heads` form, or None when the
+    header is not one this reader knows (then git reads it)."""
+    with open(path, "rb") as stream:
+        if stream.readline() not in _BUNDLE_SIGNATURES:
+            return None
+        lines: list[bytes] = []
+        read = 0
+        while True:
+            line = stream.readline()
+            read += len(line)
+            if not line.endswith(b"\n") or read > _BUNDLE_HEADER_CAP:
+                return None
+            if line == b"\n":
+                return b"".join(lines)
+            # `@` lines are v3 capabilities, `-` lines prerequisites; neither is a ref.
+            if not line.startswith((b"@", b"-")):
+                lines.append(line)
+
+
+async def _bundle_header_refs(cwd: Path, bundle: Path) -> dict[str, str]:
+    """The refs the bundle carries, read from its header as `git bundle list-heads` prints
+    them; the header is plain text, so no git process is needed to read it."""
+    header = await anyio.to_thread.run_sync(_read_bundle_header, bundle)
+    if header is None:
+        header = (await run_git(cwd, "bundle", "list-heads", str(bundle))).stdout
+    return bundle_heads(header)
+
+
 def refs_differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
 
@@ -870,16 +1102,18 @@ async def capture_repository(
     `--include` at the cut): relative paths or simple globs whose ignored files travel too.
 
     Runs only after the seat is proven stopped (record 1.3 step 7). Preflight runs again first,
-    and the refs and status are re-read at the end: a repository that moved during the capture
-    is refused rather than sealed as a mixture of two instants.
+    reusing what the preflight at prepare learned only where it proves the input unchanged
+    (manager/checkpoint/inspect.py), and the refs, status, stash and index are re-read at the
+    end: a repository that moved during the capture is refused rather than sealed as a mixture
+    of two instants.
     """
     cwd = Path(cwd)
     seat_dir = Path(seat_dir)
     declared = check_includes(include)
-    facts = await _facts(cwd, declared)
-    refs = await read_refs(cwd)
-    ita = await _intent_to_add(cwd)
-    stash = await read_stash(cwd)
+    facts = await _facts(cwd, declared, _INSPECTIONS.take(cwd.resolve()))
+    refs = facts.refs
+    ita = facts.index.intent_to_add
+    stash = facts.stash
     if stash and refs.get("refs/stash") != stash[0].oid:
         raise Refusal(
             "changed-during-capture",
@@ -898,8 +1132,7 @@ async def capture_repository(
         progress=progress,
         phase="bundle",
     )
-    heads = await run_git(cwd, "bundle", "list-heads", str(seat_dir / BUNDLE_FILE))
-    differ = refs_differing(bundle_heads(heads.stdout), refs)
+    differ = refs_differing(await _bundle_header_refs(cwd, seat_dir / BUNDLE_FILE), refs)
     if differ:
         raise Refusal(
             "bundle-refs",
@@ -938,11 +1171,13 @@ async def capture_repository(
         ita_file = _write_small(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
         status_inline, ita_inline = "", []
 
-    after = await _facts(cwd, declared)
+    after = await _facts(cwd, declared, facts.reusable())
     if (
         (after.base, after.head, after.status) != (facts.base, facts.head, facts.status)
-        or await read_refs(cwd) != refs
-        or await read_stash(cwd) != stash
+        or after.refs != refs
+        or after.stash != stash
+        # A flag or an intent-to-add entry can change without changing the status.
+        or after.index.stamp != facts.index.stamp
     ):
         raise Refusal(
             "changed-during-capture",

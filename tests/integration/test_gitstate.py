@@ -267,3 +267,22 @@ async def test_capture_of_a_clean_detached_repository(tmp_path: Path) -> None:
     assert record.status == ""
     assert record.index_diff.bytes == 0 and record.worktree_diff.bytes == 0
     assert record.intent_to_add == []
+
+
+@pytest.mark.anyio
+async def test_an_intent_to_add_entry_over_an_empty_committed_file_is_not_dropped(
+    tmp_path: Path,
+) -> None:
+    repo = init_repo(tmp_path / "repo")
+    write(repo / "empty.txt", "")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "empty")
+    # The entry `git add -N` leaves names the empty blob, as HEAD does: only the entry's flag
+    # tells it from a staged empty file, so a diff-based reading would lose it and the restore
+    # would bring back a different status. The record cannot express `DA`, so the cut refuses.
+    git(repo, "rm", "-q", "--cached", "empty.txt")
+    git(repo, "add", "-N", "empty.txt")
+    with pytest.raises(Refusal) as err:
+        await capture_repository(repo, seat_dir_for(tmp_path))
+    assert err.value.code == "capture-inconsistent"
+    assert "empty.txt" in err.value.message
