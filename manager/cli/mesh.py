@@ -458,7 +458,7 @@ async def publish_direct(
     server: str, creds: Path | None, space: str, seat: str, text: str
 ) -> dict[str, Any]:
     """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat)."""
-    from manager.broker.connection import connect
+    from manager.broker.connection import FIRST_CONNECT_S, connect
     from manager.broker.dm import new_message_id, publish_dm
     from protocol import names
     from protocol.instant import now_iso
@@ -467,7 +467,7 @@ async def publish_direct(
     names.check_seat_name(seat)
     if not text:
         raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
-    nc = await connect(server, creds, name="cotal-send")
+    nc = await connect(server, creds, name="cotal-send", deadline=FIRST_CONNECT_S)
     try:
         dm = DirectMessage(
             id=new_message_id(),
