@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import structlog
@@ -73,28 +74,29 @@ async def connect(
     """Connected and authenticated, or `Refusal("broker-unreachable")`. With `deadline`, the
     first connect (every server, every retry) ends by then; without it, it waits for a broker
     that is coming up, which only a process with its own supervisor (the daemon) may do."""
-    auth = _auth_kwargs(creds)
-    urls = split_servers(server)
+    # As `nats.connect` passes them; a dict because nats-py's annotations call floats ints.
+    options: dict[str, Any] = {
+        "servers": split_servers(server),
+        "name": name,
+        "connect_timeout": CALL_TIMEOUT_S,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "allow_reconnect": True,
+        "error_cb": _on_error,
+        "disconnected_cb": _on_disconnect,
+        "reconnected_cb": _on_reconnect,
+        **_auth_kwargs(creds),
+    }
     nc = Client()
     try:
         with anyio.fail_after(deadline):
-            await nc.connect(
-                servers=urls,
-                name=name,
-                connect_timeout=CALL_TIMEOUT_S,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                allow_reconnect=True,
-                error_cb=_on_error,
-                disconnected_cb=_on_disconnect,
-                reconnected_cb=_on_reconnect,
-                **auth,
-            )
+            await nc.connect(**options)
     except TimeoutError:
         await _abandon(nc)
+        waited = f" within {deadline:g}s" if deadline is not None else ""
         raise Refusal(
             "broker-unreachable",
-            f"no broker answered at {server} within {deadline:g}s",
+            f"no broker answered at {server}{waited}",
             "check that the broker runs (`cotal up` starts one; `cotal status` names its pid) and "
             "that the URL is right, then retry",
         ) from None
