@@ -92,6 +92,9 @@ class _Launch:
     record: MeshRecord
     argv: list[str]
     token: str
+    # The embedded broker this command started, which a refusal of this command must stop;
+    # None for a broker it found running (it was the operator's before) or a `--server` one.
+    started_broker: ProcRef | None = None
 
 
 async def _provision(
@@ -129,6 +132,7 @@ async def _provision(
     token = secrets.token_hex(32)
     write_private_atomic(layout.control_token, token.encode() + b"\n")
     broker_ref: ProcRef | None = None
+    started: ProcRef | None = None
     creds_path: Path | None
     reused = _live_embedded_broker(layout, existing) if server is None else None
     if reused is not None:
@@ -149,17 +153,22 @@ async def _provision(
             )
         )
         server, creds_path, broker_ref = info.url, layout.broker_creds, info.identity
+        started = info.identity
     else:
         creds_path = Path(creds).resolve() if creds else None
-    record = MeshRecord(
-        version=1,
-        space=space,
-        server=server,
-        creds=str(creds_path) if creds_path else None,
-        embedded_broker=broker_ref,
-        broker_store=str(layout.nats_store) if broker_ref else None,
-    )
-    write_mesh(layout, record)
+    try:
+        record = MeshRecord(
+            version=1,
+            space=space,
+            server=server,
+            creds=str(creds_path) if creds_path else None,
+            embedded_broker=broker_ref,
+            broker_store=str(layout.nats_store) if broker_ref else None,
+        )
+        write_mesh(layout, record)
+    except BaseException:
+        await stop_started_broker(started)
+        raise
     argv = [
         sys.executable,
         "-m",
@@ -178,7 +187,16 @@ async def _provision(
     if resume_attempt:
         argv += ["--resume-attempt", resume_attempt]
     argv += ["--replicas", str(replicas if replicas is not None else default_replicas(server))]
-    return _Launch(layout, record, argv, token)
+    return _Launch(layout, record, argv, token, started)
+
+
+async def stop_started_broker(started: ProcRef | None) -> None:
+    """One broker per store, and none left behind by a refusal: the broker a command started
+    is stopped when the command refuses, whatever cancelled it."""
+    if started is None:
+        return
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(embedded.stop_embedded, started)
 
 
 async def revive_embedded_broker(layout: Layout, report: Report) -> None:
@@ -253,7 +271,22 @@ async def start(
         replicas=replicas,
         report=report,
     )
-    broker_ref = launch.record.embedded_broker
+    try:
+        proc, status = await _run_daemon(launch, session, report)
+    except BaseException:
+        await stop_started_broker(launch.started_broker)
+        raise
+    # From here the broker is the running manager's: nothing below stops it under its client.
+    write_mesh(layout, msgspec.structs.replace(launch.record, manager=pid_identity(proc.pid)))
+    return _summary(launch, status["pid"], status["instanceId"])
+
+
+async def _run_daemon(
+    launch: _Launch, session: ControlSession, report: Report
+) -> tuple[subprocess.Popen[Any], dict[str, Any]]:
+    """The detached manager and its first status on `session`; a manager that exits or stays
+    silent is killed and refused `daemon-failed` (the caller stops the broker it started)."""
+    layout = launch.layout
     report("starting the manager")
     out = os.open(layout.logs / "daemon.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -271,34 +304,34 @@ async def start(
         )
     finally:
         os.close(out)
-    status = None
-    with anyio.move_on_after(DAEMON_START_TIMEOUT_S):
-        while True:
-            if proc.poll() is not None:
-                if broker_ref is not None:
-                    await anyio.to_thread.run_sync(embedded.stop_embedded, broker_ref)
-                raise Refusal(
-                    "daemon-failed",
-                    f"the manager exited with code {proc.returncode} during start",
-                    f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
-                )
-            status = await session.status()
-            if status is not None:
-                break
-            await anyio.sleep(0.1)
-    if status is None:
-        proc.kill()
-        await anyio.to_thread.run_sync(proc.wait)
+    answered = False
+    try:
+        with anyio.fail_after(DAEMON_START_TIMEOUT_S):
+            while True:
+                if proc.poll() is not None:
+                    raise Refusal(
+                        "daemon-failed",
+                        f"the manager exited with code {proc.returncode} during start",
+                        f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
+                    )
+                status = await session.status()
+                if status is not None:
+                    answered = True
+                    return proc, status
+                await anyio.sleep(0.1)
+    except TimeoutError:
         raise Refusal(
             "daemon-failed",
             f"the manager did not answer within {DAEMON_START_TIMEOUT_S:.0f}s",
             f"read {layout.manager_log}",
-        )
-    write_mesh(
-        layout,
-        msgspec.structs.replace(launch.record, manager=pid_identity(proc.pid)),
-    )
-    return _summary(launch, status["pid"], status["instanceId"])
+        ) from None
+    finally:
+        if not answered:
+            # A manager that never answered must not outlive the refusal as the broker's client.
+            with anyio.CancelScope(shield=True):
+                if proc.poll() is None:
+                    proc.kill()
+                await anyio.to_thread.run_sync(proc.wait)
 
 
 async def _up(

@@ -267,10 +267,16 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 )
             _say("admitted: integrity, identity and recency pass for every seat")
             failpoint.reached("resume.after-admission", layout.root)
-            with MaintenanceLock(layout, adm.manifest.attempt_id):
-                out = await _resume_locked(
-                    args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
-                )
+            try:
+                with MaintenanceLock(layout, adm.manifest.attempt_id):
+                    out = await _resume_locked(
+                        args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
+                    )
+            except BaseException:
+                # No refusal leaves the broker this run started behind (one broker per store);
+                # once the manager started, that broker is already stopped and this is a no-op.
+                await mesh.stop_started_broker(embedded_info.identity if embedded_info else None)
+                raise
         out.update(evictionEvidence=evidence, signer=sig)
         rows = {r["name"]: r for r in await session.call("ps", {}, timeout=RESUME_TIMEOUT_S)}
     out["seats"] = _observations(adm, out.pop("resumed"), rows)
