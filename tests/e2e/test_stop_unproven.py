@@ -143,6 +143,9 @@ async def test_a_seat_that_cannot_die_makes_the_cut_refuse_and_seal_nothing(
         assert line.rsplit("evidence kept at ", 1)[1].strip() == str(attempts[0])
         record = Journal(layout).load()
         assert record is not None and record.state == "cut-intent"
+        # The other seat is stopped, so the cut can only be finished, never aborted.
+        abort = await run_cli(cli, "down", "--preserve-state", "--abort", "--json")
+        assert abort.returncode == 2 and '"code": "commit-begun"' in abort.stderr.decode()
         # Still frozen, still alive: nothing pretended it was gone.
         assert pid_alive(stuck["pid"])
         thaw(group)
