@@ -174,3 +174,10 @@ async def test_each_refusal_of_a_resume_after_its_broker_started_stops_it(
     assert reply == f"The phrase is {PHRASE}."
     cli.run("down")
     assert owners(cli.root) == []
+
+    # The same checkpoint again, into the broker that already took it: the custody claim is
+    # refused at the broker (after the journal and this root's generation claim).
+    refused(restore(cli, sealed), "custody-lost")
+    record = Journal(layout).load()
+    assert record is not None and record.state == "degraded"
+    assert owners(cli.root) == []
