@@ -12,6 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from manager.broker import embedded
@@ -159,6 +160,15 @@ async def test_each_refusal_of_a_resume_after_its_broker_started_stops_it(
         "elsewhere-2", "cut-intent", resume=write_resume_document(layout, adm.inventory)
     )
     refused(restore(cli, sealed), "journal-busy")
+    assert owners(cli.root) == []
+
+    # A journal at this attempt whose resume document is not the one the checkpoint seals.
+    fresh(cli.root)
+    other = msgspec.structs.replace(adm.inventory, created_at="2020" + adm.inventory.created_at[4:])
+    Journal(layout).advance(
+        adm.manifest.attempt_id, "cut-intent", resume=write_resume_document(layout, other)
+    )
+    refused(restore(cli, sealed), "journal-mismatch")
     assert owners(cli.root) == []
 
     # A staging directory in the way of the tree restore: custody is claimed and the inbox
