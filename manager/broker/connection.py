@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
-import nats
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -15,6 +15,10 @@ from protocol.errors import Refusal
 log = structlog.get_logger("cotal.broker")
 
 CALL_TIMEOUT_S = 5.0
+# nats-py retries a first connect forever when reconnects are unlimited (it walks the server
+# pool with no attempt count), so a coordinator facing a dead broker would hang: its first
+# connect gets this long in all, then a named refusal. Long enough to ride out an election.
+FIRST_CONNECT_S = 15.0
 
 
 def _auth_kwargs(creds: Path | None) -> dict[str, str]:
@@ -64,23 +68,40 @@ async def _on_reconnect() -> None:
     log.info("broker.reconnected")
 
 
-async def connect(server: str, creds: Path | None, *, name: str) -> Client:
+async def connect(
+    server: str, creds: Path | None, *, name: str, deadline: float | None = None
+) -> Client:
+    """Connected and authenticated, or `Refusal("broker-unreachable")`. With `deadline`, the
+    first connect (every server, every retry) ends by then; without it, it waits for a broker
+    that is coming up, which only a process with its own supervisor (the daemon) may do."""
+    # As `nats.connect` passes them; a dict because nats-py's annotations call floats ints.
+    options: dict[str, Any] = {
+        "servers": split_servers(server),
+        "name": name,
+        "connect_timeout": CALL_TIMEOUT_S,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "allow_reconnect": True,
+        "error_cb": _on_error,
+        "disconnected_cb": _on_disconnect,
+        "reconnected_cb": _on_reconnect,
+        **_auth_kwargs(creds),
+    }
+    nc = Client()
     try:
-        nc = await nats.connect(
-            servers=split_servers(server),
-            name=name,
-            connect_timeout=CALL_TIMEOUT_S,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            allow_reconnect=True,
-            error_cb=_on_error,
-            disconnected_cb=_on_disconnect,
-            reconnected_cb=_on_reconnect,
-            **_auth_kwargs(creds),
-        )
-    except Refusal:
-        raise
+        with anyio.fail_after(deadline):
+            await nc.connect(**options)
+    except TimeoutError:
+        await _abandon(nc)
+        waited = f" within {deadline:g}s" if deadline is not None else ""
+        raise Refusal(
+            "broker-unreachable",
+            f"no broker answered at {server}{waited}",
+            "check that the broker runs (`cotal up` starts one; `cotal status` names its pid) and "
+            "that the URL is right, then retry",
+        ) from None
     except Exception as exc:
+        await _abandon(nc)
         raise Refusal(
             "broker-unreachable",
             f"cannot connect to the broker at {server}: {exc}",
@@ -88,6 +109,15 @@ async def connect(server: str, creds: Path | None, *, name: str) -> Client:
         ) from None
     log.info("broker.connected", server=nc.connected_url.netloc if nc.connected_url else server)
     return nc
+
+
+async def _abandon(nc: Client) -> None:
+    # A connect given up halfway may hold a socket; closing a never-connected client is harmless.
+    with anyio.CancelScope(shield=True), anyio.move_on_after(CALL_TIMEOUT_S):
+        try:
+            await nc.close()
+        except Exception as exc:
+            log.warning("broker.abandon_failed", error=f"{type(exc).__name__}: {exc}")
 
 
 class LazyConnection:
@@ -106,7 +136,9 @@ class LazyConnection:
 
     async def jetstream(self) -> JetStreamContext:
         if self._nc is None:
-            self._nc = await connect(self.server, self.creds, name=self.name)
+            self._nc = await connect(
+                self.server, self.creds, name=self.name, deadline=FIRST_CONNECT_S
+            )
             self.opened += 1
         return self._nc.jetstream()
 

@@ -92,6 +92,9 @@ class _Launch:
     record: MeshRecord
     argv: list[str]
     token: str
+    # The embedded broker this command started, which a refusal of this command must stop;
+    # None for a broker it found running (it was the operator's before) or a `--server` one.
+    started_broker: ProcRef | None = None
 
 
 async def _provision(
@@ -130,6 +133,7 @@ async def _provision(
     token = secrets.token_hex(32)
     write_private_atomic(layout.control_token, token.encode() + b"\n")
     broker_ref: ProcRef | None = None
+    started: ProcRef | None = None
     creds_path: Path | None
     reused = _live_embedded_broker(layout, existing) if server is None else None
     if broker is not None:
@@ -154,17 +158,22 @@ async def _provision(
             )
         )
         server, creds_path, broker_ref = info.url, layout.broker_creds, info.identity
+        started = info.identity
     else:
         creds_path = Path(creds).resolve() if creds else None
-    record = MeshRecord(
-        version=1,
-        space=space,
-        server=server,
-        creds=str(creds_path) if creds_path else None,
-        embedded_broker=broker_ref,
-        broker_store=str(layout.nats_store) if broker_ref else None,
-    )
-    write_mesh(layout, record)
+    try:
+        record = MeshRecord(
+            version=1,
+            space=space,
+            server=server,
+            creds=str(creds_path) if creds_path else None,
+            embedded_broker=broker_ref,
+            broker_store=str(layout.nats_store) if broker_ref else None,
+        )
+        write_mesh(layout, record)
+    except BaseException:
+        await stop_started_broker(started)
+        raise
     argv = [
         sys.executable,
         "-m",
@@ -183,7 +192,16 @@ async def _provision(
     if resume_attempt:
         argv += ["--resume-attempt", resume_attempt]
     argv += ["--replicas", str(replicas if replicas is not None else default_replicas(server))]
-    return _Launch(layout, record, argv, token)
+    return _Launch(layout, record, argv, token, started)
+
+
+async def stop_started_broker(started: ProcRef | None) -> None:
+    """One broker per store, and none left behind by a refusal: the broker a command started
+    is stopped when the command refuses, whatever cancelled it."""
+    if started is None:
+        return
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(embedded.stop_embedded, started)
 
 
 async def revive_embedded_broker(layout: Layout, report: Report) -> None:
@@ -261,7 +279,22 @@ async def start(
         report=report,
         broker=broker,
     )
-    broker_ref = launch.record.embedded_broker
+    try:
+        proc, status = await _run_daemon(launch, session, report)
+    except BaseException:
+        await stop_started_broker(launch.started_broker)
+        raise
+    # From here the broker is the running manager's: nothing below stops it under its client.
+    write_mesh(layout, msgspec.structs.replace(launch.record, manager=pid_identity(proc.pid)))
+    return _summary(launch, status["pid"], status["instanceId"])
+
+
+async def _run_daemon(
+    launch: _Launch, session: ControlSession, report: Report
+) -> tuple[subprocess.Popen[Any], dict[str, Any]]:
+    """The detached manager and its first status on `session`; a manager that exits or stays
+    silent is killed and refused `daemon-failed` (the caller stops the broker it started)."""
+    layout = launch.layout
     report("starting the manager")
     out = os.open(layout.logs / "daemon.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
@@ -279,36 +312,36 @@ async def start(
         )
     finally:
         os.close(out)
-    status = None
-    with anyio.move_on_after(DAEMON_START_TIMEOUT_S):
-        while True:
-            if proc.poll() is not None:
-                if broker_ref is not None:
-                    await anyio.to_thread.run_sync(embedded.stop_embedded, broker_ref)
-                raise Refusal(
-                    "daemon-failed",
-                    f"the manager exited with code {proc.returncode} during start",
-                    f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
-                )
-            status = await session.status()
-            if status is not None:
-                break
-            # A refused connect to a socket not yet bound costs microseconds; a coarse poll
-            # would add its whole period to every start.
-            await anyio.sleep(0.02)
-    if status is None:
-        proc.kill()
-        await anyio.to_thread.run_sync(proc.wait)
+    answered = False
+    try:
+        with anyio.fail_after(DAEMON_START_TIMEOUT_S):
+            while True:
+                if proc.poll() is not None:
+                    raise Refusal(
+                        "daemon-failed",
+                        f"the manager exited with code {proc.returncode} during start",
+                        f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
+                    )
+                status = await session.status()
+                if status is not None:
+                    answered = True
+                    return proc, status
+                # A refused connect to a socket not yet bound costs microseconds; a coarse
+                # poll would add its whole period to every start.
+                await anyio.sleep(0.02)
+    except TimeoutError:
         raise Refusal(
             "daemon-failed",
             f"the manager did not answer within {DAEMON_START_TIMEOUT_S:.0f}s",
             f"read {layout.manager_log}",
-        )
-    write_mesh(
-        layout,
-        msgspec.structs.replace(launch.record, manager=pid_identity(proc.pid)),
-    )
-    return _summary(launch, status["pid"], status["instanceId"])
+        ) from None
+    finally:
+        if not answered:
+            # A manager that never answered must not outlive the refusal as the broker's client.
+            with anyio.CancelScope(shield=True):
+                if proc.poll() is None:
+                    proc.kill()
+                await anyio.to_thread.run_sync(proc.wait)
 
 
 async def _up(
@@ -468,7 +501,7 @@ async def publish_direct(
     server: str, creds: Path | None, space: str, seat: str, text: str
 ) -> dict[str, Any]:
     """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat)."""
-    from manager.broker.connection import connect
+    from manager.broker.connection import FIRST_CONNECT_S, connect
     from manager.broker.dm import new_message_id, publish_dm
     from protocol import names
     from protocol.instant import now_iso
@@ -477,7 +510,7 @@ async def publish_direct(
     names.check_seat_name(seat)
     if not text:
         raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
-    nc = await connect(server, creds, name="cotal-send")
+    nc = await connect(server, creds, name="cotal-send", deadline=FIRST_CONNECT_S)
     try:
         dm = DirectMessage(
             id=new_message_id(),

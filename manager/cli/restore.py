@@ -267,15 +267,31 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 )
             _say("admitted: integrity, identity and recency pass for every seat")
             failpoint.reached("resume.after-admission", layout.root)
-            with MaintenanceLock(layout, adm.manifest.attempt_id):
-                out = await _resume_locked(
-                    args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
-                )
+            try:
+                with MaintenanceLock(layout, adm.manifest.attempt_id):
+                    out = await _resume_locked(
+                        args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
+                    )
+            except BaseException:
+                await _release_broker(layout, embedded_info)
+                raise
         out.update(evictionEvidence=evidence, signer=sig)
         rows = {r["name"]: r for r in await session.call("ps", {}, timeout=RESUME_TIMEOUT_S)}
     out["seats"] = _observations(adm, out.pop("resumed"), rows)
     out["wallMs"] = int((time.monotonic() - t0) * 1000)
     return out
+
+
+async def _release_broker(layout: Layout, embedded_info: embedded.BrokerInfo | None) -> None:
+    """No refusal leaves the broker this run started behind (one broker per store), unless a
+    manager already runs on it: from `mesh.start` on, the broker is that manager's, named in
+    its mesh record, and stopping it would cut the fenced manager off its broker."""
+    if embedded_info is None:
+        return
+    record = mesh.read_mesh(layout)
+    if record is not None and record.manager and record.embedded_broker == embedded_info.identity:
+        return
+    await mesh.stop_started_broker(embedded_info.identity)
 
 
 _PENDING_RESUME = ("resume-intent", "resume-active", "resume-committed")

@@ -28,7 +28,7 @@ from protocol.codec import convert, encode_json
 from protocol.maintenance import ResumeDescriptor
 from tests.conftest import Cli, SharedBroker, cotal_env
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import pid_alive, wait_gone, wait_until
+from tests.helpers import pid_alive, trusting, wait_gone, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -485,3 +485,39 @@ async def test_down_with_the_broker_dead_says_the_durable_was_not_deleted(cli: C
     assert "durable deleted" not in out.stdout
     # The record outlives the manager, so the next one takes the seat back and deletes it.
     assert (cli.root / f".cotal/seats/kept-{seat['lifecycleUid']}.json").exists()
+
+
+# -- checkpoint verify with the root's broker dead ----------------------------------------------
+
+
+async def test_verify_with_the_meshs_broker_dead_refuses_promptly_by_name(
+    cli: Cli, tmp_path: Path
+) -> None:
+    committed_repo(cli.root / "repo")
+    cli.run("up", "--detach")
+    cli.json("spawn", "w", "--cwd", str(cli.root / "repo"))
+    checkpoint = json.loads(cli.run("down", "--preserve-state", "--json").stdout)["checkpointDir"]
+    dest = Cli(tmp_path / "dest")
+    dest.root.mkdir()
+    dest.run("up", "--detach")
+    try:
+        broker = json.loads((dest.root / ".cotal/mesh.json").read_text())["embeddedBroker"]["pid"]
+        os.kill(broker, signal.SIGKILL)
+        await wait_gone([broker])
+        # It once waited for the broker forever: nats-py retries a first connect without end
+        # when reconnects are unlimited. The bound is the connection's own deadline.
+        with anyio.fail_after(60):
+            out = await anyio.to_thread.run_sync(
+                lambda: dest.run(
+                    "checkpoint",
+                    "verify",
+                    checkpoint,
+                    *trusting(Path(checkpoint)),
+                    "--json",
+                    check=False,
+                )
+            )
+        refused(out, "broker-unreachable")
+        assert "within 15s" in out.stderr
+    finally:
+        dest.run("down", check=False, timeout=180)

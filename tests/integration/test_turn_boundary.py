@@ -7,6 +7,7 @@ and its message redelivered after the resume.
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,21 @@ from typing import Any
 import anyio
 import pytest
 
+from manager.checkpoint import admit
+from manager.cli.restore import _read_inboxes
 from manager.control.client import ControlClient
 from manager.workspace.layout import Layout
-from tests.conftest import Cli, SharedBroker
+from tests.conftest import PI_CLI, Cli, FakeServer, SharedBroker
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker_at, carry_to_new_host, pid_alive, wait_gone
+from tests.helpers import (
+    broker,
+    broker_at,
+    carry_to_new_host,
+    pid_alive,
+    signer_key,
+    wait_gone,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -151,3 +162,58 @@ async def test_a_long_turn_is_cut_mid_turn_and_a_late_message_waits_for_the_resu
     assert transcript(cli.root, "long", long_row["lifecycleUid"]).count("cut-mid-turn-3 #slow") == 1
     cli.run("down")
     assert not pid_alive(long_row["pid"])
+
+
+@pytest.mark.pi
+@pytest.mark.skipif(not PI_CLI.is_file(), reason="pi is not installed under .tools/pi")
+async def test_a_300s_turn_is_cut_at_a_2s_drain_and_answered_once_after_the_resume(
+    tmp_path: Path, cli: Cli, fake_openai: FakeServer
+) -> None:
+    """The issue's case: a turn of 300 s in flight at the cut, a 2 s drain timeout. The model
+    holds its first answer 300 s (a real pi waits on it); the redelivery after the resume is
+    answered at once, so the test never waits the 300 s."""
+    committed_root(cli)
+    configure_pi = f'[agents.pi]\nbase_url = "{fake_openai.base_url}"\nmodel = "fake-model"\n'
+    (cli.root / "cotal.toml").write_text(configure_pi)
+    cli.run("up", "--detach")
+    row = cli.json("spawn", "deep", "--agent", "pi")
+    sent = cli.json("send", "deep", "remember the phrase three-hundred-9 fake:hold-first:300000")
+    c = await client(cli)
+    async with c:
+        await wait_busy(c, "deep", timeout=60)
+    # The model has the request and holds it: the turn is in flight when the cut begins.
+    await wait_until(lambda: len(fake_openai.requests()) == 1, timeout=30)
+    with anyio.fail_after(120):
+        out = await anyio.to_thread.run_sync(
+            lambda: cli.run("down", "--preserve-state", "--drain-timeout", "2", "--json")
+        )
+    result = json.loads(out.stdout)
+    assert result["journal"] == "ready" and result["failures"] == []
+    assert result["midTurn"] == [{"name": "deep", "messageId": sent["id"]}]
+    [seat] = result["seats"]
+    assert seat["midTurn"] == sent["id"]
+    await wait_gone([row["pid"]], timeout=30)
+    # The checkpoint carries the unacknowledged message in the seat's inbox.
+    checkpoint = Path(result["checkpointDir"])
+    adm = admit.integrity(checkpoint, trusted_keys=[signer_key(cli.root)])
+    [carried] = _read_inboxes(adm)["deep"]
+    assert json.loads(base64.b64decode(carried.payload))["id"] == sent["id"]
+
+    copy = carry_to_new_host(cli.root, checkpoint, tmp_path)
+    (cli.root / "cotal.toml").write_text(configure_pi)
+    cli.run("up", "--restore", str(copy))
+    # FIFO with one message in flight: the question is answered after the redelivered turn.
+    with anyio.fail_after(120):
+        reply = await anyio.to_thread.run_sync(
+            lambda: cli.json("send", "deep", "What was the phrase?", "--wait", "--timeout", "90")
+        )
+    assert reply["reply"] == "The phrase is three-hundred-9."
+    answered = [
+        r for r in fake_openai.requests() if "three-hundred-9" in fake_openai.user_texts(r)[-1]
+    ]
+    # Asked twice (the cut turn, then its redelivery), never a third time.
+    assert len(answered) == 2
+    async with broker(cli.root) as js:
+        info = await js.consumer_info("DM_main", f"dm_local-deep-{row['lifecycleUid']}")
+    assert info.num_pending == 0 and info.num_ack_pending == 0
+    cli.run("down")
