@@ -87,17 +87,22 @@ def relocation_of(adm: admit.Admission, name: str) -> dict[str, Any]:
     return out
 
 
-def chain_of(adm: admit.Admission, name: str) -> list[dict[str, Any]]:
-    """An incremental seat's proven predecessors, oldest first: where each was found and the
-    bytes of its bundle. Empty for a seat whose bundle carries its whole history."""
-    return [
-        {
-            "attemptId": link.attempt_id,
-            "dir": str(link.seat_dir.parent),
-            "bundleBytes": link.bundle.bytes if link.bundle is not None else 0,
-        }
-        for link in adm.chains.get(name, [])
-    ]
+def chain_of(adm: admit.Admission, name: str) -> dict[str, Any]:
+    """An incremental seat's proven predecessors as `chain`, oldest first: where each was found
+    and the bytes of its bundle. Nothing for a seat whose bundle carries its whole history."""
+    links = adm.chains.get(name, [])
+    if not links:
+        return {}
+    return {
+        "chain": [
+            {
+                "attemptId": link.attempt_id,
+                "dir": str(link.seat_dir.parent),
+                "bundleBytes": link.bundle.bytes if link.bundle is not None else 0,
+            }
+            for link in links
+        ]
+    }
 
 
 async def admit_integrity(
@@ -167,7 +172,7 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "continuity": r.session.continuity,
             "capturedAt": r.captured_at,
             "sessionId": r.session.session_id,
-            "chain": chain_of(adm, n),
+            **chain_of(adm, n),
             **relocation_of(adm, n),
         }
         for n, r in adm.records.items()
@@ -201,7 +206,7 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
             f"  seat {s['name']:<16} {s['continuity']:<10} uid {s['lifecycleUid']} "
             f"captured {s['capturedAt']}\n"
         )
-        if s["chain"]:
+        if "chain" in s:
             w(
                 "    incremental on "
                 + " <- ".join(link["attemptId"] for link in reversed(s["chain"]))
