@@ -7,13 +7,15 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from manager.checkpoint.admit import check_repository
 from manager.checkpoint.chain import Link
 from manager.checkpoint.gitstate import capture_repository
 from manager.checkpoint.restore import restore_repository
-from protocol.checkpoint import IncrementalLink, RepositoryRecord, parse_refs_list
+from protocol.checkpoint import FileRef, IncrementalLink, RepositoryRecord, parse_refs_list
+from protocol.codec import encode_json
 from protocol.errors import Refusal
 from tests.gitrepo import git, init_repo, stash_list, tree_digest, write
 
@@ -140,3 +142,42 @@ async def test_a_chain_without_its_predecessor_is_refused(tmp_path: Path) -> Non
     with pytest.raises(Refusal) as exc:
         check_repository("default", seat, b, [link(tmp_path, "X", stranger)])
     assert exc.value.code == "bundle-invalid"
+
+
+def test_the_record_link_is_optional_strict_and_the_only_reason_a_bundle_may_be_absent(
+    tmp_path: Path,
+) -> None:
+    ref = FileRef(file="index.diff", bytes=0, sha256=hashlib.sha256(b"").hexdigest())
+    base = {
+        "base": "a" * 40,
+        "untrackedSelection": "git ls-files --others --exclude-standard -z, excluding .cotal/",
+        "bundle": None,
+        "indexDiff": msgspec.to_builtins(ref),
+        "worktreeDiff": {**msgspec.to_builtins(ref), "file": "worktree.diff"},
+        "untracked": {**msgspec.to_builtins(ref), "file": "untracked.tar"},
+    }
+    link = {
+        "attemptId": "20261201T140610Z-ddc0b929",
+        "checkpointSha256": "1" * 64,
+        "bundleSha256": None,
+        "prerequisites": ["b" * 40],
+    }
+
+    def decode(doc: dict[str, object]) -> RepositoryRecord:
+        return msgspec.json.decode(encode_json(doc), type=RepositoryRecord)
+
+    with pytest.raises(msgspec.ValidationError, match="only from an incremental record"):
+        decode(base)
+    record = decode({**base, "since": link})
+    assert record.bundle is None and [r.file for r in record.files()][0] == "index.diff"
+    # A record from before incremental cuts (a bundle, no since) decodes as it always did.
+    old = decode({**base, "bundle": {**msgspec.to_builtins(ref), "file": "repo.bundle"}})
+    assert old.since is None
+    for bad in (
+        {**link, "prerequisites": ["b" * 40, "b" * 40]},
+        {**link, "prerequisites": ["not-an-oid"]},
+        {**link, "attemptId": "../elsewhere"},
+        {**link, "extra": 1},
+    ):
+        with pytest.raises(msgspec.ValidationError):
+            decode({**base, "since": bad})
