@@ -305,6 +305,34 @@ class StashEntry(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
             raise ValueError("stash message must be one line of at most 4096 characters")
 
 
+# An incremental bundle names at most this many predecessor commits it leaves out; any subset is
+# still correct (fewer exclusions only carry more), and the record stays under its cap.
+MAX_PREREQUISITES = 2048
+# How many predecessors a chain may walk before the reader refuses it as a loop or a runaway.
+MAX_CHAIN = 64
+
+
+class IncrementalLink(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The predecessor an incremental bundle builds on (design decision "Incremental cuts").
+
+    `attemptId` is the sealed attempt that held this seat before; `checkpointSha256` is the
+    digest of that attempt's `<seat>/checkpoint.json`, which pins its bundle and its own link in
+    turn, so the whole chain is fixed by this one record's signature; `bundleSha256` repeats the
+    predecessor's bundle digest (None when it carried none) for a reader that names what
+    differs. `prerequisites` are the predecessor's commits this bundle leaves out: the
+    destination must already hold them, which is what restoring the chain oldest first proves.
+    """
+
+    attempt_id: AttemptId
+    checkpoint_sha256: Sha256Hex
+    bundle_sha256: Sha256Hex | None
+    prerequisites: Annotated[list[ObjectId], msgspec.Meta(max_length=MAX_PREREQUISITES)]
+
+    def __post_init__(self) -> None:
+        if len(set(self.prerequisites)) != len(self.prerequisites):
+            raise ValueError("since.prerequisites names a commit twice")
+
+
 class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
 
@@ -321,11 +349,16 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     redacted keys named in `configRedacted`), `hooks` and `infoExclude`. `stash` is every
     `refs/stash` reflog entry, newest first; the bundle carries each of their commits. `include`
     is the operator's declared ignored paths, also spelled out in `untrackedSelection`.
+
+    `since` is set on an incremental capture: the bundle then carries only what is new since
+    the predecessor attempt it names, and refs whose tips the predecessor already carried are
+    in `refs` but not in the bundle's header. `bundle` is None only there, when nothing at all
+    was new (git refuses to write an empty bundle).
     """
 
     base: ObjectId
     untracked_selection: str
-    bundle: FileRef
+    bundle: FileRef | None
     index_diff: FileRef
     worktree_diff: FileRef
     untracked: FileRef
@@ -341,8 +374,11 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     info_exclude: FileRef | None = None
     stash: list[StashEntry] = []
     include: list[str] = []
+    since: IncrementalLink | None = None
 
     def __post_init__(self) -> None:
+        if self.bundle is None and self.since is None:
+            raise ValueError("bundle may be absent only from an incremental record (since)")
         for pattern in self.include:
             check_carry_pattern(pattern)
         if len(set(self.include)) != len(self.include):
@@ -371,7 +407,8 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
 
     def files(self) -> list[FileRef]:
         """Every file this record names, in a stable order."""
-        files = [self.bundle, self.index_diff, self.worktree_diff, self.untracked]
+        files = [self.bundle] if self.bundle is not None else []
+        files += [self.index_diff, self.worktree_diff, self.untracked]
         optional = (
             self.refs,
             self.status_file,

@@ -114,6 +114,9 @@ class CommitPreservationArgs(
     # root's `[carry] include`; each is validated again where it is used.
     include: list[Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]] = []
     drain_timeout_s: Annotated[float, msgspec.Meta(ge=0.0, le=DRAIN_TIMEOUT_MAX_S)] = 120.0
+    # `--since`: a sealed attempt of this root; each seat's bundle carries only what is new
+    # since that attempt's record of it (docs/design.md, "Incremental cuts").
+    since: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")] | None = None
 
 
 class ResumeArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

@@ -32,6 +32,7 @@ from typing import Any
 
 from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
 from manager import registry
+from manager.checkpoint import chain
 from manager.checkpoint.confine import (
     SessionTarget,
     confine_cwd,
@@ -86,6 +87,8 @@ class Admission:
     confined: dict[str, ConfinedSeat] = field(default_factory=dict)
     # Where trees may be rebuilt: the destination root and every --map destination.
     confine_to: tuple[Path, ...] = ()
+    # Each seat's proven predecessors, oldest first (empty for a full bundle).
+    chains: dict[str, list[chain.Link]] = field(default_factory=dict)
 
     def agent(self, name: str) -> Agent:
         return next(a for a in self.inventory.agents if a.name == name)
@@ -95,7 +98,9 @@ def _refuse(gate: str, code: str, message: str, cure: str) -> Refusal:
     return Refusal(code, f"admission refused at the {gate} gate: {message}", cure)
 
 
-def integrity(attempt_dir: Path, *, trusted_keys: Collection[str]) -> Admission:
+def integrity(
+    attempt_dir: Path, *, trusted_keys: Collection[str], search: Sequence[Path] = ()
+) -> Admission:
     """Gate 1: every named file present, regular, not a symlink, of its size and digest, stable
     while read; the signatures verify under a trusted key; the resume document is the one the
     manifest names; each bundle carries exactly the recorded refs and the recorded base.
@@ -103,6 +108,10 @@ def integrity(attempt_dir: Path, *, trusted_keys: Collection[str]) -> Admission:
     `trusted_keys` is required and an empty collection trusts nobody (see
     `manager.workspace.trust.trusted_keys_for`): a valid signature by an unknown key proves only
     that someone sealed the bytes.
+
+    An incremental seat's predecessors are found beside `attempt_dir` or under `search`, each
+    proven under the same trusted keys (`manager.checkpoint.chain.resolve`), and its bundle is
+    checked on top of theirs.
     """
     # None would mean "any signer" to the reader below; here it means nothing is trusted.
     keys = frozenset(trusted_keys) if trusted_keys is not None else frozenset()
@@ -143,9 +152,21 @@ def integrity(attempt_dir: Path, *, trusted_keys: Collection[str]) -> Admission:
                 "copy the checkpoint again from the source host",
             )
     dirs = {seat.name: seat.dir for seat in manifest.seats}
+    chains: dict[str, list[chain.Link]] = {}
     for name, record in by_name.items():
-        check_repository(name, attempt_dir / dirs[name], record.repository)
-    return Admission(attempt_dir, manifest, inventory, doc, by_name)
+        try:
+            chains[name] = chain.resolve(
+                attempt_dir,
+                name,
+                record.repository,
+                space=manifest.space,
+                trusted_keys=keys,
+                search=search,
+            )
+        except Refusal as exc:
+            raise _refuse("integrity", exc.code, exc.message, exc.cure) from None
+        check_repository(name, attempt_dir / dirs[name], record.repository, chains[name])
+    return Admission(attempt_dir, manifest, inventory, doc, by_name, chains=chains)
 
 
 def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -172,7 +193,9 @@ def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> subprocess.Comple
         ) from None
 
 
-def check_repository(name: str, seat_dir: Path, record: RepositoryRecord) -> None:
+def check_repository(
+    name: str, seat_dir: Path, record: RepositoryRecord, links: Sequence[chain.Link] = ()
+) -> None:
     """The repository half's artifacts agree with the record and with each other.
 
     Each file's digest is already proven, but a signer can seal any bytes: a bundle swapped for
@@ -180,8 +203,20 @@ def check_repository(name: str, seat_dir: Path, record: RepositoryRecord) -> Non
     `refs.txt`, the branch HEAD was on must point at the base, and the base and every recorded
     ref must be objects the bundle really carries (unbundled into a throwaway repository).
     Refused here, the restore never claims custody for a tree it cannot build.
+
+    An incremental record's bundle is unbundled on top of its proven predecessors (`links`,
+    oldest first): its heads must agree with the refs they name, and the base, every ref and
+    every prerequisite must then be objects the chain carries.
     """
-    bundle = seat_dir / record.bundle.file
+    bundle = seat_dir / record.bundle.file if record.bundle is not None else None
+    if record.since is not None and len(links) == 0:
+        raise _refuse(
+            "integrity",
+            "predecessor-missing",
+            f"seat {name}: its bundle builds on attempt {record.since.attempt_id}, which was "
+            "not proven",
+            "copy that attempt directory beside this one and retry",
+        )
     refs: dict[str, str] = {}
     if record.refs is not None:
         try:
@@ -203,10 +238,15 @@ def check_repository(name: str, seat_dir: Path, record: RepositoryRecord) -> Non
         )
     with tempfile.TemporaryDirectory(prefix="cotal-admit-") as tmp:
         scratch = Path(tmp) / "bundle.git"
-        listed = _git(Path(tmp), "bundle", "list-heads", os.fspath(bundle))
-        if listed.returncode != 0:
-            raise _bundle_invalid(name, bundle, listed)
-        differ = refs_differing(bundle_heads(listed.stdout), refs)
+        heads: dict[str, str] = {}
+        if bundle is not None:
+            listed = _git(Path(tmp), "bundle", "list-heads", os.fspath(bundle))
+            if listed.returncode != 0:
+                raise _bundle_invalid(name, bundle, listed)
+            heads = bundle_heads(listed.stdout)
+        # A full bundle names every ref; an incremental one leaves out those the chain carried.
+        expected = {n: o for n, o in refs.items() if n in heads} if record.since else refs
+        differ = refs_differing(heads, expected)
         if differ:
             raise _refuse(
                 "integrity",
@@ -218,17 +258,24 @@ def check_repository(name: str, seat_dir: Path, record: RepositoryRecord) -> Non
             )
         made = _git(Path(tmp), "init", "--quiet", "--bare", "--template=", os.fspath(scratch))
         if made.returncode != 0:
-            raise _bundle_invalid(name, bundle, made)
-        unpacked = _git(scratch, "bundle", "unbundle", os.fspath(bundle))
-        if unpacked.returncode != 0:
-            raise _bundle_invalid(name, bundle, unpacked)
-        wanted = [f"{record.base}^{{commit}}", *sorted(set(refs.values()))]
+            raise _bundle_invalid(name, bundle or seat_dir, made)
+        for path in [*(link.bundle_path for link in links), bundle]:
+            if path is None:
+                continue
+            unpacked = _git(scratch, "bundle", "unbundle", os.fspath(path))
+            if unpacked.returncode != 0:
+                raise _bundle_invalid(name, path, unpacked)
+        prerequisites = record.since.prerequisites if record.since is not None else []
+        wanted = [
+            f"{record.base}^{{commit}}",
+            *sorted(set(refs.values()) | set(prerequisites)),
+        ]
         found = _git(
             scratch, "cat-file", "--batch-check", stdin="".join(w + "\n" for w in wanted).encode()
         )
         lines = found.stdout.decode("utf-8", "replace").splitlines()
         if found.returncode != 0 or len(lines) != len(wanted):
-            raise _bundle_invalid(name, bundle, found)
+            raise _bundle_invalid(name, bundle or seat_dir, found)
         if lines[0].endswith(" missing"):
             raise _refuse(
                 "integrity",

@@ -24,6 +24,7 @@ import structlog
 from connectors.base import ContinuityClass, StoreDecl
 from connectors.privatefs import DIR_MODE, ensure_private_dir
 from manager import registry
+from manager.checkpoint import chain
 from manager.checkpoint.gitstate import capture_repository
 from manager.checkpoint.seal import (
     capture_file,
@@ -171,10 +172,15 @@ class SeatSummary:
     bytes: int = 0
     timings_ms: dict[str, int] = field(default_factory=dict)
     checkpoint: FileRef | None = None
+    # The predecessor attempt an incremental bundle builds on, and the bundle's own size.
+    since: str | None = None
+    bundle_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
+            "since": self.since,
+            "bundleBytes": self.bundle_bytes,
             "continuity": self.continuity,
             "sessionId": self.session_id,
             "lifecycleUid": self.lifecycle_uid,
@@ -203,21 +209,29 @@ async def capture_seat(
     custody_revision: int | None = None,
     include: Sequence[str] = (),
     space_export: SpaceExport | None = None,
+    since: str | None = None,
 ) -> SeatSummary:
     """Repository, pointer, store files and the inbox into a fresh 0700 seat directory, then
     the record.
 
     `include` is the cut's `--include` paths, carried with the root's `[carry] include`.
+    `since` names a sealed attempt of this root: the bundle then carries only what is new
+    since that attempt's record of the seat (a seat it does not hold gets a full bundle).
     """
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
     home = Path(os.path.expanduser("~"))
+    link = None
+    if since is not None:
+        link = await chain.link_for(layout, since, agent.name, cwd, space=space)
     seat_dir = create_seat_dir(attempt, agent.name)
     repository = await capture_repository(
         cwd,
         seat_dir,
         progress=progress,
         include=registry.carry_includes(registry.load_config(layout.root), include),
+        prerequisites=link.prerequisites if link is not None else (),
+        since=link,
     )
     t_repo = time.monotonic()
 
@@ -283,6 +297,8 @@ async def capture_seat(
             "seal": int((t_seal - t_session) * 1000),
         },
         checkpoint=ref,
+        since=repository.since.attempt_id if repository.since is not None else None,
+        bundle_bytes=repository.bundle.bytes if repository.bundle is not None else 0,
     )
     log.info(
         "cut.sealed", seat=agent.name, continuity=continuity, bytes=summary.bytes, dir=str(seat_dir)

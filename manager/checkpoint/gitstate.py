@@ -75,6 +75,7 @@ from protocol.checkpoint import (
     WORKTREE_DIFF_FILE,
     CarriedHook,
     FileRef,
+    IncrementalLink,
     RepositoryRecord,
     StashEntry,
     format_refs_list,
@@ -123,6 +124,8 @@ STATUS_ARGS: tuple[str, ...] = (
 _ENV_PASS = ("PATH", "HOME", "XDG_CONFIG_HOME", "TMPDIR")
 _STDERR_KEEP = 64 * 1024
 _PROGRESS_STEP = 4 * 1024 * 1024
+# What git says (LC_ALL=C) when every ref is excluded by the bundle's prerequisites.
+_EMPTY_BUNDLE = "Refusing to create empty bundle"
 
 # Operation state files under the git dir, with what each means and how to end it.
 _IN_PROGRESS: tuple[tuple[str, str, str], ...] = (
@@ -1089,17 +1092,56 @@ def refs_differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
 
 
+async def _capture_bundle(
+    cwd: Path,
+    seat_dir: Path,
+    stash_revs: Sequence[str],
+    prerequisites: Sequence[str],
+    progress: Progress | None,
+) -> FileRef | None:
+    """`repo.bundle`, or None when an incremental capture has nothing new to carry."""
+    try:
+        return await stream_git_to_file(
+            cwd,
+            [
+                "bundle",
+                "create",
+                "--quiet",
+                "-",
+                "--all",
+                *stash_revs,
+                *(f"^{oid}" for oid in prerequisites),
+            ],
+            seat_dir,
+            BUNDLE_FILE,
+            progress=progress,
+            phase="bundle",
+        )
+    except Refusal as exc:
+        # git writes no bundle without a ref in its header; with prerequisites that means every
+        # ref's tip is one the predecessor already carried (proven against the refs below).
+        if prerequisites and exc.code == "git-failed" and _EMPTY_BUNDLE in exc.message:
+            return None
+        raise
+
+
 async def capture_repository(
     cwd: Path,
     seat_dir: Path,
     *,
     progress: Progress | None = None,
     include: Sequence[str] = (),
+    prerequisites: Sequence[str] = (),
+    since: IncrementalLink | None = None,
 ) -> RepositoryRecord:
     """Capture the seat's repository into `seat_dir` and return the record that names it.
 
     `include` is the operator's declared ignored paths (the root's `[carry] include` plus any
     `--include` at the cut): relative paths or simple globs whose ignored files travel too.
+
+    `prerequisites` (with `since`, the link recorded for them) makes the bundle incremental:
+    commits a destination already holds from the predecessor attempt are left out, and so are
+    refs whose tips are among them; with nothing new there is no bundle at all.
 
     Runs only after the seat is proven stopped (record 1.3 step 7). Preflight runs again first,
     reusing what the preflight at prepare learned only where it proves the input unchanged
@@ -1124,15 +1166,26 @@ async def capture_repository(
     # Older stash entries live only in the reflog; naming their commits puts them in the pack
     # without adding a ref to the bundle's header.
     stash_revs = list(dict.fromkeys(entry.oid for entry in stash))
-    bundle = await stream_git_to_file(
-        cwd,
-        ["bundle", "create", "--quiet", "-", "--all", *stash_revs],
-        seat_dir,
-        BUNDLE_FILE,
-        progress=progress,
-        phase="bundle",
-    )
-    differ = refs_differing(await _bundle_header_refs(cwd, seat_dir / BUNDLE_FILE), refs)
+    bundle = await _capture_bundle(cwd, seat_dir, stash_revs, prerequisites, progress)
+    heads: dict[str, str] = {}
+    if bundle is not None:
+        heads = await _bundle_header_refs(cwd, seat_dir / BUNDLE_FILE)
+    # An incremental bundle leaves out refs whose tips the predecessor carried: the heads must
+    # agree with the refs they name, and every ref left out must be covered by a prerequisite.
+    carried = {n: o for n, o in refs.items() if n in heads} if prerequisites else refs
+    differ = refs_differing(heads, carried)
+    left_out = sorted(set(refs) - set(heads))
+    if not differ and prerequisites and left_out:
+        uncovered = await run_git(
+            cwd,
+            "rev-list",
+            "--stdin",
+            stdin="".join(
+                [f"{refs[n]}\n" for n in left_out] + [f"^{oid}\n" for oid in prerequisites]
+            ).encode(),
+        )
+        if uncovered.stdout.strip():
+            differ = left_out
     if differ:
         raise Refusal(
             "bundle-refs",
@@ -1205,6 +1258,7 @@ async def capture_repository(
             info_exclude=exclude,
             stash=stash,
             include=declared,
+            since=since if prerequisites else None,
         )
         # Round-trip through the strict decoder so the capture never returns a record the
         # reader would refuse (the constructor does not check field patterns).

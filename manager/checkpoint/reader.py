@@ -248,3 +248,33 @@ def verify_integrity(
         verify_seat_files(seat_dir, record)
         records.append(record)
     return records
+
+
+def read_sealed_seat(
+    attempt_dir: Path, seat: str, *, trusted_keys: Collection[str] | None
+) -> tuple[AttemptManifest, SeatCheckpoint, str] | None:
+    """One seat of a sealed attempt without hashing its files: the signed manifest, the seat's
+    signed record proven to be the one the manifest names, and that record's sha256. None when
+    the attempt holds no such seat. Used for an incremental cut's predecessor, whose files the
+    caller proves one by one as it needs them.
+    """
+    attempt_dir = Path(attempt_dir)
+    manifest = read_manifest(attempt_dir, trusted_keys=trusted_keys)
+    entry = next((s for s in manifest.seats if s.name == seat), None)
+    if entry is None:
+        return None
+    path = attempt_dir / entry.dir / CHECKPOINT_FILE
+    data = _read_record(path, CHECKPOINT_CAP, "seat checkpoint")
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != entry.checkpoint.bytes or digest != entry.checkpoint.sha256:
+        raise _integrity(
+            path,
+            f"is {len(data)} bytes hashing to {digest}, the manifest says "
+            f"{entry.checkpoint.bytes} bytes hashing to {entry.checkpoint.sha256}",
+        )
+    record = _parse_seat(data, path, trusted_keys)
+    if record.name != seat or record.space != manifest.space:
+        raise _integrity(
+            path, f"is for seat {record.name!r} in space {record.space!r}, not {seat!r}"
+        )
+    return manifest, record, digest

@@ -10,8 +10,9 @@ A target that is a mount point stages inside itself instead (`<target>/.cotal-in
 since a rename cannot cross out of a mount, and promotes by swapping entries within it.
 
 The sequence, in order: verify every digest before any write; check the bundle carries exactly
-the recorded refs; clone; verify the base; detach at the base; put back the carried config,
-info/exclude and hooks; recreate the recorded refs (a clone keeps branches and tags only) and
+the recorded refs; init and unbundle (an incremental seat's predecessors first, oldest
+first); verify the base; detach at the base; put back the carried config, info/exclude and
+hooks; recreate the recorded refs (unbundling sets none) and
 rebuild the stash reflog entry by entry; apply the index diff with
 --index; put back intent-to-add entries whose file was gone at the cut; apply the worktree diff;
 mark the remaining intent-to-add entries; extract the untracked archive under strict member
@@ -42,6 +43,7 @@ from connectors.privatefs import (
     open_parent_below,
     read_stable,
 )
+from manager.checkpoint import chain
 from manager.checkpoint.confine import CURE_FORGED, lexical, parts_problem
 from manager.checkpoint.gitstate import (
     EXCLUDE_CONTROL,
@@ -256,7 +258,7 @@ def _carried_bytes(seat_dir: Path, ref: FileRef) -> bytes:
 
 
 def _write_gitdir_file(gitdir: Path, rel: str, data: bytes, mode: int) -> None:
-    """Write one carried file into the staged `.git`, which the clone made and nothing else has
+    """Write one carried file into the staged `.git`, which `init` made and nothing else has
     touched; a symlink on the way refuses rather than being written through."""
     root_fd = os.open(gitdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
@@ -347,19 +349,34 @@ async def _build(
     refs: dict[str, str],
     status: str,
     intent_to_add: list[str],
+    links: Sequence[chain.Link],
 ) -> None:
-    bundle = seat_dir / record.bundle.file
+    # Not a clone: an incremental bundle needs its predecessors' objects first, so every
+    # bundle of the chain is unbundled oldest first (git proves each one's prerequisites are
+    # present) and the refs are set below from the record, after all the objects are in.
     await run_git(
         staging.parent,
-        "clone",
+        "init",
         "--quiet",
         "--template=",
-        "--no-checkout",
-        str(bundle),
         str(staging),
         code="restore-failed",
-        cure="the bundle cannot be cloned; copy the checkpoint again from the source host",
+        cure="fix what git says about the staging directory",
     )
+    bundles = [link.bundle_path for link in links]
+    bundles.append(seat_dir / record.bundle.file if record.bundle is not None else None)
+    for bundle in bundles:
+        if bundle is None:
+            continue
+        await run_git(
+            staging,
+            "bundle",
+            "unbundle",
+            str(bundle),
+            code="restore-failed",
+            cure="the bundle cannot be unbundled on its predecessors; copy the checkpoint "
+            "again from the source host",
+        )
     found = await run_git(
         staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128)
     )
@@ -373,11 +390,9 @@ async def _build(
         )
     await run_git(staging, "checkout", "--quiet", "--detach", record.base, code="restore-failed")
 
-    # The clone's remote points at the checkpoint's bundle file, with tracking refs the seat
-    # never had. The carried config, written next, replaces the clone's, so the remotes are
-    # the source's; it and info/exclude go in before the applies and the status comparison,
-    # which read them as the source did.
-    await run_git(staging, "remote", "remove", "origin", code="restore-failed")
+    # The carried config, written next, replaces the one `init` made, so the remotes are the
+    # source's; it and info/exclude go in before the applies and the status comparison, which
+    # read them as the source did.
     await anyio.to_thread.run_sync(_restore_gitdir, staging, seat_dir, record)
     present = await read_refs(staging)
     # With the stash recorded entry by entry, refs/stash is rebuilt from it below instead.
@@ -648,12 +663,15 @@ async def restore_repository(
     stamp: str,
     keep_paths: tuple[str, ...] = (CONTROL_DIR,),
     confine_to: Sequence[Path] = (),
+    links: Sequence[chain.Link] = (),
 ) -> RestoreResult:
     """Rebuild the captured repository at `target` through a staging directory beside it, or
     inside it when the target is a mount point (`<target>/.cotal-incoming-<stamp>`).
 
     `confine_to` is the destination root and any mapped directories: a target outside them
-    refuses before anything is written.
+    refuses before anything is written. `links` are an incremental record's predecessors as
+    admission proved them (`Admission.chains`), oldest first; their bundles are re-proven here
+    too.
     """
     seat_dir = Path(os.path.abspath(seat_dir))
     target = Path(os.path.abspath(target))
@@ -667,6 +685,16 @@ async def restore_repository(
     # Every digest is proven before the first write anywhere.
     for ref in record.files():
         await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
+    if record.since is not None and not links:
+        raise Refusal(
+            "predecessor-missing",
+            f"the bundle in {seat_dir} builds on attempt {record.since.attempt_id}, and no "
+            "proven predecessor was given",
+            "resume through `cotal up --restore`, which finds and proves the chain",
+        )
+    for link in links:
+        if link.bundle is not None:
+            await anyio.to_thread.run_sync(verify_file, link.seat_dir, link.bundle)
     status, intent_to_add = record.status, record.intent_to_add
     if record.status_file is not None and record.intent_to_add_file is not None:
         try:
@@ -687,17 +715,23 @@ async def restore_repository(
             raise Refusal(
                 "refs-mismatch", f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint"
             ) from None
-    # The ceiling keeps git from discovering the destination's own repository above the
-    # checkpoint: listing a bundle needs none, and that repository is not ours to read.
-    heads = await run_git(
-        seat_dir,
-        "bundle",
-        "list-heads",
-        str(seat_dir / record.bundle.file),
-        env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
-        code="restore-failed",
-    )
-    differ = refs_differing(bundle_heads(heads.stdout), refs)
+    heads: dict[str, str] = {}
+    if record.bundle is not None:
+        # The ceiling keeps git from discovering the destination's own repository above the
+        # checkpoint: listing a bundle needs none, and that repository is not ours to read.
+        listed = await run_git(
+            seat_dir,
+            "bundle",
+            "list-heads",
+            str(seat_dir / record.bundle.file),
+            env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
+            code="restore-failed",
+        )
+        heads = bundle_heads(listed.stdout)
+    # An incremental bundle leaves out the refs its predecessors carried; the restored refs
+    # are compared with the whole recorded list after the build.
+    expected = {n: o for n, o in refs.items() if n in heads} if record.since else refs
+    differ = refs_differing(heads, expected)
     if differ:
         raise Refusal(
             "refs-mismatch",
@@ -719,7 +753,7 @@ async def restore_repository(
         ) from None
     unchanged = f"{target} is unchanged" + (f" apart from {staging}" if in_place else "")
     try:
-        await _build(staging, seat_dir, record, refs, status, intent_to_add)
+        await _build(staging, seat_dir, record, refs, status, intent_to_add, links)
         clash = [name for name in keep_paths if os.path.lexists(staging / name)]
         if clash:
             raise Refusal(

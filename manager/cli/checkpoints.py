@@ -38,7 +38,7 @@ from connectors.privatefs import ensure_private_dir, fsync_dir, read_stable, wri
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.space import read_broker_identity
-from manager.checkpoint import admit
+from manager.checkpoint import admit, chain
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
 from manager.cli.verify import admit_integrity, trusted_keys
@@ -278,9 +278,24 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             f"{out.parent} is not a directory",
             "create it first, or name a file in an existing directory",
         )
-    adm = await admit_integrity(src, trusted_keys(args, layout))
+    adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
     attempt = adm.manifest.attempt_id
     space = adm.manifest.space
+    incremental = sorted(name for name, links in adm.chains.items() if links)
+    if incremental:
+        # A packed file is resumed on its own; the predecessors its bundles build on are not in
+        # it, so the hand-off would carry a checkpoint no destination can restore by itself.
+        since = adm.records[incremental[0]].repository.since
+        assert since is not None
+        raise Refusal(
+            "incremental-pack",
+            f"attempt {attempt} is incremental: the bundles of {', '.join(incremental)} carry "
+            f"only what is new since attempt {since.attempt_id}, which a packed file does not "
+            "hold",
+            "copy the attempt directory and its predecessors side by side to the destination "
+            "instead (`cotal up --restore DIR` finds them there), or cut again without --since "
+            "and pack that",
+        )
     sealed_by = adm.manifest.signer
     assert sealed_by is not None
     mine = _own_instance(layout, space)

@@ -29,7 +29,7 @@ from manager import failpoint, registry
 from manager.broker import custody, embedded, space
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
-from manager.checkpoint import cut
+from manager.checkpoint import chain, cut
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
 from manager.cli.progress import ProgressView, follow_commit
@@ -65,6 +65,8 @@ class CutOptions:
     stores: list[str]
     drain_timeout: float
     include: list[str]
+    # `--since ATTEMPT`: each seat's bundle carries only what is new since that sealed attempt.
+    since: str | None = None
 
 
 async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> dict[str, Any]:
@@ -83,6 +85,7 @@ async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> di
                     "sessionStores": opts.stores,
                     "drainTimeoutS": opts.drain_timeout,
                     "include": opts.include,
+                    "since": opts.since,
                 },
                 # The daemon may spend the whole drain on a turn before it stops anything.
                 timeout=COMMIT_TIMEOUT_S + opts.drain_timeout,
@@ -178,6 +181,7 @@ async def _capture_offline(
                 space=inventory.space,
                 custody_revision=carried[agent.name].custody.revision,
                 space_export=carried[agent.name],
+                since=opts.since,
             )
         )
     await anyio.to_thread.run_sync(
@@ -341,9 +345,15 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
         drain_timeout=args.drain_timeout,
         # Refused here, before anything is fenced, rather than after the seats were stopped.
         include=registry.carry_includes(registry.FileConfig(), args.include),
+        since=getattr(args, "since", None),
     )
     if args.abort:
         return await _abort(layout, journal, record)
+    if opts.since is not None:
+        # Proven before anything is fenced: a predecessor that is not sealed, trusted and
+        # intact here refuses while every seat still runs.
+        seats = await anyio.to_thread.run_sync(chain.check_predecessor, layout, opts.since)
+        _say(f"incremental since attempt {opts.since} ({len(seats)} seat(s) recorded there)")
     if record is not None and record.kind == "cut" and record.state == "ready":
         _print(
             args,
@@ -547,6 +557,11 @@ def _print(args: argparse.Namespace, result: dict[str, Any], *, already: bool = 
             f"{seat.get('bytes', 0):>10} bytes  repo {t.get('repository', '-')}ms  "
             f"session {t.get('session', '-')}ms  seal {t.get('seal', '-')}ms\n"
         )
+        if seat.get("since"):
+            out(
+                f"    incremental since {seat['since']}: bundle {seat.get('bundleBytes', 0)} "
+                "bytes (the destination needs that attempt beside this one)\n"
+            )
     for mid in result.get("midTurn") or []:
         out(
             f"  {mid['name']} was cut mid-turn (message {mid['messageId']}): "

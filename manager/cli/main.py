@@ -210,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cotal down --preserve-state",
         "cotal down --preserve-state --session-store ~/.pi/sessions --json",
         "cotal down --preserve-state --abort",
+        "cotal down --preserve-state --since 20261129T140000Z-0a1b2c3d",
     )
     down.add_argument(
         "--preserve-state",
@@ -238,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="with --preserve-state: seconds each seat's turn in flight may take to finish "
         "before it is cut anyway (its message is then redelivered after the resume; default 120)",
+    )
+    down.add_argument(
+        "--since",
+        metavar="ATTEMPT",
+        help="with --preserve-state: an incremental cut; each seat's bundle carries only what "
+        "is new since ATTEMPT, a sealed attempt of this root the destination already holds "
+        "(copy both directories side by side there)",
     )
     down.add_argument(
         "--abort",

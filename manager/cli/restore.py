@@ -38,7 +38,7 @@ from manager.broker.footprint import default_replicas
 from manager.broker.presence import live_uids
 from manager.broker.retry import phase
 from manager.broker.space import import_inbox, read_broker_identity
-from manager.checkpoint import admit, relocate
+from manager.checkpoint import admit, chain, relocate
 from manager.checkpoint.confine import place_session_file
 from manager.checkpoint.restore import restore_repository
 from manager.cli import checkpoints, mesh
@@ -230,7 +230,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             rejoined["wallMs"] = int((time.monotonic() - t0) * 1000)
             return rejoined
         _say(f"admitting {src}")
-        adm = await admit_integrity(src, trusted_keys(args, layout))
+        adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
         sig = signer(adm, args, layout)
         _say(f"sealed by {signer_line(sig)}")
         inboxes = _read_inboxes(adm)
@@ -329,7 +329,7 @@ async def _rejoin(
     finalized = status["state"] == "active" and record.state == "resume-committed"
     if not (fenced or finalized):
         return None
-    adm = await admit_integrity(src, trusted_keys(args, layout))
+    adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
     if adm.manifest.attempt_id != attempt:
         raise Refusal(
             "attempt-mismatch",
@@ -738,6 +738,7 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
                 stamp=stamp,
                 keep_paths=keep,
                 confine_to=adm.confine_to or (layout.root,),
+                links=adm.chains.get(name, ()),
             )
             restored[cwd] = (name, result)
             if keep and result.superseded is not None:

@@ -24,7 +24,7 @@ from manager import registry
 from manager.broker import presence
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
-from manager.checkpoint import admit, relocate
+from manager.checkpoint import admit, chain, relocate
 from manager.cli import mesh
 from manager.workspace import trust
 from manager.workspace.layout import Layout
@@ -87,8 +87,29 @@ def relocation_of(adm: admit.Admission, name: str) -> dict[str, Any]:
     return out
 
 
-async def admit_integrity(src: Path, trusted: list[str]) -> admit.Admission:
-    """Gate 1 reads and hashes every file of the attempt: off the event loop."""
+def chain_of(adm: admit.Admission, name: str) -> dict[str, Any]:
+    """An incremental seat's proven predecessors as `chain`, oldest first: where each was found
+    and the bytes of its bundle. Nothing for a seat whose bundle carries its whole history."""
+    links = adm.chains.get(name, [])
+    if not links:
+        return {}
+    return {
+        "chain": [
+            {
+                "attemptId": link.attempt_id,
+                "dir": str(link.seat_dir.parent),
+                "bundleBytes": link.bundle.bytes if link.bundle is not None else 0,
+            }
+            for link in links
+        ]
+    }
+
+
+async def admit_integrity(
+    src: Path, trusted: list[str], search: tuple[Path, ...] = ()
+) -> admit.Admission:
+    """Gate 1 reads and hashes every file of the attempt: off the event loop. An incremental
+    seat's predecessors are looked for beside `src`, then under `search` (`chain.search_dirs`)."""
     if src.exists() and not src.is_dir():
         raise Refusal(
             "not-a-checkpoint",
@@ -98,7 +119,7 @@ async def admit_integrity(src: Path, trusted: list[str]) -> admit.Admission:
         )
     try:
         return await anyio.to_thread.run_sync(
-            functools.partial(admit.integrity, src, trusted_keys=trusted)
+            functools.partial(admit.integrity, src, trusted_keys=trusted, search=search)
         )
     except OSError as exc:
         # The gates name every problem they expect; what is left is the filesystem refusing.
@@ -125,7 +146,7 @@ def _broker_for_verify(args: argparse.Namespace, layout: Layout) -> BrokerRef:
 async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     layout = Layout.at(root)
     src = Path(args.dir).resolve()
-    adm = await admit_integrity(src, trusted_keys(args, layout))
+    adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
     verdicts = {"integrity": "pass"}
     broker = _broker_for_verify(args, layout)
     async with LazyConnection(broker.server, broker.creds, name="cotal-admission") as conn:
@@ -151,6 +172,7 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             "continuity": r.session.continuity,
             "capturedAt": r.captured_at,
             "sessionId": r.session.session_id,
+            **chain_of(adm, n),
             **relocation_of(adm, n),
         }
         for n, r in adm.records.items()
@@ -184,6 +206,12 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
             f"  seat {s['name']:<16} {s['continuity']:<10} uid {s['lifecycleUid']} "
             f"captured {s['capturedAt']}\n"
         )
+        if "chain" in s:
+            w(
+                "    incremental on "
+                + " <- ".join(link["attemptId"] for link in reversed(s["chain"]))
+                + f" (found at {s['chain'][-1]['dir']})\n"
+            )
         if "relocated" in s:
             moved = s["relocated"]
             w(f"    relocated {moved['cwdBefore']} -> {moved['cwdAfter']}\n")

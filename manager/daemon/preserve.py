@@ -349,6 +349,7 @@ class Preservation:
                         custody_revision=self.custody_revisions.get(agent.name),
                         space_export=carried,
                         include=args.include,
+                        since=args.since,
                     )
                 )
                 failpoint.reached("preserve.after-seat-sealed", mgr.layout.root)

@@ -1,0 +1,278 @@
+"""Incremental cuts: the predecessor a cut builds on, and the chain a destination restores.
+
+A cut given `--since ATTEMPT` reads that attempt from this root's checkpoint directory, proven
+sealed by a signer this root trusts. For each seat the predecessor also holds, the commits it
+recorded (every ref's tip, every stash entry, its base) that still exist in the seat's
+repository become the bundle's prerequisites: what the destination already has is not carried
+again. The link is written into the seat's record (`RepositoryRecord.since`) with the digest of
+the predecessor's `checkpoint.json`, so the successor's signature fixes the whole chain.
+
+A destination resolves the chain backwards, one predecessor at a time: beside the attempt
+directory it was given (a sibling named by the attempt id), else in its own checkpoint and
+incoming directories. Each link is proven before it is used: a sealed manifest by a trusted
+signer, the seat's record the one the successor pinned, its bundle of the recorded digest. A
+predecessor that is not there refuses `predecessor-missing` naming the attempt and the seat; one
+whose bytes differ refuses `integrity`. The restore then unbundles the chain oldest first.
+
+See docs/design.md ("Incremental cuts") and docs/operations.md ("Incremental cuts").
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio.to_thread
+
+from manager.checkpoint.gitstate import run_git
+from manager.checkpoint.reader import read_manifest, read_sealed_seat, verify_file
+from manager.workspace import trust
+from manager.workspace.layout import Layout
+from manager.workspace.private import read_stable
+from protocol.checkpoint import (
+    MANIFEST_FILE,
+    MAX_CHAIN,
+    MAX_PREREQUISITES,
+    FileRef,
+    IncrementalLink,
+    RepositoryRecord,
+    parse_refs_list,
+)
+from protocol.errors import Refusal
+from protocol.names import check_attempt_id
+
+CURE_CUT_FULL = "or cut again without --since to carry the whole history"
+
+
+def checkpoints_dir(layout: Layout) -> Path:
+    return layout.maintenance / "checkpoints"
+
+
+def search_dirs(layout: Layout) -> tuple[Path, ...]:
+    """Where a destination also looks for a predecessor, after the attempt's own siblings."""
+    return (checkpoints_dir(layout), layout.maintenance / "incoming")
+
+
+# -- the source side ----------------------------------------------------------------------------
+
+
+def _since_refusal(attempt_id: str, exc: Refusal) -> Refusal:
+    return Refusal(
+        exc.code,
+        f"--since {attempt_id}: {exc.message}",
+        f"{exc.cure}; {CURE_CUT_FULL}" if exc.cure else CURE_CUT_FULL,
+    )
+
+
+def predecessor_dir(layout: Layout, attempt_id: str) -> Path:
+    try:
+        check_attempt_id(attempt_id)
+    except (Refusal, ValueError):
+        raise Refusal(
+            "bad-args",
+            f"--since {attempt_id!r} is not an attempt id",
+            "name an attempt `cotal checkpoint list` shows as sealed",
+        ) from None
+    path = checkpoints_dir(layout) / attempt_id
+    if not (path / MANIFEST_FILE).is_file():
+        raise Refusal(
+            "since-unknown",
+            f"--since {attempt_id}: there is no sealed attempt at {path}",
+            f"name an attempt `cotal checkpoint list` shows as sealed, {CURE_CUT_FULL}",
+        )
+    return path
+
+
+def check_predecessor(layout: Layout, attempt_id: str) -> list[str]:
+    """The coordinator's proof before it fences anything: the attempt is sealed here by a
+    signer this root trusts, and every seat's record and bundle are intact. Returns its seats."""
+    path = predecessor_dir(layout, attempt_id)
+    try:
+        space = read_manifest(path, trusted_keys=None).space
+        trusted = trust.trusted_keys_for(layout, space, [])
+        manifest = read_manifest(path, trusted_keys=trusted)
+        for seat in manifest.seats:
+            got = read_sealed_seat(path, seat.name, trusted_keys=trusted)
+            assert got is not None  # the manifest names it
+            repo = got[1].repository
+            for ref in (repo.bundle, repo.refs):
+                if ref is not None:
+                    verify_file(path / seat.dir, ref)
+    except Refusal as exc:
+        raise _since_refusal(attempt_id, exc) from None
+    return [seat.name for seat in manifest.seats]
+
+
+def _recorded_refs(seat_dir: Path, repo: RepositoryRecord) -> dict[str, str]:
+    if repo.refs is None:
+        return {}
+    data = read_stable(seat_dir / repo.refs.file, cap=max(repo.refs.bytes, 1), what="refs list")
+    if hashlib.sha256(data.data).hexdigest() != repo.refs.sha256:
+        raise Refusal(
+            "integrity",
+            f"checkpoint integrity: {seat_dir / repo.refs.file} is not the refs list its record "
+            "names",
+            "the predecessor was altered after it was sealed",
+        )
+    try:
+        return parse_refs_list(data.data)
+    except ValueError as exc:
+        raise Refusal(
+            "integrity", f"checkpoint integrity: {seat_dir / repo.refs.file}: {exc}", ""
+        ) from None
+
+
+async def _commits_here(cwd: Path, candidates: Sequence[str]) -> list[str]:
+    """The commits `candidates` peel to that this repository holds, first mention kept."""
+    if not candidates:
+        return []
+    out = await run_git(
+        cwd,
+        "cat-file",
+        "--batch-check=%(objectname) %(objecttype)",
+        stdin="".join(f"{oid}^{{commit}}\n" for oid in candidates).encode(),
+    )
+    found: dict[str, None] = {}
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        oid, _, kind = line.partition(" ")
+        if kind == "commit":
+            found[oid] = None
+    return list(found)
+
+
+async def link_for(
+    layout: Layout, attempt_id: str, seat: str, cwd: Path, *, space: str
+) -> IncrementalLink | None:
+    """The link an incremental capture of `seat` records, or None for a full bundle: the
+    predecessor does not hold the seat, or none of its commits exist in this repository."""
+    path = predecessor_dir(layout, attempt_id)
+    trusted = trust.trusted_keys_for(layout, space, [])
+    try:
+        got = await anyio.to_thread.run_sync(
+            lambda: read_sealed_seat(path, seat, trusted_keys=trusted)
+        )
+        if got is None:
+            return None
+        manifest, record, digest = got
+        if manifest.attempt_id != attempt_id or manifest.space != space:
+            raise Refusal(
+                "chain-broken",
+                f"{path} holds attempt {manifest.attempt_id} of space {manifest.space}, not "
+                f"{attempt_id} of {space}",
+                "name an attempt this root cut in this space",
+            )
+        repo = record.repository
+        recorded = await anyio.to_thread.run_sync(_recorded_refs, path / seat, repo)
+    except Refusal as exc:
+        raise _since_refusal(attempt_id, exc) from None
+    candidates = [repo.base, *recorded.values(), *(entry.oid for entry in repo.stash)]
+    present = await _commits_here(cwd, list(dict.fromkeys(candidates)))
+    if not present:
+        return None
+    return IncrementalLink(
+        attempt_id=attempt_id,
+        checkpoint_sha256=digest,
+        bundle_sha256=repo.bundle.sha256 if repo.bundle is not None else None,
+        prerequisites=present[:MAX_PREREQUISITES],
+    )
+
+
+# -- the destination side -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    """One proven predecessor of a seat: where its seat directory is and the bundle it holds."""
+
+    attempt_id: str
+    seat_dir: Path
+    bundle: FileRef | None
+
+    @property
+    def bundle_path(self) -> Path | None:
+        return self.seat_dir / self.bundle.file if self.bundle is not None else None
+
+
+def _locate(attempt_id: str, places: Sequence[Path]) -> Path | None:
+    for place in places:
+        path = place / attempt_id
+        if path.is_dir():
+            return path
+    return None
+
+
+def resolve(
+    attempt_dir: Path,
+    seat: str,
+    record: RepositoryRecord,
+    *,
+    space: str,
+    trusted_keys: Collection[str],
+    search: Sequence[Path] = (),
+) -> list[Link]:
+    """Every predecessor of `seat`'s incremental record, proven, oldest first ([] for a full
+    record). Refuses `predecessor-missing`, `integrity`, `untrusted-signer` or `chain-broken`
+    naming the attempt and the seat."""
+    attempt_dir = Path(attempt_dir)
+    places = [attempt_dir.parent, *(Path(p) for p in search)]
+    links: list[Link] = []
+    seen = {attempt_dir.name}
+    link = record.since
+    successor = attempt_dir.name
+    while link is not None:
+        at = link.attempt_id
+        if at in seen or len(links) >= MAX_CHAIN:
+            raise Refusal(
+                "chain-broken",
+                f"seat {seat}: its chain of predecessors loops back to attempt {at} or runs past "
+                f"{MAX_CHAIN} attempts",
+                "cut the seat again without --since",
+            )
+        seen.add(at)
+        found = _locate(at, places)
+        if found is None:
+            where = ", ".join(str(p) for p in places)
+            raise Refusal(
+                "predecessor-missing",
+                f"seat {seat}: attempt {successor} carries only what is new since attempt {at}, "
+                f"and attempt {at} is in none of {where}",
+                f"copy the attempt directory {at} from the source host (its "
+                f".cotal/maintenance/v1/checkpoints/{at}) beside {attempt_dir}, and retry; "
+                f"{CURE_CUT_FULL}",
+            )
+        got = read_sealed_seat(found, seat, trusted_keys=trusted_keys)
+        if got is None:
+            raise Refusal(
+                "chain-broken",
+                f"seat {seat}: attempt {successor} builds on attempt {at}, which holds no seat "
+                f"{seat}",
+                f"copy the right attempt {at} from the source host, {CURE_CUT_FULL}",
+            )
+        manifest, prev, digest = got
+        if manifest.attempt_id != at or manifest.space != space:
+            raise Refusal(
+                "integrity",
+                f"checkpoint integrity: {found} holds attempt {manifest.attempt_id} of space "
+                f"{manifest.space}, not the predecessor {at} of space {space}",
+                f"copy the attempt directory {at} again from the source host",
+            )
+        bundle = prev.repository.bundle
+        bundle_sha = bundle.sha256 if bundle is not None else None
+        if digest != link.checkpoint_sha256 or bundle_sha != link.bundle_sha256:
+            raise Refusal(
+                "integrity",
+                f"checkpoint integrity: seat {seat}: attempt {successor} builds on the seat "
+                f"record of attempt {at} hashing to {link.checkpoint_sha256} (bundle "
+                f"{link.bundle_sha256}), but {found / seat} holds one hashing to {digest} "
+                f"(bundle {bundle_sha})",
+                f"copy the attempt directory {at} again from the source host; {CURE_CUT_FULL}",
+            )
+        if bundle is not None:
+            verify_file(found / seat, bundle)
+        links.append(Link(attempt_id=at, seat_dir=found / seat, bundle=bundle))
+        successor = at
+        link = prev.repository.since
+    links.reverse()
+    return links
