@@ -8,7 +8,8 @@ timeout for the turn in flight to reach its boundary and be acknowledged, then h
 each exit is proven; only then is anything captured. A seat still mid-turn at the deadline is
 cut anyway and named (`midTurn`): its message stays unacknowledged and comes back after the
 resume. A seat that cannot be proven stopped fails the cut by name and nothing is captured for
-it.
+it. The per-seat checks, stops and captures run a few seats at once (`manager/concurrency.py`),
+with each seat's outcome kept on its own and every record in seat order.
 
 See docs/architecture.md ("How a cut flows through the house") and docs/cli.md (the cut).
 """
