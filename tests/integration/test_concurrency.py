@@ -108,6 +108,18 @@ async def test_twenty_seats_cut_and_resume_as_a_loop_would(
     assert doc["error"].startswith(f"cut conc-1 is incomplete: {FAILS_CAPTURE}: {oracle.text}; ")
     journal = Journal(layout).load()
     assert journal is not None and journal.state == "cut-intent"
+    # The capture progress the coordinator read came one seat after another, in seat order; a
+    # count the throttle held back is flushed, sorted, when the next phase begins.
+    c = await ControlClient.connect(layout.socket, layout.control_token.read_text().strip())
+    async with c:
+        progress = await c.call("progress", {"attemptId": "conc-1", "after": 0})
+    runs: list[str] = []
+    for record in progress["records"]:
+        if record["phase"] == "capture" and (not runs or runs[-1] != record["seat"]):
+            runs.append(record["seat"])
+    captured = [name for name in SEATS if name != FAILS_CAPTURE]
+    assert runs[: len(captured)] == captured, runs
+    assert runs[len(captured) :] == sorted(runs[len(captured) :]), runs
     await wait_gone([row["pid"] for row in rows.values()])
     checkpoints = cli.root / ".cotal/maintenance/v1/checkpoints"
     assert not list(checkpoints.rglob("manifest.json"))
