@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
-from manager import logs
+from manager import concurrency, logs
 from manager.cli import commands
 from manager.cli.commands import root_of
 from manager.cli.output import (
@@ -199,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--accept-stale-checkpoint", action="store_true", help=_STALE_HELP)
     up.add_argument(
         "--map", action="append", metavar="OLD=NEW", help="with --restore: " + _MAP_HELP
+    )
+    up.add_argument(
+        "--jobs",
+        action=concurrency.JobsAction,
+        metavar="N",
+        help="how many seats the restore and this manager's cuts and adoptions work on at once "
+        "(sets COTAL_JOBS; default twice the cores, 2 to 16)",
     )
     up.set_defaults(fn=commands.cmd_up)
 

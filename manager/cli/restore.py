@@ -30,7 +30,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from connectors.privatefs import ensure_private_dir, read_stable
-from manager import failpoint, registry
+from manager import concurrency, failpoint, registry
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.evict import evict_ghosts
@@ -40,7 +40,7 @@ from manager.broker.retry import phase
 from manager.broker.space import import_inbox, read_broker_identity
 from manager.checkpoint import admit, chain, relocate
 from manager.checkpoint.confine import place_session_file
-from manager.checkpoint.restore import restore_repository
+from manager.checkpoint.restore import RestoreResult, restore_repository
 from manager.cli import checkpoints, mesh
 from manager.cli.verify import (
     BrokerRef,
@@ -700,52 +700,95 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
     """Restore each distinct working tree once, then place every seat's session files.
 
     Seats that share a cwd were captured from the same stopped tree, so their records must
-    agree; restoring it once per seat would only stack superseded copies beside it.
+    agree; restoring it once per seat would only stack superseded copies beside it. Distinct
+    trees are restored a few at once (`manager/concurrency.py`); what is printed and returned
+    keeps seat order, and the refusal is the first failing tree in seat order.
     """
     stamp = file_stamp()
     dirs = {s.name: s.dir for s in adm.manifest.seats}
-    restored: dict[Path, tuple[str, Any]] = {}
-    out = []
+    first_of: dict[Path, str] = {}
     for name, record in adm.records.items():
+        cwd = adm.confined[name].cwd
+        first = first_of.setdefault(cwd, name)
+        if first == name:
+            continue
+        other = adm.records[first].repository
+        if (record.repository.base, record.repository.files()) != (
+            other.base,
+            other.files(),
+        ) or (record.repository.status, record.repository.status_file) != (
+            other.status,
+            other.status_file,
+        ):
+            # Checked before any tree is touched: nothing is restored for a checkpoint
+            # whose shared trees disagree.
+            raise Refusal(
+                "inconsistent-checkpoint",
+                f"seats {first} and {name} share {cwd} but their checkpoints record "
+                "different trees",
+                "cut the seats again; a shared tree is captured once, stopped",
+            )
+
+    # A tree inside another (or around it) is restored in the same job, after the one before
+    # it in seat order, as from a loop: restoring one replaces the other's directory.
+    trees = list(first_of)
+    groups: list[list[Path]] = []
+    for cwd in trees:
+        nested = [
+            g for g in groups if any(cwd.is_relative_to(t) or t.is_relative_to(cwd) for t in g)
+        ]
+        merged = [t for t in trees if t == cwd or any(t in g for g in nested)]
+        groups = [g for g in groups if g not in nested] + [merged]
+    groups.sort(key=lambda g: trees.index(g[0]))
+
+    async def restore(group: list[Path]) -> dict[Path, concurrency.Outcome[RestoreResult]]:
+        done: dict[Path, concurrency.Outcome[RestoreResult]] = {}
+        for cwd in group:
+            try:
+                done[cwd] = concurrency.Outcome(value=await _restore_tree(cwd))
+            except Exception as exc:
+                done[cwd] = concurrency.Outcome(error=exc)
+                break
+        return done
+
+    async def _restore_tree(cwd: Path) -> RestoreResult:
+        name = first_of[cwd]
+        keep = (".cotal",) if cwd == layout.root else ()
+        result = await restore_repository(
+            adm.attempt_dir / dirs[name],
+            adm.records[name].repository,
+            cwd,
+            stamp=stamp,
+            keep_paths=keep,
+            confine_to=adm.confine_to or (layout.root,),
+            links=adm.chains.get(name, ()),
+        )
+        if keep and result.superseded is not None:
+            _keep_host_config(layout.root, result.superseded)
+        return result
+
+    for cwd in trees:
+        _say(f"restoring {first_of[cwd]} into {cwd}")
+    outcomes = await concurrency.ordered_map(restore, groups, concurrency.limiter())
+    by_tree: dict[Path, concurrency.Outcome[RestoreResult]] = {}
+    for outcome in outcomes:
+        by_tree.update(outcome.unwrap())
+    # The refusal is the first failing tree in seat order; a tree its group never reached
+    # comes after one that failed.
+    restored = {cwd: by_tree[cwd].unwrap() for cwd in trees}
+    out = []
+    for name in adm.records:
         # The identity gate confined every path this seat writes; restore exactly those.
         confined = adm.confined[name]
         cwd = confined.cwd
-        seat_dir = adm.attempt_dir / dirs[name]
-        if cwd in restored:
-            first, result = restored[cwd]
-            other = adm.records[first].repository
-            if (record.repository.base, record.repository.files()) != (
-                other.base,
-                other.files(),
-            ) or (record.repository.status, record.repository.status_file) != (
-                other.status,
-                other.status_file,
-            ):
-                raise Refusal(
-                    "inconsistent-checkpoint",
-                    f"seats {first} and {name} share {cwd} but their checkpoints record "
-                    "different trees",
-                    "cut the seats again; a shared tree is captured once, stopped",
-                )
-            _say(f"{name} shares {cwd} with {first}: already restored")
-        else:
-            keep = (".cotal",) if cwd == layout.root else ()
-            _say(f"restoring {name} into {cwd}")
-            result = await restore_repository(
-                seat_dir,
-                record.repository,
-                cwd,
-                stamp=stamp,
-                keep_paths=keep,
-                confine_to=adm.confine_to or (layout.root,),
-                links=adm.chains.get(name, ()),
-            )
-            restored[cwd] = (name, result)
-            if keep and result.superseded is not None:
-                _keep_host_config(layout.root, result.superseded)
+        if first_of[cwd] != name:
+            _say(f"{name} shares {cwd} with {first_of[cwd]}: already restored")
+        result = restored[cwd]
         placed = [
             place_session_file(
-                seat_dir / entry.file.file, target, expected_sha256=entry.file.sha256
+                adm.attempt_dir / dirs[name] / entry.file.file,
+                target,
+                expected_sha256=entry.file.sha256,
             )
             for entry, target in confined.sessions
         ]

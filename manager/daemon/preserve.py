@@ -8,7 +8,8 @@ timeout for the turn in flight to reach its boundary and be acknowledged, then h
 each exit is proven; only then is anything captured. A seat still mid-turn at the deadline is
 cut anyway and named (`midTurn`): its message stays unacknowledged and comes back after the
 resume. A seat that cannot be proven stopped fails the cut by name and nothing is captured for
-it.
+it. The per-seat checks, stops and captures run a few seats at once (`manager/concurrency.py`),
+with each seat's outcome kept on its own and every record in seat order.
 
 See docs/architecture.md ("How a cut flows through the house") and docs/cli.md (the cut).
 """
@@ -24,7 +25,7 @@ import anyio
 import msgspec
 import structlog
 
-from manager import failpoint, registry
+from manager import concurrency, failpoint, registry
 from manager.broker import custody, space
 from manager.broker.retry import phase
 from manager.checkpoint import cut
@@ -105,20 +106,31 @@ class Preservation:
                 )
             # A cut that cannot resume must fail here, before any child stops.
             parse_resume_args(attempt, encode_inventory(inventory), space=self.mgr.space)
-            for agent in inventory.agents:
-                try:
-                    await preflight_repository(Path(agent.launch.cwd))
-                except Refusal as exc:
+            jobs = concurrency.limiter()
+            # Each check runs for every seat, a few at once; the refusal is the first failing
+            # seat in seat order, the one a loop would have stopped at.
+            checked = await concurrency.ordered_map(
+                lambda agent: preflight_repository(Path(agent.launch.cwd)), inventory.agents, jobs
+            )
+            for agent, outcome in zip(inventory.agents, checked, strict=True):
+                if isinstance(outcome.error, Refusal):
+                    exc = outcome.error
                     raise Refusal(
                         exc.code,
                         f"seat {agent.name}: {exc.message}",
                         exc.cure + "; nothing was stopped",
                     ) from None
-            await self._read_custody(inventory)
-            for agent in inventory.agents:
-                await space.check_exportable(
+                outcome.unwrap()
+            await self._read_custody(inventory, jobs)
+            exportable = await concurrency.ordered_map(
+                lambda agent: space.check_exportable(
                     self.mgr.js, self.mgr.space, agent.name, agent.identity.lifecycle_uid
-                )
+                ),
+                inventory.agents,
+                jobs,
+            )
+            for outcome in exportable:
+                outcome.unwrap()
             descriptor = write_resume_document(self.mgr.layout, inventory)
             read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
             failpoint.reached("preserve.after-persist", self.mgr.layout.root)
@@ -143,12 +155,17 @@ class Preservation:
                 if seat.bridge is not None:
                     await seat.bridge.wait_no_pull()
 
-    async def _read_custody(self, inventory: Inventory) -> None:
+    async def _read_custody(self, inventory: Inventory, jobs: anyio.CapacityLimiter) -> None:
         """The revision each seat's custody stands at: what a destination must CAS against."""
         mgr = self.mgr
         bucket = mgr.custody_bucket()
-        for agent in inventory.agents:
-            held = await custody.read(bucket, agent.name, agent.identity.lifecycle_uid)
+        reads = await concurrency.ordered_map(
+            lambda agent: custody.read(bucket, agent.name, agent.identity.lifecycle_uid),
+            inventory.agents,
+            jobs,
+        )
+        for agent, outcome in zip(inventory.agents, reads, strict=True):
+            held = outcome.unwrap()
             if held is None or held.record.holder != mgr.identity.instance_id:
                 raise Refusal(
                     "custody-lost",
@@ -280,18 +297,24 @@ class Preservation:
                         "pass the directory the harness keeps its sessions in",
                     )
                 cut.anchor_of(d, root=mgr.layout.root, cwd=Path(agent.launch.cwd), home=home)
+        # Read before the point of no return: a COTAL_JOBS that does not parse refuses here.
+        jobs = concurrency.limiter()
         m.apply("commit", attempt)
         done = self._commit_in_flight = anyio.Event()
         self._joined = None
         try:
-            self._joined = await self._commit(attempt, args, extra)
+            self._joined = await self._commit(attempt, args, extra, jobs)
             return self._joined
         finally:
             self._commit_in_flight = None
             done.set()
 
     async def _commit(
-        self, attempt: str, args: control.CommitPreservationArgs, extra: list[Path]
+        self,
+        attempt: str,
+        args: control.CommitPreservationArgs,
+        extra: list[Path],
+        jobs: anyio.CapacityLimiter,
     ) -> dict[str, Any]:
         m, mgr = self.mgr.maintenance, self.mgr
         assert self.plan is not None
@@ -304,9 +327,16 @@ class Preservation:
         mid_turn: dict[str, str] = {}
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
+                # Every seat's drain wait runs at once, as before: only the stop-and-prove after
+                # it takes one of the jobs, so a long turn never holds back another seat's stop.
                 for one in seats.values():
                     tg.start_soon(
-                        self._drain_and_stop_one, one, args.drain_timeout_s, failures, mid_turn
+                        self._drain_and_stop_one,
+                        one,
+                        args.drain_timeout_s,
+                        failures,
+                        mid_turn,
+                        jobs,
                     )
         t_stop = time.monotonic()
         log.info(
@@ -317,50 +347,78 @@ class Preservation:
             mid_turn=sorted(mid_turn),
         )
         attempt_path = cut.prepare_attempt_dir(mgr.layout, attempt)
-        summaries: list[cut.SeatSummary] = []
-        broker_id: str | None = None
+        capturing = [
+            (agent, seats[agent.name])
+            for agent in self.plan.agents
+            if agent.name not in failures and agent.name in seats
+        ]
         for agent in self.plan.agents:
-            seat = seats.get(agent.name)
-            if agent.name in failures or seat is None:
+            if agent.name in failures or agent.name not in seats:
                 failures.setdefault(agent.name, "seat left the table before the cut")
                 codes.setdefault(agent.name, "stop-unproven")
-                continue
+        broker_id: str | None = None
+        if capturing:
+            try:
+                # Read once for every seat, before the captures run side by side.
+                with phase("inbox export"):
+                    broker_id = await space.broker_identity(mgr.custody_bucket())
+            except (Refusal, OSError, ValueError) as exc:
+                # Every seat's export needs it, so each seat fails by name, as a loop would.
+                for agent, _ in capturing:
+                    refusal = exc if isinstance(exc, Refusal) else _capture_refusal(agent.name, exc)
+                    failures[agent.name], codes[agent.name] = refusal.text, refusal.code
+                    log.error("cut.capture_failed", seat=agent.name, error=refusal.text)
+                capturing = []
+        in_order = _InOrder([agent.name for agent, _ in capturing], self.progress)
+
+        async def capture(item: tuple[Agent, Seat]) -> cut.SeatSummary:
+            agent, seat = item
+            assert broker_id is not None
             caps = seat.connector.capabilities
             try:
                 # Read only now: the seat is proven stopped, so its ack floor no longer moves.
                 with phase(f"inbox export ({agent.name})"):
-                    if broker_id is None:
-                        broker_id = await space.broker_identity(mgr.custody_bucket())
                     carried = await space.export_space(
                         mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
                     )
-                summaries.append(
-                    await cut.capture_seat(
-                        mgr.layout,
-                        attempt_path,
-                        agent,
-                        pointer_path=seat.pointer_path,
-                        extra_stores=extra,
-                        declared=seat.continuity,
-                        supports_fresh_start=caps.supports_fresh_start,
-                        identity=mgr.identity,
-                        space=mgr.space,
-                        progress=self.progress.capture_reporter(agent.name),
-                        custody_revision=self.custody_revisions.get(agent.name),
-                        space_export=carried,
-                        include=args.include,
-                        since=args.since,
-                    )
+                summary = await cut.capture_seat(
+                    mgr.layout,
+                    attempt_path,
+                    agent,
+                    pointer_path=seat.pointer_path,
+                    extra_stores=extra,
+                    declared=seat.continuity,
+                    supports_fresh_start=caps.supports_fresh_start,
+                    identity=mgr.identity,
+                    space=mgr.space,
+                    progress=in_order.reporter(agent.name),
+                    custody_revision=self.custody_revisions.get(agent.name),
+                    space_export=carried,
+                    include=args.include,
+                    since=args.since,
                 )
-                failpoint.reached("preserve.after-seat-sealed", mgr.layout.root)
-            except Refusal as exc:
-                failures[agent.name] = exc.text
-                codes[agent.name] = exc.code
-                log.error("cut.capture_failed", seat=agent.name, error=exc.text)
-            except (OSError, ValueError, ExceptionGroup) as exc:
-                refusal = _capture_refusal(agent.name, exc)
+            finally:
+                in_order.finish(agent.name)
+            failpoint.reached("preserve.after-seat-sealed", mgr.layout.root)
+            return summary
+
+        captured = await concurrency.ordered_map(capture, capturing, jobs)
+        summaries: list[cut.SeatSummary] = []
+        for (agent, _), outcome in zip(capturing, captured, strict=True):
+            failed = outcome.error
+            if failed is None:
+                assert outcome.value is not None
+                summaries.append(outcome.value)
+            elif isinstance(failed, Refusal):
+                failures[agent.name] = failed.text
+                codes[agent.name] = failed.code
+                log.error("cut.capture_failed", seat=agent.name, error=failed.text)
+            elif isinstance(failed, (OSError, ValueError, ExceptionGroup)):
+                refusal = _capture_refusal(agent.name, failed)
                 failures[agent.name], codes[agent.name] = refusal.text, refusal.code
                 log.error("cut.capture_failed", seat=agent.name, error=refusal.text)
+            else:
+                raise failed
         t_capture = time.monotonic()
         manifest = None
         if not failures:
@@ -439,7 +497,12 @@ class Preservation:
         }
 
     async def _drain_and_stop_one(
-        self, seat: Seat, drain_timeout_s: float, failures: dict[str, str], mid_turn: dict[str, str]
+        self,
+        seat: Seat,
+        drain_timeout_s: float,
+        failures: dict[str, str],
+        mid_turn: dict[str, str],
+        jobs: anyio.CapacityLimiter,
     ) -> None:
         # The gate has been shut since the fence, so the turn seen here is the last one this
         # seat runs before the cut; waiting for it is what keeps a tool call from being killed
@@ -470,7 +533,8 @@ class Preservation:
                     seat=seat.name,
                     detail=f"message {turn.message_id} reached its turn boundary",
                 )
-        await self._stop_one(seat, failures)
+        async with jobs:
+            await self._stop_one(seat, failures)
 
     async def _stop_one(self, seat: Seat, failures: dict[str, str]) -> None:
         # The owner's one stop-and-prove; outside `active` it neither restarts the seat nor
@@ -497,6 +561,37 @@ class Preservation:
         self.plan = self.descriptor = None
         log.info("cut.aborted", attempt=attempt)
         return {"attemptId": attempt, "state": m.state}
+
+
+class _InOrder:
+    """Capture progress in seat order while the captures run side by side: the earliest seat
+    not yet finished reports live, every later seat's reports wait until it is its turn, so
+    the coordinator reads one seat's steps after another's, as it did from a loop."""
+
+    def __init__(self, seats: list[str], progress: ProgressLog) -> None:
+        self._order = seats
+        self._head = 0
+        self._finished: set[str] = set()
+        self._held: dict[str, list[tuple[str, int]]] = {name: [] for name in seats}
+        self._live = {name: progress.capture_reporter(name) for name in seats}
+
+    def reporter(self, seat: str) -> cut.Progress:
+        def report(step: str, done: int) -> None:
+            if self._order[self._head] == seat:
+                self._live[seat](step, done)
+            else:
+                self._held[seat].append((step, done))
+
+        return report
+
+    def finish(self, seat: str) -> None:
+        self._finished.add(seat)
+        while self._head < len(self._order) and self._order[self._head] in self._finished:
+            self._head += 1
+            if self._head < len(self._order):
+                name = self._order[self._head]
+                for step, done in self._held.pop(name, []):
+                    self._live[name](step, done)
 
 
 def _capture_refusal(seat: str, exc: Exception) -> Refusal:

@@ -28,7 +28,7 @@ import structlog
 from anyio.abc import TaskStatus
 from nats.aio.client import Client
 
-from manager import registry
+from manager import concurrency, registry
 from manager.broker import custody, footprint
 from manager.broker.retry import TRANSIENT
 from manager.daemon import seatfile
@@ -72,6 +72,7 @@ class Readopter(SeatOwner, Protocol):
 class Readoption:
     def __init__(self, owner: Readopter) -> None:
         self.mgr = owner
+        self._jobs: anyio.CapacityLimiter | None = None
 
     def enter_all(self) -> list[tuple[Seat, SeatRecord]]:
         """Every readable record becomes a seat in the table, in `exited`, before any await,
@@ -118,9 +119,19 @@ class Readoption:
         async with self.mgr.lifecycle("re-adopt"):
             task_status.started()
             try:
-                await self._readopt(seat, record)
+                # Every seat's re-adoption is its own task, started in table order; the shared
+                # limiter lets only a few relaunch at once, each still failing on its own.
+                async with self._limiter():
+                    await self._readopt(seat, record)
             except Refusal as exc:
                 self.mgr.refuse(seat, exc.text, footprint_owned=True)
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        # Made at the first re-adoption, so a COTAL_JOBS that does not parse refuses each seat
+        # by name (kept `failed`, footprint kept) instead of failing the manager's start.
+        if self._jobs is None:
+            self._jobs = concurrency.limiter()
+        return self._jobs
 
     async def _readopt(self, seat: Seat, record: SeatRecord) -> None:
         mgr = self.mgr

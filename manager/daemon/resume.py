@@ -21,7 +21,7 @@ import structlog
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
 from connectors.base import continuity_class
-from manager import failpoint, registry
+from manager import concurrency, failpoint, registry
 from manager.broker import custody, footprint
 from manager.broker.retry import riding_elections
 from manager.daemon.seat import Seat, SeatOwner
@@ -74,16 +74,23 @@ class Resumption:
                     f"retained principal uid {uid} is already managed here",
                     "a seat is resumed once",
                 )
-        await self._roster_liveness(inventory)
+        jobs = concurrency.limiter()
+        await self._roster_liveness(inventory, jobs)
         m.apply("resume", attempt)
         launched: list[Seat] = []
-        observations: list[dict[str, Any]] = []
+
+        async def adopt(agent: Agent) -> dict[str, Any]:
+            seat, observation = await self._adopt(agent, attempt)
+            launched.append(seat)
+            failpoint.reached("resume.daemon.after-seat-adopted", mgr.layout.root)
+            return observation
+
         try:
-            for agent in inventory.agents:
-                seat, observation = await self._adopt(agent, attempt)
-                launched.append(seat)
-                failpoint.reached("resume.daemon.after-seat-adopted", mgr.layout.root)
-                observations.append(observation)
+            # A few seats are adopted at once; all or nothing still holds: any seat that fails
+            # rolls back every seat adopted beside it, and the refusal is the first failing
+            # seat in checkpoint order, as from a loop.
+            adopted = await concurrency.ordered_map(adopt, inventory.agents, jobs)
+            observations = [outcome.unwrap() for outcome in adopted]
         except BaseException:
             # Roll back to a clean resume-required daemon: stop what this attempt started and
             # keep every footprint; the attempt can be retried.
@@ -102,12 +109,17 @@ class Resumption:
         log.info("resume.activated", attempt=attempt, seats=len(launched))
         return self.result
 
-    async def _roster_liveness(self, inventory: Inventory) -> None:
+    async def _roster_liveness(self, inventory: Inventory, jobs: anyio.CapacityLimiter) -> None:
         presence = self.mgr.presence_bucket()
-        for agent in inventory.agents:
+
+        async def read(agent: Agent) -> None:
             key = names.presence_key(names.SEAT_OWNER, agent.name, agent.identity.lifecycle_uid)
+            await riding_elections(f"presence of {agent.name}", partial(presence.get, key))
+
+        reads = await concurrency.ordered_map(read, inventory.agents, jobs)
+        for agent, outcome in zip(inventory.agents, reads, strict=True):
             try:
-                await riding_elections(f"presence of {agent.name}", partial(presence.get, key))
+                outcome.unwrap()
             except Refusal:
                 raise
             except (KeyNotFoundError, KeyDeletedError):
