@@ -210,6 +210,8 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     layout = Layout.at(root)
     src = Path(args.restore).resolve()
+    # A bad COTAL_JOBS refuses before anything is admitted or claimed, not at the restore.
+    concurrency.jobs()
     if _pending_resume(layout):
         await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session:
