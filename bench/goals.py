@@ -12,10 +12,10 @@ procedures (bench/cut.py's capture, bench/resume.py's restore) run by `bash -c` 
    commit, one small repository per seat under `seats/`, as bench/cut.py), `cotal up --detach`
    with its embedded broker, N idle scribe seats, `cotal down --preserve-state --json` timed. The
    sealed attempt is copied out and root A removed; then, as `make demo` does, a second root at
-   another path with its own HOME and its own embedded broker runs `cotal up --restore DIR --json
-   --trust-signer KEY`, timed, and every seat must come back with its uid and session. At the
-   largest size, before the cut: the manager's VmRSS (the pid `.cotal/mesh.json` names; seats
-   and broker are other processes) and 200 `ps` round trips over one in-process
+   another path with its own HOME and its own embedded broker trusts A's key (`cotal trust add`)
+   and runs `cotal up --restore DIR --json`, timed; every seat must come back with its uid and
+   session. At the largest size, before the cut: the manager's VmRSS (the pid `.cotal/mesh.json`
+   names; seats and broker are other processes) and 200 `ps` round trips over one in-process
    `ControlSession` after 20 of warm-up.
 2. **A real repository** (`--commits`, `--blob-mib`): a history by `git fast-import`, one
    committed blob of random bytes, 20 staged, 20 unstaged and 300 untracked files. Per
@@ -76,6 +76,7 @@ from bench.common import (  # noqa: E402
 )
 from manager import logs  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
+from manager.cli.checkpoints import checkpoints_dir  # noqa: E402
 from manager.cli.mesh import control  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
 from protocol.mesh import decode_mesh  # noqa: E402
@@ -164,20 +165,13 @@ def signer_of(attempt: Path) -> str:
 
 
 def resume(cli: Cli, carried: Path, seats: int) -> tuple[float, dict[str, Any]]:
-    """`cotal up --restore DIR --json` on a root of its own (own HOME, own embedded broker), the
-    source's signer pinned; every seat must come back with its uid and its session."""
+    """`cotal up --restore DIR --json` on a root of its own (own HOME, own embedded broker) that
+    trusts the source's key as `make demo` has it (`cotal trust add`, outside the clock, so a
+    later `--since` cut there trusts the predecessor too); every seat must come back with its
+    uid and its session."""
+    cli.run("trust", "add", signer_of(carried), "--name", "source")
     wall, stdout = run_whole(
-        cotal_argv(
-            cli.root,
-            "up",
-            "--restore",
-            str(carried),
-            "--json",
-            "--trust-signer",
-            signer_of(carried),
-        ),
-        cli.env,
-        cli.root,
+        cotal_argv(cli.root, "up", "--restore", str(carried), "--json"), cli.env, cli.root
     )
     result: dict[str, Any] = json.loads(stdout)
     rows = result.get("seats", [])
@@ -328,7 +322,8 @@ def bench_fan_out(
 
 
 def build_big_repo(path: Path, env: dict[str, str], commits: int, blob_mib: int) -> dict[str, Any]:
-    shape = build_history_repo(path, env, commits=commits)
+    # `commits` in all: the history, then the blob's commit.
+    shape = build_history_repo(path, env, commits=commits - 1)
     # The text changes first, so none of them lands on the blob; the blob's commit then takes
     # that one path alone (`--only`), leaving the 20 staged changes staged.
     shape.update(dirty_worktree(path, env, staged=20, unstaged=20, untracked=300))
@@ -337,7 +332,7 @@ def build_big_repo(path: Path, env: dict[str, str], commits: int, blob_mib: int)
     (path / "assets" / "blob.bin").write_bytes(os.urandom(blob_mib * 1024 * 1024))
     git(path, env, "add", "assets/blob.bin")
     git(path, env, "commit", "-q", "--only", "-m", "a binary asset", "--", "assets/blob.bin")
-    shape["commits"] = commits + 1
+    shape["commits"] = commits
     shape["blobMiB"] = blob_mib
     shape["objectBytes"] = sum(
         p.stat().st_size for p in (path / ".git" / "objects").rglob("*") if p.is_file()
@@ -432,9 +427,12 @@ def big_once(
             row["changedFile"] = change_one_file(restored, env_b)
             extra: list[str] = []
             if feats["since"]:
-                ref = (
-                    str(carried) if feats["sinceMetavar"] in ("DIR", "PATH") else first["attemptId"]
-                )
+                # The destination holds the predecessor where its own cuts are sealed, as an
+                # operator who carried it there would have it.
+                held = checkpoints_dir(Layout.at(root_b)) / carried.name
+                if not held.exists():
+                    shutil.copytree(carried, held, symlinks=True)
+                ref = str(held) if feats["sinceMetavar"] in ("DIR", "PATH") else first["attemptId"]
                 extra = ["--since", ref]
             os.sync()
             wall, second = cut(cli_b, 1, *extra)
