@@ -1,6 +1,6 @@
 """Every speed goal of issue 13 measured in one run, each figure printed against its goal.
 
-    .venv/bin/python bench/goals.py            # full size (about 12 min at load 5 on 2 cores)
+    .venv/bin/python bench/goals.py            # full size (12-13 min at load 5-8 on 2 cores)
     .venv/bin/python bench/goals.py --quick    # small sizes: 10 seats, 300 commits, 4 MiB blob
     .venv/bin/python bench/goals.py --json     # one JSON document on stdout (progress on stderr)
     .venv/bin/python bench/goals.py --save F   # the table, and the JSON document written to F
