@@ -81,6 +81,22 @@ def cmd_down(args: argparse.Namespace) -> int:
             "--abort abandons a cut, and plain `cotal down` is not one",
             "run `cotal down --preserve-state --abort`",
         )
+    cut_only = [
+        flag
+        for flag, given in (
+            ("--since", args.since),
+            ("--include", args.include),
+            ("--session-store", args.session_store),
+        )
+        if given
+    ]
+    if cut_only and not args.preserve_state:
+        # Ignoring them would stop every seat without the checkpoint the operator asked for.
+        raise Refusal(
+            "bad-args",
+            f"{', '.join(cut_only)} shape a cut, and plain `cotal down` is not one",
+            "add --preserve-state, or leave them out to stop the mesh without a checkpoint",
+        )
     if args.preserve_state:
         from manager.cli import cut as cut_cli
 

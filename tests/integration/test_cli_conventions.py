@@ -134,6 +134,26 @@ def test_down_with_nothing_up_is_success(root: Path) -> None:
     assert not (root / ".cotal").exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--since", "20261201T000000Z-0a1b2c3d"], "--since"),
+        (["--include", ".env", "--session-store", "sessions"], "--include, --session-store"),
+    ],
+)
+def test_cut_flags_without_preserve_state_are_refused(
+    root: Path, flags: list[str], named: str
+) -> None:
+    proc = cotal("down", *flags, "--root", str(root), "--json")
+    assert proc.returncode == EX_REFUSED
+    assert refusal_of(proc) == {
+        "ok": False,
+        "code": "bad-args",
+        "error": f"{named} shape a cut, and plain `cotal down` is not one; add "
+        "--preserve-state, or leave them out to stop the mesh without a checkpoint",
+    }
+
+
 def test_down_with_a_mesh_record_but_no_token_still_refuses(root: Path) -> None:
     """`not-up` from a root whose mesh record survives may hide a running broker: not success."""
     (root / ".cotal").mkdir(mode=0o700)
