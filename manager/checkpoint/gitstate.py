@@ -284,6 +284,10 @@ class IndexScan:
 
     stamp: IndexStamp | None
     intent_to_add: list[str]
+    # The digest of every entry's mode, object, stage, path and meaningful flags, without the
+    # stat data: `git diff` rewrites the index to refresh that (GIT_OPTIONAL_LOCKS=0 does not
+    # stop it), which changes the stamp but not what the index says.
+    entries: str = ""
 
 
 @dataclass(frozen=True)
@@ -440,6 +444,9 @@ def _names(paths: Sequence[bytes], limit: int = 5) -> str:
 
 # The in-memory flag `git ls-files --debug` prints for an entry `git add -N` made.
 _CE_INTENT_TO_ADD = 1 << 29
+# The bits of an entry's flags that say what it is (stage, assume-valid, skip-worktree,
+# intent-to-add) rather than how git last saw its file.
+_CE_MEANING = 0x3000 | 0x8000 | (1 << 30) | _CE_INTENT_TO_ADD
 _DEBUG_LINES = 5
 
 
@@ -478,7 +485,9 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
     flagged: list[bytes] = []
     control: list[bytes] = []
     ita: list[bytes] = []
+    digest = hashlib.sha256()
     for meta, path, flags in _index_entries(index.stdout):
+        digest.update(b"%s\t%s\0%x\n" % (meta, path, flags & _CE_MEANING))
         tag, mode, _oid, stage = meta.split(b" ")
         if stage != b"0":
             unmerged.append(path)
@@ -526,7 +535,7 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
         )
     # Neither diff carries an intent-to-add entry as an index entry, so the record names them.
     names = sorted(p.decode("utf-8", "surrogateescape") for p in ita)
-    return IndexScan(stamp=stamp, intent_to_add=names)
+    return IndexScan(stamp=stamp, intent_to_add=names, entries=digest.hexdigest())
 
 
 @dataclass(frozen=True)
@@ -1225,16 +1234,23 @@ async def capture_repository(
         status_inline, ita_inline = "", []
 
     after = await _facts(cwd, declared, facts.reusable())
-    if (
-        (after.base, after.head, after.status) != (facts.base, facts.head, facts.status)
-        or after.refs != refs
-        or after.stash != stash
-        # A flag or an intent-to-add entry can change without changing the status.
-        or after.index.stamp != facts.index.stamp
-    ):
+    moved = [
+        what
+        for what, same in (
+            ("HEAD", (after.base, after.head) == (facts.base, facts.head)),
+            ("status", after.status == facts.status),
+            ("refs", after.refs == refs),
+            ("stash", after.stash == stash),
+            # A flag or an intent-to-add entry can change without changing the status.
+            ("index", after.index.entries == facts.index.entries),
+        )
+        if not same
+    ]
+    if moved:
         raise Refusal(
             "changed-during-capture",
-            f"the repository at {cwd} changed while it was being captured",
+            f"the repository at {cwd} changed while it was being captured "
+            f"({', '.join(moved)} differ)",
             "make sure the seat is stopped and nothing else writes to its tree, then cut again",
         )
 

@@ -186,23 +186,44 @@ async def test_a_worktree_edit_during_the_capture_is_refused_after_a_preflight(
 
 
 @pytest.mark.anyio
-async def test_an_index_only_change_during_the_capture_is_refused(
+async def test_a_stat_refresh_during_the_capture_is_not_a_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    repo = make_rich_repo(tmp_path / "repo")
+    # `git diff` rewrites a stale index's stat data even under GIT_OPTIONAL_LOCKS=0, as on any
+    # tree copied with `cp -a` or copytree; a refresh says nothing of what the index holds.
+    made = make_rich_repo(tmp_path / "made")
+    repo = tmp_path / "repo"
+    shutil.copytree(made, repo, symlinks=True)
     await preflight_repository(repo)
-    before = git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all")
-    # A refresh rewrites the index's stat data: the status reads the same, the index does not.
+    before = git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames")
+    index = (repo / ".git" / "index").read_bytes()
     GitLog(
         tmp_path,
         monkeypatch,
         on='[ "$5" = bundle ] && touch -d "2001-01-01" dir/nested.txt && '
         f'"{shutil.which("git")}" update-index -q --refresh',
     )
+    record = await capture_repository(repo, seat_dir_for(tmp_path))
+    assert (repo / ".git" / "index").read_bytes() != index
+    assert record.status.encode() == before
+
+
+@pytest.mark.anyio
+async def test_an_index_flag_set_during_the_capture_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = make_rich_repo(tmp_path / "repo")
+    await preflight_repository(repo)
+    # A flag the preflight did not see is caught by the after-capture scan, by name.
+    GitLog(
+        tmp_path,
+        monkeypatch,
+        on=f'[ "$5" = bundle ] && "{shutil.which("git")}" update-index --skip-worktree bin.dat',
+    )
     with pytest.raises(Refusal) as err:
         await capture_repository(repo, seat_dir_for(tmp_path))
-    assert err.value.code == "changed-during-capture"
-    assert git(repo, "status", "--porcelain=v1", "-z", "--untracked-files=all") == before
+    assert err.value.code == "index-flags"
+    assert "bin.dat" in err.value.message
 
 
 @pytest.mark.anyio
