@@ -148,6 +148,10 @@ class ControlServer:
         self._next_id = 0
         # When each kind of trouble was last seen, so it is logged once per burst.
         self._last_seen: dict[str, float] = {}
+        # Requests between their decode and the end of their reply's write.
+        self._answering = 0
+        self._answered = anyio.Event()
+        self._answered.set()
 
     async def serve(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -284,11 +288,25 @@ class ControlServer:
                 return
             except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 return
-            reply = await self._dispatch(body)
+            if self._answering == 0:
+                self._answered = anyio.Event()
+            self._answering += 1
             try:
-                await write_frame(stream, control.encode_frame(reply))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                return
+                reply = await self._dispatch(body)
+                try:
+                    await write_frame(stream, control.encode_frame(reply))
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    return
+            finally:
+                self._answering -= 1
+                if self._answering == 0:
+                    self._answered.set()
+
+    async def replies_written(self) -> None:
+        """Return once every request taken so far has had its reply written to its socket, so
+        a daemon exiting after `shutdown` does not close the socket under that op's reply."""
+        while self._answering:
+            await self._answered.wait()
 
     async def _dispatch(self, body: bytes) -> control.Reply:
         request_id = 0

@@ -187,8 +187,10 @@ async def serve(
             )
             await manager.shutdown_requested.wait()
             notifier.stopping()
-            # Let the shutdown reply reach the caller before the socket goes away.
-            await anyio.sleep(0.2)
+            # The shutdown op's reply (written into the caller's socket buffer, which outlives
+            # this process) must be out before the control server is cancelled.
+            with anyio.move_on_after(2.0):
+                await control_server.replies_written()
             tg.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
