@@ -135,7 +135,10 @@ def bench_env(home: Path, extra: dict[str, str] | None = None) -> dict[str, str]
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("COTAL_", "GIT_")) and k != "XDG_CONFIG_HOME"
+        # Bytecode is cached as a wheel install caches it: a shell that forbids it would time
+        # the compiler on every interpreter start instead of cotal.
+        if not k.startswith(("COTAL_", "GIT_"))
+        and k not in ("XDG_CONFIG_HOME", "PYTHONDONTWRITEBYTECODE")
     }
     env.update(_IDENTITY)
     env.update(HOME=str(home), PYTHONPATH=str(REPO), GIT_CONFIG_NOSYSTEM="1", LC_ALL="C")

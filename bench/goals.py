@@ -36,6 +36,7 @@ numbers are recorded in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
@@ -718,6 +719,10 @@ def main(argv: list[str] | None = None) -> int:
     messages = args.inbox or (1000 if quick else 10_000)
 
     logs.quiet()
+    # `pip install` of the wheel byte-compiles cotal; a checkout must have the same caches, or
+    # every whole-process figure includes compiling the modules a run changed.
+    for package in ("protocol", "connectors", "manager"):
+        compileall.compile_dir(REPO / package, quiet=1)
     t0 = time.perf_counter()
     with temp_tree("cotal-bench-goals-") as scratch:
         jobs = {"COTAL_JOBS": os.environ["COTAL_JOBS"]} if "COTAL_JOBS" in os.environ else {}
