@@ -25,13 +25,14 @@ import os
 import subprocess
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
-from manager import registry
+from manager import concurrency, registry
 from manager.checkpoint import chain
 from manager.checkpoint.confine import (
     SessionTarget,
@@ -165,8 +166,37 @@ def integrity(
             )
         except Refusal as exc:
             raise _refuse("integrity", exc.code, exc.message, exc.cure) from None
-        check_repository(name, attempt_dir / dirs[name], record.repository, chains[name])
+    _check_repositories(attempt_dir, dirs, by_name, chains)
     return Admission(attempt_dir, manifest, inventory, doc, by_name, chains=chains)
+
+
+def _check_repositories(
+    attempt_dir: Path,
+    dirs: Mapping[str, str],
+    records: Mapping[str, SeatCheckpoint],
+    chains: Mapping[str, Sequence[chain.Link]],
+) -> None:
+    """`check_repository` for every seat, a few at once: each is a handful of git processes
+    unbundling into its own scratch repository, so fifty seats one after another would leave
+    the cores idle. The refusal raised is the first in seat order, as a loop would raise it."""
+    names = list(records)
+    if not names:
+        return
+    with ThreadPoolExecutor(max_workers=min(concurrency.jobs(), len(names))) as pool:
+        checks = [
+            pool.submit(
+                check_repository,
+                name,
+                attempt_dir / dirs[name],
+                records[name].repository,
+                chains[name],
+            )
+            for name in names
+        ]
+        failures = [check.exception() for check in checks]
+    for failure in failures:
+        if failure is not None:
+            raise failure
 
 
 def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

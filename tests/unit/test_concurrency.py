@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import threading
+from pathlib import Path
 
 import anyio
 import anyio.lowlevel
@@ -124,3 +126,48 @@ def test_the_jobs_flag_hands_its_value_on_as_cotal_jobs(monkeypatch: pytest.Monk
     assert concurrency.jobs() == 5
     with pytest.raises(argparse.ArgumentError, match="--jobs='five' is not a whole number"):
         parser.parse_args(["--jobs", "five"])
+
+
+def test_admission_checks_bundles_at_once_and_names_the_first_seat_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from manager.checkpoint import admit
+
+    monkeypatch.setenv(concurrency.ENV, "3")
+    names = ["s1", "s2", "s3"]
+    # s3 refuses at once; s2 refuses only once s3 has: a loop over the seats would name s2.
+    s3_refused = threading.Event()
+    running: set[str] = set()
+    peak = 0
+    lock = threading.Lock()
+
+    def check(name: str, *_: object) -> None:
+        nonlocal peak
+        with lock:
+            running.add(name)
+            peak = max(peak, len(running))
+        try:
+            if name == "s3":
+                s3_refused.set()
+                raise Refusal("refs-mismatch", f"seat {name}: bad", "cure")
+            if name == "s2":
+                assert s3_refused.wait(10)
+                raise Refusal("base-missing", f"seat {name}: bad", "cure")
+            assert s3_refused.wait(10)
+        finally:
+            with lock:
+                running.discard(name)
+
+    monkeypatch.setattr(admit, "check_repository", check)
+    records = {n: SimpleNamespace(repository=None) for n in names}
+    with pytest.raises(Refusal) as caught:
+        admit._check_repositories(
+            Path("/nonexistent"),
+            {n: n for n in names},
+            records,  # type: ignore[arg-type]
+            {n: [] for n in names},
+        )
+    assert (caught.value.code, caught.value.message) == ("base-missing", "seat s2: bad")
+    assert peak == 3
