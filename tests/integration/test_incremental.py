@@ -24,11 +24,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 STAMP = "20261129T140000Z"
 
 
-def big_repo(path: Path) -> Path:
-    """A history worth not carrying twice: a few commits of incompressible bytes."""
+def big_repo(path: Path, seed: str = "") -> Path:
+    """A history worth not carrying twice: a few commits of incompressible bytes. Two repos
+    made within one second with one seed have the very same commits."""
     repo = init_repo(path)
     for i in range(3):
-        noise = b"".join(hashlib.sha256(f"{i}-{k}".encode()).digest() for k in range(8192))
+        noise = b"".join(hashlib.sha256(f"{seed}{i}-{k}".encode()).digest() for k in range(8192))
         write(repo / f"blob{i}.bin", noise)
         git(repo, "add", "-A")
         git(repo, "commit", "-q", "-m", f"commit {i}")
@@ -135,7 +136,7 @@ async def test_a_chain_without_its_predecessor_is_refused(tmp_path: Path) -> Non
     assert exc.value.code == "predecessor-missing"
     assert not target.exists()
     # The wrong predecessor (one that does not hold the prerequisites) fails at unbundling.
-    other = big_repo(tmp_path / "other")
+    other = big_repo(tmp_path / "other", seed="stranger-")
     write(other / "blob0.bin", b"another history\n")
     git(other, "commit", "-q", "-am", "diverge")
     stranger = await capture(tmp_path, other, "X")
