@@ -29,6 +29,7 @@ from protocol.checkpoint import (
     MANIFEST_FILE,
     AttemptManifest,
     FileRef,
+    ManifestSeat,
     SeatCheckpoint,
     checkpoint_files,
     decode_manifest,
@@ -219,21 +220,7 @@ def verify_integrity(
     for seat in manifest.seats:
         seat_dir = attempt_dir / seat.dir
         path = seat_dir / CHECKPOINT_FILE
-        data = _read_record(path, CHECKPOINT_CAP, "seat checkpoint")
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != seat.checkpoint.bytes or digest != seat.checkpoint.sha256:
-            raise _integrity(
-                path,
-                f"is {len(data)} bytes hashing to {digest}, the manifest says "
-                f"{seat.checkpoint.bytes} bytes hashing to {seat.checkpoint.sha256}",
-            )
-        record = _parse_seat(data, path, trusted_keys)
-        if record.name != seat.name or record.space != manifest.space:
-            raise _integrity(
-                path,
-                f"is for seat {record.name!r} in space {record.space!r}, the manifest says "
-                f"{seat.name!r} in {manifest.space!r}",
-            )
+        record, _ = _read_named_seat(attempt_dir, seat, manifest, trusted_keys)
         assert (
             record.signer is not None and manifest.signer is not None
         )  # verify_signature proved both
@@ -263,6 +250,18 @@ def read_sealed_seat(
     entry = next((s for s in manifest.seats if s.name == seat), None)
     if entry is None:
         return None
+    record, digest = _read_named_seat(attempt_dir, entry, manifest, trusted_keys)
+    return manifest, record, digest
+
+
+def _read_named_seat(
+    attempt_dir: Path,
+    entry: ManifestSeat,
+    manifest: AttemptManifest,
+    trusted_keys: Collection[str] | None,
+) -> tuple[SeatCheckpoint, str]:
+    """The seat record the manifest's `entry` names, proven to be those very bytes, signed, and
+    for that seat in the manifest's space; with its sha256."""
     path = attempt_dir / entry.dir / CHECKPOINT_FILE
     data = _read_record(path, CHECKPOINT_CAP, "seat checkpoint")
     digest = hashlib.sha256(data).hexdigest()
@@ -273,8 +272,10 @@ def read_sealed_seat(
             f"{entry.checkpoint.bytes} bytes hashing to {entry.checkpoint.sha256}",
         )
     record = _parse_seat(data, path, trusted_keys)
-    if record.name != seat or record.space != manifest.space:
+    if record.name != entry.name or record.space != manifest.space:
         raise _integrity(
-            path, f"is for seat {record.name!r} in space {record.space!r}, not {seat!r}"
+            path,
+            f"is for seat {record.name!r} in space {record.space!r}, the manifest says "
+            f"{entry.name!r} in {manifest.space!r}",
         )
-    return manifest, record, digest
+    return record, digest
