@@ -5,12 +5,12 @@ clean terminal turn boundary for it. An error or abort is negatively acknowledge
 back; an unknown end (the harness died mid-turn) is released only after the process is reaped,
 so a possibly-live provider call cannot race its own redelivery.
 
-The cut's fence closes the `DeliveryGate`: from then on no bridge starts a turn. A message
-fetched but not yet handed to the harness is released at once (it comes back after the resume,
-or after an abort reopens the gate), and the turn already in flight runs to its boundary, which
-commit waits for before it stops the seat. A reply's id is derived from the message it answers,
-so a turn redelivered after its reply was published (the ack was lost with a dead manager) is
-answered once: the broker drops the second reply as a duplicate.
+The cut's fence closes the `DeliveryGate`: from then on no bridge starts a turn or a pull. A
+message fetched but not yet handed to the harness is released at once (it comes back after the
+resume, or after an abort reopens the gate), and the turn already in flight runs to its boundary,
+which commit waits for before it stops the seat. A reply's id is derived from the message it
+answers, so a turn redelivered after its reply was published (the ack was lost with a dead
+manager) is answered once: the broker drops the second reply as a duplicate.
 
 See docs/design.md (decision 4) and docs/architecture.md (the seat lifecycle).
 """
@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 import nats.errors
 import structlog
 from nats.aio.msg import Msg
@@ -122,14 +124,6 @@ class DeliveryBridge:
         self.turn: Turn | None = None
         self._settled = anyio.Event()
         self._settled.set()
-        self.pulling = False
-        self._pull_done = anyio.Event()
-        self._pull_done.set()
-
-    async def wait_no_pull(self) -> None:
-        """Return once no pull request of this bridge is outstanding at the broker."""
-        while self.pulling:
-            await self._pull_done.wait()
 
     async def wait_settled(self) -> None:
         """Return once no turn is in flight: the last one was acked, or released."""
@@ -152,11 +146,8 @@ class DeliveryBridge:
             # subscription nobody reads, stranding it until ack_wait expires.
             while not self.handle.reaped:
                 await self.gate.wait_open()
-                self.pulling, self._pull_done = True, anyio.Event()
                 try:
-                    msgs = await psub.fetch(1, timeout=FETCH_WAIT_S)
-                except nats.errors.TimeoutError:
-                    continue
+                    msgs = await self._pull(psub)
                 except TRANSIENT as exc:
                     # The inbox has no leader for a moment (a cluster node died): the seat is
                     # fine and its mail is safe at the broker; wait for the election.
@@ -165,15 +156,38 @@ class DeliveryBridge:
                     )
                     await anyio.sleep(FETCH_WAIT_S)
                     continue
-                finally:
-                    self.pulling = False
-                    self._pull_done.set()
                 for msg in msgs:
                     await self._deliver(msg)
             await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                 await psub.unsubscribe()
+
+    async def _pull(self, psub: JetStreamContext.PullSubscription) -> list[Msg]:
+        """One pull request, seen through to its end at the broker even when this bridge is
+        cancelled (the harness exited, the manager stops).
+
+        The durable hands out one unacknowledged message at a time, so a message the broker
+        sends to a request whose subscription is already gone strands the whole inbox until
+        ack_wait. Waiting the request out here, bounded by its expiry, is what lets the cut's
+        fence answer at once instead of waiting out every seat's pull: a message it brings
+        after the fence is released, never run.
+        """
+        with anyio.CancelScope(shield=True):
+            try:
+                msgs = await psub.fetch(1, timeout=FETCH_WAIT_S)
+            except nats.errors.TimeoutError:
+                return []
+        try:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                for msg in msgs:
+                    log.info("delivery.released", seat=self.seat, reason="bridge stopping")
+                    with contextlib.suppress(*TRANSIENT):
+                        await msg.nak()
+            raise
+        return msgs
 
     async def _deliver(self, msg: Msg) -> None:
         try:

@@ -30,7 +30,6 @@ from manager.broker import custody, space
 from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
-from manager.daemon.delivery import FETCH_WAIT_S
 from manager.daemon.progress import ProgressLog
 from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
@@ -50,9 +49,6 @@ from protocol.inventory import (
 from protocol.maintenance import ResumeDescriptor
 
 log = structlog.get_logger("cotal.preserve")
-
-# A pull request lives at most FETCH_WAIT_S at the broker; past this the release path covers it.
-PULL_QUIESCE_S = 3 * FETCH_WAIT_S
 
 
 class Preservation:
@@ -93,7 +89,6 @@ class Preservation:
         failpoint.reached("preserve.after-fence", self.mgr.layout.root)
         try:
             await self.mgr.drain()
-            await self._quiesce_pulls()
             self.progress.add("drained")
             failpoint.reached("preserve.after-drain", self.mgr.layout.root)
             inventory = self._build_inventory(attempt)
@@ -146,14 +141,6 @@ class Preservation:
         self.progress.add("planned", detail=f"{len(inventory.agents)} seat(s)")
         log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
         return self._plan_result(attempt)
-
-    async def _quiesce_pulls(self) -> None:
-        """Wait out the pull requests issued before the fence, so that from the moment prepare
-        answers nothing more is pulled; whatever they brought is released, not run."""
-        with anyio.move_on_after(PULL_QUIESCE_S):
-            for seat in list(self.mgr.seats.values()):
-                if seat.bridge is not None:
-                    await seat.bridge.wait_no_pull()
 
     async def _read_custody(self, inventory: Inventory, jobs: anyio.CapacityLimiter) -> None:
         """The revision each seat's custody stands at: what a destination must CAS against."""

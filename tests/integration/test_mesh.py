@@ -7,9 +7,14 @@ import os
 import signal
 import stat
 
+import anyio
 import pytest
 from nats.js.errors import NotFoundError
 
+from manager.broker.dm import new_message_id, publish_dm
+from protocol import names
+from protocol.instant import now_iso
+from protocol.messages import DirectMessage
 from protocol.names import LIFECYCLE_UID_RE
 from tests.conftest import Cli
 from tests.helpers import broker, pid_alive, processes_mentioning, wait_gone, wait_until
@@ -120,6 +125,46 @@ async def test_killed_seat_restarts_into_the_same_session(mesh: Cli) -> None:
     assert (
         mesh.json("send", "fay", "what was the phrase?", "--wait")["reply"]
         == "The phrase is quartz-heron-12."
+    )
+
+
+async def test_a_message_for_a_killed_seats_last_pull_is_released_not_held_for_ack_wait(
+    mesh: Cli,
+) -> None:
+    row = mesh.json("spawn", "hal", "--agent", "scribe")
+    durable = f"dm_local-hal-{row['lifecycleUid']}"
+    async with broker(mesh.root) as js:
+        with anyio.fail_after(10):
+            while True:
+                if (await js.consumer_info("DM_main", durable)).num_waiting > 0:
+                    break
+                await anyio.sleep(0.02)
+        # The bridge's request is still open at the broker while its seat dies: the message
+        # published now goes to it (or, once it expired, to the restarted seat's own request).
+        os.kill(row["pid"], signal.SIGKILL)
+        dm = DirectMessage(
+            id=new_message_id(),
+            sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
+            recipient=names.principal(names.SEAT_OWNER, "hal"),
+            text="remember the phrase basalt-finch-3",
+            sent_at=now_iso(),
+        )
+        seq = await publish_dm(js, "main", dm)
+        # Stranded on the dead request, the message would hold the inbox (one unacknowledged
+        # message at a time) for ack_wait; released, the restarted seat answers it at once.
+        assert names.ACK_WAIT_S >= 60
+        with anyio.fail_after(30):
+            while True:
+                info = await js.consumer_info("DM_main", durable)
+                if info.ack_floor.stream_seq >= seq:
+                    break
+                await anyio.sleep(0.1)
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    [now] = mesh.ps()
+    assert now["restarts"] == 1 and now["lifecycleUid"] == row["lifecycleUid"]
+    assert (
+        mesh.json("send", "hal", "what was the phrase?", "--wait")["reply"]
+        == "The phrase is basalt-finch-3."
     )
 
 

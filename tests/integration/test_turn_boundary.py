@@ -110,15 +110,16 @@ async def test_a_long_turn_is_cut_mid_turn_and_a_late_message_waits_for_the_resu
     async with c:
         await wait_busy(c, "long")
         await c.call("prepare-preservation", {"attemptId": "turns-1"})
-        # Sent after the fence: no bridge may pull it. An unfenced bridge has a fetch waiting
-        # and would take it within milliseconds; the broker records any delivery.
+        # Sent after the fence: no bridge may run it. The pull request `late` issued before
+        # the fence may still bring it (prepare does not wait those out); then it is released
+        # at once, and no new request is issued, so it stays released.
         late_msg = await c.call(
             "send", {"name": "late", "text": "remember the phrase after-prepare-8"}
         )
         with anyio.move_on_after(3.0):
             while True:
                 info = await consumer(shared_broker, "late", late_row["lifecycleUid"])
-                assert info.delivered.stream_seq < late_msg["seq"], "pulled after the fence"
+                assert info.delivered.consumer_seq <= 1, "pulled again after the fence"
                 await anyio.sleep(0.2)
         result = await c.call(
             "commit-preservation", {"attemptId": "turns-1", "drainTimeoutS": 2}, timeout=120
@@ -134,11 +135,19 @@ async def test_a_long_turn_is_cut_mid_turn_and_a_late_message_waits_for_the_resu
     assert "cut mid-turn" in waits[1]["detail"] and long_msg["id"] in waits[1]["detail"]
     assert result["timingsMs"]["stop"] < 15_000
     await wait_gone([daemon, long_row["pid"], late_row["pid"]], timeout=30)
-    # Neither message was acknowledged: the long one was cut, the late one never pulled.
+    # Neither message was acknowledged: the long one was cut, the late one never run. If the
+    # request open at the fence brought it, it was released, not left to wait out ack_wait.
     long_info = await consumer(shared_broker, "long", long_row["lifecycleUid"])
     assert long_info.ack_floor.stream_seq < long_msg["seq"]
     late_info = await consumer(shared_broker, "late", late_row["lifecycleUid"])
-    assert late_info.delivered.stream_seq < late_msg["seq"] and late_info.num_pending == 1
+    assert late_info.ack_floor.stream_seq < late_msg["seq"]
+    if late_info.delivered.stream_seq < late_msg["seq"]:
+        assert late_info.num_pending == 1 and late_info.num_ack_pending == 0
+    else:
+        # Released (nak): it waits in the durable's redelivery queue, still counted pending.
+        assert late_info.delivered.consumer_seq == 1 and late_info.num_ack_pending == 1
+        log = (cli.root / ".cotal" / "logs" / "manager.log").read_text()
+        assert '"reason": "fenced for a cut"' in log and late_msg["id"] in log
     assert "cut-mid-turn-3" not in transcript(cli.root, "long", long_row["lifecycleUid"])
     assert "after-prepare-8" not in transcript(cli.root, "late", late_row["lifecycleUid"])
 
@@ -152,8 +161,9 @@ async def test_a_long_turn_is_cut_mid_turn_and_a_late_message_waits_for_the_resu
         cli.json("send", "long", "What was the phrase?", "--wait", "--timeout", "120")["reply"]
         == "The phrase is cut-mid-turn-3."
     )
+    # Well under ack_wait (60 s): a message left with a dead request would not be answered.
     assert (
-        cli.json("send", "late", "What was the phrase?", "--wait")["reply"]
+        cli.json("send", "late", "What was the phrase?", "--wait", "--timeout", "30")["reply"]
         == "The phrase is after-prepare-8."
     )
     for row in (long_row, late_row):
