@@ -1,5 +1,3 @@
-import sys
+from manager.cli.main import run
 
-from manager.cli.main import main
-
-sys.exit(main())
+run()
