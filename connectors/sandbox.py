@@ -165,25 +165,54 @@ class Isolation:
 
 
 _probed: Isolation | None = None
+_probing: subprocess.Popen[bytes] | None = None
+PROBE_TIMEOUT_S = 20
 
 
-def probe(refresh: bool = False) -> Isolation:
+def begin_probe() -> None:
+    """Start the probe's child now, so that it runs while the caller does something else (the
+    manager imports its modules); `probe` then reads its answer."""
+    global _probing
+    if _probed is None and _probing is None and not _turned_off():
+        _probing = _spawn_probe()
+
+
+def _spawn_probe() -> subprocess.Popen[bytes] | None:
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", __file__, "--probe"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+
+
+def _turned_off() -> bool:
+    return os.environ.get(ISOLATION_ENV, "").lower() in ("none", "off", "0")
+
+
+def probe() -> Isolation:
     """Try, in a throwaway child, what the launcher does; cached for the life of the process.
     `COTAL_SEAT_ISOLATION=none` in the manager's environment turns isolation off."""
-    global _probed
-    if _probed is not None and not refresh:
+    global _probed, _probing
+    if _probed is not None:
         return _probed
-    if os.environ.get(ISOLATION_ENV, "").lower() in ("none", "off", "0"):
+    if _turned_off():
         _probed = Isolation(None, 0, f"turned off by {ISOLATION_ENV}")
         return _probed
+    child, _probing = _probing or _spawn_probe(), None
     try:
-        out = subprocess.run(
-            [sys.executable, "-I", "-S", __file__, "--probe"],
-            capture_output=True,
-            timeout=20,
-            check=False,
-        )
-        found = json.loads(out.stdout)
+        if child is None:
+            raise OSError("the probe could not be started")
+        try:
+            stdout, _ = child.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise
+        found = json.loads(stdout)
         _probed = Isolation(found.get("mount"), int(found.get("landlock", 0)), found["detail"])
     except (OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
         _probed = Isolation(None, 0, f"probe failed: {exc}")

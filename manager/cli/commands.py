@@ -135,6 +135,12 @@ def _durable_outcome(seat: dict[str, Any]) -> str:
 
 
 def cmd_manager_serve(args: argparse.Namespace) -> int:
+    from connectors import sandbox
+
+    # The isolation probe is a child interpreter of its own: started before the daemon's
+    # imports, it is done by the time the daemon asks, instead of adding its start to every
+    # manager start.
+    sandbox.begin_probe()
     from manager.daemon import serve as daemon
 
     creds = Path(args.creds).resolve() if args.creds else None
