@@ -7,7 +7,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any, NoReturn
 
 from manager import concurrency, logs
@@ -81,6 +80,10 @@ class _VersionAction(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
+        # Imported here: it is a fifth of the command's own import time, and only --version
+        # needs it.
+        from importlib import metadata
+
         try:
             version = metadata.version("cotal")
         except metadata.PackageNotFoundError:
