@@ -163,6 +163,31 @@ def cmd_manager_serve(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
+def cmd_manager_warm(args: argparse.Namespace) -> int:
+    """A manager's interpreter with its imports done, waiting for the coordinator that started
+    it to say what to serve (manager/cli/warm.py)."""
+    from connectors import sandbox
+
+    sandbox.begin_probe()
+    import msgspec
+
+    from manager.cli import warm
+    from manager.cli.main import main
+    from manager.daemon import serve  # noqa: F401 - importing it now is the point
+
+    try:
+        go = warm.read_go(sys.stdin.buffer)
+    except (ValueError, msgspec.DecodeError) as exc:
+        # stderr is /dev/null until `go`: the coordinator sees this exit and starts cold.
+        say(f"warm manager: {exc}")
+        return 2
+    if go is None:
+        # The coordinator refused or died before it needed a manager.
+        return 0
+    warm.become(go)
+    return main(go.argv)
+
+
 def cmd_broker_serve(args: argparse.Namespace) -> int:
     from manager.cli import mesh
 

@@ -299,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="JetStream replicas for streams and buckets (default: %(default)s)",
     )
     serve.set_defaults(fn=commands.cmd_manager_serve)
+    warm = command(
+        mgr_sub,
+        "warm",
+        "a manager that imports itself, then waits on stdin for what to serve (what `cotal up` "
+        "and `cotal up --restore` start early; not for people)",
+        "cotal manager warm --root .",
+    )
+    warm.set_defaults(fn=commands.cmd_manager_warm)
 
     broker = command(
         sub,

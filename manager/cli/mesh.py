@@ -20,6 +20,7 @@ import msgspec
 
 from manager.broker import embedded
 from manager.broker.footprint import default_replicas
+from manager.cli.warm import WarmManager, warm_manager
 from manager.control.client import ControlSession
 from manager.procs import alive, pid_identity, prove_gone
 from manager.workspace.layout import Layout
@@ -263,10 +264,12 @@ async def start(
     resume_attempt: str | None = None,
     replicas: int | None = None,
     broker: embedded.BrokerInfo | None = None,
+    warm: WarmManager | None = None,
 ) -> dict[str, Any]:
     """Start a detached manager and return once it answers on `session`, which stays connected
     to it: the caller's next op needs no second handshake. `broker` is this root's embedded
-    broker when the caller already started it."""
+    broker when the caller already started it; `warm`, a manager interpreter it started early
+    (manager/cli/warm.py), which becomes this manager instead of a cold start."""
     layout = Layout.at(root)
     launch = await _provision(
         layout,
@@ -280,7 +283,7 @@ async def start(
         broker=broker,
     )
     try:
-        proc, status = await _run_daemon(launch, session, report)
+        proc, status = await _run_daemon(launch, session, report, warm)
     except BaseException:
         await stop_started_broker(launch.started_broker)
         raise
@@ -290,28 +293,18 @@ async def start(
 
 
 async def _run_daemon(
-    launch: _Launch, session: ControlSession, report: Report
+    launch: _Launch, session: ControlSession, report: Report, warm: WarmManager | None = None
 ) -> tuple[subprocess.Popen[Any], dict[str, Any]]:
     """The detached manager and its first status on `session`; a manager that exits or stays
     silent is killed and refused `daemon-failed` (the caller stops the broker it started)."""
     layout = launch.layout
     report("starting the manager")
-    out = os.open(layout.logs / "daemon.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        # Detached on purpose (its own session, outliving this command), so not an anyio child.
-        proc = await anyio.to_thread.run_sync(
-            functools.partial(
-                subprocess.Popen,
-                launch.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-                cwd=layout.root,
-            )
-        )
-    finally:
-        os.close(out)
+    # argv[:3] is this interpreter and `-m manager.cli`, which the warm child already is.
+    proc: subprocess.Popen[Any] | None = (
+        warm.go(launch.argv[3:], layout.logs / "daemon.out") if warm is not None else None
+    )
+    if proc is None:
+        proc = await _spawn_daemon(launch)
     answered = False
     try:
         with anyio.fail_after(DAEMON_START_TIMEOUT_S):
@@ -344,6 +337,26 @@ async def _run_daemon(
                 await anyio.to_thread.run_sync(proc.wait)
 
 
+async def _spawn_daemon(launch: _Launch) -> subprocess.Popen[Any]:
+    layout = launch.layout
+    out = os.open(layout.logs / "daemon.out", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        # Detached on purpose (its own session, outliving this command), so not an anyio child.
+        return await anyio.to_thread.run_sync(
+            functools.partial(
+                subprocess.Popen,
+                launch.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                cwd=layout.root,
+            )
+        )
+    finally:
+        os.close(out)
+
+
 async def _up(
     root: Path,
     *,
@@ -357,15 +370,17 @@ async def _up(
     layout = Layout.at(root)
     async with control(layout) as session:
         if detach:
-            return await start(
-                root,
-                session,
-                space=space,
-                server=server,
-                creds=creds,
-                report=report,
-                replicas=replicas,
-            )
+            with warm_manager(root) as warm:
+                return await start(
+                    root,
+                    session,
+                    space=space,
+                    server=server,
+                    creds=creds,
+                    report=report,
+                    replicas=replicas,
+                    warm=warm,
+                )
         return await _provision(
             layout,
             session,

@@ -1076,18 +1076,34 @@ class Manager:
             await self.stop_all_keep_footprint()
             self.shutdown_requested.set()
             return {"stopped": [], "footprintKept": True, "state": self.maintenance.state}
+        unproven: dict[str, Refusal] = {}
+        order = list(self.seats)
         async with self.lifecycle("shutdown"):
             self.stopping = True
             try:
                 async with anyio.create_task_group() as tg:
                     for seat in list(self.seats.values()):
-                        tg.start_soon(self._teardown_one, seat, stopped)
+                        tg.start_soon(self._teardown_one, seat, stopped, unproven)
             finally:
                 self.shutdown_requested.set()
+        if unproven:
+            # Every other seat was still stopped; the operator is told each survivor by name.
+            named = [unproven[n] for n in order if n in unproven]
+            raise Refusal(
+                "stop-unproven",
+                "; ".join(r.message for r in named),
+                "; ".join(r.cure for r in named if r.cure),
+            )
         return {"stopped": stopped}
 
-    async def _teardown_one(self, seat: Seat, out: list[dict[str, Any]]) -> None:
-        await self.stop_and_prove(seat, graceful=True)
+    async def _teardown_one(
+        self, seat: Seat, out: list[dict[str, Any]], unproven: dict[str, Refusal]
+    ) -> None:
+        try:
+            await self.stop_and_prove(seat, graceful=True)
+        except Refusal as exc:
+            unproven[seat.name] = exc
+            return
         # `_free`, with the deprovision's outcome kept: an operator told "durable deleted" while
         # the broker refused the delete would believe a footprint gone that is still there.
         self.remove(seat)

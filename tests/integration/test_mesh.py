@@ -168,6 +168,31 @@ async def test_a_message_for_a_killed_seats_last_pull_is_released_not_held_for_a
     )
 
 
+async def test_down_with_a_survivor_of_a_seat_names_it_and_stops_the_rest(mesh: Cli) -> None:
+    kept = mesh.json("spawn", "ida", "--agent", "scribe")
+    other = mesh.json("spawn", "jon", "--agent", "scribe")
+    daemon = mesh.json("status")["pid"]
+    # A process of ida's lifecycle that left her process group: her stop cannot be proven.
+    survivor = await anyio.open_process(
+        ["sleep", "300"], env={"COTAL_LIFECYCLE_UID": kept["lifecycleUid"], "PATH": "/bin"}
+    )
+    try:
+        out = mesh.run("down", check=False)
+        assert out.returncode != 0 and "internal error" not in out.stderr, out.stderr
+        assert (
+            f"seat ida (pid {kept['pid']}) exited but processes of its lifecycle are still "
+            f"alive: [{survivor.pid}]" in out.stderr
+        ), out.stderr
+        assert f"kill {survivor.pid}, then retry" in out.stderr
+        await wait_gone([kept["pid"], other["pid"], daemon])
+    finally:
+        survivor.kill()
+        await survivor.wait()
+    # The manager still exited; with the survivor gone the rerun finishes the down.
+    mesh.run("down")
+    assert not (mesh.root / ".cotal" / "mesh.json").exists()
+
+
 async def test_fourth_crash_in_the_window_retires_the_seat(mesh: Cli) -> None:
     row = mesh.json("spawn", "gus", "--agent", "scribe")
     uid = row["lifecycleUid"]
