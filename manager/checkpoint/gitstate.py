@@ -254,14 +254,16 @@ async def stream_git_to_file(
         done = 0
         try:
             # A group of its own: `git bundle` writes through a `git pack-objects` child, which
-            # must end with it when the capture is cancelled (_end_git_group).
-            process = await anyio.open_process(
-                [GIT, *SAFE_CONFIG, *args],
-                cwd=cwd,
-                env=git_env(),
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            # must end with it when the capture is cancelled (_end_git_group). Shielded, because
+            # a cancel while the pipes connect would kill git alone and orphan that child.
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    [GIT, *SAFE_CONFIG, *args],
+                    cwd=cwd,
+                    env=git_env(),
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         except FileNotFoundError:
             raise Refusal("git-missing", f"cannot run git in {cwd}", "install git") from None
         async with process:
