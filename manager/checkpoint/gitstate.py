@@ -127,6 +127,7 @@ STATUS_ARGS: tuple[str, ...] = (
 _ENV_PASS = ("PATH", "HOME", "XDG_CONFIG_HOME", "TMPDIR")
 _STDERR_KEEP = 64 * 1024
 _PROGRESS_STEP = 4 * 1024 * 1024
+_WRITE_BATCH = 1024 * 1024
 # What git says (LC_ALL=C) when every ref is excluded by the bundle's prerequisites.
 _EMPTY_BUNDLE = "Refusing to create empty bundle"
 
@@ -279,9 +280,19 @@ async def stream_git_to_file(
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(drain_stderr)
+                    # A pipe hands over at most 64 KiB at a time; a thread hop per piece made
+                    # git wait on the pipe for most of a large bundle, so pieces are gathered
+                    # and written a batch at a time.
+                    batch = bytearray()
                     async for chunk in out_stream:
-                        await anyio.to_thread.run_sync(out.write, chunk)
-                        done += len(chunk)
+                        batch += chunk
+                        if len(batch) >= _WRITE_BATCH:
+                            done += await anyio.to_thread.run_sync(out.write, batch)
+                            batch = bytearray()
+                            if progress is not None:
+                                progress(phase, done)
+                    if batch:
+                        done += await anyio.to_thread.run_sync(out.write, batch)
                         if progress is not None:
                             progress(phase, done)
                 rc = await process.wait()
