@@ -280,9 +280,8 @@ async def stream_git_to_file(
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(drain_stderr)
-                    # A pipe hands over at most 64 KiB at a time; a thread hop per piece made
-                    # git wait on the pipe for most of a large bundle, so pieces are gathered
-                    # and written a batch at a time.
+                    # A pipe hands over at most 64 KiB at a time, and a thread hop per piece
+                    # is the daemon's CPU on a cut bound by it (docs/design.md decision 19).
                     batch = bytearray()
                     async for chunk in out_stream:
                         batch += chunk
@@ -1407,7 +1406,7 @@ async def capture_repository(
         return bundle
 
     async def tree_part() -> _TreeArtifacts:
-        return await _capture_tree(cwd, seat_dir, facts, order.report if progress else None)
+        return await _capture_tree(cwd, seat_dir, facts, None if progress is None else order.report)
 
     bundle, tree = await _side_by_side(bundle_part, tree_part)
 
