@@ -34,14 +34,17 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import stat
 import subprocess
 import tarfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
+import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 import structlog
@@ -124,6 +127,7 @@ STATUS_ARGS: tuple[str, ...] = (
 _ENV_PASS = ("PATH", "HOME", "XDG_CONFIG_HOME", "TMPDIR")
 _STDERR_KEEP = 64 * 1024
 _PROGRESS_STEP = 4 * 1024 * 1024
+_WRITE_BATCH = 1024 * 1024
 # What git says (LC_ALL=C) when every ref is excluded by the bundle's prerequisites.
 _EMPTY_BUNDLE = "Refusing to create empty bundle"
 
@@ -206,6 +210,35 @@ async def run_git(
     return GitResult(proc.returncode, proc.stdout, proc.stderr)
 
 
+# How long a git told to stop may take to remove its lock files before it is killed.
+_TERM_GRACE_S = 5.0
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+async def _end_git_group(process: anyio.abc.Process) -> None:
+    """End a git that is being abandoned, and every process it started.
+
+    Killing git alone leaves its children running (the bundle's `git pack-objects` goes on
+    until it next writes), and a git killed outright leaves its lock files behind (`git diff`
+    may hold index.lock while it refreshes the index) in the seat's repository. So the whole
+    group is asked to stop first, which git answers by removing its lock files, and killed
+    only if it does not.
+    """
+    if process.returncode is not None:
+        return
+    with anyio.CancelScope(shield=True):
+        _signal_group(process.pid, signal.SIGTERM)
+        with anyio.move_on_after(_TERM_GRACE_S):
+            await process.wait()
+        _signal_group(process.pid, signal.SIGKILL)
+
+
 async def stream_git_to_file(
     cwd: Path,
     args: Sequence[str],
@@ -221,14 +254,22 @@ async def stream_git_to_file(
         stderr = bytearray()
         done = 0
         try:
-            process = await anyio.open_process(
-                [GIT, *SAFE_CONFIG, *args], cwd=cwd, env=git_env(), stdin=subprocess.DEVNULL
-            )
+            # A group of its own: `git bundle` writes through a `git pack-objects` child, which
+            # must end with it when the capture is cancelled (_end_git_group). Shielded, because
+            # a cancel while the pipes connect would kill git alone and orphan that child.
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    [GIT, *SAFE_CONFIG, *args],
+                    cwd=cwd,
+                    env=git_env(),
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         except FileNotFoundError:
             raise Refusal("git-missing", f"cannot run git in {cwd}", "install git") from None
         async with process:
             assert process.stdout is not None and process.stderr is not None
-            err_stream = process.stderr
+            err_stream, out_stream = process.stderr, process.stdout
 
             async def drain_stderr() -> None:
                 # Read stderr concurrently so a chatty git cannot block on a full pipe.
@@ -236,14 +277,27 @@ async def stream_git_to_file(
                     if len(stderr) < _STDERR_KEEP:
                         stderr.extend(chunk[: _STDERR_KEEP - len(stderr)])
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drain_stderr)
-                async for chunk in process.stdout:
-                    await anyio.to_thread.run_sync(out.write, chunk)
-                    done += len(chunk)
-                    if progress is not None:
-                        progress(phase, done)
-            rc = await process.wait()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(drain_stderr)
+                    # A pipe hands over at most 64 KiB at a time, and a thread hop per piece
+                    # is the daemon's CPU on a cut bound by it (docs/design.md decision 19).
+                    batch = bytearray()
+                    async for chunk in out_stream:
+                        batch += chunk
+                        if len(batch) >= _WRITE_BATCH:
+                            done += await anyio.to_thread.run_sync(out.write, batch)
+                            batch = bytearray()
+                            if progress is not None:
+                                progress(phase, done)
+                    if batch:
+                        done += await anyio.to_thread.run_sync(out.write, batch)
+                        if progress is not None:
+                            progress(phase, done)
+                rc = await process.wait()
+            except BaseException:
+                await _end_git_group(process)
+                raise
         if rc != 0:
             raise Refusal(
                 "git-failed",
@@ -1134,6 +1188,172 @@ async def _capture_bundle(
         raise
 
 
+class _AfterBundle:
+    """The progress of the parts that run beside the bundle, held until the bundle is done.
+
+    The coordinator reads a seat's steps one after another (a step change is a new line), so
+    the parts beside the bundle report as the sequential capture did: the bundle live, then
+    each later step's last count, in the order the steps ran; a part still running once the
+    bundle is done reports live from then on.
+    """
+
+    def __init__(self, progress: Progress | None) -> None:
+        self._progress = progress
+        self._held: dict[str, int] = {}
+        self._live = False
+
+    def report(self, phase: str, done: int) -> None:
+        if self._live:
+            if self._progress is not None:
+                self._progress(phase, done)
+        else:
+            self._held[phase] = done
+
+    def release(self) -> None:
+        self._live = True
+        held, self._held = self._held, {}
+        if self._progress is not None:
+            for phase, done in held.items():
+                self._progress(phase, done)
+
+
+_A = TypeVar("_A")
+_B = TypeVar("_B")
+
+
+async def _side_by_side(
+    first: Callable[[], Awaitable[_A]], second: Callable[[], Awaitable[_B]]
+) -> tuple[_A, _B]:
+    """Run both at once; the first failure cancels the other, and the error raised is the one
+    the sequential order (`first`, then `second`) would have raised when both failed.
+
+    Each error is raised as itself, never wrapped in a group, so a caller sees the very
+    Refusal the sequential capture gave. A cancellation from outside is not an error here: it
+    passes through as it came.
+    """
+    results: list[object] = [None, None]
+    errors: list[Exception | None] = [None, None]
+
+    async with anyio.create_task_group() as tg:
+
+        async def run(slot: int, part: Callable[[], Awaitable[object]]) -> None:
+            try:
+                results[slot] = await part()
+            except Exception as exc:
+                errors[slot] = exc
+                tg.cancel_scope.cancel()
+
+        tg.start_soon(run, 0, first)
+        tg.start_soon(run, 1, second)
+    for error in errors:
+        if error is not None:
+            raise error
+    return results[0], results[1]  # type: ignore[return-value]
+
+
+async def _check_bundle_refs(
+    cwd: Path,
+    seat_dir: Path,
+    bundle: FileRef | None,
+    refs: dict[str, str],
+    prerequisites: Sequence[str],
+) -> None:
+    heads: dict[str, str] = {}
+    if bundle is not None:
+        heads = await _bundle_header_refs(cwd, seat_dir / BUNDLE_FILE)
+    # An incremental bundle leaves out refs whose tips the predecessor carried: the heads must
+    # agree with the refs they name, and every ref left out must be covered by a prerequisite.
+    carried = {n: o for n, o in refs.items() if n in heads} if prerequisites else refs
+    differ = refs_differing(heads, carried)
+    left_out = sorted(set(refs) - set(heads))
+    if not differ and prerequisites and left_out:
+        uncovered = await run_git(
+            cwd,
+            "rev-list",
+            "--stdin",
+            stdin="".join(
+                [f"{refs[n]}\n" for n in left_out] + [f"^{oid}\n" for oid in prerequisites]
+            ).encode(),
+        )
+        if uncovered.stdout.strip():
+            differ = left_out
+    if differ:
+        raise Refusal(
+            "bundle-refs",
+            f"the bundle of {cwd} does not carry exactly the repository's refs "
+            f"({', '.join(differ[:5])})",
+            "make sure nothing changes the repository during the cut, then cut again",
+        )
+
+
+@dataclass(frozen=True)
+class _TreeArtifacts:
+    """Everything the capture writes besides the bundle."""
+
+    index_diff: FileRef
+    worktree_diff: FileRef
+    untracked: FileRef
+    refs: FileRef | None
+    config: FileRef | None
+    redacted: list[str]
+    hooks: list[CarriedHook]
+    exclude: FileRef | None
+    status_file: FileRef | None
+    ita_file: FileRef | None
+    status_inline: str
+    ita_inline: list[str]
+
+
+async def _capture_tree(
+    cwd: Path, seat_dir: Path, facts: RepoFacts, progress: Progress | None
+) -> _TreeArtifacts:
+    """The diffs, the untracked archive, the refs list, the git dir files and the lists."""
+    index_diff = await stream_git_to_file(
+        cwd,
+        ["diff", "--cached", *DIFF_FLAGS],
+        seat_dir,
+        INDEX_DIFF_FILE,
+        progress=progress,
+        phase="index-diff",
+    )
+    worktree_diff = await stream_git_to_file(
+        cwd,
+        ["diff", *DIFF_FLAGS],
+        seat_dir,
+        WORKTREE_DIFF_FILE,
+        progress=progress,
+        phase="worktree-diff",
+    )
+    untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress)
+    refs_ref: FileRef | None = None
+    if facts.refs:
+        refs_ref = _write_small(seat_dir, REFS_FILE, format_refs_list(facts.refs))
+    config, redacted, hooks, exclude = await _capture_gitdir(cwd, facts.gitdir, seat_dir)
+    status_file: FileRef | None = None
+    ita_file: FileRef | None = None
+    ita = facts.index.intent_to_add
+    status_inline, ita_inline = facts.status, ita
+    ita_bytes = b"".join(p.encode() + b"\0" for p in ita)
+    if len(facts.status.encode()) + len(ita_bytes) > LISTS_INLINE_CAP:
+        status_file = _write_small(seat_dir, STATUS_FILE, facts.status.encode())
+        ita_file = _write_small(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
+        status_inline, ita_inline = "", []
+    return _TreeArtifacts(
+        index_diff=index_diff,
+        worktree_diff=worktree_diff,
+        untracked=untracked,
+        refs=refs_ref,
+        config=config,
+        redacted=redacted,
+        hooks=hooks,
+        exclude=exclude,
+        status_file=status_file,
+        ita_file=ita_file,
+        status_inline=status_inline,
+        ita_inline=ita_inline,
+    )
+
+
 async def capture_repository(
     cwd: Path,
     seat_dir: Path,
@@ -1163,7 +1383,6 @@ async def capture_repository(
     declared = check_includes(include)
     facts = await _facts(cwd, declared, _INSPECTIONS.take(cwd.resolve()))
     refs = facts.refs
-    ita = facts.index.intent_to_add
     stash = facts.stash
     if stash and refs.get("refs/stash") != stash[0].oid:
         raise Refusal(
@@ -1175,63 +1394,21 @@ async def capture_repository(
     # Older stash entries live only in the reflog; naming their commits puts them in the pack
     # without adding a ref to the bundle's header.
     stash_revs = list(dict.fromkeys(entry.oid for entry in stash))
-    bundle = await _capture_bundle(cwd, seat_dir, stash_revs, prerequisites, progress)
-    heads: dict[str, str] = {}
-    if bundle is not None:
-        heads = await _bundle_header_refs(cwd, seat_dir / BUNDLE_FILE)
-    # An incremental bundle leaves out refs whose tips the predecessor carried: the heads must
-    # agree with the refs they name, and every ref left out must be covered by a prerequisite.
-    carried = {n: o for n, o in refs.items() if n in heads} if prerequisites else refs
-    differ = refs_differing(heads, carried)
-    left_out = sorted(set(refs) - set(heads))
-    if not differ and prerequisites and left_out:
-        uncovered = await run_git(
-            cwd,
-            "rev-list",
-            "--stdin",
-            stdin="".join(
-                [f"{refs[n]}\n" for n in left_out] + [f"^{oid}\n" for oid in prerequisites]
-            ).encode(),
-        )
-        if uncovered.stdout.strip():
-            differ = left_out
-    if differ:
-        raise Refusal(
-            "bundle-refs",
-            f"the bundle of {cwd} does not carry exactly the repository's refs "
-            f"({', '.join(differ[:5])})",
-            "make sure nothing changes the repository during the cut, then cut again",
-        )
+    # The bundle is the long pole and nothing between it and the after-capture facts reads it,
+    # so it runs beside the rest (docs/design.md decision 19). The after-capture facts wait for
+    # both: they are the proof that nothing moved while any artifact was being written.
+    order = _AfterBundle(progress)
 
-    index_diff = await stream_git_to_file(
-        cwd,
-        ["diff", "--cached", *DIFF_FLAGS],
-        seat_dir,
-        INDEX_DIFF_FILE,
-        progress=progress,
-        phase="index-diff",
-    )
-    worktree_diff = await stream_git_to_file(
-        cwd,
-        ["diff", *DIFF_FLAGS],
-        seat_dir,
-        WORKTREE_DIFF_FILE,
-        progress=progress,
-        phase="worktree-diff",
-    )
-    untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress)
-    refs_ref: FileRef | None = None
-    if refs:
-        refs_ref = _write_small(seat_dir, REFS_FILE, format_refs_list(refs))
-    config, redacted, hooks, exclude = await _capture_gitdir(cwd, facts.gitdir, seat_dir)
-    status_file: FileRef | None = None
-    ita_file: FileRef | None = None
-    status_inline, ita_inline = facts.status, ita
-    ita_bytes = b"".join(p.encode() + b"\0" for p in ita)
-    if len(facts.status.encode()) + len(ita_bytes) > LISTS_INLINE_CAP:
-        status_file = _write_small(seat_dir, STATUS_FILE, facts.status.encode())
-        ita_file = _write_small(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
-        status_inline, ita_inline = "", []
+    async def bundle_part() -> FileRef | None:
+        bundle = await _capture_bundle(cwd, seat_dir, stash_revs, prerequisites, progress)
+        await _check_bundle_refs(cwd, seat_dir, bundle, refs, prerequisites)
+        order.release()
+        return bundle
+
+    async def tree_part() -> _TreeArtifacts:
+        return await _capture_tree(cwd, seat_dir, facts, None if progress is None else order.report)
+
+    bundle, tree = await _side_by_side(bundle_part, tree_part)
 
     after = await _facts(cwd, declared, facts.reusable())
     moved = [
@@ -1259,19 +1436,19 @@ async def capture_repository(
             base=facts.base,
             head=facts.head,
             untracked_selection=selection_rule(declared),
-            status=status_inline,
+            status=tree.status_inline,
             bundle=bundle,
-            index_diff=index_diff,
-            worktree_diff=worktree_diff,
-            untracked=untracked,
-            intent_to_add=ita_inline,
-            refs=refs_ref,
-            status_file=status_file,
-            intent_to_add_file=ita_file,
-            config=config,
-            config_redacted=redacted,
-            hooks=hooks,
-            info_exclude=exclude,
+            index_diff=tree.index_diff,
+            worktree_diff=tree.worktree_diff,
+            untracked=tree.untracked,
+            intent_to_add=tree.ita_inline,
+            refs=tree.refs,
+            status_file=tree.status_file,
+            intent_to_add_file=tree.ita_file,
+            config=tree.config,
+            config_redacted=tree.redacted,
+            hooks=tree.hooks,
+            info_exclude=tree.exclude,
             stash=stash,
             include=declared,
             since=since if prerequisites else None,

@@ -51,7 +51,21 @@ class GitLog:
     def take(self) -> list[str]:
         runs = self.path.read_text().splitlines()
         self.path.write_text("")
-        return runs
+        return _artifacts_sorted(runs)
+
+
+def _artifacts_sorted(runs: list[str]) -> list[str]:
+    """`runs` with each stretch of artifact runs sorted: the bundle runs beside the diffs
+    (docs/design.md decision 19), so which of them git starts first is the scheduler's choice."""
+    out: list[str] = []
+    stretch: list[str] = []
+    for run in runs:
+        if run in ("bundle", "diff"):
+            stretch.append(run)
+            continue
+        out += sorted(stretch) + [run]
+        stretch = []
+    return out + sorted(stretch)
 
 
 def _artifacts(record: RepositoryRecord, seat: Path) -> dict[str, bytes]:
