@@ -20,6 +20,7 @@ See docs/cli.md (the resume: its refusal table, gate by gate).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -227,18 +228,26 @@ def open_scratch(parent: Path) -> Path:
     concurrent admission on the same root keeps its own. What a crash left is not trusted
     for anything; it is only deleted.
     """
-    make_private_dirs(parent)
-    ensure_private_dir(parent)
-    for entry in os.listdir(parent):
-        match = _SCRATCH_RE.fullmatch(entry)
-        if match is None:
+    for _ in range(3):
+        make_private_dirs(parent)
+        ensure_private_dir(parent)
+        for entry in os.listdir(parent):
+            match = _SCRATCH_RE.fullmatch(entry)
+            if match is None:
+                continue
+            pid, started = int(match.group(1)), int(match.group(2))
+            if process_start_time(pid) != started:
+                shutil.rmtree(parent / entry, ignore_errors=True)
+        made = (
+            parent / f"admit-{os.getpid()}-{process_start_time(os.getpid())}-{secrets.token_hex(6)}"
+        )
+        try:
+            os.mkdir(made, DIR_MODE)
+            return made
+        except FileNotFoundError:
+            # Another run removed `parent` as it emptied it: make it again.
             continue
-        pid, started = int(match.group(1)), int(match.group(2))
-        if process_start_time(pid) != started:
-            shutil.rmtree(parent / entry, ignore_errors=True)
-    made = parent / f"admit-{os.getpid()}-{process_start_time(os.getpid())}-{secrets.token_hex(6)}"
-    os.mkdir(made, DIR_MODE)
-    return made
+    raise FileNotFoundError(errno.ENOENT, "the scratch directory keeps disappearing", str(parent))
 
 
 def discard_scratch(adm: Admission) -> None:

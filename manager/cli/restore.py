@@ -237,7 +237,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         if fresh_root:
             # Keeping the scratch made the control directory; a refusal leaves none behind.
             scratch.callback(_rmdir_if_empty, layout.control)
-            scratch.callback(_rmdir_if_empty, layout.control / admit.SCRATCH_DIR)
+        scratch.callback(_rmdir_if_empty, layout.control / admit.SCRATCH_DIR)
         adm = await admit_integrity(
             src,
             trusted_keys(args, layout),
