@@ -10,10 +10,10 @@ A target that is a mount point stages inside itself instead (`<target>/.cotal-in
 since a rename cannot cross out of a mount, and promotes by swapping entries within it.
 
 The sequence, in order: verify every digest before any write; check the bundle carries exactly
-the recorded refs; init and unbundle (an incremental seat's predecessors first, oldest
-first); verify the base; detach at the base; put back the carried config, info/exclude and
-hooks; recreate the recorded refs (unbundling sets none) and
-rebuild the stash reflog entry by entry; apply the index diff with
+the recorded refs; init and unbundle (an incremental seat's predecessors first, oldest first),
+or move in the packs admission unbundled the same chain into; verify the base; detach at the
+base; put back the carried config, info/exclude and hooks; recreate the recorded refs
+(unbundling sets none) and rebuild the stash reflog entry by entry; apply the index diff with
 --index; put back intent-to-add entries whose file was gone at the cut; apply the worktree diff;
 mark the remaining intent-to-add entries; extract the untracked archive under strict member
 rules; prove no ignored file lies outside the recorded selection; reattach HEAD to its branch;

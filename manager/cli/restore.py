@@ -786,6 +786,9 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
     for cwd in trees:
         _say(f"restoring {first_of[cwd]} into {cwd}")
     outcomes = await concurrency.ordered_map(restore, groups, concurrency.limiter())
+    # Each tree took its packs (or fell back); what is left, a shared tree's other seats'
+    # copies included, is not needed past this point.
+    admit.discard_scratch(adm)
     by_tree: dict[Path, concurrency.Outcome[RestoreResult]] = {}
     for outcome in outcomes:
         by_tree.update(outcome.unwrap())
