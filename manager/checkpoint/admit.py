@@ -200,7 +200,15 @@ def integrity(
     if keep_in is None:
         _check_repositories(attempt_dir, dirs, by_name, chains, None)
         return Admission(attempt_dir, manifest, inventory, doc, by_name, chains=chains)
-    scratch_dir = open_scratch(keep_in)
+    try:
+        scratch_dir = open_scratch(keep_in)
+    except OSError as exc:
+        raise Refusal(
+            "scratch-unavailable",
+            f"cannot make admission's scratch directory in {keep_in}: "
+            f"{exc.strerror or exc} ({exc.filename or keep_in})",
+            "make the root's .cotal a directory this user owns and can write, then retry",
+        ) from None
     try:
         kept = _check_repositories(attempt_dir, dirs, by_name, chains, scratch_dir)
     except BaseException:
