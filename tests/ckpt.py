@@ -215,11 +215,16 @@ def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
     manager's logs (which a CLI may append to); a refused resume must leave all of it alone."""
     if not root.exists():
         return {}
-    return {
+    out = {
         k: v
         for k, v in tree_digest(root, skip=(), times=True).items()
         if k != ".cotal/logs" and not k.startswith(".cotal/logs/")
     }
+    if ".cotal" in out:
+        # Admission's scratch (.cotal/scratch, removed on a refusal) moves the control
+        # directory's own mtime and nothing else.
+        out[".cotal"] = out[".cotal"][:2]
+    return out
 
 
 def manager_answers(root: Path) -> bool:

@@ -20,8 +20,12 @@ See docs/cli.md (the resume: its refusal table, gate by gate).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
+import secrets
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
@@ -32,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
+from connectors.privatefs import DIR_MODE, ensure_private_dir, make_private_dirs
 from manager import concurrency, registry
 from manager.checkpoint import chain
 from manager.checkpoint.confine import (
@@ -44,6 +49,7 @@ from manager.checkpoint.confine import (
 from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, refs_differing
 from manager.checkpoint.reader import read_manifest, verify_integrity
 from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
+from manager.procs import process_start_time
 from manager.workspace.private import read_stable
 from protocol.checkpoint import (
     AttemptManifest,
@@ -60,6 +66,20 @@ from protocol.maintenance import Consent
 
 CLOCK_SKEW_MS = 60_000
 GIT_TIMEOUT_S = 600.0
+# Under the destination root's control directory: where `integrity(keep_in=...)` leaves each
+# seat's unbundled objects for the restore (docs/design.md, decision 20).
+SCRATCH_DIR = "scratch"
+_SCRATCH_RE = re.compile(r"admit-([0-9]+)-([0-9]+)-[0-9a-f]{12}")
+_PACK_RE = re.compile(r"pack-[0-9a-f]{40,64}\.(pack|idx|rev)")
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """One seat's bare repository as admission left it: every object of its bundle chain, in
+    exactly the pack files named, which the restore may adopt instead of unbundling again."""
+
+    repo: Path
+    packs: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,9 @@ class Admission:
     confine_to: tuple[Path, ...] = ()
     # Each seat's proven predecessors, oldest first (empty for a full bundle).
     chains: dict[str, list[chain.Link]] = field(default_factory=dict)
+    # Kept by `integrity(keep_in=...)` for the restore; `discard_scratch` removes them.
+    scratch_dir: Path | None = None
+    scratch: dict[str, Scratch] = field(default_factory=dict)
 
     def agent(self, name: str) -> Agent:
         return next(a for a in self.inventory.agents if a.name == name)
@@ -100,7 +123,11 @@ def _refuse(gate: str, code: str, message: str, cure: str) -> Refusal:
 
 
 def integrity(
-    attempt_dir: Path, *, trusted_keys: Collection[str], search: Sequence[Path] = ()
+    attempt_dir: Path,
+    *,
+    trusted_keys: Collection[str],
+    search: Sequence[Path] = (),
+    keep_in: Path | None = None,
 ) -> Admission:
     """Gate 1: every named file present, regular, not a symlink, of its size and digest, stable
     while read; the signatures verify under a trusted key; the resume document is the one the
@@ -113,6 +140,10 @@ def integrity(
     An incremental seat's predecessors are found beside `attempt_dir` or under `search`, each
     proven under the same trusted keys (`manager.checkpoint.chain.resolve`), and its bundle is
     checked on top of theirs.
+
+    With `keep_in` (a directory under the destination root's control directory), each seat's
+    scratch repository is kept there for the restore (`Admission.scratch`, see `open_scratch`)
+    instead of being thrown away; a refusal removes it. Without, nothing outlives the call.
     """
     # None would mean "any signer" to the reader below; here it means nothing is trusted.
     keys = frozenset(trusted_keys) if trusted_keys is not None else frozenset()
@@ -166,8 +197,73 @@ def integrity(
             )
         except Refusal as exc:
             raise _refuse("integrity", exc.code, exc.message, exc.cure) from None
-    _check_repositories(attempt_dir, dirs, by_name, chains)
-    return Admission(attempt_dir, manifest, inventory, doc, by_name, chains=chains)
+    if keep_in is None:
+        _check_repositories(attempt_dir, dirs, by_name, chains, None)
+        return Admission(attempt_dir, manifest, inventory, doc, by_name, chains=chains)
+    try:
+        scratch_dir = open_scratch(keep_in)
+    except OSError as exc:
+        raise Refusal(
+            "scratch-unavailable",
+            f"cannot make admission's scratch directory in {keep_in}: "
+            f"{exc.strerror or exc} ({exc.filename or keep_in})",
+            "make the root's .cotal a directory this user owns and can write, then retry",
+        ) from None
+    try:
+        kept = _check_repositories(attempt_dir, dirs, by_name, chains, scratch_dir)
+    except BaseException:
+        shutil.rmtree(scratch_dir, ignore_errors=True)
+        raise
+    return Admission(
+        attempt_dir,
+        manifest,
+        inventory,
+        doc,
+        by_name,
+        chains=chains,
+        scratch_dir=scratch_dir,
+        scratch=kept,
+    )
+
+
+def open_scratch(parent: Path) -> Path:
+    """A new private directory under `parent` (made 0700, refused when it is a symlink or not
+    ours) for this process's scratch repositories, after removing every one a process that is
+    gone left behind.
+
+    A name is `admit-<pid>-<start time>-<random>`: a leftover is never reused (the random part
+    is new each time), and it is removed only once the process that made it is gone, so a
+    concurrent admission on the same root keeps its own. What a crash left is not trusted
+    for anything; it is only deleted.
+    """
+    for _ in range(3):
+        make_private_dirs(parent)
+        ensure_private_dir(parent)
+        for entry in os.listdir(parent):
+            match = _SCRATCH_RE.fullmatch(entry)
+            if match is None:
+                continue
+            pid, started = int(match.group(1)), int(match.group(2))
+            if process_start_time(pid) != started:
+                shutil.rmtree(parent / entry, ignore_errors=True)
+        made = (
+            parent / f"admit-{os.getpid()}-{process_start_time(os.getpid())}-{secrets.token_hex(6)}"
+        )
+        try:
+            os.mkdir(made, DIR_MODE)
+            return made
+        except FileNotFoundError:
+            # Another run removed `parent` as it emptied it: make it again.
+            continue
+    raise FileNotFoundError(errno.ENOENT, "the scratch directory keeps disappearing", str(parent))
+
+
+def discard_scratch(adm: Admission) -> None:
+    """Remove what `integrity(keep_in=...)` kept: after the restore, or on a refusal or a run
+    that restores nothing. Idempotent."""
+    if adm.scratch_dir is not None:
+        shutil.rmtree(adm.scratch_dir, ignore_errors=True)
+    adm.scratch = {}
 
 
 def _check_repositories(
@@ -175,13 +271,16 @@ def _check_repositories(
     dirs: Mapping[str, str],
     records: Mapping[str, SeatCheckpoint],
     chains: Mapping[str, Sequence[chain.Link]],
-) -> None:
+    keep_in: Path | None,
+) -> dict[str, Scratch]:
     """`check_repository` for every seat, a few at once: each is a handful of git processes
     unbundling into its own scratch repository, so fifty seats one after another would leave
-    the cores idle. The refusal raised is the first in seat order, as a loop would raise it."""
+    the cores idle. The refusal raised is the first in seat order, as a loop would raise it.
+    With `keep_in`, seat i's repository is kept at `keep_in/seat-<i>.git` (an index, so no
+    name from the checkpoint becomes a path)."""
     names = list(records)
     if not names:
-        return
+        return {}
     with ThreadPoolExecutor(max_workers=min(concurrency.jobs(), len(names))) as pool:
         checks = [
             pool.submit(
@@ -190,13 +289,17 @@ def _check_repositories(
                 attempt_dir / dirs[name],
                 records[name].repository,
                 chains[name],
+                keep=keep_in / f"seat-{i}.git" if keep_in is not None else None,
             )
-            for name in names
+            for i, name in enumerate(names)
         ]
         failures = [check.exception() for check in checks]
     for failure in failures:
         if failure is not None:
             raise failure
+    return {
+        name: kept for name, check in zip(names, checks, strict=True) if (kept := check.result())
+    }
 
 
 def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -224,8 +327,13 @@ def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> subprocess.Comple
 
 
 def check_repository(
-    name: str, seat_dir: Path, record: RepositoryRecord, links: Sequence[chain.Link] = ()
-) -> None:
+    name: str,
+    seat_dir: Path,
+    record: RepositoryRecord,
+    links: Sequence[chain.Link] = (),
+    *,
+    keep: Path | None = None,
+) -> Scratch | None:
     """The repository half's artifacts agree with the record and with each other.
 
     Each file's digest is already proven, but a signer can seal any bytes: a bundle swapped for
@@ -237,6 +345,10 @@ def check_repository(
     An incremental record's bundle is unbundled on top of its proven predecessors (`links`,
     oldest first): its heads must agree with the refs they name, and the base, every ref and
     every prerequisite must then be objects the chain carries.
+
+    With `keep` (a path that must not exist yet, in a private directory), the scratch
+    repository is made there and kept, and what it holds is returned for the restore; on a
+    refusal it may be left half made, for the caller to remove with its directory.
     """
     bundle = seat_dir / record.bundle.file if record.bundle is not None else None
     if record.since is not None and len(links) == 0:
@@ -266,66 +378,83 @@ def check_repository(
             f"branch at {refs.get(record.head, 'nothing')}, not the base {record.base}",
             "the record and its refs do not belong together; cut the seat again",
         )
+    if keep is not None:
+        _prove_objects(name, seat_dir, record, links, refs, bundle, keep)
+        return Scratch(keep, frozenset(os.listdir(keep / "objects" / "pack")))
     with tempfile.TemporaryDirectory(prefix="cotal-admit-") as tmp:
-        scratch = Path(tmp) / "bundle.git"
-        heads: dict[str, str] = {}
-        if bundle is not None:
-            listed = _git(Path(tmp), "bundle", "list-heads", os.fspath(bundle))
-            if listed.returncode != 0:
-                raise _bundle_invalid(name, bundle, listed)
-            heads = bundle_heads(listed.stdout)
-        # A full bundle names every ref; an incremental one leaves out those the chain carried.
-        expected = {n: o for n, o in refs.items() if n in heads} if record.since else refs
-        differ = refs_differing(heads, expected)
-        if differ:
-            raise _refuse(
-                "integrity",
-                "refs-mismatch",
-                f"seat {name}: the bundle {bundle} carries other refs than the checkpoint "
-                f"recorded ({', '.join(differ[:5])})",
-                "the bundle and the record do not belong together; copy the checkpoint again "
-                "from the source host, or cut the seat again",
-            )
-        made = _git(Path(tmp), "init", "--quiet", "--bare", "--template=", os.fspath(scratch))
-        if made.returncode != 0:
-            raise _bundle_invalid(name, bundle or seat_dir, made)
-        for path in [*(link.bundle_path for link in links), bundle]:
-            if path is None:
-                continue
-            unpacked = _git(scratch, "bundle", "unbundle", os.fspath(path))
-            if unpacked.returncode != 0:
-                raise _bundle_invalid(name, path, unpacked)
-        prerequisites = record.since.prerequisites if record.since is not None else []
-        wanted = [
-            f"{record.base}^{{commit}}",
-            *sorted(set(refs.values()) | set(prerequisites)),
-        ]
-        found = _git(
-            scratch, "cat-file", "--batch-check", stdin="".join(w + "\n" for w in wanted).encode()
+        _prove_objects(name, seat_dir, record, links, refs, bundle, Path(tmp) / "bundle.git")
+    return None
+
+
+def _prove_objects(
+    name: str,
+    seat_dir: Path,
+    record: RepositoryRecord,
+    links: Sequence[chain.Link],
+    refs: dict[str, str],
+    bundle: Path | None,
+    scratch: Path,
+) -> None:
+    """The bundle's heads are the recorded refs, and unbundled (on its predecessors) into a
+    new bare repository at `scratch`, it holds the base, every ref and every prerequisite."""
+    # A TemporaryDirectory, or the private directory `open_scratch` made for this run.
+    tmp = scratch.parent
+    heads: dict[str, str] = {}
+    if bundle is not None:
+        listed = _git(tmp, "bundle", "list-heads", os.fspath(bundle))
+        if listed.returncode != 0:
+            raise _bundle_invalid(name, bundle, listed)
+        heads = bundle_heads(listed.stdout)
+    # A full bundle names every ref; an incremental one leaves out those the chain carried.
+    expected = {n: o for n, o in refs.items() if n in heads} if record.since else refs
+    differ = refs_differing(heads, expected)
+    if differ:
+        raise _refuse(
+            "integrity",
+            "refs-mismatch",
+            f"seat {name}: the bundle {bundle} carries other refs than the checkpoint "
+            f"recorded ({', '.join(differ[:5])})",
+            "the bundle and the record do not belong together; copy the checkpoint again "
+            "from the source host, or cut the seat again",
         )
-        lines = found.stdout.decode("utf-8", "replace").splitlines()
-        if found.returncode != 0 or len(lines) != len(wanted):
-            raise _bundle_invalid(name, bundle or seat_dir, found)
-        if lines[0].endswith(" missing"):
-            raise _refuse(
-                "integrity",
-                "base-missing",
-                f"seat {name}: the bundle {bundle} does not carry the recorded base commit "
-                f"{record.base}, so the recorded diffs do not apply to its history",
-                "the bundle and the record do not belong together; copy the checkpoint again "
-                "from the source host, or cut the seat again",
-            )
-        absent = [
-            w for w, line in zip(wanted[1:], lines[1:], strict=True) if line.endswith(" missing")
-        ]
-        if absent:
-            raise _refuse(
-                "integrity",
-                "refs-mismatch",
-                f"seat {name}: the bundle {bundle} lists refs whose objects it does not carry "
-                f"({', '.join(absent[:5])})",
-                "copy the checkpoint again from the source host, or cut the seat again",
-            )
+    made = _git(tmp, "init", "--quiet", "--bare", "--template=", os.fspath(scratch))
+    if made.returncode != 0:
+        raise _bundle_invalid(name, bundle or seat_dir, made)
+    for path in [*(link.bundle_path for link in links), bundle]:
+        if path is None:
+            continue
+        unpacked = _git(scratch, "bundle", "unbundle", os.fspath(path))
+        if unpacked.returncode != 0:
+            raise _bundle_invalid(name, path, unpacked)
+    prerequisites = record.since.prerequisites if record.since is not None else []
+    wanted = [
+        f"{record.base}^{{commit}}",
+        *sorted(set(refs.values()) | set(prerequisites)),
+    ]
+    found = _git(
+        scratch, "cat-file", "--batch-check", stdin="".join(w + "\n" for w in wanted).encode()
+    )
+    lines = found.stdout.decode("utf-8", "replace").splitlines()
+    if found.returncode != 0 or len(lines) != len(wanted):
+        raise _bundle_invalid(name, bundle or seat_dir, found)
+    if lines[0].endswith(" missing"):
+        raise _refuse(
+            "integrity",
+            "base-missing",
+            f"seat {name}: the bundle {bundle} does not carry the recorded base commit "
+            f"{record.base}, so the recorded diffs do not apply to its history",
+            "the bundle and the record do not belong together; copy the checkpoint again "
+            "from the source host, or cut the seat again",
+        )
+    absent = [w for w, line in zip(wanted[1:], lines[1:], strict=True) if line.endswith(" missing")]
+    if absent:
+        raise _refuse(
+            "integrity",
+            "refs-mismatch",
+            f"seat {name}: the bundle {bundle} lists refs whose objects it does not carry "
+            f"({', '.join(absent[:5])})",
+            "copy the checkpoint again from the source host, or cut the seat again",
+        )
 
 
 def _bundle_invalid(name: str, bundle: Path, proc: subprocess.CompletedProcess[bytes]) -> Refusal:

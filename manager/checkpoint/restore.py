@@ -10,10 +10,10 @@ A target that is a mount point stages inside itself instead (`<target>/.cotal-in
 since a rename cannot cross out of a mount, and promotes by swapping entries within it.
 
 The sequence, in order: verify every digest before any write; check the bundle carries exactly
-the recorded refs; init and unbundle (an incremental seat's predecessors first, oldest
-first); verify the base; detach at the base; put back the carried config, info/exclude and
-hooks; recreate the recorded refs (unbundling sets none) and
-rebuild the stash reflog entry by entry; apply the index diff with
+the recorded refs; init and unbundle (an incremental seat's predecessors first, oldest first),
+or move in the packs admission unbundled the same chain into; verify the base; detach at the
+base; put back the carried config, info/exclude and hooks; recreate the recorded refs
+(unbundling sets none) and rebuild the stash reflog entry by entry; apply the index diff with
 --index; put back intent-to-add entries whose file was gone at the cut; apply the worktree diff;
 mark the remaining intent-to-add entries; extract the untracked archive under strict member
 rules; prove no ignored file lies outside the recorded selection; reattach HEAD to its branch;
@@ -42,8 +42,10 @@ from connectors.privatefs import (
     fsync_dir,
     open_parent_below,
     read_stable,
+    walk_below,
 )
 from manager.checkpoint import chain
+from manager.checkpoint.admit import Scratch
 from manager.checkpoint.confine import CURE_FORGED, lexical, parts_problem
 from manager.checkpoint.gitstate import (
     EXCLUDE_CONTROL,
@@ -73,6 +75,7 @@ from protocol.names import STAMP
 STAMP_RE = STAMP.regex
 CHUNK = 1024 * 1024
 _RESTORE_REFLOG = "cotal: restored from checkpoint"
+_PACK_RE = re.compile(r"pack-[0-9a-f]{40,64}\.(pack|idx|rev)")
 _MEMBER_ERRNOS = frozenset(
     {errno.ENAMETOOLONG, errno.ENOENT, errno.EINVAL, errno.ELOOP, errno.ENOTDIR, errno.EILSEQ}
 )
@@ -342,6 +345,64 @@ async def _prove_selection(staging: Path, record: RepositoryRecord) -> None:
         )
 
 
+def _open_packs(gitdir: Path) -> int:
+    """`gitdir/objects/pack`, each step opened without following a symlink."""
+    top = os.open(gitdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return walk_below(top, ["objects", "pack"])
+    finally:
+        os.close(top)
+
+
+def _adopt_packs(scratch: Scratch, staging: Path) -> bool:
+    """Move the packs admission unbundled (`scratch`) into the staged repository, so the
+    bundles are indexed once per resume, not twice. False, with nothing of the scratch left in
+    the staging, when that cannot be done exactly: the scratch is gone or holds other than the
+    packs admission saw, a name is not a pack file or is not a regular file, or it is on
+    another filesystem than the staging (EXDEV); the caller then unbundles as without it.
+
+    Safe to trust: the scratch is a 0700 directory in the destination's own control directory
+    that this process made and filled minutes ago, so only this user (who could rewrite the
+    checkpoint or the target just as well) can have touched it, and every check after this in
+    `_build` (the base, the refs, the applies, the status) proves the objects regardless.
+    """
+    try:
+        top = os.open(scratch.repo, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    src = dst = -1
+    moved: list[str] = []
+    try:
+        objects = walk_below(top, ["objects"])
+        try:
+            loose = set(os.listdir(objects)) - {"pack", "info"}
+            src = walk_below(objects, ["pack"])
+        finally:
+            os.close(objects)
+        names = set(os.listdir(src))
+        if loose or names != scratch.packs or not all(_PACK_RE.fullmatch(n) for n in names):
+            return False
+        dst = _open_packs(staging / ".git")
+        # git counts a pack once its .idx is there, so each index moves after its pack.
+        for name in sorted(names, key=lambda n: (n.endswith(".idx"), n)):
+            if not stat.S_ISREG(os.stat(name, dir_fd=src, follow_symlinks=False).st_mode):
+                raise FileNotFoundError(errno.ENOENT, "not a regular file", name)
+            os.rename(name, name, src_dir_fd=src, dst_dir_fd=dst)
+            moved.append(name)
+        return True
+    except (OSError, UnsafeDirectory):
+        for name in moved:
+            try:
+                os.unlink(name, dir_fd=dst)
+            except OSError:
+                pass
+        return False
+    finally:
+        for fd in (top, src, dst):
+            if fd >= 0:
+                os.close(fd)
+
+
 async def _build(
     staging: Path,
     seat_dir: Path,
@@ -350,6 +411,7 @@ async def _build(
     status: str,
     intent_to_add: list[str],
     links: Sequence[chain.Link],
+    scratch: Scratch | None = None,
 ) -> None:
     # Not a clone: an incremental bundle needs its predecessors' objects first, so every
     # bundle of the chain is unbundled oldest first (git proves each one's prerequisites are
@@ -363,8 +425,12 @@ async def _build(
         code="restore-failed",
         cure="fix what git says about the staging directory",
     )
-    bundles = [link.bundle_path for link in links]
-    bundles.append(seat_dir / record.bundle.file if record.bundle is not None else None)
+    if scratch is not None and await anyio.to_thread.run_sync(_adopt_packs, scratch, staging):
+        # Admission already unbundled this very chain: its packs are the objects.
+        bundles: list[Path | None] = []
+    else:
+        bundles = [link.bundle_path for link in links]
+        bundles.append(seat_dir / record.bundle.file if record.bundle is not None else None)
     for bundle in bundles:
         if bundle is None:
             continue
@@ -664,6 +730,7 @@ async def restore_repository(
     keep_paths: tuple[str, ...] = (CONTROL_DIR,),
     confine_to: Sequence[Path] = (),
     links: Sequence[chain.Link] = (),
+    scratch: Scratch | None = None,
 ) -> RestoreResult:
     """Rebuild the captured repository at `target` through a staging directory beside it, or
     inside it when the target is a mount point (`<target>/.cotal-incoming-<stamp>`).
@@ -671,7 +738,9 @@ async def restore_repository(
     `confine_to` is the destination root and any mapped directories: a target outside them
     refuses before anything is written. `links` are an incremental record's predecessors as
     admission proved them (`Admission.chains`), oldest first; their bundles are re-proven here
-    too.
+    too. `scratch` is the repository admission unbundled this seat's chain into
+    (`Admission.scratch`): its packs are moved into the staging instead of unbundling again,
+    and when they cannot be the bundles are unbundled as without it.
     """
     seat_dir = Path(os.path.abspath(seat_dir))
     target = Path(os.path.abspath(target))
@@ -753,7 +822,7 @@ async def restore_repository(
         ) from None
     unchanged = f"{target} is unchanged" + (f" apart from {staging}" if in_place else "")
     try:
-        await _build(staging, seat_dir, record, refs, status, intent_to_add, links)
+        await _build(staging, seat_dir, record, refs, status, intent_to_add, links, scratch)
         clash = [name for name in keep_paths if os.path.lexists(staging / name)]
         if clash:
             raise Refusal(

@@ -14,6 +14,7 @@ then on), and one control session, connected when the manager it starts first an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -214,7 +215,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     concurrency.jobs()
     if _pending_resume(layout):
         await mesh.revive_embedded_broker(layout, _say)
-    async with mesh.control(layout) as session:
+    async with mesh.control(layout) as session, contextlib.AsyncExitStack() as scratch:
         status = await session.status()
         if status is not None:
             # A rerun after this resume's coordinator died: the manager it started is still
@@ -232,13 +233,25 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             rejoined["wallMs"] = int((time.monotonic() - t0) * 1000)
             return rejoined
         _say(f"admitting {src}")
-        adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
+        fresh_root = not layout.control.exists()
+        if fresh_root:
+            # Keeping the scratch made the control directory; a refusal leaves none behind.
+            scratch.callback(_rmdir_if_empty, layout.control)
+        scratch.callback(_rmdir_if_empty, layout.control / admit.SCRATCH_DIR)
+        adm = await admit_integrity(
+            src,
+            trusted_keys(args, layout),
+            chain.search_dirs(layout),
+            keep_in=layout.control / admit.SCRATCH_DIR,
+        )
+        # Whatever happens next (a refusal, a rerun that restores nothing, the restore done),
+        # what admission kept for the restore is removed when this run ends.
+        scratch.callback(admit.discard_scratch, adm)
         sig = signer(adm, args, layout)
         _say(f"sealed by {signer_line(sig)}")
         inboxes = _read_inboxes(adm)
         broker = _broker_for(args, layout)
         embedded_info = None
-        fresh_root = not layout.control.exists()
         if broker.embedded:
             _say("starting the embedded broker from this root's store")
             embedded_info = await _start_embedded(layout)
@@ -764,6 +777,7 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
             keep_paths=keep,
             confine_to=adm.confine_to or (layout.root,),
             links=adm.chains.get(name, ()),
+            scratch=adm.scratch.get(name),
         )
         if keep and result.superseded is not None:
             _keep_host_config(layout.root, result.superseded)
@@ -772,6 +786,9 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
     for cwd in trees:
         _say(f"restoring {first_of[cwd]} into {cwd}")
     outcomes = await concurrency.ordered_map(restore, groups, concurrency.limiter())
+    # Each tree took its packs (or fell back); what is left, a shared tree's other seats'
+    # copies included, is not needed past this point.
+    admit.discard_scratch(adm)
     by_tree: dict[Path, concurrency.Outcome[RestoreResult]] = {}
     for outcome in outcomes:
         by_tree.update(outcome.unwrap())
@@ -803,6 +820,13 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
             }
         )
     return out
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _keep_host_config(root: Path, aside: Path) -> None:

@@ -106,10 +106,11 @@ def chain_of(adm: admit.Admission, name: str) -> dict[str, Any]:
 
 
 async def admit_integrity(
-    src: Path, trusted: list[str], search: tuple[Path, ...] = ()
+    src: Path, trusted: list[str], search: tuple[Path, ...] = (), keep_in: Path | None = None
 ) -> admit.Admission:
     """Gate 1 reads and hashes every file of the attempt: off the event loop. An incremental
-    seat's predecessors are looked for beside `src`, then under `search` (`chain.search_dirs`)."""
+    seat's predecessors are looked for beside `src`, then under `search` (`chain.search_dirs`).
+    `keep_in` keeps the unbundled repositories for the restore (`admit.integrity`)."""
     if src.exists() and not src.is_dir():
         raise Refusal(
             "not-a-checkpoint",
@@ -119,7 +120,9 @@ async def admit_integrity(
         )
     try:
         return await anyio.to_thread.run_sync(
-            functools.partial(admit.integrity, src, trusted_keys=trusted, search=search)
+            functools.partial(
+                admit.integrity, src, trusted_keys=trusted, search=search, keep_in=keep_in
+            )
         )
     except OSError as exc:
         # The gates name every problem they expect; what is left is the filesystem refusing.
