@@ -52,6 +52,7 @@ from manager.cli.verify import (
     signer_line,
     trusted_keys,
 )
+from manager.cli.warm import WarmManager, warm_manager
 from manager.control.client import ControlSession
 from manager.procs import pid_identity
 from manager.workspace.generation import claim_successor, withdraw_claim
@@ -232,6 +233,9 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             rejoined["seats"] = _observations(adm, rejoined.pop("resumed"), rows)
             rejoined["wallMs"] = int((time.monotonic() - t0) * 1000)
             return rejoined
+        # The manager's interpreter starts now and imports itself while this run admits,
+        # claims and restores; it becomes the manager where one is started below.
+        warm = scratch.enter_context(warm_manager(layout.root))
         _say(f"admitting {src}")
         fresh_root = not layout.control.exists()
         if fresh_root:
@@ -285,7 +289,16 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             try:
                 with MaintenanceLock(layout, adm.manifest.attempt_id):
                     out = await _resume_locked(
-                        args, layout, adm, session, conn, broker, embedded_info, consents, inboxes
+                        args,
+                        layout,
+                        adm,
+                        session,
+                        conn,
+                        broker,
+                        embedded_info,
+                        consents,
+                        inboxes,
+                        warm,
                     )
             except BaseException:
                 await _release_broker(layout, embedded_info)
@@ -410,6 +423,7 @@ async def _resume_locked(
     embedded_info: embedded.BrokerInfo | None,
     consents: list[Consent],
     inboxes: dict[str, list[CarriedMessage]],
+    warm: WarmManager | None = None,
 ) -> dict[str, Any]:
     """Journal, custody, inboxes, restore, then the manager's three resume ops, under the
     lock."""
@@ -547,6 +561,7 @@ async def _resume_locked(
         report=_say,
         resume_attempt=attempt,
         broker=embedded_info,
+        warm=warm,
     )
     failpoint.reached("resume.after-manager-started", layout.root)
     resumed, token = await _resume_and_commit(
