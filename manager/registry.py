@@ -19,7 +19,7 @@ CONFIG_CAP = 64 * 1024
 # Module and class per agent name; imported lazily so a broken optional harness does not stop
 # the daemon from running the others.
 KNOWN: dict[str, tuple[str, str]] = {
-    "scribe": ("connectors.scribe", "ScribeConnector"),
+    "scribe": ("connectors.scribe.connector", "ScribeConnector"),
     "pi": ("connectors.pi", "PiConnector"),
     "claude": ("connectors.claude_code", "ClaudeCodeConnector"),
     "jcode": ("connectors.jcode", "JcodeConnector"),

@@ -36,7 +36,7 @@ from connectors.jcode import JcodeConnector
 from connectors.jsonl_driver import JsonLinesDriver
 from connectors.launchkit import ENV_ALLOW
 from connectors.pi import PiConnector, read_session_header
-from connectors.scribe import ScribeConnector
+from connectors.scribe.connector import ScribeConnector
 from protocol.errors import Refusal
 from protocol.session import SessionPointer
 from tests.conftest import PI_CLI, REPO, AnthropicServer, FakeServer

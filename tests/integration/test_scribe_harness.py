@@ -24,7 +24,7 @@ from anyio.abc import Process
 
 from connectors.base import LaunchOpts, LaunchSpec, TurnOutcome
 from connectors.jsonl_driver import DriverEvent, JsonLinesDriver, TurnEnded, TurnStarted
-from connectors.scribe import ScribeCodec, ScribeConnector
+from connectors.scribe.connector import ScribeCodec, ScribeConnector
 
 DEADLINE_S = 15.0
 PHRASE = "violet-otter-17"

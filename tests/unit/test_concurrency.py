@@ -143,7 +143,7 @@ def test_admission_checks_bundles_at_once_and_names_the_first_seat_in_order(
     peak = 0
     lock = threading.Lock()
 
-    def check(name: str, *_: object) -> None:
+    def check(name: str, *_: object, **__: object) -> None:
         nonlocal peak
         with lock:
             running.add(name)
@@ -168,6 +168,7 @@ def test_admission_checks_bundles_at_once_and_names_the_first_seat_in_order(
             {n: n for n in names},
             records,  # type: ignore[arg-type]
             {n: [] for n in names},
+            None,
         )
     assert (caught.value.code, caught.value.message) == ("base-missing", "seat s2: bad")
     assert peak == 3

@@ -10,7 +10,7 @@ import pytest
 from connectors.base import Relocation, relocate_session
 from connectors.claude_code import ClaudeCodeConnector
 from connectors.pi import PiConnector, relocated_header
-from connectors.scribe import ScribeConnector
+from connectors.scribe.connector import ScribeConnector
 from manager.checkpoint.relocate import check_maps, map_store, parse_maps, relocation
 from protocol.errors import Refusal
 

@@ -22,7 +22,7 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
-from connectors.scribe import REPO_ROOT, ScribeCodec, ScribeConnector
+from connectors.scribe.connector import REPO_ROOT, ScribeCodec, ScribeConnector
 from connectors.scribe.harness import (
     Directives,
     Message,
