@@ -35,12 +35,17 @@ import ctypes
 import errno
 import json
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    # The launcher runs this file before every seat starts: what only the manager's side uses
+    # (the probe's child, the PATH search) is imported where it is used.
+    import subprocess
 
 ISOLATION_ENV = "COTAL_SEAT_ISOLATION"
 CONTROL_DIR = ".cotal"
@@ -178,6 +183,8 @@ def begin_probe() -> None:
 
 
 def _spawn_probe() -> subprocess.Popen[bytes] | None:
+    import subprocess
+
     try:
         return subprocess.Popen(
             [sys.executable, "-I", "-S", __file__, "--probe"],
@@ -196,6 +203,8 @@ def _turned_off() -> bool:
 def probe() -> Isolation:
     """Try, in a throwaway child, what the launcher does; cached for the life of the process.
     `COTAL_SEAT_ISOLATION=none` in the manager's environment turns isolation off."""
+    import subprocess
+
     global _probed, _probing
     if _probed is not None:
         return _probed
@@ -241,6 +250,8 @@ def _named_paths(argv: Sequence[str], env: Mapping[str, str], control: Path) -> 
 def _read_dirs(argv: Sequence[str], env: Mapping[str, str], extra: Iterable[Path]) -> list[str]:
     """The interpreters, the harness install and every PATH directory, read-only."""
     dirs: list[Path] = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), *extra]
+    import shutil
+
     program = shutil.which(argv[0], path=env.get("PATH")) if argv else None
     if program:
         dirs.append(Path(os.path.realpath(program)).parent)
