@@ -227,6 +227,7 @@ COMMANDS = [
     "cotal down",
     "cotal logs",
     "cotal manager serve",
+    "cotal manager warm",
     "cotal ps",
     "cotal restart",
     "cotal rm",
