@@ -46,7 +46,7 @@ from manager.checkpoint.confine import (
     seat_paths,
     session_target,
 )
-from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, refs_differing
+from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, heads_differing
 from manager.checkpoint.reader import read_manifest, verify_integrity
 from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
 from manager.procs import process_start_time
@@ -405,9 +405,7 @@ def _prove_objects(
         if listed.returncode != 0:
             raise _bundle_invalid(name, bundle, listed)
         heads = bundle_heads(listed.stdout)
-    # A full bundle names every ref; an incremental one leaves out those the chain carried.
-    expected = {n: o for n, o in refs.items() if n in heads} if record.since else refs
-    differ = refs_differing(heads, expected)
+    differ = heads_differing(heads, refs, incremental=record.since is not None)
     if differ:
         raise _refuse(
             "integrity",

@@ -1155,6 +1155,13 @@ def refs_differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return sorted(name for name in set(a) | set(b) if a.get(name) != b.get(name))
 
 
+def heads_differing(heads: dict[str, str], refs: dict[str, str], *, incremental: bool) -> list[str]:
+    """The refs a bundle's heads get wrong. A full bundle names every ref; an incremental one
+    leaves out those whose tips its predecessors carried, so only the refs it names count."""
+    expected = {n: o for n, o in refs.items() if n in heads} if incremental else refs
+    return refs_differing(heads, expected)
+
+
 async def _capture_bundle(
     cwd: Path,
     seat_dir: Path,
@@ -1263,8 +1270,7 @@ async def _check_bundle_refs(
         heads = await _bundle_header_refs(cwd, seat_dir / BUNDLE_FILE)
     # An incremental bundle leaves out refs whose tips the predecessor carried: the heads must
     # agree with the refs they name, and every ref left out must be covered by a prerequisite.
-    carried = {n: o for n, o in refs.items() if n in heads} if prerequisites else refs
-    differ = refs_differing(heads, carried)
+    differ = heads_differing(heads, refs, incremental=bool(prerequisites))
     left_out = sorted(set(refs) - set(heads))
     if not differ and prerequisites and left_out:
         uncovered = await run_git(

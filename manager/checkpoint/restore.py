@@ -52,9 +52,9 @@ from manager.checkpoint.gitstate import (
     EXCLUDE_STAGING,
     STATUS_ARGS,
     bundle_heads,
+    heads_differing,
     read_refs,
     read_stash,
-    refs_differing,
     run_git,
 )
 from manager.checkpoint.reader import verify_file
@@ -802,10 +802,8 @@ async def restore_repository(
             code="restore-failed",
         )
         heads = bundle_heads(listed.stdout)
-    # An incremental bundle leaves out the refs its predecessors carried; the restored refs
-    # are compared with the whole recorded list after the build.
-    expected = {n: o for n, o in refs.items() if n in heads} if record.since else refs
-    differ = refs_differing(heads, expected)
+    # The restored refs are compared with the whole recorded list after the build.
+    differ = heads_differing(heads, refs, incremental=record.since is not None)
     if differ:
         raise Refusal(
             "refs-mismatch",
