@@ -135,6 +135,12 @@ async def test_the_overlapped_capture_is_the_same_capture_and_restores(tmp_path:
 # -- faults -----------------------------------------------------------------------------------
 
 
+def held_bundle(started: Path) -> str:
+    """The shim's line that holds `git bundle`, with a child of its own as `git pack-objects`
+    is, until it is ended; `started` appears once it holds."""
+    return f'if [ "$5" = bundle ]; then sleep 600 & touch "{started}"; wait; exit 1; fi'
+
+
 @pytest.mark.anyio
 async def test_an_untracked_fault_beside_a_running_bundle_ends_the_bundle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -147,7 +153,7 @@ async def test_an_untracked_fault_beside_a_running_bundle_ends_the_bundle(
     shim(
         tmp_path,
         monkeypatch,
-        f'if [ "$5" = bundle ]; then sleep 600 & touch "{started}"; wait; exit 1; fi\n'
+        held_bundle(started) + "\n"
         f'if [ "$5" = diff ] && [ "$6" != --cached ]; then\n'
         f'  while [ ! -e "{started}" ]; do sleep 0.01; done\n'
         "  rm untracked.txt && mkfifo untracked.txt\n"
@@ -238,7 +244,7 @@ async def test_a_cancelled_capture_leaves_no_git_behind(
     shim(
         tmp_path,
         monkeypatch,
-        f'if [ "$5" = bundle ]; then sleep 600 & touch "{started}"; wait; exit 1; fi',
+        held_bundle(started),
     )
     seat = seat_dir_for(tmp_path)
     record: RepositoryRecord | None = None
