@@ -70,7 +70,6 @@ GIT_TIMEOUT_S = 600.0
 # seat's unbundled objects for the restore (docs/design.md, decision 20).
 SCRATCH_DIR = "scratch"
 _SCRATCH_RE = re.compile(r"admit-([0-9]+)-([0-9]+)-[0-9a-f]{12}")
-_PACK_RE = re.compile(r"pack-[0-9a-f]{40,64}\.(pack|idx|rev)")
 
 
 @dataclass(frozen=True)

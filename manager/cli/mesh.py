@@ -91,11 +91,16 @@ def daemon_status(layout: Layout) -> dict[str, Any] | None:
 class _Launch:
     layout: Layout
     record: MeshRecord
-    argv: list[str]
+    # `cotal manager serve ...`: what a warm manager is handed, and a cold one runs.
+    serve_args: list[str]
     token: str
     # The embedded broker this command started, which a refusal of this command must stop;
     # None for a broker it found running (it was the operator's before) or a `--server` one.
     started_broker: ProcRef | None = None
+
+    @property
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "manager.cli", *self.serve_args]
 
 
 async def _provision(
@@ -175,10 +180,7 @@ async def _provision(
     except BaseException:
         await stop_started_broker(started)
         raise
-    argv = [
-        sys.executable,
-        "-m",
-        "manager.cli",
+    serve_args = [
         "manager",
         "serve",
         "--root",
@@ -189,11 +191,14 @@ async def _provision(
         server,
     ]
     if creds_path:
-        argv += ["--creds", str(creds_path)]
+        serve_args += ["--creds", str(creds_path)]
     if resume_attempt:
-        argv += ["--resume-attempt", resume_attempt]
-    argv += ["--replicas", str(replicas if replicas is not None else default_replicas(server))]
-    return _Launch(layout, record, argv, token, started)
+        serve_args += ["--resume-attempt", resume_attempt]
+    serve_args += [
+        "--replicas",
+        str(replicas if replicas is not None else default_replicas(server)),
+    ]
+    return _Launch(layout, record, serve_args, token, started)
 
 
 async def stop_started_broker(started: ProcRef | None) -> None:
@@ -299,9 +304,8 @@ async def _run_daemon(
     silent is killed and refused `daemon-failed` (the caller stops the broker it started)."""
     layout = launch.layout
     report("starting the manager")
-    # argv[:3] is this interpreter and `-m manager.cli`, which the warm child already is.
     proc: subprocess.Popen[Any] | None = (
-        warm.go(launch.argv[3:], layout.logs / "daemon.out") if warm is not None else None
+        warm.go(launch.serve_args, layout.logs / "daemon.out") if warm is not None else None
     )
     if proc is None:
         proc = await _spawn_daemon(launch)

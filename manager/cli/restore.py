@@ -216,7 +216,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     concurrency.jobs()
     if _pending_resume(layout):
         await mesh.revive_embedded_broker(layout, _say)
-    async with mesh.control(layout) as session, contextlib.AsyncExitStack() as scratch:
+    async with mesh.control(layout) as session, contextlib.AsyncExitStack() as on_exit:
         status = await session.status()
         if status is not None:
             # A rerun after this resume's coordinator died: the manager it started is still
@@ -235,13 +235,13 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             return rejoined
         # The manager's interpreter starts now and imports itself while this run admits,
         # claims and restores; it becomes the manager where one is started below.
-        warm = scratch.enter_context(warm_manager(layout.root))
+        warm = on_exit.enter_context(warm_manager(layout.root))
         _say(f"admitting {src}")
         fresh_root = not layout.control.exists()
         if fresh_root:
             # Keeping the scratch made the control directory; a refusal leaves none behind.
-            scratch.callback(_rmdir_if_empty, layout.control)
-        scratch.callback(_rmdir_if_empty, layout.control / admit.SCRATCH_DIR)
+            on_exit.callback(_rmdir_if_empty, layout.control)
+        on_exit.callback(_rmdir_if_empty, layout.control / admit.SCRATCH_DIR)
         adm = await admit_integrity(
             src,
             trusted_keys(args, layout),
@@ -250,7 +250,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         )
         # Whatever happens next (a refusal, a rerun that restores nothing, the restore done),
         # what admission kept for the restore is removed when this run ends.
-        scratch.callback(admit.discard_scratch, adm)
+        on_exit.callback(admit.discard_scratch, adm)
         sig = signer(adm, args, layout)
         _say(f"sealed by {signer_line(sig)}")
         inboxes = _read_inboxes(adm)
