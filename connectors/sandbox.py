@@ -1,12 +1,14 @@
 """Seat isolation: what keeps a seat's process tree away from the manager's authority.
+This is the daemon's side (the probe, the plan, the launcher's command line); the launcher that
+runs in the child is `connectors/isolate.py`.
 
 A seat is an agent that reads untrusted text all day, so the manager's secrets (`.cotal/auth`:
 control token, broker credential, signing key), its socket, its environment and the other
 seats' stores must be out of its reach by the kernel's own means, not by the seat's good
-manners. The daemon runs every seat through this file, executed as a script by the daemon's
-own interpreter in isolated mode (`python -I -S sandbox.py PLAN -- argv...`) inside the child
-after `setpriv --pdeathsig KILL`, so it imports nothing but the standard library. It applies,
-in this order, then `execvpe`s the harness:
+manners. The daemon runs every seat through the launcher, `connectors/isolate.py`, imported
+by the daemon's own interpreter in isolated mode (`python -I -S -c STUB PLAN -- argv...`) inside
+the child after `setpriv --pdeathsig KILL`, so it imports nothing but the standard library. It
+applies, in this order, then `execvpe`s the harness:
 
 1. A private mount namespace (as root `unshare(CLONE_NEWNS)`; otherwise a user namespace that
    maps only our own uid, when the kernel allows one). `.cotal` is overmounted by an empty
@@ -25,14 +27,12 @@ in this order, then `execvpe`s the harness:
    runs as uid 0 with no capability at all (no `CAP_SYS_ADMIN` to unmount, no `CAP_SYS_PTRACE`,
    no `CAP_DAC_OVERRIDE`); `no_new_privs` is set in every case.
 
-What is in force on this host is probed once per daemon (`probe`) by running this file with
-`--probe` in a throwaway child, and reported by `cotal doctor` and `cotal ps --wide`.
+What is in force on this host is probed once per daemon (`probe`) by running the launcher
+with `--probe` in a throwaway child, and reported by `cotal doctor` and `cotal ps --wide`.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
 import sys
@@ -40,112 +40,38 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from connectors import isolate
+from connectors.isolate import SYSTEM_WRITE, Plan, make_undumpable
+
 TYPE_CHECKING = False
 
 if TYPE_CHECKING:
-    # The launcher runs this file before every seat starts: what only the manager's side uses
-    # (the probe's child, the PATH search) is imported where it is used.
+    # What only the manager's side uses (the probe's child, the PATH search) is imported where
+    # it is used: `cotal manager serve` starts the probe before its own imports.
     import subprocess
+
+__all__ = ["Isolation", "Plan", "begin_probe", "launcher", "make_undumpable", "plan_for", "probe"]
 
 ISOLATION_ENV = "COTAL_SEAT_ISOLATION"
 CONTROL_DIR = ".cotal"
 POINTER_ENV = "COTAL_SESSION_STATE"
-
-# -- the kernel's numbers (x86_64 and the generic syscall table agree on these) ------------------
-
-_SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
-_SYS_LANDLOCK_CREATE_RULESET = 444
-_SYS_LANDLOCK_ADD_RULE = 445
-_SYS_LANDLOCK_RESTRICT_SELF = 446
-_LANDLOCK_CREATE_RULESET_VERSION = 1
-_LANDLOCK_RULE_PATH_BENEATH = 1
-
-CLONE_NEWNS = 0x00020000
-CLONE_NEWUSER = 0x10000000
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_NOEXEC = 8
-MS_REMOUNT = 32
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAPBSET_DROP = 24
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_CLEAR_ALL = 4
-O_PATH = 0o10000000
-
-FS_EXECUTE = 1 << 0
-FS_WRITE_FILE = 1 << 1
-FS_READ_FILE = 1 << 2
-FS_READ_DIR = 1 << 3
-FS_REMOVE_DIR = 1 << 4
-FS_REMOVE_FILE = 1 << 5
-FS_MAKE_CHAR = 1 << 6
-FS_MAKE_DIR = 1 << 7
-FS_MAKE_REG = 1 << 8
-FS_MAKE_SOCK = 1 << 9
-FS_MAKE_FIFO = 1 << 10
-FS_MAKE_BLOCK = 1 << 11
-FS_MAKE_SYM = 1 << 12
-FS_REFER = 1 << 13
-FS_TRUNCATE = 1 << 14
-FS_IOCTL_DEV = 1 << 15
-SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
-SCOPE_SIGNAL = 1 << 1
-
-_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
-_READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
-# Device nodes are never created, so MAKE_CHAR and MAKE_BLOCK are in no rule.
-_WRITE = (
-    _READ
-    | FS_WRITE_FILE
-    | FS_REMOVE_DIR
-    | FS_REMOVE_FILE
-    | FS_MAKE_DIR
-    | FS_MAKE_REG
-    | FS_MAKE_SOCK
-    | FS_MAKE_FIFO
-    | FS_MAKE_SYM
-    | FS_REFER
-    | FS_TRUNCATE
+# The launcher is imported, not run as a script, so its bytecode cache is used: as a script it
+# would be compiled again before every seat. Its package directory goes last on the path, so
+# nothing there can stand in for a standard module.
+_LAUNCHER_STUB = (
+    "import sys;sys.path.append(sys.argv.pop(1));"
+    "from connectors.isolate import main;sys.exit(main(sys.argv[1:]))"
 )
-# The pointer's directory of a harness that publishes its own pointer (temp file, rename,
-# fsync of the directory): it may create, replace and list there, never read another's file.
-_POINTER_DIR = FS_READ_DIR | FS_WRITE_FILE | FS_MAKE_REG | FS_REMOVE_FILE | FS_TRUNCATE
-
-SYSTEM_READ = (
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/etc",
-    "/opt",
-    "/proc",
-    "/sys",
-    "/run",
-    "/nix",
-    "/snap",
-)
-# Shared scratch space every harness expects to write; a root kept under /tmp is still hidden
-# by the overmount, because its `.cotal` is reached through the same path.
-SYSTEM_WRITE = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 
 
-def _landlock_handled(abi: int) -> int:
-    rights = (1 << 13) - 1
-    if abi >= 2:
-        rights |= FS_REFER
-    if abi >= 3:
-        rights |= FS_TRUNCATE
-    if abi >= 5:
-        rights |= FS_IOCTL_DEV
-    return rights
+def _launcher_argv() -> list[str]:
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(isolate.__file__)))
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER_STUB, package_parent]
+
+
+def launcher(plan: Plan) -> list[str]:
+    """The command line that isolates a seat; the harness's argv follows it."""
+    return [*_launcher_argv(), plan.encode(), "--"]
 
 
 # -- the plan (daemon side) -----------------------------------------------------------------------
@@ -187,7 +113,7 @@ def _spawn_probe() -> subprocess.Popen[bytes] | None:
 
     try:
         return subprocess.Popen(
-            [sys.executable, "-I", "-S", __file__, "--probe"],
+            [*_launcher_argv(), "--probe"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -274,28 +200,6 @@ def _read_dirs(argv: Sequence[str], env: Mapping[str, str], extra: Iterable[Path
     return out
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The launcher's instructions for one seat. Paths only, never a secret: it travels in
-    argv."""
-
-    control: str
-    keep: list[str]
-    read: list[str]
-    write: list[str]
-    pointer_dir: str | None = None
-    own_prefix: str | None = None
-    mount: str | None = None
-    landlock: int = 0
-
-    def encode(self) -> str:
-        return json.dumps(self.__dict__, sort_keys=True)
-
-    @classmethod
-    def decode(cls, text: str) -> Plan:
-        return cls(**json.loads(text))
-
-
 def plan_for(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -328,283 +232,3 @@ def plan_for(
         mount=mount,
         landlock=landlock,
     )
-
-
-def launcher(plan: Plan) -> list[str]:
-    return [sys.executable, "-I", "-S", __file__, plan.encode(), "--"]
-
-
-# -- the launcher (child side) --------------------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_libc.mount.argtypes = [
-    ctypes.c_char_p,
-    ctypes.c_char_p,
-    ctypes.c_char_p,
-    ctypes.c_ulong,
-    ctypes.c_char_p,
-]
-_libc.prctl.argtypes = [
-    ctypes.c_int,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-]
-
-
-class SandboxError(OSError):
-    pass
-
-
-def _check(ret: int, what: str) -> int:
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise SandboxError(err, f"{what}: {os.strerror(err)}")
-    return ret
-
-
-def _b(path: str | None) -> bytes | None:
-    return None if path is None else os.fsencode(path)
-
-
-def _mount(
-    src: str | None, target: str | None, fstype: str | None, flags: int, data: str = ""
-) -> None:
-    _check(
-        _libc.mount(_b(src), _b(target), _b(fstype), flags, data.encode() if data else None),
-        f"mount {target}",
-    )
-
-
-def _unshare(flags: int) -> None:
-    nr = _SYS_UNSHARE.get(os.uname().machine)
-    if nr is None:
-        raise SandboxError(errno.ENOSYS, f"unshare: unknown machine {os.uname().machine}")
-    _check(_libc.syscall(nr, ctypes.c_int(flags)), "unshare")
-
-
-def landlock_abi() -> int:
-    ret = _libc.syscall(
-        _SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), _LANDLOCK_CREATE_RULESET_VERSION
-    )
-    return max(int(ret), 0)
-
-
-def enter_mount_namespace() -> str:
-    """A private mount namespace: as root directly, otherwise inside a user namespace that maps
-    only our own ids. Returns which of the two."""
-    if os.geteuid() == 0:
-        _unshare(CLONE_NEWNS)
-        kind = "root"
-    else:
-        uid, gid = os.geteuid(), os.getegid()
-        _unshare(CLONE_NEWUSER | CLONE_NEWNS)
-        for name, text in (
-            ("setgroups", "deny"),
-            ("uid_map", f"{uid} {uid} 1"),
-            ("gid_map", f"{gid} {gid} 1"),
-        ):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
-        kind = "userns"
-    # Nothing mounted here may leak back into the manager's namespace.
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    return kind
-
-
-def _placeholder(target: str, is_dir: bool) -> None:
-    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-    if is_dir:
-        os.makedirs(target, mode=0o700, exist_ok=True)
-    elif not os.path.exists(target):
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o600))
-
-
-def hide_control_dir(plan: Plan) -> None:
-    control = plan.control
-    if not os.path.isdir(control):
-        return
-    keep = list(plan.keep)
-    pointer_dir = plan.pointer_dir
-    if pointer_dir is not None:
-        keep.append(pointer_dir)
-    # A path inside another kept path comes along with it.
-    keep = [
-        k for k in sorted(set(keep)) if not any(k != o and _under(Path(k), Path(o)) for o in keep)
-    ]
-    fds: list[tuple[str, int, bool]] = []
-    for path in keep:
-        if not os.path.lexists(path):
-            # The seat's own directory, named by its launch and not made yet.
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        if os.path.islink(path):
-            # A link could name anything, `.cotal/auth` included: it is not brought back, so a
-            # harness whose own path is a link fails to start rather than see its target.
-            continue
-        fd = os.open(path, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-        fds.append((path, fd, os.path.isdir(path)))
-    _mount("tmpfs", control, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700,size=64k")
-    for path, fd, is_dir in fds:
-        _placeholder(path, is_dir)
-        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        os.close(fd)
-    if pointer_dir is not None:
-        own = plan.own_prefix or ""
-        for entry in os.listdir(pointer_dir):
-            full = os.path.join(pointer_dir, entry)
-            mine = entry.startswith(own + ".") or entry.startswith(f".{own}.")
-            if mine or os.path.islink(full):
-                continue
-            if os.path.isdir(full):
-                _mount("tmpfs", full, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0")
-            elif os.path.isfile(full):
-                _mount("/dev/null", full, None, MS_BIND)
-    _mount(
-        None,
-        control,
-        None,
-        MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-    )
-
-
-class _RulesetAttr(ctypes.Structure):
-    _fields_ = [
-        ("handled_access_fs", ctypes.c_uint64),
-        ("handled_access_net", ctypes.c_uint64),
-        ("scoped", ctypes.c_uint64),
-    ]
-
-
-class _PathBeneath(ctypes.Structure):
-    _pack_ = 1
-    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
-
-
-def restrict(plan: Plan, abi: int) -> None:
-    handled = _landlock_handled(abi)
-    attr = _RulesetAttr(handled, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    ruleset = _check(
-        _libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0),
-        "landlock_create_ruleset",
-    )
-    try:
-        rules: list[tuple[str, int]] = [(p, _READ) for p in SYSTEM_READ]
-        rules += [(p, _READ) for p in plan.read]
-        rules += [(p, _WRITE) for p in [*plan.write, *plan.keep]]
-        rules += [(p, FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE | FS_IOCTL_DEV) for p in DEVICES]
-        pointer_dir = plan.pointer_dir
-        if pointer_dir is not None:
-            rules.append((pointer_dir, _POINTER_DIR))
-            own = plan.own_prefix or ""
-            for entry in os.listdir(pointer_dir):
-                if entry.startswith(own + "."):
-                    rules.append((os.path.join(pointer_dir, entry), _WRITE))
-        for path, rights in rules:
-            try:
-                fd = os.open(path, O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
-                if not os.path.isdir(f"/proc/self/fd/{fd}"):
-                    rights &= _FILE_RIGHTS
-                rule = _PathBeneath(rights & handled, fd)
-                _check(
-                    _libc.syscall(
-                        _SYS_LANDLOCK_ADD_RULE,
-                        ruleset,
-                        _LANDLOCK_RULE_PATH_BENEATH,
-                        ctypes.byref(rule),
-                        0,
-                    ),
-                    f"landlock_add_rule {path}",
-                )
-            finally:
-                os.close(fd)
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        _check(_libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
-    finally:
-        os.close(ruleset)
-
-
-PR_SET_DUMPABLE = 4
-
-
-def make_undumpable() -> None:
-    """The daemon's own `/proc/<pid>/{environ,mem,root}` then need CAP_SYS_PTRACE, even from a
-    process of the same uid (and core dumps, which would hold its secrets, are off)."""
-    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
-
-
-def drop_capabilities() -> None:
-    """Empty the bounding set so the exec hands uid 0 no capability; clear the ambient set."""
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as f:
-            last = int(f.read())
-    except (OSError, ValueError):
-        last = 63
-    for cap in range(last + 1):
-        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-
-
-def _probe() -> dict[str, object]:
-    """Run in a throwaway child: enter a namespace, overmount a scratch directory, build (and
-    apply) a ruleset, so what is reported is what worked here, not what the kernel advertises."""
-    found: dict[str, object] = {"mount": None, "landlock": 0}
-    notes: list[str] = []
-    try:
-        kind = enter_mount_namespace()
-        # The namespace dies with this child, so covering its root harms nothing.
-        _mount("tmpfs", "/", "tmpfs", MS_NOSUID | MS_NODEV, "size=4k")
-        found["mount"] = kind
-    except OSError as exc:
-        notes.append(f"no mount namespace ({exc.strerror or exc})")
-    abi = landlock_abi()
-    if abi:
-        try:
-            restrict(Plan(control="", keep=[], read=[], write=[]), abi)
-            found["landlock"] = abi
-        except OSError as exc:
-            notes.append(f"landlock unusable ({exc.strerror or exc})")
-    else:
-        notes.append("no landlock in this kernel")
-    found["detail"] = "; ".join(notes) or f"landlock ABI {abi}"
-    return found
-
-
-def main(args: list[str]) -> int:
-    if args == ["--probe"]:
-        print(json.dumps(_probe()))
-        return 0
-    if len(args) < 3 or args[1] != "--":
-        print("usage: sandbox.py PLAN -- argv...", file=sys.stderr)
-        return 2
-    plan = Plan.decode(args[0])
-    argv = args[2:]
-    try:
-        if plan.mount:
-            enter_mount_namespace()
-            hide_control_dir(plan)
-        if plan.landlock:
-            restrict(plan, plan.landlock)
-        if os.geteuid() == 0:
-            drop_capabilities()
-        else:
-            _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    except OSError as exc:
-        # A seat that cannot be isolated as promised does not run unisolated.
-        print(f"cotal sandbox: refusing to start the seat: {exc}", file=sys.stderr)
-        return 126
-    try:
-        os.execvpe(argv[0], argv, dict(os.environ))
-    except OSError as exc:
-        print(f"cotal sandbox: cannot run {argv[0]}: {exc}", file=sys.stderr)
-        return 127
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -82,6 +82,7 @@ from protocol.checkpoint import (
     RepositoryRecord,
     StashEntry,
     format_refs_list,
+    parse_porcelain_z,
     selection_rule,
 )
 from protocol.codec import decode_json, encode_json
@@ -1310,26 +1311,40 @@ class _TreeArtifacts:
     ita_inline: list[str]
 
 
+def names_tracked_change(status: str) -> bool:
+    """Whether a `git status --porcelain -z` names a tracked path. The index diff (HEAD to
+    index) and the worktree diff (index to worktree) are what the status's two letters report
+    per path, computed by the same machinery; untracked (`??`) and ignored (`!!`) entries are in
+    neither, so a status of those alone means both diffs are empty."""
+    return any(xy not in ("??", "!!") for xy, _ in parse_porcelain_z(status))
+
+
 async def _capture_tree(
     cwd: Path, seat_dir: Path, facts: RepoFacts, progress: Progress | None
 ) -> _TreeArtifacts:
     """The diffs, the untracked archive, the refs list, the git dir files and the lists."""
-    index_diff = await stream_git_to_file(
-        cwd,
-        ["diff", "--cached", *DIFF_FLAGS],
-        seat_dir,
-        INDEX_DIFF_FILE,
-        progress=progress,
-        phase="index-diff",
-    )
-    worktree_diff = await stream_git_to_file(
-        cwd,
-        ["diff", *DIFF_FLAGS],
-        seat_dir,
-        WORKTREE_DIFF_FILE,
-        progress=progress,
-        phase="worktree-diff",
-    )
+    if names_tracked_change(facts.status):
+        index_diff = await stream_git_to_file(
+            cwd,
+            ["diff", "--cached", *DIFF_FLAGS],
+            seat_dir,
+            INDEX_DIFF_FILE,
+            progress=progress,
+            phase="index-diff",
+        )
+        worktree_diff = await stream_git_to_file(
+            cwd,
+            ["diff", *DIFF_FLAGS],
+            seat_dir,
+            WORKTREE_DIFF_FILE,
+            progress=progress,
+            phase="worktree-diff",
+        )
+    else:
+        # Both diffs are empty, and two git runs per seat would write nothing: a seat at rest
+        # usually has committed its work. The after-capture check reads the status again.
+        index_diff = _write_small(seat_dir, INDEX_DIFF_FILE, b"")
+        worktree_diff = _write_small(seat_dir, WORKTREE_DIFF_FILE, b"")
     untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress)
     refs_ref: FileRef | None = None
     if facts.refs:

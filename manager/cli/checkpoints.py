@@ -35,6 +35,7 @@ import anyio
 import msgspec
 
 from connectors.privatefs import ensure_private_dir, fsync_dir, read_stable, write_private_atomic
+from manager import eventloop
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.space import read_broker_identity
@@ -406,7 +407,7 @@ async def _check_custody_unmoved(js: Any, adm: admit.Admission) -> None:
 
 
 def run_pack(args: argparse.Namespace, root: Path) -> int:
-    out = anyio.run(_pack, args, root, backend="asyncio")
+    out = eventloop.run(_pack, args, root)
     if args.json:
         sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
         return 0

@@ -11,8 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
-
+from manager import eventloop
 from manager.cli.output import (
     emit_json,
     progress,
@@ -28,7 +27,7 @@ def root_of(args: argparse.Namespace) -> Path:
 
 
 def _run(fn: Callable[..., Any], *a: Any) -> Any:
-    return anyio.run(fn, *a, backend="asyncio")
+    return eventloop.run(fn, *a)
 
 
 # -- commands -----------------------------------------------------------------------------------

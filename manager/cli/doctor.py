@@ -40,11 +40,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
-
 from connectors import sandbox
 from connectors.base import continuity_class
-from manager import registry
+from manager import eventloop, registry
 from manager.cli import tools
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
@@ -167,7 +165,7 @@ def running_seats(root: Path) -> dict[str, str]:
     if not (layout.mesh.exists() and layout.control_token.exists() and layout.socket.exists()):
         return {}
     try:
-        rows = anyio.run(mesh.call, root, "ps", {}, PS_TIMEOUT_S, backend="asyncio")
+        rows = eventloop.run(mesh.call, root, "ps", {}, PS_TIMEOUT_S)
     except (Refusal, OSError, TimeoutError):
         return {}
     return {

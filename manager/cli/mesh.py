@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 import anyio
 import msgspec
 
+from manager import eventloop
 from manager.broker import embedded
-from manager.broker.footprint import default_replicas
 from manager.cli.warm import WarmManager, warm_manager
 from manager.control.client import ControlSession
 from manager.procs import alive, pid_identity, prove_gone
@@ -84,7 +84,7 @@ async def probe_status(layout: Layout) -> dict[str, Any] | None:
 def daemon_status(layout: Layout) -> dict[str, Any] | None:
     """The running manager's status for this root, or None when none answers (or none was ever
     started here: no token)."""
-    return anyio.run(probe_status, layout, backend="asyncio")
+    return eventloop.run(probe_status, layout)
 
 
 @dataclass(frozen=True)
@@ -194,10 +194,13 @@ async def _provision(
         serve_args += ["--creds", str(creds_path)]
     if resume_attempt:
         serve_args += ["--resume-attempt", resume_attempt]
-    serve_args += [
-        "--replicas",
-        str(replicas if replicas is not None else default_replicas(server)),
-    ]
+    if replicas is None:
+        # Here, not at the top: `cotal down` imports this module and never talks to the broker
+        # itself, and the footprint's import brings nats-py, a tenth of a second of CPU.
+        from manager.broker.footprint import default_replicas
+
+        replicas = default_replicas(server)
+    serve_args += ["--replicas", str(replicas)]
     return _Launch(layout, record, serve_args, token, started)
 
 
@@ -407,7 +410,7 @@ def up(
     report: Report = _noop,
     replicas: int | None = None,
 ) -> dict[str, Any]:
-    result = anyio.run(
+    result = eventloop.run(
         functools.partial(
             _up,
             root,
@@ -417,8 +420,7 @@ def up(
             detach=detach,
             report=report,
             replicas=replicas,
-        ),
-        backend="asyncio",
+        )
     )
     if isinstance(result, dict):
         return result
@@ -481,7 +483,7 @@ async def _down(layout: Layout, report: Report) -> dict[str, Any]:
 
 
 def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
-    result: dict[str, Any] = anyio.run(_down, Layout.at(root), report, backend="asyncio")
+    result: dict[str, Any] = eventloop.run(_down, Layout.at(root), report)
     return result
 
 

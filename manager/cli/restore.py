@@ -31,7 +31,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from connectors.privatefs import ensure_private_dir, read_stable
-from manager import concurrency, failpoint, registry
+from manager import concurrency, eventloop, failpoint, registry
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.evict import evict_ghosts
@@ -721,7 +721,7 @@ async def _finalize(
 def run_restore(args: argparse.Namespace, root: Path) -> int:
     # A packed FILE resumes from its unpacked staging directory like any carried directory.
     with checkpoints.packed_source(args, root):
-        out = anyio.run(_restore, args, root, backend="asyncio")
+        out = eventloop.run(_restore, args, root)
     _print(args, out)
     return 0
 

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from manager import registry
+from manager import eventloop, registry
 from manager.broker import presence
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
@@ -193,7 +193,7 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
 
 def run_verify(args: argparse.Namespace, root: Path) -> int:
-    out: dict[str, Any] = anyio.run(_verify, args, root, backend="asyncio")
+    out: dict[str, Any] = eventloop.run(_verify, args, root)
     src = out.pop("src")
     if args.json:
         sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")

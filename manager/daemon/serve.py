@@ -13,7 +13,7 @@ Under systemd (`Type=notify`, deploy/systemd/cotal-manager@.service) the daemon 
 Started directly rather than by `cotal up` there is no `.cotal/mesh.json`, which `cotal down`
 and `cotal status` need to find the manager; the daemon then writes one naming itself.
 
-Seat isolation (`manager/daemon/sandbox.py`) is probed once here, said once in the log (a
+Seat isolation (`connectors/sandbox.py`) is probed once here, said once in the log (a
 warning when it cannot hide the manager's secrets), and the daemon makes itself undumpable
 first, so `/proc/<daemon>/environ` and `/proc/<daemon>/mem` are closed to a process of its own
 uid without CAP_SYS_PTRACE.

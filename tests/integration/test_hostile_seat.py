@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors import sandbox
+from connectors import isolate, sandbox
 from manager.control.server import parent_pid, seat_ancestor
 from tests.conftest import REPO, Cli
 
@@ -202,7 +202,7 @@ def test_a_non_root_seat_is_isolated_inside_a_user_namespace(tmp_path: Path) -> 
     """The non-root path: a user namespace mapping only the seat's own uid, the same overmount
     and Landlock. Run as `nobody` with the system interpreter (the launcher needs only the
     standard library)."""
-    launcher_file = Path(sandbox.__file__)
+    launcher_file = Path(isolate.__file__)
     if not SYSTEM_PYTHON.exists():
         pytest.skip("no /usr/bin/python3 to run the launcher as another user")
     as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--"]
@@ -226,7 +226,7 @@ def test_a_non_root_seat_is_isolated_inside_a_user_namespace(tmp_path: Path) -> 
 
 
 def _non_root_seat(tmp_path: Path, python: list[str], landlock: int) -> None:
-    launcher_file = Path(sandbox.__file__)
+    launcher_file = Path(isolate.__file__)
     ws = tmp_path / "ws"
     sessions = ws / ".cotal" / "sessions" / "scribe"
     (ws / ".cotal" / "auth").mkdir(parents=True)
@@ -264,3 +264,44 @@ def _non_root_seat(tmp_path: Path, python: list[str], landlock: int) -> None:
     assert pointer.read_text() == "mine\n"
     assert (sessions / "me-u2.store" / "s.jsonl").read_text() == "stored\n"
     assert (ws / ".cotal" / "auth" / "control.token").read_text() == "secret-token\n"
+
+
+@pytest.mark.parametrize(
+    ("plan_text", "why"),
+    [
+        ('{"control": "/x", "keep": [], "read": [], "write": [], "extra": 1}', "extra"),
+        ('{"control": "/x", "keep": [], "read": []}', "write"),
+        ('["not", "an", "object"]', "a plan is a JSON object"),
+        ("{not json", "Expecting property name"),
+    ],
+)
+def test_a_plan_the_launcher_cannot_read_is_refused_before_the_harness_runs(
+    tmp_path: Path, plan_text: str, why: str
+) -> None:
+    """The launcher is strict: a plan with an unknown or a missing field, or no plan at all,
+    stops the seat with exit 2 and a message naming what was wrong; the harness never runs
+    unisolated."""
+    marker = tmp_path / "ran"
+    launch = sandbox.launcher(sandbox.Plan(control="/x", keep=[], read=[], write=[]))
+    assert launch[-1] == "--"
+    argv = [*launch[:-2], plan_text, "--", "/bin/sh", "-c", f"echo ran > {marker}"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2
+    assert out.stderr.startswith("cotal sandbox: refusing to start the seat: a bad plan (")
+    assert why in out.stderr
+    assert not marker.exists()
+
+
+def test_a_plan_travels_to_the_launcher_unchanged() -> None:
+    plan = sandbox.Plan(
+        control="/w/.cotal",
+        keep=["/w/.cotal/sessions/scribe/a.store"],
+        read=["/usr"],
+        write=["/w", "/w/scratch"],
+        pointer_dir="/w/.cotal/sessions/scribe",
+        own_prefix="a",
+        mount="root",
+        landlock=7,
+    )
+    assert isolate.Plan.decode(plan.encode()) == plan
+    assert plan != isolate.Plan(control="/w/.cotal", keep=[], read=[], write=[])

@@ -6,6 +6,7 @@ binary; the repositories, the git runs and the artifacts are real.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tarfile
 from collections.abc import Callable
@@ -14,12 +15,17 @@ from pathlib import Path
 import pytest
 
 from manager.checkpoint import gitstate
-from manager.checkpoint.gitstate import capture_repository, preflight_repository
+from manager.checkpoint.gitstate import (
+    capture_repository,
+    names_tracked_change,
+    preflight_repository,
+)
 from manager.checkpoint.inspect import InspectionCache, index_stamp
+from manager.checkpoint.restore import restore_repository
 from protocol.checkpoint import RepositoryRecord, porcelain_by_path
 from protocol.codec import encode_json
 from protocol.errors import Refusal
-from tests.gitrepo import git, make_rich_repo, seat_dir_for, write
+from tests.gitrepo import git, init_repo, make_rich_repo, seat_dir_for, write
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 
@@ -267,3 +273,45 @@ def test_the_inspection_cache_is_bounded_and_taken_once() -> None:
     assert cache.take(Path("/a")) == "a2"
     assert cache.take(Path("/a")) is None
     assert cache.take(Path("/c")) == "c"
+
+
+@pytest.mark.anyio
+async def test_a_repository_with_no_tracked_change_is_carried_without_diff_or_apply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A seat at rest has committed its work: its two diffs are empty, so neither the capture
+    runs `git diff` nor the restore `git apply`; the artifacts are what git would have written
+    (nothing), and the restored tree reads as the source did."""
+    repo = init_repo(tmp_path / "clean")
+    write(repo / "tracked.txt", "committed\n")
+    git(repo, "add", "tracked.txt")
+    git(repo, "commit", "-q", "-m", "one")
+    write(repo / "notes/untracked.txt", "not yet added\n")
+    assert git(repo, "diff", "--cached", "--binary") == b""
+    assert git(repo, "diff", "--binary") == b""
+    runs = GitLog(tmp_path, monkeypatch)
+
+    seat = seat_dir_for(tmp_path, "clean")
+    record = await capture_repository(repo, seat)
+    captured = runs.take()
+    assert "diff" not in captured
+    assert captured.count("bundle") == 1
+    assert porcelain_by_path(record.status) == {"notes/untracked.txt": "??"}
+    for ref in (record.index_diff, record.worktree_diff):
+        assert (ref.bytes, ref.sha256) == (0, hashlib.sha256(b"").hexdigest())
+        assert (seat / ref.file).read_bytes() == b""
+
+    target = tmp_path / "dest" / "clean"
+    await restore_repository(seat, record, target, stamp="20261201T000000Z")
+    assert "apply" not in runs.take()
+    assert (target / "notes" / "untracked.txt").read_text() == "not yet added\n"
+    assert git(target, "status", "--porcelain=v1", "-z", "--untracked-files=all") == (
+        b"?? notes/untracked.txt\0"
+    )
+
+
+def test_only_untracked_and_ignored_entries_leave_both_diffs_empty() -> None:
+    assert not names_tracked_change("")
+    assert not names_tracked_change("?? a\0!! b\0")
+    for xy in ("M ", " M", "A ", " A", "D ", " D", "T ", "MM", "UU"):
+        assert names_tracked_change(f"?? a\0{xy} b\0")
