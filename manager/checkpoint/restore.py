@@ -403,6 +403,24 @@ def _adopt_packs(scratch: Scratch, staging: Path) -> bool:
                 os.close(fd)
 
 
+async def _apply(staging: Path, diff: Path, size: int, *flags: str, cure: str) -> None:
+    """`git apply` one carried diff. An empty one (its size is in the record, and every digest
+    was verified before any write) applies as nothing, so git is not started for it: a clean
+    repository carries two."""
+    if size:
+        await run_git(
+            staging,
+            "apply",
+            *flags,
+            "--binary",
+            "--allow-empty",
+            "--whitespace=nowarn",
+            str(diff),
+            code="apply-failed",
+            cure=cure,
+        )
+
+
 async def _build(
     staging: Path,
     seat_dir: Path,
@@ -494,21 +512,14 @@ async def _build(
             "copy the checkpoint again from the source host",
         )
 
-    # An empty diff (its size is in the record, and every digest was verified before any
-    # write) applies as nothing, so git is not started for it: a clean repository has two.
-    if record.index_diff.bytes:
-        await run_git(
-            staging,
-            "apply",
-            "--index",
-            "--binary",
-            "--allow-empty",
-            "--whitespace=nowarn",
-            str(seat_dir / record.index_diff.file),
-            code="apply-failed",
-            cure="the index diff does not apply to the recorded base; "
-            "the checkpoint is inconsistent, cut a new one",
-        )
+    await _apply(
+        staging,
+        seat_dir / record.index_diff.file,
+        record.index_diff.bytes,
+        "--index",
+        cure="the index diff does not apply to the recorded base; "
+        "the checkpoint is inconsistent, cut a new one",
+    )
     # An intent-to-add entry whose file was gone at the cut shows in the worktree diff as the
     # deletion of an empty file; that deletion only applies to an entry that exists.
     status_of = porcelain_by_path(status)
@@ -516,18 +527,13 @@ async def _build(
     for path in gone:
         _create_placeholder(staging, path)
     await _mark_intent_to_add(staging, gone)
-    if record.worktree_diff.bytes:
-        await run_git(
-            staging,
-            "apply",
-            "--binary",
-            "--allow-empty",
-            "--whitespace=nowarn",
-            str(seat_dir / record.worktree_diff.file),
-            code="apply-failed",
-            cure="the worktree diff does not apply on top of the index diff; "
-            "the checkpoint is inconsistent, cut a new one",
-        )
+    await _apply(
+        staging,
+        seat_dir / record.worktree_diff.file,
+        record.worktree_diff.bytes,
+        cure="the worktree diff does not apply on top of the index diff; "
+        "the checkpoint is inconsistent, cut a new one",
+    )
     # The rest were created as new files by the worktree diff; mark them as the cut had them.
     await _mark_intent_to_add(staging, [p for p in intent_to_add if p not in gone])
     await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
