@@ -1,4 +1,5 @@
 """Seat isolation: what keeps a seat's process tree away from the manager's authority.
+
 This is the daemon's side (the probe, the plan, the launcher's command line); the launcher that
 runs in the child is `connectors/isolate.py`.
 
