@@ -173,11 +173,39 @@ class Plan:
 
     @classmethod
     def decode(cls, text: str) -> Plan:
-        """Strict: an unknown or missing field is a TypeError, which the launcher refuses."""
+        """Strict: an unknown or missing field, or a field of the wrong type, is a TypeError,
+        which the launcher refuses."""
         fields = json.loads(text)
         if not isinstance(fields, dict):
             raise TypeError("a plan is a JSON object")
+        for name, value in fields.items():
+            kind = _FIELD_KINDS.get(name)
+            if kind is not None and not _is(value, kind):
+                raise TypeError(f"plan field {name!r} is not {kind}")
         return cls(**fields)
+
+
+# What each field of a plan must be: a path, a list of paths, an optional name, a number.
+_FIELD_KINDS = {
+    "control": "a string",
+    "keep": "a list of strings",
+    "read": "a list of strings",
+    "write": "a list of strings",
+    "pointer_dir": "a string or null",
+    "own_prefix": "a string or null",
+    "mount": "a string or null",
+    "landlock": "a whole number",
+}
+
+
+def _is(value: object, kind: str) -> bool:
+    if kind == "a string":
+        return isinstance(value, str)
+    if kind == "a list of strings":
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if kind == "a string or null":
+        return value is None or isinstance(value, str)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def within(path: str, parent: str) -> bool:

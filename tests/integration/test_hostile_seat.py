@@ -272,15 +272,17 @@ def _non_root_seat(tmp_path: Path, python: list[str], landlock: int) -> None:
         ('{"control": "/x", "keep": [], "read": [], "write": [], "extra": 1}', "extra"),
         ('{"control": "/x", "keep": [], "read": []}', "write"),
         ('["not", "an", "object"]', "a plan is a JSON object"),
+        ('{"control": "/x", "keep": "/x/a", "read": [], "write": []}', "'keep' is not a list"),
+        ('{"control": "/x", "keep": [], "read": [], "write": [], "landlock": true}', "landlock"),
         ("{not json", "Expecting property name"),
     ],
 )
 def test_a_plan_the_launcher_cannot_read_is_refused_before_the_harness_runs(
     tmp_path: Path, plan_text: str, why: str
 ) -> None:
-    """The launcher is strict: a plan with an unknown or a missing field, or no plan at all,
-    stops the seat with exit 2 and a message naming what was wrong; the harness never runs
-    unisolated."""
+    """The launcher is strict: a plan with an unknown or a missing field, a field of the wrong
+    type, or no plan at all, stops the seat with exit 2 and a message naming what was wrong;
+    the harness never runs unisolated."""
     marker = tmp_path / "ran"
     launch = sandbox.launcher(sandbox.Plan(control="/x", keep=[], read=[], write=[]))
     assert launch[-1] == "--"
