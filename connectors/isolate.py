@@ -20,6 +20,11 @@ import json
 import os
 import sys
 
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 # -- the kernel's numbers (x86_64 and the generic syscall table agree on these) ------------------
 
 _SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
@@ -163,8 +168,6 @@ class Plan:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self.fields() == other.fields()
 
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"Plan({self.fields()!r})"
 
@@ -180,32 +183,38 @@ class Plan:
             raise TypeError("a plan is a JSON object")
         for name, value in fields.items():
             kind = _FIELD_KINDS.get(name)
-            if kind is not None and not _is(value, kind):
-                raise TypeError(f"plan field {name!r} is not {kind}")
+            if kind is not None and not kind[1](value):
+                raise TypeError(f"plan field {name!r} is not {kind[0]}")
         return cls(**fields)
 
 
-# What each field of a plan must be: a path, a list of paths, an optional name, a number.
-_FIELD_KINDS = {
-    "control": "a string",
-    "keep": "a list of strings",
-    "read": "a list of strings",
-    "write": "a list of strings",
-    "pointer_dir": "a string or null",
-    "own_prefix": "a string or null",
-    "mount": "a string or null",
-    "landlock": "a whole number",
-}
+def _name(value: object) -> bool:
+    return isinstance(value, str)
 
 
-def _is(value: object, kind: str) -> bool:
-    if kind == "a string":
-        return isinstance(value, str)
-    if kind == "a list of strings":
-        return isinstance(value, list) and all(isinstance(item, str) for item in value)
-    if kind == "a string or null":
-        return value is None or isinstance(value, str)
+def _paths(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _optional_name(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each field of a plan must be, said as a refusal says it, and the check.
+_FIELD_KINDS: dict[str, tuple[str, Callable[[object], bool]]] = {
+    "control": ("a string", _name),
+    "keep": ("a list of strings", _paths),
+    "read": ("a list of strings", _paths),
+    "write": ("a list of strings", _paths),
+    "pointer_dir": ("a string or null", _optional_name),
+    "own_prefix": ("a string or null", _optional_name),
+    "mount": ("a string or null", _optional_name),
+    "landlock": ("a whole number", _number),
+}
 
 
 def within(path: str, parent: str) -> bool:

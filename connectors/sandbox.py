@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from connectors import isolate
-from connectors.isolate import SYSTEM_WRITE, Plan, make_undumpable
+from connectors.isolate import SYSTEM_WRITE, Plan, make_undumpable, within
 
 TYPE_CHECKING = False
 
@@ -65,9 +65,12 @@ _LAUNCHER_STUB = (
 )
 
 
+# The directory that holds the `connectors` package: the checkout, or site-packages.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(isolate.__file__)))
+
+
 def _launcher_argv() -> list[str]:
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(isolate.__file__)))
-    return [sys.executable, "-I", "-S", "-c", _LAUNCHER_STUB, package_parent]
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER_STUB, _PACKAGE_PARENT]
 
 
 def launcher(plan: Plan) -> list[str]:
@@ -155,10 +158,6 @@ def probe() -> Isolation:
     return _probed
 
 
-def _under(path: Path, parent: Path) -> bool:
-    return path == parent or parent in path.parents
-
-
 def _named_paths(argv: Sequence[str], env: Mapping[str, str], control: Path) -> list[Path]:
     """Every absolute path under `.cotal` that the launch names: the seat's own files. The
     session pointer every launch carries in `COTAL_SESSION_STATE` is not among them: the
@@ -169,7 +168,7 @@ def _named_paths(argv: Sequence[str], env: Mapping[str, str], control: Path) -> 
         if not value.startswith("/") or "\0" in value:
             continue
         p = Path(os.path.normpath(value))
-        if _under(p, control) and p != control:
+        if p != control and within(str(p), str(control)):
             found.append(p)
     return found
 
@@ -217,7 +216,7 @@ def plan_for(
     keep = [p for p in _named_paths(argv, env, control) if p != pointer]
     pointer_dir: str | None = None
     own_prefix: str | None = None
-    if pointer is not None and str(pointer) in argv and _under(pointer, control):
+    if pointer is not None and str(pointer) in argv and within(str(pointer), str(control)):
         # The harness publishes its own pointer by rename, so it needs the directory; its own
         # store is the pointer's sibling and shares its stem.
         pointer_dir = str(pointer.parent)
