@@ -6,6 +6,7 @@ that signalling it failed once.
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from collections.abc import Iterable
@@ -79,19 +80,84 @@ def processes_with_env(name: str, value: str) -> list[int]:
 
 def processes_with_envs(name: str, values: Iterable[str]) -> dict[str, list[int]]:
     """`processes_with_env` for many values in one pass over /proc: proving 50 seats gone reads
-    each process's environment once, not 50 times."""
+    each process's environment once, not 50 times. A process whose environment cannot be read
+    even after waiting out an exec is counted under every value: it cannot be ruled out."""
     needles = {f"{name}={value}".encode(): value for value in values}
     found: dict[str, list[int]] = {value: [] for value in needles.values()}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
+        env = process_environ(int(entry))
+        if env is None:
             continue
-        hits = {needles[item] for item in env if item in needles}
+        hits = (
+            set(needles.values())
+            if env is STUCK_IN_EXEC
+            else {needles[item] for item in env if item in needles}
+        )
         if hits and _start_time(int(entry)) is not None:
             for value in hits:
                 found[value].append(int(entry))
     return {value: sorted(pids) for value, pids in found.items()}
+
+
+# A kernel thread has neither an environment nor a command line, and never runs a seat.
+_PF_KTHREAD = 0x00200000
+# How long a process may sit inside an exec, its old image gone and its new stack not yet laid
+# out, before it is counted as unreadable rather than waited for.
+EXEC_PATIENCE_S = 1.0
+
+
+class _Unreadable(enum.Enum):
+    STUCK_IN_EXEC = "stuck-in-exec"
+
+
+STUCK_IN_EXEC = _Unreadable.STUCK_IN_EXEC
+
+
+def process_environ(pid: int) -> list[bytes] | _Unreadable | None:
+    """`pid`'s environment as `name=value` items; None when it is gone, a zombie or a kernel
+    thread; `STUCK_IN_EXEC` when it stayed inside an exec past `EXEC_PATIENCE_S`.
+
+    Between an exec's point of no return and the new image's stack being laid out, both
+    /proc/<pid>/environ and cmdline read empty, and a parent's `Popen` (or `vfork`) has
+    already returned: a seat just started, or a seat's child just exec'ing, would read as
+    holding no lifecycle at all. Such a process is read again until its exec is done."""
+    deadline = None
+    while True:
+        env = _read_proc(pid, "environ")
+        if env:
+            return [item for item in env.split(b"\0") if item]
+        if env is None or _exempt(pid):
+            return None
+        cmdline = _read_proc(pid, "cmdline")
+        if cmdline is None:
+            return None
+        if cmdline:
+            # The exec may have finished between the two reads: its new stack holds the
+            # command line before the environment, so one more look after a pause decides.
+            time.sleep(0.002)
+            env = _read_proc(pid, "environ")
+            return None if env is None else [item for item in env.split(b"\0") if item]
+        if deadline is None:
+            deadline = time.monotonic() + EXEC_PATIENCE_S
+        elif time.monotonic() > deadline:
+            return STUCK_IN_EXEC
+        time.sleep(0.001)
+
+
+def _read_proc(pid: int, name: str) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _exempt(pid: int) -> bool:
+    """A zombie or a kernel thread: empty proc files that no exec will fill."""
+    stat = _read_proc(pid, "stat")
+    if not stat:
+        return True
+    rest = stat[stat.rindex(b")") + 2 :].split()
+    return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & _PF_KTHREAD)

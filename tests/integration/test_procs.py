@@ -7,7 +7,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from manager.procs import processes_with_env, processes_with_envs
+from manager.procs import process_environ, processes_with_env, processes_with_envs
 
 NAME = "COTAL_LIFECYCLE_UID"
 
@@ -33,3 +33,37 @@ def test_one_pass_finds_each_lifecycles_processes_and_only_them(tmp_path: Path) 
             p.kill()
             p.wait()
     assert processes_with_envs(NAME, [a, b]) == {a: [], b: []}
+
+
+def test_a_process_just_started_is_read_after_its_exec_not_as_empty(tmp_path: Path) -> None:
+    # Popen returns once the child's old image is gone, before its new stack (and so its
+    # environment) is laid out; read at once, about a quarter of children used to read empty.
+    for _ in range(200):
+        value = f"u{uuid.uuid4().hex}"
+        proc = _sleeper(value, tmp_path)
+        try:
+            env = process_environ(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert env == [
+            b"PATH=" + os.environ["PATH"].encode(),
+            f"{NAME}={value}".encode(),
+            f"OTHER=x{value}".encode(),
+        ]
+
+
+def test_an_empty_environment_reads_empty_and_a_zombie_reads_as_no_process(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.Popen(["/bin/sleep", "60"], env={}, cwd=tmp_path)
+    try:
+        assert process_environ(proc.pid) == []
+        proc.kill()
+        # Exited but not reaped: a zombie, whose empty files no exec will ever fill.
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        assert process_environ(proc.pid) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_environ(proc.pid) is None
