@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -242,23 +243,17 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             # Keeping the scratch made the control directory; a refusal leaves none behind.
             on_exit.callback(_rmdir_if_empty, layout.control)
         on_exit.callback(_rmdir_if_empty, layout.control / admit.SCRATCH_DIR)
-        adm = await admit_integrity(
-            src,
-            trusted_keys(args, layout),
-            chain.search_dirs(layout),
-            keep_in=layout.control / admit.SCRATCH_DIR,
+        broker = _broker_for(args, layout)
+        adm, embedded_info, footprint = await _admit_while_broker_starts(
+            args, layout, src, on_exit, broker
         )
-        # Whatever happens next (a refusal, a rerun that restores nothing, the restore done),
-        # what admission kept for the restore is removed when this run ends.
-        on_exit.callback(admit.discard_scratch, adm)
         sig = signer(adm, args, layout)
         _say(f"sealed by {signer_line(sig)}")
         inboxes = _read_inboxes(adm)
-        broker = _broker_for(args, layout)
-        embedded_info = None
-        if broker.embedded:
+        if broker.embedded and embedded_info is None:
             _say("starting the embedded broker from this root's store")
             embedded_info = await _start_embedded(layout)
+        if embedded_info is not None:
             broker = BrokerRef(embedded_info.url, layout.broker_creds, True)
         monitors = [m.strip() for m in (args.monitor or "").split(",") if m.strip()]
         if embedded_info is not None and embedded_info.monitor:
@@ -274,10 +269,8 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                         await anyio.to_thread.run_sync(
                             embedded.stop_embedded, embedded_info.identity
                         )
-                        if fresh_root:
-                            # Only the broker this resume created is there: a refusal leaves
-                            # the destination as it found it.
-                            await anyio.to_thread.run_sync(shutil.rmtree, layout.control)
+                        # A refusal leaves the destination as it found it.
+                        await anyio.to_thread.run_sync(footprint.undo)
                 raise
             for c in consents:
                 _say(
@@ -308,6 +301,118 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     out["seats"] = _observations(adm, out.pop("resumed"), rows)
     out["wallMs"] = int((time.monotonic() - t0) * 1000)
     return out
+
+
+async def _admit_while_broker_starts(
+    args: argparse.Namespace,
+    layout: Layout,
+    src: Path,
+    on_exit: contextlib.AsyncExitStack,
+    broker: BrokerRef,
+) -> tuple[admit.Admission, embedded.BrokerInfo | None, _BrokerFootprint]:
+    """Gate 1, and on a root that has no broker store yet the embedded broker's start beside
+    it: admission is mostly git unbundling in a child process, and the broker's start is a
+    process of its own, so on a new host neither waits for the other. A refusal stops that
+    broker and removes what its start made (`_BrokerFootprint`), so the root is as it was; a
+    root that already has a store must find it untouched after a refusal, so its broker starts
+    only once admission passed. Admission's refusal is the one reported when both fail, as it
+    would be one after the other."""
+    footprint = _BrokerFootprint.before(layout)
+    overlap = broker.embedded and not footprint.had_store
+    admitted: list[admit.Admission] = []
+    started: list[embedded.BrokerInfo] = []
+    failed: dict[str, Exception] = {}
+
+    async def admission() -> None:
+        # Shielded, as the broker's start is: each finishes, so what it made is known and can
+        # be undone, whatever the other does.
+        with anyio.CancelScope(shield=True):
+            try:
+                admitted.append(
+                    await admit_integrity(
+                        src,
+                        trusted_keys(args, layout),
+                        chain.search_dirs(layout),
+                        keep_in=layout.control / admit.SCRATCH_DIR,
+                    )
+                )
+            except Exception as exc:
+                failed["admission"] = exc
+
+    async def start_broker() -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                started.append(await _start_embedded(layout))
+            except Exception as exc:
+                failed["broker"] = exc
+
+    try:
+        async with anyio.create_task_group() as tg:
+            if overlap:
+                _say("starting the embedded broker from this root's store")
+                tg.start_soon(start_broker)
+            tg.start_soon(admission)
+        failure = failed.get("admission") or failed.get("broker")
+        if failure is not None:
+            raise failure
+    except BaseException:
+        if started:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(embedded.stop_embedded, started[0].identity)
+                await anyio.to_thread.run_sync(footprint.undo)
+        raise
+    finally:
+        if admitted:
+            # Whatever happens next (a refusal, a rerun that restores nothing, the restore
+            # done), what admission kept for the restore is removed when this run ends.
+            on_exit.callback(admit.discard_scratch, admitted[0])
+    return admitted[0], started[0] if started else None, footprint
+
+
+@dataclasses.dataclass(frozen=True)
+class _BrokerFootprint:
+    """Which of the paths an embedded broker's start makes were already there, so that a
+    refusal can take back exactly the rest: the store, the broker's credential and its log,
+    and the directories that hold them."""
+
+    layout: Layout
+    existed: frozenset[Path]
+
+    @classmethod
+    def before(cls, layout: Layout) -> _BrokerFootprint:
+        paths = cls._paths(layout)
+        return cls(layout, frozenset(p for p in paths if os.path.lexists(p)))
+
+    @staticmethod
+    def _paths(layout: Layout) -> tuple[Path, ...]:
+        # Files first, then the directories holding them, innermost first.
+        return (
+            layout.broker_creds,
+            layout.logs / "nats.log",
+            layout.nats_store,
+            layout.auth,
+            layout.logs,
+            layout.control,
+        )
+
+    @property
+    def had_store(self) -> bool:
+        return self.layout.nats_store in self.existed
+
+    def undo(self) -> None:
+        made = [p for p in self._paths(self.layout) if p not in self.existed]
+        if self.layout.control in made:
+            # Only what this run made is under a control directory it created.
+            shutil.rmtree(self.layout.control, ignore_errors=True)
+            return
+        for path in made:
+            if path == self.layout.nats_store:
+                shutil.rmtree(path, ignore_errors=True)
+            elif path in (self.layout.auth, self.layout.logs):
+                _rmdir_if_empty(path)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
 
 
 async def _release_broker(layout: Layout, embedded_info: embedded.BrokerInfo | None) -> None:
