@@ -45,6 +45,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -171,17 +172,29 @@ def resume(cli: Cli, carried: Path, seats: int) -> tuple[float, dict[str, Any]]:
     later `--since` cut there trusts the predecessor too); every seat must come back with its
     uid and its session."""
     cli.run("trust", "add", signer_of(carried), "--name", "source")
-    wall, stdout = run_whole(
-        cotal_argv(cli.root, "up", "--restore", str(carried), "--json"), cli.env, cli.root
-    )
-    result: dict[str, Any] = json.loads(stdout)
-    rows = result.get("seats", [])
-    if (
-        len(rows) != seats
-        or not all(r["sameUid"] and r["sameSession"] for r in rows)
-        or result.get("state") != "active"
-    ):
-        raise RuntimeError(f"resume of {seats} seat(s) did not come back whole: {stdout[:2000]}")
+    try:
+        wall, stdout = run_whole(
+            cotal_argv(cli.root, "up", "--restore", str(carried), "--json"), cli.env, cli.root
+        )
+        result: dict[str, Any] = json.loads(stdout)
+        rows = result.get("seats", [])
+        if (
+            len(rows) != seats
+            or not all(r["sameUid"] and r["sameSession"] for r in rows)
+            or result.get("state") != "active"
+        ):
+            raise RuntimeError(
+                f"resume of {seats} seat(s) did not come back whole: {stdout[:2000]}"
+            )
+    except RuntimeError as exc:
+        # The scratch tree goes when the run ends; a failure's seat and manager logs are what
+        # says why, so they are kept.
+        logs = cli.root / ".cotal" / "logs"
+        if not logs.is_dir():
+            raise
+        kept = Path(tempfile.mkdtemp(prefix="cotal-bench-failed-"))
+        shutil.copytree(logs, kept / "logs")
+        raise RuntimeError(f"{exc}\n(the destination's logs are kept in {kept})") from None
     return wall, result
 
 

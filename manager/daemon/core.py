@@ -518,9 +518,10 @@ class Manager:
                         seat.apply("reaped")
                         self.persist(seat)
         if not started:
+            code = exit_text(handle.returncode)
             raise failure or Refusal(
                 "seat-failed",
-                f"seat {seat.name} exited before it was ready (code {handle.returncode})",
+                f"seat {seat.name} exited before it was ready (code {code})",
                 f"read {handle.log_path}",
             )
         if seat.handle is handle and self._tg is not None:
@@ -547,7 +548,25 @@ class Manager:
                     f"seat {seat.name} exited during start",
                     f"read {handle.log_path}",
                 )
-            reported = await driver.get_state()
+            try:
+                reported = await driver.get_state()
+            except Refusal as exc:
+                if exc.code != "driver-stopped":
+                    raise
+                # The harness's output ended before it answered: it is exiting, and its
+                # status may not be reaped yet. The refusal names how it ended and its log.
+                with anyio.move_on_after(LAST_KILL_WAIT_S):
+                    code = await handle.exited()
+                    raise Refusal(
+                        "seat-failed",
+                        f"seat {seat.name} exited before it was ready (code {exit_text(code)})",
+                        f"read {handle.log_path}",
+                    ) from None
+                raise Refusal(
+                    "seat-failed",
+                    f"seat {seat.name} closed its output during start and did not exit",
+                    f"read {handle.log_path}",
+                ) from None
             if reported:
                 break
             await anyio.sleep(0.05)

@@ -183,3 +183,25 @@ async def test_a_stopped_seat_stays_stopped_across_a_manager_killed(mesh: Cli) -
         assert _asks_phrase(mesh, "frank") == "The phrase is cedar-lantern-58."
     finally:
         mesh.run("down", check=False)
+
+
+async def test_a_harness_that_exits_during_start_is_refused_with_its_code_and_log(
+    mesh: Cli,
+) -> None:
+    spawned = mesh.json("spawn", "dana", "--prompt", PHRASE)
+    uid, session = spawned["lifecycleUid"], spawned["sessionId"]
+    mesh.json("stop", "dana")
+    # A damaged transcript: the harness refuses the session (exit 2) right after it starts,
+    # before it answers the manager's state query.
+    store = mesh.root / ".cotal" / "sessions" / "scribe" / f"dana-{uid}.store"
+    (store / f"{session}.jsonl").write_bytes(b"not a session header\n")
+    log = mesh.root / ".cotal" / "logs" / f"seat-dana-{uid}.log"
+
+    # Whether the manager sees the output end or the exit first, the refusal is the same.
+    for _ in range(3):
+        proc = mesh.run("start", "dana", check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == (
+            f"cotal: seat dana exited before it was ready (code 2); read {log}\n"
+        ), proc.stderr
+    assert "scribe: transcript" in log.read_text() and "is malformed" in log.read_text()
