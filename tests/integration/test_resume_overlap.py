@@ -60,13 +60,18 @@ def flip_store_byte(copy: Path) -> str:
     return str(path)
 
 
+def new_host(cut: Cut, tmp_path: Path) -> Cli:
+    """A new host that trusts the source: a control directory, but no broker store yet."""
+    dest = Cli(tmp_path / "dest")
+    dest.root.mkdir()
+    dest.run("trust", "add", cut.signer_key, "--name", "source")
+    return dest
+
+
 def test_a_refused_admission_takes_back_the_broker_started_beside_it(
     cut: Cut, tmp_path: Path
 ) -> None:
-    dest = Cli(tmp_path / "dest")
-    dest.root.mkdir()
-    # A new host that trusts the source: a control directory, but no broker store yet.
-    dest.run("trust", "add", cut.signer_key, "--name", "source")
+    dest = new_host(cut, tmp_path)
     before = listing(dest.root)
     tampered = flip_store_byte(cut.copy)
 
@@ -101,12 +106,8 @@ def test_a_root_with_a_store_keeps_it_untouched_when_admission_refuses(
     assert processes_naming(str(store)) == []
 
 
-def test_an_admitted_resume_on_a_new_host_starts_its_broker_once(
-    cut: Cut, tmp_path: Path
-) -> None:
-    dest = Cli(tmp_path / "dest")
-    dest.root.mkdir()
-    dest.run("trust", "add", cut.signer_key, "--name", "source")
+def test_an_admitted_resume_on_a_new_host_starts_its_broker_once(cut: Cut, tmp_path: Path) -> None:
+    dest = new_host(cut, tmp_path)
     try:
         proc = dest.run("up", "--restore", str(cut.copy))
         assert proc.stderr.count(STARTING) == 1, proc.stderr
