@@ -44,6 +44,7 @@ if __package__ in (None, ""):
 import anyio  # noqa: E402
 from nats.aio.client import Client  # noqa: E402
 from nats.js import JetStreamContext  # noqa: E402
+from nats.js.api import StreamInfo  # noqa: E402
 
 from bench.common import machine_info, say, temp_tree  # noqa: E402
 from manager import logs  # noqa: E402
@@ -183,6 +184,12 @@ async def bench_fence(js: JetStreamContext, replicas: int, n: int) -> dict[str, 
     }
 
 
+def _cluster_leader(info: StreamInfo) -> str | None:
+    if info.cluster is None:
+        raise RuntimeError(f"stream {info.config.name} is not clustered")
+    return info.cluster.leader
+
+
 async def _leader(js: JetStreamContext, stream: str) -> str | None:
     try:
         info = await js.stream_info(stream)
@@ -239,7 +246,7 @@ async def bench_failover(cluster: Any, nc: Client, trials: int) -> list[dict[str
             if nc.connected_url is not None and nc.connected_url.port == n.client_port
         )
         await move_leader_off(nc, stream, mine, [n.name for n in cluster.nodes if n.name != mine])
-        victim = (await js.stream_info(stream)).cluster.leader
+        victim = _cluster_leader(await js.stream_info(stream))
         uid = names.mint_lifecycle_uid()
         held = await custody.establish(kv, "seat", uid, holder_a)
         attempt = names.mint_attempt_id()
@@ -269,7 +276,7 @@ async def bench_failover(cluster: Any, nc: Client, trials: int) -> list[dict[str
         finally:
             custody.CALL_S = saved_call_s
         gap = time.perf_counter() - killed
-        new_leader = (await js.stream_info(stream)).cluster.leader
+        new_leader = _cluster_leader(await js.stream_info(stream))
         say(
             f"    failover {trial + 1}/{trials}: killed {victim}, claims failed for {gap:.2f} s "
             f"({tries} tries: {errors}), new leader {new_leader}"

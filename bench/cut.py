@@ -111,7 +111,8 @@ def run_ours(repo: Path, out: Path) -> RepositoryRecord:
 
 
 def record_bytes(rec: RepositoryRecord) -> int:
-    return sum(r.bytes for r in (rec.bundle, rec.index_diff, rec.worktree_diff, rec.untracked))
+    parts = (rec.bundle, rec.index_diff, rec.worktree_diff, rec.untracked)
+    return sum(r.bytes for r in parts if r is not None)
 
 
 def count_git_processes(repo: Path, out: Path) -> int:
