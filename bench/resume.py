@@ -633,6 +633,8 @@ def resume_once(
             # Host A is gone: the whole tree, then an empty directory at the same path.
             shutil.rmtree(root)
             root.mkdir()
+            # The source's own key, pinned for this run: the new root holds no trust list.
+            signer = json.loads((carried / "manifest.json").read_text())["signer"]["publicKey"]
             run = run_stamped(
                 [
                     sys.executable,
@@ -645,6 +647,8 @@ def resume_once(
                     broker["url"],
                     "--creds",
                     broker["creds"],
+                    "--trust-signer",
+                    signer,
                     "--json",
                     "--root",
                     str(root),
