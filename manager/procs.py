@@ -17,16 +17,22 @@ from protocol.mesh import ProcRef
 def process_start_time(pid: int, *, include_zombies: bool = False) -> int | None:
     """Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat), or None
     when no such process exists (or, unless asked for, it is a zombie awaiting its reaper)."""
+    rest = _stat_fields(pid)
+    if rest is None or (rest[0] == b"Z" and not include_zombies):
+        return None
+    return int(rest[19])
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat from its third field (the state) on, or None when there is no such
+    process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
     # The command name may contain spaces and parentheses; fields resume after the last ')'.
-    rest = data[data.rindex(b")") + 2 :].split()
-    if rest[0] == b"Z" and not include_zombies:
-        return None
-    return int(rest[19])
+    return data[data.rindex(b")") + 2 :].split()
 
 
 _start_time = process_start_time
@@ -156,8 +162,5 @@ def _read_proc(pid: int, name: str) -> bytes | None:
 
 def _exempt(pid: int) -> bool:
     """A zombie or a kernel thread: empty proc files that no exec will fill."""
-    stat = _read_proc(pid, "stat")
-    if not stat:
-        return True
-    rest = stat[stat.rindex(b")") + 2 :].split()
-    return rest[0] in (b"Z", b"X") or bool(int(rest[6]) & _PF_KTHREAD)
+    rest = _stat_fields(pid)
+    return rest is None or rest[0] in (b"Z", b"X") or bool(int(rest[6]) & _PF_KTHREAD)

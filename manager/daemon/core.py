@@ -61,6 +61,16 @@ log = structlog.get_logger("cotal.manager")
 READINESS_TIMEOUT_S = 30.0
 
 
+def _exited_before_ready(seat: Seat, handle: SeatHandle) -> Refusal:
+    """One refusal for a harness that exited during its start, whichever the manager saw
+    first: the end of its output or its reaped status."""
+    return Refusal(
+        "seat-failed",
+        f"seat {seat.name} exited before it was ready (code {exit_text(handle.returncode)})",
+        f"read {handle.log_path}",
+    )
+
+
 class Manager:
     def __init__(
         self,
@@ -518,12 +528,7 @@ class Manager:
                         seat.apply("reaped")
                         self.persist(seat)
         if not started:
-            code = exit_text(handle.returncode)
-            raise failure or Refusal(
-                "seat-failed",
-                f"seat {seat.name} exited before it was ready (code {code})",
-                f"read {handle.log_path}",
-            )
+            raise failure or _exited_before_ready(seat, handle)
         if seat.handle is handle and self._tg is not None:
             self._tg.start_soon(self._on_exit, seat, handle)
 
@@ -556,12 +561,8 @@ class Manager:
                 # The harness's output ended before it answered: it is exiting, and its
                 # status may not be reaped yet. The refusal names how it ended and its log.
                 with anyio.move_on_after(LAST_KILL_WAIT_S):
-                    code = await handle.exited()
-                    raise Refusal(
-                        "seat-failed",
-                        f"seat {seat.name} exited before it was ready (code {exit_text(code)})",
-                        f"read {handle.log_path}",
-                    ) from None
+                    await handle.exited()
+                    raise _exited_before_ready(seat, handle) from None
                 raise Refusal(
                     "seat-failed",
                     f"seat {seat.name} closed its output during start and did not exit",
