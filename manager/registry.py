@@ -5,13 +5,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from connectors.base import Connector
 from protocol.checkpoint import check_carry_pattern
 from protocol.errors import Refusal
+
+if TYPE_CHECKING:
+    # A type only: the connector modules load by name when a seat needs one.
+    from connectors.base import Connector
 
 CONFIG_NAME = "cotal.toml"
 CONFIG_CAP = 64 * 1024

@@ -20,8 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import nkeys  # type: ignore[import-untyped]
-
 from manager.procs import ProcIdentity, alive, pid_identity, prove_gone
 from manager.workspace.private import ensure_private_dir, write_private_atomic
 from protocol.errors import Refusal
@@ -48,6 +46,10 @@ def nats_server_binary() -> str:
 
 def generate_user_seed(creds_path: Path) -> str:
     """Write a fresh nkey user seed (0600) and return its public key for the server config."""
+    # nkeys (and the nacl it loads) only when a credential is made or read: stopping a broker,
+    # as every `cotal down` does, needs neither.
+    import nkeys  # type: ignore[import-untyped]
+
     seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
     ensure_private_dir(creds_path.parent)
     write_private_atomic(creds_path, bytes(seed) + b"\n")
@@ -55,6 +57,8 @@ def generate_user_seed(creds_path: Path) -> str:
 
 
 def public_key_of(creds_path: Path) -> str:
+    import nkeys
+
     seed = creds_path.read_bytes().strip()
     return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -24,25 +23,20 @@ from typing import Any
 
 import anyio
 
-from connectors.base import continuity_class
 from manager import eventloop, failpoint, registry
 from manager.broker import embedded
-from manager.checkpoint import chain, cut
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
 from manager.cli.progress import ProgressView, follow_commit
 from manager.control.client import ControlSession
 from manager.procs import alive, processes_with_envs, prove_gone
-from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
 from protocol import names
-from protocol.checkpoint import SpaceExport
 from protocol.codec import convert
 from protocol.errors import Refusal
-from protocol.instant import file_stamp
-from protocol.inventory import Inventory, encode_inventory
+from protocol.inventory import Inventory
 from protocol.maintenance import TERMINAL_STATES, JournalRecord, ResumeDescriptor
 
 COMMIT_TIMEOUT_S = 600.0
@@ -108,7 +102,7 @@ def _daemon_lost(attempt: str, why: str) -> Refusal:
     )
 
 
-def _prove_no_seat_processes(inventory: Inventory) -> None:
+def prove_no_seat_processes(inventory: Inventory) -> None:
     live = processes_with_envs(
         "COTAL_LIFECYCLE_UID", [agent.identity.lifecycle_uid for agent in inventory.agents]
     )
@@ -121,96 +115,6 @@ def _prove_no_seat_processes(inventory: Inventory) -> None:
                 f"processes {survivors}",
                 f"kill {' '.join(map(str, survivors))}, then rerun `cotal down --preserve-state`",
             )
-
-
-async def _broker_reads(layout: Layout, inventory: Inventory) -> dict[str, SpaceExport]:
-    """What the offline capture records from the broker, over its one connection: each seat's
-    custody and its inbox (the seats are proven gone, so no ack floor moves); an unreachable
-    broker refuses."""
-    # The broker client is imported here, for the offline capture only: a cut through the
-    # daemon never talks to the broker itself, and importing nats-py is a tenth of a second
-    # of every `cotal down`.
-    from manager.broker import custody, space
-    from manager.broker.connection import LazyConnection
-    from manager.broker.retry import phase
-
-    record = mesh.read_mesh(layout)
-    if record is None:
-        raise Refusal(
-            "no-broker",
-            "the mesh record is gone, so the broker holding custody is unknown",
-            "restore .cotal/mesh.json or rerun with the broker reachable",
-        )
-    creds = Path(record.creds) if record.creds else None
-    async with LazyConnection(record.server, creds, name="cotal-cut-offline") as broker:
-        js = await broker.jetstream()
-        with phase("offline capture (custody)"):
-            held = await custody.held_for(js, inventory)
-            broker_id = await space.broker_identity(await custody.custody_kv(js, inventory.space))
-        with phase("offline capture (inboxes)"):
-            return {
-                agent.name: await space.export_space(
-                    js, inventory.space, agent, held[agent.name], broker_id
-                )
-                for agent in inventory.agents
-            }
-
-
-async def _capture_offline(
-    layout: Layout, attempt: str, inventory: Inventory, opts: CutOptions
-) -> dict[str, Any]:
-    """The daemon died mid-cut: its seats died with it (parent-death signal) and are proven
-    gone, so capture from the recorded plan, after death, into a fresh attempt directory."""
-    path = cut.attempt_dir(layout, attempt)
-    if path.exists():
-        aside = path.with_name(f"{attempt}.partial-{file_stamp()}")
-        os.rename(path, aside)
-        _say(f"  moved the unsealed attempt directory aside as evidence: {aside}")
-    carried = await _broker_reads(layout, inventory)
-    attempt_path = cut.prepare_attempt_dir(layout, attempt)
-    identity = load_or_create_identity(layout, inventory.space)
-    summaries = []
-    for agent in inventory.agents:
-        connector = registry.load_connector(agent.launch.connector)
-        _say(f"  capturing {agent.name} offline")
-        summaries.append(
-            await cut.capture_seat(
-                layout,
-                attempt_path,
-                agent,
-                pointer_path=layout.session_pointer(
-                    connector.name, agent.name, agent.identity.lifecycle_uid
-                ),
-                extra_stores=[Path(s) for s in opts.stores],
-                include=opts.include,
-                declared=continuity_class(connector.capabilities),
-                supports_fresh_start=connector.capabilities.supports_fresh_start,
-                identity=identity,
-                space=inventory.space,
-                custody_revision=carried[agent.name].custody.revision,
-                space_export=carried[agent.name],
-                since=opts.since,
-            )
-        )
-    await anyio.to_thread.run_sync(
-        cut.seal_attempt,
-        attempt_path,
-        attempt,
-        inventory.space,
-        summaries,
-        encode_inventory(inventory),
-        identity,
-    )
-    return {
-        "attemptId": attempt,
-        "state": "preserved",
-        "checkpointDir": str(attempt_path),
-        "sealed": True,
-        "seats": [s.as_dict() for s in summaries],
-        "failures": [],
-        "timingsMs": {},
-        "offline": True,
-    }
 
 
 async def _finish(
@@ -251,7 +155,7 @@ async def _finish(
         await anyio.to_thread.run_sync(embedded.stop_embedded, record.embedded_broker)
         failpoint.reached("cut.after-broker-stopped", layout.root)
     inventory = journal.resume_document()
-    await anyio.to_thread.run_sync(_prove_no_seat_processes, inventory)
+    await anyio.to_thread.run_sync(prove_no_seat_processes, inventory)
     journal.advance(attempt, "ready", resume=descriptor, checkpoint_dir=result["checkpointDir"])
     layout.mesh.unlink(missing_ok=True)
     result = dict(result)
@@ -307,39 +211,11 @@ async def _continue(
             f"manager pid {mesh_record.manager.pid} is alive but does not answer",
             f"kill {mesh_record.manager.pid} (its seats die with it), then rerun",
         )
-    inventory = journal.resume_document()
-    await anyio.to_thread.run_sync(_prove_no_seat_processes, inventory)
-    sealed = cut.attempt_dir(layout, attempt) / "manifest.json"
-    if sealed.exists():
-        manifest = await anyio.to_thread.run_sync(read_manifest, sealed.parent)
-        return {
-            "attemptId": attempt,
-            "state": "preserved",
-            "checkpointDir": str(sealed.parent),
-            "sealed": True,
-            "seats": [{"name": s.name} for s in manifest.seats],
-            "failures": [],
-        }
-    try:
-        return await _capture_offline(layout, attempt, inventory, opts)
-    except (OSError, ValueError, ExceptionGroup) as exc:
-        # Nothing sealed: what the try wrote is kept aside and the rerun captures afresh.
-        while isinstance(exc, ExceptionGroup):
-            exc = exc.exceptions[0]
-        if isinstance(exc, Refusal):
-            raise exc from None
-        path = cut.attempt_dir(layout, attempt)
-        evidence = cut.keep_as_evidence(path, "failed") if path.is_dir() else path
-        refusal = (
-            cut.storage_refusal(exc, "capturing offline")
-            if isinstance(exc, OSError)
-            else Refusal("capture-failed", f"the offline capture failed: {exc}", "fix the cause")
-        )
-        raise Refusal(
-            refusal.code,
-            f"cut {attempt} is incomplete: {refusal.message}",
-            f"{refusal.cure}; evidence kept at {evidence}",
-        ) from None
+    # The offline capture is recovery after a manager died: its module, and the git, broker and
+    # signing code it brings, load only on that path, not at every cut's start.
+    from manager.cli import offline
+
+    return await offline.finish(layout, journal, attempt, opts)
 
 
 async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
@@ -359,7 +235,10 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
         return await _abort(layout, journal, record)
     if opts.since is not None:
         # Proven before anything is fenced: a predecessor that is not sealed, trusted and
-        # intact here refuses while every seat still runs.
+        # intact here refuses while every seat still runs. Imported here: the chain brings the
+        # git capture code, which a cut through the manager never runs in this process.
+        from manager.checkpoint import chain
+
         seats = await anyio.to_thread.run_sync(chain.check_predecessor, layout, opts.since)
         _say(f"incremental since attempt {opts.since} ({len(seats)} seat(s) recorded there)")
     if record is not None and record.kind == "cut" and record.state == "ready":

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
 from manager.workspace.private import (
     FILE_MODE,
@@ -264,6 +263,10 @@ def own_key(layout: Layout, space: str) -> str | None:
 
     Never minted here: admission changes nothing, and a key minted now has sealed nothing.
     """
+    # The identity module brings the key serialization code; most readers of a manifest (every
+    # cut's own check of what it sealed) never ask for this root's key.
+    from manager.workspace.identity import load_or_create_identity
+
     path = layout.instance_identity(space)
     if not os.path.lexists(path):
         return None
