@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import structlog
 
@@ -193,6 +194,41 @@ def _refs_bytes(repo: RepositoryRecord) -> int:
     return sum(r.bytes for r in repo.files())
 
 
+def _capture_session(
+    layout: Layout,
+    agent: Agent,
+    seat_dir: Path,
+    pointer_path: Path,
+    extra_stores: list[Path],
+    space_export: SpaceExport | None,
+) -> tuple[SessionFile | None, list[SessionFile], SpaceRecord | None]:
+    """The seat's session pointer, its session store files and its inbox, into `seat_dir`."""
+    cwd = Path(agent.launch.cwd)
+    home = Path(os.path.expanduser("~"))
+    pointer: SessionFile | None = None
+    if pointer_path.exists():
+        anchor, rel = anchor_of(pointer_path, root=layout.root, cwd=cwd, home=home)
+        ref = capture_file(pointer_path, seat_dir, "session-pointer.json")
+        pointer = SessionFile(anchor=anchor, relpath=rel, file=ref)  # type: ignore[arg-type]
+    store: list[SessionFile] = []
+    dirs = [Path(p) for p in agent.launch.session_stores] + extra_stores
+    seen: set[Path] = set()
+    for directory in dirs:
+        if directory in seen:
+            continue
+        seen.add(directory)
+        for path in _regular_files(directory):
+            anchor, rel = anchor_of(path, root=layout.root, cwd=cwd, home=home)
+            ref = capture_file(
+                path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}"
+            )
+            store.append(SessionFile(anchor=anchor, relpath=rel, file=ref))  # type: ignore[arg-type]
+    space_state = None
+    if space_export is not None:
+        space_state = _write_space(seat_dir, agent.name, space_export)
+    return pointer, store, space_state
+
+
 async def capture_seat(
     layout: Layout,
     attempt: Path,
@@ -220,11 +256,13 @@ async def capture_seat(
     """
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
-    home = Path(os.path.expanduser("~"))
     link = None
     if since is not None:
         link = await chain.link_for(layout, since, agent.name, cwd, space=space)
-    seat_dir = create_seat_dir(attempt, agent.name)
+    # Every file below is created, written and fsynced in a worker thread: a create or an fsync
+    # can wait on the file system's journal for as long as another seat's fsync takes, and
+    # every seat's capture shares the manager's event loop (docs/design.md decision 24).
+    seat_dir = await anyio.to_thread.run_sync(create_seat_dir, attempt, agent.name)
     repository = await capture_repository(
         cwd,
         seat_dir,
@@ -234,28 +272,15 @@ async def capture_seat(
         since=link,
     )
     t_repo = time.monotonic()
-
-    pointer: SessionFile | None = None
-    if pointer_path.exists():
-        anchor, rel = anchor_of(pointer_path, root=layout.root, cwd=cwd, home=home)
-        ref = capture_file(pointer_path, seat_dir, "session-pointer.json")
-        pointer = SessionFile(anchor=anchor, relpath=rel, file=ref)  # type: ignore[arg-type]
-    store: list[SessionFile] = []
-    dirs = [Path(p) for p in agent.launch.session_stores] + extra_stores
-    seen: set[Path] = set()
-    for directory in dirs:
-        if directory in seen:
-            continue
-        seen.add(directory)
-        for path in _regular_files(directory):
-            anchor, rel = anchor_of(path, root=layout.root, cwd=cwd, home=home)
-            ref = capture_file(
-                path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}"
-            )
-            store.append(SessionFile(anchor=anchor, relpath=rel, file=ref))  # type: ignore[arg-type]
-    space_state = None
-    if space_export is not None:
-        space_state = _write_space(seat_dir, agent.name, space_export)
+    pointer, store, space_state = await anyio.to_thread.run_sync(
+        _capture_session,
+        layout,
+        agent,
+        seat_dir,
+        pointer_path,
+        extra_stores,
+        space_export,
+    )
     t_session = time.monotonic()
 
     continuity = continuity_capped(declared, pointer is not None, len(store), supports_fresh_start)
@@ -280,7 +305,9 @@ async def capture_seat(
         custody_revision=custody_revision,
         space_state=space_state,
     )
-    ref = seal_seat(seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id)
+    ref = await anyio.to_thread.run_sync(
+        seal_seat, seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id
+    )
     t_seal = time.monotonic()
     summary = SeatSummary(
         name=agent.name,

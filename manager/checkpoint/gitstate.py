@@ -250,7 +250,7 @@ async def stream_git_to_file(
     phase: str = "",
 ) -> FileRef:
     """Stream one git command's stdout into a new exclusive file, never holding it in memory."""
-    out = ExclusiveFile(directory, name)
+    out = await anyio.to_thread.run_sync(ExclusiveFile, directory, name)
     try:
         stderr = bytearray()
         done = 0
@@ -952,7 +952,7 @@ def _write_untracked_tar(
 async def _capture_untracked(
     top: Path, paths: Sequence[bytes], seat_dir: Path, progress: Progress | None
 ) -> FileRef:
-    out = ExclusiveFile(seat_dir, UNTRACKED_FILE)
+    out = await anyio.to_thread.run_sync(ExclusiveFile, seat_dir, UNTRACKED_FILE)
 
     def report(done: int) -> None:
         if progress is not None:
@@ -1045,13 +1045,7 @@ async def _capture_config(
     entries = _config_entries(listing)
     kept, redacted = _redact_config(raw, entries)
     data = raw if not redacted else _render_config(kept)
-    out = ExclusiveFile(seat_dir, GIT_CONFIG_FILE)
-    try:
-        out.write(data)
-        ref = out.finish()
-    except BaseException:
-        out.abort()
-        raise
+    ref = await _write_small_off_loop(seat_dir, GIT_CONFIG_FILE, data)
     if redacted:
         reread = await run_git(
             cwd, "config", "--file", str(seat_dir / GIT_CONFIG_FILE), "--null", "--list"
@@ -1107,6 +1101,13 @@ def _write_small(seat_dir: Path, name: str, data: bytes) -> FileRef:
     except BaseException:
         out.abort()
         raise
+
+
+async def _write_small_off_loop(seat_dir: Path, name: str, data: bytes) -> FileRef:
+    # Creating a file and fsyncing it can wait on the file system's journal for as long as
+    # another thread's fsync takes; every seat's capture shares this event loop, so none of
+    # them may block it (docs/design.md decision 24).
+    return await anyio.to_thread.run_sync(_write_small, seat_dir, name, data)
 
 
 def bundle_heads(list_heads_output: bytes) -> dict[str, str]:
@@ -1343,12 +1344,12 @@ async def _capture_tree(
     else:
         # Both diffs are empty, and two git runs per seat would write nothing: a seat at rest
         # usually has committed its work. The after-capture check reads the status again.
-        index_diff = _write_small(seat_dir, INDEX_DIFF_FILE, b"")
-        worktree_diff = _write_small(seat_dir, WORKTREE_DIFF_FILE, b"")
+        index_diff = await _write_small_off_loop(seat_dir, INDEX_DIFF_FILE, b"")
+        worktree_diff = await _write_small_off_loop(seat_dir, WORKTREE_DIFF_FILE, b"")
     untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress)
     refs_ref: FileRef | None = None
     if facts.refs:
-        refs_ref = _write_small(seat_dir, REFS_FILE, format_refs_list(facts.refs))
+        refs_ref = await _write_small_off_loop(seat_dir, REFS_FILE, format_refs_list(facts.refs))
     config, redacted, hooks, exclude = await _capture_gitdir(cwd, facts.gitdir, seat_dir)
     status_file: FileRef | None = None
     ita_file: FileRef | None = None
@@ -1356,8 +1357,8 @@ async def _capture_tree(
     status_inline, ita_inline = facts.status, ita
     ita_bytes = b"".join(p.encode() + b"\0" for p in ita)
     if len(facts.status.encode()) + len(ita_bytes) > LISTS_INLINE_CAP:
-        status_file = _write_small(seat_dir, STATUS_FILE, facts.status.encode())
-        ita_file = _write_small(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
+        status_file = await _write_small_off_loop(seat_dir, STATUS_FILE, facts.status.encode())
+        ita_file = await _write_small_off_loop(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
         status_inline, ita_inline = "", []
     return _TreeArtifacts(
         index_diff=index_diff,

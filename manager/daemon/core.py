@@ -981,7 +981,11 @@ class Manager:
                         f"kill -9 {pid} (it may be stuck in the kernel), then retry; the manager "
                         "reaps it as soon as it dies",
                     )
-                survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
+                # A pass over every process's environment: in a worker thread, so the stops of
+                # other seats (a cut stops them side by side) go on meanwhile.
+                survivors = await anyio.to_thread.run_sync(
+                    processes_with_env, "COTAL_LIFECYCLE_UID", seat.uid
+                )
                 if survivors:
                     seat.apply("unproven")
                     raise Refusal(
