@@ -30,6 +30,7 @@ import os
 import re
 import stat
 import tarfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -552,7 +553,9 @@ async def _build(
     # Every file was just written, so the index's stat data are stale and each status below
     # (run without optional locks, so it never writes the index) would hash every file again:
     # 0.28 s a run on issue 13's repository against 8 ms refreshed. The staging repository is
-    # this restore's own, and a refresh changes only stat data, never an entry.
+    # this restore's own, and a refresh changes only stat data, never an entry. The files of
+    # this second are dated back first, or the refreshed index would still be racy for them.
+    await anyio.to_thread.run_sync(_settle_stat_data, staging)
     await run_git(staging, "update-index", "-q", "--refresh", ok=(0, 1), code="restore-failed")
     staged = (await run_git(staging, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
     if staged != status:
@@ -562,6 +565,37 @@ async def _build(
             f"{_show_status(status)}",
             "the checkpoint does not reproduce its own tree; cut a new one",
         )
+
+
+def _settle_stat_data(top: Path) -> None:
+    """Date every file of the tree written in the current second back to the second before.
+
+    This git keeps whole-second file times, and an index entry whose file time is not older
+    than the index file itself is "racily clean": git cannot trust its stat data, so every
+    reader hashes that file again, and a reader that does not write the index (every status of
+    the restore's comparisons, of a later cut's inspections, of the seat's own git run with
+    optional locks off) does so every time, until an index lands in a later second. A restore
+    writes its whole tree and then its index within the same second more often than not: on
+    issue 13's repository that cost the resume up to 0.5 s and the next cut about as much
+    again. A file dated back differs from its index entry, so the refresh that follows hashes
+    it once, proves its content, and records stat data that are then older than the index.
+    Only this restore's staging tree is touched; no symlink is followed.
+    """
+    second = 1_000_000_000
+    this_second = time.time_ns() // second
+    back = (this_second - 1) * second
+    pending = [(os.fspath(top), True)]
+    while pending:
+        directory, at_top = pending.pop()
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if not (at_top and entry.name == ".git"):
+                        pending.append((entry.path, False))
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                if st.st_mtime_ns // second >= this_second:
+                    os.utime(entry.path, ns=(st.st_atime_ns, back), follow_symlinks=False)
 
 
 # -- promotion ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import tarfile
+import time
 from pathlib import Path
 
 import msgspec
@@ -15,7 +16,7 @@ import pytest
 
 from manager.checkpoint.confine import place_session_file, session_destination
 from manager.checkpoint.gitstate import capture_repository
-from manager.checkpoint.restore import restore_repository
+from manager.checkpoint.restore import _settle_stat_data, restore_repository
 from protocol.checkpoint import FileRef, RepositoryRecord, SessionFile
 from protocol.errors import Refusal
 from tests.gitrepo import (
@@ -126,6 +127,75 @@ async def test_round_trip_reproduces_every_kind_of_change(tmp_path: Path) -> Non
     assert not os.path.lexists(Path(f"{target}.incoming"))
     # The clone's remote pointed at the checkpoint; the seat never had one.
     assert b"origin" not in git(target, "remote")
+
+
+def index_entries(repo: Path) -> dict[str, tuple[int, int]]:
+    """Each index entry's recorded file time (whole seconds) and size, from `ls-files --debug`."""
+    entries: dict[str, tuple[int, int]] = {}
+    path, mtime = "", 0
+    for line in git(repo, "ls-files", "--debug").decode().splitlines():
+        if not line.startswith(" "):
+            path = line
+        elif line.strip().startswith("mtime:"):
+            mtime = int(line.split()[1].split(":")[0])
+        elif line.strip().startswith("size:"):
+            entries[path] = (mtime, int(line.split()[1]))
+    return entries
+
+
+@pytest.mark.anyio
+async def test_the_restored_index_is_not_racy(tmp_path: Path) -> None:
+    # An entry whose file time is not older than the index is hashed again by every reader
+    # that does not write the index (a cut's inspections, the seat's own status); the restore
+    # writes its tree and its index within one second, so it dates that second's files back.
+    repo = make_rich_repo(tmp_path / "src")
+    seat, record = await capture(tmp_path, repo)
+    target = tmp_path / "dest" / "work"
+
+    await restore_repository(seat, record, target, stamp=STAMP)
+
+    index_second = int(os.stat(target / ".git" / "index").st_mtime)
+    # A file that differs from its entry is compared by content whatever its stat data say.
+    differing = set(git(target, "diff-files", "--name-only", "-z").decode().split("\0"))
+    entries = {p: e for p, e in index_entries(target).items() if p not in differing}
+    assert len(entries) >= 5
+    for path, (mtime, size) in entries.items():
+        assert mtime < index_second, path
+        st = os.lstat(target / path)
+        if stat.S_ISREG(st.st_mode):
+            # A racily clean entry is written with its size zeroed; none may be.
+            assert size == st.st_size, path
+            assert int(st.st_mtime) == mtime, path
+    assert observe(target) == observe(repo)
+
+
+def test_settling_dates_back_only_this_seconds_files_and_follows_no_link(tmp_path: Path) -> None:
+    top = tmp_path / "tree"
+    (top / ".git").mkdir(parents=True)
+    (top / ".git" / "index").write_bytes(b"not ours to touch")
+    (top / "sub" / "deeper").mkdir(parents=True)
+    (top / "sub" / "deeper" / "new.txt").write_text("new\n")
+    (top / "old.txt").write_text("old\n")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("elsewhere\n")
+    os.symlink(outside, top / "link")
+    os.symlink(tmp_path / "missing", top / "dangling")
+    old_ns = 1_600_000_000 * 1_000_000_000
+    os.utime(top / "old.txt", ns=(old_ns, old_ns))
+    os.utime(outside, ns=(old_ns, old_ns))
+    git_before = os.stat(top / ".git" / "index").st_mtime_ns
+
+    before = time.time_ns() // 1_000_000_000
+    _settle_stat_data(top)
+    after = time.time_ns() // 1_000_000_000
+
+    for name in ("sub/deeper/new.txt", "link", "dangling"):
+        mtime = os.lstat(top / name).st_mtime_ns
+        assert mtime % 1_000_000_000 == 0, name
+        assert before - 1 <= mtime // 1_000_000_000 <= after - 1, name
+    assert os.lstat(top / "old.txt").st_mtime_ns == old_ns
+    assert os.stat(outside).st_mtime_ns == old_ns
+    assert os.stat(top / ".git" / "index").st_mtime_ns == git_before
 
 
 @pytest.mark.anyio
