@@ -515,6 +515,13 @@ def bench_big(
         doc["secondCutWallMs"]["medianMs"] / doc["cutWallMs"]["medianMs"], 3
     )
     doc["secondBytesRatio"] = round(doc["secondCutBytesMedian"] / doc["cutBytesMedian"], 4)
+    # Each repetition's cotal and shell processes run back to back; the median of their
+    # ratios is what a machine whose speed drifts between repetitions leaves comparable. The
+    # goal is judged on the ratio of the medians above; this is shown beside it.
+    doc["cutRatioPaired"] = round(median([r["cutWallMs"] / r["shellCaptureMs"] for r in runs]), 2)
+    doc["resumeRatioPaired"] = round(
+        median([r["resumeWallMs"] / r["shellRestoreMs"] for r in runs]), 2
+    )
     return doc
 
 
@@ -577,14 +584,16 @@ def goal_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         f"whole cut of 1 seat / shell capture ({shape['commits']} commits, "
         f"{shape['blobMiB']} MiB blob)",
         big["cutRatio"],
-        f"{big['cutRatio']:.2f}x ({sec(big['cutWallMs'])} / {sec(big['shellCaptureMs'])})",
+        f"{big['cutRatio']:.2f}x ({sec(big['cutWallMs'])} / {sec(big['shellCaptureMs'])}; "
+        f"paired {big['cutRatioPaired']:.2f}x)",
         "<= 1.10",
     )
     add(
         "resumeVsShell",
         "whole up --restore of 1 seat / shell restore (same repository)",
         big["resumeRatio"],
-        f"{big['resumeRatio']:.2f}x ({sec(big['resumeWallMs'])} / {sec(big['shellRestoreMs'])})",
+        f"{big['resumeRatio']:.2f}x ({sec(big['resumeWallMs'])} / "
+        f"{sec(big['shellRestoreMs'])}; paired {big['resumeRatioPaired']:.2f}x)",
         "<= 1.10",
     )
     plain = (
