@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import cut as cut_bench  # noqa: E402
 from bench.common import REPO, bench_env, machine_info, say, temp_tree  # noqa: E402
 from manager.broker.embedded import nats_server_binary  # noqa: E402
-from manager.checkpoint.gitstate import STATUS_ARGS  # noqa: E402
+from manager.checkpoint.gitstate import PROBE_ARGS, REFS_ARGS, STATUS_ARGS  # noqa: E402
 
 STATE_QUERY = b'{"type":"get_state","id":"floor"}\n'
 
@@ -136,20 +136,7 @@ def _git(repo: Path, *args: str) -> str:
 
 def inspections(repos: list[Path], env: dict[str, str]) -> float:
     """The git processes of each seat's three inspections, one shell per seat."""
-    probe = (
-        "rev-parse",
-        "--is-inside-work-tree",
-        "--show-toplevel",
-        "--git-common-dir",
-        "--is-shallow-repository",
-        "--git-path",
-        "index",
-        "--verify",
-        "-q",
-        "HEAD^{commit}",
-    )
-    refs = ("for-each-ref", "--format=%(HEAD)%(objectname) %(refname)")
-    reading = (probe, refs, STATUS_ARGS)
+    reading = (PROBE_ARGS, REFS_ARGS, STATUS_ARGS)
     preflight = (*reading, ("ls-files", "-s", "-t", "-v", "-z", "--debug"))
     config = ("config", "--file", ".git/config", "--null", "--list")
     scripts = [

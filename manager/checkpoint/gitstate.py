@@ -604,6 +604,22 @@ class _Probe:
 
 
 _PROBE_FIXED = 5  # is-inside-work-tree, toplevel, common dir, shallow, index path
+# One `git rev-parse` for where the repository is and whether it can be captured (`_probe`).
+PROBE_ARGS: tuple[str, ...] = (
+    "rev-parse",
+    "--is-inside-work-tree",
+    "--show-toplevel",
+    "--git-common-dir",
+    "--is-shallow-repository",
+    "--git-path",
+    "index",
+    *(arg for name, _, _ in _IN_PROGRESS for arg in ("--git-path", name)),
+    "--verify",
+    "-q",
+    "HEAD^{commit}",
+)
+# `%(HEAD)` is one character, `*` or a space, so it leads the line (`_read_refs_and_head`).
+REFS_ARGS: tuple[str, ...] = ("for-each-ref", "--format=%(HEAD)%(objectname) %(refname)")
 
 
 async def _probe(cwd: Path) -> _Probe:
@@ -619,21 +635,7 @@ async def _probe(cwd: Path) -> _Probe:
             "run the seat in a directory that is a git repository",
         )
     real = cwd.resolve()
-    probe = await run_git(
-        cwd,
-        "rev-parse",
-        "--is-inside-work-tree",
-        "--show-toplevel",
-        "--git-common-dir",
-        "--is-shallow-repository",
-        "--git-path",
-        "index",
-        *(arg for name, _, _ in _IN_PROGRESS for arg in ("--git-path", name)),
-        "--verify",
-        "-q",
-        "HEAD^{commit}",
-        ok=(0, 1, 128),
-    )
+    probe = await run_git(cwd, *PROBE_ARGS, ok=(0, 1, 128))
     lines = probe.stdout.decode("utf-8", "surrogateescape").splitlines()
     if probe.rc == 128 or not lines or lines[0] != "true":
         raise Refusal(
@@ -702,8 +704,7 @@ async def _read_refs_and_head(cwd: Path) -> tuple[dict[str, str], str | None]:
 
     `%(HEAD)` marks the ref HEAD resolves to, as `git symbolic-ref HEAD` names it.
     """
-    # `%(HEAD)` is one character, `*` or a space, so it leads the line.
-    out = await run_git(cwd, "for-each-ref", "--format=%(HEAD)%(objectname) %(refname)")
+    out = await run_git(cwd, *REFS_ARGS)
     refs: dict[str, str] = {}
     head: str | None = None
     for line in out.stdout.decode("utf-8").splitlines():
