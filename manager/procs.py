@@ -112,6 +112,10 @@ _PF_KTHREAD = 0x00200000
 # How long a process may sit inside an exec, its old image gone and its new stack not yet laid
 # out, before it is counted as unreadable rather than waited for.
 EXEC_PATIENCE_S = 1.0
+# How long a running process with a command line may take to show its environment: the
+# layout is microseconds of kernel work, so this only covers preemption on a loaded machine;
+# a busy process whose environment really is empty pays it once per read.
+ENV_LAYOUT_PATIENCE_S = 0.1
 
 
 class _Unreadable(enum.Enum):
@@ -125,11 +129,16 @@ def process_environ(pid: int) -> list[bytes] | _Unreadable | None:
     """`pid`'s environment as `name=value` items; None when it is gone, a zombie or a kernel
     thread; `STUCK_IN_EXEC` when it stayed inside an exec past `EXEC_PATIENCE_S`.
 
-    Between an exec's point of no return and the new image's stack being laid out, both
-    /proc/<pid>/environ and cmdline read empty, and a parent's `Popen` (or `vfork`) has
-    already returned: a seat just started, or a seat's child just exec'ing, would read as
-    holding no lifecycle at all. Such a process is read again until its exec is done."""
+    An exec lays out the new image's stack in one stretch of kernel code: the command line
+    first, then the environment. Until it is done /proc/<pid>/environ reads empty, and a
+    parent's `Popen` (or `vfork`) has already returned by then: a seat just started, or a
+    seat's child just exec'ing, would read as holding no lifecycle at all. So an empty
+    environment is read again while the process may still be in that stretch: always while
+    its command line is empty too, and while it is running or waiting in the kernel (not
+    asleep, not stopped) once its command line is there, which a busy machine can stretch
+    past a scheduler tick."""
     deadline = None
+    laid_out_by = None
     while True:
         env = _read_proc(pid, "environ")
         if env:
@@ -139,16 +148,22 @@ def process_environ(pid: int) -> list[bytes] | _Unreadable | None:
         cmdline = _read_proc(pid, "cmdline")
         if cmdline is None:
             return None
+        now = time.monotonic()
         if cmdline:
-            # The exec may have finished between the two reads: its new stack holds the
-            # command line before the environment, so one more look after a pause decides.
-            time.sleep(0.002)
-            env = _read_proc(pid, "environ")
-            return None if env is None else [item for item in env.split(b"\0") if item]
-        if deadline is None:
-            deadline = time.monotonic() + EXEC_PATIENCE_S
-        elif time.monotonic() > deadline:
-            return STUCK_IN_EXEC
+            if laid_out_by is None:
+                laid_out_by = now + ENV_LAYOUT_PATIENCE_S
+            rest = _stat_fields(pid)
+            if rest is None:
+                return None
+            if rest[0] not in (b"R", b"D") or now > laid_out_by:
+                # Out of the exec's stretch (or never in it): the environment is empty.
+                env = _read_proc(pid, "environ")
+                return None if env is None else [item for item in env.split(b"\0") if item]
+        else:
+            if deadline is None:
+                deadline = now + EXEC_PATIENCE_S
+            elif now > deadline:
+                return STUCK_IN_EXEC
         time.sleep(0.001)
 
 

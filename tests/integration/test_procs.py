@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
-from manager.procs import process_environ, processes_with_env, processes_with_envs
+from manager.procs import (
+    ENV_LAYOUT_PATIENCE_S,
+    process_environ,
+    processes_with_env,
+    processes_with_envs,
+)
 
 NAME = "COTAL_LIFECYCLE_UID"
 
@@ -51,6 +58,23 @@ def test_a_process_just_started_is_read_after_its_exec_not_as_empty(tmp_path: Pa
             f"{NAME}={value}".encode(),
             f"OTHER=x{value}".encode(),
         ]
+
+
+def test_a_busy_process_with_an_empty_environment_reads_empty_not_as_stuck(
+    tmp_path: Path,
+) -> None:
+    # Running, with a command line and no environment: what a process inside the exec's
+    # layout looks like, for a moment; past that moment it is just a process with none.
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], env={}, cwd=tmp_path)
+    try:
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+            time.sleep(0.001)
+        t0 = time.monotonic()
+        assert process_environ(proc.pid) == []
+        assert time.monotonic() - t0 < 2 * ENV_LAYOUT_PATIENCE_S + 0.5
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_an_empty_environment_reads_empty_and_a_zombie_reads_as_no_process(
