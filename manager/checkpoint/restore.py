@@ -570,8 +570,9 @@ async def _build(
 def _settle_stat_data(top: Path) -> None:
     """Date every file of the tree written in the current second back to the second before.
 
-    This git keeps whole-second file times, and an index entry whose file time is not older
-    than the index file itself is "racily clean": git cannot trust its stat data, so every
+    Git (as built here, without nanosecond checks) judges by whole seconds, and an index entry
+    whose file time is not older than the index file itself is "racily clean": git cannot
+    trust its stat data, so every
     reader hashes that file again, and a reader that does not write the index (every status of
     the restore's comparisons, of a later cut's inspections, of the seat's own git run with
     optional locks off) does so every time, until an index lands in a later second. A restore
