@@ -143,8 +143,10 @@ def process_environ(pid: int) -> list[bytes] | _Unreadable | None:
         env = _read_proc(pid, "environ")
         if env:
             return [item for item in env.split(b"\0") if item]
-        if env is None or _exempt(pid):
+        rest = _stat_fields(pid)
+        if env is None or _exempt(rest):
             return None
+        assert rest is not None
         cmdline = _read_proc(pid, "cmdline")
         if cmdline is None:
             return None
@@ -152,9 +154,6 @@ def process_environ(pid: int) -> list[bytes] | _Unreadable | None:
         if cmdline:
             if laid_out_by is None:
                 laid_out_by = now + ENV_LAYOUT_PATIENCE_S
-            rest = _stat_fields(pid)
-            if rest is None:
-                return None
             if rest[0] not in (b"R", b"D") or now > laid_out_by:
                 # Out of the exec's stretch (or never in it): the environment is empty.
                 env = _read_proc(pid, "environ")
@@ -175,7 +174,7 @@ def _read_proc(pid: int, name: str) -> bytes | None:
         return None
 
 
-def _exempt(pid: int) -> bool:
-    """A zombie or a kernel thread: empty proc files that no exec will fill."""
-    rest = _stat_fields(pid)
+def _exempt(rest: list[bytes] | None) -> bool:
+    """Gone, a zombie or a kernel thread (from `_stat_fields`): empty proc files that no exec
+    will fill."""
     return rest is None or rest[0] in (b"Z", b"X") or bool(int(rest[6]) & _PF_KTHREAD)

@@ -244,12 +244,11 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             on_exit.callback(_rmdir_if_empty, layout.control)
         on_exit.callback(_rmdir_if_empty, layout.control / admit.SCRATCH_DIR)
         broker = _broker_for(args, layout)
-        adm, embedded_info, footprint = await _admit_while_broker_starts(
+        admitted, embedded_info, footprint = await _admit_while_broker_starts(
             args, layout, src, on_exit, broker
         )
-        sig = signer(adm, args, layout)
+        adm, sig, inboxes = admitted.admission, admitted.signer, admitted.inboxes
         _say(f"sealed by {signer_line(sig)}")
-        inboxes = _read_inboxes(adm)
         if broker.embedded and embedded_info is None:
             _say("starting the embedded broker from this root's store")
             embedded_info = await _start_embedded(layout)
@@ -309,8 +308,9 @@ async def _admit_while_broker_starts(
     src: Path,
     on_exit: contextlib.AsyncExitStack,
     broker: BrokerRef,
-) -> tuple[admit.Admission, embedded.BrokerInfo | None, _BrokerFootprint]:
-    """Gate 1, and on a root that has no broker store yet the embedded broker's start beside
+) -> tuple[_Admitted, embedded.BrokerInfo | None, _BrokerFootprint]:
+    """Gate 1 (with the signer and the carried inboxes read from what it admitted), and on a
+    root that has no broker store yet the embedded broker's start beside
     it: admission is mostly git unbundling in a child process, and the broker's start is a
     process of its own, so on a new host neither waits for the other. A refusal stops that
     broker and removes what its start made (`_BrokerFootprint`), so the root is as it was; a
@@ -319,23 +319,25 @@ async def _admit_while_broker_starts(
     would be one after the other."""
     footprint = _BrokerFootprint.before(layout)
     overlap = broker.embedded and not footprint.had_store
-    admitted: list[admit.Admission] = []
+    admitted: list[_Admitted] = []
     started: list[embedded.BrokerInfo] = []
     failed: dict[str, Exception] = {}
+    kept: list[admit.Admission] = []
 
     async def admission() -> None:
         # Shielded, as the broker's start is: each finishes, so what it made is known and can
         # be undone, whatever the other does.
         with anyio.CancelScope(shield=True):
             try:
-                admitted.append(
-                    await admit_integrity(
-                        src,
-                        trusted_keys(args, layout),
-                        chain.search_dirs(layout),
-                        keep_in=layout.control / admit.SCRATCH_DIR,
-                    )
+                adm = await admit_integrity(
+                    src,
+                    trusted_keys(args, layout),
+                    chain.search_dirs(layout),
+                    keep_in=layout.control / admit.SCRATCH_DIR,
                 )
+                kept.append(adm)
+                # Read here, so that their refusals, too, take back a broker started beside.
+                admitted.append(_Admitted(adm, signer(adm, args, layout), _read_inboxes(adm)))
             except Exception as exc:
                 failed["admission"] = exc
 
@@ -362,11 +364,20 @@ async def _admit_while_broker_starts(
                 await anyio.to_thread.run_sync(footprint.undo)
         raise
     finally:
-        if admitted:
+        if kept:
             # Whatever happens next (a refusal, a rerun that restores nothing, the restore
             # done), what admission kept for the restore is removed when this run ends.
-            on_exit.callback(admit.discard_scratch, admitted[0])
+            on_exit.callback(admit.discard_scratch, kept[0])
     return admitted[0], started[0] if started else None, footprint
+
+
+@dataclasses.dataclass(frozen=True)
+class _Admitted:
+    """What gate 1 passed, with the signer shown for it and each seat's carried messages."""
+
+    admission: admit.Admission
+    signer: dict[str, Any]
+    inboxes: dict[str, list[CarriedMessage]]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -548,11 +548,7 @@ class Manager:
     ) -> None:
         while True:
             if handle.reaped:
-                raise Refusal(
-                    "seat-failed",
-                    f"seat {seat.name} exited during start",
-                    f"read {handle.log_path}",
-                )
+                raise _exited_before_ready(seat, handle)
             try:
                 reported = await driver.get_state()
             except Refusal as exc:
