@@ -242,6 +242,12 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
         seats = await anyio.to_thread.run_sync(chain.check_predecessor, layout, opts.since)
         _say(f"incremental since attempt {opts.since} ({len(seats)} seat(s) recorded there)")
     if record is not None and record.kind == "cut" and record.state == "ready":
+        # A manager that answers after a sealed cut was started by a plain `cotal up`: its seats
+        # are a new mesh the sealed attempt does not hold, so "already sealed" would leave them
+        # neither captured nor stopped.
+        status = await mesh.probe_status(layout)
+        if status is not None and status.get("seats"):
+            raise sealed_cut_waiting(record.attempt_id, int(status["seats"]))
         _print(
             args,
             {
@@ -302,6 +308,21 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                 _say(f"continuing cut {attempt} from journal state {record.state}")
                 result = await _continue(layout, session, journal, record, status, opts)
             return await _finish(layout, session, journal, attempt, result, descriptor, t0)
+
+
+def sealed_cut_waiting(attempt: str, seats: int) -> Refusal:
+    """The refusal a cut meets while a sealed cut still waits in the root and a new mesh runs
+    seats beside it; `cotal up` prints its message ahead of time."""
+    return Refusal(
+        "sealed-cut-waiting",
+        f"cut {attempt} is sealed and waiting in this root, and the manager now runs {seats} "
+        "seat(s) it does not hold; a cut now would capture neither, so nothing was fenced or "
+        "stopped",
+        f"carry the sealed cut away first (`cotal checkpoint pack {attempt} -o FILE`, then "
+        f"`cotal checkpoint discard {attempt}`) or discard it (`cotal checkpoint discard "
+        f"{attempt}`: its seats will not be resumed here), then rerun `cotal down "
+        "--preserve-state`",
+    )
 
 
 def _orphaned_attempt(status: dict[str, Any] | None) -> str | None:

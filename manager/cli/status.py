@@ -268,6 +268,12 @@ def warning_lines(items: list[dict[str, Any]]) -> list[str]:
         for i, step in enumerate(item["next"]):
             label = labels[i] if i < len(labels) else "continue"
             lines.append(f"  {label + ':':<9} {step}")
+        if item["what"] in ("sealed-cut", "handed-off"):
+            lines.append(
+                "  next cut: `cotal down --preserve-state` refuses (sealed-cut-waiting) while "
+                f"cut {item['attemptId']} waits and this mesh runs a seat; discard it first "
+                "(after packing it, to keep it)"
+            )
     return lines
 
 
