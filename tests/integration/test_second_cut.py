@@ -74,7 +74,10 @@ def test_after_the_sealed_cut_is_discarded_the_second_cut_captures_the_new_seat(
     assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == ["b"]
     assert not pid_alive(int(str(before["pid"])))
     record = Journal(Layout.at(cli.root)).load()
-    assert record is not None and (record.attempt_id, record.state) == (second["attemptId"], "ready")
+    assert record is not None and (record.attempt_id, record.state) == (
+        second["attemptId"],
+        "ready",
+    )
 
 
 def test_a_rerun_after_a_sealed_cut_with_no_manager_is_still_already_complete(cli: Cli) -> None:
