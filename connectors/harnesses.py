@@ -34,8 +34,7 @@ from protocol.errors import Refusal
 PIN_RESOURCE = "harnesses.json"
 TOOLS_ENV = "COTAL_TOOLS_DIR"
 # The directory that holds the `connectors`, `manager` and `protocol` packages: the checkout in
-# a source tree, site-packages in an installed wheel. A child Python that must import cotal
-# whatever its cwd gets it on PYTHONPATH.
+# a source tree, site-packages in an installed wheel.
 PACKAGES_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -9,7 +9,6 @@ host resolves it against its own root.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import msgspec
@@ -23,6 +22,7 @@ from connectors.base import (
     StoreDecl,
     TurnOutcome,
 )
+from connectors.interpreter import own_python
 from connectors.jsonl_driver import (
     DriverEvent,
     JsonLinesDriver,
@@ -49,9 +49,6 @@ from connectors.scribe.harness import (
 )
 from protocol.codec import encode_json
 from protocol.errors import DecodeError
-
-# connectors/scribe/connector.py -> the directory that holds `connectors/` and `protocol/`.
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ScribeCodec:
@@ -127,9 +124,8 @@ class ScribeConnector:
         check_prompt(self.name, opts.prompt)
         store = store_path(opts)
         argv = [
-            sys.executable,
-            "-m",
-            "connectors.scribe",
+            # Isolated: the seat's cwd, which the seat writes, must not stand in for cotal.
+            *own_python("connectors.scribe"),
             "--store",
             str(store),
             "--pointer",
@@ -144,8 +140,6 @@ class ScribeConnector:
         if opts.config.get("ignore_sigterm"):
             argv.append("--ignore-sigterm")
         env = base_env(opts)
-        # The child must import this checkout's packages whatever its cwd is.
-        env["PYTHONPATH"] = str(REPO_ROOT)
         relpath = _relative_to_root(store, opts.workspace_root)
         return LaunchSpec(
             argv=argv,

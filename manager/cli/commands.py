@@ -36,6 +36,7 @@ def _run(fn: Callable[..., Any], *a: Any) -> Any:
 def cmd_up(args: argparse.Namespace) -> int:
     from manager.cli import mesh
 
+    mesh.check_root(root_of(args))
     if args.restore:
         from manager.cli import restore as resume_cli
 

@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -42,7 +41,9 @@ from typing import Any
 
 from connectors import sandbox
 from connectors.base import continuity_class
+from connectors.interpreter import own_python
 from manager import eventloop, registry
+from manager.checkpoint import clock
 from manager.cli import tools
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
@@ -137,12 +138,14 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
             if report.name in ("pi", "claude"):
                 report.missing.append(pin_problem)
     isolation = isolation_row()
+    time_row = clock_row()
     if as_json:
         for report in reports:
             say(json.dumps(report.as_dict(), sort_keys=True))
         say(json.dumps(isolation, sort_keys=True))
+        say(json.dumps(time_row, sort_keys=True))
     else:
-        for line in render(reports) + render_isolation(isolation):
+        for line in render(reports) + render_isolation(isolation) + render_clock(time_row):
             say(line)
     return 1 if any(r.failing for r in reports) else 0
 
@@ -209,6 +212,38 @@ def isolation_row() -> dict[str, Any]:
     return row
 
 
+def clock_row() -> dict[str, Any]:
+    """Whether a resume here can judge a checkpoint's age: never a failure of the check, since
+    a host that only cuts needs no synchronized clock."""
+    reading = clock.read_clock()
+    row: dict[str, Any] = {
+        "name": "clock",
+        "synchronized": reading.synchronized,
+        "source": reading.source,
+        "detail": reading.detail,
+        "warning": None,
+    }
+    if reading.source != "kernel":
+        row["warning"] = (
+            f"{clock.TEST_HOOK_ENV} stands in for the kernel's reading: a test hook, never "
+            "for a real destination; unset it"
+        )
+    elif not reading.synchronized:
+        row["warning"] = (
+            "a resume or `checkpoint verify` here refuses clock-unsynchronized; start chrony, "
+            "ntpd or systemd-timesyncd"
+        )
+    return row
+
+
+def render_clock(row: Mapping[str, Any]) -> list[str]:
+    state = "synchronized" if row["synchronized"] else "not synchronized"
+    lines = [f"clock: {state} ({row['detail']})"]
+    if row["warning"]:
+        lines.append(f"         warning: {row['warning']}")
+    return lines
+
+
 def render_isolation(row: Mapping[str, Any]) -> list[str]:
     lines = ["", f"seat isolation: {row['mode']} ({row['detail']})"]
     if row["warning"]:
@@ -252,17 +287,18 @@ def check(
 
 
 def _check_scribe(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
-    # Built in: the program is this interpreter running the package's own module.
+    # Built in: the program is this interpreter running the package's own module, isolated as
+    # the connector launches it, so the probe finds cotal where a seat will.
+    program = own_python("connectors.scribe")
     report.installed = True
-    report.path = f"{sys.executable} -m connectors.scribe"
+    report.path = " ".join(program)
     try:
         from importlib.metadata import version
 
         report.version = f"cotal {version('cotal')}"
     except Exception:
         report.version = "built-in"
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tools.PACKAGES_ROOT)}
-    ok, detail = _probe([sys.executable, "-m", "connectors.scribe", "--help"], env)
+    ok, detail = _probe([*program, "--help"], {"PATH": os.environ.get("PATH", "")})
     report.usable = ok
     if not ok:
         report.missing.append(

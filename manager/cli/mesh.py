@@ -6,8 +6,8 @@ import functools
 import os
 import secrets
 import signal
+import stat
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import anyio
 import msgspec
 
+from connectors.interpreter import own_python
 from manager import eventloop
 from manager.broker import embedded
 from manager.cli.warm import WarmManager, warm_manager
@@ -100,7 +101,7 @@ class _Launch:
 
     @property
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "manager.cli", *self.serve_args]
+        return [*own_python("manager.cli"), *self.serve_args]
 
 
 async def _provision(
@@ -400,6 +401,41 @@ async def _up(
         )
 
 
+def check_root(root: Path) -> None:
+    """What `cotal up` needs of a root before it touches anything, each refused by name: a
+    control directory it can own, a root it can write, and a `cotal.toml` the manager can read
+    (which would otherwise surface only as the manager's own failed start)."""
+    control = Layout.at(root).control
+    try:
+        st: os.stat_result | None = os.lstat(control)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a file, not a directory"
+        raise Refusal(
+            "bad-control-dir",
+            f"{control} is {kind}; cotal keeps its tokens, broker store and logs in that directory",
+            f"move {control} aside (it is not cotal's), then rerun `cotal up`",
+        )
+    writable = control if st is not None else root
+    if os.statvfs(writable).f_flag & os.ST_RDONLY:
+        raise Refusal(
+            "root-not-writable",
+            f"{writable} is on a read-only file system; cotal writes its control directory there",
+            "remount it read-write, or run `cotal up` in a writable workspace root",
+        )
+    if not os.access(writable, os.W_OK | os.X_OK):
+        raise Refusal(
+            "root-not-writable",
+            f"{writable} is not writable by uid {os.geteuid()}; cotal writes its control "
+            "directory there",
+            "run cotal as the user who owns the workspace root, or fix its permissions",
+        )
+    from manager import registry
+
+    registry.load_config(root)
+
+
 def up(
     root: Path,
     *,
@@ -502,7 +538,9 @@ def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[st
     else:
         say(f"broker  {info.url}")
         say(f"creds   {info.creds}")
-        say(f"monitor {info.monitor}")
+        if info.monitor:
+            # Only with COTAL_BROKER_MONITOR set: off by default, as seats could read it.
+            say(f"monitor {info.monitor}")
         say("use: cotal up --server URL --creds FILE   (Ctrl-C stops the broker)")
     stop = False
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, BinaryIO
 
 import msgspec
+
+from connectors.interpreter import own_python
 
 GO_CAP = 64 * 1024
 # What a warm process may become: only the manager's own command.
@@ -33,7 +34,7 @@ Arg = Annotated[str, msgspec.Meta(max_length=4096)]
 
 
 class WarmGo(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """The manager's command line after `python -m manager.cli`, and where its output goes."""
+    """The manager's command line after `python -I -m manager.cli`, and where its output goes."""
 
     argv: Annotated[list[Arg], msgspec.Meta(min_length=2, max_length=64)]
     out: Arg
@@ -51,7 +52,7 @@ class WarmManager:
         try:
             proc = subprocess.Popen(
                 # --root only names whose manager this is, for whoever lists the processes.
-                [sys.executable, "-m", "manager.cli", "manager", "warm", "--root", str(root)],
+                [*own_python("manager.cli"), "manager", "warm", "--root", str(root)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

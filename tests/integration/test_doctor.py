@@ -105,3 +105,28 @@ def test_the_running_managers_seats_count_as_use(mesh: Cli, no_tools: Path) -> N
     found = rows(doctor(mesh.root, "--json", tools=no_tools))
     assert found["scribe"]["used_by"] == ["default agent", "seat w1", "seat w2"]
     assert found["pi"]["used_by"] == []
+
+
+def test_the_clock_row_says_whether_a_resume_here_can_judge_age(root: Path) -> None:
+    hooked = rows(doctor(root, "--json"))["clock"]
+    assert (hooked["synchronized"], hooked["source"], hooked["detail"]) == (
+        True,
+        "COTAL_TEST_CLOCK_STATUS",
+        "COTAL_TEST_CLOCK_STATUS=synchronized",
+    )
+    assert "a test hook, never for a real destination" in hooked["warning"]
+    env = {k: v for k, v in cotal_env().items() if k != "COTAL_TEST_CLOCK_STATUS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=root,
+    )
+    kernel = rows(proc)["clock"]
+    assert kernel["source"] == "kernel" and kernel["detail"].startswith("adjtimex state ")
+    if kernel["synchronized"]:
+        assert kernel["warning"] is None
+    else:
+        assert "refuses clock-unsynchronized" in kernel["warning"]

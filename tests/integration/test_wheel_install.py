@@ -132,7 +132,7 @@ def test_an_installed_wheel_runs_outside_the_checkout(venv: Path, tmp_path: Path
     assert (pi["installed"], pi["usable"], pi["version"]) == (True, True, PI.version)
     assert Path(pi["path"]).is_relative_to(tools / "pi")
     scribe = doctor["scribe"]
-    assert scribe["ready"] and scribe["path"] == f"{bin_ / 'python'} -m connectors.scribe"
+    assert scribe["ready"] and scribe["path"] == f"{bin_ / 'python'} -I -m connectors.scribe"
 
     up = ["--root", str(root)]
     run([cotal, "up", "--detach", *up], cwd=cwd, env=env)

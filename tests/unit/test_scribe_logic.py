@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import anyio
@@ -22,7 +23,7 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
-from connectors.scribe.connector import REPO_ROOT, ScribeCodec, ScribeConnector
+from connectors.scribe.connector import ScribeCodec, ScribeConnector
 from connectors.scribe.harness import (
     Directives,
     Message,
@@ -216,7 +217,9 @@ def opts(root: Path, **kw: object) -> LaunchOpts:
 def test_launch_fresh(tmp_path: Path) -> None:
     spec = ScribeConnector().build_launch(opts(tmp_path))
     store = tmp_path / ".cotal/sessions/scribe/alpha-u1.store"
-    assert spec.argv[1:] == [
+    assert spec.argv == [
+        sys.executable,
+        "-I",
         "-m",
         "connectors.scribe",
         "--store",
@@ -229,8 +232,7 @@ def test_launch_fresh(tmp_path: Path) -> None:
     )
     assert spec.expected_session_id is None
     assert spec.cwd == tmp_path / "work"
-    assert spec.env["PYTHONPATH"] == str(REPO_ROOT)
-    assert (REPO_ROOT / "connectors" / "scribe" / "harness.py").is_file()
+    assert not any(k.startswith("PYTHON") for k in spec.env)
     assert spec.env["COTAL_NAME"] == "alpha"
 
 
