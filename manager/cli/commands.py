@@ -53,6 +53,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     if args.json:
         emit_json(result)
+    elif result.get("stopped"):
+        say(f"the foreground manager stopped; cotal is down in {result['root']}")
     else:
         say(f"cotal is up in {result['root']}")
         say(f"  space     {result['space']}")

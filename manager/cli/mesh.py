@@ -464,12 +464,19 @@ def up(
     # and then still stop the embedded broker: a plain blocking wait outside any event loop.
     report(f"manager serving {result.layout.root} in the foreground (Ctrl-C stops it)")
     try:
-        subprocess.run(result.argv, check=False)
+        code = subprocess.run(result.argv, check=False).returncode
     finally:
         if result.record.embedded_broker is not None:
             embedded.stop_embedded(result.record.embedded_broker)
         result.layout.mesh.unlink(missing_ok=True)
-    return _summary(result, None, None)
+    # Ctrl-C reaches the manager too: a clean exit or one by that signal is the operator's stop.
+    if code not in (0, -signal.SIGINT, -signal.SIGTERM):
+        raise Refusal(
+            "daemon-failed",
+            f"the manager exited with code {code} while serving in the foreground",
+            f"read {result.layout.logs / 'manager.log'} for the reason",
+        )
+    return {**_summary(result, None, None), "stopped": True}
 
 
 async def _down(layout: Layout, report: Report) -> dict[str, Any]:
