@@ -16,7 +16,7 @@ from typing import Any
 
 from manager.cli import mesh
 from manager.procs import alive
-from manager.workspace import identity
+from manager.workspace import identity, trust
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.private import read_stable
@@ -108,7 +108,13 @@ def _identity(layout: Layout, space: str | None) -> dict[str, Any]:
         ident = identity._load(path, found)
     except Refusal as exc:
         return {"publicKey": None, "space": found, "identityError": exc.text}
-    return {"space": found, "instanceId": ident.instance_id, "publicKey": ident.public_key_b64}
+    return {
+        "space": found,
+        "instanceId": ident.instance_id,
+        "publicKey": ident.public_key_b64,
+        # What an untrusted-signer refusal at a destination tells its operator to compare.
+        "fingerprint": trust.fingerprint(ident.public_key_b64),
+    }
 
 
 def _identity_spaces(layout: Layout) -> list[str]:
@@ -293,6 +299,7 @@ def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"instance  {manager['instanceId']}  space {manager.get('space')}")
     if manager.get("publicKey"):
         say(f"signer    {manager['publicKey']}  (carry it: cotal trust add KEY)")
+        say(f"          fingerprint {manager['fingerprint']}")
     if manager.get("identityError"):
         say(f"signer    unreadable: {manager['identityError']}")
     if broker["url"] is None:

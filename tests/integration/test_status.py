@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from manager.workspace import trust
 from tests.conftest import Cli
 from tests.gitrepo import git, init_repo, write
 from tests.helpers import pid_alive
@@ -58,6 +59,11 @@ async def test_status_with_a_mesh_up(mesh: Cli) -> None:
     assert manager["pid"] == doc["pid"] == record["manager"]["pid"] and pid_alive(doc["pid"])
     assert manager["instanceId"] == doc["instanceId"] == kept["instanceId"]
     assert manager["publicKey"] == _public_key(mesh.root)
+    # The fingerprint an untrusted-signer refusal elsewhere asks the operator to compare.
+    assert manager["fingerprint"] == trust.fingerprint(manager["publicKey"])
+    assert manager["fingerprint"].startswith("SHA256:") and len(manager["fingerprint"]) == 50
+    human = mesh.run("status").stdout.splitlines()
+    assert f"          fingerprint {manager['fingerprint']}" in human
     assert manager["space"] == doc["space"] == "main"
     assert doc["broker"] == {
         "url": record["server"],
