@@ -76,6 +76,20 @@ async def read(kv: KeyValue, seat: str, uid: str) -> Held | None:
     return None if found is None else Held(*found)
 
 
+async def release(kv: KeyValue, seat: str, uid: str, holder: str) -> bool:
+    """Delete a seat's custody record only while `holder` holds it, by compare-and-set on the
+    revision read: a seat that moved belongs to its new holder, whose record a late teardown
+    here must not erase. False when the record is gone or someone else's."""
+    held = await read(kv, seat, uid)
+    if held is None or held.record.holder != holder:
+        return False
+    try:
+        await kv.delete(custody_key(names.SEAT_OWNER, seat, uid), last=held.revision)
+    except KeyWrongLastSequenceError:
+        return False
+    return True
+
+
 async def create_exclusive(kv: KeyValue, key: str, value: bytes) -> int | None:
     """Publish `key` only if it has never existed; None when another creator won.
 

@@ -48,7 +48,7 @@ from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
 from protocol import control, names
-from protocol.custody import custody_key, decode_custody
+from protocol.custody import decode_custody
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.lifecycle import exit_text
@@ -824,9 +824,11 @@ class Manager:
             if self.custody is not None:
                 try:
                     with anyio.fail_after(5.0):
-                        await self.custody.delete(
-                            custody_key(names.SEAT_OWNER, seat.name, seat.uid)
+                        released = await custody.release(
+                            self.custody, seat.name, seat.uid, self.identity.instance_id
                         )
+                    if not released:
+                        log.info("custody.left_to_holder", seat=seat.name, uid=seat.uid)
                 except Exception as exc:
                     log.error("custody.delete_failed", seat=seat.name, error=str(exc))
             try:

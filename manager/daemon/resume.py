@@ -24,11 +24,19 @@ from connectors.base import continuity_class
 from manager import concurrency, failpoint, registry
 from manager.broker import custody, footprint
 from manager.broker.retry import riding_elections
+from manager.checkpoint.references import reference_errors
 from manager.daemon.seat import Seat, SeatOwner
 from protocol import control, names
 from protocol.errors import Refusal
 from protocol.instant import now_iso
-from protocol.inventory import Agent, Inventory, inventory_digest, parse_resume_args
+from protocol.inventory import (
+    CURE_REFERENCE,
+    Agent,
+    Inventory,
+    inventory_digest,
+    parse_resume_args,
+    reference_rule_errors,
+)
 
 log = structlog.get_logger("cotal.resume")
 
@@ -61,6 +69,15 @@ class Resumption:
                 "resume fewer seats per manager",
             )
         for agent in inventory.agents:
+            # The cut proved these files; the destination proves them again before it launches,
+            # since the record carries references, never the files (record 1.2).
+            failures = reference_rule_errors(agent) + reference_errors(agent)
+            if failures:
+                raise Refusal(
+                    "retained-reference",
+                    f"seat {agent.name}: " + "; ".join(failures),
+                    CURE_REFERENCE,
+                )
             if agent.name in mgr.seats:
                 raise Refusal(
                     "duplicate-name",

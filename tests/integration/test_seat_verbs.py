@@ -14,6 +14,7 @@ import anyio
 import pytest
 from nats.js.errors import NotFoundError
 
+from manager.broker import custody
 from protocol.lifecycle import decode_seat_record
 from tests.conftest import Cli
 from tests.helpers import broker, pid_alive, wait_gone
@@ -205,3 +206,19 @@ async def test_a_harness_that_exits_during_start_is_refused_with_its_code_and_lo
             f"cotal: seat dana exited before it was ready (code 2); read {log}\n"
         ), proc.stderr
     assert "scribe: transcript" in log.read_text() and "is malformed" in log.read_text()
+
+
+async def test_a_teardown_deletes_custody_only_while_this_instance_holds_it(mesh: Cli) -> None:
+    row = mesh.json("spawn", "erin")
+    uid, mine = row["lifecycleUid"], row["instanceId"]
+    async with broker(mesh.root) as js:
+        kv = await js.key_value("cotal_custody_main")
+        before = await custody.read(kv, "erin", uid)
+        assert before is not None and before.record.holder == mine
+        # A seat that moved is its new holder's: a late teardown from anyone else leaves it.
+        assert await custody.release(kv, "erin", uid, "z" * 31) is False
+        after = await custody.read(kv, "erin", uid)
+        assert after is not None and after.revision == before.revision
+        assert await custody.release(kv, "erin", uid, mine) is True
+        assert await custody.read(kv, "erin", uid) is None
+        assert await custody.release(kv, "erin", uid, mine) is False
