@@ -1,9 +1,10 @@
 """The seat launcher: the child side of seat isolation (`connectors/sandbox.py` is the daemon's).
 
-Between `setpriv --pdeathsig KILL` and the harness, every seat's process runs `main` here in the
-daemon's own interpreter in isolated mode, `python -I -S`, before any harness code: it enters a
-private mount namespace, hides `.cotal` but for the seat's own paths, applies Landlock, drops
-every capability and sets `no_new_privs`, then `execvpe`s the harness. `sandbox.py` says what
+Between `setpriv --pdeathsig KILL --no-new-privs` and the harness, every seat's process runs
+`main` here in the daemon's own interpreter in isolated mode, `python -I -S`, before any harness
+code: it enters a private mount namespace, gives the seat its own temp directories, hides every
+other cotal root and `.cotal` but for the seat's own paths, applies Landlock, drops every
+capability and sets `no_new_privs`, then `execvpe`s the harness. `sandbox.py` says what
 each step keeps out of a seat's reach and why.
 
 This runs before every seat starts, so it is kept to the standard library's cheapest modules
@@ -18,6 +19,7 @@ import ctypes
 import errno
 import json
 import os
+import stat
 import sys
 
 TYPE_CHECKING = False
@@ -105,9 +107,13 @@ SYSTEM_READ = (
     "/nix",
     "/snap",
 )
-# Shared scratch space every harness expects to write; a root kept under /tmp is still hidden
-# by the overmount, because its `.cotal` is reached through the same path.
+# Scratch space every harness expects to write. With a mount namespace each is a fresh tmpfs of
+# the seat's own (`private_temp`), so what another seat or root keeps there is not in its tree.
 SYSTEM_WRITE = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108
+# A private temp directory's inodes, per MiB of its cap: an empty file costs no bytes, so the
+# byte cap alone would not bound what a seat's files cost the kernel.
+TEMP_INODES_PER_MIB = 128
+TEMP_MIN_INODES = 1024
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 
 
@@ -139,6 +145,10 @@ class Plan:
         "own_prefix",
         "mount",
         "landlock",
+        "private_tmp",
+        "tmp_mib",
+        "fresh",
+        "registry",
     )
 
     def __init__(
@@ -152,6 +162,10 @@ class Plan:
         own_prefix: str | None = None,
         mount: str | None = None,
         landlock: int = 0,
+        private_tmp: list[str] | None = None,
+        tmp_mib: int = 0,
+        fresh: list[str] | None = None,
+        registry: str | None = None,
     ) -> None:
         self.control = control
         self.keep = keep
@@ -161,6 +175,15 @@ class Plan:
         self.own_prefix = own_prefix
         self.mount = mount
         self.landlock = landlock
+        # Temp directories replaced by a tmpfs of `tmp_mib` MiB each, the seat's paths beneath
+        # them bound back; `fresh` paths (its TMPDIR, its HOME) made empty there.
+        self.private_tmp = private_tmp or []
+        self.tmp_mib = tmp_mib
+        self.fresh = fresh or []
+        # The host's registry of cotal roots (manager/workspace/roots.py): every root it names
+        # but the seat's own, and the registry itself, become an empty read-only tmpfs. Read
+        # here rather than listed in the plan: a plan travels in argv, which is bounded.
+        self.registry = registry
 
     def fields(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -214,6 +237,10 @@ _FIELD_KINDS: dict[str, tuple[str, Callable[[object], bool]]] = {
     "own_prefix": ("a string or null", _optional_name),
     "mount": ("a string or null", _optional_name),
     "landlock": ("a whole number", _number),
+    "private_tmp": ("a list of strings", _paths),
+    "tmp_mib": ("a whole number", _number),
+    "fresh": ("a list of strings", _paths),
+    "registry": ("a string or null", _optional_name),
 }
 
 
@@ -310,6 +337,153 @@ def _placeholder(target: str, is_dir: bool) -> None:
         os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o600))
 
 
+def _outermost(paths: list[str]) -> list[str]:
+    """A path inside another of `paths` comes along with it."""
+    unique = sorted(set(paths))
+    return [p for p in unique if not any(p != o and within(p, o) for o in unique)]
+
+
+def make_own_dirs(plan: Plan) -> None:
+    """The seat's own directories under `.cotal`, named by its launch and not made yet, are made
+    on the real disk before anything is overmounted, so they outlive the seat."""
+    if not os.path.isdir(plan.control):
+        return
+    for path in plan.keep:
+        if not os.path.lexists(path):
+            os.makedirs(path, mode=0o700, exist_ok=True)
+
+
+def _open_beneath(path: str) -> tuple[int, bool] | None:
+    """An O_PATH descriptor of `path` and whether it is a directory; None when it is not there
+    or is a symlink (which could name anything: it is never bound anywhere)."""
+    try:
+        fd = os.open(path, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISLNK(mode):
+        os.close(fd)
+        return None
+    return fd, stat.S_ISDIR(mode)
+
+
+def private_temp(plan: Plan, cwd: str) -> None:
+    """Each temp directory of the plan becomes a fresh, size-capped tmpfs of this seat's own.
+    The seat's paths beneath it (its cwd tree, what else it may write, its own `.cotal` paths,
+    what it reads) are held
+    open first and bound back at the same path, so a root kept under /tmp still works for its
+    own seat while every other seat's and root's files there are not in its tree at all."""
+    granted = [w for w in plan.write if w not in plan.private_tmp and w not in plan.fresh]
+    own = [cwd, *granted, *plan.keep, *plan.read]
+    if plan.pointer_dir:
+        own.append(plan.pointer_dir)
+    if plan.private_tmp and plan.tmp_mib <= 0:
+        # A tmpfs of size 0 is unbounded: never what a plan means.
+        raise SandboxError(errno.EINVAL, "a private temp directory needs a size cap over 0 MiB")
+    inodes = max(TEMP_MIN_INODES, plan.tmp_mib * TEMP_INODES_PER_MIB)
+    options = f"mode=1777,size={plan.tmp_mib}m,nr_inodes={inodes}"
+    for temp in plan.private_tmp:
+        try:
+            st = os.lstat(temp)
+        except OSError:
+            continue
+        # A link (/var/tmp -> /tmp) is covered where it points; a seat working in the temp
+        # directory itself (or above it) keeps it as it is.
+        if not stat.S_ISDIR(st.st_mode) or within(temp, cwd):
+            continue
+        beneath = _outermost([p for p in own if p != temp and within(p, temp)])
+        held = [(p, found) for p in beneath if (found := _open_beneath(p)) is not None]
+        try:
+            _mount("tmpfs", temp, "tmpfs", MS_NOSUID | MS_NODEV, options)
+            for path, (fd, is_dir) in held:
+                _placeholder(path, is_dir)
+                _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+        finally:
+            for _, (fd, _is_dir) in held:
+                os.close(fd)
+        for path in plan.fresh:
+            if within(path, temp) and not any(within(path, p) for p, _ in held):
+                os.makedirs(path, mode=0o700, exist_ok=True)
+
+
+# An entry of the registry is a few dozen bytes: `{"version": 1, "root": "/abs/path"}`.
+REGISTRY_ENTRY_CAP = 8 * 1024
+
+
+def registered_roots(registry: str) -> list[str]:
+    """The roots the host's registry names. An entry that is not a small regular file holding
+    such a record is skipped: the daemon prunes and logs them, the launcher only reads."""
+    try:
+        names = sorted(os.listdir(registry))
+    except FileNotFoundError:
+        return []
+    found: list[str] = []
+    for name in names:
+        if name.startswith(".") or not name.endswith(".json"):
+            continue
+        try:
+            fd = os.open(
+                os.path.join(registry, name),
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+            )
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            data = os.read(fd, REGISTRY_ENTRY_CAP + 1)
+        finally:
+            os.close(fd)
+        try:
+            entry = json.loads(data) if len(data) <= REGISTRY_ENTRY_CAP else None
+        except ValueError:
+            continue
+        root = entry.get("root") if isinstance(entry, dict) and entry.get("version") == 1 else None
+        if isinstance(root, str) and root.startswith("/") and "\0" not in root:
+            found.append(os.path.normpath(root))
+    return found
+
+
+def to_hide(plan: Plan, cwd: str) -> list[str]:
+    """What of the other roots the seat's tree holds no more: a whole root when none of the
+    seat's own paths lies inside it, else (an ancestor of its cwd, of its interpreter) its
+    `.cotal` only; and the registry itself, which names them all."""
+    if plan.registry is None:
+        return []
+    own_root = os.path.dirname(plan.control)
+    own = [own_root, plan.control, cwd, *plan.keep, *plan.read, *plan.write]
+    if plan.pointer_dir:
+        own.append(plan.pointer_dir)
+    hidden = [plan.registry]
+    for other in registered_roots(plan.registry):
+        if other == own_root:
+            continue
+        holds_own = any(within(p, other) for p in own)
+        hidden.append(os.path.join(other, ".cotal") if holds_own else other)
+    return sorted(set(hidden))
+
+
+def hide_paths(paths: list[str]) -> None:
+    """Every one of `paths` still in the seat's tree becomes an empty read-only directory. The
+    target is held by a no-follow descriptor and mounted on through it, so a link put in its
+    place is never followed to somewhere else."""
+    for path in paths:
+        try:
+            fd = os.open(path, O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            _mount(
+                "tmpfs",
+                f"/proc/self/fd/{fd}",
+                "tmpfs",
+                MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                "mode=0555,size=4k",
+            )
+        finally:
+            os.close(fd)
+
+
 def hide_control_dir(plan: Plan) -> None:
     control = plan.control
     if not os.path.isdir(control):
@@ -318,12 +492,10 @@ def hide_control_dir(plan: Plan) -> None:
     pointer_dir = plan.pointer_dir
     if pointer_dir is not None:
         keep.append(pointer_dir)
-    # A path inside another kept path comes along with it.
-    keep = [k for k in sorted(set(keep)) if not any(k != o and within(k, o) for o in keep)]
+    keep = _outermost(keep)
     fds: list[tuple[str, int, bool]] = []
     for path in keep:
         if not os.path.lexists(path):
-            # The seat's own directory, named by its launch and not made yet.
             os.makedirs(path, mode=0o700, exist_ok=True)
         if os.path.islink(path):
             # A link could name anything, `.cotal/auth` included: it is not brought back, so a
@@ -437,6 +609,27 @@ def drop_capabilities() -> None:
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
+def _probe_mounts() -> None:
+    """What a seat's launch mounts, each once: a capped tmpfs over /tmp, a path bound back into
+    it from a held descriptor, an empty read-only tmpfs mounted through a descriptor. The
+    namespace dies with this child, so covering its /tmp harms nothing."""
+    if not os.path.isdir("/tmp") or os.path.islink("/tmp"):  # noqa: S108
+        _mount("tmpfs", "/", "tmpfs", MS_NOSUID | MS_NODEV, "size=4k")
+        return
+    fd = os.open("/proc", O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
+    try:
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=64k,nr_inodes=16")  # noqa: S108
+        os.mkdir("/tmp/kept")  # noqa: S108
+        _mount(f"/proc/self/fd/{fd}", "/tmp/kept", None, MS_BIND | MS_REC)  # noqa: S108
+    finally:
+        os.close(fd)
+    fd = os.open("/tmp/kept", O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_DIRECTORY)  # noqa: S108
+    try:
+        _mount("tmpfs", f"/proc/self/fd/{fd}", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
+    finally:
+        os.close(fd)
+
+
 def _probe() -> dict[str, object]:
     """Run in a throwaway child: enter a namespace, overmount a scratch directory, build (and
     apply) a ruleset, so what is reported is what worked here, not what the kernel advertises."""
@@ -444,8 +637,7 @@ def _probe() -> dict[str, object]:
     notes: list[str] = []
     try:
         kind = enter_mount_namespace()
-        # The namespace dies with this child, so covering its root harms nothing.
-        _mount("tmpfs", "/", "tmpfs", MS_NOSUID | MS_NODEV, "size=4k")
+        _probe_mounts()
         found["mount"] = kind
     except OSError as exc:
         notes.append(f"no mount namespace ({exc.strerror or exc})")
@@ -476,9 +668,17 @@ def main(args: list[str]) -> int:
         return 2
     argv = args[2:]
     try:
+        cwd = os.getcwd()
         if plan.mount:
             enter_mount_namespace()
+            make_own_dirs(plan)
+            hidden = to_hide(plan, cwd)
+            private_temp(plan, cwd)
+            hide_paths(hidden)
             hide_control_dir(plan)
+            # Entered again through the new mounts: the old working directory is the one
+            # beneath them, whose `..` would lead back to what they cover.
+            os.chdir(cwd)
         if plan.landlock:
             restrict(plan, plan.landlock)
         if os.geteuid() == 0:

@@ -8,16 +8,25 @@ control token, broker credential, signing key), its socket, its environment and 
 seats' stores must be out of its reach by the kernel's own means, not by the seat's good
 manners. The daemon runs every seat through the launcher, `connectors/isolate.py`, imported
 by the daemon's own interpreter in isolated mode (`python -I -S -c STUB PLAN -- argv...`) inside
-the child after `setpriv --pdeathsig KILL`, so it imports nothing but the standard library. It
-applies, in this order, then `execvpe`s the harness:
+the child after `setpriv --pdeathsig KILL --no-new-privs`, so it imports nothing but the
+standard library. It applies, in this order, then `execvpe`s the harness:
 
 1. A private mount namespace (as root `unshare(CLONE_NEWNS)`; otherwise a user namespace that
-   maps only our own uid, when the kernel allows one). `.cotal` is overmounted by an empty
-   read-only tmpfs into which only the seat's own paths are bind-mounted back: its store, its
-   private home or config dir, and, for a harness that writes its own session pointer, its
-   connector's sessions directory (with every other seat's entry already there overmounted).
-   The token, the credential, the key, the socket, the logs and the other seats' stores are
-   not in the seat's file tree at all.
+   maps only our own uid, when the kernel allows one), in which:
+   - `/tmp`, `/var/tmp` and `/dev/shm` are each a fresh tmpfs of the seat's own, capped at
+     `COTAL_SEAT_TMP_MIB` MiB (default `TMP_MIB_DEFAULT`), and the seat's own paths beneath
+     them (its cwd tree, its `.cotal` paths, what it reads) are bound back at the same path;
+     its `TMPDIR` and `HOME`, when they lie there, are made fresh and empty. Another seat's
+     cwd, another root kept under /tmp, an agent socket there: not in the seat's tree.
+   - every other cotal root the host's registry names (`manager/workspace/roots.py`; the
+     daemon passes its path, the launcher reads it, since a plan in argv cannot grow with the
+     host) is overmounted by an empty read-only tmpfs: the whole root when no path of the seat
+     lies inside it, else its `.cotal` only; and so is the registry.
+   - `.cotal` is overmounted by an empty read-only tmpfs into which only the seat's own paths
+     are bind-mounted back: its store, its private home or config dir, and, for a harness that
+     writes its own session pointer, its connector's sessions directory (with every other
+     seat's entry already there overmounted). The token, the credential, the key, the socket,
+     the logs and the other seats' stores are not in the seat's file tree at all.
 2. Landlock (ABI >= 1): system paths, the interpreters and the harness install read-only, the
    cwd, the seat's own paths and the temp directories read-write, nothing else; mount and
    umount refused (so the overmount cannot be lifted), ptrace and `/proc/<pid>/{environ,root,
@@ -27,6 +36,15 @@ applies, in this order, then `execvpe`s the harness:
 3. As root, every capability dropped from the bounding set before the exec, so the harness
    runs as uid 0 with no capability at all (no `CAP_SYS_ADMIN` to unmount, no `CAP_SYS_PTRACE`,
    no `CAP_DAC_OVERRIDE`); `no_new_privs` is set in every case.
+
+Other roots are hidden by the mount namespace, not by narrowing Landlock's read set: Landlock
+does not govern `connect(2)` on a path socket, so only a path that is not there keeps a seat
+from another root's `manager.sock`.
+
+The seat mark: every seat runs under `no_new_privs` (`setpriv --no-new-privs` before the
+launcher, whatever the isolation), which the kernel keeps across fork and exec and no process
+can clear. `carries_seat_mark` reads it (`NoNewPrivs: 1` in `/proc/<pid>/status`), and every
+cotal manager's control socket refuses a peer that carries it, a seat of any root on the host.
 
 What is in force on this host is probed once per daemon (`probe`) by running the launcher
 with `--probe` in a throwaway child, and reported by `cotal doctor` and `cotal ps --wide`.
@@ -51,9 +69,25 @@ if TYPE_CHECKING:
     # it is used: `cotal manager serve` starts the probe before its own imports.
     import subprocess
 
-__all__ = ["Isolation", "Plan", "begin_probe", "launcher", "make_undumpable", "plan_for", "probe"]
+__all__ = [
+    "Isolation",
+    "Plan",
+    "begin_probe",
+    "carries_seat_mark",
+    "launcher",
+    "make_undumpable",
+    "missing_from",
+    "plan_for",
+    "probe",
+    "tmp_mib",
+]
 
 ISOLATION_ENV = "COTAL_SEAT_ISOLATION"
+TMP_MIB_ENV = "COTAL_SEAT_TMP_MIB"
+# Each private temp directory's cap: room for a harness's scratch files and a build's, not for
+# filling the host's memory (tmpfs lives in RAM and swap).
+TMP_MIB_DEFAULT = 512
+TMP_MIB_MAX = 1 << 20
 CONTROL_DIR = ".cotal"
 POINTER_ENV = "COTAL_SESSION_STATE"
 # The launcher is imported, not run as a script, so its bytecode cache is used: as a script it
@@ -97,6 +131,55 @@ class Isolation:
     @property
     def hides_secrets(self) -> bool:
         return self.mount is not None
+
+    @property
+    def missing(self) -> list[str]:
+        return missing_from(self.mode)
+
+
+# What a seat can reach when a confinement is not in force, by what is missing.
+_MISSING = {
+    "mount-ns": "no mount namespace: the seat reads its own root's .cotal/auth (control token, "
+    "broker credential, signing key) wherever Landlock grants its cwd, every other cotal root its "
+    "uid can read, and other roots' manager.sock (only their seat mark check refuses it); /tmp, "
+    "/var/tmp and /dev/shm are shared with every process of the host and not capped",
+    "landlock": "no Landlock: outside the hidden paths the seat reads and writes whatever its uid "
+    "may, and reaches /proc/<pid>/root of other processes of its uid",
+}
+
+
+def missing_from(mode: str | None) -> list[str]:
+    """What an isolation mode (`Isolation.mode`, a seat's `isolation`) lacks, each said with
+    what it means; empty for `mount-ns+landlock`."""
+    if not mode:
+        return []
+    parts = mode.split("+")
+    return [f"missing {part}: {text}" for part, text in _MISSING.items() if part not in parts]
+
+
+def tmp_mib() -> int:
+    """Each private temp directory's cap in MiB: `COTAL_SEAT_TMP_MIB` in the manager's
+    environment, else `TMP_MIB_DEFAULT`; a value that is not a whole number from 1 to
+    `TMP_MIB_MAX` is taken as the default."""
+    text = os.environ.get(TMP_MIB_ENV, "")
+    if text.isascii() and text.isdigit() and 0 < int(text) <= TMP_MIB_MAX:
+        return int(text)
+    return TMP_MIB_DEFAULT
+
+
+SEAT_MARK = "NoNewPrivs"
+
+
+def carries_seat_mark(pid: int | str) -> bool:
+    """Whether process `pid` ("self" for this one) runs under `no_new_privs`, the mark every
+    seat carries; OSError when its status cannot be read."""
+    with open(f"/proc/{pid}/status", "rb") as f:
+        status = f.read()
+    for line in status.splitlines():
+        if line.startswith(SEAT_MARK.encode() + b":"):
+            return line.split(b":", 1)[1].strip() == b"1"
+    # A kernel older than 4.10 does not show the field: no process there carries the mark.
+    return False
 
 
 _probed: Isolation | None = None
@@ -209,8 +292,11 @@ def plan_for(
     read_only: Iterable[Path] = (),
     mount: str | None,
     landlock: int,
+    registry: Path | None = None,
+    temp_mib: int | None = None,
 ) -> Plan:
-    """Which `.cotal` paths are the seat's own and which paths Landlock grants it."""
+    """Which `.cotal` paths are the seat's own, which paths Landlock grants it, which temp
+    directories are its own, and where the registry of the roots hidden from it is."""
     root = Path(os.path.normpath(env.get("COTAL_WORKSPACE_ROOT") or cwd))
     control = root / CONTROL_DIR
     keep = [p for p in _named_paths(argv, env, control) if p != pointer]
@@ -221,8 +307,9 @@ def plan_for(
         # store is the pointer's sibling and shares its stem.
         pointer_dir = str(pointer.parent)
         own_prefix = pointer.stem
-    tmp = [env["TMPDIR"]] if env.get("TMPDIR", "").startswith("/") else []
-    return Plan(
+    tmp = [os.path.normpath(env["TMPDIR"])] if env.get("TMPDIR", "").startswith("/") else []
+    home = [os.path.normpath(env["HOME"])] if env.get("HOME", "").startswith("/") else []
+    plan = Plan(
         control=str(control),
         keep=sorted({str(p) for p in keep}),
         read=_read_dirs(argv, env, read_only),
@@ -232,3 +319,9 @@ def plan_for(
         mount=mount,
         landlock=landlock,
     )
+    if mount is not None:
+        plan.private_tmp = list(SYSTEM_WRITE)
+        plan.tmp_mib = temp_mib if temp_mib is not None else tmp_mib()
+        plan.fresh = [*tmp, *home]
+        plan.registry = os.path.normpath(registry) if registry is not None else None
+    return plan

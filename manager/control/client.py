@@ -58,6 +58,17 @@ class ControlClient:
             OSError,
         ):
             await stream.aclose()
+            from connectors.sandbox import carries_seat_mark
+
+            if carries_seat_mark("self"):
+                raise Refusal(
+                    "auth-refused",
+                    "the manager closed the connection at hello: this process runs under "
+                    "no_new_privs (NoNewPrivs: 1 in /proc/self/status), the mark of a cotal "
+                    "seat, which a manager started without it refuses",
+                    "run cotal from a shell without no_new_privs (not from a seat, a container "
+                    "or unit that sets it); see docs/operations.md, The control socket",
+                ) from None
             raise Refusal(
                 "auth-refused",
                 "the manager closed the connection at hello",

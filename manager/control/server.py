@@ -2,11 +2,18 @@
 
 Four locks on one door: the socket is 0600 inside the 0700 `.cotal`, the peer's uid (from
 SO_PEERCRED, set by the kernel at connect) must be ours, the peer must not be a seat's process
-(nor descend from one, nor share a seat's session or mount namespace), and the first frame must
-carry the control token within 5 s, compared in constant time. A peer that fails any of them is
-closed with no reply, so an unauthenticated caller learns nothing about the daemon. The seat
-check stands even where the seat's isolation already hides the socket: a seat that got hold of
-the token and a way to the socket still holds no authority.
+of any cotal root (it must not carry the seat mark, `no_new_privs`, which every seat's process
+of every root runs under and none can clear; nor be, descend from or share the session or
+mount namespace of one of this daemon's own seats), and the first frame must carry the control
+token within 5 s, compared in constant time. A peer that fails any of them is closed with no
+reply, so an unauthenticated caller learns nothing about the daemon. The seat checks stand even
+where the seat's isolation already hides the socket: a seat that got hold of the token and a
+way to the socket still holds no authority.
+
+A daemon that itself runs under `no_new_privs` (started from a shell, a container or a unit
+that sets it) cannot tell a seat from its operator by the mark, whose every process then
+carries it: it says so once at start (`control.seat_mark_unusable`) and refuses only its own
+seats.
 
 What a connection may cost is bounded so that no caller can take the seats down with the
 daemon: at most `control.MAX_CONNECTIONS` at once (more are closed as they arrive), at most
@@ -33,6 +40,7 @@ import structlog
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from connectors.sandbox import carries_seat_mark
 from manager.broker.retry import TRANSIENT
 from manager.control.frames import FrameTooDeep, FrameTooLarge, check_depth, read_frame, write_frame
 from protocol import control
@@ -51,6 +59,8 @@ ACCEPT_YIELD_S = 0.001
 # Trouble of one kind that recurs within this gap is one burst, logged once.
 BURST_GAP_S = 5.0
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+# Reads of a peer's seat mark tried while the daemon is out of descriptors, before refusing it.
+MARK_TRIES = 20
 # Bounds the ancestry walk; a real process tree is far shallower.
 _MAX_ANCESTRY = 256
 
@@ -120,6 +130,27 @@ def seat_ancestor(pid: int, seats: Collection[int]) -> str | None:
     return None
 
 
+def seat_mark(pid: int) -> str | None:
+    """Why `pid` is taken for a seat of some cotal root by its mark, or None when it is not.
+    A peer whose status cannot be read (gone, its pid reused meanwhile) is refused too; this
+    daemon out of descriptors to read it with is the caller's OSError."""
+    try:
+        marked = carries_seat_mark(pid)
+    except OSError as exc:
+        if exc.errno in _EXHAUSTED:
+            raise
+        return f"its /proc/{pid}/status is unreadable ({exc.strerror or exc})"
+    return "carries the seat mark (NoNewPrivs: 1)" if marked else None
+
+
+def mark_usable() -> bool:
+    """Whether this process can tell seats by their mark: only if it does not carry it."""
+    try:
+        return not carries_seat_mark("self")
+    except OSError:
+        return False
+
+
 def _exhausted(exc: BaseException) -> bool:
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     return isinstance(cause, OSError) and cause.errno in _EXHAUSTED
@@ -133,6 +164,7 @@ class ControlServer:
         handler: Handler,
         *,
         seat_pids: SeatPids | None = None,
+        refuse_marked: bool | None = None,
         max_connections: int = control.MAX_CONNECTIONS,
         max_unauthenticated: int = control.MAX_UNAUTHENTICATED,
     ) -> None:
@@ -140,6 +172,8 @@ class ControlServer:
         self._token = token.encode()
         self._handler = handler
         self._seat_pids = seat_pids
+        # By default the mark is checked wherever it can tell seats apart (`mark_usable`).
+        self.refuse_marked = mark_usable() if refuse_marked is None else refuse_marked
         self._max_connections = max_connections
         self._max_unauthenticated = max_unauthenticated
         self._open = 0
@@ -166,6 +200,14 @@ class ControlServer:
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
+        if not self.refuse_marked:
+            log.warning(
+                "control.seat_mark_unusable",
+                consequence="this manager runs under no_new_privs, so it cannot tell another "
+                "root's seat from its operator by the seat mark; it refuses only its own seats",
+                cure="start the manager where no_new_privs is not set (see docs/operations.md, "
+                "The control socket)",
+            )
         async with listener, anyio.create_task_group() as tg:
             task_status.started()
             await self._accept_loop(listener, tg)
@@ -230,6 +272,18 @@ class ControlServer:
         oldest.cancel()
         return True
 
+    async def _seat_mark(self, pid: int) -> str | None:
+        """`seat_mark`, riding out descriptor exhaustion as the accept loop does: the oldest
+        connections that have not said hello give theirs back (this one, if it is the oldest),
+        so a flood cannot make the daemon refuse its operator, nor admit an unread peer."""
+        for _ in range(MARK_TRIES):
+            try:
+                return seat_mark(pid)
+            except OSError:
+                self._drop_oldest_pending()
+                await anyio.sleep(ACCEPT_YIELD_S)
+        return f"its /proc/{pid}/status is unreadable (out of descriptors)"
+
     async def _connection(self, stream: SocketStream, conn_id: int) -> None:
         try:
             pid, uid = peer_cred(stream)
@@ -238,6 +292,11 @@ class ControlServer:
         if uid != os.geteuid():
             log.warning("control.refused", reason="peer uid mismatch", peer_uid=uid)
             return
+        if self.refuse_marked:
+            why = await self._seat_mark(pid)
+            if why is not None:
+                log.warning("control.refused", reason="seat-process", peer_pid=pid, detail=why)
+                return
         if self._seat_pids is not None:
             why = seat_ancestor(pid, self._seat_pids())
             if why is not None:

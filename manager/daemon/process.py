@@ -22,6 +22,7 @@ from anyio.abc import Process
 from connectors import sandbox
 from connectors.base import LaunchSpec
 from connectors.harnesses import source_checkout, tools_dir
+from manager.workspace import roots
 
 log = structlog.get_logger("cotal.seat")
 
@@ -38,7 +39,9 @@ def _pdeathsig_prefix() -> list[str]:
         raise RuntimeError(
             "setpriv (util-linux) is required to tie seats to the manager's lifetime"
         )
-    return [setpriv, "--pdeathsig", "KILL", "--"]
+    # `--no-new-privs` is the seat mark (connectors/sandbox.py), set whatever the isolation:
+    # every cotal manager on the host refuses a process that carries it.
+    return [setpriv, "--pdeathsig", "KILL", "--no-new-privs", "--"]
 
 
 def _isolation_prefix(spec: LaunchSpec) -> tuple[list[str], str]:
@@ -51,6 +54,7 @@ def _isolation_prefix(spec: LaunchSpec) -> tuple[list[str], str]:
     if checkout is not None:
         # cotal's own source: the scribe harness runs from it, and it holds no secret.
         read_only.append(checkout)
+    registry = roots.registry_dir() if found.mount is not None else None
     plan = sandbox.plan_for(
         spec.argv,
         spec.env,
@@ -59,6 +63,7 @@ def _isolation_prefix(spec: LaunchSpec) -> tuple[list[str], str]:
         read_only=read_only,
         mount=found.mount,
         landlock=found.landlock,
+        registry=registry,
     )
     return sandbox.launcher(plan), found.mode
 

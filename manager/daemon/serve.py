@@ -38,6 +38,7 @@ from manager.control.server import ControlServer
 from manager.daemon.core import Manager
 from manager.daemon.notify import sd_notify
 from manager.procs import alive, pid_identity
+from manager.workspace import roots
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
@@ -123,6 +124,22 @@ def announce_isolation() -> sandbox.Isolation:
     return found
 
 
+def register_root(layout: Layout) -> None:
+    """Name this root in the host's registry, so every other root's seats are kept from it."""
+    try:
+        entry = roots.register(layout.root)
+    except (Refusal, OSError) as exc:
+        log.warning(
+            "daemon.roots_registry_unusable",
+            error=str(exc),
+            consequence="seats of other cotal roots on this host are not kept from this root "
+            "unless it lies under /tmp, /var/tmp or /dev/shm",
+            cure="make the registry directory creatable (see docs/operations.md, Seat isolation)",
+        )
+        return
+    log.info("daemon.root_registered", entry=str(entry))
+
+
 class _Notifier:
     """The service-manager messages this daemon sends, each at most once."""
 
@@ -150,6 +167,7 @@ async def serve(
     sandbox.make_undumpable()
     logs.configure(layout.manager_log)
     announce_isolation()
+    register_root(layout)
     token = read_control_token(layout)
     identity = load_or_create_identity(layout, space)
     nc = await connect(server, creds, name=f"cotal-manager:{identity.instance_id}")

@@ -56,6 +56,7 @@ def test_a_hostile_seat_reaches_none_of_the_managers_authority(tmp_path: Path, c
         doctor = [json.loads(line) for line in cli.run("doctor", "--json").stdout.splitlines()]
         [isolation] = [row for row in doctor if row["name"] == "isolation"]
         assert isolation["hidesSecrets"], isolation
+        assert isolation["missing"] == [] and isolation["tmpMiB"] == sandbox.TMP_MIB_DEFAULT
 
         victim = cli.json("spawn", "victim")
         assert cli.json("send", "victim", "remember the phrase quartz-owl-17", "--wait")["reply"]
@@ -84,7 +85,8 @@ def test_a_hostile_seat_reaches_none_of_the_managers_authority(tmp_path: Path, c
             assert os.listdir(path), path
         assert b"sk-test-secret" in Path(f"/proc/{mesh['manager']['pid']}/environ").read_bytes()
 
-        loot = tmp_path / "loot"
+        # In the seat's cwd: a loot directory anywhere else under /tmp is not in its tree.
+        loot = root / "loot"
         loot.mkdir()
         (loot / "control.token").write_text((auth / "control.token").read_text())
         os.link(root / ".cotal" / "manager.sock", loot / "manager.sock")
@@ -275,6 +277,9 @@ def _non_root_seat(tmp_path: Path, python: list[str], landlock: int) -> None:
         ('{"control": "/x", "keep": "/x/a", "read": [], "write": []}', "'keep' is not a list"),
         ('{"control": "/x", "keep": [], "read": [], "write": [], "landlock": true}', "landlock"),
         ("{not json", "Expecting property name"),
+        ('{"control": "/x", "keep": [], "read": [], "write": [], "tmp_mib": true}', "tmp_mib"),
+        ('{"control": "/x", "keep": [], "read": [], "write": [], "registry": 3}', "registry"),
+        ('{"control": "/x", "keep": [], "read": [], "write": [], "fresh": "/t"}', "'fresh'"),
     ],
 )
 def test_a_plan_the_launcher_cannot_read_is_refused_before_the_harness_runs(
@@ -304,6 +309,10 @@ def test_a_plan_travels_to_the_launcher_unchanged() -> None:
         own_prefix="a",
         mount="root",
         landlock=7,
+        private_tmp=list(isolate.SYSTEM_WRITE),
+        tmp_mib=512,
+        fresh=["/w/scratch/tmp"],
+        registry="/var/lib/cotal/roots",
     )
     assert isolate.Plan.decode(plan.encode()) == plan
     assert plan != isolate.Plan(control="/w/.cotal", keep=[], read=[], write=[])
