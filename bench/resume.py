@@ -82,6 +82,7 @@ from manager import logs  # noqa: E402
 from manager.broker.connection import LazyConnection  # noqa: E402
 from manager.broker.presence import live_uids as read_live_uids  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
+from manager.checkpoint.clock import ClockReading  # noqa: E402
 from manager.checkpoint.confine import place_session_file, session_destination  # noqa: E402
 from manager.checkpoint.gitstate import STATUS_ARGS, run_git  # noqa: E402
 from manager.checkpoint.reader import read_manifest, verify_file  # noqa: E402
@@ -125,6 +126,9 @@ SHELL_NAMES = (
     ("ckpt-repo.untracked.tar", "untracked"),
 )
 STAMP = "bench"
+
+# Source and destination share this machine's clock: the gate's cost is what is timed.
+SHARED_CLOCK = ClockReading(True, "bench", "one clock for source and destination")
 
 
 def porcelain(repo: Path) -> str:
@@ -358,7 +362,7 @@ def bench_restore(
             settings_for=agent_settings(settings_root),
         )
         t2 = time.perf_counter()
-        admit.recency(adm, now=datetime.now(UTC), accept_stale=False)
+        admit.recency(adm, now=datetime.now(UTC), clock=SHARED_CLOCK, accept_stale=False)
         t3 = time.perf_counter()
         rec = adm.records[name]
         sd = seat_dir_of(adm, name)

@@ -38,8 +38,10 @@ def env(home: Path) -> dict[str, str]:
         **keep,
         **GIT_ENV,
         "HOME": str(home),
-        "PYTHONPATH": str(REPO),
         **({"COTAL_TOOLS_DIR": tools} if tools else {}),
+        # Both "hosts" of the demo share this machine's one clock, so a checkpoint's age is
+        # judged against the clock that stamped it, synchronized or not.
+        "COTAL_TEST_CLOCK_STATUS": "synchronized",
     }
 
 
@@ -58,7 +60,8 @@ class Host:
             print(f"\n[{self.name}]$ cotal {' '.join(args)}", flush=True)
         t0 = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "manager.cli", *args, "--root", str(self.root)],
+            # -I: run from the root, plain `-m` would import a `manager/` a seat left there.
+            [sys.executable, "-I", "-m", "manager.cli", *args, "--root", str(self.root)],
             cwd=self.root,
             env=env(self.home),
             capture_output=True,

@@ -32,7 +32,10 @@ def reached(name: str, root: Path | None = None) -> None:
         record = json.loads((root / ".cotal" / "mesh.json").read_text())
         pid = int(record[_TARGETS[target]]["pid"])
     except (OSError, ValueError, KeyError, TypeError):
-        return
+        found = _store_broker(root) if target == "broker" else None
+        if found is None:
+            return
+        pid = found
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -47,3 +50,20 @@ def reached(name: str, root: Path | None = None) -> None:
         except OSError:
             return
         time.sleep(0.02)
+
+
+def _store_broker(root: Path) -> int | None:
+    """A resume on a new root starts its broker before any mesh record names it: the one
+    nats-server running on this root's store config is that broker."""
+    conf = str(root / ".cotal" / "nats" / "server.conf").encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if conf in argv:
+            return int(entry)
+    return None

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from nats.js import JetStreamContext
 
+from manager.broker import retention
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.messages import DirectMessage, encode
@@ -22,15 +23,26 @@ async def publish_dm(
     dm: DirectMessage,
     publish: Callable[[str, bytes, dict[str, str]], Awaitable[int]] | None = None,
 ) -> int:
-    """Publish a DM; `publish` is the writer fence when the sender is a seat."""
+    """Publish a DM; `publish` is the writer fence when the sender is a seat.
+
+    A stream full of acknowledged mail is trimmed and the publish tried again; one full of
+    mail not yet acknowledged refuses `dm-stream-full` (manager/broker/retention.py).
+    """
     owner, actor = dm.recipient.split(".", 1)
     sender_owner, sender_actor = dm.sender.split(".", 1)
     subject = names.dm_subject(space, owner, actor, sender_owner, sender_actor)
     headers = {"Nats-Msg-Id": dm.id}
-    if publish is not None:
-        return await publish(subject, encode(dm), headers)
-    # A retry after a lost answer is deduplicated by the message id.
-    ack = await riding_elections(
-        f"publish to {dm.recipient}", lambda: js.publish(subject, encode(dm), headers=headers)
-    )
-    return int(ack.seq)
+    payload = encode(dm)
+
+    async def once() -> int:
+        if publish is not None:
+            return await publish(subject, payload, headers)
+        # A retry after a lost answer is deduplicated by the message id.
+        ack = await riding_elections(
+            f"publish to {dm.recipient}", lambda: js.publish(subject, payload, headers=headers)
+        )
+        return int(ack.seq)
+
+    seq = await retention.with_room(js, space, once)
+    await retention.after_publish(js, space, seq)
+    return seq

@@ -17,6 +17,7 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
+from manager.broker import retention
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.errors import Refusal
@@ -96,7 +97,12 @@ class WriterFence:
                     return await self.js.publish(subject, b"", headers=headers)
 
                 try:
-                    ack = await riding_elections(f"fence {self.seat}", publish)
+                    # A stream full of acknowledged mail is trimmed first (the trim keeps every
+                    # subject's last message, so `last` still holds); one full of mail not yet
+                    # acknowledged refuses `dm-stream-full`.
+                    ack = await retention.with_room(
+                        self.js, self.space, lambda: riding_elections(f"fence {self.seat}", publish)
+                    )
                 except APIError as exc:
                     if _wrong_sequence(exc):
                         continue

@@ -3,7 +3,7 @@
 The `dm_` durable is the seat's inbox. It is created info-first: an existing durable for this
 uid is kept exactly as it is, so its frontier (what was delivered and acknowledged) survives a
 crash restart, a cut and a resume. Ordinary teardown deletes exactly that durable; nothing else
-does.
+does. What the DM stream keeps, and the trim of acknowledged mail, is `retention.py`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from manager.broker import retention
+from manager.broker.retention import DM_MAX_BYTES as DM_MAX_BYTES  # the defaults, kept here too
+from manager.broker.retention import DM_MAX_MSGS as DM_MAX_MSGS
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.errors import Refusal
@@ -20,15 +23,11 @@ from protocol.errors import Refusal
 log = structlog.get_logger("cotal.broker")
 
 
-# A seat's inbox is the one place a message waits for its reader, so the stream must refuse a
-# publish it cannot hold (the sender sees the error) rather than drop the oldest (which is
-# silent, and the oldest is the next unread message). No per-subject cap: one sender may queue at
-# least as much as a checkpoint carries. The whole-stream bounds keep a space's broker disk finite.
-DM_MAX_MSGS = 1_000_000
-DM_MAX_BYTES = 4 * 1024 * 1024 * 1024
-
-
-def dm_stream_config(space: str, *, replicas: int = 1) -> api.StreamConfig:
+def dm_stream_config(
+    space: str, *, replicas: int = 1, limits: retention.DmLimits | None = None
+) -> api.StreamConfig:
+    bounds = limits or retention.dm_limits()
+    # No per-subject cap: one sender may queue at least as much as a checkpoint carries.
     return api.StreamConfig(
         name=names.dm_stream(space),
         subjects=[names.dm_stream_subjects(space)],
@@ -36,8 +35,8 @@ def dm_stream_config(space: str, *, replicas: int = 1) -> api.StreamConfig:
         discard=api.DiscardPolicy.NEW,
         storage=api.StorageType.FILE,
         max_msgs_per_subject=-1,
-        max_msgs=DM_MAX_MSGS,
-        max_bytes=DM_MAX_BYTES,
+        max_msgs=bounds.msgs,
+        max_bytes=bounds.bytes,
         duplicate_window=120.0,
         num_replicas=replicas,
     )
@@ -47,30 +46,51 @@ def _limits(config: api.StreamConfig) -> tuple[object, ...]:
     return (config.discard, config.max_msgs_per_subject, config.max_msgs, config.max_bytes)
 
 
-async def ensure_dm_stream(js: JetStreamContext, space: str, *, replicas: int = 1) -> None:
+async def ensure_dm_stream(
+    js: JetStreamContext, space: str, *, replicas: int = 1, trim: bool = True
+) -> None:
+    """Create the stream, or bring an existing one's limits to today's in place; with `trim`
+    (a manager's start), remove acknowledged mail from a stream a quarter full."""
     stream = names.dm_stream(space)
     wanted = dm_stream_config(space, replicas=replicas)
 
-    async def ensure() -> None:
+    async def ensure() -> api.StreamInfo | None:
         try:
             info = await js.stream_info(stream)
         except NotFoundError:
             await js.add_stream(wanted)
-            return
+            return None
+        kept_by = info.config.retention
+        if kept_by is not None and kept_by != api.RetentionPolicy.LIMITS:
+            # Anything else removes on the broker's own rules: interest retention drops every
+            # reply and fence marker at once, so the fence would refuse each seat's next write.
+            raise Refusal(
+                "dm-stream-retention",
+                f"the DM stream {stream} has {getattr(kept_by, 'value', kept_by)} retention; "
+                "cotal's inbox needs limits retention (docs/design.md decision 16)",
+                f"cotal never makes such a stream: whoever made it, remove it (`nats stream rm "
+                f"{stream}` drops its queued mail) and start the manager again",
+            )
         if _limits(info.config) == _limits(wanted):
-            return
-        # A stream made by an earlier release drops the oldest message past 1,000 per sender:
-        # its limits are brought in line in place, everything else (replicas, the messages, the
-        # durables) kept as the broker holds it.
+            return info
+        # A stream made by an earlier release (1,000 per sender and discard old; or any other
+        # bounds, such as a COTAL_DM_MAX_MSGS since changed) is brought in line in place:
+        # retention, replicas, the messages and the durables are kept as the broker holds them.
+        # The broker keeps what a lowered bound already exceeds (discard new drops nothing).
         config = info.config
         config.discard = wanted.discard
         config.max_msgs_per_subject = wanted.max_msgs_per_subject
         config.max_msgs = wanted.max_msgs
         config.max_bytes = wanted.max_bytes
-        await js.update_stream(config)
-        log.info("stream.limits_updated", stream=stream)
+        updated: api.StreamInfo = await js.update_stream(config)
+        log.info("stream.limits_updated", stream=stream, max_msgs=config.max_msgs)
+        return updated
 
-    await riding_elections(f"stream {stream}", ensure)
+    info = await riding_elections(f"stream {stream}", ensure)
+    # A stream an earlier release filled with acknowledged mail is emptied of it here, before
+    # the first publish of this manager meets it full.
+    if trim and info is not None and retention.trim_due(info):
+        await retention.trim_acknowledged(js, space)
 
 
 async def ensure_dm_durable(

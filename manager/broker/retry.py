@@ -26,6 +26,7 @@ T = TypeVar("T")
 
 ELECTION_S = 25.0
 ATTEMPT_S = 5.0
+STORE_REFUSED = 10077
 
 TRANSIENT: tuple[type[BaseException], ...] = (
     TimeoutError,
@@ -66,6 +67,10 @@ async def riding_elections(
             with anyio.fail_after(attempt_s):
                 return await call()
         except TRANSIENT as exc:
+            # A store that refused the write (err_code 10077: a full stream) answers 503 as a
+            # leaderless one does, but no election changes its answer: the caller's to handle.
+            if getattr(exc, "err_code", None) == STORE_REFUSED:
+                raise
             if anyio.current_time() - start + delay > deadline:
                 raise unavailable(what, deadline, exc) from None
             log.warning("broker.retry", what=what, error=type(exc).__name__)

@@ -31,18 +31,22 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from manager.broker import retention
 from manager.broker.custody import Held, create_exclusive
 from manager.broker.footprint import ensure_dm_stream
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.checkpoint import (
     MAX_CARRIED_BYTES,
+    MAX_CARRIED_HEADER_BYTES,
     MAX_CARRIED_MESSAGES,
+    MAX_MESSAGE_HEADER_BYTES,
     CarriedMessage,
     CustodyAtCut,
     DurableRecord,
     SpaceExport,
     first_undelivered,
+    header_bytes,
 )
 from protocol.errors import Refusal
 from protocol.inventory import Agent
@@ -193,7 +197,7 @@ async def export_inbox(
         ),
     )
     messages: list[CarriedMessage] = []
-    total = 0
+    total = header_total = 0
     seq = record.start_seq
     while seq <= record.last_seq:
 
@@ -215,14 +219,31 @@ async def export_inbox(
             for k, v in (raw.headers or {}).items()
             if not k.lower().startswith(_DROPPED_HEADER_PREFIX)
         }
-        messages.append(
-            CarriedMessage(
+        # Any sender chooses its headers: one too many for a checkpoint is refused by name here,
+        # before the cut holds gigabytes of them, not as an internal error.
+        carried = header_bytes(headers)
+        header_total += carried
+        try:
+            if carried > MAX_MESSAGE_HEADER_BYTES or header_total > MAX_CARRIED_HEADER_BYTES:
+                raise ValueError(
+                    f"{carried} bytes of headers ({header_total} with those before it); a "
+                    f"checkpoint carries {MAX_MESSAGE_HEADER_BYTES} a message and "
+                    f"{MAX_CARRIED_HEADER_BYTES} an inbox"
+                )
+            message = CarriedMessage(
                 seq=raw.seq,
                 subject=raw.subject or "",
                 headers=headers,
                 payload=base64.b64encode(data).decode(),
             )
-        )
+        except ValueError as exc:
+            raise Refusal(
+                "inbox-too-large",
+                f"seat {seat}: message {raw.seq} of its inbox cannot travel in a checkpoint: {exc}",
+                "resume this seat in place (its durable is kept), let it work its inbox down, and "
+                "cut again",
+            ) from None
+        messages.append(message)
         seq = raw.seq + 1
     log.info(
         "space.exported",
@@ -302,15 +323,19 @@ async def import_inbox(
             f"replace durable {durable}", lambda: js.delete_consumer(stream, durable)
         )
         log.warning("space.stale_durable_replaced", seat=seat, durable=durable, by=rebuilt_by)
-    await ensure_dm_stream(js, space, replicas=replicas)
+    # No trim per seat here: a full stream is trimmed by the republish that meets it full.
+    await ensure_dm_stream(js, space, replicas=replicas, trim=False)
     first: int | None = None
     duplicates = 0
     for m in messages:
 
         async def publish(m: CarriedMessage = m) -> api.PubAck:
-            return await js.publish(m.subject, m.data(), stream=stream, headers=m.headers or None)
+            return await riding_elections(
+                f"republish to {seat}",
+                lambda: js.publish(m.subject, m.data(), stream=stream, headers=m.headers or None),
+            )
 
-        ack = await riding_elections(f"republish to {seat}", publish)
+        ack = await retention.with_room(js, space, publish)
         duplicates += 1 if ack.duplicate else 0
         first = ack.seq if first is None else min(first, ack.seq)
     if first is None:

@@ -37,7 +37,6 @@ from manager.checkpoint.seal import (
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
 from protocol.checkpoint import (
-    DEFAULT_RECENCY_HORIZON_MS,
     INBOX_FILE,
     MANIFEST_FORMAT,
     RESUME_FILE,
@@ -240,7 +239,7 @@ async def capture_seat(
     supports_fresh_start: bool,
     identity: InstanceIdentity,
     space: str,
-    horizon_ms: int = DEFAULT_RECENCY_HORIZON_MS,
+    horizon_ms: int,
     progress: Progress | None = None,
     custody_revision: int | None = None,
     include: Sequence[str] = (),

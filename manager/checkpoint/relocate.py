@@ -10,8 +10,11 @@ every such path is carried onto this host by a prefix map instead of refused:
 * a cwd or store under no OLD is refused by name (`cwd-unmapped`), never guessed at.
 
 OLD and NEW are absolute, normalized (no `.`, `..` or doubled slash: a spelling a reviewer and a
-prefix test could read differently), without NUL; NEW is an existing directory or lies under the
-destination root (the restore creates it there). The relocated inventory is what this root
+prefix test could read differently), without NUL; NEW is a place a map may land
+(`manager/checkpoint/landing.py`: an existing directory the operator owns for this work, or one
+under the destination root the restore creates, never a system directory, a mount point, a
+control directory or another root, and a seat's tree there missing, empty or the same
+repository). The relocated inventory is what this root
 journals as its resume document and hands to the daemon, so the seat runs, is listed and is
 re-adopted after a crash at its new paths.
 """
@@ -20,13 +23,13 @@ from __future__ import annotations
 
 import os
 import posixpath
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import msgspec
 
 from connectors.base import Relocation
+from manager.checkpoint.landing import check_map_target
 from protocol.errors import Refusal
 from protocol.inventory import Agent, Dependency, FileRef, Inventory
 
@@ -73,25 +76,13 @@ def parse_maps(values: Sequence[str]) -> dict[Path, Path]:
 
 
 def check_maps(maps: Mapping[Path, Path], *, dest_root: Path) -> None:
-    """Every pair well formed, and every NEW a real directory here or under the root."""
+    """Every pair well formed, and every NEW a place a map may land
+    (`landing.check_map_target`: the rule the restore checks again where it writes)."""
     root = Path(os.path.normpath(dest_root))
     for old, new in maps.items():
         _check_abs("OLD", str(old))
         _check_abs("NEW", str(new))
-        if new.is_relative_to(root):
-            continue
-        try:
-            st = os.lstat(new)
-        except FileNotFoundError:
-            st = None
-        if st is None or not stat.S_ISDIR(st.st_mode):
-            raise Refusal(
-                "bad-map",
-                f"--map {old}={new}: {new} is "
-                + ("not a directory (or is a symlink)" if st is not None else "missing")
-                + f" and not under the destination root {root}",
-                f"create {new} first, or map {old} under {root}",
-            )
+        check_map_target(old, new, dest_root=root)
 
 
 def relocation(

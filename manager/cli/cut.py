@@ -273,6 +273,12 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
         await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session:
         status = await session.status()
+        if status is not None and not continuing:
+            # An embedded broker that died before any journal named this cut (or the one a dead
+            # coordinator prepared) would stall the fence's custody reads: the manager keeps
+            # reconnecting to the URL the mesh names, so starting it there again lets this run
+            # go on. Only once a manager answers: a refusal of a root that is down starts nothing.
+            await mesh.revive_embedded_broker(layout, _say)
         joined = _orphaned_attempt(status) if not continuing else None
         if joined is not None:
             # A coordinator died after the daemon prepared and before it journaled: the fence

@@ -113,6 +113,7 @@ async def _capture(
     carried = await _broker_reads(layout, inventory)
     attempt_path = cut.prepare_attempt_dir(layout, attempt)
     identity = load_or_create_identity(layout, inventory.space)
+    horizon_ms = registry.load_config(layout.root).recency.horizon_s * 1000
     summaries = []
     for agent in inventory.agents:
         connector = registry.load_connector(agent.launch.connector)
@@ -131,6 +132,7 @@ async def _capture(
                 supports_fresh_start=connector.capabilities.supports_fresh_start,
                 identity=identity,
                 space=inventory.space,
+                horizon_ms=horizon_ms,
                 custody_revision=carried[agent.name].custody.revision,
                 space_export=carried[agent.name],
                 since=opts.since,

@@ -30,6 +30,7 @@ from manager.broker import custody, space
 from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
+from manager.checkpoint.references import reference_errors
 from manager.daemon.progress import ProgressLog
 from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
@@ -247,6 +248,7 @@ class Preservation:
         failures: list[str] = []
         for agent in inventory.agents:
             failures += [f"{agent.name}: {e}" for e in reference_rule_errors(agent)]
+            failures += [f"{agent.name}: {e}" for e in reference_errors(agent)]
             if not Path(agent.launch.cwd).is_dir():
                 failures.append(f"{agent.name}: cwd {agent.launch.cwd} is not a directory")
         return failures
@@ -378,6 +380,7 @@ class Preservation:
                     supports_fresh_start=caps.supports_fresh_start,
                     identity=mgr.identity,
                     space=mgr.space,
+                    horizon_ms=mgr.config.recency.horizon_s * 1000,
                     progress=in_order.reporter(agent.name),
                     custody_revision=self.custody_revisions.get(agent.name),
                     space_export=carried,

@@ -23,6 +23,7 @@ from connectors.base import Connector, ContinuityClass, Driver, LaunchSpec
 from manager.broker.fence import WriterFence
 from manager.daemon.delivery import DeliveryBridge, DeliveryGate
 from manager.daemon.process import SeatHandle
+from manager.registry import FileConfig
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from protocol import control, names
@@ -156,6 +157,11 @@ class SeatOwner(Protocol):
 
     @property
     def identity(self) -> InstanceIdentity: ...
+
+    @property
+    def config(self) -> FileConfig:
+        """The root's `cotal.toml` as the manager read it at start."""
+        ...
 
     @property
     def js(self) -> JetStreamContext: ...

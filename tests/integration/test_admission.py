@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from manager import registry
 from manager.checkpoint import admit
+from manager.checkpoint.clock import ClockReading
 from manager.checkpoint.reader import read_manifest, read_seat_checkpoint, verify_integrity
 from manager.checkpoint.seal import sign_record
 from protocol.checkpoint import (
@@ -63,6 +64,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
 SEAT = "scribe1"
 HORIZON = DEFAULT_RECENCY_HORIZON_MS
+SYNCED = ClockReading(True, "kernel", "adjtimex state 0, status 0x2001, maximum error 0.0015 s")
 
 
 @pytest.fixture
@@ -493,14 +495,20 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
     record = adm.records[SEAT]
     captured = parse_instant(record.captured_at)
     assert record.recency_horizon_ms == HORIZON
-    assert admit.recency(adm, now=captured + timedelta(seconds=5), accept_stale=False) == []
     assert (
-        admit.recency(adm, now=captured + timedelta(milliseconds=HORIZON), accept_stale=False) == []
+        admit.recency(adm, clock=SYNCED, now=captured + timedelta(seconds=5), accept_stale=False)
+        == []
+    )
+    assert (
+        admit.recency(
+            adm, clock=SYNCED, now=captured + timedelta(milliseconds=HORIZON), accept_stale=False
+        )
+        == []
     )
 
     now = captured + timedelta(milliseconds=HORIZON + 1)
     with pytest.raises(Refusal) as err:
-        admit.recency(adm, now=now, accept_stale=False)
+        admit.recency(adm, clock=SYNCED, now=now, accept_stale=False)
     assert err.value.code == "stale-checkpoint"
     assert err.value.message == (
         f"admission refused at the recency gate: seat {SEAT}: capturedAt {record.captured_at} "
@@ -508,7 +516,7 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
         f"old at this host's clock ({now.isoformat()}), beyond its horizon of {HORIZON} ms"
     )
     assert "--accept-stale-checkpoint" in err.value.cure
-    consents = admit.recency(adm, now=now, accept_stale=True)
+    consents = admit.recency(adm, clock=SYNCED, now=now, accept_stale=True)
     assert consents == [
         Consent(seat=SEAT, captured_at=record.captured_at, age_ms=HORIZON + 1, horizon_ms=HORIZON)
     ]
@@ -523,14 +531,17 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
     # Later than this clock: a small skew is tolerated, beyond it no override exists.
     assert (
         admit.recency(
-            adm, now=captured - timedelta(milliseconds=admit.CLOCK_SKEW_MS), accept_stale=False
+            adm,
+            clock=SYNCED,
+            now=captured - timedelta(milliseconds=admit.CLOCK_SKEW_MS),
+            accept_stale=False,
         )
         == []
     )
     now = captured - timedelta(milliseconds=admit.CLOCK_SKEW_MS + 1)
     for accept in (False, True):
         with pytest.raises(Refusal) as err:
-            admit.recency(adm, now=now, accept_stale=accept)
+            admit.recency(adm, clock=SYNCED, now=now, accept_stale=accept)
         assert err.value.code == "future-checkpoint"
         assert (
             f"seat {SEAT}: capturedAt {record.captured_at} is {admit.CLOCK_SKEW_MS + 1} ms "
@@ -559,10 +570,44 @@ async def test_recency_gate_boundaries_consent_future_and_unreadable(cut: Cut) -
     adm.records[SEAT] = broken
     for accept in (False, True):
         with pytest.raises(Refusal) as err:
-            admit.recency(adm, now=captured, accept_stale=accept)
+            admit.recency(adm, clock=SYNCED, now=captured, accept_stale=accept)
         assert err.value.code == "unreadable-time"
         assert f"seat {SEAT}: capturedAt 'yesterday' is unreadable" in err.value.message
         assert "no override exists" in err.value.cure
+
+
+async def test_an_unsynchronized_clock_refuses_before_any_age_with_no_override(cut: Cut) -> None:
+    adm = admit.integrity(cut.copy, trusted_keys={cut.signer_key})
+    captured = parse_instant(adm.records[SEAT].captured_at)
+    unsynced = ClockReading(
+        False,
+        "kernel",
+        "adjtimex state 5 (TIME_ERROR), status 0x40 (STA_UNSYNC), maximum error 16 s",
+    )
+    for accept in (False, True):
+        with pytest.raises(Refusal) as err:
+            admit.recency(
+                adm, clock=unsynced, now=captured + timedelta(seconds=1), accept_stale=accept
+            )
+        assert err.value.code == "clock-unsynchronized"
+        assert err.value.message == (
+            "admission refused at the recency gate: this host's clock is not synchronized "
+            "(adjtimex state 5 (TIME_ERROR), status 0x40 (STA_UNSYNC), maximum error 16 s), so no "
+            "checkpoint's age can be judged against it"
+        )
+        assert "no override exists" in err.value.cure
+    assert adm.consents == []
+
+
+async def test_the_destination_skew_is_its_own_setting(cut: Cut) -> None:
+    adm = admit.integrity(cut.copy, trusted_keys={cut.signer_key})
+    captured = parse_instant(adm.records[SEAT].captured_at)
+    ahead = captured - timedelta(seconds=90)
+    with pytest.raises(Refusal) as err:
+        admit.recency(adm, clock=SYNCED, now=ahead, accept_stale=False)
+    assert err.value.code == "future-checkpoint"
+    assert "`[recency] skew_s`" in err.value.cure
+    assert admit.recency(adm, clock=SYNCED, now=ahead, accept_stale=False, skew_ms=120_000) == []
 
 
 async def test_stale_checkpoint_refuses_then_admits_with_consent_printed_and_journaled(
