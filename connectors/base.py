@@ -96,13 +96,34 @@ class TurnOutcome:
     detail: str = ""
 
 
+def redelivery_notice(delivery: int) -> str:
+    """The line a harness's model reads first when a message comes to it again."""
+    return (
+        f"[cotal: delivery {delivery} of this message; an earlier delivery may already have "
+        "acted on it (tool calls, edits, messages sent), so check before acting again]"
+    )
+
+
+def framed_prompt(text: str, delivery: int) -> str:
+    """The text a harness is given for delivery `delivery` of a message: from the second on it
+    opens with `redelivery_notice`, because pi and Claude Code would otherwise run the turn's
+    tool calls again with no word that they may have run. A slash command is left as it is: the
+    notice in front would turn it into text for the model."""
+    if delivery <= 1 or text.startswith("/"):
+        return text
+    return f"{redelivery_notice(delivery)}\n\n{text}"
+
+
 class Driver(Protocol):
     async def run(self, *, task_status: TaskStatus[None] = TASK_STATUS_IGNORED) -> None:
         """Pump the harness's stdout. The caller starts it with `await tg.start(driver.run)` in
         the seat's task group; `started()` is signalled once prompt/get_state may be used."""
         ...
 
-    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome: ...
+    async def prompt(self, text: str, *, message_id: str, delivery: int = 1) -> TurnOutcome:
+        """Deliver `text` as one turn; `delivery` is how many times this message has now been
+        delivered (1 the first time), which the driver passes on to the harness."""
+        ...
 
     async def get_state(self) -> str | None:
         """The session id the running harness reports, or None before it has one."""

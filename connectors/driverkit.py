@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
-from connectors.base import ByteReceive, ByteSend, TurnOutcome
+from connectors.base import ByteReceive, ByteSend, TurnOutcome, framed_prompt
 from connectors.privatefs import write_pointer
 from protocol.errors import Refusal
 
@@ -394,15 +394,16 @@ class JsonStdioDriver(Generic[TurnT]):
             await self._initial_locked()
         self.initial_done.set()
 
-    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
-        """Deliver `text` as one turn and wait for its terminal boundary.
+    async def prompt(self, text: str, *, message_id: str, delivery: int = 1) -> TurnOutcome:
+        """Deliver `text` as one turn and wait for its terminal boundary; a redelivery reaches
+        the model opening with the notice that says so (`framed_prompt`).
 
         Never raises for a dead harness: a turn whose end was not seen is `unknown`, which the
         caller must not acknowledge. Bound the wait with a cancel scope around the call.
         """
         async with self._turn_lock:
             await self._initial_locked()
-            return await self._turn_locked(text, message_id)
+            return await self._turn_locked(framed_prompt(text, delivery), message_id)
 
     def _initial_ready(self) -> bool:
         return True

@@ -48,7 +48,15 @@ from typing import Any
 import anyio
 from anyio.abc import TaskStatus
 
-from connectors.base import ByteReceive, ByteSend, Capabilities, LaunchOpts, LaunchSpec, TurnOutcome
+from connectors.base import (
+    ByteReceive,
+    ByteSend,
+    Capabilities,
+    LaunchOpts,
+    LaunchSpec,
+    TurnOutcome,
+    framed_prompt,
+)
 from connectors.driverkit import INITIAL_PROMPT_ID, json_line
 from connectors.jsonl_driver import (
     DriverEvent,
@@ -245,8 +253,11 @@ def _program(binary: Any, env: Mapping[str, str]) -> str:
 class JcodeCodec:
     """The cotal JSON-lines protocol above, as the generic driver sees it."""
 
-    def encode_prompt(self, text: str, message_id: str) -> bytes:
-        return json_line({"type": "prompt", "id": message_id, "text": text})
+    def encode_prompt(self, text: str, message_id: str, delivery: int = 1) -> bytes:
+        # The wire has no delivery field: the model reads the notice in the text.
+        return json_line(
+            {"type": "prompt", "id": message_id, "text": framed_prompt(text, delivery)}
+        )
 
     def encode_get_state(self, request_id: str) -> bytes | None:
         return json_line({"type": "get_state", "id": request_id})
@@ -340,8 +351,8 @@ class JcodeDriver(JsonLinesDriver):
             text, self._initial = self._initial, None
             self.initial_outcome = await super().prompt(text, message_id=INITIAL_PROMPT_ID)
 
-    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
+    async def prompt(self, text: str, *, message_id: str, delivery: int = 1) -> TurnOutcome:
         # The launch prompt goes first even when an inbox message arrives the instant the
         # seat is ready.
         await self._initial_first()
-        return await super().prompt(text, message_id=message_id)
+        return await super().prompt(text, message_id=message_id, delivery=delivery)

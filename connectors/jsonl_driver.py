@@ -74,7 +74,10 @@ DriverEvent = Ready | TurnStarted | TurnDelta | TurnEnded | StateReported | Reje
 class LineCodec(Protocol):
     """One harness's wire format. Encoders return a line without its newline."""
 
-    def encode_prompt(self, text: str, message_id: str) -> bytes: ...
+    def encode_prompt(self, text: str, message_id: str, delivery: int = 1) -> bytes:
+        """`delivery` is how many times the message has now been delivered: each wire says it
+        its own way (a field, or the notice in the text)."""
+        ...
 
     def encode_get_state(self, request_id: str) -> bytes | None:
         """None when the harness has no state query; the driver then reports `Ready`'s id."""
@@ -204,8 +207,9 @@ class JsonLinesDriver:
             )
         return self._session_id
 
-    async def prompt(self, text: str, *, message_id: str) -> TurnOutcome:
-        """Deliver one prompt and wait for its terminal turn event.
+    async def prompt(self, text: str, *, message_id: str, delivery: int = 1) -> TurnOutcome:
+        """Deliver one prompt (delivery `delivery` of its message) and wait for its terminal turn
+        event.
 
         Never raises for a dead harness: a turn whose end was not seen is `unknown`, which the
         caller must not acknowledge. Bound the wait with a cancel scope around the call.
@@ -214,7 +218,7 @@ class JsonLinesDriver:
             if not self._reader.running:
                 return TurnOutcome("unknown", detail=f"not delivered: {self._reader.detail}")
             with self._turns.expect(message_id) as waiter:
-                if not await self._out.send(self._codec.encode_prompt(text, message_id)):
+                if not await self._out.send(self._codec.encode_prompt(text, message_id, delivery)):
                     return TurnOutcome(
                         "unknown", detail="harness stdin closed before the prompt was delivered"
                     )

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
 from protocol.checkpoint import check_carry_pattern
+from protocol.deadletter import DEFAULT_MAX_DELIVERIES, MAX_DELIVERIES_LIMIT
 from protocol.errors import Refusal
 
 if TYPE_CHECKING:
@@ -18,6 +19,10 @@ if TYPE_CHECKING:
 
 CONFIG_NAME = "cotal.toml"
 CONFIG_CAP = 64 * 1024
+DEFAULT_HORIZON_S = 24 * 60 * 60
+MAX_HORIZON_S = 366 * 24 * 60 * 60
+DEFAULT_SKEW_S = 60
+MAX_SKEW_S = 60 * 60
 
 # Module and class per agent name; imported lazily so a broken optional harness does not stop
 # the daemon from running the others.
@@ -69,9 +74,29 @@ class CarryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     include: list[str] = []
 
 
+class RecencyConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[recency]`: the deployment's freshness promise (record 2.2, gate 3). The source's
+    horizon is recorded in every checkpoint it cuts, so source and destination cannot disagree
+    about it; the skew is the destination's own allowance for a source clock ahead of its own."""
+
+    horizon_s: Annotated[int, msgspec.Meta(ge=1, le=MAX_HORIZON_S)] = DEFAULT_HORIZON_S
+    skew_s: Annotated[int, msgspec.Meta(ge=0, le=MAX_SKEW_S)] = DEFAULT_SKEW_S
+
+
+class DeliveryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[delivery]`: how many times one message is handed to a seat before it moves to the
+    seat's dead letters (docs/operations.md, "Dead letters")."""
+
+    max_deliveries: Annotated[int, msgspec.Meta(ge=1, le=MAX_DELIVERIES_LIMIT)] = (
+        DEFAULT_MAX_DELIVERIES
+    )
+
+
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     agents: dict[str, AgentConfig] = {}
     carry: CarryConfig = CarryConfig()
+    delivery: DeliveryConfig = DeliveryConfig()
+    recency: RecencyConfig = RecencyConfig()
 
 
 def carry_includes(cfg: FileConfig, extra: Sequence[str] = ()) -> list[str]:

@@ -94,6 +94,24 @@ class SendArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froze
     timeout_s: float = 120.0
 
 
+class DeadLettersArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`dead-letters`: list one seat's dead letters."""
+
+    name: str
+
+
+# A dead letter's id is its sequence in the space's dead-letter stream.
+DeadLetterId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+
+
+class DeadLetterArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`redeliver-dead-letter` puts one back into the seat's inbox; `drop-dead-letter` deletes
+    it. Either refuses an id that is not one of this seat's dead letters."""
+
+    name: str
+    id: DeadLetterId
+
+
 class AttemptArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     attempt_id: str
 
@@ -146,6 +164,9 @@ OPS: dict[str, tuple[type[Any], int]] = {
     "restart-seat": (RestartSeatArgs, 1 * _KIB),
     "remove-seat": (RemoveSeatArgs, 1 * _KIB),
     "send": (SendArgs, 160 * _KIB),
+    "dead-letters": (DeadLettersArgs, 1 * _KIB),
+    "redeliver-dead-letter": (DeadLetterArgs, 1 * _KIB),
+    "drop-dead-letter": (DeadLetterArgs, 1 * _KIB),
     "shutdown": (NoArgs, 1 * _KIB),
     "prepare-preservation": (AttemptArgs, 1 * _KIB),
     "commit-preservation": (CommitPreservationArgs, 64 * _KIB),
@@ -229,10 +250,43 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     isolation: str | None = None
     # The harness's own permission mode where it has one (Claude Code), as the seat was launched.
     permission_mode: str | None = None
+    # Messages this seat's inbox gave up on and keeps aside (`cotal inbox NAME`).
+    dead_letters: int = 0
 
 
 def seat_rows(obj: Any) -> list[SeatRow]:
     return convert(obj, list[SeatRow], what="ps result")
+
+
+class DeadLetterRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One dead letter as `dead-letters` lists it. `sender`, `message_id` and `sent_at` are the
+    message's own when it decodes as a DM; `head` is the start of its text (or of its bytes)."""
+
+    id: int
+    subject: str
+    deliveries: int
+    reason: str
+    dead_at: str
+    bytes: int
+    head: str
+    sender: str | None = None
+    message_id: str | None = None
+    sent_at: str | None = None
+
+
+class DeadLetters(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`dead-letters`' result: `count` is the seat's whole number; `letters` the oldest, up to
+    the listing bound (`truncated` then)."""
+
+    name: str
+    lifecycle_uid: str
+    count: int
+    letters: list[DeadLetterRow]
+    truncated: bool = False
+
+
+def dead_letters(obj: Any) -> DeadLetters:
+    return convert(obj, DeadLetters, what="dead-letters result")
 
 
 ProgressPhase = Literal[

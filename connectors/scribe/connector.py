@@ -54,8 +54,9 @@ from protocol.errors import DecodeError
 class ScribeCodec:
     """scribe's wire format, as the generic JSON-lines driver sees it."""
 
-    def encode_prompt(self, text: str, message_id: str) -> bytes:
-        return encode_json(PromptIn(id=message_id, text=text))
+    def encode_prompt(self, text: str, message_id: str, delivery: int = 1) -> bytes:
+        # scribe's wire says it in a field: the text stays the message's own.
+        return encode_json(PromptIn(id=message_id, text=text, delivery=delivery))
 
     def encode_get_state(self, request_id: str) -> bytes | None:
         return encode_json(GetStateIn(id=request_id))

@@ -10,7 +10,8 @@ A turn is committed by appending its user and assistant lines in one write follo
 and only then is `turn_end ok` printed: a prompt the driver saw acknowledged is on disk. Turns
 that end `error`, `aborted` or by a crash append nothing, so redelivering them is safe. A
 redelivered message id that is already on disk replays the recorded reply instead of answering
-twice.
+twice. A prompt's `delivery` (how many times cotal has now delivered its message) is recorded
+on its user line when it is not the first, so the transcript shows what came again.
 
 Standard library and msgspec only, plus cotal's private-file primitives (`connectors.privatefs`).
 """
@@ -47,6 +48,9 @@ SLOW_CAP_MS = 600_000
 _REMEMBER = re.compile(r"remember the phrase\s+([A-Za-z0-9-]+)", re.IGNORECASE)
 _ASK = re.compile(r"what was the phrase", re.IGNORECASE)
 _ERROR_ONCE = re.compile(r"#error-once:([A-Za-z0-9_-]{1,64})")
+# Test aids for poison mail: every delivery fails, or each delivery up to the N-th does.
+_ERROR_ALWAYS = re.compile(r"#error-always\b")
+_ERROR_UNTIL = re.compile(r"#error-until:(\d{1,4})\b")
 _CRASH = re.compile(r"#crash\b")
 _SLOW = re.compile(r"#slow:(\d{1,9})")
 
@@ -61,9 +65,11 @@ class _Wire(msgspec.Struct, forbid_unknown_fields=True, tag_field="type", rename
     pass
 
 
-class PromptIn(_Wire, tag="prompt"):
+class PromptIn(_Wire, tag="prompt", omit_defaults=True):
     id: MessageId
     text: str
+    # How many times the message has now been delivered; absent for the first.
+    delivery: Annotated[int, msgspec.Meta(ge=1)] = 1
 
 
 class GetStateIn(_Wire, tag="get_state"):
@@ -157,11 +163,12 @@ class SessionHeader(
     created_at: str
 
 
-class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class Message(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
     role: Literal["user", "assistant"]
     text: str
     id: str
     at: str
+    delivery: Annotated[int, msgspec.Meta(ge=1)] = 1
 
 
 _header = msgspec.json.Decoder(SessionHeader, strict=True)
@@ -199,15 +206,20 @@ class Directives:
     error_once: str | None = None
     crash: bool = False
     slow_ms: int = 0
+    error_always: bool = False
+    error_until: int = 0
 
 
 def parse_directives(text: str) -> Directives:
     error_once = _ERROR_ONCE.search(text)
     slow = _SLOW.search(text)
+    until = _ERROR_UNTIL.search(text)
     return Directives(
         error_once=error_once.group(1) if error_once else None,
         crash=_CRASH.search(text) is not None,
         slow_ms=min(int(slow.group(1)), SLOW_CAP_MS) if slow else 0,
+        error_always=_ERROR_ALWAYS.search(text) is not None,
+        error_until=int(until.group(1)) if until else 0,
     )
 
 
@@ -285,9 +297,9 @@ class Session:
     def recorded_reply(self, message_id: str) -> str | None:
         return self._replies.get(message_id)
 
-    def commit_turn(self, message_id: str, text: str, reply: str) -> None:
+    def commit_turn(self, message_id: str, text: str, reply: str, delivery: int = 1) -> None:
         at = now_iso()
-        user = Message(role="user", text=text, id=message_id, at=at)
+        user = Message(role="user", text=text, id=message_id, at=at, delivery=delivery)
         assistant = Message(role="assistant", text=reply, id=message_id, at=at)
         # One write for both lines: a kill between them cannot leave a question without its
         # answer that a later open would have to explain.
@@ -413,14 +425,14 @@ class Harness:
         finally:
             self._abortable = False
 
-    def run_turn(self, message_id: str, text: str) -> None:
+    def run_turn(self, message_id: str, text: str, delivery: int = 1) -> None:
         self._in_turn, self._abort_requested = True, False
         try:
-            self._turn(message_id, text)
+            self._turn(message_id, text, delivery)
         finally:
             self._in_turn = False
 
-    def _turn(self, message_id: str, text: str) -> None:
+    def _turn(self, message_id: str, text: str, delivery: int) -> None:
         self.emit(TurnStartOut(id=message_id))
         recorded = self.session.recorded_reply(message_id)
         if recorded is not None:
@@ -443,6 +455,11 @@ class Harness:
             detail = f"injected fault error-once:{directives.error_once}"
             self.emit(TurnEndOut(id=message_id, status="error", reply="", detail=detail))
             return
+        if directives.error_always or delivery <= directives.error_until:
+            which = "always" if directives.error_always else f"until:{directives.error_until}"
+            detail = f"injected fault error-{which} (delivery {delivery})"
+            self.emit(TurnEndOut(id=message_id, status="error", reply="", detail=detail))
+            return
         if self._abort_requested:
             self.emit(
                 TurnEndOut(
@@ -451,7 +468,7 @@ class Harness:
             )
             return
         reply = answer(text, self.session.history)
-        self.session.commit_turn(message_id, text, reply)
+        self.session.commit_turn(message_id, text, reply, delivery)
         self._finish(message_id, reply, "")
 
     def _finish(self, message_id: str, reply: str, detail: str) -> None:
@@ -467,8 +484,8 @@ class Harness:
             self.emit(ProtocolErrorOut(detail=f"refused line: {exc}", id=probe_id(line)))
             return True
         match request:
-            case PromptIn(id=message_id, text=text):
-                self.run_turn(message_id, text)
+            case PromptIn(id=message_id, text=text, delivery=delivery):
+                self.run_turn(message_id, text, delivery)
             case GetStateIn(id=request_id):
                 self.emit(StateOut(id=request_id, session_id=self.session.id))
             case QuitIn():

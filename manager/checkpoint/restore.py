@@ -25,13 +25,14 @@ See docs/operations.md ("What a checkpoint carries").
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import re
 import stat
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,7 @@ from manager.checkpoint.gitstate import (
     read_stash,
     run_git,
 )
+from manager.checkpoint.landing import check_tree, mount_points
 from manager.checkpoint.reader import verify_file
 from protocol.checkpoint import (
     CONTROL_DIR,
@@ -653,7 +655,9 @@ def _swap(staging: Path, target: Path, aside: Path | None, movable: Sequence[str
 
 def _promote(staging: Path, target: Path, stamp: str, keep: Sequence[str]) -> Path | None:
     parent = target.parent
-    if not os.path.lexists(target):
+    if not os.path.lexists(target) or not os.listdir(target):
+        # An empty directory (a fresh --map destination) holds nothing to move aside, and
+        # rename(2) replaces it atomically.
         os.rename(staging, target)
         fsync_dir(parent)
         return None
@@ -703,19 +707,6 @@ def _promote_in_place(staging: Path, target: Path, stamp: str, keep: Sequence[st
     return aside
 
 
-def _mount_points() -> set[str]:
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return set()
-    # Field 5 is the mount point, with space, tab, newline and backslash octal-escaped.
-    return {
-        re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split(" ")[4])
-        for line in lines
-        if len(line.split(" ")) > 4
-    }
-
-
 def _is_mount_point(target: Path) -> bool:
     """Whether `target` is a mount point, so a staging directory beside it is on another
     filesystem (or another mount of the same one, which rename(2) refuses just the same)."""
@@ -727,7 +718,7 @@ def _is_mount_point(target: Path) -> bool:
         return False
     if st.st_dev != os.stat(target.parent).st_dev or os.path.ismount(target):
         return True
-    return os.path.realpath(target) in _mount_points()
+    return os.path.realpath(target) in mount_points()
 
 
 def _check_target(
@@ -779,6 +770,8 @@ async def restore_repository(
     stamp: str,
     keep_paths: tuple[str, ...] = (CONTROL_DIR,),
     confine_to: Sequence[Path] = (),
+    dest_root: Path | None = None,
+    maps: Mapping[Path, Path] | None = None,
     links: Sequence[chain.Link] = (),
     scratch: Scratch | None = None,
 ) -> RestoreResult:
@@ -786,15 +779,22 @@ async def restore_repository(
     inside it when the target is a mount point (`<target>/.cotal-incoming-<stamp>`).
 
     `confine_to` is the destination root and any mapped directories: a target outside them
-    refuses before anything is written. `links` are an incremental record's predecessors as
-    admission proved them (`Admission.chains`), oldest first; their bundles are re-proven here
-    too. `scratch` is the repository admission unbundled this seat's chain into
+    refuses before anything is written. A target a `--map` places (`maps`, the operator's
+    pairs, with `dest_root`) is checked again by the rule admission checked
+    (`landing.check_tree`): one that became a place no map may land, or that now holds another
+    tree, refuses before anything is written. `links` are an incremental record's predecessors
+    as admission proved them (`Admission.chains`), oldest first; their bundles are re-proven
+    here too. `scratch` is the repository admission unbundled this seat's chain into
     (`Admission.scratch`): its packs are moved into the staging instead of unbundling again,
     and when they cannot be the bundles are unbundled as without it.
     """
     seat_dir = Path(os.path.abspath(seat_dir))
     target = Path(os.path.abspath(target))
     _check_target(target, stamp, keep_paths, confine_to)
+    if maps and dest_root is not None:
+        await anyio.to_thread.run_sync(
+            functools.partial(check_tree, target, maps, dest_root=dest_root, base=record.base)
+        )
     in_place = _is_mount_point(target)
     if in_place:
         staging = target / f"{INCOMING_PREFIX}{stamp}"

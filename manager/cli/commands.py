@@ -240,10 +240,19 @@ def cmd_spawn(args: argparse.Namespace) -> int:
     else:
         say(f"spawned {row['name']} ({row['agent']}) pid {row['pid']} uid {row['lifecycleUid']}")
         say(f"  session {row['sessionId']}  continuity {row['continuity']}")
+    for gap in _isolation_gaps(row.get("isolation")):
+        progress(f"warning: seat isolation {row.get('isolation')}: {gap}")
     warning = _cut_warning(Path(row["cwd"]))
     if warning:
         progress(warning)
     return 0
+
+
+def _isolation_gaps(mode: str | None) -> list[str]:
+    """What a seat's isolation lacks, said with what it means (connectors/sandbox.py)."""
+    from connectors import sandbox
+
+    return sandbox.missing_from(mode)
 
 
 def _cut_warning(cwd: Path) -> str | None:
@@ -284,6 +293,7 @@ PS_COLUMNS = [
     ("TURN", "turn"),
     ("UPTIME", "uptime"),
     ("RESTARTS", "restarts"),
+    ("DEAD", "deadLetters"),
 ]
 PS_WIDE = [
     ("PID", "pid"),
@@ -329,6 +339,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
         for row in rows
     ]
     say(format_table(shown, PS_COLUMNS + (PS_WIDE if args.wide else [])))
+    if args.wide:
+        modes = sorted({str(r["isolation"]) for r in rows if r.get("isolation")})
+        for mode in modes:
+            for gap in _isolation_gaps(mode):
+                say(f"isolation {mode}: {gap}")
     return 0
 
 
@@ -431,9 +446,11 @@ def cmd_rm(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result)
     elif result.get("footprintDeleted"):
+        dead = result.get("deadLettersDeleted") or 0
         say(
             f"removed {result['name']} (uid {result['lifecycleUid']}, exit {result['lastExit']});"
             " durable, custody record and session pointer deleted"
+            + (f", and {dead} dead letter(s)" if dead else "")
         )
     else:
         say(
@@ -441,6 +458,20 @@ def cmd_rm(args: argparse.Namespace) -> int:
             "durable and custody record belong to their new holder and were kept"
         )
     return 0
+
+
+def cmd_inbox(args: argparse.Namespace) -> int:
+    from manager.cli import inbox
+
+    return inbox.run(
+        root_of(args),
+        args.name,
+        redeliver=args.redeliver,
+        drop=args.drop,
+        as_json=args.json,
+        say=say,
+        emit=emit_json,
+    )
 
 
 def cmd_status(args: argparse.Namespace) -> int:

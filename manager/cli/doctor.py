@@ -45,6 +45,7 @@ from connectors.interpreter import own_python
 from manager import eventloop, registry
 from manager.checkpoint import clock
 from manager.cli import tools
+from manager.workspace import roots
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
 
@@ -209,6 +210,22 @@ def isolation_row() -> dict[str, Any]:
             "the control socket's seat check stands between a seat and the manager. Cure: run "
             "the manager as root or where unprivileged user namespaces are enabled"
         )
+    row["missing"] = found.missing
+    row["tmpMiB"] = sandbox.tmp_mib() if found.mount else None
+    registry = roots.registry_dir()
+    row["rootsRegistry"] = str(registry) if registry is not None else None
+    if registry is None:
+        row["missing"].append(f"missing roots registry: {roots.NO_REGISTRY}")
+    try:
+        row["seatMarked"] = sandbox.carries_seat_mark("self")
+    except OSError:
+        row["seatMarked"] = False
+    if row["seatMarked"]:
+        row["missing"].append(
+            "this shell runs under no_new_privs, the seat mark: a manager started outside it "
+            "refuses this CLI, and a manager started from here cannot tell another root's seats "
+            "from its operator by the mark (it refuses only its own seats)"
+        )
     return row
 
 
@@ -246,6 +263,11 @@ def render_clock(row: Mapping[str, Any]) -> list[str]:
 
 def render_isolation(row: Mapping[str, Any]) -> list[str]:
     lines = ["", f"seat isolation: {row['mode']} ({row['detail']})"]
+    if row.get("tmpMiB"):
+        lines.append(f"         private /tmp, /var/tmp, /dev/shm: {row['tmpMiB']} MiB each")
+    if row.get("tmpMiB") and row.get("rootsRegistry"):
+        lines.append(f"         other roots hidden as named in {row['rootsRegistry']}")
+    lines += [f"         {gap}" for gap in row.get("missing", [])]
     if row["warning"]:
         lines.append(f"         warning: {row['warning']}")
     return lines

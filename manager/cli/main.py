@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from manager import concurrency, logs
 from manager.cli import commands
 from manager.cli.commands import root_of
+from manager.cli.inbox import dead_letter_id
 from manager.cli.output import (
     EX_INTERNAL,
     EX_INTERRUPTED,
@@ -431,6 +432,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rm.add_argument("name", help="the seat to remove")
     rm.set_defaults(fn=commands.cmd_rm)
+
+    inbox = command(
+        sub,
+        "inbox",
+        "a seat's dead letters: list them, put one back into its inbox, or drop one",
+        "cotal inbox alice",
+        "cotal inbox alice --redeliver 7",
+        "cotal inbox alice --drop 7 --json",
+    )
+    inbox.add_argument("name", help="the seat whose dead letters to show")
+    which = inbox.add_mutually_exclusive_group()
+    which.add_argument(
+        "--redeliver",
+        type=dead_letter_id,
+        metavar="ID",
+        help="publish dead letter ID into the seat's inbox again (it arrives marked as a "
+        "redelivery, with its delivery count), then remove it from the dead letters",
+    )
+    which.add_argument(
+        "--drop", type=dead_letter_id, metavar="ID", help="delete dead letter ID for good"
+    )
+    inbox.set_defaults(fn=commands.cmd_inbox)
 
     status = command(
         sub,

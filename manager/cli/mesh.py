@@ -434,6 +434,11 @@ def check_root(root: Path) -> None:
     from manager import registry
 
     registry.load_config(root)
+    # Read again where the manager declares the DM stream; a bad one is refused here, before
+    # anything starts, rather than as the manager's failed start.
+    from manager.broker.retention import dm_limits
+
+    dm_limits()
 
 
 def up(

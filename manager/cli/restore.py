@@ -35,12 +35,12 @@ from connectors.privatefs import ensure_private_dir, read_stable
 from manager import concurrency, eventloop, failpoint, registry
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
-from manager.broker.evict import evict_ghosts
+from manager.broker.evict import AccountConnz, ConnectionList, MonitorEndpoint, evict_ghosts
 from manager.broker.footprint import default_replicas
 from manager.broker.presence import live_uids
 from manager.broker.retry import phase
 from manager.broker.space import import_inbox, read_broker_identity
-from manager.checkpoint import admit, chain, relocate
+from manager.checkpoint import admit, chain, clock, relocate
 from manager.checkpoint.confine import place_session_file
 from manager.checkpoint.restore import RestoreResult, restore_repository
 from manager.cli import checkpoints, mesh
@@ -177,15 +177,21 @@ async def _admit_at_broker(
     adm: admit.Admission,
     conn: LazyConnection,
     monitors: list[str],
+    embedded_broker: bool,
 ) -> tuple[list[dict[str, object]], list[Consent]]:
-    """Gates 2 and 3, with the roster read and any eviction evidence they need."""
+    """Gates 2 and 3, with the roster read and any eviction evidence they need: the `--monitor`
+    endpoints, and the embedded broker's own answer over this connection (it has no HTTP
+    monitor for seats to read)."""
     space = args.space
     js = await conn.jetstream()
+    sources: list[ConnectionList] = [MonitorEndpoint(m) for m in monitors]
+    if embedded_broker:
+        sources.append(AccountConnz(await conn.client()))
     with phase("admission (presence)"):
         live = await live_uids(js, space)
     with phase("eviction evidence"):
         eviction = await evict_ghosts(
-            js, space, {n: r.lifecycle_uid for n, r in adm.records.items()}, live, monitors
+            js, space, {n: r.lifecycle_uid for n, r in adm.records.items()}, live, sources
         )
     for proof in eviction.evidence:
         servers = proof["servers"]
@@ -205,7 +211,16 @@ async def _admit_at_broker(
         home=Path(os.path.expanduser("~")),
         maps=relocate.parse_maps(args.map or []),
     )
-    consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
+    reading = clock.read_clock()
+    if reading.source != "kernel":
+        _say(f"clock: {reading.detail} stands in for the kernel's reading (a test hook)")
+    consents = admit.recency(
+        adm,
+        now=datetime.now(UTC),
+        clock=reading,
+        accept_stale=args.accept_stale_checkpoint,
+        skew_ms=registry.load_config(layout.root).recency.skew_s * 1000,
+    )
     return eviction.evidence, consents
 
 
@@ -255,11 +270,11 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         if embedded_info is not None:
             broker = BrokerRef(embedded_info.url, layout.broker_creds, True)
         monitors = [m.strip() for m in (args.monitor or "").split(",") if m.strip()]
-        if embedded_info is not None and embedded_info.monitor:
-            monitors.append(embedded_info.monitor)
         async with LazyConnection(broker.server, broker.creds, name="cotal-resume") as conn:
             try:
-                evidence, consents = await _admit_at_broker(args, layout, adm, conn, monitors)
+                evidence, consents = await _admit_at_broker(
+                    args, layout, adm, conn, monitors, embedded_info is not None
+                )
                 await checkpoints.check_handed_off(args, layout, adm, conn)
             except BaseException:
                 await conn.aclose()
@@ -907,6 +922,8 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
             stamp=stamp,
             keep_paths=keep,
             confine_to=adm.confine_to or (layout.root,),
+            dest_root=layout.root,
+            maps=adm.maps,
             links=adm.chains.get(name, ()),
             scratch=adm.scratch.get(name),
         )

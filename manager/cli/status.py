@@ -312,6 +312,11 @@ def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
     by_state = ", ".join(f"{n} {s}" for s, n in seats["byState"].items())
     where = "" if seats["source"] == "manager" else " recorded (taken back by `cotal up`)"
     say(f"seats     {seats['count']}{where}" + (f": {by_state}" if by_state else ""))
+    if seats["source"] == "manager":
+        # Each seat's dead letters (`cotal inbox SEAT`), as the manager counts them.
+        dead = manager.get("deadLetters") or {}
+        listed = ", ".join(f"{name} {n}" for name, n in dead.items())
+        say(f"dead      {listed} (see cotal inbox SEAT)" if dead else "dead      none")
     if doc["custody"]["holder"]:
         say(f"custody   held by this instance ({doc['custody']['holder']})")
     for h in doc["handedOff"]:

@@ -24,7 +24,7 @@ from manager import eventloop, registry
 from manager.broker import presence
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
-from manager.checkpoint import admit, chain, relocate
+from manager.checkpoint import admit, chain, clock, relocate
 from manager.cli import mesh
 from manager.workspace import trust
 from manager.workspace.layout import Layout
@@ -84,7 +84,18 @@ def relocation_of(adm: admit.Admission, name: str) -> dict[str, Any]:
     if confined.continuity is not None:
         out["continuity"] = confined.continuity
         out["relocationNote"] = confined.why
+    landing = adm.landings.get(name)
+    if landing is not None:
+        # What a --map's restore finds at the tree: only its own repository is moved aside.
+        out["mapLanding"] = landing
     return out
+
+
+LANDING_SHOWN = {
+    "absent": "created by the restore",
+    "empty": "an empty directory, filled by the restore",
+    "same-repository": "the same repository, moved aside by the restore",
+}
 
 
 def chain_of(adm: admit.Admission, name: str) -> dict[str, Any]:
@@ -166,7 +177,13 @@ async def _verify(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         maps=relocate.parse_maps(getattr(args, "map", None) or []),
     )
     verdicts["identity"] = "pass"
-    consents = admit.recency(adm, now=datetime.now(UTC), accept_stale=args.accept_stale_checkpoint)
+    consents = admit.recency(
+        adm,
+        now=datetime.now(UTC),
+        clock=clock.read_clock(),
+        accept_stale=args.accept_stale_checkpoint,
+        skew_ms=registry.load_config(layout.root).recency.skew_s * 1000,
+    )
     verdicts["recency"] = "pass" if not consents else "stale, accepted by --accept-stale-checkpoint"
     seats = [
         {
@@ -220,4 +237,6 @@ def run_verify(args: argparse.Namespace, root: Path) -> int:
             w(f"    relocated {moved['cwdBefore']} -> {moved['cwdAfter']}\n")
         if "relocationNote" in s:
             w(f"    {s['relocationNote']}\n")
+        if "mapLanding" in s:
+            w(f"    mapped tree: {LANDING_SHOWN[s['mapLanding']]}\n")
     return 0

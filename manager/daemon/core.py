@@ -33,7 +33,7 @@ from nats.js.kv import KeyValue
 
 from connectors.base import Driver, LaunchOpts, LaunchSpec, continuity_class
 from manager import registry
-from manager.broker import custody, footprint
+from manager.broker import custody, deadletter, footprint
 from manager.broker.dm import new_message_id, publish_dm
 from manager.broker.fence import WriterFence
 from manager.daemon import seatfile
@@ -53,7 +53,7 @@ from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.lifecycle import exit_text
 from protocol.maintenance import Maintenance
-from protocol.messages import DirectMessage, ManagerLease, Presence, encode
+from protocol.messages import DirectMessage, ManagerLease, Presence, decode_dm, encode
 from protocol.session import SessionPointer
 
 log = structlog.get_logger("cotal.manager")
@@ -69,6 +69,38 @@ def _exited_before_ready(seat: Seat, handle: SeatHandle) -> Refusal:
         f"seat {seat.name} exited before it was ready (code {exit_text(handle.returncode)})",
         f"read {handle.log_path}",
     )
+
+
+HEAD_CHARS = 80
+
+
+def _dead_row(letter: deadletter.DeadLetter) -> control.DeadLetterRow:
+    meta = letter.meta
+    try:
+        dm: DirectMessage | None = decode_dm(letter.data)
+    except DecodeError:
+        dm = None
+    text = dm.text if dm is not None else letter.data.decode("utf-8", "replace")
+    return control.DeadLetterRow(
+        id=letter.id,
+        subject=meta.subject,
+        deliveries=meta.deliveries,
+        reason=meta.reason,
+        dead_at=meta.dead_at,
+        bytes=len(letter.data),
+        head=text[:HEAD_CHARS],
+        sender=dm.sender if dm is not None else None,
+        message_id=dm.id if dm is not None else None,
+        sent_at=dm.sent_at if dm is not None else None,
+    )
+
+
+def _dead_ids(seat: Seat, letter: deadletter.DeadLetter) -> dict[str, Any]:
+    try:
+        message_id: str | None = decode_dm(letter.data).id
+    except DecodeError:
+        message_id = None
+    return {"name": seat.name, "lifecycleUid": seat.uid, "id": letter.id, "messageId": message_id}
 
 
 class Manager:
@@ -98,6 +130,9 @@ class Manager:
         self._drained = anyio.Event()
         self._drained.set()
         self.waiters: dict[str, Waiter] = {}
+        # Dead letters per lifecycle uid: read from the broker at start, then kept by the bridges
+        # and the dead-letter ops, so `ps` and `status` never wait on the broker for it.
+        self.dead_counts: dict[str, int] = {}
         self.shutdown_requested = anyio.Event()
         self._tg: TaskGroup | None = None
         self._presence: KeyValue | None = None
@@ -238,6 +273,8 @@ class Manager:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         r = self.replicas
         await footprint.ensure_dm_stream(self.js, self.space, replicas=r)
+        await deadletter.ensure_dead_stream(self.js, self.space, replicas=r)
+        self.dead_counts.update(await deadletter.counts(self.js, self.space))
         self._presence = await footprint.ensure_kv(
             self.js, names.presence_bucket(self.space), ttl=names.PRESENCE_TTL_S, replicas=r
         )
@@ -306,7 +343,13 @@ class Manager:
             "attemptId": self.maintenance.attempt_id,
             "commitStarted": self.maintenance.commit_started,
             "activated": self.maintenance.activated,
+            "deadLetters": self._dead_by_seat(),
         }
+
+    def _dead_by_seat(self) -> dict[str, int]:
+        """Each seat's dead letters, for the seats that have any."""
+        found = {s.name: self.dead_counts.get(s.uid, 0) for s in self.seats.values()}
+        return {name: n for name, n in sorted(found.items()) if n}
 
     def _seat_states(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -316,7 +359,9 @@ class Manager:
 
     async def op_ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
         return [
-            s.row(self.identity.instance_id)
+            msgspec.structs.replace(
+                s.row(self.identity.instance_id), dead_letters=self.dead_counts.get(s.uid, 0)
+            )
             for s in sorted(self.seats.values(), key=lambda s: s.name)
         ]
 
@@ -499,6 +544,10 @@ class Manager:
                             seat, holder_now=None, reason="a publish was refused by the broker"
                         ),
                         gate=self.delivery_gate,
+                        max_deliveries=self.config.delivery.max_deliveries,
+                        on_ambiguous=lambda detail: self.restart_after_turn(seat, handle, detail),
+                        deliberate=lambda: seat.lifecycle.deliberate,
+                        dead_counts=self.dead_counts,
                     )
                     seat.bridge = bridge
                     await tg.start(bridge.run)
@@ -668,6 +717,48 @@ class Manager:
             return
         await self._recover(seat, pointer.session_id)
 
+    def restart_after_turn(self, seat: Seat, handle: SeatHandle, detail: str) -> bool:
+        """A turn ended ambiguously while its harness may still be in a provider call: end this
+        incarnation so the crash restart relaunches it into its own session (record 4.2: the
+        restart ends the call before the message is redelivered). Granted only where a crash
+        would be restarted and within the same budget; True when the harness is being ended."""
+        if (
+            not self.active
+            or self._tg is None
+            or self.seats.get(seat.name) is not seat
+            or seat.handle is not handle
+            or seat.state != "running"
+        ):
+            return False
+        refused: str | None = None
+        if seat.continuity != "exact" or not seat.recovery_armed:
+            refused = f"a {seat.continuity} seat's session is not reopened by a restart"
+        else:
+            try:
+                if read_pointer(seat.pointer_path).status != "running":
+                    refused = "its harness quit the session"
+            except (OSError, DecodeError) as exc:
+                refused = f"its session pointer cannot be read ({exc})"
+        now = time.monotonic()
+        recent = [t for t in seat.crashes if now - t < names.SESSION_RESTART_WINDOW_S]
+        if refused is None and len(recent) >= names.SESSION_RESTART_LIMIT:
+            refused = (
+                f"its restart budget is spent ({len(recent)} restarts within "
+                f"{names.SESSION_RESTART_WINDOW_S:.0f}s)"
+            )
+        if refused is not None:
+            log.warning("seat.turn_restart_refused", seat=seat.name, why=refused, turn=detail)
+            return False
+        log.warning("seat.turn_restart", seat=seat.name, pid=handle.pid, turn=detail)
+        self._tg.start_soon(self._end_incarnation, seat, handle)
+        return True
+
+    async def _end_incarnation(self, seat: Seat, handle: SeatHandle) -> None:
+        # Not a stop: the lifecycle sees an exit nobody asked for, and the crash restart (with
+        # its budget, its pointer and its session proof) takes it from there.
+        if not await handle.stop(graceful=True):
+            log.error("seat.turn_restart_unproven", seat=seat.name, pid=handle.pid)
+
     async def _recover(self, seat: Seat, session_id: str) -> None:
         """Relaunch a crashed seat into its session. A broker that is briefly away (an
         election) defers the relaunch and never costs the seat its footprint; custody that
@@ -809,10 +900,17 @@ class Manager:
             await self._deprovision(seat)
 
     async def _deprovision(self, seat: Seat) -> str | None:
-        """Ordinary teardown: exactly this seat's durable, its presence and its pointer. Returns
-        why the durable could not be deleted, or None once it is gone."""
+        """Ordinary teardown: exactly this seat's durable, its dead letters, its presence and its
+        pointer. Returns why the durable could not be deleted, or None once it is gone."""
         durable_error: str | None = None
         with anyio.CancelScope(shield=True):
+            try:
+                await deadletter.purge_seat(
+                    self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid
+                )
+                self.dead_counts.pop(seat.uid, None)
+            except Exception as exc:
+                log.error("deadletter.purge_failed", seat=seat.name, error=str(exc))
             try:
                 await footprint.delete_dm_durable(
                     self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid
@@ -880,9 +978,13 @@ class Manager:
         async with self.lifecycle("remove-seat"):
             seat = self._seat(args.name)
             await self.stop_and_prove(seat, graceful=True)
+            dead = self.dead_counts.get(seat.uid, 0) if seat.footprint_owned else 0
             await self._free(seat)
             log.info("seat.removed", seat=seat.name, uid=seat.uid, footprint=seat.footprint_owned)
-            return self._stop_result(seat, footprintDeleted=seat.footprint_owned)
+            return {
+                **self._stop_result(seat, footprintDeleted=seat.footprint_owned),
+                "deadLettersDeleted": dead,
+            }
 
     def _stop_result(self, seat: Seat, **extra: bool) -> dict[str, Any]:
         return {
@@ -1043,6 +1145,82 @@ class Manager:
         finally:
             self.waiters.pop(dm.id, None)
 
+    # -- dead letters ---------------------------------------------------------------------------
+
+    async def op_dead_letters(self, args: control.DeadLettersArgs) -> control.DeadLetters:
+        seat = self._seat(args.name)
+        owner = names.SEAT_OWNER
+        count = await deadletter.count_of(self.js, self.space, owner, seat.name, seat.uid)
+        letters = await deadletter.listing(self.js, self.space, owner, seat.name, seat.uid)
+        self.dead_counts[seat.uid] = count
+        return control.DeadLetters(
+            name=seat.name,
+            lifecycle_uid=seat.uid,
+            count=count,
+            letters=[_dead_row(letter) for letter in letters],
+            truncated=count > len(letters),
+        )
+
+    async def op_redeliver_dead_letter(self, args: control.DeadLetterArgs) -> dict[str, Any]:
+        """Put one dead letter back into the seat's inbox, then remove it from the dead letters:
+        a crash between the two leaves it in both, never in neither."""
+        async with self.lifecycle("redeliver"):
+            seat = self._seat(args.name)
+            owner = names.SEAT_OWNER
+            letter = await deadletter.fetch(
+                self.js, self.space, owner, seat.name, seat.uid, args.id
+            )
+            seq = await deadletter.put_back(self.js, self.space, owner, seat.name, letter)
+            await deadletter.remove(self.js, self.space, letter.id)
+            self._count_removed(seat)
+            log.info("deadletter.redelivered", seat=seat.name, id=letter.id, seq=seq)
+            return {
+                **_dead_ids(seat, letter),
+                "seq": seq,
+                # What the harness is told: its next delivery's number.
+                "delivery": letter.meta.deliveries + 1,
+            }
+
+    async def op_drop_dead_letter(self, args: control.DeadLetterArgs) -> dict[str, Any]:
+        async with self.lifecycle("drop"):
+            seat = self._seat(args.name)
+            letter = await deadletter.fetch(
+                self.js, self.space, names.SEAT_OWNER, seat.name, seat.uid, args.id
+            )
+            await deadletter.remove(self.js, self.space, letter.id)
+            self._count_removed(seat)
+            log.info("deadletter.dropped", seat=seat.name, id=letter.id)
+            return _dead_ids(seat, letter)
+
+    def _count_removed(self, seat: Seat) -> None:
+        self.dead_counts[seat.uid] = max(0, self.dead_counts.get(seat.uid, 0) - 1)
+
+    async def _refuse_dead_letters(self) -> None:
+        """A cut carries each seat's inbox, not its dead letters: refused while any seat holds
+        one, before the fence, so nothing stops. The read is retried until no move to dead
+        letters was under way across it, so none lands unseen between the read and the fence
+        (the fence, which follows with no await, ends them)."""
+        gate = self.delivery_gate
+        while True:
+            begun = await gate.quiet()
+            found = await deadletter.counts(self.js, self.space)
+            if not gate.burying and gate.burials_begun == begun:
+                break
+        self.dead_counts.clear()
+        self.dead_counts.update(found)
+        held = self._dead_by_seat()
+        if held:
+            listed = ", ".join(f"{name} {n}" for name, n in held.items())
+            first = next(iter(held))
+            raise Refusal(
+                "dead-letters-waiting",
+                f"preservation refused: seat(s) hold dead letters ({listed}); a cut carries "
+                "each seat's inbox, not its dead letters",
+                f"`cotal inbox {first}` lists them; put each back (`cotal inbox {first} "
+                "--redeliver ID`) or drop it (`--drop ID`), for every seat named, then cut "
+                "again; nothing was stopped",
+            )
+
     # -- the cut --------------------------------------------------------------------------------
 
     async def op_progress(self, args: control.ProgressArgs) -> control.ProgressResult:
@@ -1062,6 +1240,7 @@ class Manager:
                     f"`cotal start {kept[0]}` or `cotal rm {kept[0]}` first (each stopped seat), "
                     "then cut again; nothing was stopped",
                 )
+            await self._refuse_dead_letters()
         return await self.preservation.prepare(args)
 
     async def op_commit_preservation(self, args: control.CommitPreservationArgs) -> dict[str, Any]:

@@ -1,18 +1,29 @@
 """The per-seat inbox bridge: the seat's `dm_` durable -> the connector's driver.
 
 Acknowledgement discipline (record 4.2): a message is acked only after the harness reports a
-clean terminal turn boundary for it. An error or abort is negatively acknowledged so it comes
-back; an unknown end (the harness died mid-turn) is released only after the process is reaped,
-so a possibly-live provider call cannot race its own redelivery.
+clean terminal turn boundary for it. Any other end (an error, an abort, an unknown reason, no
+output, the harness dying) is ambiguous: a provider call may still be live. The record's recovery
+is a restart, which ends that call: the manager relaunches the harness into its own session
+(the crash restart, within its restart budget), and the message is released only once the old
+process is reaped, so the call cannot race its own redelivery. A harness the manager will not
+restart (budget spent, or a session it cannot reopen) gets `UNRESTARTED_RETRY_S` instead.
 
-The cut's fence closes the `DeliveryGate`: from then on no bridge starts a turn or a pull. A
-message fetched but not yet handed to the harness is released at once (it comes back after the
-resume, or after an abort reopens the gate), and the turn already in flight runs to its boundary,
-which commit waits for before it stops the seat. A reply's id is derived from the message it
-answers, so a turn redelivered after its reply was published (the ack was lost with a dead
-manager) is answered once: the broker drops the second reply as a duplicate.
+Each message is run at most `max_deliveries` times (`[delivery]` in `cotal.toml`): one whose
+delivery at the cap ends badly, or that comes back past it, or that does not decode, moves to the
+seat's dead letters (`manager/broker/deadletter.py`) and is terminated in the inbox, so the
+inbox moves on; it is kept, never lost. A message delivered again is handed to the harness with
+its delivery count, so the agent is told an earlier delivery may have acted already.
 
-See docs/design.md (decision 4) and docs/architecture.md (the seat lifecycle).
+The cut's fence closes the `DeliveryGate`: from then on no bridge starts a turn or a pull, and
+nothing moves to dead letters (a cut carries the inbox, not dead letters). A message fetched but
+not yet handed to the harness is released at once (it comes back after the resume, or after an
+abort reopens the gate), and the turn already in flight runs to its boundary, which commit waits
+for before it stops the seat. A reply's id is derived from the message it answers, so a turn
+redelivered after its reply was published (the ack was lost with a dead manager) is answered
+once: the broker drops the second reply as a duplicate.
+
+See docs/design.md (decision 4), docs/architecture.md (the seat lifecycle) and
+docs/operations.md (Dead letters).
 """
 
 from __future__ import annotations
@@ -31,11 +42,13 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from connectors.base import Driver, TurnOutcome
+from manager.broker import deadletter
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
 from manager.daemon.process import SeatHandle
 from protocol import names
+from protocol.deadletter import DEFAULT_MAX_DELIVERIES, DeadLetterMeta, prior_deliveries
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.messages import DirectMessage, decode_dm
@@ -52,6 +65,11 @@ RETRY_DELAY_S = 1.0
 FETCH_WAIT_S = 1.0
 FETCH_WAIT_FIRST_S = 0.1
 ACK_S = 5.0
+# A failed turn whose harness is not restarted: time for a provider call that may still be live
+# to end before the message is handed to the same process again.
+UNRESTARTED_RETRY_S = 5.0
+# How long a settlement waits for a harness that is being ended to be reaped.
+EXIT_WAIT_S = 15.0
 
 
 @dataclass
@@ -66,12 +84,45 @@ def reply_id(message_id: str) -> str:
 
 
 class DeliveryGate:
-    """Whether any seat may start a turn. One per manager; the cut closes it at the fence."""
+    """Whether any seat may start a turn or move a message to its dead letters. One per manager;
+    the cut closes it at the fence.
+
+    It also counts the moves to dead letters under way, so the cut's check that no seat holds a
+    dead letter (made before the fence) cannot miss one that lands between its read and the
+    fence: `quiet` waits until none is under way and reports how many ever began."""
 
     def __init__(self) -> None:
         self._open = True
         self._reopened = anyio.Event()
         self._reopened.set()
+        self._burying = 0
+        self.burials_begun = 0
+        self._quiet = anyio.Event()
+        self._quiet.set()
+
+    def begin_burial(self) -> bool:
+        """Checked and counted in one synchronous step; False once the gate is closed."""
+        if not self._open:
+            return False
+        self._burying += 1
+        self.burials_begun += 1
+        if self._burying == 1:
+            self._quiet = anyio.Event()
+        return True
+
+    def end_burial(self) -> None:
+        self._burying -= 1
+        if self._burying == 0:
+            self._quiet.set()
+
+    @property
+    def burying(self) -> bool:
+        return self._burying > 0
+
+    async def quiet(self) -> int:
+        while self._burying:
+            await self._quiet.wait()
+        return self.burials_begun
 
     @property
     def is_open(self) -> bool:
@@ -100,6 +151,13 @@ class Turn:
     started_at: str
 
 
+def deliveries(msg: Msg) -> tuple[int, int]:
+    """(this publish's deliveries, all of the message's deliveries): the cap counts the first, the
+    harness is told the second, which includes those before a dead letter was put back."""
+    this = max(1, int(msg.metadata.num_delivered or 1))
+    return this, prior_deliveries(msg.headers) + this
+
+
 class DeliveryBridge:
     def __init__(
         self,
@@ -114,6 +172,10 @@ class DeliveryBridge:
         fence: WriterFence,
         on_fenced: Callable[[], None],
         gate: DeliveryGate,
+        max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        on_ambiguous: Callable[[str], bool] = lambda _detail: False,
+        deliberate: Callable[[], bool] = lambda: False,
+        dead_counts: dict[str, int] | None = None,
     ) -> None:
         self.js = js
         self.space = space
@@ -127,6 +189,14 @@ class DeliveryBridge:
         self.fence = fence
         self.on_fenced = on_fenced
         self.gate = gate
+        self.max_deliveries = max_deliveries
+        # The manager's decision: end this harness and relaunch it into its session (True), or
+        # not (budget spent, a session it cannot reopen, the seat not running).
+        self.on_ambiguous = on_ambiguous
+        # Whether the seat is being stopped on purpose (an operator's stop, a cut, an eviction):
+        # a turn cut short by that is not held against its message.
+        self.deliberate = deliberate
+        self.dead_counts = dead_counts if dead_counts is not None else {}
         self.turn: Turn | None = None
         self._settled = anyio.Event()
         self._settled.set()
@@ -198,19 +268,34 @@ class DeliveryBridge:
         return msgs
 
     async def _deliver(self, msg: Msg) -> None:
+        this, total = deliveries(msg)
         try:
-            dm = decode_dm(msg.data)
+            dm: DirectMessage | None = decode_dm(msg.data)
+            malformed = ""
         except DecodeError as exc:
-            # A poison message would block this seat's inbox forever; terminate it, loudly.
-            log.error("delivery.malformed", seat=self.seat, error=exc.message)
-            with contextlib.suppress(*TRANSIENT):
-                await msg.term()
-            return
+            dm, malformed = None, exc.message
         # Checked with no await before the turn is recorded, so a fence set meanwhile is seen.
         if not self.gate.is_open:
-            log.info("delivery.released", seat=self.seat, id=dm.id, reason="fenced for a cut")
+            log.info(
+                "delivery.released",
+                seat=self.seat,
+                id=dm.id if dm is not None else None,
+                reason="fenced for a cut",
+            )
             with contextlib.suppress(*TRANSIENT):
                 await msg.nak()
+            return
+        if dm is None:
+            # It can never be run; kept as a dead letter, and the inbox moves on.
+            log.error("delivery.malformed", seat=self.seat, error=malformed)
+            if not await self._bury(msg, total, f"malformed: {malformed}", None):
+                await self._nak(msg, None, UNRESTARTED_RETRY_S)
+            return
+        if this > self.max_deliveries:
+            # Past the cap already (its move to dead letters was cut short): never run again.
+            reason = f"delivered {this} times, past the cap of {self.max_deliveries}"
+            if not await self._bury(msg, total, reason, dm.id):
+                await self._nak(msg, dm.id, UNRESTARTED_RETRY_S)
             return
         waiter = self.waiters.get(dm.id)
         if waiter is not None:
@@ -220,32 +305,125 @@ class DeliveryBridge:
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._keep_in_progress, msg)
-                outcome = await self.driver.prompt(dm.text, message_id=dm.id)
+                outcome = await self.driver.prompt(dm.text, message_id=dm.id, delivery=total)
                 tg.cancel_scope.cancel()
         finally:
             # The seat may be stopping while the turn ends: settle in every case, shielded,
             # or a finished turn is neither acked nor released and waits out ack_wait.
             with anyio.CancelScope(shield=True):
-                if outcome is None or outcome.status == "unknown":
-                    if outcome is not None:
-                        log.warning(
-                            "delivery.unknown_end", seat=self.seat, id=dm.id, detail=outcome.detail
-                        )
-                    await self._release_after_exit(msg, dm.id)
-                elif await self._settle(msg, dm, outcome) and waiter is not None:
-                    waiter.outcome = outcome
-                    waiter.done.set()
+                if outcome is not None and outcome.status == "ok":
+                    if await self._settle(msg, dm, outcome) and waiter is not None:
+                        waiter.outcome = outcome
+                        waiter.done.set()
+                else:
+                    await self._conclude_failed(msg, dm.id, (this, total), outcome)
                 self.turn = None
                 self._settled.set()
+
+    async def _conclude_failed(
+        self, msg: Msg, dm_id: str, counted_as: tuple[int, int], outcome: TurnOutcome | None
+    ) -> None:
+        """A turn that did not end clean: restart the harness if the manager grants it, move the
+        message to dead letters at the cap, and release it otherwise once that is safe."""
+        this, total = counted_as
+        if outcome is None:
+            detail = "the turn was cut off: the harness exited or is being stopped"
+        else:
+            detail = f"{outcome.status}: {outcome.detail}" if outcome.detail else outcome.status
+            log.warning(
+                "delivery.retained",
+                seat=self.seat,
+                id=dm_id,
+                status=outcome.status,
+                detail=outcome.detail,
+                delivery=total,
+            )
+        # A cut in progress or a deliberate stop ended this turn, not its message: it travels
+        # with the inbox or waits in it, and it does not cost the harness a restart.
+        held_against = self.gate.is_open and not self.deliberate()
+        restarting = outcome is not None and held_against and self.on_ambiguous(detail)
+        kept = (
+            held_against
+            and this >= self.max_deliveries
+            and await self._bury(msg, total, detail, dm_id)
+        )
+        if outcome is None or restarting or (outcome.status == "unknown" and not held_against):
+            # The process is ending: release the message only once it is reaped, so a provider
+            # call that may still be live cannot race its own redelivery; and hand nothing else
+            # to it meanwhile.
+            await self._release_after_exit(msg, dm_id, release=not kept)
+        elif not kept:
+            await self._nak(msg, dm_id, UNRESTARTED_RETRY_S if held_against else RETRY_DELAY_S)
+
+    async def _bury(self, msg: Msg, total: int, reason: str, dm_id: str | None) -> bool:
+        """Move the message to the seat's dead letters, then terminate it in the inbox. False
+        (the message left where it is) when the gate is closed or the broker refused the dead
+        letter."""
+        if not self.gate.begin_burial():
+            return False
+        try:
+            meta = DeadLetterMeta(
+                subject=msg.subject,
+                source_seq=int(msg.metadata.sequence.stream),
+                deliveries=total,
+                reason=reason[:512],
+                dead_at=now_iso(),
+            )
+            try:
+                dead_id = await deadletter.bury(
+                    self.js,
+                    self.space,
+                    names.SEAT_OWNER,
+                    self.seat,
+                    self.uid,
+                    data=msg.data,
+                    meta=meta,
+                )
+            except Exception as exc:
+                # A full dead-letter stream or a broker gone: the message stays in the inbox,
+                # which is wedged but loses nothing; the log says why.
+                log.error(
+                    "delivery.dead_letter_failed",
+                    seat=self.seat,
+                    id=dm_id,
+                    error=str(exc) or type(exc).__name__,
+                )
+                return False
+            try:
+                await msg.term()
+            except TRANSIENT as exc:
+                # It comes back after ack_wait, past the cap: moved again (deduplicated by its
+                # sequence), never run.
+                log.warning("delivery.term_failed", seat=self.seat, id=dm_id, error=repr(exc))
+            self.dead_counts[self.uid] = self.dead_counts.get(self.uid, 0) + 1
+            log.error(
+                "delivery.dead_lettered",
+                seat=self.seat,
+                id=dm_id,
+                dead_letter=dead_id,
+                deliveries=total,
+                reason=reason,
+            )
+            return True
+        finally:
+            self.gate.end_burial()
+
+    async def _nak(self, msg: Msg, dm_id: str | None, delay: float) -> None:
+        try:
+            await msg.nak(delay=delay)
+        except TRANSIENT as exc:
+            log.warning("delivery.nak_failed", seat=self.seat, id=dm_id, error=type(exc).__name__)
 
     async def _keep_in_progress(self, msg: Msg) -> None:
         while True:
             await anyio.sleep(IN_PROGRESS_EVERY_S)
             await msg.in_progress()
 
-    async def _release_after_exit(self, msg: Msg, dm_id: str) -> None:
-        with anyio.move_on_after(15.0):
+    async def _release_after_exit(self, msg: Msg, dm_id: str, *, release: bool = True) -> None:
+        with anyio.move_on_after(EXIT_WAIT_S):
             await self.handle.exited()
+            if not release:
+                return
             try:
                 await msg.nak()
             except Exception as exc:  # the broker redelivers after ack_wait anyway
@@ -253,50 +431,35 @@ class DeliveryBridge:
             log.info("delivery.released", seat=self.seat, id=dm_id, reason="seat stopped mid-turn")
 
     async def _settle(self, msg: Msg, dm: DirectMessage, outcome: TurnOutcome) -> bool:
-        """Ack a clean turn whose reply the broker accepted (True); otherwise release it."""
-        if outcome.status == "ok":
-            reply = DirectMessage(
-                id=reply_id(dm.id),
-                sender=self.principal,
-                recipient=dm.sender,
-                text=outcome.reply,
-                sent_at=now_iso(),
-                in_reply_to=dm.id,
-            )
-            try:
-                await publish_dm(self.js, self.space, reply, publish=self.fence.publish)
-            except FencedOut:
-                # Custody moved: this turn's reply belongs to nobody here. Release the message
-                # for the new holder and get the seat stopped.
-                log.error("delivery.fenced", seat=self.seat, id=dm.id)
-                self.on_fenced()
-                with contextlib.suppress(*TRANSIENT):
-                    await msg.nak()
-                return False
-            except Exception as exc:
-                log.warning(
-                    "delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc)
-                )
-            try:
-                await riding_elections(
-                    f"ack for {self.seat}", lambda: msg.ack_sync(timeout=ACK_S), attempt_s=ACK_S + 1
-                )
-            except Refusal as exc:
-                # Unacknowledged, the message comes back after ack_wait: at-least-once, never lost.
-                log.warning("delivery.ack_failed", seat=self.seat, id=dm.id, error=exc.message)
-                return True
-            self.delivered += 1
-            log.info("delivery.acked", seat=self.seat, id=dm.id, seq=msg.metadata.sequence.stream)
-            return True
-        log.warning(
-            "delivery.retained",
-            seat=self.seat,
-            id=dm.id,
-            status=outcome.status,
-            detail=outcome.detail,
+        """Ack a clean turn whose reply the broker accepted (True); release it if custody moved."""
+        reply = DirectMessage(
+            id=reply_id(dm.id),
+            sender=self.principal,
+            recipient=dm.sender,
+            text=outcome.reply,
+            sent_at=now_iso(),
+            in_reply_to=dm.id,
         )
         try:
-            await msg.nak(delay=RETRY_DELAY_S)
-        except TRANSIENT as exc:
-            log.warning("delivery.nak_failed", seat=self.seat, id=dm.id, error=type(exc).__name__)
-        return False
+            await publish_dm(self.js, self.space, reply, publish=self.fence.publish)
+        except FencedOut:
+            # Custody moved: this turn's reply belongs to nobody here. Release the message
+            # for the new holder and get the seat stopped.
+            log.error("delivery.fenced", seat=self.seat, id=dm.id)
+            self.on_fenced()
+            with contextlib.suppress(*TRANSIENT):
+                await msg.nak()
+            return False
+        except Exception as exc:
+            log.warning("delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc))
+        try:
+            await riding_elections(
+                f"ack for {self.seat}", lambda: msg.ack_sync(timeout=ACK_S), attempt_s=ACK_S + 1
+            )
+        except Refusal as exc:
+            # Unacknowledged, the message comes back after ack_wait: at-least-once, never lost.
+            log.warning("delivery.ack_failed", seat=self.seat, id=dm.id, error=exc.message)
+            return True
+        self.delivered += 1
+        log.info("delivery.acked", seat=self.seat, id=dm.id, seq=msg.metadata.sequence.stream)
+        return True

@@ -196,8 +196,10 @@ async def test_down_with_a_survivor_of_a_seat_names_it_and_stops_the_rest(mesh: 
 async def test_fourth_crash_in_the_window_retires_the_seat(mesh: Cli) -> None:
     row = mesh.json("spawn", "gus", "--agent", "scribe")
     uid = row["lifecycleUid"]
-    # A message that crashes the harness is redelivered after each restart: crash 1..4.
+    # A message that crashes the harness is redelivered after each restart: crash 1..3, when it
+    # reaches the delivery cap (3) and moves to dead letters; the next one is crash 4.
     mesh.json("send", "gus", "#crash")
+    mesh.json("send", "gus", "#crash again")
     await wait_until(lambda: mesh.ps() == [], timeout=30, every=0.2)
     log = (mesh.root / ".cotal" / "logs" / "manager.log").read_text()
     events = [json.loads(line) for line in log.splitlines()]

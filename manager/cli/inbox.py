@@ -1,0 +1,108 @@
+"""`cotal inbox SEAT`: a seat's dead letters. List them, put one back into the seat's inbox
+(`--redeliver ID`: it arrives marked as a redelivery, with its delivery count), or delete one
+(`--drop ID`). The manager does the work (the `dead-letters`, `redeliver-dead-letter` and
+`drop-dead-letter` ops); this module only asks and prints."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from manager import eventloop
+from protocol import control
+
+
+def dead_letter_id(text: str) -> int:
+    """An id as `cotal inbox` lists it: a positive whole number."""
+    if not text.isascii() or not text.isdigit() or int(text) < 1 or len(text) > 19:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a dead letter id (a positive number `cotal inbox SEAT` lists)"
+        )
+    return int(text)
+
+
+def _call(root: Path, op: str, payload: dict[str, Any]) -> Any:
+    from manager.cli import mesh
+
+    return eventloop.run(mesh.call, root, op, payload, 60.0)
+
+
+def run(
+    root: Path,
+    name: str,
+    *,
+    redeliver: int | None,
+    drop: int | None,
+    as_json: bool,
+    say: Callable[[str], None],
+    emit: Callable[[Any], None],
+) -> int:
+    if redeliver is not None:
+        result = _call(root, "redeliver-dead-letter", {"name": name, "id": redeliver})
+        if as_json:
+            emit(result)
+        else:
+            say(
+                f"redelivered dead letter {result['id']} (message {result['messageId']}) into "
+                f"{result['name']}'s inbox (stream seq {result['seq']}); it arrives marked as "
+                f"delivery {result['delivery']}"
+            )
+        return 0
+    if drop is not None:
+        result = _call(root, "drop-dead-letter", {"name": name, "id": drop})
+        if as_json:
+            emit(result)
+        else:
+            say(
+                f"dropped dead letter {result['id']} (message {result['messageId']}) of "
+                f"{result['name']}"
+            )
+        return 0
+    listed = control.dead_letters(_call(root, "dead-letters", {"name": name}))
+    if as_json:
+        emit(listed)
+        return 0
+    if not listed.count:
+        say(f"{listed.name} has no dead letters")
+        return 0
+    say(f"{listed.name}: {listed.count} dead letter(s) (uid {listed.lifecycle_uid})")
+    say(_table(listed.letters))
+    if listed.truncated:
+        say(f"(the oldest {len(listed.letters)} shown)")
+    say(
+        f"next: cotal inbox {listed.name} --redeliver ID (back into its inbox, marked as a "
+        f"redelivery), or cotal inbox {listed.name} --drop ID"
+    )
+    return 0
+
+
+def _table(rows: list[control.DeadLetterRow]) -> str:
+    from manager.cli.commands import format_table
+
+    shown = [
+        {
+            "id": r.id,
+            "from": r.sender or "-",
+            "deliveries": r.deliveries,
+            "deadAt": r.dead_at,
+            "reason": _cut(r.reason, 48),
+            "head": _cut(r.head, 40),
+        }
+        for r in rows
+    ]
+    columns = [
+        ("ID", "id"),
+        ("FROM", "from"),
+        ("DELIVERIES", "deliveries"),
+        ("DEAD AT", "deadAt"),
+        ("REASON", "reason"),
+        ("TEXT", "head"),
+    ]
+    return format_table(shown, columns)
+
+
+def _cut(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
