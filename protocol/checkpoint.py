@@ -88,8 +88,23 @@ MAX_CARRIED_BYTES = 64 * 1024 * 1024
 MAX_CARRIED_HEADERS = 32
 MAX_SUBJECT_CHARS = 512
 MAX_HEADER_CHARS = 4096
+# Headers are counted as inbox.jsonl writes them (one message's headers as a JSON object). A
+# message cotal sends has one or two of a few dozen bytes; the broker would take up to its
+# max_payload of them, which 10,000 messages turn into gigabytes for a destination to hold.
+MAX_MESSAGE_HEADER_BYTES = 8 * 1024
+MAX_CARRIED_HEADER_BYTES = 16 * 1024 * 1024
 # One line of inbox.jsonl: a payload the broker admits (1 MiB) in base64, plus its headers.
 INBOX_LINE_CAP = 2 * 1024 * 1024
+# A line besides its headers and payload: the keys, the sequence and the subject escaped (at
+# most 6 bytes a character).
+_LINE_FRAME_CAP = 96 + 6 * MAX_SUBJECT_CHARS
+# The largest inbox.jsonl the caps above admit (about 132 MiB, the base64 payload most of it):
+# a destination refuses a larger one before reading it, and holds no more than this of it.
+INBOX_FILE_CAP = (
+    4 * (MAX_CARRIED_BYTES // 3 + 1 + MAX_CARRIED_MESSAGES)
+    + MAX_CARRIED_MESSAGES * _LINE_FRAME_CAP
+    + MAX_CARRIED_HEADER_BYTES
+)
 
 CONTROL_DIR = ".cotal"
 # A restore into a root that is a mount point stages inside the root itself (a rename cannot
@@ -605,40 +620,119 @@ def encode_inbox(messages: list[CarriedMessage]) -> bytes:
     return b"".join(encode_json(m) + b"\n" for m in messages)
 
 
-def decode_inbox(data: bytes, record: SpaceRecord) -> list[CarriedMessage]:
-    """The carried messages, proven to be exactly what the record describes: the count and
-    payload bytes it names, strictly increasing sequences inside the durable's window, every
-    subject under the seat's filter. A ValueError names the first line that is not."""
-    if data and not data.endswith(b"\n"):
-        raise ValueError(f"{INBOX_FILE} does not end with a newline")
-    prefix = record.durable.filter_subject.removesuffix(">")
-    messages: list[CarriedMessage] = []
-    last = record.durable.start_seq - 1
-    total = 0
-    for n, line in enumerate(data.splitlines(), start=1):
+def header_bytes(headers: dict[str, str]) -> int:
+    """A message's headers as inbox.jsonl carries them, in bytes."""
+    return len(encode_json(headers))
+
+
+class InboxOverCap(ValueError):
+    """An inbox beyond what a checkpoint carries, rather than one that disagrees with its
+    record."""
+
+
+class InboxReader:
+    """inbox.jsonl read a chunk at a time, so that a gate can prove it while hashing it and
+    hold one line at most (`keep=False`). Each line is proven as it completes: decoded under
+    `INBOX_LINE_CAP`, a sequence after the last and within the durable's window, a subject under
+    the seat's filter, headers within `MAX_MESSAGE_HEADER_BYTES` and, with those before,
+    within `MAX_CARRIED_HEADER_BYTES`; never more messages or payload bytes than the record
+    names, nor more bytes than `INBOX_FILE_CAP`. A ValueError names the first line that is not;
+    `InboxOverCap`, one of them, a cap passed."""
+
+    def __init__(self, record: SpaceRecord, *, keep: bool) -> None:
+        self.record = record
+        self.keep = keep
+        self.messages: list[CarriedMessage] = []
+        self._prefix = record.durable.filter_subject.removesuffix(">")
+        self._pending = bytearray()
+        self._read = 0
+        self._lines = 0
+        self._last = record.durable.start_seq - 1
+        self._payload = 0
+        self._headers = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self._read += len(chunk)
+        if self._read > INBOX_FILE_CAP:
+            raise InboxOverCap(
+                f"{INBOX_FILE} is more than {INBOX_FILE_CAP} bytes, the most a checkpoint's "
+                "inbox can be"
+            )
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            if self._pending:
+                line = bytes(self._pending) + chunk[start:nl]
+                self._pending.clear()
+            else:
+                line = chunk[start:nl]
+            self._line(line)
+            start = nl + 1
+        if len(self._pending) + len(chunk) - start > INBOX_LINE_CAP:
+            raise ValueError(
+                f"{INBOX_FILE} line {self._lines + 1} is longer than {INBOX_LINE_CAP} bytes"
+            )
+        self._pending += chunk[start:]
+
+    def _line(self, line: bytes) -> None:
+        self._lines += 1
+        n, record = self._lines, self.record
         try:
             m = decode_json(line, CarriedMessage, what=f"{INBOX_FILE} line {n}", cap=INBOX_LINE_CAP)
         except DecodeError as exc:
             raise ValueError(exc.message) from None
-        if m.seq <= last or m.seq > record.durable.last_seq:
+        if m.seq <= self._last or m.seq > record.durable.last_seq:
             raise ValueError(
-                f"{INBOX_FILE} line {n}: sequence {m.seq} is not after {last} and within lastSeq "
-                f"{record.durable.last_seq}"
+                f"{INBOX_FILE} line {n}: sequence {m.seq} is not after {self._last} and within "
+                f"lastSeq {record.durable.last_seq}"
             )
-        if not m.subject.startswith(prefix) or m.subject == prefix:
+        if not m.subject.startswith(self._prefix) or m.subject == self._prefix:
             raise ValueError(
                 f"{INBOX_FILE} line {n}: subject {m.subject!r} is not under "
                 f"{record.durable.filter_subject}"
             )
-        last = m.seq
-        total += len(m.data())
-        messages.append(m)
-    if len(messages) != record.messages or total != record.message_bytes:
-        raise ValueError(
-            f"{INBOX_FILE} holds {len(messages)} message(s) of {total} bytes, the record says "
-            f"{record.messages} of {record.message_bytes}"
-        )
-    return messages
+        carried = header_bytes(m.headers)
+        if carried > MAX_MESSAGE_HEADER_BYTES:
+            raise InboxOverCap(
+                f"{INBOX_FILE} line {n}: message {m.seq} carries {carried} bytes of headers, "
+                f"more than the {MAX_MESSAGE_HEADER_BYTES} a message may"
+            )
+        self._headers += carried
+        if self._headers > MAX_CARRIED_HEADER_BYTES:
+            raise InboxOverCap(
+                f"{INBOX_FILE} line {n}: the headers of messages up to {m.seq} are "
+                f"{self._headers} bytes, more than the {MAX_CARRIED_HEADER_BYTES} an inbox may "
+                "carry"
+            )
+        self._last = m.seq
+        self._payload += len(m.data())
+        if n > record.messages or self._payload > record.message_bytes:
+            raise ValueError(
+                f"{INBOX_FILE} holds {n} message(s) of {self._payload} bytes by line {n}, more "
+                f"than the record's {record.messages} of {record.message_bytes}"
+            )
+        if self.keep:
+            self.messages.append(m)
+
+    def finish(self) -> list[CarriedMessage]:
+        if self._pending:
+            raise ValueError(f"{INBOX_FILE} does not end with a newline")
+        record = self.record
+        if self._lines != record.messages or self._payload != record.message_bytes:
+            raise ValueError(
+                f"{INBOX_FILE} holds {self._lines} message(s) of {self._payload} bytes, the "
+                f"record says {record.messages} of {record.message_bytes}"
+            )
+        return self.messages
+
+
+def decode_inbox(data: bytes, record: SpaceRecord) -> list[CarriedMessage]:
+    """The carried messages, proven to be exactly what the record describes (`InboxReader`):
+    the count and payload bytes it names, strictly increasing sequences inside the durable's
+    window, every subject under the seat's filter, the header caps. A ValueError names the
+    first line that is not."""
+    reader = InboxReader(record, keep=True)
+    reader.feed(data)
+    return reader.finish()
 
 
 class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

@@ -5,9 +5,10 @@ admits only a signer this destination trusts (its own manager instance key, the 
 trust store, or a key pinned for the run) and then proves the artifacts agree with each other:
 the bundle carries exactly the recorded refs and the recorded base commit. Identity proves the
 checkpoint is for this space and root and confines every path it would write: the seat's tree
-under the root, each session file at the seat's own pointer or under a store the seat declared,
-never in .git, never in the control directory, never through a symlink. All of it runs before
-the journal or custody move, so a refusal leaves everything as it was.
+under the root or where a `--map` may land (`landing.py`), each session file at the seat's own
+pointer or under a store the seat declared, never in .git, never in the control directory,
+never through a symlink. All of it runs before the journal or custody move, so a refusal leaves
+everything as it was.
 
 Cheapest and most conclusive first. Integrity and identity have no override; recency has one
 (`--accept-stale-checkpoint`), because a stale checkpoint is sometimes the only checkpoint, and
@@ -39,6 +40,7 @@ from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_s
 from connectors.privatefs import DIR_MODE, ensure_private_dir, make_private_dirs
 from manager import concurrency, registry
 from manager.checkpoint import chain
+from manager.checkpoint.clock import ClockReading
 from manager.checkpoint.confine import (
     SessionTarget,
     confine_cwd,
@@ -47,6 +49,7 @@ from manager.checkpoint.confine import (
     session_target,
 )
 from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, heads_differing
+from manager.checkpoint.landing import Landing, check_store, check_tree
 from manager.checkpoint.reader import read_manifest, verify_integrity
 from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
 from manager.procs import process_start_time
@@ -107,6 +110,10 @@ class Admission:
     confined: dict[str, ConfinedSeat] = field(default_factory=dict)
     # Where trees may be rebuilt: the destination root and every --map destination.
     confine_to: tuple[Path, ...] = ()
+    # The operator's --map pairs, which the restore's write checks again (`landing`), and what
+    # each mapped seat's tree found there (`absent`, `empty` or `same-repository`).
+    maps: dict[Path, Path] = field(default_factory=dict)
+    landings: dict[str, Landing] = field(default_factory=dict)
     # Each seat's proven predecessors, oldest first (empty for a full bundle).
     chains: dict[str, list[chain.Link]] = field(default_factory=dict)
     # Kept by `integrity(keep_in=...)` for the restore; `discard_scratch` removes them.
@@ -513,6 +520,7 @@ def identity(
         adm.confined[name] = confine(
             adm, name, root=root, home=home if home is not None else _home(), reloc=reloc
         )
+        _check_landing(adm, name, user_maps, root=root)
         relocations[name] = reloc
         uid = record.lifecycle_uid
         if uid in held_uids:
@@ -549,6 +557,7 @@ def identity(
                 "never runs under a different profile",
             )
     adm.confine_to = (root, *(new for new in user_maps.values()))
+    adm.maps = user_maps
     adm.inventory = relocate_inventory(
         adm.inventory,
         {
@@ -556,6 +565,22 @@ def identity(
             for name, reloc in relocations.items()
         },
     )
+
+
+def _check_landing(adm: Admission, name: str, maps: Mapping[Path, Path], *, root: Path) -> None:
+    """The seat's tree and each session file's directory, where a --map places them, checked
+    by the rule the restore's write checks again (`landing`); nothing is written here."""
+    confined = adm.confined[name]
+    try:
+        verdict = check_tree(
+            confined.cwd, maps, dest_root=root, base=adm.records[name].repository.base
+        )
+        for directory in sorted({target.path.parent for _, target in confined.sessions}):
+            check_store(directory, maps, dest_root=root)
+    except Refusal as exc:
+        raise _refuse("identity", exc.code, f"seat {name}: {exc.message}", exc.cure) from None
+    if verdict is not None:
+        adm.landings[name] = verdict
 
 
 def _home() -> Path:
@@ -676,9 +701,25 @@ def _moved(
 
 
 def recency(
-    adm: Admission, *, now: datetime, accept_stale: bool, skew_ms: int = CLOCK_SKEW_MS
+    adm: Admission,
+    *,
+    now: datetime,
+    clock: ClockReading,
+    accept_stale: bool,
+    skew_ms: int = CLOCK_SKEW_MS,
 ) -> list[Consent]:
-    """Gate 3: capturedAt against this host's clock and the recorded horizon."""
+    """Gate 3: capturedAt against this host's clock and the recorded horizon, once the kernel
+    says this clock is kept in step; an untrusted clock refuses before any age is judged."""
+    if not clock.synchronized:
+        raise _refuse(
+            "recency",
+            "clock-unsynchronized",
+            f"this host's clock is not synchronized ({clock.detail}), so no checkpoint's age can "
+            "be judged against it",
+            "synchronize the clock (start chrony, ntpd or systemd-timesyncd and wait until "
+            "`timedatectl` or `chronyc tracking` reports it synchronized), then retry; no "
+            "override exists",
+        )
     consents: list[Consent] = []
     for name, record in adm.records.items():
         try:
@@ -698,7 +739,9 @@ def recency(
                 f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this "
                 "host's clock "
                 f"({now.isoformat()}), beyond the {skew_ms} ms skew allowed",
-                "fix this host's clock (or the source's) and retry; no override exists",
+                "fix this host's clock (or the source's) and retry, or widen `[recency] skew_s` "
+                "in this root's cotal.toml if the two clocks are known to differ; no override "
+                "exists",
             )
         if age_ms > record.recency_horizon_ms:
             if not accept_stale:

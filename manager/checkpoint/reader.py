@@ -25,10 +25,17 @@ from manager.workspace.trust import fingerprint
 from protocol.checkpoint import (
     CHECKPOINT_CAP,
     CHECKPOINT_FILE,
+    INBOX_FILE_CAP,
     MANIFEST_CAP,
     MANIFEST_FILE,
+    MAX_CARRIED_BYTES,
+    MAX_CARRIED_HEADER_BYTES,
+    MAX_CARRIED_MESSAGES,
+    MAX_MESSAGE_HEADER_BYTES,
     AttemptManifest,
     FileRef,
+    InboxOverCap,
+    InboxReader,
     ManifestSeat,
     SeatCheckpoint,
     checkpoint_files,
@@ -48,16 +55,25 @@ def _integrity(path: Path, detail: str, cure: str = _CURE_DAMAGED) -> Refusal:
     return Refusal("integrity", f"checkpoint integrity: {path} {detail}", cure)
 
 
-def verify_file(directory: Path, ref: FileRef) -> None:
-    """Gate 1 for one file: present, regular, not a symlink, recorded size and sha256, stable."""
+def verify_file(directory: Path, ref: FileRef, inbox: InboxReader | None = None) -> None:
+    """Gate 1 for one file: present, regular, not a symlink, recorded size and sha256, stable.
+    With `inbox`, the file is also proven line by line as it is hashed (the carried inbox), so
+    neither a verify nor a restore holds more than a line of it to refuse it."""
     path = Path(directory) / ref.file
     digest = hashlib.sha256()
     read = 0
+    # Raised only once the digest holds: a damaged file is `integrity`, whatever its lines say.
+    problem: ValueError | None = None
 
     def consume(chunk: bytes) -> None:
-        nonlocal read
+        nonlocal read, problem
         digest.update(chunk)
         read += len(chunk)
+        if inbox is not None and problem is None:
+            try:
+                inbox.feed(chunk)
+            except ValueError as exc:
+                problem = exc
 
     try:
         stream_stable(path, consume, expect_size=ref.bytes)
@@ -79,6 +95,27 @@ def verify_file(directory: Path, ref: FileRef) -> None:
         raise _integrity(path, f"ended after {read} of {ref.bytes} bytes")
     if digest.hexdigest() != ref.sha256:
         raise _integrity(path, f"hashes to {digest.hexdigest()}, the record says {ref.sha256}")
+    if inbox is not None:
+        try:
+            if problem is not None:
+                raise problem
+            inbox.finish()
+        except InboxOverCap as exc:
+            raise _inbox_too_large(path, str(exc)) from None
+        except ValueError as exc:
+            raise _integrity(path, f"does not match its seat's record: {exc}") from None
+
+
+def _inbox_too_large(path: Path, what: str) -> Refusal:
+    return Refusal(
+        "inbox-too-large",
+        f"carried inbox {path}: {what}",
+        "a checkpoint carries at most "
+        f"{MAX_CARRIED_MESSAGES} messages, {MAX_CARRIED_BYTES} payload bytes and "
+        f"{MAX_CARRIED_HEADER_BYTES} bytes of headers ({MAX_MESSAGE_HEADER_BYTES} a message); "
+        "on the source, resume the seat in place, let it work its inbox down, and cut again; "
+        "nothing was changed",
+    )
 
 
 def _read_record(path: Path, cap: int, what: str) -> bytes:
@@ -196,11 +233,20 @@ def _check_exact_entries(directory: Path, expected: set[str]) -> None:
 
 
 def verify_seat_files(seat_dir: Path, record: SeatCheckpoint) -> None:
-    """Gate 1 over one seat directory: every named file, and nothing else."""
+    """Gate 1 over one seat directory: every named file, and nothing else; the carried inbox
+    proven against its record and under the caps while it is hashed."""
     refs = checkpoint_files(record)
     _check_exact_entries(Path(seat_dir), {CHECKPOINT_FILE, *(ref.file for ref in refs)})
+    space = record.space_state
+    if space is not None and space.inbox.bytes > INBOX_FILE_CAP:
+        raise _inbox_too_large(
+            Path(seat_dir) / space.inbox.file,
+            f"its record names {space.inbox.bytes} bytes, more than the {INBOX_FILE_CAP} a "
+            "checkpoint's inbox can be",
+        )
     for ref in refs:
-        verify_file(Path(seat_dir), ref)
+        inbox = InboxReader(space, keep=False) if space is not None and ref == space.inbox else None
+        verify_file(Path(seat_dir), ref, inbox)
 
 
 def verify_integrity(

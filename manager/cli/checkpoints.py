@@ -7,9 +7,10 @@ exactly as the cut wrote them, because a destination that shares this broker cla
 compare-and-set against the revisions the checkpoint recorded.
 
 A packed file is one ustar archive of the attempt directory. The destination unpacks it into
-`.cotal/maintenance/v1/incoming/<attempt>/` checking every member first (regular files and
-directories only, relative names inside the attempt, sizes capped, zero padding), then resumes
-from that directory exactly as from a carried one: the integrity gate is the same.
+`.cotal/maintenance/v1/incoming/<attempt>/` after checking every header (`packfile`: regular
+files and directories only, plain relative names inside the attempt, sizes the file itself
+holds, zero padding), then resumes from that directory exactly as from a carried one: the
+integrity gate is the same.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO, Any
 
 import anyio
@@ -39,7 +40,7 @@ from manager import eventloop
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.space import read_broker_identity
-from manager.checkpoint import admit, chain
+from manager.checkpoint import admit, chain, packfile
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
 from manager.cli.verify import admit_integrity, trusted_keys
@@ -65,13 +66,8 @@ TAKE_BACK_RISK = (
     "run the same seat"
 )
 
-# Generous for a checkpoint (repository bundles included) and still a bound on what a hostile
-# file can make the destination write.
-MEMBER_CAP = 4 * 1024**3
-TOTAL_CAP = 16 * 1024**3
-MEMBERS_CAP = 200_000
-_BLOCK = 512
-_CHUNK = 1 << 20
+# A ustar size field is 11 octal digits; the destination reads ustar and nothing else.
+_USTAR_SIZE_LIMIT = 8**11
 
 # Journal states in which the attempt's directory is still read by the attempt itself.
 _UNDER_WAY = {
@@ -222,6 +218,14 @@ def _members(attempt_dir: Path) -> Iterator[tuple[Path, str]]:
                     "not-packable",
                     f"{path} is neither a regular file nor a directory",
                     "a sealed checkpoint holds only files and directories; cut again",
+                )
+            if st.st_size >= _USTAR_SIZE_LIMIT and stat.S_ISREG(st.st_mode):
+                raise Refusal(
+                    "not-packable",
+                    f"{path} is {st.st_size} bytes, more than one ustar member holds "
+                    f"({_USTAR_SIZE_LIMIT - 1})",
+                    "copy the attempt directory to the destination instead and resume it with "
+                    "`cotal up --restore DIR`",
                 )
             yield path, f"{base}/{path.relative_to(attempt_dir).as_posix()}"
 
@@ -425,144 +429,65 @@ def run_pack(args: argparse.Namespace, root: Path) -> int:
 # -- unpack (the destination) -------------------------------------------------------------------
 
 
-def _unsafe(src: Path, what: str) -> Refusal:
-    return Refusal(
-        "unsafe-archive",
-        f"packed checkpoint {src}: {what}",
-        "a packed checkpoint holds only the attempt's files and directories; pack it again on "
-        "the source with `cotal checkpoint pack`; nothing was written outside the staging "
-        "directory, which was removed",
-    )
-
-
-def _bad(src: Path, what: str) -> Refusal:
-    return Refusal(
-        "bad-archive",
-        f"packed checkpoint {src} is damaged: {what}",
-        "copy the file again and compare its sha256 with the one `cotal checkpoint pack` "
-        "printed; nothing was changed",
-    )
-
-
-def _member_parts(src: Path, name: str) -> tuple[str, ...]:
-    if not name or name.startswith("/") or "\\" in name or "\x00" in name:
-        raise _unsafe(src, f"member {name!r} is not a relative name")
-    parts = PurePosixPath(name).parts
-    if any(p in ("..", ".", "") for p in parts):
-        raise _unsafe(src, f"member {name!r} leaves the attempt directory")
-    return parts
-
-
-def _zeros(f: IO[bytes], start: int, end: int) -> bool:
-    f.seek(start)
-    left = end - start
-    while left > 0:
-        chunk = f.read(min(left, _CHUNK))
-        if not chunk or chunk.count(0) != len(chunk):
-            return False
-        left -= len(chunk)
-    return True
-
-
-def _extract(src: Path, dest: Path) -> str:
-    """Unpack `src` into the empty directory `dest`, checking each member before writing it.
-    Returns the attempt id the archive holds."""
-    attempt: str | None = None
-    seen: set[str] = set()
-    total = 0
-    with open(src, "rb") as raw, tarfile.open(fileobj=raw, mode="r:") as tar:
-        with open(src, "rb") as side:
-            end = 0
-            while True:
-                member = tar.next()
-                if member is None:
-                    break
-                if len(seen) >= MEMBERS_CAP:
-                    raise _unsafe(src, f"more than {MEMBERS_CAP} members")
-                parts = _member_parts(src, member.name)
-                if attempt is None:
-                    attempt = parts[0]
-                    if not ATTEMPT_ID.matches(attempt):
-                        raise _unsafe(src, f"its top directory {attempt!r} is not an attempt id")
-                if parts[0] != attempt:
-                    raise _unsafe(src, f"member {member.name!r} is outside {attempt}/")
-                key = "/".join(parts)
-                if key in seen:
-                    raise _unsafe(src, f"member {member.name!r} appears twice")
-                seen.add(key)
-                if member.pax_headers:
-                    raise _unsafe(src, f"member {member.name!r} carries extended headers")
-                target = dest.joinpath(*parts)
-                if member.isdir():
-                    os.mkdir(target, 0o700)
-                    end = member.offset_data
-                    continue
-                if not member.isreg():
-                    kind = "a link" if member.issym() or member.islnk() else "a device or fifo"
-                    raise _unsafe(src, f"member {member.name!r} is {kind}")
-                if member.size > MEMBER_CAP or total + member.size > TOTAL_CAP:
-                    raise _unsafe(src, f"member {member.name!r} exceeds the size cap")
-                total += member.size
-                # Padding after the data is not covered by any checkpoint digest: it must be
-                # what a writer puts there, so no byte of the file goes unchecked.
-                pad_end = member.offset_data + -(-member.size // _BLOCK) * _BLOCK
-                if not _zeros(side, member.offset_data + member.size, pad_end):
-                    raise _bad(src, f"the padding after {member.name!r} is not zero")
-                end = pad_end
-                data = tar.extractfile(member)
-                assert data is not None
-                fd = os.open(
-                    target,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o600,
-                )
-                with os.fdopen(fd, "wb") as out:
-                    left = member.size
-                    while left > 0:
-                        chunk = data.read(min(left, _CHUNK))
-                        if not chunk:
-                            raise _bad(src, f"member {member.name!r} is truncated")
-                        out.write(chunk)
-                        left -= len(chunk)
-                    # Only the owner's execute bit matters to a checkpoint (its hooks).
-                    os.fchmod(out.fileno(), 0o700 if member.mode & 0o100 else 0o600)
-            size = os.fstat(side.fileno()).st_size
-            if not _zeros(side, max(end, tar.offset), size):
-                raise _bad(src, "bytes after the last member are not the archive's zero trailer")
-    if attempt is None:
-        raise _bad(src, "it holds no members")
-    return attempt
+def _staging_kind(path: Path) -> str | None:
+    """What sits at `incoming/<attempt>` when it is not a directory this root unpacked."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"a symlink (to {os.readlink(path)!r})"
+        except OSError:
+            return "a symlink"
+    return "a regular file" if stat.S_ISREG(st.st_mode) else "a special file"
 
 
 def unpack(src: Path, layout: Layout) -> Path:
-    """Unpack into `incoming/<attempt>/`, which is replaced whole: a leftover from an earlier
-    run of the same resume is this root's own unpacking of the same file."""
-    ensure_private_dir(layout.control)
-    ensure_private_dir(layout.maintenance.parent)
-    ensure_private_dir(layout.maintenance)
-    base = ensure_private_dir(incoming_dir(layout))
-    work = base / f".unpacking-{secrets.token_hex(6)}"
-    os.mkdir(work, 0o700)
-    try:
+    """Unpack into `incoming/<attempt>/`. The archive's every header is checked, and the place
+    it goes, before a byte is written (`packfile`); a directory already there is this root's own
+    unpacking of the same attempt from an earlier run, and is replaced whole."""
+    with packfile.open_pack(src) as pack:
+        plan = pack.plan()
+        base = incoming_dir(layout)
+        staged = base / plan.attempt
+        kind = _staging_kind(staged)
+        if kind is not None:
+            raise Refusal(
+                "staging-occupied",
+                f"cannot unpack {src}: {staged} is {kind}, not a directory this root unpacked",
+                f"cotal only ever puts a directory there: remove it (rm {staged}) and retry; "
+                "nothing was written",
+            )
+        ensure_private_dir(layout.control)
+        ensure_private_dir(layout.maintenance.parent)
+        ensure_private_dir(layout.maintenance)
+        ensure_private_dir(base)
+        work = base / f".unpacking-{secrets.token_hex(6)}"
         try:
-            attempt = _extract(src, work)
-        except (tarfile.TarError, EOFError) as exc:
-            raise _bad(src, f"not a readable tar archive ({exc})") from None
+            os.mkdir(work, 0o700)
+            pack.write(plan, work)
+            aside: Path | None = None
+            if os.path.isdir(staged) and not os.path.islink(staged):
+                aside = base / f".replaced-{secrets.token_hex(6)}"
+                os.rename(staged, aside)
+            os.rename(work / plan.attempt, staged)
+            fsync_dir(base)
+            if aside is not None:
+                shutil.rmtree(aside, ignore_errors=True)
         except OSError as exc:
             raise Refusal(
                 "unpack-failed",
-                f"unpacking {src} into {work} failed: {exc}",
+                f"unpacking {src} into {base} failed: {exc.strerror or exc} "
+                f"({exc.filename or base})",
                 "free space or fix permissions under .cotal/maintenance, then retry; nothing "
-                "was changed",
+                "outside the staging directory was written, and it was removed",
             ) from None
-        staged = base / attempt
-        if staged.exists():
-            shutil.rmtree(staged)
-        os.rename(work / attempt, staged)
-        fsync_dir(base)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         return staged
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -420,3 +420,262 @@ async def test_the_tree_is_written_only_under_the_root_checked_again_at_the_writ
         )
     assert err.value.code == "cwd-outside-root" and str(target) in err.value.message
     assert snapshot(tmp_path) == before
+
+
+# -- the carried inbox: headers capped in count and bytes, memory bounded ---------------------
+
+# Peak RSS above the same process's run on the genuine cut (an empty inbox). Gate 1 proves an
+# inbox a line at a time while it hashes it (a line is at most INBOX_LINE_CAP), so a verify
+# holds no more than a few lines whatever the inbox's size; the restore then reads each inbox
+# whole and decodes it, holding the file and its messages (about 3x the file's bytes).
+VERIFY_BOUND = 8 * 1024 * 1024
+RESTORE_BOUND_PER_BYTE = 4
+
+# The CLI runs under a small wrapper that reports its children's peak: a peak read in pytest's
+# own child would start from pytest's size at the fork.
+_MEASURED = (
+    "import resource, subprocess, sys\n"
+    "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "sys.stdout.write(p.stdout)\n"
+    "sys.stderr.write(p.stderr)\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
+    "sys.exit(p.returncode)\n"
+)
+
+_RESTORE_READ = (
+    "import json, sys\n"
+    "from pathlib import Path\n"
+    "from manager.checkpoint import admit\n"
+    "from manager.cli.restore import _read_inboxes\n"
+    "from protocol.errors import Refusal\n"
+    "try:\n"
+    "    adm = admit.integrity(Path(sys.argv[1]), trusted_keys=[sys.argv[2]])\n"
+    "    inboxes = _read_inboxes(adm)\n"
+    "    out = {'messages': {k: len(v) for k, v in inboxes.items()},\n"
+    "           'headers': {k: sorted({len(m.headers) for m in v}) for k, v in inboxes.items()}}\n"
+    "except Refusal as exc:\n"
+    "    out = {'code': exc.code, 'error': exc.text}\n"
+    # VmHWM is this image's own peak; ru_maxrss would include the parent's at the fork.
+    "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+    "out['peak'] = int(hwm.split()[1]) * 1024\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def _maximal_headers(seq: int, *, per_message: int, count: int) -> dict[str, str]:
+    """`count` headers, Nats-Msg-Id among them, whose JSON in inbox.jsonl is `per_message`
+    bytes exactly."""
+    from protocol.checkpoint import header_bytes
+
+    headers = {"Nats-Msg-Id": f"m{seq:08d}"}
+    headers.update({f"X-Pad-{i:02d}": "" for i in range(count - 1)})
+    room = per_message - header_bytes(headers)
+    keys = [k for k in headers if k.startswith("X-Pad-")]
+    for i, key in enumerate(keys):
+        headers[key] = "v" * (room // len(keys) + (1 if i < room % len(keys) else 0))
+    assert header_bytes(headers) == per_message and len(headers) == count
+    return headers
+
+
+def carry_inbox(
+    dst: Path,
+    messages: int,
+    *,
+    per_message: int = 0,
+    headers: Callable[[int], dict[str, str]] | None = None,
+) -> Callable[[SeatCheckpoint], SeatCheckpoint]:
+    """A record edit: the seat's inbox becomes `messages` messages with those headers, written
+    as the cut writes inbox.jsonl, and its space record names them."""
+    import base64
+
+    from protocol.checkpoint import INBOX_FILE, CarriedMessage, encode_inbox
+
+    def edit(r: SeatCheckpoint) -> SeatCheckpoint:
+        state = r.space_state
+        assert state is not None, "the cut carries the seat's space record"
+        start = state.durable.start_seq
+        prefix = state.durable.filter_subject.removesuffix(">")
+        payload = base64.b64encode(b"hi").decode()
+        path = dst / SEAT / INBOX_FILE
+        with open(path, "wb") as f:
+            for i in range(messages):
+                line = CarriedMessage(
+                    seq=start + i,
+                    subject=f"{prefix}local.operator",
+                    headers=headers(start + i)
+                    if headers is not None
+                    else _maximal_headers(start + i, per_message=per_message, count=32),
+                    payload=payload,
+                )
+                f.write(encode_inbox([line]))
+        last = max(state.durable.last_seq, start + messages - 1)
+        durable = msgspec.structs.replace(state.durable, last_seq=last)
+        space = msgspec.structs.replace(
+            state,
+            durable=durable,
+            messages=messages,
+            message_bytes=2 * messages,
+            inbox=file_ref(path),
+        )
+        return msgspec.structs.replace(r, space_state=space)
+
+    return edit
+
+
+def measured_verify(cut: Cut, ckpt: Path) -> tuple[subprocess.CompletedProcess[str], int]:
+    """`cotal checkpoint verify` as the operator runs it, and its peak RSS in bytes."""
+    import sys
+
+    from tests.conftest import cotal_env
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _MEASURED,
+            sys.executable,
+            "-m",
+            "manager.cli",
+            "checkpoint",
+            "verify",
+            str(ckpt),
+            "--trust-signer",
+            cut.signer_key,
+            "--json",
+            *broker_args(cut.broker),
+            "--root",
+            str(cut.root),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cotal_env(),
+        cwd=cut.root,
+    )
+    *rest, peak = proc.stderr.splitlines()
+    proc.stderr = "\n".join(rest)
+    return proc, int(peak)
+
+
+def measured_restore_read(cut: Cut, ckpt: Path) -> dict[str, Any]:
+    """Admission and the restore's own inbox read (`_read_inboxes`), in a child of its own."""
+    import sys
+
+    from tests.conftest import cotal_env
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _RESTORE_READ, str(ckpt), cut.signer_key],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cotal_env(),
+        cwd=cut.root,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+async def test_carried_headers_are_capped_and_the_inbox_is_read_in_bounded_memory(
+    cut: Cut, tmp_path: Path
+) -> None:
+    from protocol.checkpoint import (
+        INBOX_FILE,
+        MAX_CARRIED_HEADER_BYTES,
+        MAX_CARRIED_HEADERS,
+        MAX_HEADER_CHARS,
+        MAX_MESSAGE_HEADER_BYTES,
+    )
+
+    source = source_identity(cut.root.with_name(cut.root.name + ".src"))
+    base_verify, verify_floor = measured_verify(cut, cut.copy)
+    assert base_verify.returncode == 0, base_verify.stderr
+    restore_floor = measured_restore_read(cut, cut.copy)["peak"]
+
+    # 1,000 messages at the caps (32 headers, 8 KiB of them each): admitted, and read within
+    # the bound.
+    full = tmp_path / "full"
+    reseal(
+        cut.copy, full, source, edit=carry_inbox(full, 1000, per_message=MAX_MESSAGE_HEADER_BYTES)
+    )
+    inbox_bytes = (full / SEAT / INBOX_FILE).stat().st_size
+    assert inbox_bytes > 1000 * MAX_MESSAGE_HEADER_BYTES
+    proc, peak = measured_verify(cut, full)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["admitted"] is True
+    assert peak - verify_floor < VERIFY_BOUND, (peak, verify_floor)
+    read = measured_restore_read(cut, full)
+    assert read["messages"] == {SEAT: 1000} and read["headers"] == {SEAT: [MAX_CARRIED_HEADERS]}
+    assert read["peak"] - restore_floor < RESTORE_BOUND_PER_BYTE * inbox_bytes, (
+        read["peak"],
+        restore_floor,
+        inbox_bytes,
+    )
+
+    # One byte more of headers in one message: refused by name, at gate 1, verify and restore.
+    over = tmp_path / "over-one"
+    reseal(
+        cut.copy,
+        over,
+        source,
+        edit=carry_inbox(over, 1000, per_message=MAX_MESSAGE_HEADER_BYTES + 1),
+    )
+    path = over / SEAT / INBOX_FILE
+    proc, peak = measured_verify(cut, over)
+    assert proc.returncode == 2, proc.stderr
+    doc = json.loads(proc.stderr.splitlines()[-1])
+    assert doc["code"] == "inbox-too-large", doc
+    assert (
+        f"carried inbox {path}: {INBOX_FILE} line 1: message " in doc["error"]
+        and f"carries {MAX_MESSAGE_HEADER_BYTES + 1} bytes of headers, more than the "
+        f"{MAX_MESSAGE_HEADER_BYTES} a message may"
+        in doc["error"]
+    ), doc
+    read = measured_restore_read(cut, over)
+    assert read["code"] == "inbox-too-large" and "line 1:" in read["error"], read
+
+    # The issue's inbox: 1,000 messages of 32 headers at the old per-header cap (4 KiB each,
+    # 128 KiB a message, 124 MiB in all). Refused at its first line; verify stays in bound.
+    old = tmp_path / "old-caps"
+    reseal(
+        cut.copy,
+        old,
+        source,
+        edit=carry_inbox(
+            old,
+            1000,
+            headers=lambda seq: {
+                "Nats-Msg-Id": f"m{seq:08d}",
+                **{
+                    f"X-Pad-{i:02d}": "v" * (MAX_HEADER_CHARS - len("X-Pad-00"))
+                    for i in range(MAX_CARRIED_HEADERS - 1)
+                },
+            },
+        ),
+    )
+    assert (old / SEAT / INBOX_FILE).stat().st_size > 120 * 1024 * 1024
+    proc, peak = measured_verify(cut, old)
+    assert proc.returncode == 2 and "inbox-too-large" in proc.stderr, proc.stderr
+    assert "line 1: message" in proc.stderr
+    assert peak - verify_floor < VERIFY_BOUND, (peak, verify_floor)
+    read = measured_restore_read(cut, old)
+    assert read["code"] == "inbox-too-large", read
+    assert read["peak"] - restore_floor < VERIFY_BOUND, (read["peak"], restore_floor)
+
+    # Every message within its own cap, but 16 MiB of headers in all reached part-way: refused
+    # at the line that passes it, having held no more than a line.
+    many = tmp_path / "many"
+    n = MAX_CARRIED_HEADER_BYTES // MAX_MESSAGE_HEADER_BYTES + 200
+    reseal(cut.copy, many, source, edit=carry_inbox(many, n, per_message=MAX_MESSAGE_HEADER_BYTES))
+    proc, peak = measured_verify(cut, many)
+    assert proc.returncode == 2, proc.stderr
+    doc = json.loads(proc.stderr.splitlines()[-1])
+    line = MAX_CARRIED_HEADER_BYTES // MAX_MESSAGE_HEADER_BYTES + 1
+    assert doc["code"] == "inbox-too-large", doc
+    assert (
+        f"{INBOX_FILE} line {line}: the headers of messages up to " in doc["error"]
+        and f"are {line * MAX_MESSAGE_HEADER_BYTES} bytes, more than the "
+        f"{MAX_CARRIED_HEADER_BYTES} an inbox may carry"
+        in doc["error"]
+    ), doc
+    assert peak - verify_floor < VERIFY_BOUND, (peak, verify_floor)
