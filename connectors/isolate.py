@@ -515,10 +515,18 @@ def hide_control_dir(plan: Plan) -> None:
             mine = entry.startswith(own + ".") or entry.startswith(f".{own}.")
             if mine or os.path.islink(full):
                 continue
-            if os.path.isdir(full):
-                _mount("tmpfs", full, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0")
-            elif os.path.isfile(full):
-                _mount("/dev/null", full, None, MS_BIND)
+            try:
+                if os.path.isdir(full):
+                    _mount("tmpfs", full, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0")
+                elif os.path.isfile(full):
+                    _mount("/dev/null", full, None, MS_BIND)
+            except SandboxError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                # Another seat starting beside this one replaced its pointer (temp file, rename)
+                # between the listing and the mount: that entry is gone, and what replaces it
+                # is still unreadable here, since Landlock grants this directory no file reads.
+                continue
     _mount(
         None,
         control,

@@ -225,6 +225,7 @@ COMMANDS = [
     "cotal checkpoint verify",
     "cotal doctor",
     "cotal down",
+    "cotal inbox",
     "cotal logs",
     "cotal manager serve",
     "cotal manager warm",
