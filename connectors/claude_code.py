@@ -1,73 +1,8 @@
-"""The Claude Code connector: runs Claude Code (@anthropic-ai/claude-code, pinned in
-harnesses.json) as one long-lived process in stream-json mode and drives it over JSON lines.
+"""The Claude Code connector: one long-lived Claude Code process in stream-json mode, driven
+over JSON lines.
 
-Files of one seat, siblings under the directory of the session pointer the manager chose
-(`<root>/.cotal/sessions/claude/`), with `<base>` = `<name>-<uid>`:
-
-* `<base>.json`    the session pointer `{version:1, sessionId, status}`. Claude Code does not
-                   write it; the driver does, once Claude Code has reported the session it holds.
-* `<base>.config/` Claude Code's private config dir (`CLAUDE_CONFIG_DIR`), 0700. Its transcript
-                   store lives here (`projects/<encoded cwd>/<id>.jsonl`), so this directory is
-                   what a checkpoint captures (declared below). The operator's `~/.claude` is never
-                   read or written. Three files in it are ours:
-                   `settings.json` (transcript retention, rewritten every launch),
-                   `cotal-launch.json` (how the current session came to be, see below) and
-                   `cotal-forks/<fork id>/<source id>.jsonl` (the frozen copy a fork was made from).
-
-Sessions (measured on 2.1.197, /work/shared/reference/claude-code.md):
-
-* fresh:    the connector mints a UUID and passes `--session-id`, so the seat's id is known and
-            expected before its first turn;
-* continue: `--resume <id>` reopens exactly that session and appends to the same transcript
-            (same id, history present). Claude Code resolves an id only in the project dir of the
-            cwd, so a transcript recorded under another cwd is refused by name;
-* fork:     `--resume <snapshot.jsonl> --fork-session --session-id <new id>`. The source (another
-            seat's session, or any transcript by absolute path) is first copied into this seat's
-            store and the fork is made from the copy: Claude Code cannot find another config
-            dir's session by id, the source file is only ever read, and the fork can be redone
-            byte-for-byte if the seat dies before its first turn.
-
-Claude Code writes a transcript only when a session's first turn starts. A seat killed before
-that has a pointer naming a session with no transcript; `cotal-launch.json` records how that
-session was made, so a continuation redoes exactly that (`--session-id <id>` for a fresh seat,
-the fork from the same snapshot for a forked one): the same id with the same (empty or
-forked) history, which is what the session held. Once the driver sees the transcript it marks
-the record `materialized`; from then on a missing transcript is refused, never redone.
-
-Nothing is printed on stdout before the first input line, and no event carries the session id
-until a turn runs. The driver therefore sends the stream-json `initialize` control request at
-start: its response names the process id, and Claude Code's live registry
-`$CLAUDE_CONFIG_DIR/sessions/<pid>.json` names the session that process holds. That report,
-not the id we asked for, is what the driver returns from `get_state` and writes to the pointer.
-
-Credentials, resolved at every launch (a spawn or a crash restart), first match wins; the secret
-travels only in the child's environment, declared in `secret_env`:
-
-1. `agents.claude.api_key_file`: the key read from that file now (0600 or stricter, ours, not a
-   symlink), so a key rotated in the file reaches the next launch without restarting the
-   manager, whose own environment is fixed when it starts;
-2. `agents.claude.api_key_env` (default `ANTHROPIC_API_KEY`) in the manager's environment;
-3. `CLAUDE_CODE_OAUTH_TOKEN` in the manager's environment (a `claude setup-token` token);
-4. the operator's `claude login`: `claudeAiOauth.accessToken` of `.credentials.json` in the
-   manager's `$CLAUDE_CONFIG_DIR`, else `~/.claude`, read now and passed as
-   `CLAUDE_CODE_OAUTH_TOKEN` (measured on 2.1.197: sent as `Authorization: Bearer`, also to a
-   `base_url` override). The file is never linked or copied into the seat's config dir: that dir
-   is the session store a checkpoint captures, and a checkpoint refuses symlinks.
-
-A configured source (1 or an explicit 2) that yields nothing is refused rather than passed over:
-a seat silently billed to a subscription instead of the key the operator named is a surprise.
-
-Flags and why:
-
-* `--replay-user-messages`: Claude Code echoes each input message with the `uuid` we gave it,
-  so a `result` is attributed to our prompt and not to some other turn.
-* `--disable-slash-commands`: an inbox message is a peer's text. Without it a message such as
-  `/clear` runs a command that silently switches the process to a new session (measured).
-* `--permission-mode <agents.claude.permission_mode>` (default `bypassPermissions`): a seat has
-  no human to answer a permission prompt, so in any stricter mode a tool call that needs
-  approval is not run. As root Claude Code refuses `bypassPermissions` unless `IS_SANDBOX=1` is
-  set, so the connector sets it then (and only then).
-* `--strict-mcp-config`: only MCP servers cotal passes (none), never a project's `.mcp.json`.
+Its files, sessions (fresh, continue, fork), credential order and flags are explained in
+docs/design.md, "The harness connectors, in detail", Claude Code.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
 """The harness pins (`harnesses.json`) and where each pinned harness's program is installed.
 
-`harnesses.json` ships inside this package (package data, so a wheel carries it) and pins each
-npm-distributed harness to an exact version, so a test run, a demo and a seat all drive the
-program whose behaviour was measured. Nothing is resolved from the operator's PATH: a harness
-binary that happens to be on PATH may be another version with other flags and another session
-format.
-
-Installs go to one tools directory, `tools_dir()`: `$COTAL_TOOLS_DIR` when set, else
-`<checkout>/.tools` when cotal runs from a source checkout (so `make test`, the tests' own
-subprocesses and a developer's shell agree without passing anything along), else the user's
-data directory (`platformdirs.user_data_path("cotal") / "tools"`, e.g.
-`~/.local/share/cotal/tools`), which is where an installed wheel keeps them.
-
-This lives in `connectors` because a connector finds its pinned binary here and may not import
-the manager; the installer (`manager.cli.tools`) and `cotal doctor` read the same pins and the
-same directory from here.
+Nothing is resolved from PATH: a seat drives the exact version whose behaviour was measured
+(docs/design.md, "The harness connectors, in detail").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The command line of a Python interpreter cotal starts for itself: the manager (warm or cold,
-and under systemd), the scribe harness, `doctor`'s scribe probe.
+"""The command line of a Python interpreter cotal starts for itself (manager, scribe, doctor).
 
-`python -m pkg` puts its cwd first on `sys.path`, and these run with a workspace root or a
-seat's cwd as cwd, which a seat can write: a `manager/__init__.py` planted there would run as
-the manager, holding the control token and the broker seed. `PYTHONPATH`, `PYTHONHOME`,
-`PYTHONSTARTUP` and the rest of the environment's `PYTHON*` settings would let anything that
-shapes the environment do the same. So every such child is isolated from both (`-I`: `-E -P
--s`) and finds cotal where an install put it (site-packages, or an editable install's finder
-there), never through PYTHONPATH.
-
-The one thing it keeps from its parent is the user site: when the command that starts it has
-one (cotal installed with `pip install --user` lives there), the child gets `-E -P` instead,
-so it sees the same installed packages, still with neither the cwd nor `PYTHON*` on its path.
+Isolated (`-I`) so that a package planted in a seat-writable cwd or `PYTHONPATH` never runs
+as the manager (docs/design.md, "The harness connectors, in detail").
 """
 
 from __future__ import annotations

@@ -1,37 +1,7 @@
-"""The jcode connector: a seat whose harness keeps no session cotal can reopen or fork.
+"""The jcode connector: a drain-only seat whose harness keeps no session cotal can reopen.
 
-Continuity. The connector declares neither `supports_session_continuation` nor
-`supports_resume` (nor a fresh start the manager could offer instead), so its continuity class
-is `drain-only`: a jcode seat is drained, and moving it means starting a new seat. Both session
-inputs are refused with the upstream texts (reference: upstream-connectors-cli.md §4). Nothing
-of jcode's store is declared for a checkpoint and no session pointer is written: there is no
-session a destination could promise to reopen.
-
-Private home. Each seat gets `<managed root>/.cotal/jcode/<slug>-<12 hex>`, where the managed
-root is `config["home"]` or the workspace root, `slug` is `space-name` lowercased with every run
-outside `[a-z0-9_-]` replaced by `-` (edge dashes trimmed, at most 40 characters, `agent` when
-nothing is left) and the hex is the start of sha256(space NUL name). The directories are walked
-one component at a time with `O_NOFOLLOW` relative to the previous one, so a symlink anywhere
-below the managed root is refused rather than followed out of it; what the connector creates
-is 0700. The home is handed to the harness as `JCODE_HOME`.
-
-Wire protocol. jcode itself cannot be installed here and its own Harness API is not documented
-in this repository, so the driver speaks a small JSON-lines protocol defined by cotal (one
-object per LF-terminated line; `--cotal-jsonl` asks the program for it, so a program that does
-not speak it refuses the flag and exits instead of waiting on a terminal):
-
-    harness -> cotal   {"type":"ready","session":S}
-                       {"type":"turn_start","id":M}  {"type":"delta","id":M,"text":T}
-                       {"type":"turn_end","id":M,"status":"ok"|"error"|"aborted","reply":R,"detail":D}
-                       {"type":"state","id":Q,"session":S|null}
-                       {"type":"error","id":M|Q|null,"detail":D}
-    cotal -> harness   {"type":"prompt","id":M,"text":T}
-                       {"type":"get_state","id":Q}
-                       {"type":"quit"}
-
-`tests/fixtures/jcode_standin.py` implements the harness side for the tests; it is a stand-in,
-not jcode. Binding a real jcode build means putting an adapter that speaks this protocol at
-`config["binary"]`.
+Its private home and the JSON-lines wire protocol cotal defines for it are in docs/design.md,
+"The harness connectors, in detail", jcode.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """A driver for harnesses that speak JSON lines over stdio.
 
-Theory of operation. The driver owns no task: the caller runs `run()` (the reader) in the seat's
-task group, preferably with `await tg.start(driver.run)`. The reader splits stdout into lines
-(each capped; an oversize line is skipped and recorded, never fatal), asks the harness's
-`LineCodec` what each line means, and wakes the request waiting for that id. Requests write one
-line to stdin and wait on their own event, so a harness reply is routed by id and a late reply
-to an abandoned request is dropped, not mistaken for the next one.
-
-When stdout ends (the harness exited) or the reader is cancelled, every waiter is woken: a turn
-in flight ends `unknown` (never acknowledged, so it is redelivered), a state query raises
-`DriverError`. Wire formats live in codecs; this module knows only the events below.
+Replies are routed by request id, so a late reply to an abandoned request is dropped rather
+than taken for the next one (docs/design.md, "The harness connectors, in detail").
 """
 
 from __future__ import annotations

@@ -1,31 +1,7 @@
-"""The pi connector: launches pi (@mariozechner/pi-coding-agent, pinned in harnesses.json) in
-RPC mode and drives it over JSON lines on stdio.
+"""The pi connector: pi in RPC mode, driven over JSON lines on stdio.
 
-Files of one seat, all siblings under the directory of the session pointer the manager chose
-(`<root>/.cotal/sessions/pi/` by the workspace layout), with `<base>` = `<name>-<uid>`:
-
-* `<base>.json`   the session pointer `{version:1, sessionId, status}`. pi does not write it; the
-                  driver does, on pi's behalf, once pi has proved over RPC which session it holds.
-* `<base>.store/` pi's own flat session store (`--session-dir`): one `<ts>_<id>.jsonl` per
-                  session. This is the only thing a checkpoint captures (declared below).
-* `<base>.agent/` pi's private agent directory (`PI_CODING_AGENT_DIR`): models.json and
-                  settings.json that point pi at the configured endpoint, rewritten every launch,
-                  so the operator's `~/.pi` is never read and never written.
-
-Sessions are always opened by **file path**, never by id: pi treats a non-path `--session`
-value as an id *prefix*, silently takes the newest match, and may fall through to a global
-search that prompts on stdin and exits 0 having done nothing. pi 0.73.1 also has no
-`--session-id` flag and writes nothing for a new session until its first reply, so a fresh seat
-would have no reopenable id before its first turn. The connector therefore creates the fresh
-session file itself, header only, in pi's v3 format with an id it mints (a UUIDv7, as pi's own),
-and opens it by path: the seat has a recoverable, expected id from its first instant.
-
-pi's RPC mode ignores positional prompt arguments (measured: `runRpcMode` never reads them),
-so a launch prompt is not put in argv; the driver delivers it as the session's first turn.
-
-Why `--no-extensions --no-skills --no-prompt-templates`: an inbox message is a peer's text and
-must reach the model verbatim. With discovery on, a message starting with `/` could run an
-extension command (no agent turn, so no turn boundary ever comes) or expand into a template.
+Sessions are opened by file path, never by id prefix; the files, the fresh-session header and
+the flags are explained in docs/design.md, "The harness connectors, in detail", pi.
 """
 
 from __future__ import annotations

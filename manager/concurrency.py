@@ -1,20 +1,7 @@
 """How many seats the cut, the restore and the adoptions work on at once, and the one ordered map.
 
-The per-seat steps (preflight, stop-and-prove, capture, repository restore, adoption) spend
-most of their time waiting on git, the harness and the broker, so running a few at once saves
-wall time without changing any outcome: `ordered_map` keeps every item's result or failure by
-its index and hands them back in input order, so the caller decides exactly as it did
-sequentially (the first failing seat in seat order is the one named) and every record and
-table keeps seat order.
-
-The limit is `COTAL_JOBS` when set (a strict positive integer), else twice the usable cores,
-bounded to [2, 16]: the work is mostly waiting, so one per core would leave the cores idle,
-but each job is a git or harness process with its own memory and file descriptors, and past
-16 the broker and the disk, not the cores, are the bottleneck. The daemon reads it at each
-cut and adoption, so a daemon takes it from the environment it was started with
-(`cotal up --jobs N` sets it for the restore and for the daemon it starts).
-
-See docs/operations.md ("Concurrency").
+Results come back in input order, so running seats together changes no outcome
+(docs/design.md, "The core modules, in detail"; docs/operations.md, "Concurrency").
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""structlog set-up: key-value events, never a secret.
-
-The daemon's file sink (`.cotal/logs/manager.log`) is always JSON lines, one object per event,
-so `cotal logs` and any tool can parse it. It rotates by size: past `MAX_BYTES` the file becomes
-`manager.log.1`, the older backups shift to `.2` ... `.{BACKUPS}` and the oldest is dropped, so a
-long-lived daemon cannot fill the disk. `rotated_files` lists the set oldest first, the order
-`cotal logs` reads it in.
-
-A process whose stderr is a terminal (a foreground `cotal up` or `cotal manager serve`) also
-gets each event rendered for people there; a detached daemon's stderr is `daemon.out`, which
-stays free of the duplicate.
+"""structlog set-up: key-value events, never a secret; the daemon's file sink is size-rotated
+JSON lines (docs/design.md, "The core modules, in detail").
 """
 
 from __future__ import annotations

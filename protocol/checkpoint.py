@@ -1,22 +1,7 @@
 """The sealed checkpoint format: one `checkpoint.json` per seat and one `manifest.json` per attempt.
 
-Layout of an attempt directory (record 1.3 steps 7 and 8; design ARCHITECTURE "The cut"):
-
-    <attemptId>/
-      manifest.json          sealed last of all; names every seat's checkpoint.json by digest
-      resume.json            the resume document, copied in so the attempt travels as one unit
-      <seat>/                one directory per seat, named by the seat
-        repo.bundle  index.diff  worktree.diff  untracked.tar  refs.txt   (repository half)
-        session-*            the harness session pointer and store files (session half)
-        inbox.jsonl          the seat's unacknowledged inbox messages (the space half)
-        checkpoint.json      sealed last in its directory; names every file above by digest
-
-A directory is sealed exactly when its record file exists: the record is published by an
-exclusive link after every file it names is durable, so a crash leaves a directory with no record
-(never admitted) rather than a record naming bytes that never landed.
-
-This module is pure: records, strict decoders, the signing payload and the continuity cap. The
-writer is `manager/checkpoint/seal.py`, the reader and gates `manager/checkpoint/reader.py`.
+Pure records, strict decoders, the signing payload and the continuity cap; a directory is sealed
+exactly when its record exists (docs/design.md, "The core modules, in detail").
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Each op has its own argument record and its own size cap, checked before decodin
 from __future__ import annotations
 
 import struct
-from typing import Annotated, Any, Literal
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -154,28 +156,7 @@ class ProgressArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
     after: int = 0
 
 
-_KIB = 1024
-OPS: dict[str, tuple[type[Any], int]] = {
-    "status": (NoArgs, 1 * _KIB),
-    "ps": (NoArgs, 1 * _KIB),
-    "spawn": (SpawnArgs, 64 * _KIB),
-    "stop-seat": (StopSeatArgs, 1 * _KIB),
-    "start-seat": (StartSeatArgs, 1 * _KIB),
-    "restart-seat": (RestartSeatArgs, 1 * _KIB),
-    "remove-seat": (RemoveSeatArgs, 1 * _KIB),
-    "send": (SendArgs, 160 * _KIB),
-    "dead-letters": (DeadLettersArgs, 1 * _KIB),
-    "redeliver-dead-letter": (DeadLetterArgs, 1 * _KIB),
-    "drop-dead-letter": (DeadLetterArgs, 1 * _KIB),
-    "shutdown": (NoArgs, 1 * _KIB),
-    "prepare-preservation": (AttemptArgs, 1 * _KIB),
-    "commit-preservation": (CommitPreservationArgs, 64 * _KIB),
-    "abort-preservation": (AttemptArgs, 1 * _KIB),
-    "resume-preserved": (ResumeArgs, 512 * _KIB),
-    "commit-resume": (AttemptArgs, 1 * _KIB),
-    "finalize-resume": (FinalizeArgs, 1 * _KIB),
-    "progress": (ProgressArgs, 1 * _KIB),
-}
+# OPS and the per-op records it names are below the results, which they refer to.
 
 
 def decode_hello(body: bytes) -> Hello:
@@ -195,7 +176,7 @@ def decode_args(request: Request) -> Any:
             f"unknown op {request.op!r}",
             "use one of: " + ", ".join(sorted(OPS)),
         )
-    kind, cap = entry
+    kind, cap = entry.args, entry.cap
     raw = bytes(request.args)
     if len(raw) > cap:
         raise DecodeError(f"{request.op} args", f"{len(raw)} bytes exceeds the {cap}-byte cap")
@@ -252,10 +233,6 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     permission_mode: str | None = None
     # Messages this seat's inbox gave up on and keeps aside (`cotal inbox NAME`).
     dead_letters: int = 0
-
-
-def seat_rows(obj: Any) -> list[SeatRow]:
-    return convert(obj, list[SeatRow], what="ps result")
 
 
 class DeadLetterRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -330,3 +307,261 @@ class ProgressResult(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
 
 def progress_result(obj: Any) -> ProgressResult:
     return convert(obj, ProgressResult, what="progress result")
+
+
+# -- replies of the other ops --------------------------------------------------------------------
+# Each names today's wire keys exactly (the CLI reads them as JSON). A key that only some replies
+# carry is `UNSET` in the others, so it is left out of the frame rather than sent as null.
+
+
+class StatusReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    pid: int
+    space: str
+    root: str
+    instance_id: str
+    state: str
+    seats: int
+    seat_states: dict[str, int]
+    server: str
+    started_at: str
+    in_flight: int
+    # A coordinator that died leaves its attempt here: a rerun joins it by this id, and
+    # `--abort` may lift the fence only while the commit has not begun.
+    attempt_id: str | None
+    commit_started: bool
+    activated: bool
+    dead_letters: dict[str, int]
+
+
+class StartedSeatRow(SeatRow, kw_only=True, frozen=True):
+    already_running: bool
+
+
+class StopSeatReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    lifecycle_uid: str
+    exit_code: int | None
+    last_exit: str | None
+    state: str
+    already_stopped: bool
+    kept: bool
+
+
+class RemoveSeatReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    lifecycle_uid: str
+    exit_code: int | None
+    last_exit: str | None
+    state: str
+    footprint_deleted: bool
+    dead_letters_deleted: int
+
+
+class SendReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    id: str
+    seq: int
+    seat: str
+    # Only for `wait`: the harness's reply and how many deliveries it took.
+    reply: str | msgspec.UnsetType = msgspec.UNSET
+    attempts: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class DropDeadLetterReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    lifecycle_uid: str
+    id: int
+    message_id: str | None
+
+
+class RedeliverDeadLetterReply(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True
+):
+    name: str
+    lifecycle_uid: str
+    id: int
+    message_id: str | None
+    seq: int
+    # What the harness is told: its next delivery's number.
+    delivery: int
+
+
+class TeardownRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    lifecycle_uid: str
+    exit_code: int | None
+    durable_deleted: bool
+    durable_error: str | None
+    footprint_owned: bool
+
+
+class ShutdownReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    stopped: list[TeardownRow]
+    # Outside `active` the seats' footprint is the cut's or the resume's: kept, and said so.
+    footprint_kept: bool | msgspec.UnsetType = msgspec.UNSET
+    state: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class AttemptState(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`abort-preservation` and `finalize-resume`: where the attempt stands now."""
+
+    attempt_id: str
+    state: str
+
+
+class SeatFailure(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    error: str
+    code: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class PrepareReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    state: str
+    # The inventory and the resume descriptor, as their own records encode them.
+    inventory: msgspec.Raw
+    resume: msgspec.Raw
+    failures: list[SeatFailure]
+
+
+class CutSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    since: str | None
+    bundle_bytes: int
+    continuity: str
+    session_id: str | None
+    lifecycle_uid: str
+    bytes: int
+    timings_ms: dict[str, int]
+    mid_turn: str | None
+
+
+class MidTurn(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    message_id: str
+
+
+class CommitReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    state: str
+    checkpoint_dir: str
+    sealed: bool
+    seats: list[CutSeat]
+    failures: list[SeatFailure]
+    mid_turn: list[MidTurn]
+    timings_ms: dict[str, int]
+    # A commit that could not seal: where what it wrote was kept aside.
+    evidence: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class ResumedSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: str
+    lifecycle_uid: str
+    continuity: str
+    session_before: str | None
+    session_after: str | None
+    observation: str
+    pid: int | None
+
+
+class ResumeReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    state: str
+    seats: list[ResumedSeat]
+
+
+class CommitResumeReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    state: str
+    durable_commit_token: str
+
+
+# -- the op table ----------------------------------------------------------------------------------
+
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Op(Generic[A, R]):
+    """One op: its wire name, its argument record, its reply record and its argument cap."""
+
+    name: str
+    args: type[A]
+    reply: type[R]
+    cap: int
+
+
+_KIB = 1024
+STATUS = Op("status", NoArgs, StatusReply, 1 * _KIB)
+PS: Op[NoArgs, list[SeatRow]] = Op("ps", NoArgs, list[SeatRow], 1 * _KIB)
+SPAWN = Op("spawn", SpawnArgs, SeatRow, 64 * _KIB)
+STOP_SEAT = Op("stop-seat", StopSeatArgs, StopSeatReply, 1 * _KIB)
+START_SEAT = Op("start-seat", StartSeatArgs, StartedSeatRow, 1 * _KIB)
+RESTART_SEAT = Op("restart-seat", RestartSeatArgs, SeatRow, 1 * _KIB)
+REMOVE_SEAT = Op("remove-seat", RemoveSeatArgs, RemoveSeatReply, 1 * _KIB)
+SEND = Op("send", SendArgs, SendReply, 160 * _KIB)
+DEAD_LETTERS = Op("dead-letters", DeadLettersArgs, DeadLetters, 1 * _KIB)
+REDELIVER_DEAD_LETTER = Op(
+    "redeliver-dead-letter", DeadLetterArgs, RedeliverDeadLetterReply, 1 * _KIB
+)
+DROP_DEAD_LETTER = Op("drop-dead-letter", DeadLetterArgs, DropDeadLetterReply, 1 * _KIB)
+SHUTDOWN = Op("shutdown", NoArgs, ShutdownReply, 1 * _KIB)
+PREPARE_PRESERVATION = Op("prepare-preservation", AttemptArgs, PrepareReply, 1 * _KIB)
+COMMIT_PRESERVATION = Op("commit-preservation", CommitPreservationArgs, CommitReply, 64 * _KIB)
+ABORT_PRESERVATION = Op("abort-preservation", AttemptArgs, AttemptState, 1 * _KIB)
+RESUME_PRESERVED = Op("resume-preserved", ResumeArgs, ResumeReply, 512 * _KIB)
+COMMIT_RESUME = Op("commit-resume", AttemptArgs, CommitResumeReply, 1 * _KIB)
+FINALIZE_RESUME = Op("finalize-resume", FinalizeArgs, AttemptState, 1 * _KIB)
+PROGRESS = Op("progress", ProgressArgs, ProgressResult, 1 * _KIB)
+
+OPS: dict[str, Op[Any, Any]] = {
+    op.name: op
+    for op in (
+        STATUS,
+        PS,
+        SPAWN,
+        STOP_SEAT,
+        START_SEAT,
+        RESTART_SEAT,
+        REMOVE_SEAT,
+        SEND,
+        DEAD_LETTERS,
+        REDELIVER_DEAD_LETTER,
+        DROP_DEAD_LETTER,
+        SHUTDOWN,
+        PREPARE_PRESERVATION,
+        COMMIT_PRESERVATION,
+        ABORT_PRESERVATION,
+        RESUME_PRESERVED,
+        COMMIT_RESUME,
+        FINALIZE_RESUME,
+        PROGRESS,
+    )
+}
+
+
+def check_handlers(handled: Collection[str]) -> None:
+    """Refuse to serve with an op nobody answers or a handler no op names."""
+    missing = sorted(set(OPS) - set(handled))
+    extra = sorted(set(handled) - set(OPS))
+    if missing or extra:
+        raise RuntimeError(
+            f"control ops and handlers disagree: no handler for {missing}, no op for {extra}"
+        )
+
+
+def decode_result(op: Op[Any, R], raw: bytes) -> R:
+    return decode_json(raw, op.reply, what=f"{op.name} result", cap=FRAME_CAP)
+
+
+class RawReply(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=True):
+    """A reply whose result is kept as bytes, to be decoded into the op's own reply record."""
+
+    id: int
+    ok: bool
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    error: ErrorBody | None = None
+
+
+def decode_raw_reply(body: bytes) -> RawReply:
+    return decode_json(body, RawReply, what="reply frame", cap=FRAME_CAP)

@@ -1,30 +1,7 @@
 """The resume inventory: what the cut records about every seat so a resume can re-adopt it.
 
-The inventory is the manager's own statement of what each seat *is*: its name and space, the
-identity whose lifecycle uid keys its broker durables, the launch facts a destination needs to
-start the same harness in the same tree, the files it depends on (by path and digest, never by
-content), and the writer generation its custody was cut at. It carries no secret: a credential
-is a path plus a digest, and opaque launch options are recorded by key only.
-
-Two things are decided here rather than left to callers:
-
-* The prompt is not a field. A seat's prompt is its first message, delivered once at spawn; an
-  exact resume reopens a session that already holds it, and a fork or fresh start must not act
-  on it a second time. So no version of the inventory persists it, and an inventory that
-  carries `prompt` is refused as an unknown field like any other.
-* One parser serves both ends. `parse_resume_args` is what `resume-preserved` runs, and the
-  cut runs the same function over the inventory it just built (prepare-time round trip), so an
-  inventory that a resume would refuse fails before any seat has stopped.
-
-Checks run cheapest and most conclusive first: attempt token, byte cap, version, shape (unknown
-fields refused by name, every token and path bounded), then space, capacity and the per-seat
-duplicate rules with the reference texts.
-
-`cotal-manager-resume/v1` predates cross-root custody: it has no attempt binding, no cutting
-instance, no per-seat writer generation and no declared session stores. It is accepted and
-upgraded in memory: the attempt it is parsed under becomes its binding, the instance is
-unknown (`instanceId: null`), every seat is at generation 0 (no custody was ever claimed) and
-declares no session store.
+It carries no secret and no prompt, and one parser serves both ends, so an inventory a resume
+would refuse fails at prepare (docs/design.md, "The core modules, in detail").
 """
 
 from __future__ import annotations

@@ -1,49 +1,8 @@
-"""A seat's lifecycle, as a table.
+"""A seat's lifecycle, as a table: every rule for moving a seat between states, and no I/O.
 
-Two rules, borrowed from h11. Everything that decides whether a seat may move from one state to
-another lives in this module; the Manager performs the effects around a transition (launching,
-signalling, reaping, deprovisioning) and is the only caller of `SeatLifecycle.apply`. And
-nothing here performs I/O, so the table is driven directly by tests without a daemon.
-
-Theory of operation
--------------------
-
-    starting --ready--> running --exit--> exited --restart--> restarting --ready--> running
-                                             |                    |
-                                             +--retire--> retired +--exit--> exited
-                                             +--fail----> failed  +--fail--> failed
-
-    (any live state) --stop--> stopping --proven--> stopped --start--> restarting
-                                   |
-                                   +--unproven--> unproven --reaped--> stopped
-
-    (any live state) --evict--> evicting --proven | unproven--> evicted
-
-`exit` is the Manager's reading of an exit nobody asked for (a crash, a launch that never became
-ready); only an `exited` seat may be restarted, which is what keeps a crash restart from racing
-a deliberate stop or a cut. A stop is deliberate: from `stopping` on, the exit belongs to the
-stopper, and neither a restart nor a deprovision may follow from it. `unproven` is a stop whose
-reaped exit did not arrive by its deadline; the Manager still holds the process, and the later
-reap (`reaped`) is what finally proves it. `evicting` is a stop the custody watcher demanded:
-its end is `evicted` whether or not the exit was proven in time, because the seat belongs to
-another holder now and is never relaunched here.
-
-`start` is the one way back from a deliberate state, and only from `stopped`: the operator asked
-for the seat again (`cotal start`, `cotal restart`), its exit is already proven, and the
-relaunch goes through `restarting` under the same uid into the same session, as a crash restart
-does. An unproven stop, an eviction and its end never lead back.
-
-A second stopper of the same seat joins the first: `stop` and `proven` are self-loops once the
-stop has begun, so a shutdown racing an eviction or a cut does not turn into an illegal event.
-
-`retired` (a crash loop) and `evicted` are terminal. A seat leaves the Manager's table without a
-state of its own: removal is the table's business, not the lifecycle's.
-
-A manager that died (even by SIGKILL) took its seats with it; the next manager of the root reads
-each seat's `SeatRecord` and enters it in `exited`, which is what it is: an exit nobody asked
-for. Re-adoption is then an ordinary `restart`, and a seat it must not relaunch (custody moved,
-the durable is gone, the session cannot be named) is `fail`ed, kept with its footprint and listed
-with the reason.
+The Manager performs the effects around a transition and is the only caller of
+`SeatLifecycle.apply`; the diagram and the reasons for each edge are in docs/design.md,
+"The core modules, in detail".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """scribe: the built-in offline harness, a deterministic and continuable coding-agent stand-in.
 
-Theory of operation. A session is one JSON-lines transcript `<store>/<sessionId>.jsonl`: a
-header line, then user/assistant message lines. Every answer is a pure function of the prompt
-and of that transcript, so a reply is evidence of what history the reopened process really
-holds: an exact reopen (`--session-id`) and a fork (`--fork`) must both still know a phrase told
-before the cut; a fresh session must not.
-
-A turn is committed by appending its user and assistant lines in one write followed by fsync,
-and only then is `turn_end ok` printed: a prompt the driver saw acknowledged is on disk. Turns
-that end `error`, `aborted` or by a crash append nothing, so redelivering them is safe. A
-redelivered message id that is already on disk replays the recorded reply instead of answering
-twice. A prompt's `delivery` (how many times cotal has now delivered its message) is recorded
-on its user line when it is not the first, so the transcript shows what came again.
-
-Standard library and msgspec only, plus cotal's private-file primitives (`connectors.privatefs`).
+Every answer is a pure function of the prompt and the transcript, so a reply proves which
+history a reopened process holds (docs/design.md, "The harness connectors, in detail").
 """
 
 from __future__ import annotations

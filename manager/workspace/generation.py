@@ -1,27 +1,7 @@
 """Per-seat writer generation: which custody of one seat identity is current in this root.
 
-A seat identity is its lifecycle uid, not its name: a name is reused by every `cotal spawn` after a
-`cotal rm`, and the new incarnation starts its custody from nothing. Each claim is a file `<N>`
-under `.cotal/auth/seat-generation/<spacehex>/<seat>-<uid>/` (a seat name holds no `-`, so no seat's
-directory can be mistaken for another's), published by exclusive create, so of any number of
-concurrent claimants of N+1 exactly one wins. The others refuse: a lost create means two
-destinations are claiming one seat, which is the condition this fence exists to stop. (The manager
-instance identity uses the same primitive and adopts the winner instead; there, two managers sharing
-one logical instance is the intended outcome.)
-
-The only exception is the same holder retrying the same attempt: a claim whose record already
-names this instance and this attempt is returned as ours, so a destination that crashed after
-its create can run again.
-
-A malformed record is a loud refusal, never skipped or re-minted: treating a damaged record as
-absent would let a stale root claim a generation that is already taken. Generation numbers may
-skip between roots (a checkpoint cut at 3 is claimed as 4 in a root that has never seen the
-seat); within a root they only grow. This fences one workspace root, not independent hosts.
-
-Roots written before the key was the uid hold claims under `<spacehex>/<seat>/`. Every record
-names the uid it was claimed for, so such a claim is read as belonging to that uid (and only to
-it); new claims are always made under the uid's directory, and the old files are left where they
-are as the evidence they always were.
+Claims are exclusive creates keyed by lifecycle uid, so of concurrent claimants exactly one
+wins (docs/design.md, "The core modules, in detail").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """The maintenance lock: one coordinator per workspace root runs a cut or a resume at a time.
 
-The lock is a file created exclusively at `.cotal/maintenance/v1/lock`, naming its owner by
-pid, the kernel's start time of that pid and the boot id. Those three together identify one
-process for as long as it lives, so an owner can be judged *provably* gone: the boot id
-changed (the host rebooted), the pid no longer exists, or the pid exists but started at a
-different time (it was reused). Only then is the lock reaped. A live owner, or an owner this
-host cannot judge (another host sharing the directory, an unreadable /proc), is a refusal
-naming the pid and the attempt: a wrong guess here is two coordinators cutting one root.
-
-Reaping is serialized by a kernel `flock` on a sibling file that is never removed. Under it,
-the stale lock is re-read, removed and replaced; nobody else removes a lock except its own
-owner, who is alive, so the file judged stale is the file that gets removed. The flock dies
-with its holder, so a reaper that crashes mid-way blocks nobody.
+A lock is reaped only when its owner is provably gone (pid, start time and boot id); why, and
+how reaping is serialized, is in docs/design.md, "The core modules, in detail".
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The host's registry of cotal roots: which roots a seat of any other root must never see.
 
-Every manager records its workspace root here when it starts (`register`), and hands the
-registry's path to every seat's launcher, which reads it (`connectors/isolate.py`,
-`registered_roots`) and overmounts every other root it names in the seat's mount namespace.
-A root stays registered after its manager stops, because its secrets (`.cotal/auth`) stay on
-disk; an entry is dropped (`known`, at every `register`) once its root's `.cotal` is gone.
-
-Where: `/var/lib/cotal/roots` for uid 0; for any other uid `~/.local/state/cotal/roots`, the
-home taken from the password database rather than `$HOME`, so every manager of one uid finds
-the same registry whatever environment it was started in. Only roots of the same uid matter: a
-seat of another uid, root's included (whose seats hold no capability), cannot enter another
-uid's 0700 `.cotal`. Both directories persist across reboots, unlike `/run`: a root whose
-manager has not run since a boot still holds its secrets. The registry is 0700, each entry a
-0600 file written atomically, named for a digest of the root's path; seats neither read nor
-write it (it is among what their launch overmounts).
+Where it lives and why an entry outlives its manager: docs/design.md, "The core modules, in
+detail".
 """
 
 from __future__ import annotations

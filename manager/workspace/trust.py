@@ -1,15 +1,7 @@
 """The trust store: which checkpoint signers this root admits, besides its own manager.
 
-A checkpoint arrives over the network, and a valid signature only proves that *some* key sealed
-it. Admission therefore accepts a signer only when it is this root's own manager instance key
-for the space, a key the operator added here, or a key pinned for one run (`--trust-signer`).
-
-The store is one private file, `.cotal/auth/trusted-signers` (0600 in a 0700 directory), read
-like ssh's `known_hosts`: one `<base64 raw Ed25519 public key> <name>` per line. The parser is
-strict: a line that is not exactly that, a key that is not 32 raw bytes in canonical base64, a
-key or a name listed twice, or a file over the cap refuses by line number, and nothing in it is
-trusted until the operator fixes it. Writes replace the whole file atomically under a lock, so
-two concurrent `cotal trust add` calls cannot lose each other's key.
+A valid signature proves only that some key sealed a checkpoint, so admission also asks who
+(docs/design.md, "The core modules, in detail").
 """
 
 from __future__ import annotations
