@@ -26,6 +26,8 @@ TOKEN_HEX_LEN = 64
 # string argument other than free text may be (a path or a name; PATH_MAX is 4096).
 MAX_CONNECTIONS = 256
 MAX_UNAUTHENTICATED = 64
+# The code a connection over MAX_CONNECTIONS is closed with, before any hello.
+CONTROL_BUSY = "control-busy"
 MAX_DEPTH = 64
 ARG_STRING_CAP = 4096
 FREE_TEXT_ARGS = frozenset({"text", "prompt"})

@@ -53,7 +53,7 @@ from protocol.checkpoint import MANIFEST_FILE
 from protocol.custody import HandedOffSeat, HandOffRecord, decode_handoff, encode_handoff
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import format_instant, now_iso
-from protocol.maintenance import JournalRecord
+from protocol.maintenance import RESUME_STATES, TERMINAL_STATES, JournalRecord
 from protocol.names import ATTEMPT_ID
 
 NO_FENCE_AT_PACK = (
@@ -511,20 +511,25 @@ def packed_source(args: argparse.Namespace, root: Path) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if not (layout.maintenance / "journal.json").exists() or _journal_attempt(layout) != (
-            staged.name
-        ):
+        if not _resume_under_way(layout, staged.name):
             _clean(layout, staged, fresh)
         raise
     shutil.rmtree(staged, ignore_errors=True)
 
 
-def _journal_attempt(layout: Layout) -> str | None:
+def _resume_under_way(layout: Layout, attempt: str) -> bool:
+    """The unpacked copy is a rerun's evidence only while a resume of it is under way; a
+    refusal at a root whose journal holds that attempt retired (a second restore of a file
+    already resumed here) must not leave a copy behind."""
     try:
         record = Journal(layout).load()
     except Refusal:
-        return None
-    return record.attempt_id if record is not None else None
+        return False
+    return (
+        record is not None
+        and record.attempt_id == attempt
+        and record.state in RESUME_STATES - TERMINAL_STATES
+    )
 
 
 def _clean(layout: Layout, staged: Path | None, fresh: bool) -> None:

@@ -1014,4 +1014,7 @@ def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
             f"    uid      {s['uidBefore']} -> {s['uidAfter']}  "
             f"({'same' if s['sameUid'] else 'DIFFERENT'})\n"
         )
+    # What stood in a tree before the restore is moved, never deleted: say where, once per tree.
+    for aside in sorted({r["superseded"] for r in out["restored"] if r["superseded"]}):
+        w(f"  kept the tree that stood there before at {aside} (remove it once not needed)\n")
     w("next: cotal send NAME 'what was the phrase?' --wait\n")

@@ -7,6 +7,7 @@ in flight opens a second connection for it (`ControlSession.side_channel`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -48,7 +49,10 @@ class ControlClient:
         client = cls(stream)
         try:
             with anyio.fail_after(timeout):
-                await write_frame(stream, control.encode_frame({"op": "hello", "token": token}))
+                # A manager over its connection cap answers before reading and closes, so a
+                # refused write is not yet a refusal: its frame may be waiting to be read.
+                with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                    await write_frame(stream, control.encode_frame({"op": "hello", "token": token}))
                 reply = control.decode_reply(await read_frame(client._buffered))
         except (
             TimeoutError,
@@ -76,6 +80,13 @@ class ControlClient:
             ) from None
         if not reply.ok:
             await stream.aclose()
+            if reply.error is not None and reply.error.code == control.CONTROL_BUSY:
+                raise Refusal(
+                    control.CONTROL_BUSY,
+                    reply.error.message,
+                    "close idle clients of this root (another cotal command or script holding "
+                    "connections open) and run the command again",
+                )
             raise Refusal(
                 "auth-refused", "the manager refused hello", "check .cotal/auth/control.token"
             )

@@ -24,6 +24,7 @@ descriptor exhaustion, and frames capped in size and in nesting depth before the
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hmac
 import os
@@ -44,6 +45,7 @@ from connectors.sandbox import carries_seat_mark
 from manager.broker.retry import TRANSIENT
 from manager.control.frames import FrameTooDeep, FrameTooLarge, check_depth, read_frame, write_frame
 from protocol import control
+from protocol.control import CONTROL_BUSY
 from protocol.errors import Refusal
 
 log = structlog.get_logger("cotal.control")
@@ -56,6 +58,8 @@ SeatPids = Callable[[], Collection[int]]
 ACCEPT_BACKOFF_S = 0.1
 # After dropping a connection to free its descriptor: long enough for its task to close it.
 ACCEPT_YIELD_S = 0.001
+# A shed connection's one frame: a fresh socket takes it at once, so this only bounds a stuck one.
+SHED_WRITE_S = 0.05
 # Trouble of one kind that recurs within this gap is one burst, logged once.
 BURST_GAP_S = 5.0
 _EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -236,10 +240,26 @@ class ControlServer:
             if self._open >= self._max_connections:
                 if self._burst_starts("shed"):
                     log.warning("control.refused", reason="too many connections", limit=self._open)
-                await stream.aclose()
+                await self._shed(stream)
                 continue
             self._open += 1
             tg.start_soon(self._tracked, stream)
+
+    async def _shed(self, stream: SocketStream) -> None:
+        """Close a connection over the cap with a frame saying so, so its client is not told
+        its token was wrong. A fresh socket's send buffer takes the frame at once; a peer that
+        is not reading costs nothing more than the bound below."""
+        busy = control.error_reply(
+            0,
+            CONTROL_BUSY,
+            f"the manager serves at most {self._max_connections} connections at once and all "
+            "are in use; retry when one closes",
+        )
+        with anyio.move_on_after(SHED_WRITE_S):
+            with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                await write_frame(stream, control.encode_frame(busy))
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
 
     async def _tracked(self, stream: SocketStream) -> None:
         conn_id = self._next_id

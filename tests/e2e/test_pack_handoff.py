@@ -124,6 +124,10 @@ async def test_pack_hands_off_and_the_source_refuses(tmp_path: Path, cli: Cli) -
     # The staging directory served its resume and is gone.
     assert list((cli.root / ".cotal" / "maintenance" / "v1" / "incoming").iterdir()) == []
     cli.run("down")
+    # The same file again, at a root that already resumed it: refused, and no copy left.
+    proc = cli.run("up", "--restore", str(packed), "--trust-signer", key, "--json", check=False)
+    assert proc.returncode == 2 and refusal(proc)["code"] == "custody-lost", proc.stderr
+    assert list((cli.root / ".cotal" / "maintenance" / "v1" / "incoming").iterdir()) == []
 
     # Host A again, its own broker: the same checkpoint is refused, named and dated.
     os.rename(cli.root, cli.root.with_name("ws.b"))

@@ -183,3 +183,36 @@ def test_nul_bearing_and_oversized_strings_are_refused_by_field_name(mesh: Cli) 
         assert (reply["error"] or {})["code"] != "bad-text"  # type: ignore[index]
         assert _call(s, "status", {})["ok"] is True
     assert not [e for e in _log(mesh) if e.get("event") == "control.internal_error"]
+
+
+@pytest.mark.anyio
+async def test_a_client_over_the_connection_cap_is_told_busy_not_refused(tmp_path: Path) -> None:
+    """At the cap a newcomer is closed before its hello is read; it must hear `control-busy`
+    (its token was fine), and the connection already in must keep being served."""
+    import anyio
+
+    from manager.control.client import ControlClient
+    from manager.control.server import ControlServer
+    from protocol.errors import Refusal
+
+    async def handler(op: str, _args: object) -> object:
+        return {"op": op}
+
+    token = "ab" * 32
+    path = tmp_path / "s.sock"
+    server = ControlServer(path, token, handler, refuse_marked=False, max_connections=1)
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve)
+            first = await ControlClient.connect(path, token)
+            try:
+                with pytest.raises(Refusal) as refused:
+                    await ControlClient.connect(path, token)
+                assert refused.value.code == "control-busy"
+                assert "at most 1 connections at once" in refused.value.message
+                assert await first.call("status") == {"op": "status"}
+                # The server stops before the client hangs up, so no read of its is woken
+                # by the hang-up while it is being cancelled.
+                tg.cancel_scope.cancel()
+            finally:
+                await first.aclose()
