@@ -81,6 +81,9 @@ class BrokerInfo:
 
 SERVER_NAME = "cotal-embedded"
 MONITOR_ENV = "COTAL_BROKER_MONITOR"
+LOCK_POLL_S = 0.02
+# How long a restart of a broker known dead waits for its store lock (see `start_embedded`).
+DEAD_BROKER_LOCK_WAIT_S = 5.0
 
 
 def monitor_listen(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -135,12 +138,15 @@ def start_embedded(
     port: int = -1,
     log_path: Path | None = None,
     timeout: float = 15.0,
+    lock_wait: float = 0.0,
 ) -> BrokerInfo:
     """Start a detached broker and wait until it has written its ports file.
 
     One broker per store, always: the broker process inherits an exclusive `flock` on the
     store's `owner.lock`, so the lock lives exactly as long as the broker does (a crash releases
     it) and a second start on the same store is refused before it can touch the files.
+    `lock_wait` is for a broker known dead: its leader shows as gone while its other threads
+    still hold the store's descriptors for a moment.
     """
     # A bad setting refuses before the store is touched.
     monitor = monitor_listen()
@@ -151,9 +157,7 @@ def start_embedded(
         0o600,
     )
     try:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock_within(lock_fd, lock_wait):
             raise Refusal(
                 "broker-running",
                 f"another nats-server already owns the store {store_dir}",
@@ -163,6 +167,18 @@ def start_embedded(
         return _start_locked(store_dir, creds_path, lock_fd, port, monitor, log_path, timeout)
     finally:
         os.close(lock_fd)
+
+
+def _flock_within(fd: int, wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_POLL_S)
 
 
 def _start_locked(

@@ -10,6 +10,8 @@ fence is enforced where the write lands, not by a courtesy check in the client.
 
 from __future__ import annotations
 
+import functools
+import secrets
 from dataclasses import dataclass, field
 
 import anyio
@@ -28,6 +30,10 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 EXPECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 EXPECT_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 HOLDER = "Cotal-Holder"
+# One value per fence object: the holder id is the root's and survives a manager's restart, so
+# only this token tells a write this very writer made from one a successor made as the same root.
+WRITER = "Cotal-Writer"
+MSG_ID = "Nats-Msg-Id"
 CALL_S = 5.0
 FENCE_ATTEMPTS = 8
 
@@ -62,6 +68,7 @@ class WriterFence:
     generation: int
     last_seq: int = 0
     owner: str = names.SEAT_OWNER
+    writer: str = field(default_factory=lambda: secrets.token_hex(8))
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     @property
@@ -89,7 +96,12 @@ class WriterFence:
             for _ in range(FENCE_ATTEMPTS):
                 last = await self._last_on_filter()
                 subject = marker_subject(self.space, self.owner, self.seat, self.generation)
-                headers = {EXPECT_SEQ: str(last), EXPECT_SUBJECT: self.filter, HOLDER: self.holder}
+                headers = {
+                    EXPECT_SEQ: str(last),
+                    EXPECT_SUBJECT: self.filter,
+                    HOLDER: self.holder,
+                    WRITER: self.writer,
+                }
 
                 async def publish(
                     subject: str = subject, headers: dict[str, str] = headers
@@ -126,28 +138,63 @@ class WriterFence:
     ) -> int:
         """Publish on the seat's behalf, refused by the broker unless we still hold the fence."""
         async with self.lock:
-            fenced = dict(headers or {})
-            fenced.update(
-                {EXPECT_SEQ: str(self.last_seq), EXPECT_SUBJECT: self.filter, HOLDER: self.holder}
-            )
-            try:
-                # Retried on a leaderless moment; the message id makes a retry a duplicate, not
-                # a second message.
-                ack = await riding_elections(
-                    f"publish as {self.seat}",
-                    lambda: self.js.publish(subject, payload, headers=fenced),
-                )
-            except APIError as exc:
-                if _wrong_sequence(exc):
-                    log.error(
-                        "fence.refused",
-                        seat=self.seat,
-                        holder=self.holder,
-                        expected=self.last_seq,
-                        detail=str(exc),
+            for _ in range(FENCE_ATTEMPTS):
+                fenced = {
+                    **(headers or {}),
+                    EXPECT_SEQ: str(self.last_seq),
+                    EXPECT_SUBJECT: self.filter,
+                    HOLDER: self.holder,
+                    WRITER: self.writer,
+                }
+                try:
+                    # Retried on a leaderless moment; the message id makes a retry a duplicate,
+                    # not a second message.
+                    ack = await riding_elections(
+                        f"publish as {self.seat}",
+                        functools.partial(self.js.publish, subject, payload, headers=fenced),
                     )
-                    raise FencedOut(self.seat, str(getattr(exc, "description", exc))) from None
-                raise
-            # A duplicate answers with our own earlier write's sequence: still our last write.
-            self.last_seq = max(self.last_seq, int(ack.seq))
-            return int(ack.seq)
+                except APIError as exc:
+                    if not _wrong_sequence(exc):
+                        raise
+                    mine = await self._own_last(fenced.get(MSG_ID))
+                    if mine is None:
+                        log.error(
+                            "fence.refused",
+                            seat=self.seat,
+                            holder=self.holder,
+                            expected=self.last_seq,
+                            detail=str(exc),
+                        )
+                        raise FencedOut(self.seat, str(getattr(exc, "description", exc))) from None
+                    seq, landed = mine
+                    # Our own write whose ack was lost (a broker that died after storing it, or
+                    # a publish nats-py buffered through a reconnect): nobody fenced us since.
+                    log.info("fence.own_write_recognised", seat=self.seat, seq=seq, landed=landed)
+                    self.last_seq = seq
+                    if landed:
+                        return seq
+                    continue
+                # A duplicate answers with our own earlier write's sequence: still our last write.
+                self.last_seq = max(self.last_seq, int(ack.seq))
+                return int(ack.seq)
+        raise Refusal(
+            "fence-contended",
+            f"could not publish as {self.seat}: its outbound subject kept moving under this holder",
+            "restart the seat (cotal restart NAME); if it recurs, another process shares this "
+            "manager's holder id",
+        )
+
+    async def _own_last(self, msg_id: str | None) -> tuple[int, bool] | None:
+        """The last write on the seat's filter, if this holder made it: its sequence, and
+        whether it is the very message `msg_id` names. None when someone else wrote last."""
+        try:
+            msg = await riding_elections(
+                f"fence {self.seat}",
+                lambda: self.js.get_last_msg(names.dm_stream(self.space), self.filter),
+            )
+        except NotFoundError:
+            return None
+        headers = msg.headers or {}
+        if headers.get(WRITER) != self.writer or not msg.seq:
+            return None
+        return int(msg.seq), msg_id is not None and headers.get(MSG_ID) == msg_id

@@ -7,8 +7,10 @@ the bundle carries exactly the recorded refs and the recorded base commit. Ident
 checkpoint is for this space and root and confines every path it would write: the seat's tree
 under the root or where a `--map` may land (`landing.py`), each session file at the seat's own
 pointer or under a store the seat declared, never in .git, never in the control directory,
-never through a symlink. All of it runs before the journal or custody move, so a refusal leaves
-everything as it was.
+never through a symlink. Integrity also proves each carried inbox is one the import can
+republish as it stands (`check_inboxes`): a message the broker would refuse, act on, or drop as
+a duplicate is refused here by name, not after custody moved. All of it runs before the journal
+or custody move, so a refusal leaves everything as it was.
 
 Cheapest and most conclusive first. Integrity and identity have no override; recency has one
 (`--accept-stale-checkpoint`), because a stale checkpoint is sometimes the only checkpoint, and
@@ -37,7 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
-from connectors.privatefs import DIR_MODE, ensure_private_dir, make_private_dirs
+from connectors.privatefs import (
+    DIR_MODE,
+    UnsafeFile,
+    ensure_private_dir,
+    make_private_dirs,
+    stream_stable,
+)
 from manager import concurrency, registry
 from manager.checkpoint import chain
 from manager.checkpoint.clock import ClockReading
@@ -54,15 +62,21 @@ from manager.checkpoint.reader import read_manifest, verify_integrity
 from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
 from manager.procs import process_start_time
 from manager.workspace.private import read_stable
+from protocol import names
 from protocol.checkpoint import (
+    INBOX_FILE,
+    INBOX_LINE_CAP,
     AttemptManifest,
+    CarriedMessage,
     RepositoryRecord,
     SeatCheckpoint,
     SessionFile,
     SessionRecord,
+    SpaceRecord,
     parse_refs_list,
 )
-from protocol.errors import Refusal
+from protocol.codec import decode_json
+from protocol.errors import DecodeError, Refusal
 from protocol.instant import parse_instant
 from protocol.inventory import INVENTORY_CAP, Agent, Inventory, parse_resume_args
 from protocol.maintenance import Consent
@@ -73,6 +87,22 @@ GIT_TIMEOUT_S = 600.0
 # seat's unbundled objects for the restore (docs/design.md, decision 20).
 SCRATCH_DIR = "scratch"
 _SCRATCH_RE = re.compile(r"admit-([0-9]+)-([0-9]+)-[0-9a-f]{12}")
+# The one broker-interpreted header the import means to replay: the id that makes a rerun's
+# republish a duplicate instead of a second copy (manager/broker/space.py, `import_inbox`).
+MSG_ID_HEADER = "Nats-Msg-Id"
+# NATS reserves this prefix for headers the server acts on at publish (rollup, per-message TTL,
+# expected sequences, schedules, counters, batches, tracing), and new servers add more: the
+# import replays every carried header, so any other one would be acted on again here.
+_BROKER_HEADER_PREFIX = "nats-"
+# An RFC 7230 token. A name with a colon or a space in it is read by the server as another name
+# with the rest in its value, so the header that arrives is not the one that was checked.
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_INBOX_CURE = (
+    "cotal's cut never carries such a message, so this checkpoint was altered or written by "
+    "another tool: copy the attempt again from the source host, or cut the seat again there "
+    "(if the source seat's inbox really holds such a message, resume it in place, let it work "
+    "the message off, then cut again); nothing was claimed"
+)
 
 
 @dataclass(frozen=True)
@@ -189,6 +219,8 @@ def integrity(
                 f"seat {name}: its checkpoint and the resume document disagree",
                 "copy the checkpoint again from the source host",
             )
+    # Before the bundles: reading a few lines is cheaper than unbundling, and as conclusive.
+    check_inboxes(attempt_dir, manifest, by_name)
     dirs = {seat.name: seat.dir for seat in manifest.seats}
     chains: dict[str, list[chain.Link]] = {}
     for name, record in by_name.items():
@@ -229,6 +261,159 @@ def integrity(
         chains=chains,
         scratch_dir=scratch_dir,
         scratch=kept,
+    )
+
+
+@dataclass(frozen=True)
+class _Carried:
+    """Where a carried message id was first seen, to name both messages of a duplicate."""
+
+    seat: str
+    line: int
+    seq: int
+
+
+def check_inboxes(
+    attempt_dir: Path, manifest: AttemptManifest, records: Mapping[str, SeatCheckpoint]
+) -> None:
+    """Every carried message, in seat and line order, is one the import republishes as it
+    stands: each subject token non-empty under the seat's own filter (`inbox-subject`), no
+    header the broker acts on but the message id, and every header name one it reads as that
+    name (`inbox-header`), and no message id twice in the attempt (`inbox-duplicate-id`).
+
+    Ids are compared across seats too: every seat's inbox is republished into the one DM stream
+    of the space within its duplicate window, so the broker would keep the first and drop the
+    other there as well. Gate 1 already proved each file against its record; it is read once
+    more here, hashed as it is read, so what is judged is exactly the sealed bytes.
+    """
+    dirs = {seat.name: seat.dir for seat in manifest.seats}
+    seen: dict[str, _Carried] = {}
+    for name, record in records.items():
+        if record.space_state is not None:
+            _check_inbox(attempt_dir / dirs[name], name, manifest.space, record.space_state, seen)
+
+
+class _InboxJudge:
+    """One seat's inbox.jsonl fed a chunk at a time: hashed whole, each line judged as it
+    completes until the first refusal, holding one line at most."""
+
+    def __init__(self, path: Path, name: str, prefix: str, seen: dict[str, _Carried]) -> None:
+        self.path, self.name, self.prefix, self.seen = path, name, prefix, seen
+        self.digest = hashlib.sha256()
+        self.pending = bytearray()
+        self.lines = 0
+        # Raised only once the whole file hashed to its record: bytes that changed since
+        # gate 1 are `integrity`, whatever their lines say.
+        self.problem: Refusal | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        self.digest.update(chunk)
+        start = 0
+        while self.problem is None and (nl := chunk.find(b"\n", start)) >= 0:
+            self.pending.extend(chunk[start:nl])
+            self._judge(bytes(self.pending))
+            self.pending.clear()
+            start = nl + 1
+        if self.problem is not None:
+            return
+        if len(self.pending) + len(chunk) - start > INBOX_LINE_CAP:
+            self.problem = _inbox_changed(self.path, f"line {self.lines + 1} is over its cap")
+        else:
+            self.pending.extend(chunk[start:])
+
+    def _judge(self, line: bytes) -> None:
+        self.lines += 1
+        try:
+            m = decode_json(
+                line, CarriedMessage, what=f"{INBOX_FILE} line {self.lines}", cap=INBOX_LINE_CAP
+            )
+        except DecodeError as exc:
+            self.problem = _inbox_changed(self.path, exc.message)
+            return
+        self.problem = _judge_message(self.name, self.prefix, self.lines, m, self.seen)
+
+
+def _check_inbox(
+    seat_dir: Path, name: str, space: str, state: SpaceRecord, seen: dict[str, _Carried]
+) -> None:
+    path = seat_dir / state.inbox.file
+    prefix = names.dm_filter(space, names.SEAT_OWNER, name).removesuffix(">")
+    judge = _InboxJudge(path, name, prefix, seen)
+    try:
+        stream_stable(path, judge.feed, expect_size=state.inbox.bytes)
+    except UnsafeFile as exc:
+        raise _inbox_changed(path, exc.detail) from None
+    if judge.digest.hexdigest() != state.inbox.sha256:
+        raise _inbox_changed(path, f"now hashes to {judge.digest.hexdigest()}")
+    if judge.problem is not None:
+        raise judge.problem
+
+
+def _judge_message(
+    name: str, prefix: str, line: int, m: CarriedMessage, seen: dict[str, _Carried]
+) -> Refusal | None:
+    where = f"seat {name}: {INBOX_FILE} line {line} (message {m.seq})"
+    if not m.subject.startswith(prefix) or "" in m.subject.split("."):
+        # An empty token is no subject the broker routes to its stream: the publish is never
+        # answered, and the import would only time out, after the claim.
+        return _refuse(
+            "integrity",
+            "inbox-subject",
+            f"{where} is addressed to {m.subject!r}, which has an empty token or is not under "
+            f"{prefix}>, so the import cannot republish it",
+            _INBOX_CURE,
+        )
+    for key in m.headers:
+        if not _HEADER_NAME_RE.fullmatch(key):
+            return _refuse(
+                "integrity",
+                "inbox-header",
+                f"{where} carries a header named {key[:64]!r}, which the broker would read as "
+                "another header",
+                _INBOX_CURE,
+            )
+        if key.lower().startswith(_BROKER_HEADER_PREFIX) and key != MSG_ID_HEADER:
+            return _refuse(
+                "integrity",
+                "inbox-header",
+                f"{where} carries the {key} header, which the broker acts on at publish "
+                "instead of storing it, so the import would not republish it as it was",
+                _INBOX_CURE,
+            )
+    msg_id = m.headers.get(MSG_ID_HEADER)
+    if msg_id is None:
+        # Without an id the broker stores every publish: nothing is lost, nothing to compare.
+        return None
+    # The server reads a header's value without its surrounding blanks.
+    key_id = msg_id.strip(" \t")
+    if not key_id:
+        return _refuse(
+            "integrity",
+            "inbox-header",
+            f"{where} carries an empty {MSG_ID_HEADER}",
+            _INBOX_CURE,
+        )
+    first = seen.get(key_id)
+    if first is not None:
+        other = "" if first.seat == name else f"seat {first.seat}'s "
+        return _refuse(
+            "integrity",
+            "inbox-duplicate-id",
+            f"{where} carries message id {key_id!r}, as does {other}{INBOX_FILE} line "
+            f"{first.line} (message {first.seq}): republished together, the broker keeps the "
+            "first and drops the other as a duplicate",
+            _INBOX_CURE,
+        )
+    seen[key_id] = _Carried(name, line, m.seq)
+    return None
+
+
+def _inbox_changed(path: Path, detail: str) -> Refusal:
+    return _refuse(
+        "integrity",
+        "integrity",
+        f"{path} changed after it was verified ({detail})",
+        "retry once nothing writes to the checkpoint, or copy it again; nothing was changed",
     )
 
 

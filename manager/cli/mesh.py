@@ -237,6 +237,7 @@ async def revive_embedded_broker(layout: Layout, report: Report) -> None:
             layout.broker_creds,
             port=port,
             log_path=layout.logs / "nats.log",
+            lock_wait=embedded.DEAD_BROKER_LOCK_WAIT_S,
         )
     )
     write_mesh(layout, msgspec.structs.replace(record, embedded_broker=info.identity))

@@ -836,7 +836,11 @@ async def _finalize(
     consents: list[Consent],
     token: str,
 ) -> dict[str, Any]:
-    """Only `finalize-resume` with the journaled token releases the fence; then `retired`."""
+    """Only `finalize-resume` with the journaled token releases the fence; then `retired`.
+
+    A broker that died since the commit is started again first and after: the resume must not
+    report a mesh as running whose broker is gone."""
+    await mesh.revive_embedded_broker(journal.layout, _say)
     final: dict[str, Any] = await session.call(
         "finalize-resume",
         {"attemptId": attempt, "durableCommitToken": token},
@@ -846,6 +850,7 @@ async def _finalize(
     journal.advance(
         attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
     )
+    await mesh.revive_embedded_broker(journal.layout, _say)
     return final
 
 
