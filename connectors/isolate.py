@@ -149,6 +149,8 @@ class Plan:
         "tmp_mib",
         "fresh",
         "registry",
+        "status_fd",
+        "fault",
     )
 
     def __init__(
@@ -166,6 +168,8 @@ class Plan:
         tmp_mib: int = 0,
         fresh: list[str] | None = None,
         registry: str | None = None,
+        status_fd: int | None = None,
+        fault: str | None = None,
     ) -> None:
         self.control = control
         self.keep = keep
@@ -184,6 +188,12 @@ class Plan:
         # but the seat's own, and the registry itself, become an empty read-only tmpfs. Read
         # here rather than listed in the plan: a plan travels in argv, which is bounded.
         self.registry = registry
+        # The write end of the manager's pipe for a set-up failure's one-line report
+        # (`report_failure`); closed by the exec, so the harness can never write there.
+        self.status_fd = status_fd
+        # COTAL_TEST_LAUNCH_FAULT from the manager's own environment (`arm_fault`): set only by
+        # the manager, never read from the seat's environment, so a seat cannot fake a failure.
+        self.fault = fault
 
     def fields(self) -> dict[str, object]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -227,6 +237,10 @@ def _number(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _optional_number(value: object) -> bool:
+    return value is None or _number(value)
+
+
 # What each field of a plan must be, said as a refusal says it, and the check.
 _FIELD_KINDS: dict[str, tuple[str, Callable[[object], bool]]] = {
     "control": ("a string", _name),
@@ -241,6 +255,8 @@ _FIELD_KINDS: dict[str, tuple[str, Callable[[object], bool]]] = {
     "tmp_mib": ("a whole number", _number),
     "fresh": ("a list of strings", _paths),
     "registry": ("a string or null", _optional_name),
+    "status_fd": ("a whole number or null", _optional_number),
+    "fault": ("a string or null", _optional_name),
 }
 
 
@@ -270,13 +286,39 @@ _libc.prctl.argtypes = [
 
 
 class SandboxError(OSError):
-    pass
+    """A set-up call the kernel refused; `path` is what it was about, if anything. Kept apart
+    from OSError's filename so the message the seat's log shows stays as it was."""
+
+    def __init__(self, err: int, text: str, path: str | None = None) -> None:
+        super().__init__(err, text)
+        self.path = path
 
 
-def _check(ret: int, what: str) -> int:
+# The steps of a launch, in order, as a set-up failure names them to the manager: entering the
+# mount namespace, the private temp mounts, hiding the other roots and `.cotal`, Landlock,
+# dropping capabilities and `no_new_privs`, and the exec of the harness.
+STEPS = ("namespace", "mount", "hide", "landlock", "capabilities", "exec")
+# The step running now, named in a failure's report.
+_step = "namespace"
+# The test fault armed for this launch (`arm_fault`): its step and errno.
+_armed: tuple[str, int] | None = None
+
+
+def _fire(what: str, path: str | None) -> None:
+    global _armed
+    assert _armed is not None
+    err, _armed = _armed[1], None
+    raise SandboxError(err, f"{what}: {os.strerror(err)} (COTAL_TEST_LAUNCH_FAULT)", path)
+
+
+def _check(ret: int, what: str, path: str | None = None) -> int:
     if ret < 0:
         err = ctypes.get_errno()
-        raise SandboxError(err, f"{what}: {os.strerror(err)}")
+        raise SandboxError(err, f"{what}: {os.strerror(err)}", path)
+    if _armed is not None and _armed[0] == _step:
+        # The test fault fails the step's first kernel call, so its report names the path a
+        # real failure there would name.
+        _fire(what, path)
     return ret
 
 
@@ -290,6 +332,7 @@ def _mount(
     _check(
         _libc.mount(_b(src), _b(target), _b(fstype), flags, data.encode() if data else None),
         f"mount {target}",
+        target,
     )
 
 
@@ -586,6 +629,7 @@ def restrict(plan: Plan, abi: int) -> None:
                         0,
                     ),
                     f"landlock_add_rule {path}",
+                    path,
                 )
             finally:
                 os.close(fd)
@@ -662,7 +706,82 @@ def _probe() -> dict[str, object]:
     return found
 
 
+FAULT_ENV = "COTAL_TEST_LAUNCH_FAULT"
+# One report line, under PIPE_BUF so the kernel writes it whole.
+REPORT_CAP = 4096
+_FIELD_CAP = 1024
+
+
+def arm_fault(spec: str | None) -> None:
+    """The test fault hook: `STEP:ERRNO:COUNT:COUNTER` fails STEP with ERRNO for the first COUNT
+    launches, counted in the file COUNTER (created, locked while counted), so the count
+    survives from one launch to the next. ValueError or OSError for a spec that cannot be
+    honoured: the launch is refused as a bad plan rather than run without the fault asked for."""
+    global _armed
+    if spec is None:
+        return
+    parts = spec.split(":", 3)
+    if len(parts) != 4:
+        raise ValueError(f"{FAULT_ENV} {spec!r} is not STEP:ERRNO:COUNT:/counter/file")
+    step, name, count, counter = parts
+    code = getattr(errno, name, None) if name.startswith("E") and name.isupper() else None
+    if step not in STEPS or not isinstance(code, int):
+        raise ValueError(f"{FAULT_ENV} {spec!r}: no step {step!r} or no errno {name!r}")
+    if not (count.isascii() and count.isdigit()) or not counter.startswith("/"):
+        raise ValueError(f"{FAULT_ENV} {spec!r}: COUNT is a whole number, COUNTER a full path")
+    import fcntl
+
+    fd = os.open(counter, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        # Seats of one resume start side by side: the count is read and advanced under a lock.
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        text = os.read(fd, 32).strip()
+        done = int(text) if text.isdigit() else 0
+        if done >= int(count):
+            return
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(done + 1).encode())
+    finally:
+        os.close(fd)
+    _armed = (step, code)
+
+
+def _status_channel(plan: Plan) -> int | None:
+    """The report pipe's write end, made close-on-exec: a harness that did start has no way to
+    it, so nothing after the exec can pass for the launcher's report."""
+    fd = plan.status_fd
+    if fd is None:
+        return None
+    try:
+        os.set_inheritable(fd, False)
+    except OSError:
+        return None
+    return fd
+
+
+def report_failure(fd: int | None, step: str, exc: OSError) -> None:
+    """One JSON line for the manager (manager/daemon/incarnation.py decodes it): the step, the
+    errno's name and the path the failed call was about."""
+    if fd is None:
+        return
+    path = getattr(exc, "path", None) or exc.filename
+    code = exc.errno
+    record = {
+        "step": step,
+        "errno": errno.errorcode.get(code) if isinstance(code, int) else None,
+        "path": path[:_FIELD_CAP] if isinstance(path, str) else None,
+        "detail": str(exc)[:_FIELD_CAP],
+    }
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode()[:REPORT_CAP])
+    except OSError:
+        # The manager is gone or closed its end: the seat's log still has the line.
+        pass
+
+
 def main(args: list[str]) -> int:
+    global _step
     if args == ["--probe"]:
         print(json.dumps(_probe()))
         return 0
@@ -675,32 +794,57 @@ def main(args: list[str]) -> int:
         print(f"cotal sandbox: refusing to start the seat: a bad plan ({exc})", file=sys.stderr)
         return 2
     argv = args[2:]
+    status = _status_channel(plan)
+    try:
+        # Before any mount: the counter may lie under a temp directory the seat's tmpfs covers.
+        arm_fault(plan.fault)
+    except (ValueError, OSError) as exc:
+        print(f"cotal sandbox: refusing to start the seat: a bad plan ({exc})", file=sys.stderr)
+        return 2
     try:
         cwd = os.getcwd()
         if plan.mount:
+            _step = "namespace"
             enter_mount_namespace()
+            _step = "mount"
             make_own_dirs(plan)
+            _step = "hide"
             hidden = to_hide(plan, cwd)
+            _step = "mount"
             private_temp(plan, cwd)
+            _step = "hide"
             hide_paths(hidden)
             hide_control_dir(plan)
             # Entered again through the new mounts: the old working directory is the one
             # beneath them, whose `..` would lead back to what they cover.
             os.chdir(cwd)
         if plan.landlock:
+            _step = "landlock"
             restrict(plan, plan.landlock)
+        _step = "capabilities"
         if os.geteuid() == 0:
             drop_capabilities()
         else:
             _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        if _armed is not None and _armed[0] != "exec":
+            # A fault for a step this host's plan skips still fails the launch where that step
+            # would have run: a test never passes because its fault went unused.
+            _step = _armed[0]
+            _fire(f"{_step} (not in this plan)", None)
     except OSError as exc:
         # A seat that cannot be isolated as promised does not run unisolated.
         print(f"cotal sandbox: refusing to start the seat: {exc}", file=sys.stderr)
+        report_failure(status, _step, exc)
         return 126
+    _step = "exec"
     try:
+        if _armed is not None:
+            err = _armed[1]
+            raise OSError(err, f"{os.strerror(err)} (COTAL_TEST_LAUNCH_FAULT)", argv[0])
         os.execvpe(argv[0], argv, dict(os.environ))
     except OSError as exc:
         print(f"cotal sandbox: cannot run {argv[0]}: {exc}", file=sys.stderr)
+        report_failure(status, "exec", exc)
         return 127
 
 

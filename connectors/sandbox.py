@@ -48,6 +48,11 @@ cotal manager's control socket refuses a peer that carries it, a seat of any roo
 
 What is in force on this host is probed once per daemon (`probe`) by running the launcher
 with `--probe` in a throwaway child, and reported by `cotal doctor` and `cotal ps --wide`.
+
+A launch the launcher cannot set up exits 126 (127 when the exec fails) after one JSON line to
+a pipe the daemon passes it (`Plan.status_fd`, closed by the exec): the step (`STEPS`), the
+errno's name, the path. The daemon turns it into `seat-start-failed` and tries a transient
+errno again within the seat's restart budget (`manager/daemon/incarnation.py`).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from connectors import isolate
-from connectors.isolate import SYSTEM_WRITE, Plan, make_undumpable, within
+from connectors.isolate import FAULT_ENV, STEPS, SYSTEM_WRITE, Plan, make_undumpable, within
 
 TYPE_CHECKING = False
 
@@ -70,10 +75,13 @@ if TYPE_CHECKING:
     import subprocess
 
 __all__ = [
+    "FAULT_ENV",
+    "STEPS",
     "Isolation",
     "Plan",
     "begin_probe",
     "carries_seat_mark",
+    "launch_fault_hook",
     "launcher",
     "make_undumpable",
     "missing_from",
@@ -165,6 +173,14 @@ def tmp_mib() -> int:
     if text.isascii() and text.isdigit() and 0 < int(text) <= TMP_MIB_MAX:
         return int(text)
     return TMP_MIB_DEFAULT
+
+
+def launch_fault_hook() -> str | None:
+    """The test fault hook, `COTAL_TEST_LAUNCH_FAULT` (`isolate.arm_fault`), from this manager's
+    own environment and nowhere else: the manager puts it in the plan it writes itself, and the
+    launcher never reads its own environment for it, so neither a seat's launch nor a
+    checkpoint's recorded launch can carry it to a seat."""
+    return os.environ.get(FAULT_ENV) or None
 
 
 SEAT_MARK = "NoNewPrivs"

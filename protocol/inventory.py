@@ -26,6 +26,7 @@ from protocol.names import (
     SpaceField,
     WordField,
     check_attempt_id,
+    check_new_seat_name,
 )
 
 INVENTORY_V1: Final = "cotal-manager-resume/v1"
@@ -360,6 +361,7 @@ def check_seats(inventory: Inventory) -> None:
                 f'to "{inventory.space}"',
                 _CURE_SHAPE,
             )
+        check_new_seat_name(agent.name)
         if agent.name in names:
             raise Refusal(
                 "duplicate-name",

@@ -189,6 +189,23 @@ def check_seat_name(name: str) -> str:
     return name
 
 
+# A seat's subjects and the operator's share one owner (`local`): a seat named as the operator's
+# actor would receive the operator's mail and send as the operator.
+RESERVED_SEAT_NAMES = frozenset({OPERATOR_ACTOR})
+
+
+def check_new_seat_name(name: str) -> str:
+    """`check_seat_name`, and not a name the mesh keeps for itself (a spawn, a resumed seat)."""
+    check_seat_name(name)
+    if name in RESERVED_SEAT_NAMES:
+        raise Refusal(
+            "reserved-name",
+            f"seat name {name!r} is the operator's own address on the broker",
+            "choose another name, such as `operator_1`",
+        )
+    return name
+
+
 def check_space(space: str) -> str:
     if not isinstance(space, str) or not SPACE_RE.fullmatch(space):
         raise Refusal(

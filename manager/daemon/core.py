@@ -38,6 +38,7 @@ from manager.broker.dm import new_message_id, publish_dm
 from manager.broker.fence import WriterFence
 from manager.daemon import seatfile
 from manager.daemon.delivery import DeliveryBridge, DeliveryGate, Waiter
+from manager.daemon.incarnation import StartFailed, next_try
 from manager.daemon.preserve import Preservation
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.readopt import Readoption
@@ -63,7 +64,10 @@ READINESS_TIMEOUT_S = 30.0
 
 def _exited_before_ready(seat: Seat, handle: SeatHandle) -> Refusal:
     """One refusal for a harness that exited during its start, whichever the manager saw
-    first: the end of its output or its reaped status."""
+    first: the end of its output or its reaped status; `seat-start-failed`, naming the step,
+    errno and path, when it was its launcher that could not set the seat up."""
+    if handle.launch_fault is not None:
+        return StartFailed(seat.name, handle.launch_fault, handle.returncode, handle.log_path)
     return Refusal(
         "seat-failed",
         f"seat {seat.name} exited before it was ready (code {exit_text(handle.returncode)})",
@@ -369,7 +373,7 @@ class Manager:
 
     async def op_spawn(self, args: control.SpawnArgs) -> control.SeatRow:
         async with self.lifecycle("spawn"):
-            name = names.check_seat_name(args.name)
+            name = names.check_new_seat_name(args.name)
             if len(self.seats) >= names.MAX_SEATS:
                 raise Refusal(
                     "capacity",
@@ -446,7 +450,8 @@ class Manager:
         )
 
     async def _launch(self, seat: Seat, opts: LaunchOpts) -> None:
-        """Start the seat's process and prove it ready; raises with the process reaped."""
+        """Start the seat's process and prove it ready; raises with the process reaped. A start
+        its launcher could not set up for a transient reason is tried again (`incarnation`)."""
         assert self._tg is not None
         await self._require_custody(seat)
         spec = seat.connector.build_launch(opts)
@@ -456,7 +461,31 @@ class Manager:
         # What a connector says about a launch for people (its permission mode, where its
         # credential comes from); it reads no secret, so it may be shown in `ps --wide`.
         seat.described = dict(describe(opts)) if callable(describe) else {}
-        await self._tg.start(self._run_seat, seat, spec)
+        failures = 0
+        while True:
+            try:
+                await self._tg.start(self._run_seat, seat, spec)
+                return
+            except StartFailed as exc:
+                # The harness never ran, so the same launch is tried again; each try is one of
+                # the seat's restarts (`next_try` refuses a permanent errno or a spent budget).
+                delay = next_try(exc, seat.crashes, failures, time.monotonic())
+                failures += 1
+                log.warning(
+                    "seat.start_retry",
+                    seat=seat.name,
+                    step=exc.fault.step,
+                    errno=exc.fault.errno,
+                    path=exc.fault.path,
+                    attempt=failures,
+                    retry_in_s=delay,
+                )
+                await anyio.sleep(delay)
+                if self.seats.get(seat.name) is not seat or not seat.lifecycle.allows("restart"):
+                    # Stopped, removed or evicted meanwhile: that owns the seat now.
+                    raise
+            await self._require_custody(seat)
+            seat.apply("restart")
 
     async def _require_custody(self, seat: Seat) -> None:
         """A seat is launched or relaunched only while this manager holds its custody."""
@@ -577,7 +606,9 @@ class Manager:
                         seat.apply("reaped")
                         self.persist(seat)
         if not started:
-            raise failure or _exited_before_ready(seat, handle)
+            # The launcher's own report says more than whatever the readiness wait saw.
+            launch = _exited_before_ready(seat, handle) if handle.launch_fault else None
+            raise launch or failure or _exited_before_ready(seat, handle)
         if seat.handle is handle and self._tg is not None:
             self._tg.start_soon(self._on_exit, seat, handle)
 

@@ -22,6 +22,7 @@ from anyio.abc import Process
 from connectors import sandbox
 from connectors.base import LaunchSpec
 from connectors.harnesses import source_checkout, tools_dir
+from manager.daemon.incarnation import REPORT_CAP, LaunchFault, decode_fault
 from manager.workspace import roots
 
 log = structlog.get_logger("cotal.seat")
@@ -44,8 +45,9 @@ def _pdeathsig_prefix() -> list[str]:
     return [setpriv, "--pdeathsig", "KILL", "--no-new-privs", "--"]
 
 
-def _isolation_prefix(spec: LaunchSpec) -> tuple[list[str], str]:
-    """The launcher that isolates this seat before its harness runs, and the mode in force."""
+def _isolation_prefix(spec: LaunchSpec, status_fd: int) -> tuple[list[str], str]:
+    """The launcher that isolates this seat before its harness runs, and the mode in force;
+    `status_fd` is the pipe it reports a set-up failure on."""
     found = sandbox.probe()
     if found.mode == "none":
         return [], "none"
@@ -65,6 +67,8 @@ def _isolation_prefix(spec: LaunchSpec) -> tuple[list[str], str]:
         landlock=found.landlock,
         registry=registry,
     )
+    plan.status_fd = status_fd
+    plan.fault = sandbox.launch_fault_hook()
     return sandbox.launcher(plan), found.mode
 
 
@@ -76,6 +80,10 @@ class SeatHandle:
         self.returncode: int | None = None
         self._exited = anyio.Event()
         self.isolation: str | None = None
+        # The read end of the launcher's report pipe, until the exit is reaped.
+        self._status: int | None = None
+        # What the launcher reported when it could not set the seat up (read at the reap).
+        self.launch_fault: LaunchFault | None = None
 
     @property
     def pid(self) -> int | None:
@@ -83,20 +91,39 @@ class SeatHandle:
 
     async def start(self) -> Process:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        isolate, self.isolation = _isolation_prefix(self.spec)
-        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        # The launcher's report goes to a pipe of its own, not to its stderr: the seat's log is
+        # the harness's to write as well, and a harness must not be able to pass for it.
+        status, report = os.pipe2(os.O_CLOEXEC)
         try:
-            self.process = await anyio.open_process(
-                _pdeathsig_prefix() + isolate + list(self.spec.argv),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=fd,
-                cwd=self.spec.cwd,
-                env=self.spec.env,
-                start_new_session=True,
+            isolate, self.isolation = _isolation_prefix(self.spec, report)
+            fd = os.open(
+                self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600
             )
+            try:
+                self.process = await anyio.open_process(
+                    _pdeathsig_prefix() + isolate + list(self.spec.argv),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=fd,
+                    cwd=self.spec.cwd,
+                    # The fault hook is the manager's alone (`sandbox.launch_fault_hook`).
+                    env={k: v for k, v in self.spec.env.items() if k != sandbox.FAULT_ENV},
+                    start_new_session=True,
+                    pass_fds=(report,) if isolate else (),
+                )
+            finally:
+                os.close(fd)
+        except BaseException:
+            os.close(status)
+            raise
         finally:
-            os.close(fd)
+            # Only the child holds the write end now: its exit or its exec ends the pipe.
+            os.close(report)
+        if isolate:
+            os.set_blocking(status, False)
+            self._status = status
+        else:
+            os.close(status)
         log.info(
             "seat.started",
             pid=self.process.pid,
@@ -104,6 +131,22 @@ class SeatHandle:
             isolation=self.isolation,
         )
         return self.process
+
+    def _read_report(self) -> None:
+        """Once the exit is reaped, what the launcher wrote is all in the pipe, or nothing is."""
+        status, self._status = self._status, None
+        if status is None:
+            return
+        try:
+            data = os.read(status, REPORT_CAP + 1)
+        except BlockingIOError:
+            # A process the launcher left behind holds the write end and wrote nothing.
+            data = b""
+        finally:
+            os.close(status)
+        self.launch_fault = decode_fault(data)
+        if self.launch_fault is None and data:
+            log.warning("seat.launch_report_unreadable", bytes=len(data), log=str(self.log_path))
 
     @property
     def reaped(self) -> bool:
@@ -114,6 +157,8 @@ class SeatHandle:
         assert self.process is not None
         if not self._exited.is_set():
             self.returncode = await self.process.wait()
+            # Before the exit is announced: whoever turns an early exit into a refusal reads it.
+            self._read_report()
             self._exited.set()
         assert self.returncode is not None
         return self.returncode

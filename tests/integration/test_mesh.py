@@ -83,6 +83,10 @@ async def test_spawn_refusals_change_nothing(mesh: Cli) -> None:
     assert unknown.returncode == 2 and "unknown agent 'nope'" in unknown.stderr
     empty = mesh.run("spawn", "dave", "--agent", "scribe", "--prompt=-rf", check=False)
     assert empty.returncode == 2 and "starting with '-' or '@'" in empty.stderr
+    # The operator's own address on the broker is not a seat's to take.
+    operator = mesh.run("spawn", "operator", "--agent", "scribe", "--json", check=False)
+    assert operator.returncode == 2
+    assert json.loads(operator.stderr.splitlines()[-1])["code"] == "reserved-name"
     assert [r["name"] for r in mesh.ps()] == ["bob"]
 
 

@@ -332,3 +332,10 @@ def test_structs_are_strict_about_types() -> None:
     doc["agents"][0]["generation"] = -1
     assert "generation" in refused(doc).message
     assert msgspec.json.decode(raw(inventory_doc()), type=Inventory).space == "main"
+
+
+def test_a_seat_named_as_the_operator_is_refused() -> None:
+    err = refused(inventory_doc([agent_doc(name="operator")]))
+    assert err.code == "reserved-name"
+    assert err.message == "seat name 'operator' is the operator's own address on the broker"
+    assert "operator_1" in err.cure

@@ -1,0 +1,545 @@
+"""The refusal catalogue, the code and docs/cli.md agree.
+
+The source of protocol/, connectors/ and manager/ is read with `ast` (nothing is imported or
+run): every expression that lands in a refusal's code slot is resolved to its literals. A slot
+is the first argument of `Refusal(...)` and of its subclasses that take a code, the code a
+subclass's `__init__` hands to `super().__init__`, the `code=` of `ErrorBody`, a `"code"` key
+of a dict literal, and, transitively, any parameter of a function that reaches one of those
+(`_refuse(gate, code, ...)`, `error_reply(id, code, ...)`, `run_git(..., code="git-failed")`).
+A slot is resolved through literals, conditional expressions, `or`, parameter defaults, module
+constants (`control.CONTROL_BUSY`), local assignments and a module table of `(code, cure)`
+tuples read with `.get`. A slot that hands on another refusal's code (`exc.code`,
+`failure.get("code")`) is counted where that refusal was made.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from bench import refusal_table
+from protocol import control
+from protocol.refusals import CATALOGUE, ENTRIES
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("protocol", "connectors", "manager")
+DOC = ROOT / "docs" / "cli.md"
+SECTION = "## Refusal codes"
+
+# Code slots the scan cannot resolve to literals, each with the rule that stands in for it. A
+# new slot outside this set fails `test_every_code_slot_resolves`: raise a literal instead, or
+# add the slot here with a rule that yields its codes.
+KNOWN_UNRESOLVED = {
+    # check_strings refuses a bad string argument as `bad-<argument>`; the codes are the
+    # control args' string fields, `string_argument_codes()` below.
+    ("manager/control/server.py", "f\"bad-{field.name.replace('_', '-')}\""),
+}
+
+# Codes in the catalogue that no scanned source raises: codes that only a process outside the
+# scan produces, or that are kept for a peer that still sends them. Empty today; a code added
+# here needs a comment saying who produces it.
+RESERVED: frozenset[str] = frozenset()
+
+CODE_SHAPE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+# -- the scan --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Scan:
+    # code -> the raise sites ("path:line") that name it
+    codes: dict[str, list[str]] = field(default_factory=dict)
+    # (path, expression) of each code slot no rule resolved
+    unresolved: set[tuple[str, str]] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where a callable takes a code: a positional index (None: keyword only) and a keyword."""
+
+    index: int | None
+    keyword: str
+
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _name(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _code_arg(call: ast.Call, sink: Sink) -> ast.expr | None:
+    for kw in call.keywords:
+        if kw.arg == sink.keyword:
+            return kw.value
+    if sink.index is not None and sink.index < len(call.args):
+        arg = call.args[sink.index]
+        return None if isinstance(arg, ast.Starred) else arg
+    return None
+
+
+class Scanner:
+    def __init__(self, root: Path) -> None:
+        self.modules: list[tuple[str, ast.Module]] = []
+        for top in SCANNED:
+            for path in sorted((root / top).rglob("*.py")):
+                rel = path.relative_to(root).as_posix()
+                self.modules.append((rel, ast.parse(path.read_text(), rel)))
+        self.consts: dict[str, set[str]] = {}
+        self.tuple_tables: dict[str, set[str]] = {}
+        self.refusal_classes = {"Refusal"}
+        # Names are matched unqualified: a sink is any callable of that name, so a helper that
+        # shares a name with one is scanned too (a false code shows up as uncatalogued, which
+        # is loud, rather than a missed one, which is silent).
+        self.sinks: dict[str, set[Sink]] = {
+            "Refusal": {Sink(0, "code")},
+            "ErrorBody": {Sink(None, "code")},
+        }
+        self._module_level()
+        self.functions = self._functions()
+
+    def _module_level(self) -> None:
+        for _, tree in self.modules:
+            for node in tree.body:
+                if isinstance(node, ast.Assign):
+                    targets, value = node.targets, node.value
+                elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                    targets, value = [node.target], node.value
+                else:
+                    continue
+                for target in targets:
+                    if not isinstance(target, ast.Name):
+                        continue
+                    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                        self.consts.setdefault(target.id, set()).add(value.value)
+                    elif isinstance(value, ast.Dict):
+                        firsts = {
+                            v.elts[0].value
+                            for v in value.values
+                            if isinstance(v, ast.Tuple)
+                            and v.elts
+                            and isinstance(v.elts[0], ast.Constant)
+                            and isinstance(v.elts[0].value, str)
+                        }
+                        if firsts:
+                            self.tuple_tables[target.id] = firsts
+        grew = True
+        while grew:
+            grew = False
+            for _, tree in self.modules:
+                for node in ast.walk(tree):
+                    if not isinstance(node, ast.ClassDef) or node.name in self.refusal_classes:
+                        continue
+                    if any(_name(base) in self.refusal_classes for base in node.bases):
+                        self.refusal_classes.add(node.name)
+                        grew = True
+                        own_init = any(
+                            isinstance(item, Function) and item.name == "__init__"
+                            for item in node.body
+                        )
+                        if not own_init:  # Refusal's own signature: the code comes first
+                            self.sinks[node.name] = {Sink(0, "code")}
+
+    def _functions(self) -> list[tuple[str, Function, str | None]]:
+        """Every function, with the refusal class whose `__init__` it is (else None)."""
+        owners: dict[int, str] = {}
+        for _, tree in self.modules:
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and node.name in self.refusal_classes:
+                    for item in node.body:
+                        if isinstance(item, Function) and item.name == "__init__":
+                            owners[id(item)] = node.name
+        return [
+            (rel, node, owners.get(id(node)))
+            for rel, tree in self.modules
+            for node in ast.walk(tree)
+            if isinstance(node, Function)
+        ]
+
+    def _slots(self, body: ast.AST, owner: str | None) -> list[ast.expr]:
+        slots: list[ast.expr] = []
+        for node in ast.walk(body):
+            if isinstance(node, ast.Call):
+                name = _name(node.func)
+                sinks = set(self.sinks.get(name or "", ()))
+                if (
+                    owner not in (None, "Refusal")  # Refusal's own super() is Exception's
+                    and name == "__init__"
+                    and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Call)
+                    and _name(node.func.value.func) == "super"
+                ):
+                    sinks.add(Sink(0, "code"))
+                for sink in sinks:
+                    arg = _code_arg(node, sink)
+                    if arg is not None:
+                        slots.append(arg)
+            elif isinstance(node, ast.Dict):
+                for key, value in zip(node.keys, node.values, strict=True):
+                    if isinstance(key, ast.Constant) and key.value == "code":
+                        slots.append(value)
+        return slots
+
+    def run(self) -> Scan:
+        self._propagate()
+        scan = Scan()
+        for rel, fn, owner in self.functions:
+            params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
+            defaults = _defaults(fn)
+            for slot in self._slots(fn, owner):
+                self._resolve(rel, fn, slot, params, defaults, scan)
+        for rel, tree in self.modules:
+            for node in tree.body:
+                if not isinstance(node, Function | ast.ClassDef):
+                    for slot in self._slots(node, None):
+                        self._resolve(rel, None, slot, set(), {}, scan)
+        # A slot inside a nested function is seen from its enclosing one too; keep sites once.
+        scan.codes = {code: sorted(set(sites)) for code, sites in scan.codes.items()}
+        return scan
+
+    def _propagate(self) -> None:
+        """A function whose parameter reaches a code slot is itself a sink at that parameter."""
+        grew = True
+        while grew:
+            grew = False
+            for _, fn, owner in self.functions:
+                params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+                positional = params[1:] if params[:1] in (["self"], ["cls"]) else params
+                kwonly = [a.arg for a in fn.args.kwonlyargs]
+                for slot in self._slots(fn, owner):
+                    for name in _bare_names(slot):
+                        if name in positional:
+                            sink = Sink(positional.index(name), name)
+                        elif name in kwonly:
+                            sink = Sink(None, name)
+                        else:
+                            continue
+                        known = self.sinks.setdefault(owner or fn.name, set())
+                        if sink not in known:
+                            known.add(sink)
+                            grew = True
+
+    def _resolve(
+        self,
+        rel: str,
+        fn: Function | None,
+        expr: ast.expr,
+        params: set[str],
+        defaults: dict[str, ast.expr],
+        scan: Scan,
+    ) -> None:
+        def again(sub: ast.expr) -> None:
+            self._resolve(rel, fn, sub, params, defaults, scan)
+
+        def found(codes: set[str]) -> None:
+            for code in codes:
+                scan.codes.setdefault(code, []).append(f"{rel}:{expr.lineno}")
+
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            found({expr.value})
+        elif isinstance(expr, ast.IfExp):
+            again(expr.body)
+            again(expr.orelse)
+        elif isinstance(expr, ast.BoolOp):
+            for value in expr.values:
+                again(value)
+        elif isinstance(expr, ast.Attribute) and expr.attr == "code":
+            pass  # another refusal's code, handed on
+        elif isinstance(expr, ast.Attribute) and expr.attr in self.consts:
+            found(self.consts[expr.attr])
+        elif isinstance(expr, ast.Call) and _name(expr.func) in ("get", "pop"):
+            # `failure.get("code", "capture-failed")`, `codes.pop()`: codes handed on, and the
+            # default, which is this site's own.
+            if _name(expr.func) == "get" and len(expr.args) == 2:
+                again(expr.args[1])
+        elif isinstance(expr, ast.Name) and expr.id in params:
+            # The callers' arguments are resolved at their call sites; the default is here.
+            if expr.id in defaults:
+                again(defaults[expr.id])
+        elif isinstance(expr, ast.Name) and fn is not None and self._assigned(fn, expr.id):
+            for value in self._assigned(fn, expr.id):
+                again(value)
+        elif isinstance(expr, ast.Name) and expr.id in self.consts:
+            found(self.consts[expr.id])
+        else:
+            scan.unresolved.add((rel, ast.unparse(expr)))
+
+    def _assigned(self, fn: Function, name: str) -> list[ast.expr]:
+        """What a local `name` is assigned: a value, one element of an unpacked literal tuple,
+        or the code of `(code, cure) = TABLE.get(key, default)` over a module table."""
+        values: list[ast.expr] = []
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id == name:
+                    values.append(node.value)
+                if not isinstance(target, ast.Tuple):
+                    continue
+                ids = [t.id if isinstance(t, ast.Name) else None for t in target.elts]
+                if name not in ids:
+                    continue
+                i, value = ids.index(name), node.value
+                if isinstance(value, ast.Tuple) and len(value.elts) == len(ids):
+                    values.append(value.elts[i])
+                elif (
+                    i == 0
+                    and isinstance(value, ast.Call)
+                    and isinstance(value.func, ast.Attribute)
+                    and value.func.attr == "get"
+                    and isinstance(value.func.value, ast.Name)
+                    and value.func.value.id in self.tuple_tables
+                ):
+                    table = self.tuple_tables[value.func.value.id]
+                    values.extend(ast.copy_location(ast.Constant(c), value) for c in sorted(table))
+                    if len(value.args) == 2 and isinstance(value.args[1], ast.Tuple):
+                        values.append(value.args[1].elts[0])
+                else:
+                    values.append(value)
+        return values
+
+
+def _bare_names(expr: ast.expr) -> list[str]:
+    if isinstance(expr, ast.Name):
+        return [expr.id]
+    if isinstance(expr, ast.IfExp):
+        return _bare_names(expr.body) + _bare_names(expr.orelse)
+    if isinstance(expr, ast.BoolOp):
+        return [name for value in expr.values for name in _bare_names(value)]
+    return []
+
+
+def _defaults(fn: Function) -> dict[str, ast.expr]:
+    positional = fn.args.posonlyargs + fn.args.args
+    with_default = positional[len(positional) - len(fn.args.defaults) :]
+    found = {a.arg: d for a, d in zip(with_default, fn.args.defaults, strict=True)}
+    for arg, default in zip(fn.args.kwonlyargs, fn.args.kw_defaults, strict=True):
+        if default is not None:
+            found[arg.arg] = default
+    return found
+
+
+def scan_source(root: Path = ROOT) -> Scan:
+    return Scanner(root).run()
+
+
+def _admits_str(info: Any) -> bool:
+    if isinstance(info, msgspec.inspect.StrType):
+        return True
+    if isinstance(info, msgspec.inspect.UnionType):
+        return any(_admits_str(t) for t in info.types)
+    if isinstance(info, msgspec.inspect.ListType):
+        return _admits_str(info.item_type)
+    if isinstance(info, msgspec.inspect.Metadata):
+        return _admits_str(info.type)
+    return False
+
+
+def string_argument_codes() -> set[str]:
+    """The `bad-<argument>` codes check_strings can raise: one per string (or list of
+    strings) field of a control op's argument record."""
+    codes: set[str] = set()
+    for op in control.OPS.values():
+        if not (isinstance(op.args, type) and issubclass(op.args, msgspec.Struct)):
+            continue
+        for f in msgspec.structs.fields(op.args):
+            if _admits_str(msgspec.inspect.type_info(f.type)):
+                codes.add("bad-" + f.name.replace("_", "-"))
+    return codes
+
+
+@functools.cache
+def source_scan() -> Scan:
+    """The scan of this checkout, read once for every test that needs it (not at collection)."""
+    return scan_source()
+
+
+def raised() -> set[str]:
+    return set(source_scan().codes) | string_argument_codes()
+
+
+# -- the code and the catalogue --------------------------------------------------------------------
+
+
+def test_every_raised_code_is_catalogued() -> None:
+    missing = {
+        code: source_scan().codes.get(code, ["manager/control/server.py (check_strings)"])[:3]
+        for code in sorted(raised() - set(CATALOGUE))
+    }
+    assert missing == {}, "add these codes to protocol/refusals.py (code: first raise sites)"
+
+
+def test_every_catalogued_code_is_raised() -> None:
+    assert sorted(set(CATALOGUE) - raised() - RESERVED) == []
+    assert sorted(RESERVED - set(CATALOGUE)) == []
+    # A reserved code that is raised after all belongs with the others.
+    assert sorted(RESERVED & raised()) == []
+
+
+def test_every_code_slot_resolves() -> None:
+    assert source_scan().unresolved - KNOWN_UNRESOLVED == set()
+
+
+def test_the_scan_follows_each_way_a_code_travels() -> None:
+    """One code per rule, from the real source: if a rule stopped working, the two tests above
+    would pass without looking."""
+    expected = {
+        "no-such-seat": "manager/daemon/core.py",  # Refusal("...")
+        "git-failed": "manager/checkpoint/gitstate.py",  # run_git's default code=
+        "apply-failed": "manager/checkpoint/restore.py",  # run_git(..., code="...")
+        "future-checkpoint": "manager/checkpoint/admit.py",  # _refuse(gate, "...", ...)
+        "internal": "manager/control/server.py",  # error_reply(id, "...") -> ErrorBody(code=)
+        "control-busy": "manager/control/client.py",  # Refusal(control.CONTROL_BUSY, ...)
+        "illegal-transition": "protocol/maintenance.py",  # super().__init__("...")
+        "malformed": "protocol/errors.py",  # DecodeError's super().__init__
+        "fenced-out": "manager/broker/fence.py",
+        "harness-refused": "connectors/jsonl_driver.py",  # DriverError("...")
+        "error": "manager/control/client.py",  # ControlError(a if b else "...")
+        "capture-failed": "manager/daemon/preserve.py",  # {"code": codes.get(n, "...")}
+        "cut-incomplete": "manager/cli/cut.py",  # x.pop() if ... else "..."
+        "unstable": "connectors/privatefs.py",  # code, cure = _READ_CURES.get(...)
+    }
+    codes = source_scan().codes
+    seen = {code: {site.split(":")[0] for site in codes.get(code, [])} for code in expected}
+    assert {c: where in seen[c] for c, where in expected.items()} == dict.fromkeys(expected, True)
+
+
+def test_the_scan_finds_a_new_code_by_any_route(tmp_path: Path) -> None:
+    (tmp_path / "protocol").mkdir()
+    (tmp_path / "connectors").mkdir()
+    (tmp_path / "manager").mkdir()
+    (tmp_path / "protocol" / "x.py").write_text(
+        "BUSY = 'const-code'\n"
+        "class Sub(Refusal):\n"
+        "    def __init__(self, what):\n"
+        "        super().__init__('sub-code', what)\n"
+        "class Plain(Refusal):\n"
+        "    pass\n"
+        "def helper(gate, code, text, cure=''):\n"
+        "    return Refusal(code, text, cure)\n"
+        "def outer(code='default-code'):\n"
+        "    return helper('g', code, 't')\n"
+        "def f(ok, name):\n"
+        "    Plain('plain-code', 'm')\n"
+        "    helper('g', 'helper-code' if ok else 'other-code', 't')\n"
+        "    outer(code='kw-code')\n"
+        "    Refusal(BUSY, 'm')\n"
+        "    Refusal(f'bad-{name}', 'm')\n"
+    )
+    found = scan_source(tmp_path)
+    assert sorted(found.codes) == [
+        "const-code",
+        "default-code",
+        "helper-code",
+        "kw-code",
+        "other-code",
+        "plain-code",
+        "sub-code",
+    ]
+    assert found.unresolved == {("protocol/x.py", "f'bad-{name}'")}
+
+
+def test_string_argument_codes_follow_the_control_records() -> None:
+    codes = string_argument_codes()
+    # Fields that are strings on the wire today; a struct or a number is never a bad-<arg>.
+    assert {"bad-name", "bad-cwd", "bad-text", "bad-session-stores"} <= codes
+    assert "bad-wait" not in codes and "bad-inventory" not in codes
+
+
+def test_entries_are_well_formed() -> None:
+    assert len(ENTRIES) == len(CATALOGUE), "a code is listed twice in protocol/refusals.py"
+    for entry in ENTRIES:
+        assert CODE_SHAPE.match(entry.code), entry.code
+        for text in (entry.meaning, entry.cure):
+            # One table cell each: no pipe, no newline, no leading or trailing space.
+            assert text and text == text.strip(), entry.code
+            assert "|" not in text and "\n" not in text, entry.code
+
+
+# -- docs/cli.md -----------------------------------------------------------------------------------
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+
+
+def doc_catalogue() -> list[tuple[str, str, str]]:
+    """The rows of docs/cli.md's "Refusal codes" table: (code, meaning, cure)."""
+    lines = DOC.read_text().splitlines()
+    start = lines.index(SECTION)
+    rows: list[tuple[str, str, str]] = []
+    in_table = False
+    for line in lines[start + 1 :]:
+        if line.startswith("## "):
+            break
+        if not line.startswith("|"):
+            if in_table:
+                break
+            continue
+        in_table = True
+        cells = _cells(line)
+        if cells[0] == "code" or set(line) <= set("|-"):
+            continue
+        assert len(cells) == 3, line
+        code = cells[0].strip("`")
+        rows.append((code, cells[1], cells[2]))
+    return rows
+
+
+def test_the_docs_table_is_the_catalogue() -> None:
+    rows = doc_catalogue()
+    codes = [code for code, _, _ in rows]
+    assert len(codes) == len(set(codes)), "a code has two rows"
+    assert sorted(set(codes) - set(CATALOGUE)) == [], "rows for codes the catalogue lacks"
+    assert sorted(set(CATALOGUE) - set(codes)) == [], "catalogue codes with no row"
+    drift = {
+        code: {
+            "docs": (meaning, cure),
+            "catalogue": (CATALOGUE[code].meaning, CATALOGUE[code].cure),
+        }
+        for code, meaning, cure in rows
+        if (meaning, cure) != (CATALOGUE[code].meaning, CATALOGUE[code].cure)
+    }
+    assert drift == {}, "rerun .venv/bin/python bench/refusal_table.py"
+    assert codes == sorted(codes)
+
+
+def test_the_docs_table_is_what_the_renderer_writes() -> None:
+    text = DOC.read_text()
+    assert refusal_table.render(text) == text
+
+
+def test_command_sections_name_only_catalogued_codes() -> None:
+    """The per-command refusal tables above the catalogue say when a command refuses; each code
+    they name must be one the code raises (the drift this test was written for: `unmerged-index`
+    and `submodules` where the code says `unmerged` and `submodule`)."""
+    lines = DOC.read_text().splitlines()
+    named: dict[str, int] = {}
+    header: list[str] | None = None
+    for number, line in enumerate(lines[: lines.index(SECTION)], start=1):
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = _cells(line)
+        if header is None:
+            header = cells
+            continue
+        if header[0] not in ("refusal", "code") or set(line) <= set("|-"):
+            continue
+        for code in re.findall(r"`([^`]+)`", cells[0]):
+            if CODE_SHAPE.match(code):  # not a flag such as `--since ATTEMPT:`
+                named.setdefault(code, number)
+    assert named, "no refusal table found above the catalogue"
+    unknown = {code: line for code, line in named.items() if code not in CATALOGUE}
+    assert unknown == {}, "docs/cli.md names codes the code does not raise (code: line)"
