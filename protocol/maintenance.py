@@ -286,10 +286,37 @@ EVENT_FOR: Final[dict[JournalState, JournalEvent]] = {
     target: event for row in JOURNAL_TRANSITIONS.values() for event, target in row.items()
 }
 JOURNAL_STATES: Final[tuple[JournalState, ...]] = get_args(JournalState)
-TERMINAL_STATES: Final = frozenset({"retired", "degraded"})
-DISCARDABLE_STATES: Final = frozenset({"cut-intent", "retired", "degraded"})
-CUT_STATES: Final = frozenset({"cut-intent", "cut-committed", "ready"})
-RESUME_STATES: Final = frozenset({"resume-intent", "resume-active", "resume-committed", "retired"})
+
+# Each state by name, so the coordinators compare and advance without spelling one out: a typo
+# in a literal is a state no table knows, and would silently never match.
+CUT_INTENT: Final = "cut-intent"
+CUT_COMMITTED: Final = "cut-committed"
+READY: Final = "ready"
+RESUME_INTENT: Final = "resume-intent"
+RESUME_ACTIVE: Final = "resume-active"
+RESUME_COMMITTED: Final = "resume-committed"
+RETIRED: Final = "retired"
+DEGRADED: Final = "degraded"
+
+TERMINAL_STATES: Final[frozenset[JournalState]] = frozenset({RETIRED, DEGRADED})
+# What `Journal.discard` may remove: an abandoned intent, or an attempt that is over.
+DISCARDABLE_STATES: Final[frozenset[JournalState]] = frozenset({CUT_INTENT, RETIRED, DEGRADED})
+# The states each kind of attempt owns (`JournalRecord.kind`); `degraded` belongs to either.
+CUT_STATES: Final[frozenset[JournalState]] = frozenset({CUT_INTENT, CUT_COMMITTED, READY})
+RESUME_STATES: Final[frozenset[JournalState]] = frozenset(
+    {RESUME_INTENT, RESUME_ACTIVE, RESUME_COMMITTED, RETIRED}
+)
+# A cut that stopped part-way: only `cotal down --preserve-state` finishes it.
+CUT_UNDER_WAY: Final[frozenset[JournalState]] = frozenset({CUT_INTENT, CUT_COMMITTED})
+# A resume that stopped part-way: only `cotal up --restore` of its checkpoint finishes it.
+RESUME_UNDER_WAY: Final[frozenset[JournalState]] = RESUME_STATES - TERMINAL_STATES
+# An attempt under way still reads its checkpoint directory, so nothing may remove it.
+UNDER_WAY: Final[frozenset[JournalState]] = CUT_UNDER_WAY | RESUME_UNDER_WAY
+# The journal still needs the attempt's checkpoint: under way, or sealed and not restored.
+NEEDS_CHECKPOINT: Final[frozenset[JournalState]] = UNDER_WAY | {READY}
+# A resume whose manager adopted the seats, which may have worked since: a rerun relaunches a
+# manager over the trees as they are and never restores them again.
+RESUME_ADOPTED: Final[frozenset[JournalState]] = frozenset({RESUME_ACTIVE, RESUME_COMMITTED})
 
 JOURNAL_CAP = 256 * 1024
 RESUME_FILE: Final = "resume.json"
@@ -484,3 +511,200 @@ def next_record(
         return decode_journal(encode_journal(record), what="new maintenance journal record")
     except DecodeError as exc:
         raise IllegalTransition("maintenance journal", state, event, exc.message) from None
+
+
+# -- reruns: what each command does with the journal it finds -------------------------------------
+
+Command = Literal["cut", "abort", "restore", "discard", "up", "down"]
+"""`cut` is `cotal down --preserve-state`, `abort` adds `--abort`, `restore` is `cotal up
+--restore`, `discard` is `cotal checkpoint discard` of the journal's own attempt, `up` and `down`
+are the plain commands."""
+COMMANDS: Final[tuple[Command, ...]] = get_args(Command)
+
+ActionKind = Literal["continue", "join", "refuse", "fresh"]
+RefusalCode = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")]
+
+
+class Action(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """One cell of the rerun table.
+
+    `continue`: the journal's attempt is this command's own, cut short (or, for `abort` and
+    `discard`, the one it ends); the run carries it on from the journaled state. `join`: the
+    other half journaled the attempt and this command carries it on as the same attempt (a
+    resume of this root's own sealed cut). `fresh`: the journal holds nothing this command
+    continues; it acts on its own (a new attempt, a plain start or stop). `refuse`: the journal
+    forbids the command, with the code and the cure.
+    """
+
+    kind: ActionKind
+    code: RefusalCode | None = None
+    # A refusal's message, with `{attempt}` and `{state}` of the journal filled in.
+    what: str = ""
+    cure: str = ""
+    # The command removes the journal's record: the attempt ends here, or an ended one is
+    # cleared before a new attempt begins.
+    drops: bool = False
+    # An embedded broker that died under the attempt is started again before the rerun, which
+    # may still need it (a fence's custody reads, a resume's commit).
+    revive_broker: bool = False
+    # The attempt already reached this command's end: the rerun reports it and changes nothing.
+    finished: bool = False
+    # A plain `cotal up` starts a fresh mesh beside an attempt it will not finish, never
+    # silently: `cotal status` lists the attempt as waiting, with the command that finishes it.
+    warns: bool = False
+
+    def refusal(self, *, attempt: str, state: str) -> Refusal:
+        assert self.kind == "refuse" and self.code is not None
+        return Refusal(self.code, self.what.format(attempt=attempt, state=state), self.cure)
+
+
+def _refusing(code: str, what: str, cure: str) -> Action:
+    # Converted rather than constructed: a Struct's constructor skips field constraints, and
+    # the code's shape is one.
+    return msgspec.convert(
+        {"kind": "refuse", "code": code, "what": what, "cure": cure}, Action, strict=True
+    )
+
+
+_CONTINUE: Final = Action(kind="continue")
+_FRESH: Final = Action(kind="fresh")
+_UP_WARNS: Final = Action(kind="fresh", warns=True)
+_CURE_RERUN_CUT: Final = "rerun `cotal down --preserve-state` to finish the cut"
+_CURE_FINISH_RESUME: Final = "finish that resume (cotal up --restore) first"
+_CUT_BUSY: Final = _refusing(
+    "journal-busy",
+    "the maintenance journal is at {state} for attempt {attempt}",
+    _CURE_FINISH_RESUME,
+)
+_ABORT_BUSY: Final = _refusing(
+    "journal-busy",
+    "the maintenance journal is at {state} for resume attempt {attempt}; there is no cut to abort",
+    _CURE_FINISH_RESUME,
+)
+_ABORT_COMMITTED: Final = (
+    "cut {attempt} is already committed (journal {state}); its seats were stopped and captured, "
+    "so it cannot be aborted"
+)
+# Only a sealed checkpoint passes admission, and a cut's journal becomes a resume's only at
+# `ready`: the journal forbids the begin-resume a cut under way has no transition for.
+_RESTORE_MID_CUT: Final = _refusing(
+    "illegal-transition",
+    'maintenance journal state "{state}" does not allow event "begin-resume"',
+    "finish the cut first (`cotal down --preserve-state`), then resume its sealed checkpoint",
+)
+_DISCARD_NEEDED: Final = (
+    "this root's maintenance journal is at {state} for attempt {attempt}: the attempt still "
+    "reads this checkpoint"
+)
+_DISCARD_MID_CUT: Final = _refusing(
+    "journal-needs-it",
+    _DISCARD_NEEDED,
+    "a cut stopped part-way: finish it with `cotal down --preserve-state`, or abandon it, "
+    "then discard",
+)
+_DISCARD_MID_RESUME: Final = _refusing(
+    "journal-needs-it",
+    _DISCARD_NEEDED,
+    "a resume stopped part-way: finish it with `cotal up --restore DIR`, or abandon it, then "
+    "discard",
+)
+# A resume under way: a rerun restarts a broker that died under it, and joins the manager
+# still fenced to the attempt when one answers (else continues without one).
+_RESUME_CONTINUES: Final = Action(kind="continue", revive_broker=True)
+
+# Rows are the journal's state (or no journal), columns the command. For `restore`, a cell
+# other than `fresh` holds for the checkpoint of the journal's own attempt: a journal at any
+# other attempt that is not over is refused `journal-busy` before its state is consulted. For
+# `discard`, the cell holds when the named checkpoint is the journal's own attempt; any other
+# leaves the journal alone.
+RERUN: Final[dict[str, dict[Command, Action]]] = {
+    ABSENT: {
+        # `cut` mints a new attempt, unless the manager is fenced for one no journal names
+        # (its coordinator died before journaling): then it finishes that one.
+        "cut": _FRESH,
+        # Nothing journaled: an orphaned fence is lifted if the manager holds one.
+        "abort": _FRESH,
+        "restore": _FRESH,
+        "discard": _FRESH,
+        "up": _FRESH,
+        "down": _FRESH,
+    },
+    CUT_INTENT: {
+        # Through the manager when it still holds the attempt, offline when it died.
+        "cut": Action(kind="continue", revive_broker=True),
+        # Before the commit began only (the manager's `commitStarted` decides at run time).
+        "abort": Action(kind="continue", drops=True),
+        "restore": _RESTORE_MID_CUT,
+        "discard": _DISCARD_MID_CUT,
+        "up": _UP_WARNS,
+        "down": _FRESH,
+    },
+    CUT_COMMITTED: {
+        "cut": _CONTINUE,
+        "abort": _refusing("commit-begun", _ABORT_COMMITTED, _CURE_RERUN_CUT),
+        "restore": _RESTORE_MID_CUT,
+        "discard": _DISCARD_MID_CUT,
+        "up": _UP_WARNS,
+        "down": _FRESH,
+    },
+    READY: {
+        # Already sealed: reported, unless a manager now runs seats beside it, which the sealed
+        # attempt does not hold (`sealed-cut-waiting`, decided at run time).
+        "cut": Action(kind="continue", finished=True),
+        "abort": _refusing("commit-begun", _ABORT_COMMITTED, "resume it with `cotal up --restore`"),
+        # Same-root resume: the cut's journal goes on as the resume's.
+        "restore": Action(kind="join"),
+        "discard": Action(kind="continue", drops=True),
+        "up": _UP_WARNS,
+        "down": _FRESH,
+    },
+    RESUME_INTENT: {
+        "cut": _CUT_BUSY,
+        "abort": _ABORT_BUSY,
+        # No manager ran the seats yet: the rerun admits, claims and restores again.
+        "restore": _RESUME_CONTINUES,
+        "discard": _DISCARD_MID_RESUME,
+        "up": _UP_WARNS,
+        "down": _FRESH,
+    },
+    RESUME_ACTIVE: {
+        "cut": _CUT_BUSY,
+        "abort": _ABORT_BUSY,
+        # RESUME_ADOPTED: a manager is relaunched over the trees as the seats left them.
+        "restore": _RESUME_CONTINUES,
+        "discard": _DISCARD_MID_RESUME,
+        "up": _UP_WARNS,
+        "down": _FRESH,
+    },
+    RESUME_COMMITTED: {
+        "cut": _CUT_BUSY,
+        "abort": _ABORT_BUSY,
+        "restore": _RESUME_CONTINUES,
+        "discard": _DISCARD_MID_RESUME,
+        "up": _UP_WARNS,
+        "down": _FRESH,
+    },
+    RETIRED: {
+        # The resume is over: its record is cleared and a new attempt begins.
+        "cut": Action(kind="fresh", drops=True),
+        "abort": _FRESH,
+        "restore": Action(kind="fresh", drops=True),
+        "discard": Action(kind="continue", drops=True),
+        "up": _FRESH,
+        "down": _FRESH,
+    },
+    DEGRADED: {
+        "cut": Action(kind="fresh", drops=True),
+        "abort": _FRESH,
+        "restore": Action(kind="fresh", drops=True),
+        "discard": Action(kind="continue", drops=True),
+        # The operator's recourse is shown until the attempt is discarded.
+        "up": _UP_WARNS,
+        "down": _FRESH,
+    },
+}
+
+
+def rerun(state: str | None, command: Command) -> Action:
+    """What `command` does with a journal at `state` (None: no journal)."""
+    return RERUN[ABSENT if state is None else state][command]

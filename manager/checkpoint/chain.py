@@ -46,13 +46,9 @@ from protocol.names import check_attempt_id
 CURE_CUT_FULL = "or cut again without --since to carry the whole history"
 
 
-def checkpoints_dir(layout: Layout) -> Path:
-    return layout.maintenance / "checkpoints"
-
-
 def search_dirs(layout: Layout) -> tuple[Path, ...]:
     """Where a destination also looks for a predecessor, after the attempt's own siblings."""
-    return (checkpoints_dir(layout), layout.maintenance / "incoming")
+    return (layout.checkpoints, layout.incoming)
 
 
 # -- the source side ----------------------------------------------------------------------------
@@ -75,7 +71,7 @@ def predecessor_dir(layout: Layout, attempt_id: str) -> Path:
             f"--since {attempt_id!r} is not an attempt id",
             "name an attempt `cotal checkpoint list` shows as sealed",
         ) from None
-    path = checkpoints_dir(layout) / attempt_id
+    path = layout.checkpoints / attempt_id
     if not (path / MANIFEST_FILE).is_file():
         raise Refusal(
             "since-unknown",

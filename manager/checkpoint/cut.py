@@ -69,7 +69,7 @@ CAPTURABLE_CONTROL = ("sessions",)
 
 
 def attempt_dir(layout: Layout, attempt_id: str) -> Path:
-    return layout.maintenance / "checkpoints" / attempt_id
+    return layout.checkpoints / attempt_id
 
 
 def anchor_of(path: Path, *, root: Path, cwd: Path, home: Path) -> tuple[Anchor, str]:
@@ -376,7 +376,7 @@ def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
     path = attempt_dir(layout, attempt_id)
     try:
         ensure_private_dir(layout.maintenance)
-        ensure_private_dir(layout.maintenance / "checkpoints")
+        ensure_private_dir(layout.checkpoints)
         if path.is_dir() and not (path / "manifest.json").exists():
             keep_as_evidence(path, "partial")
         os.mkdir(path, DIR_MODE)

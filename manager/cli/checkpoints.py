@@ -53,7 +53,14 @@ from protocol.checkpoint import MANIFEST_FILE
 from protocol.custody import HandedOffSeat, HandOffRecord, decode_handoff, encode_handoff
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import format_instant, now_iso
-from protocol.maintenance import RESUME_STATES, TERMINAL_STATES, JournalRecord
+from protocol.maintenance import (
+    NEEDS_CHECKPOINT,
+    READY,
+    RESUME_UNDER_WAY,
+    UNDER_WAY,
+    JournalRecord,
+    rerun,
+)
 from protocol.names import ATTEMPT_ID
 
 NO_FENCE_AT_PACK = (
@@ -69,15 +76,6 @@ TAKE_BACK_RISK = (
 # A ustar size field is 11 octal digits; the destination reads ustar and nothing else.
 _USTAR_SIZE_LIMIT = 8**11
 
-# Journal states in which the attempt's directory is still read by the attempt itself.
-_UNDER_WAY = {
-    "cut-intent": "a cut stopped part-way: finish it with `cotal down --preserve-state`",
-    "cut-committed": "a cut stopped part-way: finish it with `cotal down --preserve-state`",
-    "resume-intent": "a resume stopped part-way: finish it with `cotal up --restore DIR`",
-    "resume-active": "a resume stopped part-way: finish it with `cotal up --restore DIR`",
-    "resume-committed": "a resume stopped part-way: finish it with `cotal up --restore DIR`",
-}
-
 
 def _say(text: str) -> None:
     sys.stderr.write(text + "\n")
@@ -85,15 +83,8 @@ def _say(text: str) -> None:
 
 
 def checkpoints_dir(layout: Layout) -> Path:
-    return layout.maintenance / "checkpoints"
-
-
-def incoming_dir(layout: Layout) -> Path:
-    return layout.maintenance / "incoming"
-
-
-def handoffs_dir(layout: Layout) -> Path:
-    return layout.maintenance / "handoffs"
+    # Kept for bench/goals.py, which imports it; the path itself is the layout's.
+    return layout.checkpoints
 
 
 def _attempt_of(name: str) -> str:
@@ -107,7 +98,7 @@ def _attempt_of(name: str) -> str:
 def read_local_handoff(layout: Layout, attempt_id: str) -> HandOffRecord | None:
     """This root's own note of a hand-off: what `cotal status` and `list` read without a broker.
     The broker's record is the authority; this copy only reports it."""
-    path = handoffs_dir(layout) / f"{attempt_id}.json"
+    path = layout.handoffs / f"{attempt_id}.json"
     try:
         data = read_stable(path, cap=64 * 1024, what="hand-off note").data
     except Refusal as exc:
@@ -125,13 +116,13 @@ def read_local_handoff(layout: Layout, attempt_id: str) -> HandOffRecord | None:
 
 
 def _write_local_handoff(layout: Layout, record: HandOffRecord) -> None:
-    ensure_private_dir(handoffs_dir(layout))
-    write_private_atomic(handoffs_dir(layout) / f"{record.attempt_id}.json", encode_handoff(record))
+    ensure_private_dir(layout.handoffs)
+    write_private_atomic(layout.handoffs / f"{record.attempt_id}.json", encode_handoff(record))
 
 
 def standing_handoffs(layout: Layout) -> list[HandOffRecord]:
     """Hand-offs this root recorded and did not take back, for `cotal status`."""
-    directory = handoffs_dir(layout)
+    directory = layout.handoffs
     if not directory.is_dir():
         return []
     out = []
@@ -367,7 +358,7 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 def _check_journal_ready(layout: Layout, attempt: str) -> None:
     """The seats must be stopped at exactly this checkpoint: a sealed cut not restored here."""
     record = Journal(layout).load()
-    if record is None or record.attempt_id != attempt or record.state != "ready":
+    if record is None or record.attempt_id != attempt or record.state != READY:
         state = (
             "no journal"
             if record is None
@@ -451,7 +442,7 @@ def unpack(src: Path, layout: Layout) -> Path:
     unpacking of the same attempt from an earlier run, and is replaced whole."""
     with packfile.open_pack(src) as pack:
         plan = pack.plan()
-        base = incoming_dir(layout)
+        base = layout.incoming
         staged = base / plan.attempt
         kind = _staging_kind(staged)
         if kind is not None:
@@ -525,15 +516,11 @@ def _resume_under_way(layout: Layout, attempt: str) -> bool:
         record = Journal(layout).load()
     except Refusal:
         return False
-    return (
-        record is not None
-        and record.attempt_id == attempt
-        and record.state in RESUME_STATES - TERMINAL_STATES
-    )
+    return record is not None and record.attempt_id == attempt and record.state in RESUME_UNDER_WAY
 
 
 def _clean(layout: Layout, staged: Path | None, fresh: bool) -> None:
-    if fresh and not (layout.maintenance / "journal.json").exists():
+    if fresh and not layout.journal.exists():
         shutil.rmtree(layout.control, ignore_errors=True)
         return
     if staged is not None:
@@ -624,7 +611,7 @@ def _entry(layout: Layout, path: Path, journal: JournalRecord | None) -> dict[st
             not aside
             and journal is not None
             and journal.attempt_id == attempt
-            and journal.state in _UNDER_WAY
+            and journal.state in UNDER_WAY
         )
         if under_way:
             state = "partial"
@@ -659,14 +646,14 @@ def _entry(layout: Layout, path: Path, journal: JournalRecord | None) -> dict[st
             "takenBackAt": handoff.taken_back_at,
         },
         "journalState": journal_state,
-        "journalNeedsIt": journal_state in _UNDER_WAY or journal_state == "ready",
+        "journalNeedsIt": journal_state in NEEDS_CHECKPOINT,
     }
 
 
 def gather(root: Path) -> dict[str, Any]:
     layout = Layout.at(root)
     journal, error = _load_journal(layout)
-    directory = checkpoints_dir(layout)
+    directory = layout.checkpoints
     paths = (
         sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
         if directory.is_dir()
@@ -716,24 +703,21 @@ def discard(root: Path, name: str) -> dict[str, Any]:
             f"{name!r} is not an attempt name",
             "name one that `cotal checkpoint list` shows",
         )
-    path = checkpoints_dir(layout) / name
+    path = layout.checkpoints / name
     with MaintenanceLock(layout, attempt):
         journal = Journal(layout).load()
         mine = journal is not None and journal.attempt_id == attempt and name == attempt
         if not path.is_dir() and not mine:
             raise Refusal(
                 "no-such-checkpoint",
-                f"no checkpoint {name} under {checkpoints_dir(layout)}, and the journal does not "
+                f"no checkpoint {name} under {layout.checkpoints}, and the journal does not "
                 "name it",
                 "name one that `cotal checkpoint list` shows",
             )
-        if mine and journal is not None and journal.state in _UNDER_WAY:
-            raise Refusal(
-                "journal-needs-it",
-                f"this root's maintenance journal is at {journal.state} for attempt {attempt}: "
-                "the attempt still reads this checkpoint",
-                _UNDER_WAY[journal.state] + ", or abandon it, then discard",
-            )
+        state = journal.state if mine and journal is not None else None
+        action = rerun(state, "discard")
+        if state is not None and action.kind == "refuse":
+            raise action.refusal(attempt=attempt, state=state)
         removed = None
         if path.is_dir():
             # Renamed first, so a crash part-way leaves a name `list` reports as failed evidence
@@ -744,11 +728,11 @@ def discard(root: Path, name: str) -> dict[str, Any]:
             shutil.rmtree(doomed)
             removed = str(path)
         journal_discarded = None
-        if mine and journal is not None:
+        if mine and journal is not None and action.drops:
             # A sealed cut not restored, a retired resume or a degraded attempt: with its
             # checkpoint gone the journal would only point at nothing.
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(layout.maintenance / "journal.json")
+                os.unlink(layout.journal)
             fsync_dir(layout.maintenance)
             journal_discarded = journal.state
     return {"attemptId": attempt, "removed": removed, "journalDiscarded": journal_discarded}

@@ -37,7 +37,14 @@ from protocol import names
 from protocol.codec import convert
 from protocol.errors import Refusal
 from protocol.inventory import Inventory
-from protocol.maintenance import TERMINAL_STATES, JournalRecord, ResumeDescriptor
+from protocol.maintenance import (
+    CUT_COMMITTED,
+    CUT_INTENT,
+    READY,
+    JournalRecord,
+    ResumeDescriptor,
+    rerun,
+)
 
 COMMIT_TIMEOUT_S = 600.0
 PREPARE_TIMEOUT_S = 120.0
@@ -131,7 +138,7 @@ async def _finish(
     failpoint.reached("cut.after-commit", layout.root)
     await anyio.to_thread.run_sync(read_manifest, Path(result["checkpointDir"]))
     journal.advance(
-        attempt, "cut-committed", resume=descriptor, checkpoint_dir=result["checkpointDir"]
+        attempt, CUT_COMMITTED, resume=descriptor, checkpoint_dir=result["checkpointDir"]
     )
     failpoint.reached("cut.after-cut-committed", layout.root)
     record = mesh.read_mesh(layout)
@@ -156,11 +163,11 @@ async def _finish(
         failpoint.reached("cut.after-broker-stopped", layout.root)
     inventory = journal.resume_document()
     await anyio.to_thread.run_sync(prove_no_seat_processes, inventory)
-    journal.advance(attempt, "ready", resume=descriptor, checkpoint_dir=result["checkpointDir"])
+    journal.advance(attempt, READY, resume=descriptor, checkpoint_dir=result["checkpointDir"])
     layout.mesh.unlink(missing_ok=True)
     result = dict(result)
     result["wallMs"] = int((time.monotonic() - t0) * 1000)
-    result["journal"] = "ready"
+    result["journal"] = READY
     return result
 
 
@@ -223,7 +230,8 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
     t0 = time.monotonic()
     layout = Layout.at(root)
     journal = Journal(layout)
-    record = journal.load() if (layout.maintenance / "journal.json").exists() else None
+    record = journal.load() if layout.journal.exists() else None
+    action = rerun(record.state if record is not None else None, "cut")
     opts = CutOptions(
         stores=[str(Path(s).resolve()) for s in args.session_store],
         drain_timeout=args.drain_timeout,
@@ -241,7 +249,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
 
         seats = await anyio.to_thread.run_sync(chain.check_predecessor, layout, opts.since)
         _say(f"incremental since attempt {opts.since} ({len(seats)} seat(s) recorded there)")
-    if record is not None and record.kind == "cut" and record.state == "ready":
+    if record is not None and action.finished:
         # A manager that answers after a sealed cut was started by a plain `cotal up`: its seats
         # are a new mesh the sealed attempt does not hold, so "already sealed" would leave them
         # neither captured nor stopped.
@@ -252,24 +260,18 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
             args,
             {
                 "attemptId": record.attempt_id,
-                "journal": "ready",
+                "journal": record.state,
                 "checkpointDir": record.checkpoint_dir,
                 "alreadyComplete": True,
             },
             already=True,
         )
         return None
-    if record is not None and record.state in ("cut-intent", "cut-committed"):
-        attempt, continuing = record.attempt_id, True
-    elif record is not None and record.state not in ("retired", "degraded"):
-        raise Refusal(
-            "journal-busy",
-            f"the maintenance journal is at {record.state} for attempt {record.attempt_id}",
-            "finish that resume (cotal up --restore) first",
-        )
-    else:
-        attempt, continuing = names.mint_attempt_id(), False
-    if continuing and record is not None and record.state == "cut-intent":
+    if record is not None and action.kind == "refuse":
+        raise action.refusal(attempt=record.attempt_id, state=record.state)
+    continuing = record is not None and action.kind == "continue"
+    attempt = record.attempt_id if record is not None and continuing else names.mint_attempt_id()
+    if action.revive_broker:
         await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session:
         status = await session.status()
@@ -286,7 +288,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
             attempt = joined
         with MaintenanceLock(layout, attempt):
             failpoint.reached("cut.after-lock", layout.root)
-            if record is not None and not continuing:
+            if record is not None and action.drops:
                 journal.discard(record.attempt_id)
             if not continuing:
                 if status is None:
@@ -304,7 +306,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                 )
                 failpoint.reached("cut.after-prepare", layout.root)
                 descriptor = convert(plan["resume"], ResumeDescriptor, what="prepare result")
-                journal.advance(attempt, "cut-intent", resume=descriptor)
+                journal.advance(attempt, CUT_INTENT, resume=descriptor)
                 failpoint.reached("cut.after-cut-intent", layout.root)
                 _say("stopping every seat, proving each exit, capturing and sealing")
                 result = await _commit(session, attempt, opts)
@@ -345,21 +347,11 @@ _CURE_FINISH = "rerun `cotal down --preserve-state` to finish the cut"
 async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None) -> dict[str, Any]:
     """`--abort`: lift a fence a dead coordinator left, before its commit began, and drop its
     `cut-intent`. Every seat keeps running; once the commit began only finishing is safe."""
-    if record is not None and record.kind == "resume" and record.state not in TERMINAL_STATES:
-        raise Refusal(
-            "journal-busy",
-            f"the maintenance journal is at {record.state} for resume attempt {record.attempt_id}; "
-            "there is no cut to abort",
-            "finish that resume (cotal up --restore) first",
-        )
-    if record is not None and record.kind == "cut" and record.state in ("cut-committed", "ready"):
-        raise Refusal(
-            "commit-begun",
-            f"cut {record.attempt_id} is already committed (journal {record.state}); its seats "
-            "were stopped and captured, so it cannot be aborted",
-            _CURE_FINISH if record.state != "ready" else "resume it with `cotal up --restore`",
-        )
-    intent = record if record is not None and record.state == "cut-intent" else None
+    action = rerun(record.state if record is not None else None, "abort")
+    if record is not None and action.kind == "refuse":
+        raise action.refusal(attempt=record.attempt_id, state=record.state)
+    # The one attempt an abort continues is a cut journaled before its commit: its intent.
+    intent = record if action.kind == "continue" else None
     async with mesh.control(layout) as session:
         status = await session.status()
         fenced = _orphaned_attempt(status)
@@ -396,7 +388,7 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
                 )
             elif intent is not None:
                 await _prove_untouched(session, journal, intent)
-            if intent is not None:
+            if intent is not None and action.drops:
                 journal.discard(intent.attempt_id)
         return {
             "attemptId": attempt,

@@ -65,7 +65,19 @@ from protocol.checkpoint import CarriedMessage, decode_inbox
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
 from protocol.inventory import Inventory, encode_inventory
-from protocol.maintenance import Consent, Degraded, ResumeDescriptor
+from protocol.maintenance import (
+    DEGRADED,
+    RESUME_ACTIVE,
+    RESUME_ADOPTED,
+    RESUME_COMMITTED,
+    RESUME_INTENT,
+    RESUME_UNDER_WAY,
+    RETIRED,
+    Consent,
+    Degraded,
+    ResumeDescriptor,
+    rerun,
+)
 
 RESUME_TIMEOUT_S = 600.0
 
@@ -230,7 +242,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     src = Path(args.restore).resolve()
     # A bad COTAL_JOBS refuses before anything is admitted or claimed, not at the restore.
     concurrency.jobs()
-    if _pending_resume(layout):
+    if _revives_broker(layout):
         await mesh.revive_embedded_broker(layout, _say)
     async with mesh.control(layout) as session, contextlib.AsyncExitStack() as on_exit:
         status = await session.status()
@@ -453,16 +465,12 @@ async def _release_broker(layout: Layout, embedded_info: embedded.BrokerInfo | N
     await mesh.stop_started_broker(embedded_info.identity)
 
 
-_PENDING_RESUME = ("resume-intent", "resume-active", "resume-committed")
-# The journal states a resume reaches only after its manager adopted the seats.
-_MANAGER_RAN = ("resume-active", "resume-committed")
-
-
-def _pending_resume(layout: Layout) -> bool:
-    if not (layout.maintenance / "journal.json").exists():
+def _revives_broker(layout: Layout) -> bool:
+    """A resume under way needs the broker it ran on before anything else is asked of it."""
+    if not layout.journal.exists():
         return False
     record = Journal(layout).load()
-    return record is not None and record.kind == "resume" and record.state in _PENDING_RESUME
+    return record is not None and rerun(record.state, "restore").revive_broker
 
 
 async def _rejoin(
@@ -477,15 +485,15 @@ async def _rejoin(
     the trees are behind it (the manager is started only after them), so what is left is the
     manager's three resume ops, each of which answers a repeat with what it already did."""
     journal = Journal(layout)
-    record = journal.load() if (layout.maintenance / "journal.json").exists() else None
-    if record is None or record.kind != "resume" or record.state not in _PENDING_RESUME:
+    record = journal.load() if layout.journal.exists() else None
+    if record is None or record.state not in RESUME_UNDER_WAY:
         return None
     attempt = record.attempt_id
     fenced = (
         status["state"] in ("resume-required", "resuming", "awaiting-finalize")
         and status.get("attemptId") == attempt
     )
-    finalized = status["state"] == "active" and record.state == "resume-committed"
+    finalized = status["state"] == "active" and record.state == RESUME_COMMITTED
     if not (fenced or finalized):
         return None
     adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
@@ -525,14 +533,14 @@ async def _rejoin(
                 root=layout.root,
                 # A journal already past resume-intent keeps its state: the manager answered a
                 # repeat of what was journaled.
-                advance_active=record.state == "resume-intent",
+                advance_active=record.state not in RESUME_ADOPTED,
             )
         assert token is not None
         final = await _finalize(session, journal, attempt, descriptor, consents, token)
     return {
         "attemptId": attempt,
         "state": final["state"],
-        "journal": "retired",
+        "journal": RETIRED,
         "continued": True,
         "claims": [],
         "restored": [],
@@ -562,8 +570,9 @@ async def _resume_locked(
     attempt = adm.manifest.attempt_id
     inventory = adm.inventory
     journal = Journal(layout)
-    record = journal.load() if (layout.maintenance / "journal.json").exists() else None
-    if record is not None and record.state in ("retired", "degraded"):
+    record = journal.load() if layout.journal.exists() else None
+    action = rerun(record.state if record is not None else None, "restore")
+    if record is not None and action.drops:
         journal.discard(record.attempt_id)
         record = None
     if record is not None and record.attempt_id != attempt:
@@ -584,6 +593,8 @@ async def _resume_locked(
                 "resume from the checkpoint this root cut, or discard the journal first",
             )
         descriptor = record.resume
+        if action.kind == "refuse":
+            raise action.refusal(attempt=attempt, state=record.state)
     if record is not None and record.kind == "resume" and record.consents:
         # A rerun of an admitted attempt: the operator's consent was journaled at its first
         # admission and stands; a fresh age reading must not contradict the record.
@@ -591,7 +602,7 @@ async def _resume_locked(
     # Past `resume-active` the trees were restored, the inboxes imported and the manager ran
     # the seats, which may have worked since: a rerun after that manager died restarts a
     # manager fenced to the attempt over what is there now and never restores again.
-    relaunch = record is not None and record.kind == "resume" and record.state in _MANAGER_RAN
+    relaunch = record is not None and record.state in RESUME_ADOPTED
     if relaunch:
         assert record is not None
         _say(
@@ -599,7 +610,7 @@ async def _resume_locked(
             "the trees and inboxes stay as the seats left them"
         )
     else:
-        journal.advance(attempt, "resume-intent", resume=descriptor, consents=consents)
+        journal.advance(attempt, RESUME_INTENT, resume=descriptor, consents=consents)
     failpoint.reached("resume.after-resume-intent", layout.root)
     identity = load_or_create_identity(layout, space)
     _say("claiming custody (writer generation N+1) in this root and at the broker")
@@ -659,7 +670,7 @@ async def _resume_locked(
             )
         journal.advance(
             attempt,
-            "degraded",
+            DEGRADED,
             resume=descriptor,
             consents=consents,
             degraded=Degraded(
@@ -709,7 +720,7 @@ async def _resume_locked(
     return {
         "attemptId": attempt,
         "state": final["state"],
-        "journal": "retired",
+        "journal": RETIRED,
         "continued": relaunch,
         "claims": claims,
         "sharedBroker": shared,
@@ -812,14 +823,14 @@ async def _resume_and_commit(
     )
     failpoint.reached("resume.after-resume-preserved", root)
     if advance_active:
-        journal.advance(attempt, "resume-active", resume=descriptor, consents=consents)
+        journal.advance(attempt, RESUME_ACTIVE, resume=descriptor, consents=consents)
     failpoint.reached("resume.after-resume-active", root)
     commit = await session.call("commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S)
     failpoint.reached("resume.after-commit-resume", root)
     token = str(commit["durableCommitToken"])
     journal.advance(
         attempt,
-        "resume-committed",
+        RESUME_COMMITTED,
         resume=descriptor,
         consents=consents,
         durable_commit_token=token,
@@ -848,7 +859,7 @@ async def _finalize(
     )
     failpoint.reached("resume.after-finalize", journal.layout.root)
     journal.advance(
-        attempt, "retired", resume=descriptor, consents=consents, durable_commit_token=token
+        attempt, RETIRED, resume=descriptor, consents=consents, durable_commit_token=token
     )
     await mesh.revive_embedded_broker(journal.layout, _say)
     return final

@@ -22,12 +22,16 @@ from manager.workspace.layout import Layout
 from manager.workspace.private import read_stable
 from protocol.errors import DecodeError, Refusal
 from protocol.lifecycle import SEAT_RECORD_CAP, decode_seat_record
-from protocol.maintenance import JournalRecord
+from protocol.maintenance import (
+    CUT_UNDER_WAY,
+    DEGRADED,
+    READY,
+    RESUME_UNDER_WAY,
+    JournalRecord,
+    rerun,
+)
 from protocol.mesh import MeshRecord
 
-# The attempt states a plain `cotal up` does not finish, with the command that does.
-_CUT_UNDER_WAY = ("cut-intent", "cut-committed")
-_RESUME_UNDER_WAY = ("resume-intent", "resume-active", "resume-committed")
 _IDENTITY_FILE = re.compile(r"^manager-instance\.([0-9a-f]+)\.json\Z")
 
 
@@ -156,7 +160,7 @@ def _seats(layout: Layout, manager: dict[str, Any]) -> dict[str, Any]:
         return {"count": count, "byState": states, "source": "manager"}
     states = {}
     unreadable = 0
-    directory = layout.control / "seats"
+    directory = layout.seats
     files = sorted(directory.glob("*.json")) if directory.is_dir() else []
     for path in files:
         try:
@@ -205,6 +209,9 @@ def handed_off(layout: Layout) -> list[dict[str, Any]]:
 
 
 def _waiting_on(record: JournalRecord, layout: Layout) -> dict[str, Any] | None:
+    """The attempt a plain `cotal up` warns of, with the command that finishes it."""
+    if not rerun(record.state, "up").warns:
+        return None
     base = {
         "attemptId": record.attempt_id,
         "journalState": record.state,
@@ -213,7 +220,7 @@ def _waiting_on(record: JournalRecord, layout: Layout) -> dict[str, Any] | None:
     }
     restore = f"cotal up --restore {record.checkpoint_dir or 'DIR'}"
     discard = f"cotal checkpoint discard {record.attempt_id}"
-    if record.state == "ready" and any(
+    if record.state == READY and any(
         h["attemptId"] == record.attempt_id for h in handed_off(layout)
     ):
         # Packed and carried away: resuming here would run the seats twice; what is left is
@@ -225,32 +232,33 @@ def _waiting_on(record: JournalRecord, layout: Layout) -> dict[str, Any] | None:
             "wherever the packed copy is resumed",
             "next": [discard, f"{restore} --take-back"],
         }
-    if record.state == "ready":
+    if record.state == READY:
         return {
             **base,
             "what": "sealed-cut",
             "detail": f"cut {record.attempt_id} is sealed and not restored",
             "next": [restore, discard],
         }
-    if record.state in _CUT_UNDER_WAY:
+    if record.state in CUT_UNDER_WAY:
         return {
             **base,
             "what": "cut-under-way",
             "detail": f"cut {record.attempt_id} stopped at {record.state}",
             "next": ["cotal down --preserve-state"],
         }
-    if record.state in _RESUME_UNDER_WAY:
+    if record.state in RESUME_UNDER_WAY:
         return {
             **base,
             "what": "resume-under-way",
             "detail": f"resume {record.attempt_id} stopped at {record.state}",
             "next": [restore],
         }
-    if record.state == "degraded":
+    if record.state == DEGRADED:
         degraded = record.degraded
         return {
             **base,
-            "what": "degraded",
+            # The waiting item is named for the journal state it reports.
+            "what": DEGRADED,
             "detail": f"attempt {record.attempt_id} is degraded"
             + (f": {degraded.reason}" if degraded is not None else ""),
             "next": ([degraded.recourse] if degraded is not None else []) + [discard],
@@ -260,7 +268,7 @@ def _waiting_on(record: JournalRecord, layout: Layout) -> dict[str, Any] | None:
 
 _NEXT_LABELS = {
     "sealed-cut": ("restore", "discard"),
-    "degraded": ("recourse", "discard"),
+    DEGRADED: ("recourse", "discard"),
     "handed-off": ("discard", "take back"),
 }
 

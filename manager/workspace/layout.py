@@ -71,8 +71,32 @@ class Layout:
         return self.sessions / connector / f"{check_seat_name(seat)}-{uid}.store"
 
     @property
+    def seats(self) -> Path:
+        """The daemon's persisted seat table, one record per seat, read back after a crash."""
+        return self.control / "seats"
+
+    @property
     def maintenance(self) -> Path:
         return self.control / "maintenance" / "v1"
+
+    @property
+    def journal(self) -> Path:
+        return self.maintenance / "journal.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        """This root's own cuts, one directory per attempt."""
+        return self.maintenance / "checkpoints"
+
+    @property
+    def incoming(self) -> Path:
+        """Packed checkpoints unpacked here, one directory per attempt."""
+        return self.maintenance / "incoming"
+
+    @property
+    def handoffs(self) -> Path:
+        """This root's notes of the attempts it packed and handed off."""
+        return self.maintenance / "handoffs"
 
     @property
     def logs(self) -> Path:

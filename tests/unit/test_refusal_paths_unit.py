@@ -15,7 +15,7 @@ import pytest
 
 from connectors.privatefs import UnsafeFile, stream_stable
 from manager.checkpoint.reader import verify_file
-from protocol.checkpoint import FileRef, InboxReader
+from protocol.checkpoint import CarriedMessage, FileRef, InboxReader
 from protocol.errors import Refusal
 
 BODY = b'{"seq": 1}\n' * 64
@@ -98,7 +98,7 @@ class _ChangesTheFile(InboxReader):
         if self.fed == 1:
             self.change(self.path)
 
-    def finish(self) -> None:
+    def finish(self) -> list[CarriedMessage]:
         raise AssertionError("a file that changed must be refused before its lines are judged")
 
 
@@ -112,9 +112,7 @@ def test_gate_one_refuses_a_checkpoint_file_changed_while_hashed(
     with pytest.raises(Refusal) as caught:
         verify_file(tmp_path, ref, _ChangesTheFile(path, change))
     assert caught.value.code == "integrity"
-    assert caught.value.message == (
-        f"checkpoint integrity: {path} changed while it was being read"
-    )
+    assert caught.value.message == (f"checkpoint integrity: {path} changed while it was being read")
     assert caught.value.cure == "retry once nothing writes to the checkpoint"
 
 
