@@ -28,6 +28,7 @@ MAX_SKEW_S = 60 * 60
 # the daemon from running the others.
 KNOWN: dict[str, tuple[str, str]] = {
     "scribe": ("connectors.scribe.connector", "ScribeConnector"),
+    "scribe-fork": ("connectors.scribe.connector", "ScribeForkConnector"),
     "pi": ("connectors.pi", "PiConnector"),
     "claude": ("connectors.claude_code", "ClaudeCodeConnector"),
     "jcode": ("connectors.jcode", "JcodeConnector"),

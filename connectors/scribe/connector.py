@@ -87,7 +87,7 @@ class ScribeCodec:
         return None
 
 
-def store_path(opts: LaunchOpts) -> Path:
+def store_path(opts: LaunchOpts, connector: str = "scribe") -> Path:
     configured = opts.config.get("store")
     if configured:
         # A relative store is anchored at the workspace root, like every other seat path.
@@ -96,7 +96,7 @@ def store_path(opts: LaunchOpts) -> Path:
         opts.workspace_root
         / ".cotal"
         / "sessions"
-        / "scribe"
+        / connector
         / f"{opts.name}-{opts.lifecycle_uid}.store"
     )
 
@@ -123,7 +123,7 @@ class ScribeConnector:
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         refuse_resume_with_continuation(self.name, opts)
         check_prompt(self.name, opts.prompt)
-        store = store_path(opts)
+        store = store_path(opts, self.name)
         argv = [
             # Isolated: the seat's cwd, which the seat writes, must not stand in for cotal.
             *own_python("connectors.scribe"),
@@ -155,3 +155,16 @@ class ScribeConnector:
         self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec
     ) -> JsonLinesDriver:
         return JsonLinesDriver(stdin, stdout, ScribeCodec())
+
+
+class ScribeForkConnector(ScribeConnector):
+    """The built-in scribe as a harness that can only resume by forking: it declares resume
+    (a new session carrying the old one's history) and no continuation, so its class is `fork`.
+    It runs the fork path of a resume offline, as `scribe` runs the exact one."""
+
+    name = "scribe-fork"
+    capabilities = Capabilities(
+        supports_resume=True,
+        supports_fresh_start=True,
+        supports_prompt=True,
+    )
