@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # clone; an installed wheel uses the user's data directory instead (connectors/harnesses.py).
 export COTAL_TOOLS_DIR ?= $(CURDIR)/.tools
 
-.PHONY: demo test lint venv clean harnesses
+.PHONY: demo test quick lint venv clean harnesses
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ harnesses: $(STAMP)
 test: lint harnesses
 	$(PY) -m pytest -q -n 2 -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests
+
+# The inner loop: lint, the unit tests and a sample of the integration suite that touches each
+# floor once (control socket, mesh verbs, CLI conventions, admission, the fence). `make test` is
+# the gate; this is not.
+QUICK_SAMPLE := tests/integration/test_control_socket.py tests/integration/test_mesh.py \
+	tests/integration/test_cli_conventions.py tests/integration/test_admission_import.py \
+	tests/integration/test_fence_lost_ack.py tests/integration/test_seat_start_errors.py
+quick: lint
+	$(PY) -m pytest -q -n 2 tests/unit $(QUICK_SAMPLE)
 
 # The files mypy checks come from [tool.mypy] in pyproject.toml.
 lint: $(STAMP)

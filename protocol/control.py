@@ -543,12 +543,18 @@ OPS: dict[str, Op[Any, Any]] = {
 
 
 def check_handlers(handled: Collection[str]) -> None:
-    """Refuse to serve with an op nobody answers or a handler no op names."""
+    """Refuse to serve with an op nobody answers or a handler no op names: the daemon runs this
+    over its handler table before its control socket opens."""
     missing = sorted(set(OPS) - set(handled))
     extra = sorted(set(handled) - set(OPS))
     if missing or extra:
-        raise RuntimeError(
-            f"control ops and handlers disagree: no handler for {missing}, no op for {extra}"
+        said = [f"no handler for op(s) {', '.join(missing)}"] if missing else []
+        said += [f"handler(s) {', '.join(extra)} answer no op in OPS"] if extra else []
+        raise Refusal(
+            "unsupported-op",
+            f"control ops and handlers disagree: {'; '.join(said)}; the daemon will not serve",
+            "this cotal installation is inconsistent: reinstall it, or register each op of "
+            "protocol/control.py OPS in manager/daemon/handlers",
         )
 
 

@@ -17,10 +17,14 @@ same chain of custody": same id, the fence holds; another id, it cannot.
 from __future__ import annotations
 
 import base64
+import contextlib
 import secrets
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import anyio
 import structlog
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
 from nats.js.errors import (
     BadRequestError,
@@ -59,6 +63,14 @@ ATTEMPT_METADATA = "cotal.rebuilt-by-attempt"
 # Headers the source broker interpreted at publish time; replayed, they would be judged again
 # against a stream they were never written for (an expected last sequence always fails there).
 _DROPPED_HEADER_PREFIX = "nats-expected-"
+# The export reads an inbox in batches by a consumer of its own (one round trip per batch, not per
+# message); a reader left by a dead cut lapses after EXPORT_READER_IDLE_S.
+EXPORT_BATCH = 512
+EXPORT_FETCH_S = 10.0
+EXPORT_READER_IDLE_S = 30.0
+# The import publishes a window of messages before it waits for their acks.
+IMPORT_WINDOW = 256
+IMPORT_WINDOW_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -153,6 +165,91 @@ async def check_exportable(js: JetStreamContext, space: str, seat: str, uid: str
         raise _too_large(seat, f"{queued} messages")
 
 
+@dataclass
+class _Totals:
+    payload: int = 0
+    headers: int = 0
+
+
+def _carried(
+    seat: str,
+    seq: int,
+    subject: str,
+    raw_headers: dict[str, str] | None,
+    data: bytes,
+    sizes: _Totals,
+) -> CarriedMessage:
+    sizes.payload += len(data)
+    headers = {
+        k: v
+        for k, v in (raw_headers or {}).items()
+        if not k.lower().startswith(_DROPPED_HEADER_PREFIX)
+    }
+    # Any sender chooses its headers: one too many for a checkpoint is refused by name here,
+    # before the cut holds gigabytes of them, not as an internal error.
+    carried = header_bytes(headers)
+    sizes.headers += carried
+    try:
+        if carried > MAX_MESSAGE_HEADER_BYTES or sizes.headers > MAX_CARRIED_HEADER_BYTES:
+            raise ValueError(
+                f"{carried} bytes of headers ({sizes.headers} with those before it); a "
+                f"checkpoint carries {MAX_MESSAGE_HEADER_BYTES} a message and "
+                f"{MAX_CARRIED_HEADER_BYTES} an inbox"
+            )
+        return CarriedMessage(
+            seq=seq, subject=subject, headers=headers, payload=base64.b64encode(data).decode()
+        )
+    except ValueError as exc:
+        raise Refusal(
+            "inbox-too-large",
+            f"seat {seat}: message {seq} of its inbox cannot travel in a checkpoint: {exc}",
+            "resume this seat in place (its durable is kept), let it work its inbox down, and "
+            "cut again",
+        ) from None
+
+
+async def _read_from(
+    js: JetStreamContext, stream: str, record: DurableRecord
+) -> AsyncIterator[tuple[int, str, dict[str, str] | None, bytes]]:
+    """The inbox's messages from `start_seq` through `last_seq`, in order, read in batches by
+    an ephemeral consumer of our own that acknowledges nothing, so the seat's durable and its
+    frontier are not touched. It is deleted after, and lapses on its own if we die first."""
+    if record.start_seq > record.last_seq:
+        return
+    name = f"cotal-export-{secrets.token_hex(6)}"
+    config = api.ConsumerConfig(
+        name=name,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=record.start_seq,
+        ack_policy=api.AckPolicy.NONE,
+        filter_subject=record.filter_subject,
+        inactive_threshold=EXPORT_READER_IDLE_S,
+        mem_storage=True,
+        num_replicas=1,
+    )
+    info = await riding_elections(
+        f"reader of {record.name}", lambda: js.add_consumer(stream, config)
+    )
+    try:
+        sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
+        try:
+            left = int(info.num_pending or 0)
+            while left > 0:
+                batch = await sub.fetch(min(EXPORT_BATCH, left), timeout=EXPORT_FETCH_S)
+                left -= len(batch)
+                for msg in batch:
+                    seq = msg.metadata.sequence.stream
+                    if seq > record.last_seq:
+                        return
+                    yield seq, msg.subject, msg.headers, msg.data or b""
+        finally:
+            with anyio.CancelScope(shield=True):
+                await sub.unsubscribe()
+    finally:
+        with anyio.CancelScope(shield=True), contextlib.suppress(NatsError):
+            await js.delete_consumer(stream, name)
+
+
 async def export_inbox(
     js: JetStreamContext, space: str, seat: str, uid: str
 ) -> tuple[DurableRecord, list[CarriedMessage]]:
@@ -197,54 +294,13 @@ async def export_inbox(
         ),
     )
     messages: list[CarriedMessage] = []
-    total = header_total = 0
-    seq = record.start_seq
-    while seq <= record.last_seq:
-
-        async def get(at: int = seq) -> api.RawStreamMsg | None:
-            try:
-                return await js.get_msg(stream, seq=at, subject=record.filter_subject, next=True)
-            except NotFoundError:
-                return None
-
-        raw = await riding_elections(f"inbox of {seat} at {seq}", get)
-        if raw is None or raw.seq is None or raw.seq > record.last_seq:
-            break
-        data = raw.data or b""
-        total += len(data)
-        if len(messages) >= MAX_CARRIED_MESSAGES or total > MAX_CARRIED_BYTES:
-            raise _too_large(seat, f"more than {len(messages)} messages or {total} bytes")
-        headers = {
-            k: v
-            for k, v in (raw.headers or {}).items()
-            if not k.lower().startswith(_DROPPED_HEADER_PREFIX)
-        }
-        # Any sender chooses its headers: one too many for a checkpoint is refused by name here,
-        # before the cut holds gigabytes of them, not as an internal error.
-        carried = header_bytes(headers)
-        header_total += carried
-        try:
-            if carried > MAX_MESSAGE_HEADER_BYTES or header_total > MAX_CARRIED_HEADER_BYTES:
-                raise ValueError(
-                    f"{carried} bytes of headers ({header_total} with those before it); a "
-                    f"checkpoint carries {MAX_MESSAGE_HEADER_BYTES} a message and "
-                    f"{MAX_CARRIED_HEADER_BYTES} an inbox"
-                )
-            message = CarriedMessage(
-                seq=raw.seq,
-                subject=raw.subject or "",
-                headers=headers,
-                payload=base64.b64encode(data).decode(),
+    sizes = _Totals()
+    async for raw_seq, subject, raw_headers, data in _read_from(js, stream, record):
+        if len(messages) >= MAX_CARRIED_MESSAGES or sizes.payload + len(data) > MAX_CARRIED_BYTES:
+            raise _too_large(
+                seat, f"more than {len(messages)} messages or {sizes.payload + len(data)} bytes"
             )
-        except ValueError as exc:
-            raise Refusal(
-                "inbox-too-large",
-                f"seat {seat}: message {raw.seq} of its inbox cannot travel in a checkpoint: {exc}",
-                "resume this seat in place (its durable is kept), let it work its inbox down, and "
-                "cut again",
-            ) from None
-        messages.append(message)
-        seq = raw.seq + 1
+        messages.append(_carried(seat, raw_seq, subject, raw_headers, data, sizes))
     log.info(
         "space.exported",
         seat=seat,
@@ -272,6 +328,59 @@ async def export_space(
 
 
 # -- import -------------------------------------------------------------------------------------
+
+
+async def _republish_one(
+    js: JetStreamContext, space: str, stream: str, seat: str, m: CarriedMessage
+) -> api.PubAck:
+    async def publish() -> api.PubAck:
+        return await riding_elections(
+            f"republish to {seat}",
+            lambda: js.publish(m.subject, m.data(), stream=stream, headers=m.headers or None),
+        )
+
+    return await retention.with_room(js, space, publish)
+
+
+async def _pipelined(
+    js: JetStreamContext, stream: str, window: list[CarriedMessage]
+) -> list[api.PubAck] | None:
+    """One window published without waiting for each ack (one connection keeps their order);
+    None when any ack is missing or refused, for the window to go one by one instead."""
+    futures = []
+    try:
+        with anyio.fail_after(IMPORT_WINDOW_S):
+            for m in window:
+                futures.append(
+                    await js.publish_async(
+                        m.subject, m.data(), stream=stream, headers=dict(m.headers)
+                    )
+                )
+            return [await f for f in futures]
+    except (TimeoutError, NatsError):
+        for f in futures:
+            f.cancel()
+        return None
+
+
+async def _republish(
+    js: JetStreamContext, space: str, stream: str, seat: str, messages: list[CarriedMessage]
+) -> list[api.PubAck]:
+    """Every carried message republished in order, a window at a time. A window whose every
+    message has its id goes pipelined; any trouble in it (a full stream, a leaderless moment)
+    sends it again one by one with the retries of `_republish_one`, and the ids make what had
+    landed a duplicate that answers with its first sequence. A message without an id is never
+    pipelined: sent twice it would be stored twice."""
+    acks: list[api.PubAck] = []
+    for at in range(0, len(messages), IMPORT_WINDOW):
+        window = messages[at : at + IMPORT_WINDOW]
+        landed = None
+        if all(m.headers.get("Nats-Msg-Id") for m in window):
+            landed = await _pipelined(js, stream, window)
+        if landed is None:
+            landed = [await _republish_one(js, space, stream, seat, m) for m in window]
+        acks += landed
+    return acks
 
 
 async def import_inbox(
@@ -325,19 +434,9 @@ async def import_inbox(
         log.warning("space.stale_durable_replaced", seat=seat, durable=durable, by=rebuilt_by)
     # No trim per seat here: a full stream is trimmed by the republish that meets it full.
     await ensure_dm_stream(js, space, replicas=replicas, trim=False)
-    first: int | None = None
-    duplicates = 0
-    for m in messages:
-
-        async def publish(m: CarriedMessage = m) -> api.PubAck:
-            return await riding_elections(
-                f"republish to {seat}",
-                lambda: js.publish(m.subject, m.data(), stream=stream, headers=m.headers or None),
-            )
-
-        ack = await retention.with_room(js, space, publish)
-        duplicates += 1 if ack.duplicate else 0
-        first = ack.seq if first is None else min(first, ack.seq)
+    acks = await _republish(js, space, stream, seat, messages)
+    duplicates = sum(1 for ack in acks if ack.duplicate)
+    first = min((ack.seq for ack in acks), default=None)
     if first is None:
         sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
         first = sinfo.state.last_seq + 1

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import SocketStream
@@ -22,6 +22,9 @@ from manager.control.frames import read_frame, write_frame
 from protocol import control
 from protocol.codec import encode_json
 from protocol.errors import Refusal
+
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 class ControlError(Refusal):
@@ -95,13 +98,29 @@ class ControlClient:
     async def call(
         self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0
     ) -> Any:
+        """The raw form: `args` as JSON, the result as decoded JSON (dicts and lists)."""
+        request_id, body = await self._exchange(op, args or {}, timeout)
+        reply = control.decode_reply(body)
+        _check(op, request_id, reply.id, reply.ok, reply.error)
+        return reply.result
+
+    async def request(self, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
+        """The typed form: `args` is the op's argument record, the result its reply record,
+        decoded strictly (`decode_result`), so a reply of the wrong shape is refused here."""
+        request_id, body = await self._exchange(op.name, args, timeout)
+        reply = control.decode_raw_reply(body)
+        _check(op.name, request_id, reply.id, reply.ok, reply.error)
+        return control.decode_result(op, bytes(reply.result))
+
+    async def _exchange(self, op: str, args: object, timeout: float) -> tuple[int, bytes]:
+        """Send one request and read its reply frame; the request's id and the frame."""
         request_id = next(self._ids)
-        payload = encode_json({"id": request_id, "op": op, "args": args or {}})
+        payload = encode_json({"id": request_id, "op": op, "args": args})
         frame = control.LENGTH.pack(len(payload)) + payload
         try:
             with anyio.fail_after(timeout):
                 await write_frame(self._stream, frame)
-                reply = control.decode_reply(await read_frame(self._buffered))
+                return request_id, await read_frame(self._buffered)
         except TimeoutError:
             raise Refusal(
                 "timeout",
@@ -114,16 +133,6 @@ class ControlClient:
                 f"{op}: the manager closed the connection ({type(exc).__name__})",
                 "check `.cotal/logs/manager.log`",
             ) from None
-        if reply.id != request_id:
-            raise Refusal(
-                "protocol",
-                f"{op}: reply id {reply.id} does not match request {request_id}",
-                "report this",
-            )
-        if not reply.ok:
-            err = reply.error
-            raise ControlError(err.code if err else "error", err.message if err else "refused")
-        return reply.result
 
     async def aclose(self) -> None:
         await self._stream.aclose()
@@ -133,6 +142,19 @@ class ControlClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _check(
+    op: str, request_id: int, reply_id: int, ok: bool, err: control.ErrorBody | None
+) -> None:
+    if reply_id != request_id:
+        raise Refusal(
+            "protocol",
+            f"{op}: reply id {reply_id} does not match request {request_id}",
+            "report this",
+        )
+    if not ok:
+        raise ControlError(err.code if err else "error", err.message if err else "refused")
 
 
 # A reply that never came, a closed connection or a reply out of order leaves the connection
@@ -183,6 +205,17 @@ class ControlSession:
         client = await self._connect()
         try:
             return await client.call(op, args, timeout=timeout)
+        except ControlError:
+            raise
+        except Refusal as exc:
+            if exc.code in _BROKEN:
+                await self.forget()
+            raise
+
+    async def request(self, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
+        client = await self._connect()
+        try:
+            return await client.request(op, args, timeout=timeout)
         except ControlError:
             raise
         except Refusal as exc:

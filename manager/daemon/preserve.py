@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 import msgspec
@@ -36,6 +36,7 @@ from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
 from manager.workspace.journal import read_resume_document, write_resume_document
 from protocol import control, names
+from protocol.codec import encode_json
 from protocol.errors import Refusal
 from protocol.instant import now_iso
 from protocol.inventory import (
@@ -58,15 +59,15 @@ class Preservation:
         self.progress = ProgressLog()
         self.plan: Inventory | None = None
         self.descriptor: ResumeDescriptor | None = None
-        self.result: dict[str, Any] | None = None
+        self.result: control.CommitReply | None = None
         self.custody_revisions: dict[str, int] = {}
         self.custody_held: dict[str, custody.Held] = {}
         self._commit_in_flight: anyio.Event | None = None
-        self._joined: dict[str, Any] | None = None
+        self._joined: control.CommitReply | None = None
 
     # -- prepare --------------------------------------------------------------------------------
 
-    async def prepare(self, args: control.AttemptArgs) -> dict[str, Any]:
+    async def prepare(self, args: control.AttemptArgs) -> control.PrepareReply:
         attempt = names.check_attempt_id(args.attempt_id)
         m = self.mgr.maintenance
         if (
@@ -92,44 +93,7 @@ class Preservation:
             await self.mgr.drain()
             self.progress.add("drained")
             failpoint.reached("preserve.after-drain", self.mgr.layout.root)
-            inventory = self._build_inventory(attempt)
-            failures = self._reference_failures(inventory)
-            if failures:
-                raise Refusal(
-                    "preservation-refused",
-                    "preservation incomplete: " + "; ".join(failures),
-                    "fix what each seat names, then cut again; nothing was stopped",
-                )
-            # A cut that cannot resume must fail here, before any child stops.
-            parse_resume_args(attempt, encode_inventory(inventory), space=self.mgr.space)
-            jobs = concurrency.limiter()
-            # Each check runs for every seat, a few at once; the refusal is the first failing
-            # seat in seat order, the one a loop would have stopped at.
-            checked = await concurrency.ordered_map(
-                lambda agent: preflight_repository(Path(agent.launch.cwd)), inventory.agents, jobs
-            )
-            for agent, outcome in zip(inventory.agents, checked, strict=True):
-                if isinstance(outcome.error, Refusal):
-                    exc = outcome.error
-                    raise Refusal(
-                        exc.code,
-                        f"seat {agent.name}: {exc.message}",
-                        exc.cure + "; nothing was stopped",
-                    ) from None
-                outcome.unwrap()
-            await self._read_custody(inventory, jobs)
-            exportable = await concurrency.ordered_map(
-                lambda agent: space.check_exportable(
-                    self.mgr.js, self.mgr.space, agent.name, agent.identity.lifecycle_uid
-                ),
-                inventory.agents,
-                jobs,
-            )
-            for outcome in exportable:
-                outcome.unwrap()
-            descriptor = write_resume_document(self.mgr.layout, inventory)
-            read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
-            failpoint.reached("preserve.after-persist", self.mgr.layout.root)
+            inventory, descriptor = await self._plan(attempt)
         except BaseException as exc:
             # Nothing was stopped, so the fence is lifted again and the seats carry on.
             m.apply("abort", attempt)
@@ -142,6 +106,52 @@ class Preservation:
         self.progress.add("planned", detail=f"{len(inventory.agents)} seat(s)")
         log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
         return self._plan_result(attempt)
+
+    async def _plan(self, attempt: str) -> tuple[Inventory, ResumeDescriptor]:
+        """Build and check the inventory and persist the resume document; stops nothing."""
+        inventory = self._build_inventory(attempt)
+        failures = self._reference_failures(inventory)
+        if failures:
+            raise Refusal(
+                "preservation-refused",
+                "preservation incomplete: " + "; ".join(failures),
+                "fix what each seat names, then cut again; nothing was stopped",
+            )
+        # A cut that cannot resume must fail here, before any child stops.
+        parse_resume_args(attempt, encode_inventory(inventory), space=self.mgr.space)
+        jobs = concurrency.limiter()
+        await self._preflight(inventory, jobs)
+        await self._read_custody(inventory, jobs)
+        exportable = await concurrency.ordered_map(
+            lambda agent: space.check_exportable(
+                self.mgr.js, self.mgr.space, agent.name, agent.identity.lifecycle_uid
+            ),
+            inventory.agents,
+            jobs,
+        )
+        for outcome in exportable:
+            outcome.unwrap()
+        descriptor = write_resume_document(self.mgr.layout, inventory)
+        read_resume_document(self.mgr.layout, descriptor, attempt_id=attempt)
+        failpoint.reached("preserve.after-persist", self.mgr.layout.root)
+        return inventory, descriptor
+
+    @staticmethod
+    async def _preflight(inventory: Inventory, jobs: anyio.CapacityLimiter) -> None:
+        # Each check runs for every seat, a few at once; the refusal is the first failing seat
+        # in seat order, the one a loop would have stopped at.
+        checked = await concurrency.ordered_map(
+            lambda agent: preflight_repository(Path(agent.launch.cwd)), inventory.agents, jobs
+        )
+        for agent, outcome in zip(inventory.agents, checked, strict=True):
+            if isinstance(outcome.error, Refusal):
+                exc = outcome.error
+                raise Refusal(
+                    exc.code,
+                    f"seat {agent.name}: {exc.message}",
+                    exc.cure + "; nothing was stopped",
+                ) from None
+            outcome.unwrap()
 
     async def _read_custody(self, inventory: Inventory, jobs: anyio.CapacityLimiter) -> None:
         """The revision each seat's custody stands at: what a destination must CAS against."""
@@ -177,15 +187,15 @@ class Preservation:
             self.custody_revisions[agent.name] = held.revision
             self.custody_held[agent.name] = held
 
-    def _plan_result(self, attempt: str) -> dict[str, Any]:
+    def _plan_result(self, attempt: str) -> control.PrepareReply:
         assert self.plan is not None and self.descriptor is not None
-        return {
-            "attemptId": attempt,
-            "state": "prepared",
-            "inventory": msgspec.to_builtins(self.plan),
-            "resume": msgspec.to_builtins(self.descriptor),
-            "failures": [],
-        }
+        return control.PrepareReply(
+            attempt_id=attempt,
+            state="prepared",
+            inventory=msgspec.Raw(encode_json(self.plan)),
+            resume=msgspec.Raw(encode_json(self.descriptor)),
+            failures=[],
+        )
 
     def _build_inventory(self, attempt: str) -> Inventory:
         mgr = self.mgr
@@ -255,7 +265,7 @@ class Preservation:
 
     # -- commit ---------------------------------------------------------------------------------
 
-    async def commit(self, args: control.CommitPreservationArgs) -> dict[str, Any]:
+    async def commit(self, args: control.CommitPreservationArgs) -> control.CommitReply:
         attempt = names.check_attempt_id(args.attempt_id)
         m, mgr = self.mgr.maintenance, self.mgr
         in_flight = self._commit_in_flight
@@ -304,92 +314,103 @@ class Preservation:
         args: control.CommitPreservationArgs,
         extra: list[Path],
         jobs: anyio.CapacityLimiter,
-    ) -> dict[str, Any]:
+    ) -> control.CommitReply:
         m, mgr = self.mgr.maintenance, self.mgr
         assert self.plan is not None
         self.progress.begin(attempt)
         self.progress.add("stopping", detail=f"{len(mgr.seats)} seat(s)")
         t0 = time.monotonic()
         seats = dict(mgr.seats)
-        failures: dict[str, str] = {}
-        codes: dict[str, str] = {}
-        mid_turn: dict[str, str] = {}
+        run = _Run()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 # Every seat's drain wait runs at once, as before: only the stop-and-prove after
                 # it takes one of the jobs, so a long turn never holds back another seat's stop.
                 for one in seats.values():
-                    tg.start_soon(
-                        self._drain_and_stop_one,
-                        one,
-                        args.drain_timeout_s,
-                        failures,
-                        mid_turn,
-                        jobs,
-                    )
+                    tg.start_soon(self._drain_and_stop_one, one, args.drain_timeout_s, run, jobs)
         t_stop = time.monotonic()
         log.info(
             "cut.stopped",
             attempt=attempt,
-            proven=len(seats) - len(failures),
-            failed=sorted(failures),
-            mid_turn=sorted(mid_turn),
+            proven=len(seats) - len(run.failures),
+            failed=sorted(run.failures),
+            mid_turn=sorted(run.mid_turn),
         )
         attempt_path = cut.prepare_attempt_dir(mgr.layout, attempt)
+        capturing = self._capturable(seats, run)
+        summaries = await self._capture_all(attempt_path, capturing, args, extra, jobs, run)
+        t_capture = time.monotonic()
+        sealed = not run.failures and self._seal(attempt, attempt_path, summaries, run)
+        for name, error in sorted(run.failures.items()):
+            self.progress.add("failed", seat=name, detail=error)
+        if run.failures:
+            return self._failed(attempt, attempt_path, run)
+        m.apply("stopped", attempt)
+        self.result = control.CommitReply(
+            attempt_id=attempt,
+            state=m.state,
+            checkpoint_dir=str(attempt_path),
+            sealed=sealed,
+            seats=[_cut_seat(s, run.mid_turn.get(s.name)) for s in summaries],
+            failures=[],
+            mid_turn=run.mid_turn_rows(),
+            timings_ms={
+                "stop": int((t_stop - t0) * 1000),
+                "capture": int((t_capture - t_stop) * 1000),
+                "total": int((time.monotonic() - t0) * 1000),
+            },
+        )
+        self.progress.done = True
+        log.info("cut.committed", attempt=attempt, sealed=sealed, failures=0)
+        return self.result
+
+    def _capturable(self, seats: dict[str, Seat], run: _Run) -> list[tuple[Agent, Seat]]:
+        """The planned seats proven stopped, in plan order; every other planned seat fails."""
+        assert self.plan is not None
         capturing = [
             (agent, seats[agent.name])
             for agent in self.plan.agents
-            if agent.name not in failures and agent.name in seats
+            if agent.name not in run.failures and agent.name in seats
         ]
         for agent in self.plan.agents:
-            if agent.name in failures or agent.name not in seats:
-                failures.setdefault(agent.name, "seat left the table before the cut")
-                codes.setdefault(agent.name, "stop-unproven")
-        broker_id: str | None = None
-        if capturing:
-            try:
-                # Read once for every seat, before the captures run side by side.
-                with phase("inbox export"):
-                    broker_id = await space.broker_identity(mgr.custody_bucket())
-            except (Refusal, OSError, ValueError) as exc:
-                # Every seat's export needs it, so each seat fails by name, as a loop would.
-                for agent, _ in capturing:
-                    refusal = exc if isinstance(exc, Refusal) else _capture_refusal(agent.name, exc)
-                    failures[agent.name], codes[agent.name] = refusal.text, refusal.code
-                    log.error("cut.capture_failed", seat=agent.name, error=refusal.text)
-                capturing = []
+            if agent.name in run.failures or agent.name not in seats:
+                run.failures.setdefault(agent.name, "seat left the table before the cut")
+                run.codes.setdefault(agent.name, "stop-unproven")
+        return capturing
+
+    async def _capture_all(
+        self,
+        attempt_path: Path,
+        capturing: list[tuple[Agent, Seat]],
+        args: control.CommitPreservationArgs,
+        extra: list[Path],
+        jobs: anyio.CapacityLimiter,
+        run: _Run,
+    ) -> list[cut.SeatSummary]:
+        if not capturing:
+            return []
+        try:
+            # Read once for every seat, before the captures run side by side.
+            with phase("inbox export"):
+                broker_id = await space.broker_identity(self.mgr.custody_bucket())
+        except (Refusal, OSError, ValueError) as exc:
+            # Every seat's export needs it, so each seat fails by name, as a loop would.
+            for agent, _ in capturing:
+                run.fail(
+                    agent.name,
+                    exc if isinstance(exc, Refusal) else _capture_refusal(agent.name, exc),
+                )
+            return []
         in_order = _InOrder([agent.name for agent, _ in capturing], self.progress)
 
         async def capture(item: tuple[Agent, Seat]) -> cut.SeatSummary:
-            agent, seat = item
-            assert broker_id is not None
-            caps = seat.connector.capabilities
             try:
-                # Read only now: the seat is proven stopped, so its ack floor no longer moves.
-                with phase(f"inbox export ({agent.name})"):
-                    carried = await space.export_space(
-                        mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
-                    )
-                summary = await cut.capture_seat(
-                    mgr.layout,
-                    attempt_path,
-                    agent,
-                    pointer_path=seat.pointer_path,
-                    extra_stores=extra,
-                    declared=seat.continuity,
-                    supports_fresh_start=caps.supports_fresh_start,
-                    identity=mgr.identity,
-                    space=mgr.space,
-                    horizon_ms=mgr.config.recency.horizon_s * 1000,
-                    progress=in_order.reporter(agent.name),
-                    custody_revision=self.custody_revisions.get(agent.name),
-                    space_export=carried,
-                    include=args.include,
-                    since=args.since,
+                summary = await self._capture_one(
+                    item, attempt_path, broker_id, args, extra, in_order.reporter(item[0].name)
                 )
             finally:
-                in_order.finish(agent.name)
-            failpoint.reached("preserve.after-seat-sealed", mgr.layout.root)
+                in_order.finish(item[0].name)
+            failpoint.reached("preserve.after-seat-sealed", self.mgr.layout.root)
             return summary
 
         captured = await concurrency.ordered_map(capture, capturing, jobs)
@@ -400,65 +421,73 @@ class Preservation:
                 assert outcome.value is not None
                 summaries.append(outcome.value)
             elif isinstance(failed, Refusal):
-                failures[agent.name] = failed.text
-                codes[agent.name] = failed.code
-                log.error("cut.capture_failed", seat=agent.name, error=failed.text)
+                run.fail(agent.name, failed)
             elif isinstance(failed, (OSError, ValueError, ExceptionGroup)):
-                refusal = _capture_refusal(agent.name, failed)
-                failures[agent.name], codes[agent.name] = refusal.text, refusal.code
-                log.error("cut.capture_failed", seat=agent.name, error=refusal.text)
+                run.fail(agent.name, _capture_refusal(agent.name, failed))
             else:
                 raise failed
-        t_capture = time.monotonic()
-        manifest = None
-        if not failures:
-            assert self.descriptor is not None
-            failpoint.reached("preserve.before-manifest-seal", mgr.layout.root)
-            try:
-                resume_bytes = encode_inventory(
-                    read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt)
-                )
-                manifest = cut.seal_attempt(
-                    attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity
-                )
-            except (Refusal, OSError) as exc:
-                refusal = exc if isinstance(exc, Refusal) else cut.storage_refusal(exc, "sealing")
-                failures["the manifest"], codes["the manifest"] = refusal.text, refusal.code
-            else:
-                self.progress.add("sealed", detail=str(attempt_path))
-        for name, error in sorted(failures.items()):
-            self.progress.add("failed", seat=name, detail=error)
-        if failures:
-            return self._failed(attempt, attempt_path, failures, codes, mid_turn)
-        m.apply("stopped", attempt)
-        self.result = {
-            "attemptId": attempt,
-            "state": m.state,
-            "checkpointDir": str(attempt_path),
-            "sealed": manifest is not None,
-            "seats": [{**s.as_dict(), "midTurn": mid_turn.get(s.name)} for s in summaries],
-            "failures": [{"name": n, "error": e} for n, e in sorted(failures.items())],
-            "midTurn": [{"name": n, "messageId": i} for n, i in sorted(mid_turn.items())],
-            "timingsMs": {
-                "stop": int((t_stop - t0) * 1000),
-                "capture": int((t_capture - t_stop) * 1000),
-                "total": int((time.monotonic() - t0) * 1000),
-            },
-        }
-        self.progress.done = True
-        log.info(
-            "cut.committed", attempt=attempt, sealed=manifest is not None, failures=len(failures)
-        )
-        return self.result
+        return summaries
 
-    def _failed(
+    async def _capture_one(
         self,
-        attempt: str,
+        item: tuple[Agent, Seat],
         attempt_path: Path,
-        failures: dict[str, str],
-        codes: dict[str, str],
-        mid_turn: dict[str, str],
-    ) -> dict[str, Any]:
+        broker_id: str,
+        args: control.CommitPreservationArgs,
+        extra: list[Path],
+        progress: cut.Progress,
+    ) -> cut.SeatSummary:
+        mgr = self.mgr
+        agent, seat = item
+        # Read only now: the seat is proven stopped, so its ack floor no longer moves.
+        with phase(f"inbox export ({agent.name})"):
+            carried = await space.export_space(
+                mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
+            )
+        summary = await cut.capture_seat(
+            mgr.layout,
+            attempt_path,
+            agent,
+            pointer_path=seat.pointer_path,
+            extra_stores=extra,
+            declared=seat.continuity,
+            supports_fresh_start=seat.connector.capabilities.supports_fresh_start,
+            identity=mgr.identity,
+            space=mgr.space,
+            horizon_ms=mgr.config.recency.horizon_s * 1000,
+            progress=progress,
+            custody_revision=self.custody_revisions.get(agent.name),
+            space_export=carried,
+            include=args.include,
+            since=args.since,
+        )
+        return summary
+
+    def _seal(
+        self, attempt: str, attempt_path: Path, summaries: list[cut.SeatSummary], run: _Run
+    ) -> bool:
+        """Seal the attempt's manifest last; True once sealed, else the failure is in `run`."""
+        mgr = self.mgr
+        assert self.descriptor is not None
+        failpoint.reached("preserve.before-manifest-seal", mgr.layout.root)
+        try:
+            resume_bytes = encode_inventory(
+                read_resume_document(mgr.layout, self.descriptor, attempt_id=attempt)
+            )
+            cut.seal_attempt(
+                attempt_path, attempt, mgr.space, summaries, resume_bytes, mgr.identity
+            )
+        except (Refusal, OSError) as exc:
+            run.fail(
+                "the manifest",
+                exc if isinstance(exc, Refusal) else cut.storage_refusal(exc, "sealing"),
+                quiet=True,
+            )
+            return False
+        self.progress.add("sealed", detail=str(attempt_path))
+        return True
+
+    def _failed(self, attempt: str, attempt_path: Path, run: _Run) -> control.CommitReply:
         """A commit that could not seal stays `preserving` (its seats are stopped and proven, so
         abort stays illegal) with nothing cached: the next commit of this attempt stops nothing
         new and captures again into a fresh directory. What this try wrote is kept aside."""
@@ -470,28 +499,27 @@ class Preservation:
             evidence = attempt_path
         self.result = None
         self.progress.done = True
-        log.error("cut.commit_failed", attempt=attempt, failures=sorted(failures))
-        return {
-            "attemptId": attempt,
-            "state": self.mgr.maintenance.state,
-            "checkpointDir": str(evidence),
-            "evidence": str(evidence),
-            "sealed": False,
-            "seats": [],
-            "failures": [
-                {"name": n, "error": e, "code": codes.get(n, "capture-failed")}
-                for n, e in sorted(failures.items())
+        log.error("cut.commit_failed", attempt=attempt, failures=sorted(run.failures))
+        return control.CommitReply(
+            attempt_id=attempt,
+            state=self.mgr.maintenance.state,
+            checkpoint_dir=str(evidence),
+            evidence=str(evidence),
+            sealed=False,
+            seats=[],
+            failures=[
+                control.SeatFailure(name=n, error=e, code=run.codes.get(n, "capture-failed"))
+                for n, e in sorted(run.failures.items())
             ],
-            "midTurn": [{"name": n, "messageId": i} for n, i in sorted(mid_turn.items())],
-            "timingsMs": {},
-        }
+            mid_turn=run.mid_turn_rows(),
+            timings_ms={},
+        )
 
     async def _drain_and_stop_one(
         self,
         seat: Seat,
         drain_timeout_s: float,
-        failures: dict[str, str],
-        mid_turn: dict[str, str],
+        run: _Run,
         jobs: anyio.CapacityLimiter,
     ) -> None:
         # The gate has been shut since the fence, so the turn seen here is the last one this
@@ -507,7 +535,7 @@ class Preservation:
                 await bridge.wait_settled()
             left = bridge.turn
             if left is not None:
-                mid_turn[seat.name] = left.message_id
+                run.mid_turn[seat.name] = left.message_id
                 log.warning(
                     "cut.mid_turn", seat=seat.name, id=left.message_id, waited_s=drain_timeout_s
                 )
@@ -524,7 +552,7 @@ class Preservation:
                     detail=f"message {turn.message_id} reached its turn boundary",
                 )
         async with jobs:
-            await self._stop_one(seat, failures)
+            await self._stop_one(seat, run.failures)
 
     async def _stop_one(self, seat: Seat, failures: dict[str, str]) -> None:
         # The owner's one stop-and-prove; outside `active` it neither restarts the seat nor
@@ -541,16 +569,48 @@ class Preservation:
 
     # -- abort ----------------------------------------------------------------------------------
 
-    async def abort(self, args: control.AttemptArgs) -> dict[str, Any]:
+    async def abort(self, args: control.AttemptArgs) -> control.AttemptState:
         attempt = names.check_attempt_id(args.attempt_id)
         m = self.mgr.maintenance
         if m.state == "active":
-            return {"attemptId": attempt, "state": "active"}
+            return control.AttemptState(attempt_id=attempt, state="active")
         if m.apply("abort", attempt, draining=self.mgr.in_flight > 0) == "active":
             self.mgr.delivery_gate.open()
         self.plan = self.descriptor = None
         log.info("cut.aborted", attempt=attempt)
-        return {"attemptId": attempt, "state": m.state}
+        return control.AttemptState(attempt_id=attempt, state=m.state)
+
+
+@dataclass
+class _Run:
+    """What one commit found, by seat: why it failed (with its code) and the message it was
+    cut in the middle of."""
+
+    failures: dict[str, str] = field(default_factory=dict)
+    codes: dict[str, str] = field(default_factory=dict)
+    mid_turn: dict[str, str] = field(default_factory=dict)
+
+    def fail(self, name: str, refusal: Refusal, *, quiet: bool = False) -> None:
+        self.failures[name], self.codes[name] = refusal.text, refusal.code
+        if not quiet:
+            log.error("cut.capture_failed", seat=name, error=refusal.text)
+
+    def mid_turn_rows(self) -> list[control.MidTurn]:
+        return [control.MidTurn(name=n, message_id=i) for n, i in sorted(self.mid_turn.items())]
+
+
+def _cut_seat(summary: cut.SeatSummary, mid_turn: str | None) -> control.CutSeat:
+    return control.CutSeat(
+        name=summary.name,
+        since=summary.since,
+        bundle_bytes=summary.bundle_bytes,
+        continuity=summary.continuity,
+        session_id=summary.session_id,
+        lifecycle_uid=summary.lifecycle_uid,
+        bytes=summary.bytes,
+        timings_ms=summary.timings_ms,
+        mid_turn=mid_turn,
+    )
 
 
 class _InOrder:

@@ -22,7 +22,7 @@ from anyio.abc import Process
 from connectors import sandbox
 from connectors.base import LaunchSpec
 from connectors.harnesses import source_checkout, tools_dir
-from manager.daemon.incarnation import REPORT_CAP, LaunchFault, decode_fault
+from manager.daemon.startfault import REPORT_CAP, LaunchFault, decode_fault
 from manager.workspace import roots
 
 log = structlog.get_logger("cotal.seat")

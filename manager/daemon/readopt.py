@@ -135,36 +135,7 @@ class Readoption:
 
     async def _readopt(self, seat: Seat, record: SeatRecord) -> None:
         mgr = self.mgr
-        held = await custody.read(mgr.custody_bucket(), seat.name, seat.uid)
-        ours = (
-            held is not None
-            and held.record.holder == mgr.identity.instance_id
-            and held.record.generation == seat.generation_at_broker
-        )
-        if not ours:
-            who = (
-                f"instance {held.record.holder} at generation {held.record.generation}"
-                if held is not None
-                else "nobody"
-            )
-            mgr.refuse(
-                seat,
-                f"custody-not-held: custody of {seat.name} is held by {who}, not by this "
-                f"manager at generation {seat.generation_at_broker}; not relaunched, "
-                "footprint kept",
-                footprint_owned=False,
-            )
-            return
-        assert held is not None
-        seat.custody_revision = held.revision
-        journal = Journal(mgr.layout).load()
-        if journal is not None and journal.state in CUT_STATES:
-            mgr.refuse(
-                seat,
-                f"preserved: cut attempt {journal.attempt_id} ({journal.state}) carries this seat; "
-                "finish it with `cotal down --preserve-state` and resume with `cotal up --restore`",
-                footprint_owned=False,
-            )
+        if not await self._custody_ours(seat) or not self._not_carried(seat):
             return
         if record.state in KEPT_STATES:
             # Stopped by the operator (or on the way there): its process died with the
@@ -202,6 +173,45 @@ class Readoption:
                 "drain-only": "started fresh: this harness cannot continue a session (drain-only)",
             }[seat.continuity],
         )
+
+    async def _custody_ours(self, seat: Seat) -> bool:
+        """True when this manager holds the seat's custody at its generation; otherwise the
+        seat is kept, refused, with its footprint left to the holder."""
+        mgr = self.mgr
+        held = await custody.read(mgr.custody_bucket(), seat.name, seat.uid)
+        if (
+            held is not None
+            and held.record.holder == mgr.identity.instance_id
+            and held.record.generation == seat.generation_at_broker
+        ):
+            seat.custody_revision = held.revision
+            return True
+        who = (
+            f"instance {held.record.holder} at generation {held.record.generation}"
+            if held is not None
+            else "nobody"
+        )
+        mgr.refuse(
+            seat,
+            f"custody-not-held: custody of {seat.name} is held by {who}, not by this "
+            f"manager at generation {seat.generation_at_broker}; not relaunched, "
+            "footprint kept",
+            footprint_owned=False,
+        )
+        return False
+
+    def _not_carried(self, seat: Seat) -> bool:
+        """False, with the seat refused, when a cut of this root carries it."""
+        journal = Journal(self.mgr.layout).load()
+        if journal is not None and journal.state in CUT_STATES:
+            self.mgr.refuse(
+                seat,
+                f"preserved: cut attempt {journal.attempt_id} ({journal.state}) carries this seat; "
+                "finish it with `cotal down --preserve-state` and resume with `cotal up --restore`",
+                footprint_owned=False,
+            )
+            return False
+        return True
 
     async def _prove_lifecycle_dead(self, seat: Seat) -> None:
         survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)

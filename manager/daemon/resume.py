@@ -14,13 +14,12 @@ import hashlib
 import hmac
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import anyio
 import structlog
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
-from connectors.base import continuity_class
+from connectors.base import ContinuityClass, continuity_class
 from manager import concurrency, failpoint, registry
 from manager.broker import custody, footprint
 from manager.broker.retry import riding_elections
@@ -40,17 +39,25 @@ from protocol.inventory import (
 
 log = structlog.get_logger("cotal.resume")
 
+# What each continuity class did with the recorded session, as the resume reports it.
+OBSERVATIONS: dict[ContinuityClass, str] = {
+    "exact": "reopened the recorded session",
+    "fork": "forked: a new session carrying the recorded history",
+    "fresh": "started fresh: the checkpoint carried no session to reopen",
+    "drain-only": "started fresh: this harness cannot continue a session (drain-only)",
+}
+
 
 class Resumption:
     def __init__(self, owner: SeatOwner) -> None:
         self.mgr = owner
         self.inventory: Inventory | None = None
-        self.result: dict[str, Any] | None = None
+        self.result: control.ResumeReply | None = None
         self.token: str | None = None
 
     # -- resume-preserved -----------------------------------------------------------------------
 
-    async def resume(self, args: control.ResumeArgs) -> dict[str, Any]:
+    async def resume(self, args: control.ResumeArgs) -> control.ResumeReply:
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
         if (
@@ -61,6 +68,19 @@ class Resumption:
             return self.result
         m.check_lifecycle(resume_operation=True)
         inventory = parse_resume_args(attempt, bytes(args.inventory), space=mgr.space)
+        self._check_inventory(inventory)
+        jobs = concurrency.limiter()
+        await self._roster_liveness(inventory, jobs)
+        m.apply("resume", attempt)
+        observations = await self._adopt_all(inventory, attempt, jobs)
+        m.apply("activated", attempt)
+        self.inventory = inventory
+        self.result = control.ResumeReply(attempt_id=attempt, state="resumed", seats=observations)
+        log.info("resume.activated", attempt=attempt, seats=len(observations))
+        return self.result
+
+    def _check_inventory(self, inventory: Inventory) -> None:
+        mgr = self.mgr
         if len(mgr.seats) + len(inventory.agents) > names.MAX_SEATS:
             raise Refusal(
                 "capacity",
@@ -91,12 +111,14 @@ class Resumption:
                     f"retained principal uid {uid} is already managed here",
                     "a seat is resumed once",
                 )
-        jobs = concurrency.limiter()
-        await self._roster_liveness(inventory, jobs)
-        m.apply("resume", attempt)
+
+    async def _adopt_all(
+        self, inventory: Inventory, attempt: str, jobs: anyio.CapacityLimiter
+    ) -> list[control.ResumedSeat]:
+        mgr = self.mgr
         launched: list[Seat] = []
 
-        async def adopt(agent: Agent) -> dict[str, Any]:
+        async def adopt(agent: Agent) -> control.ResumedSeat:
             seat, observation = await self._adopt(agent, attempt)
             launched.append(seat)
             failpoint.reached("resume.daemon.after-seat-adopted", mgr.layout.root)
@@ -107,7 +129,7 @@ class Resumption:
             # rolls back every seat adopted beside it, and the refusal is the first failing
             # seat in checkpoint order, as from a loop.
             adopted = await concurrency.ordered_map(adopt, inventory.agents, jobs)
-            observations = [outcome.unwrap() for outcome in adopted]
+            return [outcome.unwrap() for outcome in adopted]
         except BaseException:
             # Roll back to a clean resume-required daemon: stop what this attempt started and
             # keep every footprint; the attempt can be retried.
@@ -120,11 +142,6 @@ class Resumption:
                         log.error("resume.rollback_unproven", seat=seat.name, error=exc.text)
                     mgr.remove(seat)
             raise
-        m.apply("activated", attempt)
-        self.inventory = inventory
-        self.result = {"attemptId": attempt, "state": "resumed", "seats": observations}
-        log.info("resume.activated", attempt=attempt, seats=len(launched))
-        return self.result
 
     async def _roster_liveness(self, inventory: Inventory, jobs: anyio.CapacityLimiter) -> None:
         presence = self.mgr.presence_bucket()
@@ -154,45 +171,11 @@ class Resumption:
                 "stop the running incarnation first; presence expires 6 s after it stops",
             )
 
-    async def _adopt(self, agent: Agent, attempt: str) -> tuple[Seat, dict[str, Any]]:
+    async def _adopt(self, agent: Agent, attempt: str) -> tuple[Seat, control.ResumedSeat]:
         mgr = self.mgr
-        uid = agent.identity.lifecycle_uid
-        # The lifecycle proof comes first: a wrong uid names a durable that does not exist.
-        await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, agent.name, uid)
-        held = await custody.read(mgr.custody_bucket(), agent.name, uid)
-        if (
-            held is None
-            or held.record.holder != mgr.identity.instance_id
-            or held.record.attempt_id != attempt
-        ):
-            raise Refusal(
-                "custody-not-held",
-                f"seat {agent.name}: this manager does not hold its custody for attempt {attempt}",
-                "claim custody first (cotal up --restore does, before it starts the manager)",
-            )
-        connector = registry.load_connector(agent.launch.connector)
-        declared = continuity_class(connector.capabilities)
+        seat = await self._seat_for(agent, attempt)
         recorded = agent.launch.session_id
-        # The class is the declared one, capped by what the checkpoint carried: the coordinator
-        # drops the session id of a seat whose checkpoint could not reopen it.
-        klass = (
-            declared
-            if recorded and declared in ("exact", "fork")
-            else ("fresh" if connector.capabilities.supports_fresh_start else "drain-only")
-        )
-        seat = Seat(
-            name=agent.name,
-            agent=agent.launch.connector,
-            uid=uid,
-            cwd=Path(agent.launch.cwd),
-            connector=connector,
-            continuity=klass,
-            model=agent.launch.model,
-            started_at=now_iso(),
-            pointer_path=mgr.layout.session_pointer(connector.name, agent.name, uid),
-            custody_revision=held.revision,
-            generation_at_broker=held.record.generation,
-        )
+        klass = seat.continuity
         mgr.adopt(seat)
         try:
             if klass == "exact":
@@ -210,29 +193,63 @@ class Resumption:
                 f"replacement reported session {seat.session_id}, expected {recorded}",
                 "the harness did not reopen the recorded session",
             )
-        observation = {
-            "exact": "reopened the recorded session",
-            "fork": "forked: a new session carrying the recorded history",
-            "fresh": "started fresh: the checkpoint carried no session to reopen",
-            "drain-only": "started fresh: this harness cannot continue a session (drain-only)",
-        }[klass]
         log.info(
             "resume.adopted",
             seat=agent.name,
-            uid=uid,
+            uid=seat.uid,
             continuity=klass,
             before=recorded,
             after=seat.session_id,
         )
-        return seat, {
-            "name": agent.name,
-            "lifecycleUid": uid,
-            "continuity": klass,
-            "sessionBefore": recorded,
-            "sessionAfter": seat.session_id,
-            "observation": observation,
-            "pid": seat.handle.pid if seat.handle else None,
-        }
+        return seat, control.ResumedSeat(
+            name=agent.name,
+            lifecycle_uid=seat.uid,
+            continuity=klass,
+            session_before=recorded,
+            session_after=seat.session_id,
+            observation=OBSERVATIONS[klass],
+            pid=seat.handle.pid if seat.handle else None,
+        )
+
+    async def _seat_for(self, agent: Agent, attempt: str) -> Seat:
+        """The seat the checkpoint names, under its recorded uid and custody, with its class."""
+        mgr = self.mgr
+        uid = agent.identity.lifecycle_uid
+        # The lifecycle proof comes first: a wrong uid names a durable that does not exist.
+        await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, agent.name, uid)
+        held = await custody.read(mgr.custody_bucket(), agent.name, uid)
+        if (
+            held is None
+            or held.record.holder != mgr.identity.instance_id
+            or held.record.attempt_id != attempt
+        ):
+            raise Refusal(
+                "custody-not-held",
+                f"seat {agent.name}: this manager does not hold its custody for attempt {attempt}",
+                "claim custody first (cotal up --restore does, before it starts the manager)",
+            )
+        connector = registry.load_connector(agent.launch.connector)
+        declared = continuity_class(connector.capabilities)
+        # The class is the declared one, capped by what the checkpoint carried: the coordinator
+        # drops the session id of a seat whose checkpoint could not reopen it.
+        klass = (
+            declared
+            if agent.launch.session_id and declared in ("exact", "fork")
+            else ("fresh" if connector.capabilities.supports_fresh_start else "drain-only")
+        )
+        return Seat(
+            name=agent.name,
+            agent=agent.launch.connector,
+            uid=uid,
+            cwd=Path(agent.launch.cwd),
+            connector=connector,
+            continuity=klass,
+            model=agent.launch.model,
+            started_at=now_iso(),
+            pointer_path=mgr.layout.session_pointer(connector.name, agent.name, uid),
+            custody_revision=held.revision,
+            generation_at_broker=held.record.generation,
+        )
 
     # -- commit-resume / finalize-resume -----------------------------------------------------
 
@@ -242,7 +259,7 @@ class Resumption:
         material = f"cotal-resume-commit\0{attempt}\0{self.mgr.identity.instance_id}\0{digest}"
         return hashlib.sha256(material.encode()).hexdigest()
 
-    async def commit(self, args: control.AttemptArgs) -> dict[str, Any]:
+    async def commit(self, args: control.AttemptArgs) -> control.CommitResumeReply:
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
         if self.inventory is None:
@@ -266,9 +283,11 @@ class Resumption:
         m.apply("commit-resume", attempt)
         self.token = self._expected_token(attempt)
         failpoint.reached("resume.daemon.after-commit-resume", mgr.layout.root)
-        return {"attemptId": attempt, "state": "awaitingFinalize", "durableCommitToken": self.token}
+        return control.CommitResumeReply(
+            attempt_id=attempt, state="awaitingFinalize", durable_commit_token=self.token
+        )
 
-    async def finalize(self, args: control.FinalizeArgs) -> dict[str, Any]:
+    async def finalize(self, args: control.FinalizeArgs) -> control.AttemptState:
         m = self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
         if (
@@ -276,7 +295,7 @@ class Resumption:
             and self.token is not None
             and hmac.compare_digest(args.durable_commit_token, self.token)
         ):
-            return {"attemptId": attempt, "state": "active"}
+            return control.AttemptState(attempt_id=attempt, state="active")
         if self.token is None or not hmac.compare_digest(args.durable_commit_token, self.token):
             raise Refusal(
                 "bad-token",
@@ -286,4 +305,4 @@ class Resumption:
         m.apply("finalize", attempt)
         failpoint.reached("resume.daemon.after-finalize", self.mgr.layout.root)
         log.info("resume.finalized", attempt=attempt)
-        return {"attemptId": attempt, "state": "active"}
+        return control.AttemptState(attempt_id=attempt, state="active")

@@ -1,10 +1,10 @@
 """A seat in the Manager's table, and the narrow view of the table the cut and the resume get.
 
-A `Seat` carries its lifecycle (`protocol.lifecycle`) and what the current incarnation is
-running; only the Manager moves the lifecycle. `SeatOwner` is everything Preservation and
-Resumption may ask of the Manager: they read the table, and they ask the owner to adopt, launch,
-stop and remove seats, so the table has one writer (gunicorn's arbiter) and neither of them
-imports the Manager.
+A `Seat` carries its lifecycle (`protocol.lifecycle`) and its current `Incarnation` (the
+process one launch started); only the Manager and its incarnations move the lifecycle.
+`SeatOwner` is everything Preservation and Resumption may ask of the Manager: they read the
+table, and they ask the owner to adopt, launch, stop and remove seats, so the table has one
+writer (gunicorn's arbiter) and neither of them imports the Manager.
 """
 
 from __future__ import annotations
@@ -34,6 +34,22 @@ from protocol.session import SessionPointer, decode_pointer
 
 
 @dataclass(eq=False)
+class Incarnation:
+    """One process of a seat: what one launch started. The next launch replaces it whole, so
+    a handle, a driver or a bridge is always its own process's, never a predecessor's. What
+    outlives a process (the session, the restart budget, the last exit) stays on the `Seat`."""
+
+    spec: LaunchSpec
+    handle: SeatHandle
+    # What the connector says about this launch for people (`ps --wide`); it reads no secret.
+    described: dict[str, str] = field(default_factory=dict)
+    driver: Driver | None = None
+    bridge: DeliveryBridge | None = None
+    # Set once its run task has finished its cleanup.
+    run_done: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(eq=False)
 class Seat:
     name: str
     agent: str
@@ -47,15 +63,11 @@ class Seat:
     custody_revision: int | None = None
     generation_at_broker: int = 0
     lifecycle: SeatLifecycle = field(default_factory=SeatLifecycle)
-    # The current incarnation: replaced by each launch, so an exit report names its own.
-    handle: SeatHandle | None = None
-    # Set once the current incarnation's run task has finished its cleanup.
-    run_done: anyio.Event | None = None
-    driver: Driver | None = None
-    spec: LaunchSpec | None = None
+    # The current incarnation: replaced by each launch, so an exit report names its own. None
+    # until this manager launches the seat (a seat entered from its record has none).
+    current: Incarnation | None = None
     session_id: str | None = None
     fence: WriterFence | None = None
-    bridge: DeliveryBridge | None = None
     # Why the seat is not running, when the Manager refused to relaunch it.
     reason: str | None = None
     # False for a seat whose durable and custody record belong to someone else now (custody
@@ -65,13 +77,24 @@ class Seat:
     restarts: int = 0
     # How the last process of this seat ended (`exit_text`), kept across relaunches.
     last_exit: str | None = None
-    described: dict[str, str] = field(default_factory=dict)
     # One stopper at a time: a second waits for the first's proof instead of racing it.
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     @property
     def state(self) -> SeatState:
         return self.lifecycle.state
+
+    @property
+    def handle(self) -> SeatHandle | None:
+        return self.current.handle if self.current is not None else None
+
+    @property
+    def spec(self) -> LaunchSpec | None:
+        return self.current.spec if self.current is not None else None
+
+    @property
+    def bridge(self) -> DeliveryBridge | None:
+        return self.current.bridge if self.current is not None else None
 
     def apply(self, event: SeatEvent) -> SeatState:
         """The Manager's only way to move a seat; an illegal event raises `IllegalTransition`."""
@@ -106,7 +129,9 @@ class Seat:
             turn_started_at=turn.started_at if turn is not None else None,
             reason=self.reason,
             last_exit=self.last_exit,
-            permission_mode=self.described.get("permissionMode"),
+            permission_mode=(
+                self.current.described.get("permissionMode") if self.current is not None else None
+            ),
             isolation=self.handle.isolation if self.handle is not None else None,
         )
 

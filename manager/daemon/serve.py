@@ -24,9 +24,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import anyio
 import structlog
@@ -47,8 +45,6 @@ from protocol.mesh import MESH_CAP, MeshRecord, decode_mesh, encode_mesh
 from protocol.names import check_space
 
 log = structlog.get_logger("cotal.daemon")
-
-ControlHandler = Callable[[str, Any], Awaitable[Any]]
 
 
 def read_control_token(layout: Layout) -> str:
@@ -183,33 +179,7 @@ async def serve(
     )
     notifier = _Notifier()
     try:
-        async with anyio.create_task_group() as tg:
-            await tg.start(manager.run)
-            control_server = ControlServer(
-                layout.socket,
-                token,
-                manager.handle,
-                seat_pids=lambda: seat_pids(manager),
-            )
-            await tg.start(control_server.serve)
-            tg.start_soon(_signals, manager, notifier)
-            if record_mesh(layout, space, server, creds):
-                log.info("daemon.mesh_recorded", path=str(layout.mesh))
-            if manager.in_flight:
-                sd_notify(f"STATUS=re-adopting {len(manager.seats)} seat(s)")
-            await manager.drain()
-            log.info("daemon.ready", socket=str(layout.socket), seats=len(manager.seats))
-            sd_notify(
-                f"READY=1\nMAINPID={os.getpid()}\n"
-                f"STATUS=serving {layout.root} ({len(manager.seats)} seat(s))"
-            )
-            await manager.shutdown_requested.wait()
-            notifier.stopping()
-            # The shutdown op's reply (written into the caller's socket buffer, which outlives
-            # this process) must be out before the control server is cancelled.
-            with anyio.move_on_after(2.0):
-                await control_server.replies_written()
-            tg.cancel_scope.cancel()
+        await _serve_until_shutdown(manager, token, notifier, creds)
     finally:
         with anyio.CancelScope(shield=True):
             notifier.stopping()
@@ -222,6 +192,41 @@ async def serve(
             with anyio.move_on_after(5.0):
                 await nc.drain()
             log.info("daemon.stopped", pid=os.getpid())
+
+
+async def _serve_until_shutdown(
+    manager: Manager, token: str, notifier: _Notifier, creds: Path | None
+) -> None:
+    """Run the Manager and its control socket, tell the service manager when it is ready, and
+    return once a shutdown was asked for and its reply is out."""
+    layout = manager.layout
+    async with anyio.create_task_group() as tg:
+        await tg.start(manager.run)
+        control_server = ControlServer(
+            layout.socket,
+            token,
+            manager.handle,
+            seat_pids=lambda: seat_pids(manager),
+        )
+        await tg.start(control_server.serve)
+        tg.start_soon(_signals, manager, notifier)
+        if record_mesh(layout, manager.space, manager.server_url, creds):
+            log.info("daemon.mesh_recorded", path=str(layout.mesh))
+        if manager.in_flight:
+            sd_notify(f"STATUS=re-adopting {len(manager.seats)} seat(s)")
+        await manager.drain()
+        log.info("daemon.ready", socket=str(layout.socket), seats=len(manager.seats))
+        sd_notify(
+            f"READY=1\nMAINPID={os.getpid()}\n"
+            f"STATUS=serving {layout.root} ({len(manager.seats)} seat(s))"
+        )
+        await manager.shutdown_requested.wait()
+        notifier.stopping()
+        # The shutdown op's reply (written into the caller's socket buffer, which outlives this
+        # process) must be out before the control server is cancelled.
+        with anyio.move_on_after(2.0):
+            await control_server.replies_written()
+        tg.cancel_scope.cancel()
 
 
 async def _signals(manager: Manager, notifier: _Notifier) -> None:

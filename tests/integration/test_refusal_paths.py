@@ -26,7 +26,7 @@ from manager.procs import processes_with_env
 from protocol import names
 from tests.conftest import REPO, Cli, cotal_env
 from tests.gitrepo import git, init_repo
-from tests.helpers import carry_to_new_host, pid_alive, trusting, wait_gone
+from tests.helpers import carry_to_new_host, pid_alive, trusting, wait_gone, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -234,12 +234,13 @@ def test_a_seat_whose_harness_quit_its_session_is_not_started_again(cli: Cli) ->
 # -- 4. a failed lifecycle proof ------------------------------------------------------------------
 
 
-def test_a_stop_with_a_survivor_of_the_lifecycle_is_unproven(cli: Cli) -> None:
+async def test_a_stop_with_a_survivor_of_the_lifecycle_is_unproven(cli: Cli) -> None:
     cli.run("up", "--detach")
     row = cli.json("spawn", "s1")
     # A process that carries the seat's lifecycle mark but left its process group: the stop
     # kills the group, reaps the harness, and must still refuse to call the seat stopped.
-    survivor = subprocess.Popen(
+    # Popen returns at once; the child must outlive this call, so no async process API.
+    survivor = subprocess.Popen(  # noqa: ASYNC220
         ["sleep", "60"], env={**os.environ, "COTAL_LIFECYCLE_UID": row["lifecycleUid"]}
     )
     try:
@@ -250,9 +251,16 @@ def test_a_stop_with_a_survivor_of_the_lifecycle_is_unproven(cli: Cli) -> None:
             f"alive: [{survivor.pid}]; kill {survivor.pid}, then retry"
         )
         assert not pid_alive(row["pid"]) and pid_alive(survivor.pid)
-        # Not asserted: the seat's state now. The reap of its harness turns `unproven` into
-        # `stopped` whenever the seat task's own reap lands after the survivor scan, a race in
-        # manager/daemon/core.py (reported, not fixed here).
+        # The seat task's own reap of the harness, whenever it lands, is no proof while the
+        # survivor lives: the seat stays unproven and cannot be started beside it.
+        log = cli.root / ".cotal" / "logs" / "manager.log"
+        exited = f'"event": "seat.exited", "level": "info", "pid": {row["pid"]}'
+        await wait_until(lambda: exited in log.read_text(), timeout=20)
+        [after] = cli.ps()
+        assert after["state"] == "unproven", after
+        start = _refusal(cli.run("start", "s1", "--json", check=False))
+        assert start["code"] == "not-stopped", start
+        assert pid_alive(survivor.pid) and [r["state"] for r in cli.ps()] == ["unproven"]
         # The cure the refusal names: kill it, then stop again, which proves the seat stopped.
         survivor.kill()
         survivor.wait(timeout=10)
@@ -263,10 +271,7 @@ def test_a_stop_with_a_survivor_of_the_lifecycle_is_unproven(cli: Cli) -> None:
             survivor.wait(timeout=10)
 
 
-# -- 5. a fork-class resume -----------------------------------------------------------------------
-# Not forced here: no connector in manager/registry.py declares the fork class (scribe, pi and
-# claude continue sessions, so they are `exact`; jcode is `drain-only`), so the fork branch of
-# manager/daemon/resume.py cannot be reached without changing production code.
+# -- 5. a fork-class resume: tests/e2e/test_fork_resume.py (the built-in `scribe-fork`) ----------
 
 
 # -- 6. finalize-resume with a wrong token --------------------------------------------------------

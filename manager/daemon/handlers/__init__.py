@@ -1,0 +1,48 @@
+"""The control handlers, registered from `protocol.control.OPS`.
+
+Each op's handler is added under the op's own record (`Table.add`), so its argument and its
+reply are the op's types; the table is checked against OPS before the daemon serves
+(`serving`), so an op without a handler is refused at start-up rather than at its first call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from manager.daemon.handlers import mail, preservation, seats
+from manager.daemon.handlers.table import Handler, Table
+from protocol import control
+from protocol.errors import Refusal
+
+if TYPE_CHECKING:
+    from manager.daemon.core import Manager
+
+Dispatch = Callable[[str, Any], Awaitable[Any]]
+
+
+def build(mgr: Manager) -> dict[str, Handler]:
+    table = Table()
+    seats.SeatHandlers(mgr).register(table)
+    mail.MailHandlers(mgr).register(table)
+    preservation.PreservationHandlers(mgr).register(table)
+    return table.handlers
+
+
+def serving(handlers: Mapping[str, Handler]) -> Dispatch:
+    """The control server's dispatch over `handlers`, once they answer exactly the ops in OPS;
+    refused otherwise, so a daemon missing a handler never starts serving."""
+    control.check_handlers(handlers)
+    table = dict(handlers)
+
+    async def dispatch(op: str, args: Any) -> Any:
+        handler = table.get(op)
+        if handler is None:
+            # decode_args refuses a name OPS does not know first; this is a table built
+            # around that check.
+            raise Refusal(
+                "unsupported-op", f"op {op!r} is not implemented by this daemon", "upgrade cotal"
+            )
+        return await handler(args)
+
+    return dispatch

@@ -1,0 +1,200 @@
+"""The mail ops: send (and wait for the reply), and a seat's dead letters: list, put one back,
+drop one."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+import structlog
+
+from manager.broker import deadletter
+from manager.broker.dm import new_message_id, publish_dm
+from manager.daemon.delivery import Waiter
+from manager.daemon.handlers.table import Table
+from manager.daemon.seat import Seat
+from protocol import control, names
+from protocol.errors import DecodeError, Refusal
+from protocol.instant import now_iso
+from protocol.messages import DirectMessage, decode_dm
+
+if TYPE_CHECKING:
+    from manager.daemon.core import Manager
+
+log = structlog.get_logger("cotal.manager")
+
+HEAD_CHARS = 80
+
+
+def dead_by_seat(mgr: Manager) -> dict[str, int]:
+    """Each seat's dead letters, for the seats that have any."""
+    found = {s.name: mgr.dead_counts.get(s.uid, 0) for s in mgr.seats.values()}
+    return {name: n for name, n in sorted(found.items()) if n}
+
+
+def _dead_row(letter: deadletter.DeadLetter) -> control.DeadLetterRow:
+    meta = letter.meta
+    try:
+        dm: DirectMessage | None = decode_dm(letter.data)
+    except DecodeError:
+        dm = None
+    text = dm.text if dm is not None else letter.data.decode("utf-8", "replace")
+    return control.DeadLetterRow(
+        id=letter.id,
+        subject=meta.subject,
+        deliveries=meta.deliveries,
+        reason=meta.reason,
+        dead_at=meta.dead_at,
+        bytes=len(letter.data),
+        head=text[:HEAD_CHARS],
+        sender=dm.sender if dm is not None else None,
+        message_id=dm.id if dm is not None else None,
+        sent_at=dm.sent_at if dm is not None else None,
+    )
+
+
+def _message_id(letter: deadletter.DeadLetter) -> str | None:
+    try:
+        return decode_dm(letter.data).id
+    except DecodeError:
+        return None
+
+
+class MailHandlers:
+    def __init__(self, mgr: Manager) -> None:
+        self.mgr = mgr
+
+    def register(self, table: Table) -> None:
+        table.add(control.SEND, self.send)
+        table.add(control.DEAD_LETTERS, self.dead_letters)
+        table.add(control.REDELIVER_DEAD_LETTER, self.redeliver)
+        table.add(control.DROP_DEAD_LETTER, self.drop)
+
+    async def send(self, args: control.SendArgs) -> control.SendReply:
+        mgr = self.mgr
+        seat = mgr.seat(args.name)
+        if not args.text:
+            raise Refusal(
+                "empty-message", "refusing to send an empty message", "pass the text to send"
+            )
+        dm = DirectMessage(
+            id=new_message_id(),
+            sender=names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR),
+            recipient=names.principal(names.SEAT_OWNER, seat.name),
+            text=args.text,
+            sent_at=now_iso(),
+        )
+        waiter = Waiter() if args.wait else None
+        if waiter is not None:
+            mgr.waiters[dm.id] = waiter
+        try:
+            seq = await publish_dm(mgr.js, mgr.space, dm)
+            sent = control.SendReply(id=dm.id, seq=seq, seat=seat.name)
+            if waiter is None:
+                return sent
+            await self._reply_of(seat, waiter, args.timeout_s)
+            assert waiter.outcome is not None
+            return control.SendReply(
+                id=dm.id,
+                seq=seq,
+                seat=seat.name,
+                reply=waiter.outcome.reply,
+                attempts=waiter.attempts,
+            )
+        finally:
+            mgr.waiters.pop(dm.id, None)
+
+    @staticmethod
+    async def _reply_of(seat: Seat, waiter: Waiter, timeout_s: float) -> None:
+        try:
+            with anyio.fail_after(timeout_s):
+                await waiter.done.wait()
+        except TimeoutError:
+            raise Refusal(
+                "no-reply",
+                f"no reply from {seat.name} within {timeout_s:.0f}s",
+                "the message stays queued in the seat's inbox; check `cotal ps` and the seat log",
+            ) from None
+
+    # -- dead letters ---------------------------------------------------------------------------
+
+    async def dead_letters(self, args: control.DeadLettersArgs) -> control.DeadLetters:
+        mgr = self.mgr
+        seat = mgr.seat(args.name)
+        owner = names.SEAT_OWNER
+        count = await deadletter.count_of(mgr.js, mgr.space, owner, seat.name, seat.uid)
+        letters = await deadletter.listing(mgr.js, mgr.space, owner, seat.name, seat.uid)
+        mgr.dead_counts[seat.uid] = count
+        return control.DeadLetters(
+            name=seat.name,
+            lifecycle_uid=seat.uid,
+            count=count,
+            letters=[_dead_row(letter) for letter in letters],
+            truncated=count > len(letters),
+        )
+
+    async def redeliver(self, args: control.DeadLetterArgs) -> control.RedeliverDeadLetterReply:
+        """Put one dead letter back into the seat's inbox, then remove it from the dead letters:
+        a crash between the two leaves it in both, never in neither."""
+        mgr = self.mgr
+        async with mgr.lifecycle("redeliver"):
+            seat = mgr.seat(args.name)
+            owner = names.SEAT_OWNER
+            letter = await deadletter.fetch(mgr.js, mgr.space, owner, seat.name, seat.uid, args.id)
+            seq = await deadletter.put_back(mgr.js, mgr.space, owner, seat.name, letter)
+            await deadletter.remove(mgr.js, mgr.space, letter.id)
+            self._count_removed(seat)
+            log.info("deadletter.redelivered", seat=seat.name, id=letter.id, seq=seq)
+            return control.RedeliverDeadLetterReply(
+                name=seat.name,
+                lifecycle_uid=seat.uid,
+                id=letter.id,
+                message_id=_message_id(letter),
+                seq=seq,
+                # What the harness is told: its next delivery's number.
+                delivery=letter.meta.deliveries + 1,
+            )
+
+    async def drop(self, args: control.DeadLetterArgs) -> control.DropDeadLetterReply:
+        mgr = self.mgr
+        async with mgr.lifecycle("drop"):
+            seat = mgr.seat(args.name)
+            letter = await deadletter.fetch(
+                mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid, args.id
+            )
+            await deadletter.remove(mgr.js, mgr.space, letter.id)
+            self._count_removed(seat)
+            log.info("deadletter.dropped", seat=seat.name, id=letter.id)
+            return control.DropDeadLetterReply(
+                name=seat.name, lifecycle_uid=seat.uid, id=letter.id, message_id=_message_id(letter)
+            )
+
+    def _count_removed(self, seat: Seat) -> None:
+        self.mgr.dead_counts[seat.uid] = max(0, self.mgr.dead_counts.get(seat.uid, 0) - 1)
+
+
+async def refuse_dead_letters(mgr: Manager) -> None:
+    """A cut carries each seat's inbox, not its dead letters: refused while any seat holds
+    one, before the fence, so nothing stops. The read is retried until no move to dead letters
+    was under way across it, so none lands unseen between the read and the fence (the fence,
+    which follows with no await, ends them)."""
+    gate = mgr.delivery_gate
+    while True:
+        begun = await gate.quiet()
+        found = await deadletter.counts(mgr.js, mgr.space)
+        if not gate.burying and gate.burials_begun == begun:
+            break
+    mgr.dead_counts.clear()
+    mgr.dead_counts.update(found)
+    held = dead_by_seat(mgr)
+    if held:
+        listed = ", ".join(f"{name} {n}" for name, n in held.items())
+        first = next(iter(held))
+        raise Refusal(
+            "dead-letters-waiting",
+            f"preservation refused: seat(s) hold dead letters ({listed}); a cut carries "
+            "each seat's inbox, not its dead letters",
+            f"`cotal inbox {first}` lists them; put each back (`cotal inbox {first} "
+            "--redeliver ID`) or drop it (`--drop ID`), for every seat named, then cut "
+            "again; nothing was stopped",
+        )

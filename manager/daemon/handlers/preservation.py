@@ -1,0 +1,51 @@
+"""The maintenance ops: the cut's prepare, commit, abort and progress, and the resume's
+resume-preserved, commit-resume and finalize-resume. The work is `Preservation`'s and
+`Resumption`'s; what is decided here is what may not begin at all."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from manager.daemon.handlers.mail import refuse_dead_letters
+from manager.daemon.handlers.table import Table
+from protocol import control
+from protocol.errors import Refusal
+
+if TYPE_CHECKING:
+    from manager.daemon.core import Manager
+
+
+class PreservationHandlers:
+    def __init__(self, mgr: Manager) -> None:
+        self.mgr = mgr
+
+    def register(self, table: Table) -> None:
+        cut, resume = self.mgr.preservation, self.mgr.resumption
+        table.add(control.PROGRESS, self.progress)
+        table.add(control.PREPARE_PRESERVATION, self.prepare)
+        table.add(control.COMMIT_PRESERVATION, cut.commit)
+        table.add(control.ABORT_PRESERVATION, cut.abort)
+        table.add(control.RESUME_PRESERVED, resume.resume)
+        table.add(control.COMMIT_RESUME, resume.commit)
+        table.add(control.FINALIZE_RESUME, resume.finalize)
+
+    async def progress(self, args: control.ProgressArgs) -> control.ProgressResult:
+        return self.mgr.preservation.progress.read(args)
+
+    async def prepare(self, args: control.AttemptArgs) -> control.PrepareReply:
+        mgr = self.mgr
+        if mgr.maintenance.state == "active":
+            # A cut carries running seats and resumes them running; a stopped seat would come
+            # back started behind the operator's back, so the operator decides first. Checked
+            # before the fence, so the refusal changes nothing.
+            kept = sorted(s.name for s in mgr.seats.values() if s.state == "stopped")
+            if kept:
+                raise Refusal(
+                    "seat-stopped",
+                    f"preservation refused: seat(s) {', '.join(kept)} stopped; a cut carries "
+                    "running seats only",
+                    f"`cotal start {kept[0]}` or `cotal rm {kept[0]}` first (each stopped seat), "
+                    "then cut again; nothing was stopped",
+                )
+            await refuse_dead_letters(mgr)
+        return await mgr.preservation.prepare(args)

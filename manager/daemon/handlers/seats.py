@@ -1,0 +1,305 @@
+"""The seat ops: status, ps, spawn, the operator's seat verbs and shutdown.
+
+`stop-seat` stops and proves and keeps everything (durable, session, custody, record);
+`start-seat` relaunches a `stopped` seat under its uid into its session; `restart-seat` is the
+two in one; `remove-seat` stops if needed and deprovisions.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+import structlog
+
+from connectors.base import continuity_class
+from manager import registry
+from manager.broker import custody, footprint
+from manager.broker.fence import WriterFence
+from manager.daemon import seatfile, teardown
+from manager.daemon.handlers.mail import dead_by_seat
+from manager.daemon.handlers.table import Table
+from manager.daemon.seat import Seat
+from protocol import control, names
+from protocol.errors import Refusal
+from protocol.instant import now_iso
+
+if TYPE_CHECKING:
+    from manager.daemon.core import Manager
+
+log = structlog.get_logger("cotal.manager")
+
+
+class SeatHandlers:
+    def __init__(self, mgr: Manager) -> None:
+        self.mgr = mgr
+
+    def register(self, table: Table) -> None:
+        table.add(control.STATUS, self.status)
+        table.add(control.PS, self.ps)
+        table.add(control.SPAWN, self.spawn)
+        table.add(control.STOP_SEAT, self.stop_seat)
+        table.add(control.START_SEAT, self.start_seat)
+        table.add(control.RESTART_SEAT, self.restart_seat)
+        table.add(control.REMOVE_SEAT, self.remove_seat)
+        table.add(control.SHUTDOWN, self.shutdown)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def status(self, _args: control.NoArgs) -> control.StatusReply:
+        mgr, m = self.mgr, self.mgr.maintenance
+        states: dict[str, int] = {}
+        for seat in mgr.seats.values():
+            states[seat.state] = states.get(seat.state, 0) + 1
+        return control.StatusReply(
+            pid=os.getpid(),
+            space=mgr.space,
+            root=str(mgr.layout.root),
+            instance_id=mgr.identity.instance_id,
+            state=mgr.state,
+            seats=len(mgr.seats),
+            seat_states=dict(sorted(states.items())),
+            server=mgr.server_url,
+            started_at=mgr.started_at,
+            in_flight=mgr.in_flight,
+            attempt_id=m.attempt_id,
+            commit_started=m.commit_started,
+            activated=m.activated,
+            dead_letters=dead_by_seat(mgr),
+        )
+
+    async def ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
+        mgr = self.mgr
+        return [
+            msgspec.structs.replace(
+                s.row(mgr.identity.instance_id), dead_letters=mgr.dead_counts.get(s.uid, 0)
+            )
+            for s in sorted(mgr.seats.values(), key=lambda s: s.name)
+        ]
+
+    # -- spawn ----------------------------------------------------------------------------------
+
+    async def spawn(self, args: control.SpawnArgs) -> control.SeatRow:
+        mgr = self.mgr
+        async with mgr.lifecycle("spawn"):
+            seat = self._new_seat(args)
+            mgr.adopt(seat)
+            try:
+                await self._provision_and_launch(seat, args)
+            except BaseException:
+                mgr.remove(seat)
+                with anyio.CancelScope(shield=True):
+                    await teardown.deprovision(mgr, seat)
+                raise
+            log.info(
+                "seat.spawned",
+                seat=seat.name,
+                uid=seat.uid,
+                agent=args.agent,
+                session=seat.session_id,
+            )
+            return seat.row(mgr.identity.instance_id)
+
+    def _new_seat(self, args: control.SpawnArgs) -> Seat:
+        mgr = self.mgr
+        name = names.check_new_seat_name(args.name)
+        if len(mgr.seats) >= names.MAX_SEATS:
+            raise Refusal(
+                "capacity",
+                f"this manager already runs {names.MAX_SEATS} seats",
+                "remove a seat first (`cotal rm NAME`; a stopped seat still counts)",
+            )
+        connector = registry.load_connector(args.agent)
+        cwd = Path(args.cwd).resolve() if args.cwd else mgr.layout.root
+        if not cwd.is_dir():
+            raise Refusal(
+                "bad-cwd", f"cwd {cwd} is not a directory", "pass --cwd with an existing directory"
+            )
+        uid = names.mint_lifecycle_uid()
+        return Seat(
+            name=name,
+            agent=args.agent,
+            uid=uid,
+            cwd=cwd,
+            connector=connector,
+            continuity=continuity_class(connector.capabilities),
+            model=args.model,
+            started_at=now_iso(),
+            pointer_path=mgr.layout.session_pointer(connector.name, name, uid),
+        )
+
+    async def _provision_and_launch(self, seat: Seat, args: control.SpawnArgs) -> None:
+        mgr = self.mgr
+        me = mgr.identity.instance_id
+        await footprint.ensure_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid)
+        held = await custody.establish(mgr.custody_bucket(), seat.name, seat.uid, me)
+        seat.custody_revision, seat.generation_at_broker = held.revision, held.record.generation
+        # On disk before the launch: a manager that dies from here on leaves a record its
+        # successor re-adopts, not an orphaned durable and custody key.
+        seatfile.save(mgr.layout, seat)
+        seat.fence = WriterFence(mgr.js, mgr.space, seat.name, me, 0)
+        await seat.fence.establish()
+        incarnations = mgr.incarnations
+        await incarnations.start(
+            seat, incarnations.opts(seat, prompt=args.prompt, resume=args.resume)
+        )
+
+    # -- the seat verbs -------------------------------------------------------------------------
+
+    async def stop_seat(self, args: control.StopSeatArgs) -> control.StopSeatReply:
+        """Stop and prove, and keep: the durable, the session, the custody and the record stay,
+        so `start-seat` can bring the seat back as it was."""
+        async with self.mgr.lifecycle("stop-seat"):
+            seat = self.mgr.seat(args.name)
+            if seat.state in ("evicting", "evicted"):
+                raise Refusal(
+                    "evicted",
+                    f"seat {seat.name} is {seat.state}: its custody moved to another holder",
+                    "nothing to stop here; see `cotal ps`",
+                )
+            already = seat.state == "stopped"
+            await self.mgr.stop_and_prove(seat, graceful=True)
+            log.info("seat.stopped", seat=seat.name, uid=seat.uid, last_exit=seat.last_exit)
+            return control.StopSeatReply(
+                name=seat.name,
+                lifecycle_uid=seat.uid,
+                exit_code=seat.handle.returncode if seat.handle else None,
+                last_exit=seat.last_exit,
+                state=seat.state,
+                already_stopped=already,
+                kept=True,
+            )
+
+    async def start_seat(self, args: control.StartSeatArgs) -> control.StartedSeatRow:
+        mgr = self.mgr
+        async with mgr.lifecycle("start-seat"):
+            seat = mgr.seat(args.name)
+            already = seat.state == "running"
+            if not already:
+                _require_startable(seat, "start")
+                await mgr.incarnations.start_stopped(seat)
+            row = seat.row(mgr.identity.instance_id)
+            return control.StartedSeatRow(**msgspec.structs.asdict(row), already_running=already)
+
+    async def restart_seat(self, args: control.RestartSeatArgs) -> control.SeatRow:
+        mgr = self.mgr
+        async with mgr.lifecycle("restart-seat"):
+            seat = mgr.seat(args.name)
+            if seat.state != "running":
+                _require_startable(seat, "restart")
+            await mgr.stop_and_prove(seat, graceful=True)
+            await mgr.incarnations.start_stopped(seat)
+            return seat.row(mgr.identity.instance_id)
+
+    async def remove_seat(self, args: control.RemoveSeatArgs) -> control.RemoveSeatReply:
+        """Stop if running, prove it, then deprovision exactly this seat's footprint: durable,
+        presence, custody record, session pointer and persisted record."""
+        mgr = self.mgr
+        async with mgr.lifecycle("remove-seat"):
+            seat = mgr.seat(args.name)
+            await mgr.stop_and_prove(seat, graceful=True)
+            dead = mgr.dead_counts.get(seat.uid, 0) if seat.footprint_owned else 0
+            await teardown.free(mgr, seat)
+            log.info("seat.removed", seat=seat.name, uid=seat.uid, footprint=seat.footprint_owned)
+            return control.RemoveSeatReply(
+                name=seat.name,
+                lifecycle_uid=seat.uid,
+                exit_code=seat.handle.returncode if seat.handle else None,
+                last_exit=seat.last_exit,
+                state=seat.state,
+                footprint_deleted=seat.footprint_owned,
+                dead_letters_deleted=dead,
+            )
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def shutdown(self, _args: control.NoArgs) -> control.ShutdownReply:
+        mgr, m = self.mgr, self.mgr.maintenance
+        if m.state == "preserving":
+            raise Refusal(
+                "fenced",
+                f"shutdown refused: preservation attempt {m.attempt_id} is in progress",
+                "commit or abort it first (cotal down --preserve-state continues it)",
+            )
+        if m.state != "active":
+            # Cleanup is suppressed outside `active`: the seats' durables are the cut's or the
+            # resume's, so the daemon exits without deprovisioning anything.
+            await mgr.stop_all_keep_footprint()
+            mgr.shutdown_requested.set()
+            return control.ShutdownReply(stopped=[], footprint_kept=True, state=m.state)
+        stopped: list[control.TeardownRow] = []
+        unproven: dict[str, Refusal] = {}
+        order = list(mgr.seats)
+        async with mgr.lifecycle("shutdown"):
+            mgr.stopping = True
+            try:
+                async with anyio.create_task_group() as tg:
+                    for seat in list(mgr.seats.values()):
+                        tg.start_soon(self._teardown_one, seat, stopped, unproven)
+            finally:
+                mgr.shutdown_requested.set()
+        if unproven:
+            # Every other seat was still stopped; the operator is told each survivor by name.
+            named = [unproven[n] for n in order if n in unproven]
+            raise Refusal(
+                "stop-unproven",
+                "; ".join(r.message for r in named),
+                "; ".join(r.cure for r in named if r.cure),
+            )
+        return control.ShutdownReply(stopped=stopped)
+
+    async def _teardown_one(
+        self, seat: Seat, out: list[control.TeardownRow], unproven: dict[str, Refusal]
+    ) -> None:
+        mgr = self.mgr
+        try:
+            await mgr.stop_and_prove(seat, graceful=True)
+        except Refusal as exc:
+            unproven[seat.name] = exc
+            return
+        # `free`, with the deprovision's outcome kept: an operator told "durable deleted" while
+        # the broker refused the delete would believe a footprint gone that is still there.
+        mgr.remove(seat)
+        durable_error = await teardown.deprovision(mgr, seat) if seat.footprint_owned else None
+        if durable_error is not None:
+            # The durable outlives this manager, so its record must too: the next manager takes
+            # the seat back stopped, and its `cotal down` deletes what this one could not.
+            try:
+                seatfile.save(mgr.layout, seat)
+            except (OSError, Refusal) as exc:
+                log.error("seat.record_write_failed", seat=seat.name, error=str(exc))
+        out.append(
+            control.TeardownRow(
+                name=seat.name,
+                lifecycle_uid=seat.uid,
+                exit_code=seat.handle.returncode if seat.handle else None,
+                durable_deleted=seat.footprint_owned and durable_error is None,
+                durable_error=durable_error,
+                footprint_owned=seat.footprint_owned,
+            )
+        )
+
+
+def _require_startable(seat: Seat, verb: str) -> None:
+    if seat.state == "stopped":
+        return
+    cure = {
+        "failed": f"`cotal stop {seat.name}` then `cotal start {seat.name}` to try again, or "
+        f"`cotal rm {seat.name}`",
+        "exited": "the manager is restarting it after a crash; see `cotal ps`",
+        "restarting": "it is being started; see `cotal ps`",
+        "starting": "it is being started; see `cotal ps`",
+        "stopping": f"wait for its stop to be proven (`cotal ps`), then `cotal {verb}`",
+        "unproven": "its stop is not proven yet: the manager reaps it as soon as it dies; "
+        f"then `cotal {verb} {seat.name}`",
+    }.get(seat.state, f"`cotal rm {seat.name}`; this seat is not started here again")
+    why = f" ({seat.reason})" if seat.reason else ""
+    raise Refusal(
+        "not-stopped",
+        f"{verb} refused: seat {seat.name} is {seat.state}{why}; only a stopped seat (or, for "
+        "restart, a running one) is started",
+        cure,
+    )
