@@ -38,14 +38,14 @@ from manager.workspace.journal import Journal
 from protocol import names
 from protocol.errors import Refusal
 from protocol.lifecycle import SeatLifecycle, SeatRecord
+from protocol.maintenance import CUT_STATES
 
 log = structlog.get_logger("cotal.readopt")
 
 # A pdeathsig is delivered as the parent dies, but the kernel may still be tearing the child
 # down when the successor looks.
 SURVIVOR_WAIT_S = 10.0
-# The journal states in which a cut, not this root's manager, carries the seats.
-CUT_STATES = frozenset({"cut-intent", "cut-committed", "ready"})
+# The seat states a successor relaunches.
 LIVE_STATES = frozenset({"starting", "running", "exited", "restarting"})
 # A stop the operator asked for (or had begun) keeps the seat, stopped, across managers.
 KEPT_STATES = frozenset({"stopping", "stopped", "unproven"})

@@ -26,11 +26,9 @@ from protocol.names import check_lifecycle_uid, check_seat_name
 
 log = structlog.get_logger("cotal.seatfile")
 
-SEATS_DIR = "seats"
-
 
 def seats_dir(layout: Layout) -> Path:
-    return layout.control / SEATS_DIR
+    return layout.seats
 
 
 def record_path(layout: Layout, name: str, uid: str) -> Path:
