@@ -617,6 +617,15 @@ _RESUME_CONTINUES: Final = Action(kind="continue", revive_broker=True)
 # other attempt that is not over is refused `journal-busy` before its state is consulted. For
 # `discard`, the cell holds when the named checkpoint is the journal's own attempt; any other
 # leaves the journal alone.
+_OVER: dict[Command, Action] = {
+    "cut": Action(kind="fresh", drops=True),
+    "abort": _FRESH,
+    "restore": Action(kind="fresh", drops=True),
+    "discard": Action(kind="continue", drops=True),
+    "up": _FRESH,
+    "down": _FRESH,
+}
+
 RERUN: Final[dict[str, dict[Command, Action]]] = {
     ABSENT: {
         # `cut` mints a new attempt, unless the manager is fenced for one no journal names
@@ -684,24 +693,10 @@ RERUN: Final[dict[str, dict[Command, Action]]] = {
         "up": _UP_WARNS,
         "down": _FRESH,
     },
-    RETIRED: {
-        # The resume is over: its record is cleared and a new attempt begins.
-        "cut": Action(kind="fresh", drops=True),
-        "abort": _FRESH,
-        "restore": Action(kind="fresh", drops=True),
-        "discard": Action(kind="continue", drops=True),
-        "up": _FRESH,
-        "down": _FRESH,
-    },
-    DEGRADED: {
-        "cut": Action(kind="fresh", drops=True),
-        "abort": _FRESH,
-        "restore": Action(kind="fresh", drops=True),
-        "discard": Action(kind="continue", drops=True),
-        # The operator's recourse is shown until the attempt is discarded.
-        "up": _UP_WARNS,
-        "down": _FRESH,
-    },
+    # The resume is over: its record is cleared and a new attempt begins.
+    RETIRED: _OVER,
+    # The same, but the operator's recourse is shown until the attempt is discarded.
+    DEGRADED: {**_OVER, "up": _UP_WARNS},
 }
 
 

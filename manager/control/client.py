@@ -199,12 +199,13 @@ class ControlSession:
         result: dict[str, Any] = await self.call("status", timeout=5.0)
         return result
 
-    async def call(
-        self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0
-    ) -> Any:
+    @asynccontextmanager
+    async def _connected(self) -> AsyncIterator[ControlClient]:
+        """The session's client; a connection that broke under a call is forgotten, so the
+        next call opens a new one (the daemon's own refusals leave it open)."""
         client = await self._connect()
         try:
-            return await client.call(op, args, timeout=timeout)
+            yield client
         except ControlError:
             raise
         except Refusal as exc:
@@ -212,16 +213,15 @@ class ControlSession:
                 await self.forget()
             raise
 
+    async def call(
+        self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0
+    ) -> Any:
+        async with self._connected() as client:
+            return await client.call(op, args, timeout=timeout)
+
     async def request(self, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
-        client = await self._connect()
-        try:
+        async with self._connected() as client:
             return await client.request(op, args, timeout=timeout)
-        except ControlError:
-            raise
-        except Refusal as exc:
-            if exc.code in _BROKEN:
-                await self.forget()
-            raise
 
     async def forget(self) -> None:
         """Drop the connection: the daemon went away (shutdown, restart) or it broke."""
