@@ -75,15 +75,19 @@ class WriterFence:
     def filter(self) -> str:
         return outbound_filter(self.space, self.owner, self.seat)
 
-    async def _last_on_filter(self) -> int:
+    async def _last_msg(self) -> api.RawStreamMsg | None:
+        """The newest write on the seat's outbound filter, whoever made it."""
         try:
-            msg = await riding_elections(
+            return await riding_elections(
                 f"fence {self.seat}",
                 lambda: self.js.get_last_msg(names.dm_stream(self.space), self.filter),
             )
         except NotFoundError:
-            return 0
-        return int(msg.seq or 0)
+            return None
+
+    async def _last_on_filter(self) -> int:
+        msg = await self._last_msg()
+        return int(msg.seq or 0) if msg is not None else 0
 
     async def establish(self) -> int:
         """Write this holder's fence marker; from its sequence on, earlier holders are refused.
@@ -187,12 +191,8 @@ class WriterFence:
     async def _own_last(self, msg_id: str | None) -> tuple[int, bool] | None:
         """The last write on the seat's filter, if this holder made it: its sequence, and
         whether it is the very message `msg_id` names. None when someone else wrote last."""
-        try:
-            msg = await riding_elections(
-                f"fence {self.seat}",
-                lambda: self.js.get_last_msg(names.dm_stream(self.space), self.filter),
-            )
-        except NotFoundError:
+        msg = await self._last_msg()
+        if msg is None:
             return None
         headers = msg.headers or {}
         if headers.get(WRITER) != self.writer or not msg.seq:
