@@ -6,11 +6,10 @@ those seats from that attempt until the operator takes them back. The custody re
 exactly as the cut wrote them, because a destination that shares this broker claims them by
 compare-and-set against the revisions the checkpoint recorded.
 
-A packed file is one ustar archive of the attempt directory. The destination unpacks it into
-`.cotal/maintenance/v1/incoming/<attempt>/` after checking every header (`packfile`: regular
-files and directories only, plain relative names inside the attempt, sizes the file itself
-holds, zero padding), then resumes from that directory exactly as from a carried one: the
-integrity gate is the same.
+A packed file is one ustar archive of the attempt directory (its format, both ways, is
+`manager.checkpoint.archive`). The destination unpacks it into
+`.cotal/maintenance/v1/incoming/<attempt>/`, then resumes from that directory exactly as from a
+carried one: the integrity gate is the same.
 """
 
 from __future__ import annotations
@@ -18,19 +17,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import secrets
 import shutil
-import stat
 import sys
-import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import anyio
 import msgspec
@@ -40,7 +36,8 @@ from manager import eventloop
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.space import read_broker_identity
-from manager.checkpoint import admit, chain, packfile
+from manager.checkpoint import admit, chain
+from manager.checkpoint.archive import unpack, write_archive
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
 from manager.cli.verify import admit_integrity, trusted_keys
@@ -72,9 +69,6 @@ TAKE_BACK_RISK = (
     "only if the packed copy was destroyed or never resumed elsewhere; otherwise two hosts will "
     "run the same seat"
 )
-
-# A ustar size field is 11 octal digits; the destination reads ustar and nothing else.
-_USTAR_SIZE_LIMIT = 8**11
 
 
 def _say(text: str) -> None:
@@ -194,70 +188,6 @@ def _own_instance(layout: Layout, space: str) -> str | None:
     return identity._load(path, space).instance_id
 
 
-def _members(attempt_dir: Path) -> Iterator[tuple[Path, str]]:
-    """Every entry of the attempt, sorted, as (path, archive name); anything but a regular file
-    or a directory refuses, since the destination would refuse it anyway."""
-    base = attempt_dir.name
-    yield attempt_dir, base
-    for dirpath, dirnames, files in os.walk(attempt_dir):
-        dirnames.sort()
-        for name in sorted(dirnames + files):
-            path = Path(dirpath) / name
-            st = os.lstat(path)
-            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-                raise Refusal(
-                    "not-packable",
-                    f"{path} is neither a regular file nor a directory",
-                    "a sealed checkpoint holds only files and directories; cut again",
-                )
-            if st.st_size >= _USTAR_SIZE_LIMIT and stat.S_ISREG(st.st_mode):
-                raise Refusal(
-                    "not-packable",
-                    f"{path} is {st.st_size} bytes, more than one ustar member holds "
-                    f"({_USTAR_SIZE_LIMIT - 1})",
-                    "copy the attempt directory to the destination instead and resume it with "
-                    "`cotal up --restore DIR`",
-                )
-            yield path, f"{base}/{path.relative_to(attempt_dir).as_posix()}"
-
-
-class _Hashing:
-    def __init__(self, f: IO[bytes]) -> None:
-        self.f = f
-        self.h = hashlib.sha256()
-        self.n = 0
-
-    def tell(self) -> int:
-        return self.n
-
-    def write(self, data: bytes) -> int:
-        self.h.update(data)
-        self.n += len(data)
-        return self.f.write(data)
-
-
-def _write_archive(attempt_dir: Path, tmp: Path) -> tuple[str, int]:
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        out = _Hashing(f)
-        # Owner, group and times are the source host's business, not the destination's.
-        with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:  # type: ignore[call-overload]
-            for path, name in _members(attempt_dir):
-                info = tar.gettarinfo(str(path), arcname=name)
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                info.mtime = 0
-                info.mode &= 0o755
-                if info.isreg():
-                    with open(path, "rb") as src:
-                        tar.addfile(info, src)
-                else:
-                    tar.addfile(info)
-        f.flush()
-        os.fsync(f.fileno())
-    return out.h.hexdigest(), out.n
-
-
 async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     layout = Layout.at(root)
     src = Path(args.dir).resolve()
@@ -319,7 +249,7 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 await _check_custody_unmoved(js, adm)
                 tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
                 try:
-                    digest, size = await anyio.to_thread.run_sync(_write_archive, src, tmp)
+                    digest, size = await anyio.to_thread.run_sync(write_archive, src, tmp)
                     record = HandOffRecord(
                         attempt_id=attempt,
                         source_instance=sealed_by.instance_id,
@@ -417,68 +347,7 @@ def run_pack(args: argparse.Namespace, root: Path) -> int:
     return 0
 
 
-# -- unpack (the destination) -------------------------------------------------------------------
-
-
-def _staging_kind(path: Path) -> str | None:
-    """What sits at `incoming/<attempt>` when it is not a directory this root unpacked."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISDIR(st.st_mode):
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        try:
-            return f"a symlink (to {os.readlink(path)!r})"
-        except OSError:
-            return "a symlink"
-    return "a regular file" if stat.S_ISREG(st.st_mode) else "a special file"
-
-
-def unpack(src: Path, layout: Layout) -> Path:
-    """Unpack into `incoming/<attempt>/`. The archive's every header is checked, and the place
-    it goes, before a byte is written (`packfile`); a directory already there is this root's own
-    unpacking of the same attempt from an earlier run, and is replaced whole."""
-    with packfile.open_pack(src) as pack:
-        plan = pack.plan()
-        base = layout.incoming
-        staged = base / plan.attempt
-        kind = _staging_kind(staged)
-        if kind is not None:
-            raise Refusal(
-                "staging-occupied",
-                f"cannot unpack {src}: {staged} is {kind}, not a directory this root unpacked",
-                f"cotal only ever puts a directory there: remove it (rm {staged}) and retry; "
-                "nothing was written",
-            )
-        ensure_private_dir(layout.control)
-        ensure_private_dir(layout.maintenance.parent)
-        ensure_private_dir(layout.maintenance)
-        ensure_private_dir(base)
-        work = base / f".unpacking-{secrets.token_hex(6)}"
-        try:
-            os.mkdir(work, 0o700)
-            pack.write(plan, work)
-            aside: Path | None = None
-            if os.path.isdir(staged) and not os.path.islink(staged):
-                aside = base / f".replaced-{secrets.token_hex(6)}"
-                os.rename(staged, aside)
-            os.rename(work / plan.attempt, staged)
-            fsync_dir(base)
-            if aside is not None:
-                shutil.rmtree(aside, ignore_errors=True)
-        except OSError as exc:
-            raise Refusal(
-                "unpack-failed",
-                f"unpacking {src} into {base} failed: {exc.strerror or exc} "
-                f"({exc.filename or base})",
-                "free space or fix permissions under .cotal/maintenance, then retry; nothing "
-                "outside the staging directory was written, and it was removed",
-            ) from None
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        return staged
+# -- resume from a packed file (the destination) ------------------------------------------------
 
 
 @contextlib.contextmanager

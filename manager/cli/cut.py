@@ -17,7 +17,6 @@ import functools
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,16 @@ from manager import eventloop, failpoint, registry
 from manager.broker import embedded
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
+from manager.cli.cutplan import CutOptions, prove_no_seat_processes
 from manager.cli.progress import ProgressView, follow_commit
 from manager.control.client import ControlSession
-from manager.procs import alive, processes_with_envs, prove_gone
+from manager.procs import alive, prove_gone
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
 from protocol import names
 from protocol.codec import convert
 from protocol.errors import Refusal
-from protocol.inventory import Inventory
 from protocol.maintenance import (
     CUT_COMMITTED,
     CUT_INTENT,
@@ -55,17 +54,6 @@ DAEMON_EXIT_TIMEOUT_S = 30.0
 def _say(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
-
-
-@dataclass(frozen=True)
-class CutOptions:
-    """What the operator asked of this cut on the command line; a rerun passes them again."""
-
-    stores: list[str]
-    drain_timeout: float
-    include: list[str]
-    # `--since ATTEMPT`: each seat's bundle carries only what is new since that sealed attempt.
-    since: str | None = None
 
 
 async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> dict[str, Any]:
@@ -107,21 +95,6 @@ def _daemon_lost(attempt: str, why: str) -> Refusal:
         "rerun `cotal down --preserve-state`: it finishes the cut offline once the manager and "
         "its seats are proven gone (kill the manager if it is still alive but silent)",
     )
-
-
-def prove_no_seat_processes(inventory: Inventory) -> None:
-    live = processes_with_envs(
-        "COTAL_LIFECYCLE_UID", [agent.identity.lifecycle_uid for agent in inventory.agents]
-    )
-    for agent in inventory.agents:
-        survivors = live[agent.identity.lifecycle_uid]
-        if survivors:
-            raise Refusal(
-                "stop-unproven",
-                f"seat {agent.name} (uid {agent.identity.lifecycle_uid}) still has live "
-                f"processes {survivors}",
-                f"kill {' '.join(map(str, survivors))}, then rerun `cotal down --preserve-state`",
-            )
 
 
 async def _finish(

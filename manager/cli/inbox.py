@@ -1,7 +1,10 @@
 """`cotal inbox SEAT`: a seat's dead letters. List them, put one back into the seat's inbox
 (`--redeliver ID`: it arrives marked as a redelivery, with its delivery count), or delete one
 (`--drop ID`). The manager does the work (the `dead-letters`, `redeliver-dead-letter` and
-`drop-dead-letter` ops); this module only asks and prints."""
+`drop-dead-letter` ops); this module only asks and prints.
+
+`main` imports every command module to build its parser, so the mesh (the control client, the
+broker's code) is imported when a dead letter is asked for, not at this module's top."""
 
 from __future__ import annotations
 
@@ -11,7 +14,45 @@ from pathlib import Path
 from typing import Any
 
 from manager import eventloop
+from manager.cli.args import Subcommands, command, root_of
+from manager.cli.output import emit_json, format_table, say
 from protocol import control
+
+
+def register(sub: Subcommands) -> None:
+    inbox = command(
+        sub,
+        "inbox",
+        "a seat's dead letters: list them, put one back into its inbox, or drop one",
+        "cotal inbox alice",
+        "cotal inbox alice --redeliver 7",
+        "cotal inbox alice --drop 7 --json",
+    )
+    inbox.add_argument("name", help="the seat whose dead letters to show")
+    which = inbox.add_mutually_exclusive_group()
+    which.add_argument(
+        "--redeliver",
+        type=dead_letter_id,
+        metavar="ID",
+        help="publish dead letter ID into the seat's inbox again (it arrives marked as a "
+        "redelivery, with its delivery count), then remove it from the dead letters",
+    )
+    which.add_argument(
+        "--drop", type=dead_letter_id, metavar="ID", help="delete dead letter ID for good"
+    )
+    inbox.set_defaults(run=run_inbox)
+
+
+def run_inbox(args: argparse.Namespace) -> int:
+    return run(
+        root_of(args),
+        args.name,
+        redeliver=args.redeliver,
+        drop=args.drop,
+        as_json=args.json,
+        say=say,
+        emit=emit_json,
+    )
 
 
 def dead_letter_id(text: str) -> int:
@@ -79,8 +120,6 @@ def run(
 
 
 def _table(rows: list[control.DeadLetterRow]) -> str:
-    from manager.cli.commands import format_table
-
     shown = [
         {
             "id": r.id,

@@ -17,6 +17,7 @@ under the reader) and a seat log that appears later, and a poll does both with o
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, BinaryIO, TextIO
 
+from manager.cli.args import Subcommands, command, root_of
 from manager.cli.output import EX_OK, EX_PIPE_CLOSED, detach_stdout, stdout_gone
 from manager.logs import BACKUPS, rotated_files
 from manager.workspace.layout import Layout
@@ -49,6 +51,63 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 # -- parsing and rendering --------------------------------------------------------------------
+
+
+def register(sub: Subcommands) -> None:
+    logs_cmd = command(
+        sub,
+        "logs",
+        "the manager's events for people, a seat's harness stderr, or its transcript",
+        "cotal logs",
+        "cotal logs alice --since 10m",
+        "cotal logs -f",
+        "cotal logs alice --since 2026-12-01T13:00:00Z --json",
+        "cotal logs alice --transcript",
+    )
+    logs_cmd.add_argument(
+        "seat",
+        nargs="?",
+        metavar="SEAT",
+        help="only this seat's events, then its harness stderr (lines prefixed `stderr`)",
+    )
+    logs_cmd.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new events as they are written, until Ctrl-C or SIGTERM",
+    )
+    logs_cmd.add_argument(
+        "--since",
+        type=since_arg,
+        metavar="T",
+        help="only events at or after T: an instant (2026-12-01T13:00:00Z) or a duration back "
+        "from now (30s, 10m, 2h, 1d)",
+    )
+    logs_cmd.add_argument(
+        "--transcript",
+        action="store_true",
+        help="print SEAT's conversation as its harness stored it (scribe, pi, claude)",
+    )
+    logs_cmd.set_defaults(run=run_logs)
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    return run(
+        root_of(args),
+        seat=args.seat,
+        follow=args.follow,
+        since=args.since,
+        as_json=args.json,
+        transcript=args.transcript,
+    )
+
+
+def since_arg(text: str) -> datetime:
+    """`--since` as argparse takes it: the reason a text is neither shape is the usage error."""
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:

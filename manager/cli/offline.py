@@ -23,7 +23,7 @@ from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
-from manager.cli.cut import CutOptions, prove_no_seat_processes
+from manager.cli.cutplan import CutOptions, prove_no_seat_processes
 from manager.cli.output import progress
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal

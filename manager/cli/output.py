@@ -7,6 +7,7 @@ import json
 import os
 import select
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -92,3 +93,14 @@ def detach_stdout() -> None:
         os.dup2(devnull, fd)
     finally:
         os.close(devnull)
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    """Columns padded to their widest cell, `-` for a missing value, no trailing blanks."""
+    cells = [[h for h, _ in columns]] + [
+        ["-" if r.get(k) is None else str(r.get(k)) for _, k in columns] for r in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )

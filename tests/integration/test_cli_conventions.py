@@ -34,7 +34,7 @@ EMPTY_PROMPT = (
 )
 # The package re-exports main(), which shadows the module of the same name.
 cli_main = importlib.import_module("manager.cli.main")
-cli_commands = importlib.import_module("manager.cli.commands")
+cli_health = importlib.import_module("manager.cli.health")
 INTERNAL_CURE = "; report this with .cotal/logs/manager.log\n"
 
 
@@ -246,7 +246,7 @@ COMMANDS = [
 
 
 def test_every_flag_has_help_and_every_command_an_example() -> None:
-    parsers = list(_parsers(cli_main.build_parser()))
+    parsers = list(_parsers(cli_main.parser()))
     leaves = [p.prog for p, leaf in parsers if leaf]
     # Every command an operator can type; a new one joins this list with its help and example.
     assert sorted(leaves) == sorted(COMMANDS)
@@ -332,7 +332,7 @@ def _command_that(
 def test_a_closed_stdout_inside_a_command_ends_quietly(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(None, lines=3))
+    monkeypatch.setattr(cli_health, "run_status", _command_that(None, lines=3))
     with closed_stdout():
         assert cli_main.main(["status"]) == EX_PIPE_CLOSED
     assert capsys.readouterr().err == ""
@@ -343,7 +343,7 @@ def test_a_broken_pipe_elsewhere_is_an_internal_error(
 ) -> None:
     """The control socket can break too; with stdout still read, that is a failure to report."""
     boom = BrokenPipeError(32, "Broken pipe")
-    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(boom))
+    monkeypatch.setattr(cli_health, "run_status", _command_that(boom))
     assert cli_main.main(["status"]) == EX_INTERNAL
     assert capsys.readouterr().err == (
         "cotal: internal error: BrokenPipeError: [Errno 32] Broken pipe" + INTERNAL_CURE
@@ -373,7 +373,7 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(root: Path) -> None
 def test_an_internal_error_under_json_is_one_json_document(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(ValueError("two\nlines")))
+    monkeypatch.setattr(cli_health, "run_status", _command_that(ValueError("two\nlines")))
     assert cli_main.main(["status", "--json"]) == EX_INTERNAL
     out, err = capsys.readouterr()
     assert out == ""
@@ -387,6 +387,6 @@ def test_an_internal_error_under_json_is_one_json_document(
 def test_ctrl_c_exits_130(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli_commands, "cmd_status", _command_that(KeyboardInterrupt()))
+    monkeypatch.setattr(cli_health, "run_status", _command_that(KeyboardInterrupt()))
     assert cli_main.main(["status"]) == EX_INTERRUPTED == 130
     assert capsys.readouterr() == ("", "")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from manager.checkpoint import packfile
+from manager.checkpoint import archive, packfile
 from manager.cli import checkpoints
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
@@ -390,7 +390,7 @@ def test_a_genuine_pack_unpacks_exactly_and_replaces_an_earlier_unpacking(
     hook.write_text("#!/bin/sh\n")
     hook.chmod(0o755)
     packed = tmp_path / "packed.tar"
-    checkpoints._write_archive(attempt, packed)
+    archive.write_archive(attempt, packed)
     layout = destination(root)
     staged = root / INCOMING / A
     # A directory there is this root's own earlier unpacking: replaced whole.

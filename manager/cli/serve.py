@@ -1,0 +1,157 @@
+"""`cotal manager serve|warm` and `cotal broker serve`: the long-lived processes, run in the
+foreground. `cotal manager serve` is the one place the CLI hands its process to the daemon
+(`manager.daemon.serve`); it is how `cotal up` and a service manager start a manager.
+
+`main` imports every command module to build its parser, so the daemon, the sandbox probe, the
+warm hand-over and the mesh are imported by the handler that runs them, never at this module's
+top."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import msgspec
+
+from manager import eventloop
+from manager.cli.args import CREDS_HELP, SPACE_HELP, Subcommands, command, root_of, subcommands
+from manager.cli.args import top as top_parser
+from manager.cli.output import EX_USAGE, say
+from protocol import names
+
+
+def register(sub: Subcommands) -> None:
+    mgr = command(
+        sub,
+        "manager",
+        "the manager daemon",
+        "cotal manager serve --server nats://127.0.0.1:4222 --creds .cotal/auth/broker.creds",
+        common_flags=False,
+    )
+    mgr_sub = subcommands(mgr, "manager_command")
+    serve = command(
+        mgr_sub,
+        "serve",
+        "run the manager in the foreground (what `cotal up --detach` starts)",
+        "cotal manager serve --server nats://127.0.0.1:4222 --creds .cotal/auth/broker.creds",
+    )
+    serve.add_argument("--space", default="main", help=SPACE_HELP)
+    serve.add_argument(
+        "--server", required=True, help="the NATS server or cluster (URLs separated by commas)"
+    )
+    serve.add_argument("--creds", help=CREDS_HELP)
+    serve.add_argument(
+        "--resume-attempt",
+        metavar="ATTEMPT",
+        help="start fenced, admitting only this attempt's resume",
+    )
+    serve.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="JetStream replicas for streams and buckets (default: %(default)s)",
+    )
+    serve.set_defaults(run=run_manager_serve)
+    warm = command(
+        mgr_sub,
+        "warm",
+        "a manager that imports itself, then waits on stdin for what to serve (what `cotal up` "
+        "and `cotal up --restore` start early; not for people)",
+        "cotal manager warm --root .",
+    )
+    warm.set_defaults(run=run_manager_warm)
+
+    broker = command(
+        sub,
+        "broker",
+        "a standalone embedded broker",
+        "cotal broker serve --store-dir /srv/broker",
+        common_flags=False,
+    )
+    broker_sub = subcommands(broker, "broker_command")
+    bserve = command(
+        broker_sub,
+        "serve",
+        "run a broker several roots can share, until SIGINT or SIGTERM",
+        "cotal broker serve --store-dir /srv/broker",
+        "cotal broker serve --store-dir /srv/broker --port 4222 --json",
+    )
+    bserve.add_argument(
+        "--store-dir",
+        required=True,
+        metavar="DIR",
+        help="where the broker keeps its JetStream store and writes its credential",
+    )
+    bserve.add_argument(
+        "--port", type=int, default=-1, help="the port to listen on (default: a free port)"
+    )
+    bserve.set_defaults(run=run_broker_serve)
+
+
+def run_manager_serve(args: argparse.Namespace) -> int:
+    from connectors import sandbox
+
+    # The isolation probe is a child interpreter of its own: started before the daemon's
+    # imports, it is done by the time the daemon asks, instead of adding its start to every
+    # manager start.
+    sandbox.begin_probe()
+    from manager.daemon import serve as daemon
+
+    creds = Path(args.creds).resolve() if args.creds else None
+    if args.resume_attempt:
+        names.check_attempt_id(args.resume_attempt)
+    eventloop.run(
+        daemon.serve,
+        root_of(args),
+        args.space,
+        args.server,
+        creds,
+        args.resume_attempt,
+        args.replicas,
+    )
+    # Every `cotal down` and every cut waits for this process to be gone. Once serve returned,
+    # what it owns is closed and its log is written (line-buffered), so the interpreter's own
+    # teardown (module and thread finalization, about 60 ms) only delays that proof.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_manager_warm(args: argparse.Namespace) -> int:
+    """A manager's interpreter with its imports done, waiting for the coordinator that started
+    it to say what to serve (manager/cli/warm.py)."""
+    from connectors import sandbox
+
+    sandbox.begin_probe()
+    from manager.cli import warm
+    from manager.daemon import serve  # noqa: F401 - importing it now is the point
+
+    try:
+        go = warm.read_go(sys.stdin.buffer)
+    except (ValueError, msgspec.DecodeError) as exc:
+        # stderr is /dev/null until `go`: the coordinator sees this exit and starts cold.
+        say(f"warm manager: {exc}")
+        return 2
+    if go is None:
+        # The coordinator refused or died before it needed a manager.
+        return 0
+    warm.become(go)
+    # `read_go` admits only `manager serve ...`, so this module's own commands parse it; the
+    # top of the CLI is never imported back from here.
+    parser, sub = top_parser()
+    register(sub)
+    try:
+        served = parser.parse_args(go.argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EX_USAGE
+    return int(served.run(served))
+
+
+def run_broker_serve(args: argparse.Namespace) -> int:
+    from manager.cli import mesh
+
+    return mesh.broker_serve(
+        Path(args.store_dir).resolve(), port=args.port, as_json=args.json, say=say
+    )
