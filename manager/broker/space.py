@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -235,7 +236,12 @@ async def _read_from(
         try:
             left = int(info.num_pending or 0)
             while left > 0:
-                batch = await sub.fetch(min(EXPORT_BATCH, left), timeout=EXPORT_FETCH_S)
+                # On a cluster a consumer just made may not have its leader yet (a 503 with no
+                # messages): such a pull is asked again, and nothing was delivered by it.
+                batch = await riding_elections(
+                    f"inbox of {record.name}",
+                    functools.partial(sub.fetch, min(EXPORT_BATCH, left), timeout=EXPORT_FETCH_S),
+                )
                 left -= len(batch)
                 for msg in batch:
                     seq = msg.metadata.sequence.stream
