@@ -81,6 +81,7 @@ from manager.checkpoint import admit  # noqa: E402
 from manager.cli.checkpoints import checkpoints_dir  # noqa: E402
 from manager.cli.mesh import control  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
+from protocol import control as ops  # noqa: E402
 from protocol.mesh import decode_mesh  # noqa: E402
 
 GOALS = {
@@ -227,7 +228,7 @@ def ps_round_trips(root: Path, seats: int) -> list[float]:
         async with control(Layout.at(root)) as session:
             for i in range(PS_WARMUP + PS_TRIPS):
                 t0 = time.perf_counter()
-                rows = await session.call("ps", {})
+                rows = await session.request(ops.PS, ops.NoArgs())
                 if i >= PS_WARMUP:
                     samples.append(time.perf_counter() - t0)
                 if len(rows) != seats:

@@ -17,24 +17,26 @@ import functools
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
+import msgspec
 
 from manager import eventloop, failpoint, registry
 from manager.broker import embedded
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
-from manager.cli.cutplan import CutOptions, prove_no_seat_processes
+from manager.cli.cutplan import CutOptions, OfflineCut, prove_no_seat_processes
 from manager.cli.progress import ProgressView, follow_commit
 from manager.control.client import ControlSession
 from manager.procs import alive, prove_gone
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
-from protocol import names
-from protocol.codec import convert
+from protocol import control, names
+from protocol.codec import decode_json
 from protocol.errors import Refusal
 from protocol.maintenance import (
     CUT_COMMITTED,
@@ -50,30 +52,48 @@ PREPARE_TIMEOUT_S = 120.0
 SHUTDOWN_TIMEOUT_S = 60.0
 DAEMON_EXIT_TIMEOUT_S = 30.0
 
+T = TypeVar("T")
+# What a commit left: the manager's reply, or the offline finish's record in its place.
+Committed = control.CommitReply | OfflineCut
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A cut sealed and journaled `ready`, and its wall time."""
+
+    result: Committed
+    wall_ms: int
+
+    def document(self) -> dict[str, Any]:
+        """`--json`: the commit's own record, with the wall time and the journal state."""
+        doc: dict[str, Any] = msgspec.to_builtins(self.result)
+        return {**doc, "wallMs": self.wall_ms, "journal": READY}
+
 
 def _say(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
 
-async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> dict[str, Any]:
+async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> control.CommitReply:
     """`commit-preservation`, with the attempt's progress shown while it runs. A commit already
     running for this attempt (its coordinator died) is joined by the daemon, not repeated."""
     view = ProgressView(_say)
+    commit = control.CommitPreservationArgs(
+        attempt_id=attempt,
+        session_stores=opts.stores,
+        drain_timeout_s=opts.drain_timeout,
+        include=opts.include,
+        since=opts.since,
+    )
     try:
-        result: dict[str, Any] = await follow_commit(
+        result = await follow_commit(
             session,
             attempt,
             view,
-            lambda: session.call(
-                "commit-preservation",
-                {
-                    "attemptId": attempt,
-                    "sessionStores": opts.stores,
-                    "drainTimeoutS": opts.drain_timeout,
-                    "include": opts.include,
-                    "since": opts.since,
-                },
+            lambda: session.request(
+                control.COMMIT_PRESERVATION,
+                commit,
                 # The daemon may spend the whole drain on a turn before it stops anything.
                 timeout=COMMIT_TIMEOUT_S + opts.drain_timeout,
             ),
@@ -102,22 +122,20 @@ async def _finish(
     session: ControlSession,
     journal: Journal,
     attempt: str,
-    result: dict[str, Any],
+    result: Committed,
     descriptor: ResumeDescriptor,
     t0: float,
-) -> dict[str, Any]:
-    if result["failures"] or not result["sealed"]:
+) -> Sealed:
+    if result.failures or not result.sealed:
         raise _incomplete(attempt, result)
     failpoint.reached("cut.after-commit", layout.root)
-    await anyio.to_thread.run_sync(read_manifest, Path(result["checkpointDir"]))
-    journal.advance(
-        attempt, CUT_COMMITTED, resume=descriptor, checkpoint_dir=result["checkpointDir"]
-    )
+    await anyio.to_thread.run_sync(read_manifest, Path(result.checkpoint_dir))
+    journal.advance(attempt, CUT_COMMITTED, resume=descriptor, checkpoint_dir=result.checkpoint_dir)
     failpoint.reached("cut.after-cut-committed", layout.root)
     record = mesh.read_mesh(layout)
     if await session.status() is not None:
         _say("stopping the manager (footprint kept)")
-        await session.call("shutdown", {}, timeout=SHUTDOWN_TIMEOUT_S)
+        await session.request(control.SHUTDOWN, control.NoArgs(), timeout=SHUTDOWN_TIMEOUT_S)
         await session.forget()
     if record is not None and record.manager is not None:
         gone = await anyio.to_thread.run_sync(
@@ -136,21 +154,23 @@ async def _finish(
         failpoint.reached("cut.after-broker-stopped", layout.root)
     inventory = journal.resume_document()
     await anyio.to_thread.run_sync(prove_no_seat_processes, inventory)
-    journal.advance(attempt, READY, resume=descriptor, checkpoint_dir=result["checkpointDir"])
+    journal.advance(attempt, READY, resume=descriptor, checkpoint_dir=result.checkpoint_dir)
     layout.mesh.unlink(missing_ok=True)
-    result = dict(result)
-    result["wallMs"] = int((time.monotonic() - t0) * 1000)
-    result["journal"] = READY
-    return result
+    return Sealed(result, int((time.monotonic() - t0) * 1000))
 
 
-def _incomplete(attempt: str, result: dict[str, Any]) -> Refusal:
+def _given(value: T | msgspec.UnsetType, default: T) -> T:
+    return default if isinstance(value, msgspec.UnsetType) else value
+
+
+def _incomplete(attempt: str, result: Committed) -> Refusal:
     """The refusal for a commit that did not seal. One cause shared by every failure is named by
     its own code (`capture-failed`, `stop-unproven`, ...); several are `cut-incomplete`."""
-    failures = result["failures"]
-    failed = "; ".join(f"{f['name']}: {f['error']}" for f in failures) or "it was not sealed"
-    codes = {f.get("code") or "cut-incomplete" for f in failures}
-    evidence = result.get("evidence") or result["checkpointDir"]
+    failures = result.failures
+    failed = "; ".join(f"{f.name}: {f.error}" for f in failures) or "it was not sealed"
+    codes = {_given(f.code, "") or "cut-incomplete" for f in failures}
+    kept = result.evidence if isinstance(result, control.CommitReply) else msgspec.UNSET
+    evidence = _given(kept, "") or result.checkpoint_dir
     return Refusal(
         codes.pop() if len(codes) == 1 else "cut-incomplete",
         f"cut {attempt} is incomplete: {failed}",
@@ -164,22 +184,24 @@ async def _continue(
     session: ControlSession,
     journal: Journal,
     record: JournalRecord,
-    status: dict[str, Any] | None,
+    status: control.StatusReply | None,
     opts: CutOptions,
-) -> dict[str, Any]:
+) -> Committed:
     """A rerun after a failure: through the daemon when it still holds the attempt, offline
     when it died."""
     attempt = record.attempt_id
-    if status is not None and status["state"] in ("preserving", "preserved"):
-        if status["state"] == "preserving":
-            await session.call(
-                "prepare-preservation", {"attemptId": attempt}, timeout=PREPARE_TIMEOUT_S
+    if status is not None and status.state in ("preserving", "preserved"):
+        if status.state == "preserving":
+            await session.request(
+                control.PREPARE_PRESERVATION,
+                control.AttemptArgs(attempt_id=attempt),
+                timeout=PREPARE_TIMEOUT_S,
             )
         return await _commit(session, attempt, opts)
     if status is not None:
         raise Refusal(
             "cut-interrupted",
-            f"cut {attempt} was interrupted and the manager now runs {status['state']} without it",
+            f"cut {attempt} was interrupted and the manager now runs {status.state} without it",
             "the plan is in .cotal/maintenance/v1/resume.json; stop this manager (`cotal down` "
             "would deprovision: kill it instead) and rerun `cotal down --preserve-state` to "
             "capture offline",
@@ -198,8 +220,9 @@ async def _continue(
     return await offline.finish(layout, journal, attempt, opts)
 
 
-async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
-    """The cut, or None when the journal says it is already complete (printed here)."""
+async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] | None:
+    """The cut, `--abort`'s outcome, or None when the journal says it is already complete
+    (printed here)."""
     t0 = time.monotonic()
     layout = Layout.at(root)
     journal = Journal(layout)
@@ -227,18 +250,9 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
         # are a new mesh the sealed attempt does not hold, so "already sealed" would leave them
         # neither captured nor stopped.
         status = await mesh.probe_status(layout)
-        if status is not None and status.get("seats"):
-            raise sealed_cut_waiting(record.attempt_id, int(status["seats"]))
-        _print(
-            args,
-            {
-                "attemptId": record.attempt_id,
-                "journal": record.state,
-                "checkpointDir": record.checkpoint_dir,
-                "alreadyComplete": True,
-            },
-            already=True,
-        )
+        if status is not None and status.seats:
+            raise sealed_cut_waiting(record.attempt_id, status.seats)
+        _print_already(args, record)
         return None
     if record is not None and action.kind == "refuse":
         raise action.refusal(attempt=record.attempt_id, state=record.state)
@@ -273,16 +287,23 @@ async def _cut(args: argparse.Namespace, root: Path) -> dict[str, Any] | None:
                 if joined is not None:
                     _say(f"joining cut {attempt}, prepared by a coordinator that did not finish")
                 else:
-                    _say(f"cut {attempt}: fencing, draining and planning {status['seats']} seat(s)")
-                plan = await session.call(
-                    "prepare-preservation", {"attemptId": attempt}, timeout=PREPARE_TIMEOUT_S
+                    _say(f"cut {attempt}: fencing, draining and planning {status.seats} seat(s)")
+                plan = await session.request(
+                    control.PREPARE_PRESERVATION,
+                    control.AttemptArgs(attempt_id=attempt),
+                    timeout=PREPARE_TIMEOUT_S,
                 )
                 failpoint.reached("cut.after-prepare", layout.root)
-                descriptor = convert(plan["resume"], ResumeDescriptor, what="prepare result")
+                descriptor = decode_json(
+                    bytes(plan.resume),
+                    ResumeDescriptor,
+                    what="prepare result",
+                    cap=control.FRAME_CAP,
+                )
                 journal.advance(attempt, CUT_INTENT, resume=descriptor)
                 failpoint.reached("cut.after-cut-intent", layout.root)
                 _say("stopping every seat, proving each exit, capturing and sealing")
-                result = await _commit(session, attempt, opts)
+                result: Committed = await _commit(session, attempt, opts)
             else:
                 assert record is not None and record.resume is not None
                 descriptor = record.resume
@@ -306,12 +327,11 @@ def sealed_cut_waiting(attempt: str, seats: int) -> Refusal:
     )
 
 
-def _orphaned_attempt(status: dict[str, Any] | None) -> str | None:
+def _orphaned_attempt(status: control.StatusReply | None) -> str | None:
     """The attempt a daemon is fenced for when no journal names it."""
-    if status is None or status.get("state") not in ("preserving", "preserved"):
+    if status is None or status.state not in ("preserving", "preserved"):
         return None
-    attempt = status.get("attemptId")
-    return attempt if isinstance(attempt, str) else None
+    return status.attempt_id
 
 
 _CURE_FINISH = "rerun `cotal down --preserve-state` to finish the cut"
@@ -338,7 +358,7 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
                 _CURE_FINISH + " offline",
             )
         assert status is not None
-        if fenced is not None and (status.get("commitStarted") or status["state"] == "preserved"):
+        if fenced is not None and (status.commit_started or status.state == "preserved"):
             raise Refusal(
                 "commit-begun",
                 f"cut {fenced} has begun its commit: its seats are being stopped and captured, so "
@@ -353,11 +373,13 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
             )
         attempt = fenced or (intent.attempt_id if intent is not None else None)
         if attempt is None:
-            return {"aborted": False, "nothing": True, "state": status["state"]}
+            return {"aborted": False, "nothing": True, "state": status.state}
         with MaintenanceLock(layout, attempt):
             if fenced is not None:
-                await session.call(
-                    "abort-preservation", {"attemptId": fenced}, timeout=PREPARE_TIMEOUT_S
+                await session.request(
+                    control.ABORT_PRESERVATION,
+                    control.AttemptArgs(attempt_id=fenced),
+                    timeout=PREPARE_TIMEOUT_S,
                 )
             elif intent is not None:
                 await _prove_untouched(session, journal, intent)
@@ -377,12 +399,13 @@ async def _prove_untouched(
 ) -> None:
     """A `cut-intent` whose manager is not fenced: discarding it is safe only if every seat of
     the plan still runs here under its uid, i.e. no commit ever stopped one."""
-    rows = {r["name"]: r for r in await session.call("ps", {})}
+    rows = {r.name: r for r in await session.request(control.PS, control.NoArgs())}
     lost = [
         a.name
         for a in journal.resume_document(intent).agents
-        if rows.get(a.name, {}).get("lifecycleUid") != a.identity.lifecycle_uid
-        or rows[a.name].get("state") != "running"
+        if (row := rows.get(a.name)) is None
+        or row.lifecycle_uid != a.identity.lifecycle_uid
+        or row.state != "running"
     ]
     if lost:
         raise Refusal(
@@ -395,10 +418,10 @@ async def _prove_untouched(
 
 def run_cut(args: argparse.Namespace, root: Path) -> int:
     result = eventloop.run(_cut, args, root)
-    if result is not None and args.abort:
-        _print_abort(args, result)
+    if isinstance(result, Sealed):
+        _print_sealed(args, result)
     elif result is not None:
-        _print(args, result)
+        _print_abort(args, result)
     return 0
 
 
@@ -419,36 +442,51 @@ def _print_abort(args: argparse.Namespace, result: dict[str, Any]) -> None:
     )
 
 
-def _print(args: argparse.Namespace, result: dict[str, Any], *, already: bool = False) -> None:
+def _print_already(args: argparse.Namespace, record: JournalRecord) -> None:
     if args.json:
-        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+        doc = {
+            "attemptId": record.attempt_id,
+            "journal": record.state,
+            "checkpointDir": record.checkpoint_dir,
+            "alreadyComplete": True,
+        }
+        sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
+        return
+    sys.stdout.write(
+        f"cut {record.attempt_id} is already sealed and ready at {record.checkpoint_dir}\n"
+    )
+
+
+def _print_sealed(args: argparse.Namespace, sealed: Sealed) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(sealed.document(), sort_keys=True) + "\n")
         return
     out = sys.stdout.write
-    if already:
-        out(f"cut {result['attemptId']} is already sealed and ready at {result['checkpointDir']}\n")
-        return
-    out(f"cut {result['attemptId']} sealed; journal ready\n")
-    out(f"checkpoint  {result['checkpointDir']}\n")
-    for seat in result["seats"]:
-        t = seat.get("timingsMs") or {}
+    result = sealed.result
+    out(f"cut {result.attempt_id} sealed; journal ready\n")
+    out(f"checkpoint  {result.checkpoint_dir}\n")
+    for seat in result.seats:
+        t = _given(seat.timings_ms, {})
         out(
-            f"  {seat['name']:<16} {seat.get('continuity', '?'):<10} "
-            f"{seat.get('bytes', 0):>10} bytes  repo {t.get('repository', '-')}ms  "
+            f"  {seat.name:<16} {_given(seat.continuity, '?'):<10} "
+            f"{_given(seat.bytes, 0):>10} bytes  repo {t.get('repository', '-')}ms  "
             f"session {t.get('session', '-')}ms  seal {t.get('seal', '-')}ms\n"
         )
-        if seat.get("since"):
+        since = _given(seat.since, None)
+        if since:
             out(
-                f"    incremental since {seat['since']}: bundle {seat.get('bundleBytes', 0)} "
+                f"    incremental since {since}: bundle {_given(seat.bundle_bytes, 0)} "
                 "bytes (the destination needs that attempt beside this one)\n"
             )
-    for mid in result.get("midTurn") or []:
+    mid_turn = result.mid_turn if isinstance(result, control.CommitReply) else []
+    for mid in mid_turn:
         out(
-            f"  {mid['name']} was cut mid-turn (message {mid['messageId']}): "
+            f"  {mid.name} was cut mid-turn (message {mid.message_id}): "
             "it is redelivered after the resume\n"
         )
-    tm = result.get("timingsMs") or {}
+    tm = _given(result.timings_ms, {})
     out(
         f"phases: stop {tm.get('stop', '-')}ms, capture {tm.get('capture', '-')}ms; "
-        f"wall {result.get('wallMs')}ms\n"
+        f"wall {sealed.wall_ms}ms\n"
     )
-    out(f"next: copy {result['checkpointDir']} to the destination, then `cotal up --restore DIR`\n")
+    out(f"next: copy {result.checkpoint_dir} to the destination, then `cotal up --restore DIR`\n")

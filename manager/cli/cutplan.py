@@ -1,12 +1,16 @@
 """What a cut through the manager (`cut.py`) and a cut finished offline after the manager died
-(`offline.py`) share: the operator's options for the cut, and the proof that no seat process
-survived. Both coordinators import this; neither imports the other's module for it."""
+(`offline.py`) share: the operator's options for the cut, the record an offline finish returns
+where the manager's commit would, and the proof that no seat process survived. Both
+coordinators import this; neither imports the other's module for it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from manager.procs import processes_with_envs
+from protocol.control import SeatFailure
 from protocol.errors import Refusal
 from protocol.inventory import Inventory
 
@@ -20,6 +24,34 @@ class CutOptions:
     include: list[str]
     # `--since ATTEMPT`: each seat's bundle carries only what is new since that sealed attempt.
     since: str | None = None
+
+
+class OfflineSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A seat of an offline finish: all of a fresh capture's summary, only the name of a seat
+    read back from an attempt already sealed (the rest is `UNSET`, left out of `--json`)."""
+
+    name: str
+    since: str | None | msgspec.UnsetType = msgspec.UNSET
+    bundle_bytes: int | msgspec.UnsetType = msgspec.UNSET
+    continuity: str | msgspec.UnsetType = msgspec.UNSET
+    session_id: str | None | msgspec.UnsetType = msgspec.UNSET
+    lifecycle_uid: str | msgspec.UnsetType = msgspec.UNSET
+    bytes: int | msgspec.UnsetType = msgspec.UNSET
+    timings_ms: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
+
+
+class OfflineCut(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """What an offline finish returns in place of the manager's `CommitReply`: sealed, with no
+    failure (an offline capture that fails refuses instead)."""
+
+    attempt_id: str
+    state: str
+    checkpoint_dir: str
+    sealed: bool
+    seats: list[OfflineSeat]
+    failures: list[SeatFailure]
+    timings_ms: dict[str, int] | msgspec.UnsetType = msgspec.UNSET
+    offline: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 def prove_no_seat_processes(inventory: Inventory) -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from manager import eventloop
 from manager.cli.args import Subcommands, command, root_of
 from manager.cli.output import emit_json, format_table, say
 from protocol import control
+
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 def register(sub: Subcommands) -> None:
@@ -64,10 +66,10 @@ def dead_letter_id(text: str) -> int:
     return int(text)
 
 
-def _call(root: Path, op: str, payload: dict[str, Any]) -> Any:
+def _request(root: Path, op: control.Op[A, R], args: A) -> R:
     from manager.cli import mesh
 
-    return eventloop.run(mesh.call, root, op, payload, 60.0)
+    return mesh.run_request(root, op, args)
 
 
 def run(
@@ -81,27 +83,28 @@ def run(
     emit: Callable[[Any], None],
 ) -> int:
     if redeliver is not None:
-        result = _call(root, "redeliver-dead-letter", {"name": name, "id": redeliver})
+        back = control.DeadLetterArgs(name=name, id=redeliver)
+        redelivered = _request(root, control.REDELIVER_DEAD_LETTER, back)
         if as_json:
-            emit(result)
+            emit(redelivered)
         else:
             say(
-                f"redelivered dead letter {result['id']} (message {result['messageId']}) into "
-                f"{result['name']}'s inbox (stream seq {result['seq']}); it arrives marked as "
-                f"delivery {result['delivery']}"
+                f"redelivered dead letter {redelivered.id} (message {redelivered.message_id}) "
+                f"into {redelivered.name}'s inbox (stream seq {redelivered.seq}); it arrives "
+                f"marked as delivery {redelivered.delivery}"
             )
         return 0
     if drop is not None:
-        result = _call(root, "drop-dead-letter", {"name": name, "id": drop})
+        gone = control.DeadLetterArgs(name=name, id=drop)
+        dropped = _request(root, control.DROP_DEAD_LETTER, gone)
         if as_json:
-            emit(result)
+            emit(dropped)
         else:
             say(
-                f"dropped dead letter {result['id']} (message {result['messageId']}) of "
-                f"{result['name']}"
+                f"dropped dead letter {dropped.id} (message {dropped.message_id}) of {dropped.name}"
             )
         return 0
-    listed = control.dead_letters(_call(root, "dead-letters", {"name": name}))
+    listed = _request(root, control.DEAD_LETTERS, control.DeadLettersArgs(name=name))
     if as_json:
         emit(listed)
         return 0

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -26,10 +26,13 @@ from manager.control.client import ControlSession
 from manager.procs import alive, pid_identity, prove_gone
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
+from protocol import control as ops
 from protocol.errors import Refusal
 from protocol.mesh import MeshRecord, ProcRef, decode_mesh, encode_mesh
 from protocol.names import check_space
 
+A = TypeVar("A")
+R = TypeVar("R")
 Report = Callable[[str], None]
 DAEMON_START_TIMEOUT_S = 20.0
 DAEMON_EXIT_TIMEOUT_S = 30.0
@@ -71,18 +74,23 @@ def control(layout: Layout) -> ControlSession:
     return ControlSession(layout.socket, lambda: read_token(layout))
 
 
-async def call(root: Path, op: str, args: dict[str, Any], timeout: float = 60.0) -> Any:
-    """One op on a session of its own: for commands that make a single call."""
+async def request(root: Path, op: ops.Op[A, R], args: A, timeout: float = 60.0) -> R:
+    """One op on a session of its own: for commands that make a single request."""
     async with control(Layout.at(root)) as session:
-        return await session.call(op, args, timeout=timeout)
+        return await session.request(op, args, timeout=timeout)
 
 
-async def probe_status(layout: Layout) -> dict[str, Any] | None:
+def run_request(root: Path, op: ops.Op[A, R], args: A, timeout: float = 60.0) -> R:
+    """`request` from a command's synchronous handler, in an event loop of its own."""
+    return eventloop.run(request, root, op, args, timeout)
+
+
+async def probe_status(layout: Layout) -> ops.StatusReply | None:
     async with control(layout) as session:
         return await session.status()
 
 
-def daemon_status(layout: Layout) -> dict[str, Any] | None:
+def daemon_status(layout: Layout) -> ops.StatusReply | None:
     """The running manager's status for this root, or None when none answers (or none was ever
     started here: no token)."""
     return eventloop.run(probe_status, layout)
@@ -133,7 +141,7 @@ async def _provision(
         if status is not None:
             raise Refusal(
                 "already-up",
-                f"a manager (pid {status['pid']}) already serves {layout.root}",
+                f"a manager (pid {status.pid}) already serves {layout.root}",
                 "use it, or `cotal down` first",
             )
     await session.forget()
@@ -299,12 +307,12 @@ async def start(
         raise
     # From here the broker is the running manager's: nothing below stops it under its client.
     write_mesh(layout, msgspec.structs.replace(launch.record, manager=pid_identity(proc.pid)))
-    return _summary(launch, status["pid"], status["instanceId"])
+    return _summary(launch, status.pid, status.instance_id)
 
 
 async def _run_daemon(
     launch: _Launch, session: ControlSession, report: Report, warm: WarmManager | None = None
-) -> tuple[subprocess.Popen[Any], dict[str, Any]]:
+) -> tuple[subprocess.Popen[Any], ops.StatusReply]:
     """The detached manager and its first status on `session`; a manager that exits or stays
     silent is killed and refused `daemon-failed` (the caller stops the broker it started)."""
     layout = launch.layout
@@ -485,27 +493,36 @@ def up(
     return {**_summary(result, None, None), "stopped": True}
 
 
-async def _down(layout: Layout, report: Report) -> dict[str, Any]:
+class Downed(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What `cotal down` stopped: each seat as the manager's shutdown reported it, and the pids
+    of the manager and the embedded broker proven gone (None for one that was not running)."""
+
+    seats: list[ops.TeardownRow]
+    manager: int | None
+    broker: int | None
+
+
+async def _down(layout: Layout, report: Report) -> Downed:
     record = read_mesh(layout)
     if record is None:
         raise Refusal(
             "not-up", f"nothing is up in {layout.root} (no .cotal/mesh.json)", "nothing to do"
         )
-    seats: list[dict[str, Any]] = []
+    seats: list[ops.TeardownRow] = []
     manager_pid: int | None = None
     read_token(layout)
     async with control(layout) as session:
         status = await session.status()
         if status is not None:
-            manager_pid = int(status["pid"])
+            manager_pid = status.pid
             ref = (
                 record.manager
                 if record.manager and record.manager.pid == manager_pid
                 else pid_identity(manager_pid)
             )
-            report(f"stopping {status['seats']} seat(s) and the manager")
-            result = await session.call("shutdown", {}, timeout=120.0)
-            seats = result["stopped"]
+            report(f"stopping {status.seats} seat(s) and the manager")
+            result = await session.request(ops.SHUTDOWN, ops.NoArgs(), timeout=120.0)
+            seats = result.stopped
     if status is not None:
         gone = await anyio.to_thread.run_sync(
             functools.partial(prove_gone, ref, timeout=DAEMON_EXIT_TIMEOUT_S)
@@ -528,12 +545,11 @@ async def _down(layout: Layout, report: Report) -> dict[str, Any]:
         await anyio.to_thread.run_sync(embedded.stop_embedded, record.embedded_broker)
         broker_pid = record.embedded_broker.pid
     layout.mesh.unlink(missing_ok=True)
-    return {"seats": seats, "manager": manager_pid, "broker": broker_pid}
+    return Downed(seats=seats, manager=manager_pid, broker=broker_pid)
 
 
-def down(root: Path, *, report: Report = _noop) -> dict[str, Any]:
-    result: dict[str, Any] = eventloop.run(_down, Layout.at(root), report)
-    return result
+def down(root: Path, *, report: Report = _noop) -> Downed:
+    return eventloop.run(_down, Layout.at(root), report)
 
 
 def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[str], None]) -> int:
@@ -573,7 +589,7 @@ async def publish_direct(
     server: str, creds: Path | None, space: str, seat: str, text: str
 ) -> dict[str, Any]:
     """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat)."""
-    from manager.broker.connection import FIRST_CONNECT_S, connect
+    from manager.broker.connection import connect, first_connect_s
     from manager.broker.dm import new_message_id, publish_dm
     from protocol import names
     from protocol.instant import now_iso
@@ -582,7 +598,7 @@ async def publish_direct(
     names.check_seat_name(seat)
     if not text:
         raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
-    nc = await connect(server, creds, name="cotal-send", deadline=FIRST_CONNECT_S)
+    nc = await connect(server, creds, name="cotal-send", deadline=first_connect_s())
     try:
         dm = DirectMessage(
             id=new_message_id(),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -23,7 +22,7 @@ from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
-from manager.cli.cutplan import CutOptions, prove_no_seat_processes
+from manager.cli.cutplan import CutOptions, OfflineCut, OfflineSeat, prove_no_seat_processes
 from manager.cli.output import progress
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal
@@ -34,9 +33,7 @@ from protocol.instant import file_stamp
 from protocol.inventory import Inventory, encode_inventory
 
 
-async def finish(
-    layout: Layout, journal: Journal, attempt: str, opts: CutOptions
-) -> dict[str, Any]:
+async def finish(layout: Layout, journal: Journal, attempt: str, opts: CutOptions) -> OfflineCut:
     """Finish cut `attempt` without its manager: an attempt already sealed is read back, any
     other is captured afresh; a failure keeps what it wrote aside as evidence."""
     inventory = journal.resume_document()
@@ -44,14 +41,14 @@ async def finish(
     sealed = cut.attempt_dir(layout, attempt) / "manifest.json"
     if sealed.exists():
         manifest = await anyio.to_thread.run_sync(read_manifest, sealed.parent)
-        return {
-            "attemptId": attempt,
-            "state": "preserved",
-            "checkpointDir": str(sealed.parent),
-            "sealed": True,
-            "seats": [{"name": s.name} for s in manifest.seats],
-            "failures": [],
-        }
+        return OfflineCut(
+            attempt_id=attempt,
+            state="preserved",
+            checkpoint_dir=str(sealed.parent),
+            sealed=True,
+            seats=[OfflineSeat(name=s.name) for s in manifest.seats],
+            failures=[],
+        )
     try:
         return await _capture(layout, attempt, inventory, opts)
     except (OSError, ValueError, ExceptionGroup) as exc:
@@ -102,7 +99,7 @@ async def _broker_reads(layout: Layout, inventory: Inventory) -> dict[str, Space
 
 async def _capture(
     layout: Layout, attempt: str, inventory: Inventory, opts: CutOptions
-) -> dict[str, Any]:
+) -> OfflineCut:
     """The daemon died mid-cut: its seats died with it (parent-death signal) and are proven
     gone, so capture from the recorded plan, after death, into a fresh attempt directory."""
     path = cut.attempt_dir(layout, attempt)
@@ -147,13 +144,25 @@ async def _capture(
         encode_inventory(inventory),
         identity,
     )
-    return {
-        "attemptId": attempt,
-        "state": "preserved",
-        "checkpointDir": str(attempt_path),
-        "sealed": True,
-        "seats": [s.as_dict() for s in summaries],
-        "failures": [],
-        "timingsMs": {},
-        "offline": True,
-    }
+    return OfflineCut(
+        attempt_id=attempt,
+        state="preserved",
+        checkpoint_dir=str(attempt_path),
+        sealed=True,
+        seats=[
+            OfflineSeat(
+                name=s.name,
+                since=s.since,
+                bundle_bytes=s.bundle_bytes,
+                continuity=s.continuity,
+                session_id=s.session_id,
+                lifecycle_uid=s.lifecycle_uid,
+                bytes=s.bytes,
+                timings_ms=s.timings_ms,
+            )
+            for s in summaries
+        ],
+        failures=[],
+        timings_ms={},
+        offline=True,
+    )

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import anyio
 
 from manager.control.client import ControlClient, ControlError, ControlSession
-from protocol.control import ProgressRecord, progress_result
+from protocol import control
+from protocol.control import ProgressRecord
 from protocol.errors import Refusal
 
 T = TypeVar("T")
@@ -124,12 +125,13 @@ class ProgressView:
 async def poll(client: ControlClient | ControlSession, attempt: str, view: ProgressView) -> bool:
     """One poll; False once the daemon has said it has no progress to give."""
     try:
-        raw = await client.call("progress", {"attemptId": attempt, "after": view.after})
+        since = control.ProgressArgs(attempt_id=attempt, after=view.after)
+        result = await client.request(control.PROGRESS, since)
     except ControlError as exc:
         if exc.code in _NO_PROGRESS_OP:
             return False
         raise
-    view.take(progress_result(raw).records)
+    view.take(result.records)
     return True
 
 

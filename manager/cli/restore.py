@@ -61,6 +61,7 @@ from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal, write_resume_document
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
+from protocol import control
 from protocol.checkpoint import CarriedMessage, decode_inbox
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
@@ -80,6 +81,16 @@ from protocol.maintenance import (
 )
 
 RESUME_TIMEOUT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resumed:
+    """A seat as the manager's `resume-preserved` reported it (or as a rerun after finalize
+    recalls it from the checkpoint): what the observations compare against `ps`."""
+
+    name: str
+    continuity: str
+    observation: str
 
 
 def _say(text: str) -> None:
@@ -253,10 +264,10 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             if rejoined is None:
                 raise Refusal(
                     "already-up",
-                    f"a manager (pid {status['pid']}) already serves {layout.root}",
+                    f"a manager (pid {status.pid}) already serves {layout.root}",
                     "a resume starts its own manager: stop this one first",
                 )
-            rows = {r["name"]: r for r in await session.call("ps", {}, timeout=RESUME_TIMEOUT_S)}
+            rows = await _seat_rows(session)
             adm = rejoined.pop("admission")
             rejoined["seats"] = _observations(adm, rejoined.pop("resumed"), rows)
             rejoined["wallMs"] = int((time.monotonic() - t0) * 1000)
@@ -323,7 +334,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 await _release_broker(layout, embedded_info)
                 raise
         out.update(evictionEvidence=evidence, signer=sig)
-        rows = {r["name"]: r for r in await session.call("ps", {}, timeout=RESUME_TIMEOUT_S)}
+        rows = await _seat_rows(session)
     out["seats"] = _observations(adm, out.pop("resumed"), rows)
     out["wallMs"] = int((time.monotonic() - t0) * 1000)
     return out
@@ -478,7 +489,7 @@ async def _rejoin(
     layout: Layout,
     src: Path,
     session: ControlSession,
-    status: dict[str, Any],
+    status: control.StatusReply,
 ) -> dict[str, Any] | None:
     """Finish a resume whose coordinator died after it started the manager, or None when the
     running manager is not this root's pending resume. Admission, custody and the restore of
@@ -490,10 +501,10 @@ async def _rejoin(
         return None
     attempt = record.attempt_id
     fenced = (
-        status["state"] in ("resume-required", "resuming", "awaiting-finalize")
-        and status.get("attemptId") == attempt
+        status.state in ("resume-required", "resuming", "awaiting-finalize")
+        and status.attempt_id == attempt
     )
-    finalized = status["state"] == "active" and record.state == RESUME_COMMITTED
+    finalized = status.state == "active" and record.state == RESUME_COMMITTED
     if not (fenced or finalized):
         return None
     adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
@@ -507,7 +518,7 @@ async def _rejoin(
     sig = signer(adm, args, layout)
     _say(
         f"continuing resume {attempt} from journal state {record.state} "
-        f"(manager pid {status['pid']} is {status['state']})"
+        f"(manager pid {status.pid} is {status.state})"
     )
     descriptor, consents = record.resume, list(record.consents)
     token = record.durable_commit_token
@@ -515,11 +526,7 @@ async def _rejoin(
         if finalized:
             # Finalize ran; only its journal entry is missing. The manager answers a repeat.
             resumed = [
-                {
-                    "name": name,
-                    "continuity": rec.session.continuity,
-                    "observation": "resumed by the run that was interrupted",
-                }
+                _Resumed(name, rec.session.continuity, "resumed by the run that was interrupted")
                 for name, rec in adm.records.items()
             ]
         else:
@@ -539,7 +546,7 @@ async def _rejoin(
         final = await _finalize(session, journal, attempt, descriptor, consents, token)
     return {
         "attemptId": attempt,
-        "state": final["state"],
+        "state": final.state,
         "journal": RETIRED,
         "continued": True,
         "claims": [],
@@ -719,7 +726,7 @@ async def _resume_locked(
     final = await _finalize(session, journal, attempt, descriptor, consents, token)
     return {
         "attemptId": attempt,
-        "state": final["state"],
+        "state": final.state,
         "journal": RETIRED,
         "continued": relaunch,
         "claims": claims,
@@ -776,28 +783,35 @@ async def _import_inboxes(
     return out
 
 
+async def _seat_rows(session: ControlSession) -> dict[str, control.SeatRow]:
+    rows = await session.request(control.PS, control.NoArgs(), timeout=RESUME_TIMEOUT_S)
+    return {row.name: row for row in rows}
+
+
 def _observations(
-    adm: admit.Admission, resumed: list[dict[str, Any]], rows: dict[str, dict[str, Any]]
+    adm: admit.Admission, resumed: list[_Resumed], rows: dict[str, control.SeatRow]
 ) -> list[dict[str, Any]]:
     """Record 6 step 9: what each seat was before the cut against what the manager runs now."""
     observations = []
     for seat in resumed:
-        rec = adm.records[seat["name"]]
-        row = rows.get(seat["name"], {})
-        moved = relocation_of(adm, seat["name"])
+        rec = adm.records[seat.name]
+        row = rows.get(seat.name)
+        session_after = row.session_id if row is not None else None
+        uid_after = row.lifecycle_uid if row is not None else None
+        moved = relocation_of(adm, seat.name)
         observations.append(
             {
                 **moved,
-                "name": seat["name"],
-                "continuity": seat["continuity"],
-                "observation": moved.get("relocationNote") or seat["observation"],
+                "name": seat.name,
+                "continuity": seat.continuity,
+                "observation": moved.get("relocationNote") or seat.observation,
                 "sessionBefore": rec.session.session_id,
-                "sessionAfter": row.get("sessionId"),
+                "sessionAfter": session_after,
                 "uidBefore": rec.lifecycle_uid,
-                "uidAfter": row.get("lifecycleUid"),
+                "uidAfter": uid_after,
                 "sameSession": rec.session.session_id is not None
-                and rec.session.session_id == row.get("sessionId"),
-                "sameUid": rec.lifecycle_uid == row.get("lifecycleUid"),
+                and rec.session.session_id == session_after,
+                "sameUid": rec.lifecycle_uid == uid_after,
             }
         )
     return observations
@@ -813,21 +827,22 @@ async def _resume_and_commit(
     *,
     root: Path,
     advance_active: bool = True,
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[list[_Resumed], str]:
     """`resume-preserved`, then `commit-resume`, each journaled as soon as it answers: a rerun
     after a death at any point continues from what the journal says."""
-    result = await session.call(
-        "resume-preserved",
-        {"attemptId": attempt, "inventory": json.loads(encode_inventory(inventory))},
-        timeout=RESUME_TIMEOUT_S,
+    resume = control.ResumeArgs(
+        attempt_id=attempt, inventory=msgspec.Raw(encode_inventory(inventory))
     )
+    result = await session.request(control.RESUME_PRESERVED, resume, timeout=RESUME_TIMEOUT_S)
     failpoint.reached("resume.after-resume-preserved", root)
     if advance_active:
         journal.advance(attempt, RESUME_ACTIVE, resume=descriptor, consents=consents)
     failpoint.reached("resume.after-resume-active", root)
-    commit = await session.call("commit-resume", {"attemptId": attempt}, timeout=RESUME_TIMEOUT_S)
+    commit = await session.request(
+        control.COMMIT_RESUME, control.AttemptArgs(attempt_id=attempt), timeout=RESUME_TIMEOUT_S
+    )
     failpoint.reached("resume.after-commit-resume", root)
-    token = str(commit["durableCommitToken"])
+    token = commit.durable_commit_token
     journal.advance(
         attempt,
         RESUME_COMMITTED,
@@ -836,7 +851,7 @@ async def _resume_and_commit(
         durable_commit_token=token,
     )
     failpoint.reached("resume.after-resume-committed", root)
-    return list(result["seats"]), token
+    return [_Resumed(s.name, s.continuity, s.observation) for s in result.seats], token
 
 
 async def _finalize(
@@ -846,15 +861,15 @@ async def _finalize(
     descriptor: ResumeDescriptor | None,
     consents: list[Consent],
     token: str,
-) -> dict[str, Any]:
+) -> control.AttemptState:
     """Only `finalize-resume` with the journaled token releases the fence; then `retired`.
 
     A broker that died since the commit is started again first and after: the resume must not
     report a mesh as running whose broker is gone."""
     await mesh.revive_embedded_broker(journal.layout, _say)
-    final: dict[str, Any] = await session.call(
-        "finalize-resume",
-        {"attemptId": attempt, "durableCommitToken": token},
+    final = await session.request(
+        control.FINALIZE_RESUME,
+        control.FinalizeArgs(attempt_id=attempt, durable_commit_token=token),
         timeout=RESUME_TIMEOUT_S,
     )
     failpoint.reached("resume.after-finalize", journal.layout.root)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from manager import concurrency
 from manager.cli.args import (
@@ -25,6 +25,9 @@ from manager.cli.args import (
 )
 from manager.cli.output import emit_json, progress, say
 from protocol.errors import Refusal
+
+if TYPE_CHECKING:
+    from protocol.control import TeardownRow
 
 
 def register(sub: Subcommands) -> None:
@@ -217,15 +220,15 @@ def run_down(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result)
     else:
-        for seat in result["seats"]:
+        for seat in result.seats:
             say(
-                f"stopped {seat['name']} (uid {seat['lifecycleUid']}, exit {seat['exitCode']}); "
+                f"stopped {seat.name} (uid {seat.lifecycle_uid}, exit {seat.exit_code}); "
                 + _durable_outcome(seat)
             )
-        if result["manager"]:
-            say(f"manager pid {result['manager']} proven gone")
-        if result["broker"]:
-            say(f"embedded broker pid {result['broker']} proven gone")
+        if result.manager:
+            say(f"manager pid {result.manager} proven gone")
+        if result.broker:
+            say(f"embedded broker pid {result.broker} proven gone")
         say("cotal is down")
     return 0
 
@@ -249,16 +252,12 @@ def _say_nothing_up(args: argparse.Namespace, root: Path) -> int:
     return 0
 
 
-def _durable_outcome(seat: dict[str, Any]) -> str:
-    # A daemon that predates the per-seat outcome reports none; it said nothing either way, so
-    # nothing is claimed for it.
-    if "durableDeleted" not in seat:
-        return "durable deletion not reported by this manager"
-    if seat["durableDeleted"]:
+def _durable_outcome(seat: TeardownRow) -> str:
+    if seat.durable_deleted:
         return "durable deleted"
-    if not seat.get("footprintOwned", True):
+    if not seat.footprint_owned:
         return "durable kept (not this manager's to delete)"
     return (
-        f"durable NOT deleted ({seat.get('durableError') or 'unknown reason'}): its record is "
+        f"durable NOT deleted ({seat.durable_error or 'unknown reason'}): its record is "
         "kept; once the broker is back, run cotal up and then cotal down again"
     )

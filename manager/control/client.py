@@ -98,7 +98,8 @@ class ControlClient:
     async def call(
         self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0
     ) -> Any:
-        """The raw form: `args` as JSON, the result as decoded JSON (dicts and lists)."""
+        """The raw form, for tests that speak the wire itself: `args` as JSON, the result as
+        decoded JSON (dicts and lists). Cotal's own callers use `request`."""
         request_id, body = await self._exchange(op, args or {}, timeout)
         reply = control.decode_reply(body)
         _check(op, request_id, reply.id, reply.ok, reply.error)
@@ -186,7 +187,7 @@ class ControlSession:
             self.connects += 1
         return self._client
 
-    async def status(self) -> dict[str, Any] | None:
+    async def status(self) -> control.StatusReply | None:
         """The daemon's status, or None when no daemon answers here (or none was ever started:
         no token). A daemon that accepts the connection but does not answer is an error."""
         if self._client is None:
@@ -196,8 +197,7 @@ class ControlSession:
                 await self._connect(timeout=2.0)
             except Refusal:
                 return None
-        result: dict[str, Any] = await self.call("status", timeout=5.0)
-        return result
+        return await self.request(control.STATUS, control.NoArgs(), timeout=5.0)
 
     @asynccontextmanager
     async def _connected(self) -> AsyncIterator[ControlClient]:
@@ -212,12 +212,6 @@ class ControlSession:
             if exc.code in _BROKEN:
                 await self.forget()
             raise
-
-    async def call(
-        self, op: str, args: dict[str, Any] | None = None, *, timeout: float = 60.0
-    ) -> Any:
-        async with self._connected() as client:
-            return await client.call(op, args, timeout=timeout)
 
     async def request(self, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
         async with self._connected() as client:

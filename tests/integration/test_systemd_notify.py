@@ -21,9 +21,10 @@ import anyio
 import pytest
 from anyio.abc import Process, SocketAttribute, UNIXDatagramSocket
 
-from manager.cli.mesh import call, probe_status
+from manager.cli.mesh import probe_status, request
 from manager.daemon.notify import sd_notify
 from manager.workspace.layout import Layout
+from protocol import control
 from tests.conftest import Cli, SharedBroker, cotal_env
 from tests.helpers import wait_gone
 
@@ -108,7 +109,7 @@ async def test_ready_after_the_socket_answers_and_seats_are_readopted_then_down_
                 # Nothing else runs between READY and these: the socket must already answer.
                 status = await probe_status(layout)
             assert ready["READY"] == "1" and ready["MAINPID"] == str(proc.pid)
-            assert status is not None and status["pid"] == proc.pid
+            assert status is not None and status.pid == proc.pid
             record = json.loads(layout.mesh.read_text())
             assert record["manager"]["pid"] == proc.pid and record["server"] == shared_broker.url
             assert record["creds"] == str(Path(shared_broker.creds).resolve())
@@ -140,11 +141,11 @@ async def test_ready_after_the_socket_answers_and_seats_are_readopted_then_down_
                 await survivor.wait()
                 with anyio.fail_after(TIMEOUT):
                     ready, _ = await until_message(sock, "READY")
-                    rows = await call(root, "ps", {})
+                    rows = await request(root, control.PS, control.NoArgs())
                 assert ready["MAINPID"] == str(proc.pid)
                 # Re-adoption is over at READY: the seat runs again under the new manager.
-                assert [(r["name"], r["state"]) for r in rows] == [("alice", "running")]
-                assert rows[0]["pid"] != seat["pid"]
+                assert [(r.name, r.state) for r in rows] == [("alice", "running")]
+                assert rows[0].pid != seat["pid"]
                 # The record named the dead manager; the new one replaced it.
                 assert json.loads(layout.mesh.read_text())["manager"]["pid"] == proc.pid
 
