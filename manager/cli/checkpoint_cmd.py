@@ -59,6 +59,8 @@ def register(sub: Subcommands) -> None:
         " -o /carried/20261129T142434Z-9356e4ba.tar",
         "cotal checkpoint pack .cotal/maintenance/v1/checkpoints/20261129T142434Z-9356e4ba"
         " -o ckpt.tar --server nats://10.0.0.5:4222 --creds broker.creds --json",
+        "cotal checkpoint pack .cotal/maintenance/v1/checkpoints/20261129T142434Z-9356e4ba"
+        " -o /carried/ckpt.sealed --to x25519:dVHsg43vg6RBMkRDMfz9FTAAZI71UZpyh76xelK0T1s",
     )
     pack.add_argument("dir", metavar="DIR", help="the sealed attempt directory this root cut")
     pack.add_argument(
@@ -74,6 +76,13 @@ def register(sub: Subcommands) -> None:
         "record names; an embedded one is started briefly from this root's store)",
     )
     pack.add_argument("--creds", help=CREDS_HELP)
+    pack.add_argument(
+        "--to",
+        metavar="KEY",
+        help="seal the file to one destination root: its box key (x25519:...) as `cotal status` "
+        "prints it there; only that root can open and resume it (default: not sealed, any root "
+        "trusting this signer can)",
+    )
     pack.add_argument(
         "--space",
         default="main",

@@ -7,7 +7,8 @@ exactly as the cut wrote them, because a destination that shares this broker cla
 compare-and-set against the revisions the checkpoint recorded.
 
 A packed file is one ustar archive of the attempt directory (its format, both ways, is
-`manager.checkpoint.archive`). The destination unpacks it into
+`manager.checkpoint.archive`), sealed to one destination root's box key with `--to KEY`
+(`manager.checkpoint.sealed`: only that root opens it). The destination unpacks it into
 `.cotal/maintenance/v1/incoming/<attempt>/`, then resumes from that directory exactly as from a
 carried one: the integrity gate is the same.
 """
@@ -42,7 +43,7 @@ from manager.checkpoint.reader import read_manifest
 from manager.cli import mesh
 from manager.cli.verify import admit_integrity, trusted_keys
 from manager.procs import alive
-from manager.workspace import identity
+from manager.workspace import boxkey, identity
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
@@ -60,6 +61,13 @@ from protocol.maintenance import (
 )
 from protocol.names import ATTEMPT_ID
 
+UNSEALED_AT_PACK = (
+    "not sealed: any host that trusts this root's signer can resume it (seal it to one root "
+    "with --to KEY, the box key its `cotal status` prints)"
+)
+SEALED_AT_PACK = (
+    "sealed to box key {key}: only the root whose `cotal status` prints it can resume it"
+)
 NO_FENCE_AT_PACK = (
     "cotal: warning: no fence spans brokers that cannot see each other: resume this packed "
     "checkpoint in one place only; two destinations that do not share a broker could both start "
@@ -190,6 +198,7 @@ def _own_instance(layout: Layout, space: str) -> str | None:
 
 async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     layout = Layout.at(root)
+    to = boxkey.recipient_key(args.to) if args.to else None
     src = Path(args.dir).resolve()
     out = Path(args.output).resolve()
     if out.exists() or out.is_symlink():
@@ -249,7 +258,9 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 await _check_custody_unmoved(js, adm)
                 tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
                 try:
-                    digest, size = await anyio.to_thread.run_sync(write_archive, src, tmp)
+                    digest, size = await anyio.to_thread.run_sync(
+                        functools.partial(write_archive, src, tmp, to=to)
+                    )
                     record = HandOffRecord(
                         attempt_id=attempt,
                         source_instance=sealed_by.instance_id,
@@ -273,7 +284,10 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                         os.unlink(tmp)
         finally:
             await _stop(broker)
-    _say(NO_FENCE_AT_PACK)
+    if to is None:
+        # Sealed to one root, the file has one possible destination; unsealed, it has as many
+        # as there are roots trusting this signer, and no broker sees them all.
+        _say(NO_FENCE_AT_PACK)
     return {
         "attemptId": attempt,
         "file": str(out),
@@ -282,6 +296,7 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "seats": sorted(adm.records),
         "handOff": msgspec.to_builtins(standing),
         "broker": broker.server,
+        "sealedTo": None if to is None else boxkey.printable(to),
     }
 
 
@@ -339,6 +354,8 @@ def run_pack(args: argparse.Namespace, root: Path) -> int:
     w = sys.stdout.write
     w(f"{out['sha256']}  {out['file']}\n")
     w(f"packed attempt {out['attemptId']}: {out['bytes']} bytes, seats {', '.join(out['seats'])}\n")
+    sealed_to = out["sealedTo"]
+    w((UNSEALED_AT_PACK if sealed_to is None else SEALED_AT_PACK.format(key=sealed_to)) + "\n")
     w(
         f"handed off at {out['handOff']['packedAt']} (recorded at {out['broker']}); this root "
         "will not resume these seats from it\n"

@@ -14,12 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from manager.cli import mesh
 from manager.procs import alive
 from manager.workspace import identity, trust
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.private import read_stable
+from protocol.control import StatusReply
 from protocol.errors import DecodeError, Refusal
 from protocol.lifecycle import SEAT_RECORD_CAP, decode_seat_record
 from protocol.maintenance import (
@@ -47,8 +50,10 @@ def gather(root: Path) -> dict[str, Any]:
             raise
         has_token = False
     record, record_error = _mesh_record(layout)
-    manager = _manager(layout, record, has_token)
-    space = manager.get("space") or (record.space if record is not None else None)
+    answered, manager = _manager(layout, record, has_token)
+    space = (answered.space if answered is not None else None) or (
+        record.space if record is not None else None
+    )
     manager.update(_identity(layout, space))
     broker = _broker(record, record_error)
     doc: dict[str, Any] = {
@@ -56,11 +61,15 @@ def gather(root: Path) -> dict[str, Any]:
         "up": manager["state"] not in ("down", "unresponsive"),
         "manager": manager,
         "broker": broker,
-        "seats": _seats(layout, manager),
+        "seats": _seats(layout, answered),
         "custody": {"holder": manager.get("instanceId")},
         "waiting": waiting(layout),
         "handedOff": handed_off(layout),
+        "boxKey": None,
     }
+    doc["boxKey"], box_error = _box_key(layout)
+    if box_error is not None:
+        doc["boxKeyError"] = box_error
     # The keys `cotal status --json` always had, at the top for scripts that read them.
     for key in ("state", "pid", "space", "instanceId", "startedAt"):
         doc.setdefault(key, manager.get(key))
@@ -76,8 +85,12 @@ def _mesh_record(layout: Layout) -> tuple[MeshRecord | None, str | None]:
         return None, str(exc)
 
 
-def _manager(layout: Layout, record: MeshRecord | None, has_token: bool) -> dict[str, Any]:
-    answered: dict[str, Any] | None = None
+def _manager(
+    layout: Layout, record: MeshRecord | None, has_token: bool
+) -> tuple[StatusReply | None, dict[str, Any]]:
+    """The manager's own status when it answers, and the report's `manager` section: that
+    status under its wire keys, or what the mesh record says of a manager that does not."""
+    answered: StatusReply | None = None
     error: str | None = None
     if has_token:
         try:
@@ -85,16 +98,16 @@ def _manager(layout: Layout, record: MeshRecord | None, has_token: bool) -> dict
         except Refusal as exc:
             error = exc.text
     if answered is not None:
-        return {**answered, "answering": True}
+        return answered, {**msgspec.to_builtins(answered), "answering": True}
     ref = record.manager if record is not None else None
     if ref is not None and alive(ref):
-        return {
+        return None, {
             "state": "unresponsive",
             "pid": ref.pid,
             "answering": False,
             "error": error or f"manager pid {ref.pid} is alive but does not answer",
         }
-    return {"state": "down", "pid": None, "answering": False}
+    return None, {"state": "down", "pid": None, "answering": False}
 
 
 def _identity(layout: Layout, space: str | None) -> dict[str, Any]:
@@ -119,6 +132,19 @@ def _identity(layout: Layout, space: str | None) -> dict[str, Any]:
         # What an untrusted-signer refusal at a destination tells its operator to compare.
         "fingerprint": trust.fingerprint(ident.public_key_b64),
     }
+
+
+def _box_key(layout: Layout) -> tuple[str | None, str | None]:
+    """The key a pack is sealed to for this root (`checkpoint pack --to`), made on first ask at
+    a root that has a control directory; a directory that is no root yet stays untouched."""
+    if not layout.control.is_dir():
+        return None, None
+    from manager.workspace.boxkey import box_public_key
+
+    try:
+        return box_public_key(layout), None
+    except Refusal as exc:
+        return None, exc.text
 
 
 def _identity_spaces(layout: Layout) -> list[str]:
@@ -149,12 +175,12 @@ def _broker(record: MeshRecord | None, error: str | None) -> dict[str, Any]:
     }
 
 
-def _seats(layout: Layout, manager: dict[str, Any]) -> dict[str, Any]:
+def _seats(layout: Layout, answered: StatusReply | None) -> dict[str, Any]:
     """By state: the manager's table when it answers, else the records on disk, which are the
     seats the next `cotal up` takes back (running ones relaunched, stopped ones kept)."""
-    if manager.get("answering"):
-        states = dict(manager.get("seatStates") or {})
-        count = int(manager.get("seats") or 0)
+    if answered is not None:
+        states = dict(answered.seat_states)
+        count = answered.seats
         if not states and count:
             states = {"unknown": count}
         return {"count": count, "byState": states, "source": "manager"}
@@ -310,6 +336,10 @@ def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"          fingerprint {manager['fingerprint']}")
     if manager.get("identityError"):
         say(f"signer    unreadable: {manager['identityError']}")
+    if doc.get("boxKey"):
+        say(f"box key   {doc['boxKey']}  (seal a pack to this root: checkpoint pack --to KEY)")
+    elif doc.get("boxKeyError"):
+        say(f"box key   unreadable: {doc['boxKeyError']}")
     if broker["url"] is None:
         say("broker    none recorded" + (f" ({broker['error']})" if broker.get("error") else ""))
     elif broker["embedded"]:

@@ -49,6 +49,11 @@ class Layout:
     def broker_user(self) -> Path:
         return self.auth / "broker.user"
 
+    @property
+    def box_key(self) -> Path:
+        """The X25519 key pair a pack sealed to this root is encrypted to (`boxkey.py`)."""
+        return self.auth / "box.key"
+
     def instance_identity(self, space: str) -> Path:
         return self.auth / f"manager-instance.{space_hex(space)}.json"
 
