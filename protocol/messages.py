@@ -35,6 +35,8 @@ class ManagerLease(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
     root: str
     pid: int
     since: str
+    # Where the manager runs, for `cotal ps --fleet`; empty in a lease an older cotal wrote.
+    host: str = ""
 
 
 def decode_dm(data: bytes) -> DirectMessage:

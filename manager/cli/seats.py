@@ -9,13 +9,19 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+import msgspec
 
 from manager import eventloop
 from manager.cli.args import CREDS_HELP, SPACE_HELP, Subcommands, command, root_of
 from manager.cli.output import emit_json, format_table, progress, say
+from protocol import control
 from protocol.errors import Refusal
 from protocol.instant import parse_instant
+
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 def register(sub: Subcommands) -> None:
@@ -31,7 +37,8 @@ def register(sub: Subcommands) -> None:
     spawn.add_argument(
         "--agent",
         default="scribe",
-        help="the harness: pi | claude | jcode | scribe (default: %(default)s)",
+        help="the harness: pi | claude | codex | jcode | scribe | scribe-fork "
+        "(default: %(default)s)",
     )
     spawn.add_argument(
         "--prompt",
@@ -44,12 +51,26 @@ def register(sub: Subcommands) -> None:
     spawn.add_argument("--resume", metavar="SESSION", help="fork from an existing harness session")
     spawn.set_defaults(run=run_spawn)
 
-    ps = command(sub, "ps", "list seats", "cotal ps", "cotal ps --wide", "cotal ps --json")
+    ps = command(
+        sub,
+        "ps",
+        "list seats",
+        "cotal ps",
+        "cotal ps --wide",
+        "cotal ps --json",
+        "cotal ps --fleet",
+    )
     ps.add_argument(
         "--wide",
         action="store_true",
         help="add pid, cwd, lifecycle uid, instance id, session id, continuity, start instant,"
         " last exit and reason",
+    )
+    ps.add_argument(
+        "--fleet",
+        action="store_true",
+        help="every seat of every manager on this root's broker: name, instance, host label, "
+        "state, custody generation (read at the broker; --wide has no effect)",
     )
     ps.set_defaults(run=run_ps)
 
@@ -116,12 +137,10 @@ def register(sub: Subcommands) -> None:
     rm.set_defaults(run=run_rm)
 
 
-def _call(
-    root: Path, op: str, payload: dict[str, Any] | None = None, *, timeout: float = 60.0
-) -> Any:
+def _request(root: Path, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
     from manager.cli import mesh
 
-    return eventloop.run(mesh.call, root, op, payload or {}, timeout)
+    return mesh.run_request(root, op, args, timeout)
 
 
 # -- spawn --------------------------------------------------------------------------------------
@@ -147,23 +166,23 @@ def check_prompt(prompt: str) -> str:
 
 
 def run_spawn(args: argparse.Namespace) -> int:
-    payload: dict[str, Any] = {"name": args.name, "agent": args.agent}
-    if args.prompt is not None:
-        payload["prompt"] = check_prompt(args.prompt)
-    for key in ("model", "resume"):
-        if getattr(args, key):
-            payload[key] = getattr(args, key)
-    if args.cwd:
-        payload["cwd"] = str(Path(args.cwd).resolve())
-    row = _call(root_of(args), "spawn", payload, timeout=90.0)
+    spawn = control.SpawnArgs(
+        name=args.name,
+        agent=args.agent,
+        prompt=check_prompt(args.prompt) if args.prompt is not None else None,
+        model=args.model or None,
+        cwd=str(Path(args.cwd).resolve()) if args.cwd else None,
+        resume=args.resume or None,
+    )
+    row = _request(root_of(args), control.SPAWN, spawn, timeout=90.0)
     if args.json:
         emit_json(row)
     else:
-        say(f"spawned {row['name']} ({row['agent']}) pid {row['pid']} uid {row['lifecycleUid']}")
-        say(f"  session {row['sessionId']}  continuity {row['continuity']}")
-    for gap in _isolation_gaps(row.get("isolation")):
-        progress(f"warning: seat isolation {row.get('isolation')}: {gap}")
-    warning = _cut_warning(Path(row["cwd"]))
+        say(f"spawned {row.name} ({row.agent}) pid {row.pid} uid {row.lifecycle_uid}")
+        say(f"  session {row.session_id}  continuity {row.continuity}")
+    for gap in _isolation_gaps(row.isolation):
+        progress(f"warning: seat isolation {row.isolation}: {gap}")
+    warning = _cut_warning(Path(row.cwd))
     if warning:
         progress(warning)
     return 0
@@ -209,6 +228,7 @@ def _cut_warning(cwd: Path) -> str | None:
 
 # -- ps -----------------------------------------------------------------------------------------
 
+# Each column is a field of `control.SeatRow`, or one of the two `run_ps` derives from it.
 PS_COLUMNS = [
     ("NAME", "name"),
     ("AGENT", "agent"),
@@ -216,25 +236,29 @@ PS_COLUMNS = [
     ("TURN", "turn"),
     ("UPTIME", "uptime"),
     ("RESTARTS", "restarts"),
-    ("DEAD", "deadLetters"),
+    ("DEAD", "dead_letters"),
 ]
 PS_WIDE = [
     ("PID", "pid"),
     ("CWD", "cwd"),
-    ("LIFECYCLE UID", "lifecycleUid"),
-    ("INSTANCE", "instanceId"),
-    ("SESSION", "sessionId"),
+    ("LIFECYCLE UID", "lifecycle_uid"),
+    ("INSTANCE", "instance_id"),
+    ("SESSION", "session_id"),
     ("CONTINUITY", "continuity"),
     ("ISOLATION", "isolation"),
-    ("MODE", "permissionMode"),
-    ("STARTED", "startedAt"),
-    ("LAST EXIT", "lastExit"),
+    ("MODE", "permission_mode"),
+    ("STARTED", "started_at"),
+    ("LAST EXIT", "last_exit"),
     ("REASON", "reason"),
 ]
 
 
 def run_ps(args: argparse.Namespace) -> int:
-    rows = _call(root_of(args), "ps")
+    if args.fleet:
+        from manager.cli.fleet import run_fleet
+
+        return run_fleet(args)
+    rows = _request(root_of(args), control.PS, control.NoArgs())
     if args.json:
         for row in rows:
             emit_json(row)
@@ -245,15 +269,15 @@ def run_ps(args: argparse.Namespace) -> int:
     now = datetime.now(UTC)
     shown = [
         {
-            **row,
-            "turn": "busy" if row.get("busy") else "idle",
-            "uptime": _uptime(row.get("startedAt"), now) if row.get("state") == "running" else None,
+            **msgspec.structs.asdict(row),
+            "turn": "busy" if row.busy else "idle",
+            "uptime": _uptime(row.started_at, now) if row.state == "running" else None,
         }
         for row in rows
     ]
     say(format_table(shown, PS_COLUMNS + (PS_WIDE if args.wide else [])))
     if args.wide:
-        modes = sorted({str(r["isolation"]) for r in rows if r.get("isolation")})
+        modes = sorted({r.isolation for r in rows if r.isolation})
         for mode in modes:
             for gap in _isolation_gaps(mode):
                 say(f"isolation {mode}: {gap}")
@@ -305,14 +329,14 @@ def run_send(args: argparse.Namespace) -> int:
                 f" (stream seq {result['seq']})"
             )
         return 0
-    payload = {"name": args.name, "text": args.text, "wait": args.wait, "timeoutS": args.timeout}
-    result = _call(root_of(args), "send", payload, timeout=args.timeout + 10)
+    send = control.SendArgs(name=args.name, text=args.text, wait=args.wait, timeout_s=args.timeout)
+    sent = _request(root_of(args), control.SEND, send, timeout=args.timeout + 10)
     if args.json:
-        emit_json(result)
+        emit_json(sent)
     elif args.wait:
-        say(result["reply"])
+        say(sent.reply if isinstance(sent.reply, str) else "")
     else:
-        say(f"queued {result['id']} for {result['seat']} (stream seq {result['seq']})")
+        say(f"queued {sent.id} for {sent.seat} (stream seq {sent.seq})")
     return 0
 
 
@@ -320,41 +344,43 @@ def run_send(args: argparse.Namespace) -> int:
 
 
 def run_stop(args: argparse.Namespace) -> int:
-    result = _call(root_of(args), "stop-seat", {"name": args.name})
+    stopped = _request(root_of(args), control.STOP_SEAT, control.StopSeatArgs(name=args.name))
     if args.json:
-        emit_json(result)
-    elif result.get("alreadyStopped"):
-        say(f"{result['name']} was already stopped (last exit {result['lastExit']})")
+        emit_json(stopped)
+    elif stopped.already_stopped:
+        say(f"{stopped.name} was already stopped (last exit {stopped.last_exit})")
     else:
         say(
-            f"stopped {result['name']} (uid {result['lifecycleUid']}, exit {result['lastExit']});"
-            f" kept: inbox, session and custody stay (`cotal start {result['name']}` brings it"
-            f" back, `cotal rm {result['name']}` removes it)"
+            f"stopped {stopped.name} (uid {stopped.lifecycle_uid}, exit {stopped.last_exit});"
+            f" kept: inbox, session and custody stay (`cotal start {stopped.name}` brings it"
+            f" back, `cotal rm {stopped.name}` removes it)"
         )
     return 0
 
 
-def _started(row: dict[str, Any], verb: str) -> None:
+def _started(row: control.SeatRow, verb: str) -> None:
     say(
-        f"{verb} {row['name']} ({row['agent']}) pid {row['pid']} uid {row['lifecycleUid']}"
-        f" restarts {row['restarts']}"
+        f"{verb} {row.name} ({row.agent}) pid {row.pid} uid {row.lifecycle_uid}"
+        f" restarts {row.restarts}"
     )
-    say(f"  session {row['sessionId']}  continuity {row['continuity']}")
+    say(f"  session {row.session_id}  continuity {row.continuity}")
 
 
 def run_start(args: argparse.Namespace) -> int:
-    row = _call(root_of(args), "start-seat", {"name": args.name}, timeout=90.0)
+    start = control.StartSeatArgs(name=args.name)
+    row = _request(root_of(args), control.START_SEAT, start, timeout=90.0)
     if args.json:
         emit_json(row)
-    elif row.get("alreadyRunning"):
-        say(f"{row['name']} is already running (pid {row['pid']})")
+    elif row.already_running:
+        say(f"{row.name} is already running (pid {row.pid})")
     else:
         _started(row, "started")
     return 0
 
 
 def run_restart(args: argparse.Namespace) -> int:
-    row = _call(root_of(args), "restart-seat", {"name": args.name}, timeout=120.0)
+    restart = control.RestartSeatArgs(name=args.name)
+    row = _request(root_of(args), control.RESTART_SEAT, restart, timeout=120.0)
     if args.json:
         emit_json(row)
     else:
@@ -363,19 +389,19 @@ def run_restart(args: argparse.Namespace) -> int:
 
 
 def run_rm(args: argparse.Namespace) -> int:
-    result = _call(root_of(args), "remove-seat", {"name": args.name})
+    removed = _request(root_of(args), control.REMOVE_SEAT, control.RemoveSeatArgs(name=args.name))
     if args.json:
-        emit_json(result)
-    elif result.get("footprintDeleted"):
-        dead = result.get("deadLettersDeleted") or 0
+        emit_json(removed)
+    elif removed.footprint_deleted:
+        dead = removed.dead_letters_deleted
         say(
-            f"removed {result['name']} (uid {result['lifecycleUid']}, exit {result['lastExit']});"
+            f"removed {removed.name} (uid {removed.lifecycle_uid}, exit {removed.last_exit});"
             " durable, custody record and session pointer deleted"
             + (f", and {dead} dead letter(s)" if dead else "")
         )
     else:
         say(
-            f"removed {result['name']} (uid {result['lifecycleUid']}) from this manager; its "
+            f"removed {removed.name} (uid {removed.lifecycle_uid}) from this manager; its "
             "durable and custody record belong to their new holder and were kept"
         )
     return 0

@@ -66,6 +66,7 @@ class Watchers:
                 root=str(mgr.layout.root),
                 pid=os.getpid(),
                 since=mgr.started_at,
+                host=os.environ.get("COTAL_HOST_LABEL") or os.uname().nodename,
             )
         )
         key = names.lease_key(mgr.identity.instance_id)

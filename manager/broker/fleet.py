@@ -1,0 +1,293 @@
+"""The fleet roster: every seat of a space at its broker, whichever manager holds it.
+
+Read-only. Several managers (each its own instance id, perhaps each on its own host) can share
+one broker or cluster; what each of them writes there is enough to say where every seat is:
+its custody record (who holds it, at which generation, claimed by which attempt), its presence
+entry (which manager says it runs it now) and that manager's lease (alive, and on which host).
+This module reads the three buckets as they are and joins them into one row per seat
+lifecycle; it never creates a bucket and never writes a key.
+
+What it reads are claims, not proof: presence and leases lag reality by up to their TTLs. A
+value that does not decode is a row (or a note on a row) saying so, never a crash of the
+listing, since one bad key must not hide the rest of the fleet.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, NoKeysError
+from nats.js.kv import KeyValue
+
+from manager.broker.presence import PRESENCE_CAP
+from manager.broker.retry import riding_elections
+from protocol import names
+from protocol.codec import decode_json
+from protocol.custody import CustodyRecord, HandOffRecord, decode_custody, decode_handoff
+from protocol.errors import DecodeError
+from protocol.messages import ManagerLease, Presence
+
+LEASE_CAP = 4096
+
+State = Literal["running", "in transit", "held", "stale-presence", "unreadable"]
+RUNNING: Final = "running"
+IN_TRANSIT: Final = "in transit"
+HELD: Final = "held"
+STALE_PRESENCE: Final = "stale-presence"
+UNREADABLE: Final = "unreadable"
+
+
+class FleetRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One seat lifecycle as the broker shows it; what `cotal ps --fleet --json` prints.
+
+    `instance` is the custody holder (the presence's writer when no custody record exists);
+    `host` is the label in that instance's lease, None when it has no live lease; `errors`
+    names every entry of this seat that did not decode.
+    """
+
+    name: str
+    lifecycle_uid: str
+    instance: str | None
+    host: str | None
+    state: State
+    generation: int | None
+    attempt_id: str | None
+    presence_instance: str | None
+    manager_live: bool
+    errors: list[str] = msgspec.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The raw values of the three buckets, key -> bytes, as read at one pass."""
+
+    custody: Mapping[str, bytes] = field(default_factory=dict)
+    presence: Mapping[str, bytes] = field(default_factory=dict)
+    leases: Mapping[str, bytes] = field(default_factory=dict)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+async def _existing_kv(js: JetStreamContext, bucket: str) -> KeyValue | None:
+    """The bucket if it exists: a roster must not create the footprint of a space nobody ran."""
+    try:
+        return await riding_elections(f"bucket {bucket}", functools.partial(js.key_value, bucket))
+    except BucketNotFoundError:
+        return None
+
+
+async def _values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
+    kv = await _existing_kv(js, bucket)
+    if kv is None:
+        return {}
+    try:
+        keys = await riding_elections(f"{bucket} keys", kv.keys)
+    except NoKeysError:
+        return {}
+    out: dict[str, bytes] = {}
+    for key in sorted(keys):
+        try:
+            entry = await riding_elections(f"{bucket} {key}", functools.partial(kv.get, key))
+        except (KeyNotFoundError, KeyDeletedError):
+            # Listed, then expired or deleted before its read: it is simply gone.
+            continue
+        out[key] = entry.value or b""
+    return out
+
+
+async def snapshot(js: JetStreamContext, space: str) -> Snapshot:
+    # Custody first: a seat that moves while this reads then shows its newer presence beside
+    # its older custody (stale-presence for a moment), never no row at all.
+    custody = await _values(js, names.custody_bucket(space))
+    presence = await _values(js, names.presence_bucket(space))
+    leases = await _values(js, names.manager_bucket(space))
+    return Snapshot(custody=custody, presence=presence, leases=leases)
+
+
+async def roster(js: JetStreamContext, space: str) -> list[FleetRow]:
+    return join(await snapshot(js, space))
+
+
+# -- the join (pure) ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Seat:
+    name: str
+    uid: str
+    custody: CustodyRecord | None = None
+    presence: Presence | None = None
+    # The key exists but its value does not decode.
+    custody_unreadable: bool = False
+    presence_unreadable: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Lease:
+    host: str | None
+    error: str | None = None
+
+
+def _seat_key(key: str) -> tuple[str, str] | None:
+    parts = key.split(".")
+    if len(parts) != 3 or parts[0] != names.SEAT_OWNER:
+        return None
+    return parts[1], parts[2]
+
+
+def _decode_presence(data: bytes) -> Presence:
+    return decode_json(data, Presence, what="presence entry", cap=PRESENCE_CAP)
+
+
+def _decode_lease(data: bytes) -> ManagerLease:
+    return decode_json(data, ManagerLease, what="manager lease", cap=LEASE_CAP)
+
+
+def _mismatch(what: str, key: str, seat: str, uid: str) -> str:
+    return f"{what} under key {key} names seat {seat} uid {uid}"
+
+
+def _seats(snap: Snapshot) -> dict[tuple[str, str], _Seat]:
+    seats: dict[tuple[str, str], _Seat] = {}
+
+    def at(name: str, uid: str) -> _Seat:
+        return seats.setdefault((name, uid), _Seat(name, uid))
+
+    for key, value in snap.custody.items():
+        where = _seat_key(key)
+        if where is None:
+            continue
+        seat = at(*where)
+        try:
+            record = decode_custody(value)
+        except DecodeError as exc:
+            seat.custody_unreadable = True
+            seat.errors.append(exc.message)
+            continue
+        if (record.seat, record.lifecycle_uid) != where:
+            seat.custody_unreadable = True
+            seat.errors.append(_mismatch("custody record", key, record.seat, record.lifecycle_uid))
+            continue
+        seat.custody = record
+    for key, value in snap.presence.items():
+        where = _seat_key(key)
+        if where is None:
+            continue
+        seat = at(*where)
+        try:
+            entry = _decode_presence(value)
+        except DecodeError as exc:
+            seat.presence_unreadable = True
+            seat.errors.append(exc.message)
+            continue
+        if (entry.seat, entry.lifecycle_uid) != where:
+            seat.presence_unreadable = True
+            seat.errors.append(_mismatch("presence entry", key, entry.seat, entry.lifecycle_uid))
+            continue
+        seat.presence = entry
+    return seats
+
+
+def _leases(snap: Snapshot) -> dict[str, _Lease]:
+    leases: dict[str, _Lease] = {}
+    prefix = names.lease_key("")
+    for key, value in snap.leases.items():
+        if not key.startswith(prefix):
+            continue
+        instance = key[len(prefix) :]
+        try:
+            lease = _decode_lease(value)
+        except DecodeError as exc:
+            leases[instance] = _Lease(None, exc.message)
+            continue
+        if lease.holder != instance:
+            leases[instance] = _Lease(
+                None, f"manager lease under key {key} names holder {lease.holder}"
+            )
+            continue
+        # An older cotal's lease carries no host: known alive, place unknown.
+        leases[instance] = _Lease(lease.host or None)
+    return leases
+
+
+def _handed_off(snap: Snapshot) -> set[tuple[str, str, int]]:
+    """(seat, uid, generation) of every seat a standing hand-off carries away. One that does
+    not decode is left out: it only ever adds `in transit` to a seat that is not running."""
+    out: set[tuple[str, str, int]] = set()
+    for key, value in snap.custody.items():
+        if not key.startswith("handoff."):
+            continue
+        try:
+            record: HandOffRecord = decode_handoff(value)
+        except DecodeError:
+            continue
+        if record.taken_back_at is None:
+            out.update((s.name, s.lifecycle_uid, s.generation) for s in record.seats)
+    return out
+
+
+def _state(seat: _Seat, holder_live: bool, handed_off: bool) -> State:
+    if seat.custody_unreadable or seat.presence_unreadable:
+        return UNREADABLE
+    custody, presence = seat.custody, seat.presence
+    if presence is not None:
+        if custody is not None and presence.instance_id == custody.holder:
+            return RUNNING
+        return STALE_PRESENCE
+    assert custody is not None
+    # Cut and not yet resumed: packed to be carried away, or claimed by a destination whose
+    # manager has not started. A claim's attempt id stays in the record after the resume, so a
+    # seat its live holder merely stopped is held, not in transit.
+    if handed_off or (custody.attempt_id is not None and not holder_live):
+        return IN_TRANSIT
+    return HELD
+
+
+def join(snap: Snapshot) -> list[FleetRow]:
+    """One row per (seat, lifecycle uid) that has a custody record or a presence entry, sorted
+    by name then uid."""
+    leases = _leases(snap)
+    handed_off = _handed_off(snap)
+    rows: list[FleetRow] = []
+    for (name, uid), seat in sorted(_seats(snap).items()):
+        custody = seat.custody
+        instance = (
+            custody.holder
+            if custody is not None
+            else seat.presence.instance_id
+            if seat.presence is not None
+            else None
+        )
+        lease = leases.get(instance) if instance is not None else None
+        errors = list(seat.errors)
+        if lease is not None and lease.error is not None:
+            errors.append(lease.error)
+        rows.append(
+            FleetRow(
+                name=name,
+                lifecycle_uid=uid,
+                instance=instance,
+                host=lease.host if lease is not None else None,
+                state=_state(
+                    seat,
+                    holder_live=lease is not None,
+                    handed_off=custody is not None
+                    and (name, uid, custody.generation) in handed_off,
+                ),
+                generation=custody.generation if custody is not None else None,
+                attempt_id=custody.attempt_id if custody is not None else None,
+                presence_instance=(
+                    seat.presence.instance_id if seat.presence is not None else None
+                ),
+                manager_live=lease is not None,
+                errors=errors,
+            )
+        )
+    return rows

@@ -1,0 +1,84 @@
+"""`cotal ps --fleet`: where every seat of this root's space is, across every manager that
+shares its broker.
+
+The broker is the one this root's mesh record names: its embedded broker, or the `--server`
+broker or cluster it was brought up against. Only the latter is shared with other managers;
+on an embedded broker the roster is this root's own seats. The roster is read-only
+(`manager/broker/fleet.py`); the manager of this root need not be running, only the broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from manager import eventloop
+from manager.cli.args import root_of
+from manager.cli.output import emit_json, format_table, say
+from manager.workspace.layout import Layout
+from protocol.errors import Refusal
+from protocol.mesh import MeshRecord
+
+if TYPE_CHECKING:
+    from manager.broker.fleet import FleetRow
+
+FLEET_COLUMNS = [
+    ("NAME", "name"),
+    ("INSTANCE", "instance"),
+    ("HOST", "host"),
+    ("STATE", "state"),
+    ("GEN", "generation"),
+]
+
+
+def _broker_of(layout: Layout) -> MeshRecord:
+    from manager.cli import mesh
+    from manager.procs import alive
+
+    record = mesh.read_mesh(layout)
+    if record is None:
+        raise Refusal(
+            "not-up",
+            f"no mesh is up in {layout.root} (no .cotal/mesh.json), so there is no broker to ask",
+            "run this at a root whose mesh is up, or `cotal up --server URL --creds FILE` here "
+            "to join the shared broker",
+        )
+    if record.embedded_broker is not None and not alive(record.embedded_broker):
+        raise Refusal(
+            "broker-unavailable",
+            f"the embedded broker of {layout.root} (pid {record.embedded_broker.pid}) is not "
+            "running",
+            "`cotal up` starts it again; then retry",
+        )
+    return record
+
+
+async def _roster(record: MeshRecord) -> list[FleetRow]:
+    from manager.broker import fleet
+    from manager.broker.connection import LazyConnection
+    from manager.broker.retry import phase
+
+    creds = Path(record.creds) if record.creds else None
+    async with LazyConnection(record.server, creds, name="cotal-fleet") as conn:
+        js = await conn.jetstream()
+        with phase("fleet roster"):
+            return await fleet.roster(js, record.space)
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    found = eventloop.run(_roster, _broker_of(Layout.at(root_of(args))))
+    rows: list[dict[str, Any]] = [msgspec.to_builtins(row) for row in found]
+    if args.json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        say("no seats at this broker")
+        return 0
+    say(format_table(rows, FLEET_COLUMNS))
+    for row in rows:
+        for error in row["errors"]:
+            say(f"{row['name']} ({row['lifecycleUid']}): {error}")
+    return 0
