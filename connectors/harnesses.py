@@ -52,10 +52,18 @@ def pin_file() -> Path:
 class Native:
     """A harness whose runnable program is a native binary in a per-platform optional
     dependency (Claude Code: `@anthropic-ai/claude-code-linux-x64/claude`). The main package's
-    `bin` is only a stub that its postinstall script replaces, and installs here run with
-    `--ignore-scripts`, so the binary is taken from the platform package directly."""
+    `bin` is only a stub that its postinstall script replaces (or a node script that would only
+    start the binary as its child), and installs here run with `--ignore-scripts`, so the binary
+    is taken from the platform package directly.
 
-    package: str  # with `{platform}`, e.g. "@anthropic-ai/claude-code-{platform}"
+    `package` names the platform package with `{platform}` (npm's name for this host, `-musl`
+    included: `linux-x64-musl`) or with `{os}-{arch}` (without the libc: Codex ships one static
+    Linux build under `@openai/codex-linux-x64`). Its installed version is the pin's, or the
+    pin's with the platform appended (Codex installs `@openai/codex@0.169.0-linux-x64` under
+    that alias). `bin` may hold a `*` for a directory named per build target
+    (`vendor/*/bin/codex`); it must then match exactly one file."""
+
+    package: str
     bin: str
 
 
@@ -76,8 +84,8 @@ class Pin:
         return self.prefix / "node_modules" / self.package
 
 
-def npm_platform() -> str:
-    """This host in npm's optional-dependency naming: `linux-x64`, `linux-arm64-musl`, ..."""
+def npm_os_arch() -> tuple[str, str]:
+    """This host's `process.platform` and `process.arch` as node names them: `linux`, `x64`."""
     system = {"linux": "linux", "darwin": "darwin", "win32": "win32"}.get(
         sys.platform, sys.platform
     )
@@ -85,6 +93,12 @@ def npm_platform() -> str:
     arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(
         machine, machine
     )
+    return system, arch
+
+
+def npm_platform() -> str:
+    """This host in npm's optional-dependency naming: `linux-x64`, `linux-arm64-musl`, ..."""
+    system, arch = npm_os_arch()
     musl = system == "linux" and not platform.libc_ver()[0] and any(Path("/lib").glob("ld-musl-*"))
     return f"{system}-{arch}{'-musl' if musl else ''}"
 
@@ -126,12 +140,12 @@ def load_pins(source: Path | None = None) -> dict[str, Pin]:
         if native is not None and not (
             isinstance(native, dict)
             and all(isinstance(native.get(k), str) and native.get(k) for k in ("package", "bin"))
-            and "{platform}" in native["package"]
+            and ("{platform}" in native["package"] or "{os}-{arch}" in native["package"])
         ):
             raise Refusal(
                 "malformed",
                 f"harness pin {name!r} in {where}: native needs string fields package (with "
-                f"{{platform}}) and bin",
+                f"{{platform}} or {{os}}-{{arch}}) and bin",
                 "fix the entry",
             )
         pins[name] = Pin(
@@ -213,14 +227,24 @@ def binary_of(pin: Pin) -> Path:
     return path
 
 
+def _native_package(native: Native) -> tuple[str, str]:
+    """The platform package's name on this host, and the platform as that name spells it."""
+    system, arch = npm_os_arch()
+    label = npm_platform() if "{platform}" in native.package else f"{system}-{arch}"
+    package = (
+        native.package.replace("{platform}", label).replace("{os}", system).replace("{arch}", arch)
+    )
+    return package, label
+
+
 def _native_binary(pin: Pin, native: Native) -> Path:
-    package = native.package.replace("{platform}", npm_platform())
+    package, label = _native_package(native)
     pkg_dir = pin.prefix / "node_modules" / package
     try:
         version = json.loads((pkg_dir / "package.json").read_text()).get("version")
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
         version = None
-    if version != pin.version:
+    if version not in (pin.version, f"{pin.version}-{label}"):
         found = f"version {version} is installed" if version else "it is not installed"
         raise Refusal(
             "not-installed",
@@ -231,6 +255,16 @@ def _native_binary(pin: Pin, native: Native) -> Path:
             "the harness cannot run here",
         )
     path = pkg_dir / native.bin
+    if "*" in native.bin:
+        found_bins = sorted(pkg_dir.glob(native.bin))
+        if len(found_bins) > 1:
+            raise Refusal(
+                "bad-harness",
+                f"harness {pin.name}: {pkg_dir / native.bin} matches "
+                f"{', '.join(map(str, found_bins))}, not one program",
+                f"remove {pin.prefix} and run `cotal tools install` again",
+            )
+        path = found_bins[0] if found_bins else path
     if not path.is_file() or not os.access(path, os.X_OK):
         raise Refusal(
             "not-installed",

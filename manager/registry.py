@@ -32,6 +32,7 @@ KNOWN: dict[str, tuple[str, str]] = {
     "pi": ("connectors.pi", "PiConnector"),
     "claude": ("connectors.claude_code", "ClaudeCodeConnector"),
     "jcode": ("connectors.jcode", "JcodeConnector"),
+    "codex": ("connectors.codex", "CodexConnector"),
 }
 
 
@@ -62,6 +63,9 @@ class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Claude Code: a key file read at every spawn (0600, no symlink), and the permission mode.
     api_key_file: str | None = None
     permission_mode: str | None = None
+    # Codex: what it may do without asking, and its sandbox for the commands it runs.
+    approval_policy: str | None = None
+    sandbox: str | None = None
     home: str | None = None
     extra_env: list[str] = []
     # scribe only, a test aid: the harness ignores SIGTERM so a stop must escalate to SIGKILL.
@@ -174,7 +178,9 @@ def agent_settings(cfg: FileConfig, agent: str) -> Mapping[str, Any]:
 # profile. The binary's path, the endpoint URL and provider entry, where the key comes from, a
 # private home and passed-through variables are host bindings: each host supplies its own from
 # its own cotal.toml, and they must not make an otherwise identical seat refuse to move.
-PROFILE_KEYS = frozenset({"model", "permission_mode", "ignore_sigterm"})
+PROFILE_KEYS = frozenset(
+    {"model", "permission_mode", "approval_policy", "sandbox", "ignore_sigterm"}
+)
 
 
 def profile_digest(agent: str, model: str | None, settings: Mapping[str, Any]) -> str:

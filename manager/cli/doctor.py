@@ -1,6 +1,6 @@
 """`cotal doctor`: which harnesses this host can run seats with, and what is missing.
 
-For each harness (scribe, pi, claude, jcode) it reports:
+For each harness (scribe, pi, claude, jcode, codex) it reports:
 
 * installed: where its program is (the pinned install under the tools directory,
   `agents.<name>.binary` from cotal.toml, or PATH for jcode) and which version it holds;
@@ -42,14 +42,15 @@ from typing import Any
 from connectors import sandbox
 from connectors.base import continuity_class
 from connectors.interpreter import own_python
-from manager import eventloop, registry
+from manager import registry
 from manager.checkpoint import clock
 from manager.cli import tools
 from manager.workspace import roots
 from manager.workspace.layout import Layout
+from protocol import control
 from protocol.errors import Refusal
 
-HARNESSES = ("scribe", "pi", "claude", "jcode")
+HARNESSES = ("scribe", "pi", "claude", "jcode", "codex")
 VERSION_TIMEOUT_S = 15.0
 PS_TIMEOUT_S = 5.0
 UNUSED_ABSENT = "not installed (not used by this root)"
@@ -136,7 +137,7 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
     ]
     if pin_problem is not None:
         for report in reports:
-            if report.name in ("pi", "claude"):
+            if report.name in ("pi", "claude", "codex"):
                 report.missing.append(pin_problem)
     isolation = isolation_row()
     time_row = clock_row()
@@ -169,14 +170,10 @@ def running_seats(root: Path) -> dict[str, str]:
     if not (layout.mesh.exists() and layout.control_token.exists() and layout.socket.exists()):
         return {}
     try:
-        rows = eventloop.run(mesh.call, root, "ps", {}, PS_TIMEOUT_S)
+        rows = mesh.run_request(root, control.PS, control.NoArgs(), PS_TIMEOUT_S)
     except (Refusal, OSError, TimeoutError):
         return {}
-    return {
-        str(row["name"]): str(row["agent"])
-        for row in rows
-        if isinstance(row, dict) and "name" in row and "agent" in row
-    }
+    return {row.name: row.agent for row in rows}
 
 
 def render(reports: list[Report]) -> list[str]:
@@ -300,6 +297,7 @@ def check(
         "pi": _check_pi,
         "claude": _check_claude,
         "jcode": _check_jcode,
+        "codex": _check_codex,
     }[name]
     checker(report, settings, pins.get(name))
     return report
@@ -374,6 +372,18 @@ def _check_claude(report: Report, settings: Mapping[str, Any], pin: tools.Pin | 
     _claude_credential_check(report, settings)
 
 
+def _check_codex(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
+    from connectors.codex import pinned_program
+
+    # The native program the seat runs, not the node stub the package's `bin` names.
+    program = _pinned_or_configured(report, settings, pin, locate=lambda _pin: pinned_program())
+    if program is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
+        _version_run(report, [program], _base_env(CODEX_HOME=tmp))
+    _codex_key_check(report, settings)
+
+
 def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
     binary = settings.get("binary")
     if binary:
@@ -400,7 +410,11 @@ def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | N
 
 
 def _pinned_or_configured(
-    report: Report, settings: Mapping[str, Any], pin: tools.Pin | None
+    report: Report,
+    settings: Mapping[str, Any],
+    pin: tools.Pin | None,
+    *,
+    locate: Callable[[tools.Pin], Path] = tools.binary_of,
 ) -> str | None:
     binary = settings.get("binary")
     if binary:
@@ -425,7 +439,7 @@ def _pinned_or_configured(
         )
         return None
     try:
-        path = tools.binary_of(pin)
+        path = locate(pin)
     except Refusal as exc:
         report.missing.append(
             Missing(exc.message, "run `cotal tools install` (`make harnesses` in a checkout)")
@@ -477,7 +491,10 @@ def _base_env(**extra: str) -> dict[str, str]:
     # Only what a version check needs: no tokens or keys of the operator's environment.
     env = {k: v for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if (v := os.environ.get(k))}
     env["HOME"] = (
-        extra.get("CLAUDE_CONFIG_DIR") or extra.get("PI_CODING_AGENT_DIR") or tempfile.gettempdir()
+        extra.get("CLAUDE_CONFIG_DIR")
+        or extra.get("PI_CODING_AGENT_DIR")
+        or extra.get("CODEX_HOME")
+        or tempfile.gettempdir()
     )
     env.update(extra)
     return env
@@ -490,6 +507,16 @@ def _claude_credential_check(report: Report, settings: Mapping[str, Any]) -> Non
 
     try:
         resolve_credential(settings)
+    except Refusal as exc:
+        report.missing.append(Missing(exc.message, exc.cure, "config"))
+
+
+def _codex_key_check(report: Report, settings: Mapping[str, Any]) -> None:
+    """The key file or the key variable, read as a spawn reads it; only its source is shown."""
+    from connectors.codex import resolve_key
+
+    try:
+        resolve_key(settings)
     except Refusal as exc:
         report.missing.append(Missing(exc.message, exc.cure, "config"))
 

@@ -1,10 +1,10 @@
 """The promises every connector makes, asserted once, for each connector: scribe, pi, Claude
-Code and the jcode stand-in (tests/fixtures/jcode_standin.py, which is not jcode).
+Code, Codex and the jcode stand-in (tests/fixtures/jcode_standin.py, which is not jcode).
 
 Launch-level promises run without any harness: `binary` points at a placeholder. Live promises
-run the real harness (pi and Claude Code from `.tools/`, under their `pi` and `claude` markers
-and skip conditions) against the real fake model servers on 127.0.0.1. What only one connector
-does stays in that connector's own tests.
+run the real harness (pi, Claude Code and Codex from `.tools/`, under their skip conditions and
+the `pi` and `claude` markers) against the real fake model servers on 127.0.0.1. What only one
+connector does stays in that connector's own tests.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +32,7 @@ from connectors.base import (
     continuity_class,
 )
 from connectors.claude_code import ClaudeCodeConnector, transcripts
+from connectors.codex import CodexConnector, pinned_program
 from connectors.jcode import JcodeConnector
 from connectors.jsonl_driver import JsonLinesDriver
 from connectors.launchkit import ENV_ALLOW
@@ -39,7 +40,8 @@ from connectors.pi import PiConnector, read_session_header
 from connectors.scribe.connector import ScribeConnector
 from protocol.errors import Refusal
 from protocol.session import SessionPointer
-from tests.conftest import PI_CLI, REPO, AnthropicServer, FakeServer
+from tests.conftest import PI_CLI, REPO, AnthropicServer, FakeServer, start_fake_server
+from tests.fixtures.fake_responses import ResponsesServer
 from tests.harness import Seat, mode, placeholder_binary, read_pointer, running_seat, seat_opts
 from tests.harness import sha256 as file_sha256
 
@@ -54,12 +56,23 @@ def _claude_missing() -> str | None:
     return None
 
 
+def _codex_missing() -> str | None:
+    try:
+        pinned_program()
+    except Refusal as exc:
+        return exc.text
+    return None
+
+
 PI_MISSING = None if PI_CLI.is_file() else "pi is not installed under .tools/pi"
 CLAUDE_MISSING = _claude_missing()
+CODEX_MISSING = _codex_missing()
 STANDIN = REPO / "tests" / "fixtures" / "jcode_standin.py"
 PHRASE = "juniper-ledger-41"
 KEY_VAR = "COTAL_TEST_ANTHROPIC_KEY"
 SECRET = "sk-ant-fake-cotal-test-0123456789"
+CODEX_KEY_VAR = "COTAL_TEST_CODEX_KEY"
+CODEX_SECRET = "sk-fake-codex-contract-0123456789"
 COTAL_ENV = {
     "COTAL_SPACE",
     "COTAL_NAME",
@@ -162,6 +175,27 @@ def _claude_fork(live: Live, seat: Seat[Any], source: str, fork: str, source_fil
     assert live.anthropic().messages()[-1]["session"] == fork
 
 
+def _codex_home(spec: LaunchSpec) -> Path:
+    return Path(spec.env["CODEX_HOME"])
+
+
+def _codex_reopen(live: Live, seat: Seat[Any], sid: str, store_file: Path) -> None:
+    spec = seat.spec
+    assert spec.argv[1:] == ["app-server", "--listen", "stdio://", "--strict-config"]
+    assert seat.driver.session_id == sid
+    # Every request of the thread, before and after the kill, was made for the one thread.
+    assert {r["body"]["prompt_cache_key"] for r in live.responses().responses()} == {sid}
+    assert all(r["body"]["model"] == "fake-model" for r in live.responses().responses())
+    # The key travels in the child's environment alone: never argv, never a file, not HOME.
+    assert spec.secret_env == ("CODEX_PROVIDER_API_KEY",)
+    assert spec.env["CODEX_PROVIDER_API_KEY"] == CODEX_SECRET
+    assert not any(CODEX_SECRET in a for a in spec.argv)
+    for path in live.root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert CODEX_SECRET.encode() not in path.read_bytes(), f"the key leaked into {path}"
+    assert list((live.tmp_path / "home").iterdir()) == []
+
+
 def _scribe_fork(live: Live, seat: Seat[Any], source: str, fork: str, source_file: Path) -> None:
     spec = seat.spec
     assert spec.expected_session_id is None
@@ -228,6 +262,21 @@ CASES = {
         timeout=60,
         extra={"first": _claude_first, "reopen": _claude_reopen, "fork": _claude_fork},
     ),
+    "codex": Case(
+        connector=CodexConnector,
+        # Exact (measured: `thread/resume` keeps the id and the rollout); no fork of another
+        # seat's thread.
+        capabilities=Capabilities(False, True, True, True),
+        continuity="exact",
+        conflict_code="unsupported",
+        own_env=frozenset({"CODEX_HOME", "CODEX_PROVIDER_API_KEY"}),
+        fail_prompt="fake:http-400 hello",
+        # Codex passes on the provider's error body as it came.
+        fail_detail='{"error": {"message": "fake provider refusal (fake:http-400)", '
+        '"type": "invalid_request_error", "code": "invalid_request_error"}}',
+        timeout=20,
+        extra={"reopen": _codex_reopen},
+    ),
     "jcode": Case(
         connector=JcodeConnector,
         capabilities=Capabilities(supports_prompt=True),
@@ -249,6 +298,11 @@ LIVE_MARKS = {
             CLAUDE_MISSING is not None, reason=f"Claude Code is not installed: {CLAUDE_MISSING}"
         ),
     ],
+    "codex": [
+        pytest.mark.skipif(
+            CODEX_MISSING is not None, reason=f"Codex is not installed: {CODEX_MISSING}"
+        ),
+    ],
 }
 
 
@@ -256,7 +310,9 @@ def live_params(*names: str) -> list[Any]:
     return [pytest.param(n, marks=LIVE_MARKS.get(n, []), id=n) for n in names]
 
 
-EXACT = ("scribe", "pi", "claude")
+EXACT = ("scribe", "pi", "claude", "codex")
+# The exact connectors that also fork another session by id.
+FORKING = tuple(n for n in EXACT if CASES[n].capabilities.supports_resume)
 
 
 @pytest.fixture(params=list(CASES))
@@ -282,6 +338,11 @@ def launch_opts(
     if case.name == "claude":
         monkeypatch.setenv(KEY_VAR, SECRET)
         config.update(base_url="http://127.0.0.1:9", model="claude-fake-1", api_key_env=KEY_VAR)
+    if case.name == "codex":
+        monkeypatch.setenv(CODEX_KEY_VAR, CODEX_SECRET)
+        config.update(
+            base_url="http://127.0.0.1:9/v1", model="fake-model", api_key_env=CODEX_KEY_VAR
+        )
     return seat_opts(root, case.name, "alice", config=config, **kw)
 
 
@@ -317,6 +378,20 @@ def test_fork_with_continuation_is_refused_and_changes_nothing(
     exc = refused(case, opts)
     assert exc.code == case.conflict_code
     assert exc.message.startswith(f"{case.name} connector")
+    assert not (root / ".cotal").exists()
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n for n, c in CASES.items() if c.continuity == "exact" and not c.capabilities.supports_resume],
+)
+def test_an_exact_connector_without_fork_refuses_a_fork_and_changes_nothing(
+    name: str, root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    case = CASES[name]
+    sid = "01a2278a-387f-7559-b3e4-684e516dbf2f"
+    exc = refused(case, launch_opts(case, root, tmp_path, monkeypatch, resume=sid))
+    assert exc.code == "unsupported" and exc.message.startswith(f"{case.name} connector")
     assert not (root / ".cotal").exists()
 
 
@@ -385,6 +460,12 @@ class Live:
                 "api_key_env": KEY_VAR,
                 "extra_env": ["CLAUDE_CODE_MAX_RETRIES"],
             }
+        elif self.case.name == "codex":
+            config = {
+                "base_url": self.responses().base_url,
+                "model": "fake-model",
+                "api_key_env": CODEX_KEY_VAR,
+            }
         elif self.case.name == "jcode":
             config = {"binary": str(self.binary)}
         return seat_opts(self.root, self.case.name, name, config=config, **kw)
@@ -402,10 +483,16 @@ class Live:
         server: AnthropicServer = self.request.getfixturevalue("fake_anthropic")
         return server
 
+    def responses(self) -> ResponsesServer:
+        server: ResponsesServer = self.request.getfixturevalue("fake_responses")
+        return server
+
     def store_files(self, spec: LaunchSpec) -> list[Path]:
         """Every session file in the seat's own store."""
         if self.case.name == "claude":
             return sorted(_claude_config(spec).glob("projects/*/*.jsonl"))
+        if self.case.name == "codex":
+            return sorted(_codex_home(spec).glob("sessions/*/*/*/rollout-*.jsonl"))
         (decl,) = spec.session_store
         return sorted((self.root / decl.relpath).glob("*.jsonl"))
 
@@ -414,6 +501,8 @@ class Live:
             return len(self.openai().requests())
         if self.case.name == "claude":
             return len(self.anthropic().messages())
+        if self.case.name == "codex":
+            return len(self.responses().responses())
         return None
 
     def model_saw(self) -> list[tuple[str, str]] | None:
@@ -427,6 +516,8 @@ class Live:
             ]
         if self.case.name == "claude":
             return AnthropicServer.turns(self.anthropic().messages()[-1])
+        if self.case.name == "codex":
+            return ResponsesServer.turns(self.responses().responses()[-1])
         return None
 
     def check(self, what: str, *args: Any) -> None:
@@ -436,6 +527,15 @@ class Live:
 
 def _text(content: Any) -> str:
     return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+
+
+@pytest.fixture
+def fake_responses(tmp_path: Path) -> Iterator[ResponsesServer]:
+    yield from start_fake_server(
+        REPO / "tests" / "fixtures" / "fake_responses.py",
+        tmp_path / "responses-requests.jsonl",
+        ResponsesServer,
+    )
 
 
 @pytest.fixture
@@ -452,6 +552,12 @@ def live(
         monkeypatch.setenv(KEY_VAR, SECRET)
         # A dead or failing endpoint must fail a turn at once, not after minutes of retries.
         monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "0")
+    if case.name == "codex":
+        home = tmp_path / "home"
+        home.mkdir()
+        # HOME must stay untouched: the seat's CODEX_HOME is its own.
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv(CODEX_KEY_VAR, CODEX_SECRET)
     if case.name == "jcode":
         # The stand-in under this interpreter, whatever PATH holds.
         binary = tmp_path / "bin" / "jcode"
@@ -468,6 +574,11 @@ async def ready(seat: Seat[Any], timeout: float) -> str:
             announced = await seat.driver.wait_ready(timeout)
             assert await seat.driver.get_state() == announced
         sid = await seat.driver.get_state()
+        if sid is None and hasattr(seat.driver, "state_known"):
+            # A driver that learns its session while the harness starts (Codex opens its
+            # thread itself) says when it knows; the manager polls for the same answer.
+            await seat.driver.state_known.wait()
+            sid = await seat.driver.get_state()
     assert isinstance(sid, str) and sid
     if seat.spec.expected_session_id is not None:
         assert sid == seat.spec.expected_session_id
@@ -592,7 +703,7 @@ async def test_kill9_then_exact_reopen_by_id_is_the_same_session(live: Live) -> 
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("live", live_params(*EXACT), indirect=True)
+@pytest.mark.parametrize("live", live_params(*FORKING), indirect=True)
 async def test_fork_gets_a_new_id_with_the_history_and_leaves_the_source(live: Live) -> None:
     t = live.case.timeout
     source_opts = live.opts("alice")

@@ -1,0 +1,143 @@
+"""A real Codex seat under the real manager, offline against the fake Responses API, cut on one
+root and resumed on a second root at another path, each with its own embedded broker.
+
+Its thread is `exact`: the resumed seat reopens the same thread id under the same lifecycle
+uid, its rollout's recorded cwd is the new root, the provider is sent the earlier turns, and a
+decoy thread store in the destination's HOME (`~/.codex`) is never read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from connectors.codex import pinned_program
+from protocol.errors import Refusal
+from tests.conftest import REPO, Cli, start_fake_server
+from tests.fixtures.fake_responses import ResponsesServer
+from tests.gitrepo import git, init_repo, write
+from tests.helpers import signer_key
+
+
+def _installed() -> bool:
+    try:
+        pinned_program()
+        return True
+    except Refusal:
+        return False
+
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not _installed(), reason="Codex is not installed under .tools/"),
+]
+PHRASE = "juniper-ledger-41"
+KEY_VAR = "FAKE_OPENAI_KEY"
+ENV = {KEY_VAR: "sk-fake-codex-e2e-key-0123456789"}
+DECOY = "decoy-thread-99"
+
+
+@pytest.fixture
+def fake_responses(tmp_path: Path) -> Iterator[ResponsesServer]:
+    yield from start_fake_server(
+        REPO / "tests" / "fixtures" / "fake_responses.py",
+        tmp_path / "responses-requests.jsonl",
+        ResponsesServer,
+    )
+
+
+def configure(root: Path, server: ResponsesServer) -> None:
+    (root / "cotal.toml").write_text(
+        f'[agents.codex]\nbase_url = "{server.base_url}"\nmodel = "fake-model"\n'
+        f'api_key_env = "{KEY_VAR}"\n'
+    )
+
+
+def plant_decoy(home: Path) -> Path:
+    """A thread store where an unconfined Codex would look (`~/.codex`), naming a phrase the
+    seat was never told."""
+    day = home / ".codex" / "sessions" / "2026" / "01" / "01"
+    day.mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text('model = "decoy"\n')
+    decoy = day / "rollout-2026-01-01T00-00-00-00000000-0000-7000-8000-000000000000.jsonl"
+    decoy.write_text(json.dumps({"type": "response_item", "text": DECOY}) + "\n")
+    return decoy
+
+
+async def test_codex_seat_through_the_cut_and_the_resume_at_another_path(
+    tmp_path: Path,
+    fake_responses: ResponsesServer,
+    isolated_home: Path,
+) -> None:
+    decoy = plant_decoy(isolated_home)
+    before = decoy.read_bytes()
+    a = Cli(tmp_path / "hostA" / "ws")
+    dest = Cli(tmp_path / "hostB" / "work" / "ws2")
+    a.root.mkdir(parents=True)
+    init_repo(a.root)
+    write(a.root / "README.md", "# codex\n")
+    git(a.root, "add", "-A")
+    git(a.root, "commit", "-q", "-m", "first")
+    configure(a.root, fake_responses)
+    a.run("up", "--detach", env=ENV)
+    row = a.json(
+        "spawn", "default", "--agent", "codex", "--prompt", f"Remember the phrase {PHRASE}."
+    )
+    assert row["continuity"] == "exact"
+    assert (
+        a.json("send", "default", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
+    cut = json.loads(a.run("down", "--preserve-state", "--json").stdout)
+    [seat] = cut["seats"]
+    assert seat["continuity"] == "exact" and seat["sessionId"] == row["sessionId"]
+
+    key = signer_key(a.root)
+    carried = tmp_path / "carried" / Path(cut["checkpointDir"]).name
+    shutil.copytree(cut["checkpointDir"], carried, symlinks=True)
+    shutil.rmtree(a.root)
+    dest.root.mkdir(parents=True)
+    dest.run("trust", "add", key, "--name", "host-a")
+    configure(dest.root, fake_responses)
+    result = json.loads(dest.run("up", "--restore", str(carried), "--json", env=ENV).stdout)
+    [obs] = result["seats"]
+    assert obs["continuity"] == "exact", obs
+    assert obs["sessionBefore"] == obs["sessionAfter"] == row["sessionId"]
+    assert obs["uidBefore"] == obs["uidAfter"] == row["lifecycleUid"]
+    # The rollout records the cwd it now runs in.
+    [rollout] = (dest.root / ".cotal/sessions/codex").glob(
+        f"*/sessions/*/*/*/rollout-*-{row['sessionId']}.jsonl"
+    )
+    meta = json.loads(rollout.read_bytes().split(b"\n", 1)[0])
+    assert meta["payload"]["cwd"] == str(dest.root)
+
+    seen = len(fake_responses.responses())
+    assert (
+        dest.json("send", "default", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
+    [last] = fake_responses.responses()[seen:]
+    assert last["body"]["prompt_cache_key"] == row["sessionId"]
+    turns = ResponsesServer.turns(last)
+    assert turns[0] == ("user", f"Remember the phrase {PHRASE}.")
+    assert turns[-1] == ("user", "What was the phrase?")
+    assert f"<cwd>{dest.root}</cwd>" in json.dumps(last["body"]["input"])
+
+    # A fresh Codex seat on the destination knows nothing of it, nor of the decoy.
+    dest.json("spawn", "fresh", "--agent", "codex")
+    assert (
+        dest.json("send", "fresh", "What was the phrase?", "--wait")["reply"]
+        == "I do not know the phrase."
+    )
+    assert not any(DECOY in json.dumps(r["body"]) for r in fake_responses.responses())
+    assert decoy.read_bytes() == before
+    # The key never lands in any file of the workspace, logs and the seats' stores included.
+    blob = b"".join(
+        p.read_bytes() for p in dest.root.rglob("*") if p.is_file() and not p.is_symlink()
+    )
+    assert ENV[KEY_VAR].encode() not in blob
+    dest.run("down")
