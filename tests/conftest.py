@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,6 +66,8 @@ def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 @dataclass
 class Cli:
     root: Path
+    # Settings every command of this test runs with (a test's own `env=` wins over them).
+    env: dict[str, str] = field(default_factory=dict)
 
     def run(
         self,
@@ -79,7 +81,7 @@ class Cli:
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=cotal_env(env),
+            env=cotal_env({**self.env, **(env or {})}),
             cwd=self.root,
         )
         if check and proc.returncode != 0:

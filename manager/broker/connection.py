@@ -10,6 +10,7 @@ import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from manager.broker.retry import patience
 from protocol.errors import Refusal
 
 log = structlog.get_logger("cotal.broker")
@@ -19,6 +20,11 @@ CALL_TIMEOUT_S = 5.0
 # pool with no attempt count), so a coordinator facing a dead broker would hang: its first
 # connect gets this long in all, then a named refusal. Long enough to ride out an election.
 FIRST_CONNECT_S = 15.0
+
+
+def first_connect_s() -> float:
+    """FIRST_CONNECT_S, shortened by an operator's broker patience below it."""
+    return min(FIRST_CONNECT_S, patience())
 
 
 def _auth_kwargs(creds: Path | None) -> dict[str, str]:
@@ -137,7 +143,7 @@ class LazyConnection:
     async def client(self) -> Client:
         if self._nc is None:
             self._nc = await connect(
-                self.server, self.creds, name=self.name, deadline=FIRST_CONNECT_S
+                self.server, self.creds, name=self.name, deadline=first_connect_s()
             )
             self.opened += 1
         return self._nc

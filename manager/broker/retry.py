@@ -9,6 +9,7 @@ deadline, is a refusal that says so; it is never mistaken for an answer.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -26,6 +27,11 @@ T = TypeVar("T")
 
 ELECTION_S = 25.0
 ATTEMPT_S = 5.0
+# How long a broker call rides out a broker that does not answer, for an operator who knows
+# better than the election budget: a lone embedded broker that died will not come back by
+# waiting, so failing in seconds loses nothing; on a cluster keep it above an election.
+PATIENCE_ENV = "COTAL_BROKER_PATIENCE_S"
+PATIENCE_RANGE = (1.0, 600.0)
 STORE_REFUSED = 10077
 
 TRANSIENT: tuple[type[BaseException], ...] = (
@@ -44,6 +50,25 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 BROKER_FAILURES: tuple[type[BaseException], ...] = (*TRANSIENT, nats.errors.Error)
 
 
+def patience() -> float:
+    """The ride-out budget: `COTAL_BROKER_PATIENCE_S`, else the election budget."""
+    raw = os.environ.get(PATIENCE_ENV)
+    if raw is None or raw == "":
+        return ELECTION_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    low, high = PATIENCE_RANGE
+    if not low <= value <= high:  # also false for nan
+        raise Refusal(
+            "bad-patience",
+            f"{PATIENCE_ENV}={raw!r} is not a number of seconds from {low:g} to {high:g}",
+            f"unset {PATIENCE_ENV} (the default is {ELECTION_S:g}s) or give it seconds in range",
+        )
+    return value
+
+
 def unavailable(what: str, deadline: float, exc: BaseException) -> Refusal:
     return Refusal(
         "broker-unavailable",
@@ -57,9 +82,12 @@ async def riding_elections(
     what: str,
     call: Callable[[], Awaitable[T]],
     *,
-    deadline: float = ELECTION_S,
+    deadline: float | None = None,
     attempt_s: float = ATTEMPT_S,
 ) -> T:
+    if deadline is None:
+        deadline = patience()
+    attempt_s = min(attempt_s, deadline)
     start = anyio.current_time()
     delay = 0.2
     while True:
@@ -87,4 +115,4 @@ def phase(what: str) -> Iterator[None]:
     except Refusal:
         raise
     except BROKER_FAILURES as exc:
-        raise unavailable(what, ELECTION_S, exc) from None
+        raise unavailable(what, patience(), exc) from None

@@ -473,6 +473,8 @@ async def test_restore_rerun_after_its_coordinator_died_finishes_the_resume(
 
 
 async def test_down_with_the_broker_dead_says_the_durable_was_not_deleted(cli: Cli) -> None:
+    # The dead broker stays dead: each broker call gives up after this, not the election budget.
+    cli.env["COTAL_BROKER_PATIENCE_S"] = "3"
     repo = committed_repo(cli.root / "repo")
     cli.run("up", "--detach")
     seat = cli.json("spawn", "kept", "--cwd", str(repo))
