@@ -41,6 +41,36 @@ def _bad_argument(field: str) -> Entry:
 
 ENTRIES: tuple[Entry, ...] = (
     _e(
+        "bad-patience",
+        "COTAL_BROKER_PATIENCE_S is not a number of seconds in its range",
+        "unset it (the default rides out an election) or give it seconds from 1 to 600",
+    ),
+    _e(
+        "bad-box-key",
+        "a `--to` key is not a box key (`x25519:` and 43 characters of canonical unpadded "
+        "base64url), or is a low-order X25519 point",
+        "pass the destination root's box key exactly as its `cotal status` prints it",
+    ),
+    _e(
+        "box-key-malformed",
+        "this root's box key (`.cotal/auth/box.key`) cannot be read, or its public key does not "
+        "match its private key",
+        "restore it from backup; cotal never mints over it, since files sealed to this root open "
+        "only with that key",
+    ),
+    _e(
+        "sealed-corrupt",
+        "a sealed packed file's header does not parse or is another version, or a chunk fails "
+        "authentication (altered, cut short, reordered or spliced)",
+        "copy the file again and compare its sha256 with the one `pack` printed",
+    ),
+    _e(
+        "sealed-to-other",
+        "a packed file is sealed to another root's box key, or this root has no box key yet",
+        "resume it on the root whose `cotal status` prints that key, or pack it again on the "
+        "source with `--to` this root's key",
+    ),
+    _e(
         "abort-unsafe",
         "`--abort` cannot tell that no seat was stopped (no manager answers, or a planned seat "
         "no longer runs here)",
@@ -120,7 +150,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     _e(
         "bad-credentials",
-        "a Claude Code seat's key or login file is unsafe (a symlink, not 0600, not this user's)",
+        "a Claude Code or Codex seat's key or login file is unsafe (a symlink, not 0600, not "
+        "this user's)",
         "fix the file the message names, or configure another key source",
     ),
     _e(
@@ -763,7 +794,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     _e(
         "no-credentials",
-        "a Claude Code seat has no API key or login to use",
+        "a Claude Code or Codex seat has no API key or login to use",
         "configure a key source or log in (the message names where it looked)",
     ),
     _e(
