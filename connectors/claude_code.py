@@ -54,6 +54,7 @@ from connectors.launchkit import (
 from connectors.privatefs import create_private_new, ensure_seat_dir, write_private_atomic
 from protocol import names
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 NAME = "claude"
 KEY_VAR = "ANTHROPIC_API_KEY"
@@ -383,7 +384,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             NAME,
             base_url,
             otherwise=Refusal(
-                "bad-launch",
+                Code.BAD_LAUNCH,
                 "claude connector: base_url must be an http(s) URL of an Anthropic Messages "
                 f"endpoint (got {base_url!r})",
                 "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it",
@@ -392,7 +393,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
     model = opts.model or config.get("model")
     if model is not None and not names.CLAUDE_MODEL.matches(model):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"claude connector: model {model!r} is not a model name (letters, digits, ._:/@[]+-)",
             "pass --model or set agents.claude.model in cotal.toml",
         )
@@ -401,7 +402,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"claude connector: extra_env names {', '.join(clash)}, "
             "which the connector sets itself",
             "remove them from agents.claude.extra_env",
@@ -416,7 +417,7 @@ def _permission_mode(config: Mapping[str, Any]) -> str:
     mode = config.get("permission_mode", DEFAULT_PERMISSION_MODE)
     if mode not in PERMISSION_MODES:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"claude connector: permission_mode {mode!r} is not one Claude Code accepts",
             f"set agents.claude.permission_mode to one of {', '.join(PERMISSION_MODES)}, or unset "
             f"it for {DEFAULT_PERMISSION_MODE}",
@@ -450,7 +451,7 @@ def _key_file_path(config: Mapping[str, Any]) -> Path | None:
         return None
     if not isinstance(value, str) or not os.path.isabs(value):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"claude connector: api_key_file must be an absolute path, got {value!r}",
             "set agents.claude.api_key_file to the absolute path of a 0600 file holding the key",
         )
@@ -460,7 +461,7 @@ def _key_file_path(config: Mapping[str, Any]) -> Path | None:
 def _key_env(config: Mapping[str, Any]) -> str:
     if "api_key_env" in config and "api_key_file" in config:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             "claude connector: api_key_env and api_key_file both name the key",
             "keep one of agents.claude.api_key_env and agents.claude.api_key_file",
         )
@@ -488,12 +489,12 @@ def _read_private(path: Path, cap: int, what: str, cure: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise Refusal(
-            "no-credentials", f"claude connector: {what} {path} does not exist", cure
+            Code.NO_CREDENTIALS, f"claude connector: {what} {path} does not exist", cure
         ) from None
     except OSError as exc:
         reason = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
         raise Refusal(
-            "bad-credentials", f"claude connector: {what} {path} {reason}", cure
+            Code.BAD_CREDENTIALS, f"claude connector: {what} {path} {reason}", cure
         ) from None
     try:
         st = os.fstat(fd)
@@ -507,7 +508,7 @@ def _read_private(path: Path, cap: int, what: str, cure: str) -> bytes:
         elif st.st_size > cap:
             problem = f"is over {cap} bytes"
         if problem is not None:
-            raise Refusal("bad-credentials", f"claude connector: {what} {path} {problem}", cure)
+            raise Refusal(Code.BAD_CREDENTIALS, f"claude connector: {what} {path} {problem}", cure)
         return os.read(fd, cap + 1)[:cap]
     finally:
         os.close(fd)
@@ -522,7 +523,7 @@ def _key_from_file(path: Path) -> Credential:
         key = ""
     if not key or any(c.isspace() or not c.isprintable() for c in key):
         raise Refusal(
-            "bad-credentials",
+            Code.BAD_CREDENTIALS,
             f"claude connector: api_key_file {path} does not hold one key (one line, no spaces)",
             cure,
         )
@@ -542,7 +543,7 @@ def _login_token(path: Path) -> Credential:
     token = oauth.get("accessToken") if isinstance(oauth, dict) else None
     if not isinstance(token, str) or not token or any(c.isspace() for c in token):
         raise Refusal(
-            "no-credentials",
+            Code.NO_CREDENTIALS,
             f"claude connector: {path} holds no Claude login (claudeAiOauth.accessToken)",
             cure,
         )
@@ -552,7 +553,7 @@ def _login_token(path: Path) -> Credential:
         # refresh rotates it, which would log the operator's own Claude Code out.
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires / 1000))
         raise Refusal(
-            "no-credentials",
+            Code.NO_CREDENTIALS,
             f"claude connector: the Claude login in {path} expired at {when}",
             "run `claude` once as the manager's user so it refreshes the login, then spawn again; "
             "or set an API key",
@@ -571,7 +572,7 @@ def resolve_credential(config: Mapping[str, Any]) -> Credential:
         return Credential(KEY_VAR, key, f"api_key_env {api_key_env}")
     if "api_key_env" in config:
         raise Refusal(
-            "no-credentials",
+            Code.NO_CREDENTIALS,
             f"claude connector: agents.claude.api_key_env names {api_key_env}, which is not set "
             "in the manager's environment",
             f"export {api_key_env} before starting the manager, or use agents.claude.api_key_file "
@@ -583,7 +584,7 @@ def resolve_credential(config: Mapping[str, Any]) -> Credential:
     login = login_credentials_path()
     if not os.path.lexists(login):
         raise Refusal(
-            "no-credentials",
+            Code.NO_CREDENTIALS,
             f"claude connector has no credentials: no API key ({KEY_VAR} is not set in the "
             f"manager's environment, no agents.claude.api_key_file) and no Claude login ({login} "
             "does not exist)",
@@ -599,7 +600,7 @@ def _program(binary: str | None) -> str:
         binary = pinned_binary(NAME)
     if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
         raise Refusal(
-            "not-installed",
+            Code.NOT_INSTALLED,
             f"claude connector: binary {binary} does not exist or is not executable",
             "run `python -m manager.cli.tools install` or fix agents.claude.binary",
         )
@@ -609,7 +610,7 @@ def _program(binary: str | None) -> str:
 def _check_session_id(session_id: str, what: str) -> None:
     if not isinstance(session_id, str) or not UUID_RE.match(session_id):
         raise Refusal(
-            "bad-session",
+            Code.BAD_SESSION,
             f"claude connector: {what} {session_id!r} is not a Claude Code session id (a lowercase "
             "UUID)",
             "pass the full id exactly as recorded",
@@ -638,7 +639,7 @@ def _refuse_live_holder(config: Path, session_id: str) -> None:
         pid = record.get("pid")
         if isinstance(pid, int) and _alive_since(pid, record.get("procStart")):
             raise Refusal(
-                "session-busy",
+                Code.SESSION_BUSY,
                 f"claude connector: session {session_id} is open in live process {pid}",
                 f"stop that process (kill {pid}) before continuing the session",
             )
@@ -677,7 +678,7 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
         # "No conversation found" and exit.
         recorded = sorted({recorded_cwd(t) or t.parent.name for t in found})
         raise Refusal(
-            "session-cwd-mismatch",
+            Code.SESSION_CWD_MISMATCH,
             f"claude connector: session {session_id} was recorded in cwd {', '.join(recorded)}, "
             f"but the seat's cwd is {cwd}",
             f"launch the seat with cwd {recorded[0]}",
@@ -688,7 +689,7 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
             # It had a transcript once: starting it afresh under the old id would present an
             # empty session as the continued one.
             raise Refusal(
-                "no-session",
+                Code.NO_SESSION,
                 f"claude connector: the transcript of session {session_id} is missing from the "
                 f"seat's store {config} "
                 f"(looked for projects/*/{session_id}.jsonl; the session had one)",
@@ -705,7 +706,7 @@ def _continuation_args(config: Path, session_id: str, cwd: Path) -> list[str]:
             if path.is_relative_to(config / FORKS_DIR) and path.is_file():
                 return ["--resume", str(path), "--fork-session", "--session-id", session_id]
     raise Refusal(
-        "no-session",
+        Code.NO_SESSION,
         f"claude connector: no transcript for session {session_id} in the seat's store {config} "
         f"(looked for projects/*/{session_id}.jsonl)",
         "restore the seat's session store (a checkpoint's harness store) or start the seat fresh",
@@ -717,13 +718,13 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
         source = Path(os.path.normpath(resume))
         if source.suffix != ".jsonl" or not UUID_RE.match(source.stem):
             raise Refusal(
-                "bad-session",
+                Code.BAD_SESSION,
                 f"claude connector: {source} is not a Claude Code transcript (<session id>.jsonl)",
                 "pass a session id or the absolute path of a transcript",
             )
         if not source.is_file() or source.is_symlink():
             raise Refusal(
-                "no-session",
+                Code.NO_SESSION,
                 f"claude connector: transcript {source} does not exist or is not a regular file",
                 "pass the path of an existing transcript",
             )
@@ -739,7 +740,7 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
     matches = [t for c in configs for t in transcripts(c, resume)]
     if not matches:
         raise Refusal(
-            "no-session",
+            Code.NO_SESSION,
             f"claude connector: no transcript for session {resume} in the Claude seats under "
             f"{paths.pointer.parent} "
             "(a session has one only after its first turn)",
@@ -748,7 +749,7 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
         )
     if len(matches) > 1:
         raise Refusal(
-            "ambiguous-session",
+            Code.AMBIGUOUS_SESSION,
             f"claude connector: session id {resume} names {len(matches)} transcripts: "
             f"{', '.join(map(str, matches))}",
             "pass the absolute path of the one to fork",
@@ -769,7 +770,7 @@ def _snapshot(source: Path, config: Path, fork_id: str) -> Path:
             second = _read_capped(source, None)
         except OSError as exc:
             raise Refusal(
-                "no-session",
+                Code.NO_SESSION,
                 f"claude connector cannot read transcript {source}: {exc.strerror}",
                 "check the file and its permissions",
             ) from None
@@ -778,14 +779,14 @@ def _snapshot(source: Path, config: Path, fork_id: str) -> Path:
             break
     if data is None:
         raise Refusal(
-            "session-busy",
+            Code.SESSION_BUSY,
             f"claude connector: transcript {source} kept changing while it was copied",
             "retry once the source seat is idle, or stop it first",
         )
     data = data[: data.rfind(b"\n") + 1]
     if not data:
         raise Refusal(
-            "no-session",
+            Code.NO_SESSION,
             f"claude connector: transcript {source} is empty",
             "fork a session that has had a turn",
         )
@@ -921,14 +922,14 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
                 raise self._gone("initialize claude")
             if response.get("subtype") != "success":
                 raise Refusal(
-                    "harness-error",
+                    Code.HARNESS_ERROR,
                     f"claude connector: claude refused initialize: {response.get('error')}",
                     "read the seat's log",
                 )
             pid = (response.get("response") or {}).get("pid")
             if not isinstance(pid, int) or pid <= 0:
                 raise Refusal(
-                    "harness-error",
+                    Code.HARNESS_ERROR,
                     "claude connector: claude's initialize response names no pid",
                     "this Claude Code version is not the pinned one; run `python -m "
                     "manager.cli.tools install`",

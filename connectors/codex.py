@@ -52,6 +52,7 @@ from connectors.launchkit import (
 from connectors.privatefs import ensure_seat_dir, read_stable, write_private_atomic
 from protocol import names
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 NAME = "codex"
 CONFIG_KEYS = frozenset(
@@ -121,7 +122,7 @@ def repoint_state(home: Path, thread_id: str, rollout: Path, cwd: Path) -> None:
             conn.close()
         except sqlite3.Error as exc:
             raise Refusal(
-                "harness-error",
+                Code.HARNESS_ERROR,
                 f"codex connector: cannot update the thread index {db} ({exc})",
                 f"remove {db} (Codex rebuilds it from the rollouts under sessions/) and start "
                 "the seat again",
@@ -222,7 +223,7 @@ class CodexConnector:
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         if opts.resume:
             raise Refusal(
-                "unsupported",
+                Code.UNSUPPORTED,
                 f"codex connector: forking thread {opts.resume} is not supported",
                 "spawn the seat without --resume; a Codex seat continues its own thread",
             )
@@ -233,21 +234,21 @@ class CodexConnector:
         binary = cfg.binary or str(pinned_program())
         if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
             raise Refusal(
-                "not-installed",
+                Code.NOT_INSTALLED,
                 f"codex connector: binary {binary} does not exist or is not executable",
                 "run `cotal tools install` or fix agents.codex.binary",
             )
         if opts.continue_session:
             if not UUID_RE.match(opts.continue_session):
                 raise Refusal(
-                    "bad-session",
+                    Code.BAD_SESSION,
                     f"codex connector: continueSession {opts.continue_session!r} is not a Codex "
                     "thread id (a lowercase UUID)",
                     "pass the full id exactly as recorded",
                 )
             if not rollouts(files.store, opts.continue_session):
                 raise Refusal(
-                    "no-session",
+                    Code.NO_SESSION,
                     f"codex connector: no rollout for thread {opts.continue_session} in the "
                     f"seat's store {files.store} (looked for sessions/*/*/*/rollout-*-"
                     f"{opts.continue_session}.jsonl)",
@@ -348,7 +349,7 @@ def _choice(config: Mapping[str, Any], key: str, allowed: tuple[str, ...], defau
     value = config.get(key, default)
     if value not in allowed:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"codex connector: {key} {value!r} is not one Codex accepts",
             f"set agents.codex.{key} to one of {', '.join(allowed)}, or unset it for {default}",
         )
@@ -366,7 +367,7 @@ def _sandbox(config: Mapping[str, Any]) -> str:
 def _key_file(config: Mapping[str, Any]) -> Path | None:
     if "api_key_env" in config and "api_key_file" in config:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             "codex connector: api_key_env and api_key_file both name the key",
             "keep one of agents.codex.api_key_env and agents.codex.api_key_file",
         )
@@ -375,7 +376,7 @@ def _key_file(config: Mapping[str, Any]) -> Path | None:
         return None
     if not isinstance(value, str) or not os.path.isabs(value):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"codex connector: api_key_file must be an absolute path, got {value!r}",
             "set agents.codex.api_key_file to the absolute path of a 0600 file holding the key",
         )
@@ -402,7 +403,7 @@ def resolve_key(config: Mapping[str, Any]) -> Key:
             ).data
         except OSError as exc:
             raise Refusal(
-                "bad-credentials",
+                Code.BAD_CREDENTIALS,
                 f"codex connector: api_key_file {path} cannot be read ({exc.strerror})",
                 cure,
             ) from None
@@ -412,7 +413,7 @@ def resolve_key(config: Mapping[str, Any]) -> Key:
             key = ""
         if not key or any(c.isspace() or not c.isprintable() for c in key):
             raise Refusal(
-                "bad-credentials",
+                Code.BAD_CREDENTIALS,
                 f"codex connector: api_key_file {path} does not hold one key (one line, no spaces)",
                 cure,
             )
@@ -421,7 +422,7 @@ def resolve_key(config: Mapping[str, Any]) -> Key:
     value = os.environ.get(var)
     if not value:
         raise Refusal(
-            "no-credentials",
+            Code.NO_CREDENTIALS,
             f"codex connector has no provider key: {var} is not set in the manager's "
             "environment and no agents.codex.api_key_file is configured",
             f"set agents.codex.api_key_file to a 0600 file holding the key (read at every "
@@ -436,7 +437,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
         NAME,
         config.get("base_url", DEFAULT_BASE_URL),
         otherwise=Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             "codex connector: base_url must be an http(s) URL of an OpenAI Responses endpoint "
             f"(got {config.get('base_url')!r})",
             "set agents.codex.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1, or unset it",
@@ -445,7 +446,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
     model = opts.model or config.get("model")
     if model is not None and not names.HARNESS_MODEL.matches(model):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"codex connector: model {model!r} is not a model name",
             "pass --model or set agents.codex.model in cotal.toml",
         )
@@ -454,7 +455,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"codex connector: extra_env names {', '.join(clash)}, which the connector sets itself",
             "remove them from agents.codex.extra_env",
         )
@@ -566,7 +567,7 @@ class CodexDriver(JsonStdioDriver[_Turn]):
         if "error" in reply:
             error = reply.get("error") or {}
             raise Refusal(
-                "harness-error",
+                Code.HARNESS_ERROR,
                 f"codex connector: codex refused {method}: {error.get('message')}",
                 "read the seat's log",
             )
@@ -588,7 +589,7 @@ class CodexDriver(JsonStdioDriver[_Turn]):
         thread_id = (result.get("thread") or {}).get("id")
         if not isinstance(thread_id, str) or not UUID_RE.match(thread_id):
             raise Refusal(
-                "harness-error",
+                Code.HARNESS_ERROR,
                 f"codex connector: codex opened no thread id we can record ({thread_id!r})",
                 "run the pinned Codex version (`cotal tools install`)",
             )
@@ -612,7 +613,7 @@ class CodexDriver(JsonStdioDriver[_Turn]):
                 await self._write_pointer("running")
             else:
                 self._refusal = Refusal(
-                    "harness-error",
+                    Code.HARNESS_ERROR,
                     f"codex connector: codex wrote no rollout for thread {thread_id} within "
                     f"{PERSIST_TIMEOUT_S:.0f}s",
                     "read the seat's log",

@@ -23,6 +23,7 @@ from anyio.abc import TaskStatus
 from connectors.base import ByteReceive, ByteSend, TurnOutcome, framed_prompt
 from connectors.privatefs import write_pointer
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 T = TypeVar("T")
 # A harness that stops reading its stdin must not wedge a sender forever.
@@ -334,7 +335,7 @@ class JsonStdioDriver(Generic[TurnT]):
 
     def _gone(self, action: str) -> HarnessGone:
         return HarnessGone(
-            "harness-gone",
+            Code.HARNESS_GONE,
             f"{self.who} connector: cannot {action}: {self._reader.detail}",
             f"read the seat's log for why {self.who} exited, then restart the seat",
         )

@@ -17,6 +17,7 @@ from pathlib import Path
 import platformdirs
 
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 PIN_RESOURCE = "harnesses.json"
 TOOLS_ENV = "COTAL_TOOLS_DIR"
@@ -115,23 +116,25 @@ def load_pins(source: Path | None = None) -> dict[str, Pin]:
         raw = json.loads(text)
     except FileNotFoundError:
         raise Refusal(
-            "missing",
+            Code.MISSING,
             f"harness pin file {where} does not exist",
             "reinstall cotal (the pins ship inside the connectors package)",
         ) from None
     except json.JSONDecodeError as exc:
         raise Refusal(
-            "malformed", f"harness pin file {where} is not valid JSON ({exc})", "fix the file"
+            Code.MALFORMED, f"harness pin file {where} is not valid JSON ({exc})", "fix the file"
         ) from None
     if not isinstance(raw, dict):
-        raise Refusal("malformed", f"harness pin file {where} must hold an object", "fix the file")
+        raise Refusal(
+            Code.MALFORMED, f"harness pin file {where} must hold an object", "fix the file"
+        )
     pins: dict[str, Pin] = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict) or not all(
             isinstance(entry.get(k), str) and entry.get(k) for k in ("package", "version")
         ):
             raise Refusal(
-                "malformed",
+                Code.MALFORMED,
                 f"harness pin {name!r} in {where} needs non-empty string fields package and "
                 "version",
                 "fix the entry",
@@ -143,7 +146,7 @@ def load_pins(source: Path | None = None) -> dict[str, Pin]:
             and ("{platform}" in native["package"] or "{os}-{arch}" in native["package"])
         ):
             raise Refusal(
-                "malformed",
+                Code.MALFORMED,
                 f"harness pin {name!r} in {where}: native needs string fields package (with "
                 f"{{platform}} or {{os}}-{{arch}}) and bin",
                 "fix the entry",
@@ -162,7 +165,7 @@ def get_pin(name: str, source: Path | None = None) -> Pin:
     pins = load_pins(source)
     if name not in pins:
         raise Refusal(
-            "unknown-harness",
+            Code.UNKNOWN_HARNESS,
             f"no harness named {name!r} is pinned in {source or pin_file()} (pinned: "
             f"{', '.join(sorted(pins)) or 'none'})",
             "add it to connectors/harnesses.json or use a pinned name",
@@ -188,7 +191,7 @@ def _bin_relpath(pin: Pin) -> str:
     if isinstance(bins, dict) and isinstance(bins.get(pin.bin), str):
         return str(bins[pin.bin])
     raise Refusal(
-        "bad-harness",
+        Code.BAD_HARNESS,
         f"{pin.package}@{pin.version} declares no binary named {pin.bin!r}",
         'set the right "bin" for it in harnesses.json',
     )
@@ -210,7 +213,7 @@ def binary_of(pin: Pin) -> Path:
     if version != pin.version:
         found = f"version {version} is installed" if version else "it is not installed"
         raise Refusal(
-            "not-installed",
+            Code.NOT_INSTALLED,
             f"harness {pin.name} ({pin.package}@{pin.version}) is not ready under {pin.prefix}: "
             f"{found}",
             "run `cotal tools install`",
@@ -220,7 +223,7 @@ def binary_of(pin: Pin) -> Path:
     path = (pin.package_dir / _bin_relpath(pin)).resolve()
     if not path.is_file():
         raise Refusal(
-            "not-installed",
+            Code.NOT_INSTALLED,
             f"harness {pin.name} binary {path} is missing",
             "run `cotal tools install`",
         )
@@ -247,7 +250,7 @@ def _native_binary(pin: Pin, native: Native) -> Path:
     if version not in (pin.version, f"{pin.version}-{label}"):
         found = f"version {version} is installed" if version else "it is not installed"
         raise Refusal(
-            "not-installed",
+            Code.NOT_INSTALLED,
             f"harness {pin.name}: its native package {package}@{pin.version} is not ready under "
             f"{pin.prefix}: {found}"
             " (npm installs only the platform packages this host can run)",
@@ -259,7 +262,7 @@ def _native_binary(pin: Pin, native: Native) -> Path:
         found_bins = sorted(pkg_dir.glob(native.bin))
         if len(found_bins) > 1:
             raise Refusal(
-                "bad-harness",
+                Code.BAD_HARNESS,
                 f"harness {pin.name}: {pkg_dir / native.bin} matches "
                 f"{', '.join(map(str, found_bins))}, not one program",
                 f"remove {pin.prefix} and run `cotal tools install` again",
@@ -267,7 +270,7 @@ def _native_binary(pin: Pin, native: Native) -> Path:
         path = found_bins[0] if found_bins else path
     if not path.is_file() or not os.access(path, os.X_OK):
         raise Refusal(
-            "not-installed",
+            Code.NOT_INSTALLED,
             f"harness {pin.name} binary {path} is missing or not executable",
             "run `cotal tools install`",
         )

@@ -43,6 +43,7 @@ from connectors.privatefs import UnsafeDirectory, ensure_private_dirs_below
 from protocol import names
 from protocol.errors import DecodeError, Refusal
 from protocol.names import check_seat_name, check_space
+from protocol.refusals import Code
 
 NAME = "jcode"
 DEFAULT_BINARY = "jcode"
@@ -87,14 +88,14 @@ def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
     root = Path(os.path.normpath(managed_root))
     if not root.is_absolute():
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"jcode connector: the managed root {root} is not an absolute path",
             "set agents.jcode.home to an absolute path, or unset it to use the workspace root",
         )
     for part in relparts:
         if part in ("", ".", "..") or "/" in part or "\0" in part:
             raise Refusal(
-                "unsafe-path",
+                Code.UNSAFE_PATH,
                 f"jcode connector: private home component {part!r} would escape the managed root "
                 f"{root}",
                 "use a seat name and space made of letters, digits, _ and -",
@@ -104,12 +105,12 @@ def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
     except UnsafeDirectory as exc:
         if exc.path == root:
             raise Refusal(
-                "unsafe-path",
+                Code.UNSAFE_PATH,
                 f"jcode connector: the managed root {root} {exc.reason}",
                 "create it, or point agents.jcode.home at an existing directory",
             ) from None
         raise Refusal(
-            "unsafe-path",
+            Code.UNSAFE_PATH,
             f"jcode connector: {exc.path} {exc.reason}; a private home must not leave the managed "
             f"root {root}",
             f"remove {exc.path} so cotal can create a plain private directory",
@@ -128,13 +129,13 @@ class JcodeConnector:
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         if opts.continue_session:
             raise Refusal(
-                "unsupported",
+                Code.UNSUPPORTED,
                 CONTINUE_REFUSED,
                 "let the seat drain and spawn a fresh jcode seat (jcode seats are drain-only)",
             )
         if opts.resume:
             raise Refusal(
-                "unsupported", RESUME_REFUSED, "spawn a fresh jcode seat without --resume"
+                Code.UNSUPPORTED, RESUME_REFUSED, "spawn a fresh jcode seat without --resume"
             )
         check_prompt(NAME, opts.prompt)
         check_space(opts.space)
@@ -143,14 +144,14 @@ class JcodeConnector:
         model = opts.model or config.get("model")
         if model is not None and not names.HARNESS_MODEL.matches(model):
             raise Refusal(
-                "bad-launch",
+                Code.BAD_LAUNCH,
                 f"jcode connector: model {model!r} is not a model name (letters, digits, ._:/@+-)",
                 "pass --model or set agents.jcode.model in cotal.toml",
             )
         home_cfg = config.get("home")
         if home_cfg is not None and not isinstance(home_cfg, str):
             raise Refusal(
-                "bad-launch",
+                Code.BAD_LAUNCH,
                 f"jcode connector: home must be a path, got {home_cfg!r}",
                 "fix agents.jcode.home",
             )
@@ -187,7 +188,7 @@ def _program(binary: Any, env: Mapping[str, str]) -> str:
         found = shutil.which(DEFAULT_BINARY, path=env.get("PATH"))
         if found is None:
             raise Refusal(
-                "not-installed",
+                Code.NOT_INSTALLED,
                 "jcode connector: no `jcode` on the manager's PATH",
                 "install jcode (with a cotal JSON-lines adapter) or set agents.jcode.binary to its "
                 "absolute path",
@@ -195,7 +196,7 @@ def _program(binary: Any, env: Mapping[str, str]) -> str:
         return found
     if not isinstance(binary, str) or not binary:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"jcode connector: binary must be a path, got {binary!r}",
             "fix agents.jcode.binary",
         )
@@ -203,14 +204,14 @@ def _program(binary: Any, env: Mapping[str, str]) -> str:
         found = shutil.which(binary, path=env.get("PATH"))
         if found is None:
             raise Refusal(
-                "not-installed",
+                Code.NOT_INSTALLED,
                 f"jcode connector: {binary!r} is not on the manager's PATH",
                 "set agents.jcode.binary to an absolute path",
             )
         return found
     if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
         raise Refusal(
-            "not-installed",
+            Code.NOT_INSTALLED,
             f"jcode connector: binary {binary} does not exist or is not executable",
             "fix agents.jcode.binary",
         )

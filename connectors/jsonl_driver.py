@@ -19,6 +19,7 @@ from connectors.base import ByteReceive, ByteSend, TurnOutcome
 from connectors.driverkit import OVERSIZE as OVERSIZE
 from connectors.driverkit import LineSender, LineSplitter, Oversize, ReaderState, Waiters
 from protocol.errors import DecodeError, Refusal
+from protocol.refusals import Code
 
 LINE_CAP = 1024 * 1024
 PROTOCOL_ERRORS_KEPT = 32
@@ -193,7 +194,7 @@ class JsonLinesDriver:
             await self._settled.wait()
         if self._session_id is None:
             raise DriverError(
-                "driver-stopped",
+                Code.DRIVER_STOPPED,
                 f"the harness never reported ready ({self._reader.detail})",
                 "read the seat's log for why it exited",
             )
@@ -232,16 +233,20 @@ class JsonLinesDriver:
             return self._session_id
         with self._states.expect(request_id) as waiter:
             if not await self._out.send(line):
-                raise DriverError("driver-stopped", "harness stdin is closed", "restart the seat")
+                raise DriverError(
+                    Code.DRIVER_STOPPED, "harness stdin is closed", "restart the seat"
+                )
             await waiter.done.wait()
         match waiter.value:
             case StateReported(session_id=session_id):
                 return session_id
             case Rejected(detail=detail):
-                raise DriverError("harness-refused", f"harness refused the state query: {detail}")
+                raise DriverError(
+                    Code.HARNESS_REFUSED, f"harness refused the state query: {detail}"
+                )
             case _:
                 raise DriverError(
-                    "driver-stopped",
+                    Code.DRIVER_STOPPED,
                     f"the harness stopped before answering the state query ({self._reader.detail})",
                     "read the seat's log for why it exited",
                 )
@@ -260,7 +265,7 @@ class JsonLinesDriver:
     def _require_running(self) -> None:
         if not self._reader.running:
             raise DriverError(
-                "driver-stopped",
+                Code.DRIVER_STOPPED,
                 f"the harness driver is not reading ({self._reader.detail})",
                 "start driver.run() in the seat's task group, or restart the seat",
             )

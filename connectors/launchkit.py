@@ -19,6 +19,7 @@ from connectors.base import LaunchOpts
 from connectors.harnesses import which
 from protocol.errors import Refusal
 from protocol.names import ENV_NAME, SESSION_UUID, check_lifecycle_uid, check_seat_name
+from protocol.refusals import Code
 
 # Only these variables of the manager's environment reach a seat; the operator's tokens and
 # keys do not leak into a harness by accident.
@@ -58,7 +59,7 @@ def base_env(opts: LaunchOpts, extra_allow: tuple[str, ...] = ()) -> dict[str, s
 def refuse_resume_with_continuation(agent: str, opts: LaunchOpts) -> None:
     if opts.resume and opts.continue_session:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: resume and continueSession are mutually exclusive",
             "pass either --resume (fork) or let the manager continue the seat's own session",
         )
@@ -69,11 +70,13 @@ def check_prompt(agent: str, prompt: str | None) -> None:
         return
     if not prompt.strip():
         raise Refusal(
-            "bad-prompt", f"{agent} connector refuses an empty prompt", "pass a non-empty --prompt"
+            Code.BAD_PROMPT,
+            f"{agent} connector refuses an empty prompt",
+            "pass a non-empty --prompt",
         )
     if prompt.startswith(("-", "@")):
         raise Refusal(
-            "bad-prompt",
+            Code.BAD_PROMPT,
             f"{agent} connector refuses a prompt starting with '-' or '@' (the harness would "
             "parse it as an option or a file)",
             "reword the prompt so it starts with a letter",
@@ -89,7 +92,7 @@ def seat_cwd(agent: str, opts: LaunchOpts) -> Path:
     cwd = Path(os.path.abspath(opts.cwd))
     if not cwd.is_dir():
         raise Refusal(
-            "bad-cwd",
+            Code.BAD_CWD,
             f"{agent} connector: cwd {cwd} is not a directory",
             "pass an existing directory as the seat's cwd",
         )
@@ -112,7 +115,7 @@ def agent_config(
     unknown = sorted(set(config) - set(keys))
     if unknown:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: config key(s) {', '.join(unknown)} are not implemented, so they "
             f"would be dropped {dropped}",
             f"remove them; {agent} honours {', '.join(sorted(keys))}",
@@ -127,7 +130,7 @@ def endpoint_url(agent: str, value: Any, *, otherwise: Refusal) -> str:
         return value
     if isinstance(value, str) and "@" in value:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: base_url must not carry credentials (user:password@)",
             "put the key in an environment variable and name it with api_key_env",
         )
@@ -137,7 +140,7 @@ def endpoint_url(agent: str, value: Any, *, otherwise: Refusal) -> str:
 def key_env_name(agent: str, value: Any, *, example: str) -> str:
     if not isinstance(value, str) or not ENV_NAME.matches(value):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: api_key_env {value!r} is not an environment variable name",
             f"name the variable that holds the key, e.g. {example}",
         )
@@ -148,7 +151,7 @@ def extra_env_names(agent: str, config: Mapping[str, Any]) -> list[str]:
     extra_env = config.get("extra_env") or []
     if not isinstance(extra_env, list | tuple) or not all(ENV_NAME.matches(n) for n in extra_env):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: extra_env must be a list of environment variable names, got "
             f"{extra_env!r}",
             f"fix agents.{agent}.extra_env in cotal.toml",
@@ -161,7 +164,7 @@ def configured_binary(agent: str, config: Mapping[str, Any], *, what: str) -> st
     binary = config.get("binary")
     if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: binary must be an absolute path, got {binary!r}",
             f"set agents.{agent}.binary to the absolute path of {what}, or unset it to use the "
             "pinned install",
@@ -195,13 +198,13 @@ def seat_files(agent: str, opts: LaunchOpts, store_suffix: str) -> SeatFiles:
     pointer = Path(os.path.normpath(opts.session_pointer_path))
     if not root.is_absolute() or not pointer.is_absolute():
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector needs absolute paths (root {root}, pointer {pointer})",
             "pass the workspace root and pointer path as absolute paths",
         )
     if pointer.suffix != ".json":
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: the session pointer {pointer} must end in .json",
             f"use the workspace layout's pointer path (.cotal/sessions/{agent}/<name>-<uid>.json)",
         )
@@ -210,7 +213,7 @@ def seat_files(agent: str, opts: LaunchOpts, store_suffix: str) -> SeatFiles:
         relpath = store.relative_to(root).as_posix()
     except ValueError:
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"{agent} connector: the session pointer {pointer} is outside the workspace root "
             f"{root}",
             "keep the pointer under <root>/.cotal so the session store is captured relative to "

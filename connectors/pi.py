@@ -49,6 +49,7 @@ from connectors.launchkit import (
 from connectors.privatefs import create_private_new, ensure_seat_dir, write_private_atomic
 from protocol import instant, names
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 NAME = "pi"
 DEFAULT_PROVIDER = "cotal"
@@ -80,14 +81,14 @@ def read_session_header(path: Path) -> dict[str, Any]:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise Refusal(
-            "bad-session",
+            Code.BAD_SESSION,
             f"pi connector cannot open session file {path}: {exc.strerror}",
             "check the seat's session store",
         ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise Refusal(
-                "bad-session",
+                Code.BAD_SESSION,
                 f"pi connector: session file {path} is not a regular file",
                 "check the seat's session store",
             )
@@ -105,7 +106,7 @@ def read_session_header(path: Path) -> dict[str, Any]:
         or not isinstance(header.get("id"), str)
     ):
         raise Refusal(
-            "bad-session",
+            Code.BAD_SESSION,
             f"pi connector: {path} does not start with a pi session header",
             "check the seat's session store; the file is not a pi session",
         )
@@ -314,7 +315,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
         NAME,
         base_url,
         otherwise=Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             "pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint "
             f"(got {base_url!r})",
             "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
@@ -323,14 +324,14 @@ def _check_config(opts: LaunchOpts) -> _Config:
     model = opts.model or config.get("model")
     if not names.HARNESS_MODEL.matches(model):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"pi connector needs a model id (letters, digits, ._:/@+-), got {model!r}",
             "pass --model or set agents.pi.model in cotal.toml",
         )
     provider = config.get("provider") or DEFAULT_PROVIDER
     if not names.PROVIDER.matches(provider):
         raise Refusal(
-            "bad-launch",
+            Code.BAD_LAUNCH,
             f"pi connector: provider {provider!r} is not a simple name",
             "use letters, digits, _ and -",
         )
@@ -342,7 +343,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             # pi would send the variable's *name* as the key (its value resolution falls back
             # to the literal), which fails late and confusingly at the first turn.
             raise Refusal(
-                "bad-launch",
+                Code.BAD_LAUNCH,
                 f"pi connector: api_key_env names {api_key_env}, which is not set in the manager's "
                 "environment",
                 f"export {api_key_env} before starting the manager, or drop api_key_env",
@@ -358,7 +359,7 @@ def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:
         binary = pinned_binary(NAME)
     if not os.path.isfile(binary):
         raise Refusal(
-            "not-installed",
+            Code.NOT_INSTALLED,
             f"pi connector: binary {binary} does not exist",
             "run `python -m manager.cli.tools install` or fix agents.pi.binary",
         )
@@ -368,7 +369,7 @@ def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:
         node = shutil.which("node", path=env.get("PATH"))
         if node is None:
             raise Refusal(
-                "no-node",
+                Code.NO_NODE,
                 "pi connector: node is not on the manager's PATH",
                 "install Node.js >= 20",
             )
@@ -426,7 +427,7 @@ def _write_agent_config(agent_dir: Path, cfg: _Config) -> None:
 def _check_session_id(session_id: str, what: str) -> None:
     if not UUID_RE.match(session_id):
         raise Refusal(
-            "bad-session",
+            Code.BAD_SESSION,
             f"pi connector: {what} {session_id!r} is not a full pi session id (a lowercase UUID)",
             "pass the full id exactly as recorded; pi would treat a partial id as a prefix and "
             "silently open the newest match",
@@ -436,7 +437,7 @@ def _check_session_id(session_id: str, what: str) -> None:
 def _single_match(session_id: str, matches: list[Path], where: str) -> Path:
     if not matches:
         raise Refusal(
-            "no-session",
+            Code.NO_SESSION,
             f"pi connector: no session file for id {session_id} in {where} (looked for "
             f"*_{session_id}.jsonl)",
             "restore the seat's session store (a checkpoint's harness store) or start the seat "
@@ -444,7 +445,7 @@ def _single_match(session_id: str, matches: list[Path], where: str) -> Path:
         )
     if len(matches) > 1:
         raise Refusal(
-            "ambiguous-session",
+            Code.AMBIGUOUS_SESSION,
             f"pi connector: session id {session_id} names {len(matches)} files: "
             f"{', '.join(map(str, matches))}",
             "remove the stale copies so exactly one file carries the id",
@@ -460,7 +461,7 @@ def _continuation_file(store: Path, session_id: str, cwd: Path) -> Path:
     header = read_session_header(path)
     if header["id"] != session_id:
         raise Refusal(
-            "session-mismatch",
+            Code.SESSION_MISMATCH,
             f"pi connector: {path} is named for session {session_id} but its header says "
             f"{header['id']}",
             "the store was edited by hand; restore it from the checkpoint",
@@ -470,14 +471,14 @@ def _continuation_file(store: Path, session_id: str, cwd: Path) -> Path:
     # launched from, and exits if that directory is gone: both are refused here, by name.
     if not isinstance(recorded, str) or not os.path.isdir(recorded):
         raise Refusal(
-            "session-cwd-missing",
+            Code.SESSION_CWD_MISSING,
             f"pi connector: session {session_id} was recorded in cwd {recorded!r}, which does not "
             "exist on this host",
             "restore the workspace at that path (same workspace root on both hosts)",
         )
     if os.path.realpath(recorded) != os.path.realpath(cwd):
         raise Refusal(
-            "session-cwd-mismatch",
+            Code.SESSION_CWD_MISMATCH,
             f"pi connector: session {session_id} was recorded in cwd {recorded}, but the seat's "
             f"cwd is {cwd}; pi would silently run in {recorded}",
             f"launch the seat with cwd {recorded}",
@@ -499,7 +500,7 @@ def _fork_source(paths: SeatPaths, resume: str) -> Path:
     source = _single_match(resume, matches, f"the pi stores under {paths.pointer.parent}")
     if read_session_header(source)["id"] != resume:
         raise Refusal(
-            "session-mismatch",
+            Code.SESSION_MISMATCH,
             f"pi connector: {source} is named for session {resume} but its header disagrees",
             "restore the store from the checkpoint",
         )
@@ -605,7 +606,7 @@ class PiDriver(JsonStdioDriver[_Turn]):
             raise self._gone("query pi's state")
         if not response.get("success"):
             raise Refusal(
-                "harness-error",
+                Code.HARNESS_ERROR,
                 f"pi connector: pi refused get_state: {response.get('error')}",
                 "read the seat's log",
             )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from protocol.errors import Refusal
+from protocol.refusals import Code
 from protocol.session import encode_pointer
 
 DIR_MODE = 0o700
@@ -65,13 +66,13 @@ def ensure_private_dir(path: Path) -> Path:
         st = os.lstat(path)
     if not _plain_dir(st):
         raise Refusal(
-            "unsafe-path",
+            Code.UNSAFE_PATH,
             f"{path} is not a plain directory (a symlink or another file is there)",
             "remove it so cotal can create a private 0700 directory",
         )
     if st.st_uid != os.geteuid():
         raise Refusal(
-            "unsafe-path", f"{path} is owned by uid {st.st_uid}, not by us", "fix its ownership"
+            Code.UNSAFE_PATH, f"{path} is owned by uid {st.st_uid}, not by us", "fix its ownership"
         )
     if stat.S_IMODE(st.st_mode) != DIR_MODE:
         os.chmod(path, DIR_MODE)
@@ -104,7 +105,7 @@ def ensure_seat_dir(path: Path, *, agent: str) -> Path:
         st = os.lstat(path)
     if not _plain_dir(st):
         raise Refusal(
-            "unsafe-path",
+            Code.UNSAFE_PATH,
             f"{agent} connector: {path} is not a plain directory "
             "(a symlink or another file is there)",
             "remove it so cotal can create the seat's private directory",
@@ -388,12 +389,12 @@ def stream_stable(
 CHUNK = 1024 * 1024
 UNSTABLE_TRIES = 3
 
-_READ_CURES: dict[FileProblem, tuple[str, str]] = {
-    "missing": ("missing", "check the path"),
-    "symlink": ("unsafe-path", "replace it with the real file"),
-    "not-regular": ("unsafe-path", "replace it with the real file"),
-    "too-large": ("too-large", "check the file"),
-    "unstable": ("unstable", "retry once nothing writes to it"),
+_READ_CURES: dict[FileProblem, tuple[Code, str]] = {
+    "missing": (Code.MISSING, "check the path"),
+    "symlink": (Code.UNSAFE_PATH, "replace it with the real file"),
+    "not-regular": (Code.UNSAFE_PATH, "replace it with the real file"),
+    "too-large": (Code.TOO_LARGE, "check the file"),
+    "unstable": (Code.UNSTABLE, "retry once nothing writes to it"),
 }
 
 
@@ -423,8 +424,8 @@ def read_stable(path: Path, *, cap: int, what: str, require_private: bool = Fals
 def _read_refusal(exc: UnsafeFile, what: str) -> Refusal:
     message = f"{what} {exc.path} {exc.detail}"
     if exc.problem == "not-private":
-        return Refusal("not-private", message, f"chmod 600 {exc.path}")
+        return Refusal(Code.NOT_PRIVATE, message, f"chmod 600 {exc.path}")
     if exc.problem == "grew":
-        return Refusal("too-large", message, "retry once it is quiet")
-    code, cure = _READ_CURES.get(exc.problem, ("unsafe-path", "check the file"))
+        return Refusal(Code.TOO_LARGE, message, "retry once it is quiet")
+    code, cure = _READ_CURES.get(exc.problem, (Code.UNSAFE_PATH, "check the file"))
     return Refusal(code, message, cure)

@@ -16,6 +16,7 @@ from typing import Any, Final, Generic, TypeVar
 import anyio
 
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 ENV: Final = "COTAL_JOBS"
 MIN_DEFAULT: Final = 2
@@ -45,7 +46,7 @@ def parse_jobs(text: str, *, what: str = ENV) -> int:
     """A positive integer up to MAX_JOBS, spelled in ASCII digits; anything else is refused."""
     if _DIGITS.fullmatch(text) is None or int(text) > MAX_JOBS:
         raise Refusal(
-            "bad-jobs",
+            Code.BAD_JOBS,
             f"{what}={text!r} is not a whole number of jobs from 1 to {MAX_JOBS}",
             f"give {what} a positive integer such as 4, or leave it unset for the default "
             f"({default_jobs()} here: twice the usable cores, bounded to "

@@ -12,6 +12,7 @@ import msgspec
 from protocol.checkpoint import check_carry_pattern
 from protocol.deadletter import DEFAULT_MAX_DELIVERIES, MAX_DELIVERIES_LIMIT
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     # A type only: the connector modules load by name when a seat needs one.
@@ -40,14 +41,16 @@ def load_connector(agent: str) -> Connector:
     entry = KNOWN.get(agent)
     if entry is None:
         raise Refusal(
-            "unknown-agent", f"unknown agent {agent!r}", "use one of: " + ", ".join(sorted(KNOWN))
+            Code.UNKNOWN_AGENT,
+            f"unknown agent {agent!r}",
+            "use one of: " + ", ".join(sorted(KNOWN)),
         )
     module, cls = entry
     try:
         connector: Connector = getattr(importlib.import_module(module), cls)()
     except (ImportError, AttributeError) as exc:
         raise Refusal(
-            "agent-unavailable",
+            Code.AGENT_UNAVAILABLE,
             f"agent {agent!r} is not available in this build ({exc})",
             "run `cotal doctor` to see which harnesses are usable",
         ) from None
@@ -118,7 +121,7 @@ def check_includes(include: Sequence[str]) -> list[str]:
             check_carry_pattern(pattern)
         except ValueError as exc:
             raise Refusal(
-                "bad-include",
+                Code.BAD_INCLUDE,
                 str(exc),
                 "declare a relative path or simple glob under the repository, such as .env or "
                 "config/*.local",
@@ -135,30 +138,30 @@ def load_config(root: Path) -> FileConfig:
         return FileConfig()
     data = path.read_bytes()
     if len(data) > CONFIG_CAP:
-        raise Refusal("bad-config", f"{path} is over {CONFIG_CAP} bytes", "trim it")
+        raise Refusal(Code.BAD_CONFIG, f"{path} is over {CONFIG_CAP} bytes", "trim it")
     try:
         cfg = msgspec.toml.decode(data, type=FileConfig, strict=True)
     except msgspec.ValidationError as exc:
         raise Refusal(
-            "bad-config", f"{path} is malformed: {exc}", "see docs/cli.md (Configuration)"
+            Code.BAD_CONFIG, f"{path} is malformed: {exc}", "see docs/cli.md (Configuration)"
         ) from None
     except msgspec.DecodeError as exc:
         raise Refusal(
-            "bad-config", f"{path} is not valid TOML: {exc}", "see docs/cli.md (Configuration)"
+            Code.BAD_CONFIG, f"{path} is not valid TOML: {exc}", "see docs/cli.md (Configuration)"
         ) from None
     for pattern in cfg.carry.include:
         try:
             check_carry_pattern(pattern)
         except ValueError as exc:
             raise Refusal(
-                "bad-config",
+                Code.BAD_CONFIG,
                 f"{path} [carry] include: {exc}",
                 "list relative paths or simple globs under the repository, such as .env",
             ) from None
     unknown = set(cfg.agents) - set(KNOWN)
     if unknown:
         raise Refusal(
-            "bad-config",
+            Code.BAD_CONFIG,
             f"{path} configures unknown agents: {', '.join(sorted(unknown))}",
             "use one of: " + ", ".join(sorted(KNOWN)),
         )

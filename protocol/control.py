@@ -16,6 +16,7 @@ import msgspec
 
 from protocol.codec import convert, decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
+from protocol.refusals import Code
 
 FRAME_CAP = 1024 * 1024
 HELLO_TIMEOUT_S = 5.0
@@ -26,8 +27,6 @@ TOKEN_HEX_LEN = 64
 # string argument other than free text may be (a path or a name; PATH_MAX is 4096).
 MAX_CONNECTIONS = 256
 MAX_UNAUTHENTICATED = 64
-# The code a connection over MAX_CONNECTIONS is closed with, before any hello.
-CONTROL_BUSY = "control-busy"
 MAX_DEPTH = 64
 ARG_STRING_CAP = 4096
 FREE_TEXT_ARGS = frozenset({"text", "prompt"})
@@ -174,7 +173,7 @@ def decode_args(request: Request) -> Any:
     entry = OPS.get(request.op)
     if entry is None:
         raise Refusal(
-            "unknown-op",
+            Code.UNKNOWN_OP,
             f"unknown op {request.op!r}",
             "use one of: " + ", ".join(sorted(OPS)),
         )
@@ -551,7 +550,7 @@ def check_handlers(handled: Collection[str]) -> None:
         said = [f"no handler for op(s) {', '.join(missing)}"] if missing else []
         said += [f"handler(s) {', '.join(extra)} answer no op in OPS"] if extra else []
         raise Refusal(
-            "unsupported-op",
+            Code.UNSUPPORTED_OP,
             f"control ops and handlers disagree: {'; '.join(said)}; the daemon will not serve",
             "this cotal installation is inconsistent: reinstall it, or register each op of "
             "protocol/control.py OPS in manager/daemon/handlers",

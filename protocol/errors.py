@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from protocol.refusals import Code
+
 
 class Refusal(Exception):
     """A request that was refused and changed nothing.
@@ -25,4 +27,4 @@ class DecodeError(Refusal):
     """Bytes that do not parse as the record they claim to be."""
 
     def __init__(self, what: str, detail: str, cure: str = "") -> None:
-        super().__init__("malformed", f"{what} is malformed: {detail}", cure)
+        super().__init__(Code.MALFORMED, f"{what} is malformed: {detail}", cure)

@@ -28,6 +28,7 @@ from protocol.names import (
     check_attempt_id,
     check_new_seat_name,
 )
+from protocol.refusals import Code
 
 INVENTORY_V1: Final = "cotal-manager-resume/v1"
 INVENTORY_V2: Final = "cotal-manager-resume/v2"
@@ -285,7 +286,7 @@ def inventory_version(data: bytes) -> str:
     """The declared version, refusing anything this cotal cannot read, before the shape."""
     if len(data) > INVENTORY_CAP:
         raise Refusal(
-            "too-large",
+            Code.TOO_LARGE,
             f"resume-preserved args exceed {INVENTORY_CAP} bytes ({len(data)} bytes)",
             f"a cut holds at most {MAX_INVENTORY_SEATS} seats in {INVENTORY_CAP} bytes; split the "
             "space",
@@ -293,7 +294,7 @@ def inventory_version(data: bytes) -> str:
     probe = _decode_strict(data, _VersionProbe)
     if probe.version not in SUPPORTED_VERSIONS:
         raise Refusal(
-            "unsupported-version",
+            Code.UNSUPPORTED_VERSION,
             f"unsupported manager resume inventory version {probe.version!r}",
             "resume with the cotal that cut it, or upgrade this one (it reads "
             + " and ".join(SUPPORTED_VERSIONS)
@@ -308,7 +309,7 @@ def decode_inventory(data: bytes, *, attempt_id: str | None = None) -> Inventory
     if version == INVENTORY_V1:
         if attempt_id is None:
             raise Refusal(
-                "unbound-v1",
+                Code.UNBOUND_V1,
                 f"a {INVENTORY_V1} inventory carries no attempt binding",
                 "hand it over through resume-preserved with the attempt id it belongs to",
             )
@@ -336,7 +337,7 @@ def parse_resume_args(
 def check_inventory_space(inventory: Inventory, space: str) -> None:
     if inventory.space != space:
         raise Refusal(
-            "space-mismatch",
+            Code.SPACE_MISMATCH,
             f'resume inventory belongs to space "{inventory.space}", not "{space}"',
             f"resume it with --space {inventory.space}",
         )
@@ -346,7 +347,7 @@ def check_seats(inventory: Inventory) -> None:
     """Capacity, then per seat in order: its space, a duplicate name, a duplicate uid."""
     if len(inventory.agents) > MAX_INVENTORY_SEATS:
         raise Refusal(
-            "capacity",
+            Code.CAPACITY,
             f"resume inventory would exceed manager capacity ({MAX_INVENTORY_SEATS}); it holds "
             f"{len(inventory.agents)} seats",
             f"a manager holds at most {MAX_INVENTORY_SEATS} seats; cut the space in smaller groups",
@@ -356,7 +357,7 @@ def check_seats(inventory: Inventory) -> None:
     for agent in inventory.agents:
         if agent.space != inventory.space:
             raise Refusal(
-                "space-mismatch",
+                Code.SPACE_MISMATCH,
                 f'retained agent "{agent.name}" belongs to space "{agent.space}", the inventory '
                 f'to "{inventory.space}"',
                 _CURE_SHAPE,
@@ -364,7 +365,7 @@ def check_seats(inventory: Inventory) -> None:
         check_new_seat_name(agent.name)
         if agent.name in names:
             raise Refusal(
-                "duplicate-name",
+                Code.DUPLICATE_NAME,
                 f'resume inventory contains duplicate agent name "{agent.name}"',
                 _CURE_SHAPE,
             )
@@ -373,7 +374,7 @@ def check_seats(inventory: Inventory) -> None:
         uid = agent.identity.lifecycle_uid
         if uid in uids:
             raise Refusal(
-                "duplicate-uid",
+                Code.DUPLICATE_UID,
                 f'resume inventory contains duplicate lifecycle uid {uid} (seat "{agent.name}")',
                 _CURE_SHAPE,
             )

@@ -61,6 +61,7 @@ from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.inventory import INVENTORY_CAP, AbsPath, AttemptId, Digest, Instant, SeatName
 from protocol.names import CommitTokenField, check_attempt_id
+from protocol.refusals import Code
 
 # -- errors --------------------------------------------------------------------------------------
 
@@ -78,7 +79,7 @@ class IllegalTransition(Refusal):
         message = f'{machine} state "{state}" does not allow event "{event}"'
         if reason:
             message += f": {reason}"
-        super().__init__("illegal-transition", message, cure)
+        super().__init__(Code.ILLEGAL_TRANSITION, message, cure)
 
 
 # -- the daemon's maintenance machine ------------------------------------------------------------
@@ -136,13 +137,13 @@ class Maintenance:
             if resume_operation and self.state != "awaiting-finalize":
                 return
             raise Refusal(
-                "fenced",
+                Code.FENCED,
                 f"manager is waiting for resume attempt {self.attempt_id}; ordinary "
                 "lifecycle/control work is fenced",
                 _CURE_RESUME,
             )
         raise Refusal(
-            "fenced",
+            Code.FENCED,
             f"manager is in {self.state} mode; new lifecycle/control work is fenced",
             _CURE_FINISH_CUT,
         )
@@ -224,7 +225,7 @@ class Maintenance:
             message = f"preservation attempt {attempt_id} is not the active manager attempt"
         else:
             message = f"manager expects resume attempt {bound or '<none>'}, not {attempt_id}"
-        raise Refusal("attempt-mismatch", message, f"use attempt {bound}" if bound else "")
+        raise Refusal(Code.ATTEMPT_MISMATCH, message, f"use attempt {bound}" if bound else "")
 
     def _reason(self, event: MaintenanceEvent, attempt_id: str) -> str:
         if event == "abort" and self.state == "preserved":
@@ -417,7 +418,7 @@ def next_record(
         and not (event == "begin-resume" and state == "ready")
     ):
         raise Refusal(
-            "attempt-mismatch",
+            Code.ATTEMPT_MISMATCH,
             f"maintenance journal belongs to attempt {prev.attempt_id} (state {prev.state}); "
             f"refusing attempt {attempt_id}",
             _CURE_JOURNAL,
@@ -440,7 +441,7 @@ def next_record(
         for name, value in given.items():
             if value is not None and value != current[name]:
                 raise Refusal(
-                    "journal-mismatch",
+                    Code.JOURNAL_MISMATCH,
                     f"maintenance journal already records {to_state} for attempt {attempt_id} "
                     f"with a different {name}",
                     _CURE_JOURNAL,
@@ -452,7 +453,7 @@ def next_record(
     def keep(name: str, old: object, new: object) -> None:
         if old not in (None, []) and new is not None and new != old:
             raise Refusal(
-                "journal-mismatch",
+                Code.JOURNAL_MISMATCH,
                 f"maintenance journal for attempt {attempt_id} already records its {name}; "
                 "refusing to replace it",
                 _CURE_JOURNAL,
@@ -572,12 +573,12 @@ _UP_WARNS: Final = Action(kind="fresh", warns=True)
 _CURE_RERUN_CUT: Final = "rerun `cotal down --preserve-state` to finish the cut"
 _CURE_FINISH_RESUME: Final = "finish that resume (cotal up --restore) first"
 _CUT_BUSY: Final = _refusing(
-    "journal-busy",
+    Code.JOURNAL_BUSY,
     "the maintenance journal is at {state} for attempt {attempt}",
     _CURE_FINISH_RESUME,
 )
 _ABORT_BUSY: Final = _refusing(
-    "journal-busy",
+    Code.JOURNAL_BUSY,
     "the maintenance journal is at {state} for resume attempt {attempt}; there is no cut to abort",
     _CURE_FINISH_RESUME,
 )
@@ -588,7 +589,7 @@ _ABORT_COMMITTED: Final = (
 # Only a sealed checkpoint passes admission, and a cut's journal becomes a resume's only at
 # `ready`: the journal forbids the begin-resume a cut under way has no transition for.
 _RESTORE_MID_CUT: Final = _refusing(
-    "illegal-transition",
+    Code.ILLEGAL_TRANSITION,
     'maintenance journal state "{state}" does not allow event "begin-resume"',
     "finish the cut first (`cotal down --preserve-state`), then resume its sealed checkpoint",
 )
@@ -597,13 +598,13 @@ _DISCARD_NEEDED: Final = (
     "reads this checkpoint"
 )
 _DISCARD_MID_CUT: Final = _refusing(
-    "journal-needs-it",
+    Code.JOURNAL_NEEDS_IT,
     _DISCARD_NEEDED,
     "a cut stopped part-way: finish it with `cotal down --preserve-state`, or abandon it, "
     "then discard",
 )
 _DISCARD_MID_RESUME: Final = _refusing(
-    "journal-needs-it",
+    Code.JOURNAL_NEEDS_IT,
     _DISCARD_NEEDED,
     "a resume stopped part-way: finish it with `cotal up --restore DIR`, or abandon it, then "
     "discard",
@@ -650,7 +651,7 @@ RERUN: Final[dict[str, dict[Command, Action]]] = {
     },
     CUT_COMMITTED: {
         "cut": _CONTINUE,
-        "abort": _refusing("commit-begun", _ABORT_COMMITTED, _CURE_RERUN_CUT),
+        "abort": _refusing(Code.COMMIT_BEGUN, _ABORT_COMMITTED, _CURE_RERUN_CUT),
         "restore": _RESTORE_MID_CUT,
         "discard": _DISCARD_MID_CUT,
         "up": _UP_WARNS,
@@ -660,7 +661,9 @@ RERUN: Final[dict[str, dict[Command, Action]]] = {
         # Already sealed: reported, unless a manager now runs seats beside it, which the sealed
         # attempt does not hold (`sealed-cut-waiting`, decided at run time).
         "cut": Action(kind="continue", finished=True),
-        "abort": _refusing("commit-begun", _ABORT_COMMITTED, "resume it with `cotal up --restore`"),
+        "abort": _refusing(
+            Code.COMMIT_BEGUN, _ABORT_COMMITTED, "resume it with `cotal up --restore`"
+        ),
         # Same-root resume: the cut's journal goes on as the resume's.
         "restore": Action(kind="join"),
         "discard": Action(kind="continue", drops=True),

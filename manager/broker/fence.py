@@ -23,6 +23,7 @@ from manager.broker import retention
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.fence")
 
@@ -41,7 +42,7 @@ FENCE_ATTEMPTS = 8
 class FencedOut(Refusal):
     def __init__(self, seat: str, detail: str) -> None:
         super().__init__(
-            "fenced-out",
+            Code.FENCED_OUT,
             f"the broker refused a write as {seat}: {detail}; another holder has custody",
             "this manager must stop the seat and never relaunch it",
         )
@@ -132,7 +133,7 @@ class WriterFence:
                 )
                 return self.last_seq
         raise Refusal(
-            "fence-contended",
+            Code.FENCE_CONTENDED,
             f"could not fence {self.seat}: its outbound subject kept moving",
             "another writer is still publishing as this seat; find and stop it",
         )
@@ -182,7 +183,7 @@ class WriterFence:
                 self.last_seq = max(self.last_seq, int(ack.seq))
                 return int(ack.seq)
         raise Refusal(
-            "fence-contended",
+            Code.FENCE_CONTENDED,
             f"could not publish as {self.seat}: its outbound subject kept moving under this holder",
             "restart the seat (cotal restart NAME); if it recurs, another process shares this "
             "manager's holder id",

@@ -19,6 +19,7 @@ from manager.broker.retention import DM_MAX_MSGS as DM_MAX_MSGS
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.broker")
 
@@ -65,7 +66,7 @@ async def ensure_dm_stream(
             # Anything else removes on the broker's own rules: interest retention drops every
             # reply and fence marker at once, so the fence would refuse each seat's next write.
             raise Refusal(
-                "dm-stream-retention",
+                Code.DM_STREAM_RETENTION,
                 f"the DM stream {stream} has {getattr(kept_by, 'value', kept_by)} retention; "
                 "cotal's inbox needs limits retention (docs/design.md decision 16)",
                 f"cotal never makes such a stream: whoever made it, remove it (`nats stream rm "
@@ -141,7 +142,7 @@ async def confirm_dm_durable(
         )
     except NotFoundError:
         raise Refusal(
-            "lifecycle-proof-failed",
+            Code.LIFECYCLE_PROOF_FAILED,
             f"lifecycle proof failed for {actor} (uid {uid}): its dm_ durable {durable} is not "
             "present at the broker; refusing to publish presence",
             "resume with the uid the checkpoint recorded, against the broker that holds the "
@@ -156,7 +157,7 @@ async def dm_durable_exists(
         await confirm_dm_durable(js, space, owner, actor, uid)
         return True
     except Refusal as exc:
-        if exc.code == "lifecycle-proof-failed":
+        if exc.code == Code.LIFECYCLE_PROOF_FAILED:
             return False
         raise
 

@@ -42,6 +42,7 @@ from nats.js.errors import APIError, NotFoundError
 from manager.broker.retry import STORE_REFUSED, riding_elections
 from protocol import names
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.broker")
 
@@ -91,7 +92,7 @@ def _parse(environ: Mapping[str, str], key: str, default: int) -> int:
         return default
     if _LIMIT.fullmatch(raw) is None:
         raise Refusal(
-            "bad-dm-limit",
+            Code.BAD_DM_LIMIT,
             f"{key}={raw[:40]!r} is not a whole number from 1 to 10^18",
             f"set {key} to a positive whole number (messages for COTAL_DM_MAX_MSGS, bytes for "
             f"COTAL_DM_MAX_BYTES) or unset it for the default ({default}); nothing was started",
@@ -234,7 +235,7 @@ async def full_refusal(js: JetStreamContext, space: str) -> Refusal:
     info = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
     config, state = info.config, info.state
     return Refusal(
-        "dm-stream-full",
+        Code.DM_STREAM_FULL,
         f"the DM stream {stream} is full: {state.messages} messages, {state.bytes} bytes, against "
         f"its limit of {config.max_msgs} messages and {config.max_bytes} bytes, and what it holds "
         "is mail its seats have not acknowledged yet; nothing was queued",

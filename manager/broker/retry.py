@@ -20,6 +20,7 @@ import nats.js.errors
 import structlog
 
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.broker")
 
@@ -62,7 +63,7 @@ def patience() -> float:
     low, high = PATIENCE_RANGE
     if not low <= value <= high:  # also false for nan
         raise Refusal(
-            "bad-patience",
+            Code.BAD_PATIENCE,
             f"{PATIENCE_ENV}={raw!r} is not a number of seconds from {low:g} to {high:g}",
             f"unset {PATIENCE_ENV} (the default is {ELECTION_S:g}s) or give it seconds in range",
         )
@@ -71,7 +72,7 @@ def patience() -> float:
 
 def unavailable(what: str, deadline: float, exc: BaseException) -> Refusal:
     return Refusal(
-        "broker-unavailable",
+        Code.BROKER_UNAVAILABLE,
         f"{what}: the broker did not answer for {deadline:.0f}s ({type(exc).__name__})",
         "the broker or cluster may have lost quorum; nothing was changed by this call; retry once "
         "it is back",

@@ -55,6 +55,7 @@ from protocol.checkpoint import (
 )
 from protocol.errors import Refusal
 from protocol.inventory import Agent
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.space")
 
@@ -107,7 +108,7 @@ async def _read_id(kv: KeyValue) -> str | None:
     value = (entry.value or b"").decode("ascii", "replace")
     if len(value) != 32 or any(c not in "0123456789abcdef" for c in value):
         raise Refusal(
-            "broker-id-malformed",
+            Code.BROKER_ID_MALFORMED,
             f"{BROKER_ID_KEY} in the custody bucket is {value[:64]!r}, not 32 hex digits",
             "inspect the custody bucket; cotal never overwrites a record it cannot read",
         )
@@ -137,7 +138,7 @@ async def read_broker_identity(js: JetStreamContext, space: str) -> str | None:
 
 def _too_large(seat: str, what: str) -> Refusal:
     return Refusal(
-        "inbox-too-large",
+        Code.INBOX_TOO_LARGE,
         f"seat {seat}: its inbox holds {what}, more than a checkpoint carries "
         f"({MAX_CARRIED_MESSAGES} messages, {MAX_CARRIED_BYTES} bytes)",
         "resume this seat in place (its durable is kept), let it work its inbox down, and cut "
@@ -156,7 +157,7 @@ async def check_exportable(js: JetStreamContext, space: str, seat: str, uid: str
         )
     except NotFoundError:
         raise Refusal(
-            "lifecycle-proof-failed",
+            Code.LIFECYCLE_PROOF_FAILED,
             f"seat {seat} (uid {uid}): its dm_ durable {durable} is not at the broker, so its "
             "inbox cannot travel",
             "stop and respawn the seat (its inbox is already gone); nothing was stopped",
@@ -202,7 +203,7 @@ def _carried(
         )
     except ValueError as exc:
         raise Refusal(
-            "inbox-too-large",
+            Code.INBOX_TOO_LARGE,
             f"seat {seat}: message {seq} of its inbox cannot travel in a checkpoint: {exc}",
             "resume this seat in place (its durable is kept), let it work its inbox down, and "
             "cut again",
@@ -273,7 +274,7 @@ async def export_inbox(
         )
     except NotFoundError:
         raise Refusal(
-            "lifecycle-proof-failed",
+            Code.LIFECYCLE_PROOF_FAILED,
             f"seat {seat} (uid {uid}): its dm_ durable {durable} is not at the broker, so its "
             "inbox cannot be exported",
             "the seat's inbox is gone; resume in place against the broker that holds it",
@@ -415,7 +416,7 @@ async def import_inbox(
     durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
     if record.name != durable or record.stream != stream:
         raise Refusal(
-            "space-mismatch",
+            Code.SPACE_MISMATCH,
             f"seat {seat}: the checkpoint's durable {record.name} on {record.stream} is not "
             f"{durable} on {stream}",
             "resume the checkpoint into the space it was cut from",

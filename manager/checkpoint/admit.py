@@ -80,6 +80,7 @@ from protocol.errors import DecodeError, Refusal
 from protocol.instant import parse_instant
 from protocol.inventory import INVENTORY_CAP, Agent, Inventory, parse_resume_args
 from protocol.maintenance import Consent
+from protocol.refusals import Code
 
 CLOCK_SKEW_MS = 60_000
 GIT_TIMEOUT_S = 600.0
@@ -191,7 +192,7 @@ def integrity(
     if hashlib.sha256(doc).hexdigest() != manifest.resume.sha256:
         raise _refuse(
             "integrity",
-            "integrity",
+            Code.INTEGRITY,
             f"{attempt_dir / manifest.resume.file} changed after it was verified",
             "copy the checkpoint again and retry",
         )
@@ -201,7 +202,7 @@ def integrity(
     if missing:
         raise _refuse(
             "integrity",
-            "retained-unadmitted",
+            Code.RETAINED_UNADMITTED,
             f"retained seat(s) {', '.join(missing)} have no checkpoint in {attempt_dir}",
             "every seat of the cut must be admitted; copy the whole attempt directory",
         )
@@ -215,7 +216,7 @@ def integrity(
         ):
             raise _refuse(
                 "integrity",
-                "integrity",
+                Code.INTEGRITY,
                 f"seat {name}: its checkpoint and the resume document disagree",
                 "copy the checkpoint again from the source host",
             )
@@ -242,7 +243,7 @@ def integrity(
         scratch_dir = open_scratch(keep_in)
     except OSError as exc:
         raise Refusal(
-            "scratch-unavailable",
+            Code.SCRATCH_UNAVAILABLE,
             f"cannot make admission's scratch directory in {keep_in}: "
             f"{exc.strerror or exc} ({exc.filename or keep_in})",
             "make the root's .cotal a directory this user owns and can write, then retry",
@@ -358,7 +359,7 @@ def _judge_message(
         # answered, and the import would only time out, after the claim.
         return _refuse(
             "integrity",
-            "inbox-subject",
+            Code.INBOX_SUBJECT,
             f"{where} is addressed to {m.subject!r}, which has an empty token or is not under "
             f"{prefix}>, so the import cannot republish it",
             _INBOX_CURE,
@@ -367,7 +368,7 @@ def _judge_message(
         if not _HEADER_NAME_RE.fullmatch(key):
             return _refuse(
                 "integrity",
-                "inbox-header",
+                Code.INBOX_HEADER,
                 f"{where} carries a header named {key[:64]!r}, which the broker would read as "
                 "another header",
                 _INBOX_CURE,
@@ -375,7 +376,7 @@ def _judge_message(
         if key.lower().startswith(_BROKER_HEADER_PREFIX) and key != MSG_ID_HEADER:
             return _refuse(
                 "integrity",
-                "inbox-header",
+                Code.INBOX_HEADER,
                 f"{where} carries the {key} header, which the broker acts on at publish "
                 "instead of storing it, so the import would not republish it as it was",
                 _INBOX_CURE,
@@ -389,7 +390,7 @@ def _judge_message(
     if not key_id:
         return _refuse(
             "integrity",
-            "inbox-header",
+            Code.INBOX_HEADER,
             f"{where} carries an empty {MSG_ID_HEADER}",
             _INBOX_CURE,
         )
@@ -398,7 +399,7 @@ def _judge_message(
         other = "" if first.seat == name else f"seat {first.seat}'s "
         return _refuse(
             "integrity",
-            "inbox-duplicate-id",
+            Code.INBOX_DUPLICATE_ID,
             f"{where} carries message id {key_id!r}, as does {other}{INBOX_FILE} line "
             f"{first.line} (message {first.seq}): republished together, the broker keeps the "
             "first and drops the other as a duplicate",
@@ -411,7 +412,7 @@ def _judge_message(
 def _inbox_changed(path: Path, detail: str) -> Refusal:
     return _refuse(
         "integrity",
-        "integrity",
+        Code.INTEGRITY,
         f"{path} changed after it was verified ({detail})",
         "retry once nothing writes to the checkpoint, or copy it again; nothing was changed",
     )
@@ -506,11 +507,11 @@ def _git(cwd: Path, *args: str, stdin: bytes | None = None) -> subprocess.Comple
         )
     except FileNotFoundError:
         raise Refusal(
-            "git-missing", "cannot run git to read the checkpoint's bundle", "install git"
+            Code.GIT_MISSING, "cannot run git to read the checkpoint's bundle", "install git"
         ) from None
     except subprocess.TimeoutExpired:
         raise Refusal(
-            "bundle-invalid",
+            Code.BUNDLE_INVALID,
             f"`git {' '.join(args[:2])}` over the checkpoint's bundle ran past "
             f"{GIT_TIMEOUT_S:.0f} s",
             "copy the checkpoint again; a bundle cotal cut reads in seconds",
@@ -545,7 +546,7 @@ def check_repository(
     if record.since is not None and len(links) == 0:
         raise _refuse(
             "integrity",
-            "predecessor-missing",
+            Code.PREDECESSOR_MISSING,
             f"seat {name}: its bundle builds on attempt {record.since.attempt_id}, which was "
             "not proven",
             "copy that attempt directory beside this one and retry",
@@ -557,14 +558,14 @@ def check_repository(
         except ValueError as exc:
             raise _refuse(
                 "integrity",
-                "refs-mismatch",
+                Code.REFS_MISMATCH,
                 f"seat {name}: {seat_dir / record.refs.file} is not a refs list ({exc})",
                 "the checkpoint is not one cotal cut; cut the seat again on the source host",
             ) from None
     if record.head is not None and refs.get(record.head) != record.base:
         raise _refuse(
             "integrity",
-            "refs-mismatch",
+            Code.REFS_MISMATCH,
             f"seat {name}: HEAD was on {record.head} at the cut, but the recorded refs put that "
             f"branch at {refs.get(record.head, 'nothing')}, not the base {record.base}",
             "the record and its refs do not belong together; cut the seat again",
@@ -600,7 +601,7 @@ def _prove_objects(
     if differ:
         raise _refuse(
             "integrity",
-            "refs-mismatch",
+            Code.REFS_MISMATCH,
             f"seat {name}: the bundle {bundle} carries other refs than the checkpoint "
             f"recorded ({', '.join(differ[:5])})",
             "the bundle and the record do not belong together; copy the checkpoint again "
@@ -629,7 +630,7 @@ def _prove_objects(
     if lines[0].endswith(" missing"):
         raise _refuse(
             "integrity",
-            "base-missing",
+            Code.BASE_MISSING,
             f"seat {name}: the bundle {bundle} does not carry the recorded base commit "
             f"{record.base}, so the recorded diffs do not apply to its history",
             "the bundle and the record do not belong together; copy the checkpoint again "
@@ -639,7 +640,7 @@ def _prove_objects(
     if absent:
         raise _refuse(
             "integrity",
-            "refs-mismatch",
+            Code.REFS_MISMATCH,
             f"seat {name}: the bundle {bundle} lists refs whose objects it does not carry "
             f"({', '.join(absent[:5])})",
             "copy the checkpoint again from the source host, or cut the seat again",
@@ -650,7 +651,7 @@ def _bundle_invalid(name: str, bundle: Path, proc: subprocess.CompletedProcess[b
     said = proc.stderr.decode("utf-8", "replace").strip()[-600:]
     return _refuse(
         "integrity",
-        "bundle-invalid",
+        Code.BUNDLE_INVALID,
         f"seat {name}: git cannot read the bundle {bundle} (exit {proc.returncode}: {said})",
         "copy the checkpoint again from the source host, or cut the seat again",
     )
@@ -675,7 +676,7 @@ def identity(
     if adm.manifest.space != space:
         raise _refuse(
             "identity",
-            "wrong-space",
+            Code.WRONG_SPACE,
             f"the checkpoint belongs to space {adm.manifest.space!r}, not {space!r}",
             f"resume it with --space {adm.manifest.space}",
         )
@@ -689,7 +690,7 @@ def identity(
         if record.workspace_root is None or record.custody_revision is None:
             raise _refuse(
                 "identity",
-                "old-checkpoint",
+                Code.OLD_CHECKPOINT,
                 f"seat {name}: the checkpoint records no workspace root or custody revision",
                 "cut the seat again with this version of cotal",
             )
@@ -711,14 +712,14 @@ def identity(
         if uid in held_uids:
             raise _refuse(
                 "identity",
-                "uid-held",
+                Code.UID_HELD,
                 f"seat {name} (uid {uid}) is already held by this root's manager",
                 "this seat is live here; do not resume it twice",
             )
         if uid in live_uids:
             raise _refuse(
                 "identity",
-                "uid-live",
+                Code.UID_LIVE,
                 f"retained principal {name} (uid {uid}) is already live at the broker and this "
                 "runtime "
                 "cannot authoritatively adopt it",
@@ -733,7 +734,7 @@ def identity(
         if expected != record.profile:
             raise _refuse(
                 "identity",
-                "profile-drift",
+                Code.PROFILE_DRIFT,
                 f"seat {name}: this host's launch profile for {agent.launch.connector} has "
                 "revision "
                 f"{expected}, the checkpoint recorded {record.profile}",
@@ -853,7 +854,7 @@ def _connector_move(
     move = relocate_session(connector, files, reloc, session.session_id)
     if move.continuity is not None and not move.why:
         raise Refusal(
-            "relocation-failed",
+            Code.RELOCATION_FAILED,
             f"seat {name}: the {agent} connector capped the class at {move.continuity} without "
             "saying why",
             "report this; a class change must be explained",
@@ -877,7 +878,7 @@ def _moved(
         or _store_of(dest, [store]) is None
     ):
         raise Refusal(
-            "relocation-failed",
+            Code.RELOCATION_FAILED,
             f"seat {name}: its connector would move {target.path} to {dest}, outside its store "
             f"{store}",
             "report this; a relocated session file stays in its own store",
@@ -898,7 +899,7 @@ def recency(
     if not clock.synchronized:
         raise _refuse(
             "recency",
-            "clock-unsynchronized",
+            Code.CLOCK_UNSYNCHRONIZED,
             f"this host's clock is not synchronized ({clock.detail}), so no checkpoint's age can "
             "be judged against it",
             "synchronize the clock (start chrony, ntpd or systemd-timesyncd and wait until "
@@ -912,7 +913,7 @@ def recency(
         except ValueError:
             raise _refuse(
                 "recency",
-                "unreadable-time",
+                Code.UNREADABLE_TIME,
                 f"seat {name}: capturedAt {record.captured_at!r} is unreadable",
                 "no override exists: cut the seat again",
             ) from None
@@ -920,7 +921,7 @@ def recency(
         if age_ms < -skew_ms:
             raise _refuse(
                 "recency",
-                "future-checkpoint",
+                Code.FUTURE_CHECKPOINT,
                 f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this "
                 "host's clock "
                 f"({now.isoformat()}), beyond the {skew_ms} ms skew allowed",
@@ -932,7 +933,7 @@ def recency(
             if not accept_stale:
                 raise _refuse(
                     "recency",
-                    "stale-checkpoint",
+                    Code.STALE_CHECKPOINT,
                     f"seat {name}: capturedAt {record.captured_at} is {age_ms} ms old at this "
                     "host's clock "
                     f"({now.isoformat()}), beyond its horizon of {record.recency_horizon_ms} ms",

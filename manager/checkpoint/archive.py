@@ -29,6 +29,7 @@ from manager.checkpoint import packfile, sealed
 from manager.workspace import boxkey
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 # A ustar size field is 11 octal digits; the destination reads ustar and nothing else.
 _USTAR_SIZE_LIMIT = 8**11
@@ -49,13 +50,13 @@ def _members(attempt_dir: Path) -> Iterator[tuple[Path, str]]:
             st = os.lstat(path)
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
                 raise Refusal(
-                    "not-packable",
+                    Code.NOT_PACKABLE,
                     f"{path} is neither a regular file nor a directory",
                     "a sealed checkpoint holds only files and directories; cut again",
                 )
             if st.st_size >= _USTAR_SIZE_LIMIT and stat.S_ISREG(st.st_mode):
                 raise Refusal(
-                    "not-packable",
+                    Code.NOT_PACKABLE,
                     f"{path} is {st.st_size} bytes, more than one ustar member holds "
                     f"({_USTAR_SIZE_LIMIT - 1})",
                     "copy the attempt directory to the destination instead and resume it with "
@@ -225,7 +226,7 @@ def _unnamed(directory: Path) -> int:
 
 def _unpack_failed(src: Path, base: Path, exc: OSError) -> Refusal:
     return Refusal(
-        "unpack-failed",
+        Code.UNPACK_FAILED,
         f"unpacking {src} into {base} failed: {exc.strerror or exc} ({exc.filename or base})",
         "free space or fix permissions under .cotal/maintenance, then retry; nothing outside "
         "the staging directory was written, and it was removed",
@@ -239,7 +240,7 @@ def _unpack(pack: packfile.Pack, src: Path, layout: Layout) -> Path:
     kind = _staging_kind(staged)
     if kind is not None:
         raise Refusal(
-            "staging-occupied",
+            Code.STAGING_OCCUPIED,
             f"cannot unpack {src}: {staged} is {kind}, not a directory this root unpacked",
             f"cotal only ever puts a directory there: remove it (rm {staged}) and retry; "
             "nothing was written",

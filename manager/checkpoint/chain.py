@@ -42,6 +42,7 @@ from protocol.checkpoint import (
 )
 from protocol.errors import Refusal
 from protocol.names import check_attempt_id
+from protocol.refusals import Code
 
 CURE_CUT_FULL = "or cut again without --since to carry the whole history"
 
@@ -67,14 +68,14 @@ def predecessor_dir(layout: Layout, attempt_id: str) -> Path:
         check_attempt_id(attempt_id)
     except (Refusal, ValueError):
         raise Refusal(
-            "bad-args",
+            Code.BAD_ARGS,
             f"--since {attempt_id!r} is not an attempt id",
             "name an attempt `cotal checkpoint list` shows as sealed",
         ) from None
     path = layout.checkpoints / attempt_id
     if not (path / MANIFEST_FILE).is_file():
         raise Refusal(
-            "since-unknown",
+            Code.SINCE_UNKNOWN,
             f"--since {attempt_id}: there is no sealed attempt at {path}",
             f"name an attempt `cotal checkpoint list` shows as sealed, {CURE_CUT_FULL}",
         )
@@ -107,7 +108,7 @@ def _recorded_refs(seat_dir: Path, repo: RepositoryRecord) -> dict[str, str]:
     data = read_stable(seat_dir / repo.refs.file, cap=max(repo.refs.bytes, 1), what="refs list")
     if hashlib.sha256(data.data).hexdigest() != repo.refs.sha256:
         raise Refusal(
-            "integrity",
+            Code.INTEGRITY,
             f"checkpoint integrity: {seat_dir / repo.refs.file} is not the refs list its record "
             "names",
             "the predecessor was altered after it was sealed",
@@ -116,7 +117,7 @@ def _recorded_refs(seat_dir: Path, repo: RepositoryRecord) -> dict[str, str]:
         return parse_refs_list(data.data)
     except ValueError as exc:
         raise Refusal(
-            "integrity", f"checkpoint integrity: {seat_dir / repo.refs.file}: {exc}", ""
+            Code.INTEGRITY, f"checkpoint integrity: {seat_dir / repo.refs.file}: {exc}", ""
         ) from None
 
 
@@ -154,7 +155,7 @@ async def link_for(
         manifest, record, digest = got
         if manifest.attempt_id != attempt_id or manifest.space != space:
             raise Refusal(
-                "chain-broken",
+                Code.CHAIN_BROKEN,
                 f"{path} holds attempt {manifest.attempt_id} of space {manifest.space}, not "
                 f"{attempt_id} of {space}",
                 "name an attempt this root cut in this space",
@@ -221,7 +222,7 @@ def resolve(
         at = link.attempt_id
         if at in seen or len(links) >= MAX_CHAIN:
             raise Refusal(
-                "chain-broken",
+                Code.CHAIN_BROKEN,
                 f"seat {seat}: its chain of predecessors loops back to attempt {at} or runs past "
                 f"{MAX_CHAIN} attempts",
                 "cut the seat again without --since",
@@ -231,7 +232,7 @@ def resolve(
         if found is None:
             where = ", ".join(str(p) for p in places)
             raise Refusal(
-                "predecessor-missing",
+                Code.PREDECESSOR_MISSING,
                 f"seat {seat}: attempt {successor} carries only what is new since attempt {at}, "
                 f"and attempt {at} is in none of {where}",
                 f"copy the attempt directory {at} from the source host (its "
@@ -241,7 +242,7 @@ def resolve(
         got = read_sealed_seat(found, seat, trusted_keys=trusted_keys)
         if got is None:
             raise Refusal(
-                "chain-broken",
+                Code.CHAIN_BROKEN,
                 f"seat {seat}: attempt {successor} builds on attempt {at}, which holds no seat "
                 f"{seat}",
                 f"copy the right attempt {at} from the source host, {CURE_CUT_FULL}",
@@ -249,7 +250,7 @@ def resolve(
         manifest, prev, digest = got
         if manifest.attempt_id != at or manifest.space != space:
             raise Refusal(
-                "integrity",
+                Code.INTEGRITY,
                 f"checkpoint integrity: {found} holds attempt {manifest.attempt_id} of space "
                 f"{manifest.space}, not the predecessor {at} of space {space}",
                 f"copy the attempt directory {at} again from the source host",
@@ -258,7 +259,7 @@ def resolve(
         bundle_sha = bundle.sha256 if bundle is not None else None
         if digest != link.checkpoint_sha256 or bundle_sha != link.bundle_sha256:
             raise Refusal(
-                "integrity",
+                Code.INTEGRITY,
                 f"checkpoint integrity: seat {seat}: attempt {successor} builds on the seat "
                 f"record of attempt {at} hashing to {link.checkpoint_sha256} (bundle "
                 f"{link.bundle_sha256}), but {found / seat} holds one hashing to {digest} "

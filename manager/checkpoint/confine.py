@@ -30,6 +30,7 @@ from protocol.checkpoint import (
     check_relpath,
 )
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 # -- where a checkpoint may write ---------------------------------------------------------------
 #
@@ -83,7 +84,7 @@ def confine_cwd(seat: str, cwd: str, *, root: Path, maps: Mapping[Path, Path] = 
     the control directory or a .git directory. Refuses `cwd-outside-root` otherwise."""
     if "\x00" in cwd or not cwd.startswith("/"):
         raise Refusal(
-            "cwd-outside-root",
+            Code.CWD_OUTSIDE_ROOT,
             f"seat {seat}: its cwd {cwd!r} is not an absolute path without NUL",
             CURE_FORGED,
         )
@@ -93,7 +94,7 @@ def confine_cwd(seat: str, cwd: str, *, root: Path, maps: Mapping[Path, Path] = 
     inside = [base for base in _confining(root, maps) if here.is_relative_to(base)]
     if not inside:
         raise Refusal(
-            "cwd-outside-root",
+            Code.CWD_OUTSIDE_ROOT,
             f"seat {seat}: its cwd {here} is outside the destination root {root}"
             + (
                 f" and the mapped directories {', '.join(str(v) for v in maps.values())}"
@@ -108,7 +109,7 @@ def confine_cwd(seat: str, cwd: str, *, root: Path, maps: Mapping[Path, Path] = 
     if problem is None and CONTROL_DIR in rel:
         problem = "is inside the control directory"
     if problem is not None:
-        raise Refusal("cwd-outside-root", f"seat {seat}: its cwd {here} {problem}", CURE_FORGED)
+        raise Refusal(Code.CWD_OUTSIDE_ROOT, f"seat {seat}: its cwd {here} {problem}", CURE_FORGED)
     return here
 
 
@@ -166,7 +167,7 @@ def seat_paths(
                 )
         if problem is not None:
             raise Refusal(
-                "unsafe-store",
+                Code.UNSAFE_STORE,
                 f"seat {seat}: the declared session store {here or repr(declared)} {problem}",
                 CURE_FORGED,
             )
@@ -212,7 +213,7 @@ def session_target(
         check_relpath("relpath", entry.relpath)
     except ValueError as exc:
         raise Refusal(
-            "unsafe-session-path",
+            Code.UNSAFE_SESSION_PATH,
             f"seat {paths.seat}: session file {entry.file.file}: {exc}",
             CURE_FORGED,
         ) from None
@@ -220,7 +221,7 @@ def session_target(
     problem = parts_problem(entry.relpath.split("/"))
     if problem is not None:
         raise Refusal(
-            "unsafe-session-path",
+            Code.UNSAFE_SESSION_PATH,
             f"seat {paths.seat}: session file {entry.file.file} would land at {dest}, which "
             f"{problem}",
             CURE_FORGED,
@@ -237,7 +238,7 @@ def session_target(
         )
     if not allowed:
         raise Refusal(
-            "session-outside-store",
+            Code.SESSION_OUTSIDE_STORE,
             f"seat {paths.seat}: session file {entry.file.file} would land at {dest}, which is "
             f"not {wanted}",
             CURE_FORGED,
@@ -248,7 +249,7 @@ def session_target(
 
 def _unsafe_walk(target: SessionTarget, exc: UnsafeDirectory) -> Refusal:
     return Refusal(
-        "unsafe-session-path",
+        Code.UNSAFE_SESSION_PATH,
         f"session file {target.path} would be written through {exc.path}, which {exc.reason}",
         "a session file is never written through a symlink; move it aside and restore again "
         "(if the checkpoint's own tree carries it: " + CURE_FORGED + ")",
@@ -299,10 +300,12 @@ def session_destination(entry: SessionFile, *, cwd: Path, workspace_root: Path, 
     try:
         check_relpath("relpath", entry.relpath)
     except ValueError as exc:
-        raise Refusal("unsafe-session-path", str(exc), CURE_FORGED) from None
+        raise Refusal(Code.UNSAFE_SESSION_PATH, str(exc), CURE_FORGED) from None
     problem = parts_problem(entry.relpath.split("/"))
     if problem is not None:
-        raise Refusal("unsafe-session-path", f"{Path(base) / entry.relpath} {problem}", CURE_FORGED)
+        raise Refusal(
+            Code.UNSAFE_SESSION_PATH, f"{Path(base) / entry.relpath} {problem}", CURE_FORGED
+        )
     return Path(base) / entry.relpath
 
 
@@ -314,15 +317,15 @@ def _hash_nofollow(path: Path, what: str) -> str:
         match exc.problem:
             case "symlink":
                 raise Refusal(
-                    "unsafe-path", f"{what} {path} is a symlink", "replace it with the real file"
+                    Code.UNSAFE_PATH, f"{what} {path} is a symlink", "replace it with the real file"
                 ) from None
             case "not-regular":
                 raise Refusal(
-                    "unsafe-path", f"{what} {path} is not a regular file", "move it aside"
+                    Code.UNSAFE_PATH, f"{what} {path} is not a regular file", "move it aside"
                 ) from None
             case "unstable":
                 raise Refusal(
-                    "unstable", f"{what} {path} changed while it was read", "retry"
+                    Code.UNSTABLE, f"{what} {path} changed while it was read", "retry"
                 ) from None
             case _:
                 raise OSError(exc.errno, os.strerror(exc.errno), str(path)) from None
@@ -335,7 +338,7 @@ def _hash_at(parent: int, leaf: str, shown: Path) -> str:
     except UnsafeFile as exc:
         if exc.problem in ("symlink", "not-regular"):
             raise Refusal(
-                "unsafe-path",
+                Code.UNSAFE_PATH,
                 f"session destination {shown} {exc.detail}",
                 f"move {shown} aside, then restore again",
             ) from None
@@ -407,7 +410,7 @@ def place_session_file(
         dest = lexical(dest)
         if not dest.is_absolute() or dest == Path("/"):
             raise Refusal(
-                "unsafe-session-path",
+                Code.UNSAFE_SESSION_PATH,
                 f"session destination {dest} is not an absolute file path",
                 "pass the absolute path session_destination returned",
             )
@@ -415,7 +418,7 @@ def place_session_file(
     src_digest = _hash_nofollow(src_file, "session file")
     if expected_sha256 is not None and src_digest != expected_sha256:
         raise Refusal(
-            "integrity",
+            Code.INTEGRITY,
             f"checkpoint integrity: {src_file} hashes to {src_digest}, the record says "
             f"{expected_sha256}",
             "copy the checkpoint again from the source host",
@@ -429,7 +432,7 @@ def place_session_file(
             yield out
         if digest.hexdigest() != src_digest:
             raise Refusal(
-                "unstable", f"session file {src_file} changed while it was copied", "retry"
+                Code.UNSTABLE, f"session file {src_file} changed while it was copied", "retry"
             )
 
     # What lands is the checkpoint's bytes, or those bytes with the first line rewritten for the
@@ -464,7 +467,7 @@ def place_session_file(
         os.close(base_fd)
     if existing != placed_digest:
         raise Refusal(
-            "session-conflict",
+            Code.SESSION_CONFLICT,
             f"{target.path} already exists with sha256 {existing}; the checkpoint's file "
             f"{src_file} places sha256 {placed_digest}",
             f"move {target.path} aside if the checkpoint's session is the one to resume, then "

@@ -57,6 +57,7 @@ from protocol.checkpoint import (
 from protocol.errors import Refusal
 from protocol.instant import file_stamp, format_instant
 from protocol.inventory import Agent
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.cut")
 
@@ -89,14 +90,14 @@ def anchor_of(path: Path, *, root: Path, cwd: Path, home: Path) -> tuple[Anchor,
             and (len(parts) < 2 or parts[1] not in CAPTURABLE_CONTROL)
         ):
             raise Refusal(
-                "unsafe-store",
+                Code.UNSAFE_STORE,
                 f"session store {path} lies in the control directory outside .cotal/sessions; it "
                 "would carry secrets",
                 "name the harness's own session directory, never .cotal itself",
             )
         return anchor, str(rel)
     raise Refusal(
-        "unanchored-store",
+        Code.UNANCHORED_STORE,
         f"session store {path} is outside the workspace root, the seat's cwd and the home "
         "directory",
         "move the store under the workspace root, or name one a destination can resolve",
@@ -120,14 +121,14 @@ def _regular_files(directory: Path) -> list[Path]:
             mode = os.lstat(p).st_mode
             if stat.S_ISLNK(mode):
                 raise Refusal(
-                    "unsafe-store",
+                    Code.UNSAFE_STORE,
                     f"session store entry {p} is a symlink",
                     "replace it with the real file; a checkpoint never follows links",
                 )
             if name in filenames:
                 if not stat.S_ISREG(mode):
                     raise Refusal(
-                        "unsafe-store",
+                        Code.UNSAFE_STORE,
                         f"session store entry {p} is not a regular file",
                         "move it aside",
                     )
@@ -156,7 +157,7 @@ def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
         decode_inbox(data, record)
     except ValueError as exc:
         raise Refusal(
-            "inbox-unexportable",
+            Code.INBOX_UNEXPORTABLE,
             f"seat {name}: its inbox does not make an admissible checkpoint: {exc}",
             "cut again; if it repeats, report it with the seat's durable info",
         ) from None
@@ -382,7 +383,7 @@ def prepare_attempt_dir(layout: Layout, attempt_id: str) -> Path:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         raise Refusal(
-            "checkpoint-exists",
+            Code.CHECKPOINT_EXISTS,
             f"checkpoint directory {path} already exists; a sealed checkpoint is never overwritten",
             "choose a new attempt, or move the directory aside if it is the evidence of a failed "
             "cut",
@@ -403,7 +404,7 @@ def storage_refusal(exc: OSError, doing: str) -> Refusal:
     else:
         cure = "fix the cause the error names"
     return Refusal(
-        "capture-failed",
+        Code.CAPTURE_FAILED,
         f"{(exc.strerror or str(exc)).lower()} ({code}) {doing}{where}",
         f"{cure}, then rerun `cotal down --preserve-state`",
     )

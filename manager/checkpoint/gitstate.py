@@ -87,6 +87,7 @@ from protocol.checkpoint import (
 )
 from protocol.codec import decode_json, encode_json
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 Progress = Callable[[str, int], None]
 log = structlog.get_logger("cotal.cut")
@@ -188,7 +189,7 @@ async def run_git(
     ok: Sequence[int] = (0,),
     env: Mapping[str, str] | None = None,
     stdin: bytes | None = None,
-    code: str = "git-failed",
+    code: str = Code.GIT_FAILED,
     cure: str = "read git's message; nothing was changed",
 ) -> GitResult:
     """Run one git command in `cwd`; an exit status outside `ok` is a Refusal with git's stderr."""
@@ -198,7 +199,7 @@ async def run_git(
         )
     except FileNotFoundError:
         raise Refusal(
-            "git-missing",
+            Code.GIT_MISSING,
             f"cannot run git in {cwd} (git is not on PATH or {cwd} is gone)",
             "install git",
         ) from None
@@ -267,7 +268,7 @@ async def stream_git_to_file(
                     start_new_session=True,
                 )
         except FileNotFoundError:
-            raise Refusal("git-missing", f"cannot run git in {cwd}", "install git") from None
+            raise Refusal(Code.GIT_MISSING, f"cannot run git in {cwd}", "install git") from None
         async with process:
             assert process.stdout is not None and process.stderr is not None
             err_stream, out_stream = process.stderr, process.stdout
@@ -301,7 +302,7 @@ async def stream_git_to_file(
                 raise
         if rc != 0:
             raise Refusal(
-                "git-failed",
+                Code.GIT_FAILED,
                 f"`{_show(args)}` failed in {cwd} (exit {rc}): {_tail(bytes(stderr))}",
                 "read git's message; the seat's repository was not changed",
             )
@@ -393,7 +394,7 @@ def _plain_file(path: Path, what: str, cure: str) -> Path | None:
         return None
     if not stat.S_ISREG(st.st_mode):
         raise Refusal(
-            "gitdir-unsupported",
+            Code.GITDIR_UNSUPPORTED,
             f"{what} {path} is a symlink or not a regular file; a checkpoint carries only "
             "regular files from .git",
             cure,
@@ -452,7 +453,7 @@ async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) 
         keys = [key.lower() for key, _ in _config_entries(listing.listing)]
         if b"core.worktree" in keys:
             raise Refusal(
-                "gitdir-unsupported",
+                Code.GITDIR_UNSUPPORTED,
                 f"{config} sets core.worktree, which names a path on this host; the restore "
                 "rebuilds the worktree at the seat's cwd",
                 "run `git config --unset core.worktree` and run the seat at its worktree, then "
@@ -467,7 +468,7 @@ async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) 
             cure = f"remove {hooks_dir / name} or replace it with a regular file, then cut again"
             if not FILE_NAME_RE.fullmatch(HOOK_FILE_PREFIX + name):
                 raise Refusal(
-                    "gitdir-unsupported",
+                    Code.GITDIR_UNSUPPORTED,
                     f"hook {hooks_dir / name} has a name a checkpoint file cannot take",
                     cure,
                 )
@@ -476,7 +477,7 @@ async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) 
                 hooks.append((name, path))
     elif os.path.lexists(hooks_dir):
         raise Refusal(
-            "gitdir-unsupported",
+            Code.GITDIR_UNSUPPORTED,
             f"{hooks_dir} is a symlink or not a directory",
             "replace it with a plain directory of hooks, then cut again",
         )
@@ -516,7 +517,7 @@ def _index_entries(out: bytes) -> list[tuple[bytes, bytes, int]]:
         flags = lines[_DEBUG_LINES - 1].rpartition(b"flags: ")[2] if len(lines) > 4 else b""
         if len(lines) != _DEBUG_LINES + 1 or not re.fullmatch(rb"[0-9a-f]+", flags):
             raise Refusal(
-                "git-failed",
+                Code.GIT_FAILED,
                 "`git ls-files --debug` printed an entry this version cannot read",
                 "report this with `git --version`; nothing was changed",
             )
@@ -525,7 +526,7 @@ def _index_entries(out: bytes) -> list[tuple[bytes, bytes, int]]:
         pending = lines[_DEBUG_LINES]
     if pending:
         raise Refusal(
-            "git-failed",
+            Code.GIT_FAILED,
             "`git ls-files --debug` output ended inside an entry",
             "report this with `git --version`; nothing was changed",
         )
@@ -557,14 +558,14 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
     unmerged = sorted(set(unmerged))
     if unmerged:
         raise Refusal(
-            "unmerged",
+            Code.UNMERGED,
             f"{cwd} has unmerged paths ({_names(unmerged)}); `git diff --cached` cannot express "
             "them",
             "resolve them (`git add` the result) or abort the merge, then cut again",
         )
     if gitlinks:
         raise Refusal(
-            "submodule",
+            Code.SUBMODULE,
             f"{cwd} has submodules ({_names(gitlinks)}); a checkpoint carries neither a "
             "submodule's history nor its inner checkout and would restore it as an empty "
             "directory (record open point 9)",
@@ -573,7 +574,7 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
         )
     if flagged:
         raise Refusal(
-            "index-flags",
+            Code.INDEX_FLAGS,
             f"{cwd} has index entries marked skip-worktree or assume-unchanged "
             f"({_names(flagged)}); "
             "those bits do not travel and the restored tree would differ",
@@ -582,7 +583,7 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
         )
     if control:
         raise Refusal(
-            "control-dir-tracked",
+            Code.CONTROL_DIR_TRACKED,
             f"{cwd} tracks files under {CONTROL_DIR}/ ({_names(control)}); the control directory "
             "holds "
             "credentials and must never enter a checkpoint",
@@ -630,7 +631,7 @@ async def _probe(cwd: Path) -> _Probe:
     """
     if not cwd.is_dir():
         raise Refusal(
-            "not-a-repository",
+            Code.NOT_A_REPOSITORY,
             f"seat cwd {cwd} is not a directory",
             "run the seat in a directory that is a git repository",
         )
@@ -639,7 +640,7 @@ async def _probe(cwd: Path) -> _Probe:
     lines = probe.stdout.decode("utf-8", "surrogateescape").splitlines()
     if probe.rc == 128 or not lines or lines[0] != "true":
         raise Refusal(
-            "not-a-repository",
+            Code.NOT_A_REPOSITORY,
             f"seat cwd {cwd} is not the working tree of a git repository, so its state cannot be "
             "captured",
             f"run `git init` in {cwd} and commit the seat's files, or move the seat into a git "
@@ -648,7 +649,7 @@ async def _probe(cwd: Path) -> _Probe:
     expected = _PROBE_FIXED + len(_IN_PROGRESS) + (1 if probe.rc == 0 else 0)
     if len(lines) != expected:
         raise Refusal(
-            "git-failed",
+            Code.GIT_FAILED,
             f"`git rev-parse` in {cwd} printed {len(lines)} lines where {expected} were asked "
             "for (a path with a newline in its name?)",
             "run the seat in a directory whose path has no newline, then cut again",
@@ -656,7 +657,7 @@ async def _probe(cwd: Path) -> _Probe:
     top = Path(lines[1]).resolve()
     if top != real:
         raise Refusal(
-            "not-top-level",
+            Code.NOT_TOP_LEVEL,
             f"seat cwd {cwd} is inside the repository at {top} but is not its top level; the "
             "restore "
             "rebuilds the repository at the seat's cwd",
@@ -666,7 +667,7 @@ async def _probe(cwd: Path) -> _Probe:
     for (_name, what, cure), rel in zip(_IN_PROGRESS, markers, strict=True):
         if os.path.lexists(cwd / rel):
             raise Refusal(
-                "operation-in-progress",
+                Code.OPERATION_IN_PROGRESS,
                 f"{what} is in progress in {cwd} ({rel} exists); its state lives in files a "
                 "checkpoint does not carry",
                 cure + ", then cut again",
@@ -676,14 +677,14 @@ async def _probe(cwd: Path) -> _Probe:
         head_ref = await run_git(cwd, "symbolic-ref", "-q", "HEAD", ok=(0, 1))
         unborn = head_ref.stdout.decode().strip() if head_ref.rc == 0 else None
         raise Refusal(
-            "unborn-head",
+            Code.UNBORN_HEAD,
             f"{cwd} has no commit yet ({unborn or 'HEAD'} is unborn), so there is no history to "
             "bundle",
             "make a first commit (`git add -A && git commit`), then cut again",
         )
     if lines[3] == "true":
         raise Refusal(
-            "shallow",
+            Code.SHALLOW,
             f"{cwd} is a shallow clone; its bundle would need history the destination does not "
             "have",
             "run `git fetch --unshallow`, then cut again",
@@ -772,7 +773,7 @@ async def _facts(
     nested = [p for p in untracked if p.endswith(b"/")]
     if nested:
         raise Refusal(
-            "untracked-unsupported",
+            Code.UNTRACKED_UNSUPPORTED,
             f"{cwd} holds nested repositories ({_names(nested)}); their history cannot travel in "
             "the untracked archive",
             "commit their contents into this repository, move them out, or list them in .gitignore",
@@ -788,7 +789,7 @@ async def _facts(
             odd.append(path)
     if odd:
         raise Refusal(
-            "untracked-unsupported",
+            Code.UNTRACKED_UNSUPPORTED,
             f"{cwd} has untracked entries that are not regular files or symlinks ({_names(odd)})",
             "remove them (sockets, fifos and devices cannot be archived) or list them in "
             ".gitignore",
@@ -799,7 +800,7 @@ async def _facts(
     except UnicodeDecodeError:
         bad = [e for e in raw_status.split(b"\0") if not _utf8(e)]
         raise Refusal(
-            "non-utf8-path",
+            Code.NON_UTF8_PATH,
             f"{cwd} has changed or untracked paths whose names are not UTF-8 ({_names(bad)}); the "
             "record is JSON",
             "rename them to UTF-8 names, then cut again",
@@ -903,7 +904,7 @@ def _write_untracked_tar(
                 except (OSError, UnsafeDirectory) as exc:
                     why = exc.reason if isinstance(exc, UnsafeDirectory) else exc.strerror
                     raise Refusal(
-                        "changed-during-capture",
+                        Code.CHANGED_DURING_CAPTURE,
                         f"untracked file {rel} is no longer beneath a plain directory ({why})",
                         "make sure nothing writes to the seat's tree, then cut again",
                     ) from None
@@ -921,7 +922,7 @@ def _write_untracked_tar(
                         continue
                     if not stat.S_ISREG(st.st_mode):
                         raise Refusal(
-                            "untracked-unsupported",
+                            Code.UNTRACKED_UNSUPPORTED,
                             f"untracked entry {rel} is not a regular file or symlink",
                             "remove it or list it in .gitignore",
                         )
@@ -933,14 +934,14 @@ def _write_untracked_tar(
                         after = os.fstat(fd)
                     if file_identity(before) != file_identity(after) or before.st_ino != st.st_ino:
                         raise Refusal(
-                            "changed-during-capture",
+                            Code.CHANGED_DURING_CAPTURE,
                             f"untracked file {rel} changed while it was archived",
                             "make sure nothing writes to the seat's tree, then cut again",
                         )
                 except (OSError, UnsafeFile) as exc:
                     why = exc.detail if isinstance(exc, UnsafeFile) else exc.strerror
                     raise Refusal(
-                        "changed-during-capture",
+                        Code.CHANGED_DURING_CAPTURE,
                         f"untracked file {rel} could not be archived ({why})",
                         "make sure nothing writes to the seat's tree, then cut again",
                     ) from None
@@ -1053,7 +1054,7 @@ async def _capture_config(
         )
         if _config_entries(reread.stdout) != kept or _URL_CREDENTIAL.search(data):
             raise Refusal(
-                "config-redaction",
+                Code.CONFIG_REDACTION,
                 f"the redacted copy of {config} does not read back as the source's settings",
                 "remove the credentials from the repository's remote URLs by hand "
                 "(`git remote set-url`), then cut again",
@@ -1081,7 +1082,7 @@ async def _capture_gitdir(
         ref = await anyio.to_thread.run_sync(capture_file, path, seat_dir, HOOK_FILE_PREFIX + name)
         if stat.S_IMODE(os.lstat(path).st_mode) & 0o777 != mode:
             raise Refusal(
-                "changed-during-capture",
+                Code.CHANGED_DURING_CAPTURE,
                 f"hook {path} changed mode while it was captured",
                 "make sure nothing writes to the seat's repository, then cut again",
             )
@@ -1193,7 +1194,7 @@ async def _capture_bundle(
     except Refusal as exc:
         # git writes no bundle without a ref in its header; with prerequisites that means every
         # ref's tip is one the predecessor already carried (proven against the refs below).
-        if prerequisites and exc.code == "git-failed" and _EMPTY_BUNDLE in exc.message:
+        if prerequisites and exc.code == Code.GIT_FAILED and _EMPTY_BUNDLE in exc.message:
             return None
         raise
 
@@ -1288,7 +1289,7 @@ async def _check_bundle_refs(
             differ = left_out
     if differ:
         raise Refusal(
-            "bundle-refs",
+            Code.BUNDLE_REFS,
             f"the bundle of {cwd} does not carry exactly the repository's refs "
             f"({', '.join(differ[:5])})",
             "make sure nothing changes the repository during the cut, then cut again",
@@ -1409,7 +1410,7 @@ async def capture_repository(
     stash = facts.stash
     if stash and refs.get("refs/stash") != stash[0].oid:
         raise Refusal(
-            "changed-during-capture",
+            Code.CHANGED_DURING_CAPTURE,
             f"refs/stash of {cwd} does not name the newest entry of its reflog",
             "make sure nothing changes the repository during the cut, then cut again",
         )
@@ -1448,7 +1449,7 @@ async def capture_repository(
     ]
     if moved:
         raise Refusal(
-            "changed-during-capture",
+            Code.CHANGED_DURING_CAPTURE,
             f"the repository at {cwd} changed while it was being captured "
             f"({', '.join(moved)} differ)",
             "make sure the seat is stopped and nothing else writes to its tree, then cut again",
@@ -1483,7 +1484,7 @@ async def capture_repository(
         )
     except ValueError as exc:
         raise Refusal(
-            "capture-inconsistent",
+            Code.CAPTURE_INCONSISTENT,
             f"the capture of {cwd} does not form a valid record: {exc}",
             "report this with the repository state; cut again after committing or stashing the "
             "odd state",

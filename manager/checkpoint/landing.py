@@ -45,6 +45,7 @@ from manager.checkpoint.confine import lexical
 from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, git_env
 from protocol.checkpoint import CONTROL_DIR
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 Landing = Literal["absent", "empty", "present", "same-repository"]
 
@@ -143,12 +144,12 @@ def _holds_control(path: Path) -> bool:
 def _unreadable(old: Path, new: Path, path: Path, exc: OSError) -> Refusal:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return Refusal(
-            "map-not-owned",
+            Code.MAP_NOT_OWNED,
             f"{_map(old, new)}: {path} cannot be examined by this operator ({exc.strerror})",
             f"map {old} onto a directory you own and can read",
         )
     return Refusal(
-        "bad-map",
+        Code.BAD_MAP,
         f"{_map(old, new)}: {path} cannot be examined ({exc.strerror})",
         f"map {old} onto a directory that exists here, or one under the destination root",
     )
@@ -176,7 +177,9 @@ def check_map_target(
     where = _map(old, new)
     problem = _forbidden(new, root)
     if problem is not None:
-        raise Refusal("map-forbidden", f"{where}: {new} is {problem}", _cure_elsewhere(old, root))
+        raise Refusal(
+            Code.MAP_FORBIDDEN, f"{where}: {new} is {problem}", _cure_elsewhere(old, root)
+        )
     # The seat's own session store in this root's control directory is confined by
     # `confine.seat_paths`; any other control or .git directory beneath NEW is no place to land.
     if path != new and not (store and path.is_relative_to(root / CONTROL_DIR)):
@@ -184,7 +187,7 @@ def check_map_target(
         if problem is not None:
             what = "a session file's directory" if store else "the seat's tree"
             raise Refusal(
-                "map-forbidden",
+                Code.MAP_FORBIDDEN,
                 f"{where}: {what} {path} is {problem}",
                 _cure_elsewhere(old, root),
             )
@@ -202,7 +205,7 @@ def check_map_target(
             if not cur.is_relative_to(new) or cur == new:
                 if not in_root:
                     raise Refusal(
-                        "bad-map",
+                        Code.BAD_MAP,
                         f"{where}: {new} is missing and not under the destination root {root}",
                         f"create {new} first (an empty directory you own), or map {old} under "
                         f"{root}",
@@ -212,14 +215,14 @@ def check_map_target(
             raise _unreadable(old, new, cur, exc) from None
         if stat.S_ISLNK(st.st_mode):
             raise Refusal(
-                "map-symlink",
+                Code.MAP_SYMLINK,
                 f"{where}: {cur} is a symlink; no map is followed through one",
                 f"pass the directory it points to ({os.path.realpath(cur)}) as NEW, which is "
                 "then checked itself, or replace the symlink with a directory",
             )
         if not stat.S_ISDIR(st.st_mode):
             raise Refusal(
-                "bad-map",
+                Code.BAD_MAP,
                 f"{where}: {cur} is not a directory",
                 f"map {old} onto a directory, or move {cur} aside",
             )
@@ -228,14 +231,14 @@ def check_map_target(
         judged = cur != root and (not in_root or cur.is_relative_to(root))
         if judged and _holds_control(cur):
             raise Refusal(
-                "map-other-root",
+                Code.MAP_OTHER_ROOT,
                 f"{where}: {cur} is another cotal root (it holds {CONTROL_DIR})"
                 + (f", and {path} lies beneath it" if cur != path else ""),
                 "another root's tree and secrets are its own: " + _cure_elsewhere(old, root),
             )
         if below and st.st_uid != euid:
             raise Refusal(
-                "map-not-owned",
+                Code.MAP_NOT_OWNED,
                 f"{where}: {cur} is owned by uid {st.st_uid}, not by this operator (uid {euid})",
                 f"map {old} onto a directory you own, or `chown` {cur} to uid {euid} if it is "
                 "yours for this work",
@@ -245,7 +248,7 @@ def check_map_target(
                 mounts = mount_points()
             if st.st_dev != parent.st_dev or str(cur) in mounts:
                 raise Refusal(
-                    "map-mount-point",
+                    Code.MAP_MOUNT_POINT,
                     f"{where}: {cur} is a mount point of this host; a restore would stage and "
                     "move aside across it",
                     f"map {old} onto a directory inside the mount instead, e.g. {cur / old.name}",
@@ -267,7 +270,7 @@ def _occupancy(old: Path, new: Path, tree: Path, *, root: Path, base: str | None
     if base is None or not same_repository(tree, base):
         shown = ", ".join(sorted(entries)[:5]) + (", …" if len(entries) > 5 else "")
         raise Refusal(
-            "map-occupied",
+            Code.MAP_OCCUPIED,
             f"{where}: {tree} is not empty ({shown}) and is not the repository the checkpoint "
             f"recorded (a git work tree whose history holds the base commit {base}); a restore "
             "replaces only its own repository, never moves another tree aside",
@@ -277,7 +280,7 @@ def _occupancy(old: Path, new: Path, tree: Path, *, root: Path, base: str | None
     nested = _nested_root(tree, root)
     if nested is not None:
         raise Refusal(
-            "map-other-root",
+            Code.MAP_OTHER_ROOT,
             f"{where}: {tree} holds another cotal root ({nested}), which the restore would move "
             "aside with the tree",
             f"move {nested.parent} out of {tree} first, or map {old} onto an empty directory",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from protocol.errors import Refusal
 from protocol.names import ATTEMPT_ID
+from protocol.refusals import Code
 
 BLOCK = 512
 MEMBERS_CAP = 200_000
@@ -53,7 +54,7 @@ _KINDS = {
 
 def unsafe(src: Path, what: str, cure: str | None = None) -> Refusal:
     return Refusal(
-        "unsafe-archive",
+        Code.UNSAFE_ARCHIVE,
         f"packed checkpoint {src}: {what}",
         cure
         or "a packed checkpoint holds only the attempt's regular files and directories; pack it "
@@ -63,7 +64,7 @@ def unsafe(src: Path, what: str, cure: str | None = None) -> Refusal:
 
 def bad(src: Path, what: str) -> Refusal:
     return Refusal(
-        "bad-archive",
+        Code.BAD_ARCHIVE,
         f"packed checkpoint {src} is damaged: {what}",
         "copy the file again and compare its sha256 with the one `cotal checkpoint pack` "
         "printed; nothing was written",
@@ -275,7 +276,7 @@ def open_pack(src: Path) -> Iterator[Pack]:
         fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise Refusal(
-            "unpack-failed",
+            Code.UNPACK_FAILED,
             f"cannot open packed checkpoint {src}: {exc.strerror or exc}",
             "make the file readable by this user, then retry; nothing was written",
         ) from None

@@ -44,6 +44,7 @@ from protocol.checkpoint import (
     signing_payload,
 )
 from protocol.errors import DecodeError, Refusal
+from protocol.refusals import Code
 
 _CURE_DAMAGED = (
     "the checkpoint was altered or damaged after it was sealed; copy the attempt directory again "
@@ -52,7 +53,7 @@ _CURE_DAMAGED = (
 
 
 def _integrity(path: Path, detail: str, cure: str = _CURE_DAMAGED) -> Refusal:
-    return Refusal("integrity", f"checkpoint integrity: {path} {detail}", cure)
+    return Refusal(Code.INTEGRITY, f"checkpoint integrity: {path} {detail}", cure)
 
 
 def verify_file(directory: Path, ref: FileRef, inbox: InboxReader | None = None) -> None:
@@ -108,7 +109,7 @@ def verify_file(directory: Path, ref: FileRef, inbox: InboxReader | None = None)
 
 def _inbox_too_large(path: Path, what: str) -> Refusal:
     return Refusal(
-        "inbox-too-large",
+        Code.INBOX_TOO_LARGE,
         f"carried inbox {path}: {what}",
         "a checkpoint carries at most "
         f"{MAX_CARRIED_MESSAGES} messages, {MAX_CARRIED_BYTES} payload bytes and "
@@ -124,7 +125,7 @@ def _read_record(path: Path, cap: int, what: str) -> bytes:
     except Refusal as exc:
         # Missing, symlinked, oversized or moving record files are integrity failures too.
         raise Refusal(
-            "integrity", f"checkpoint integrity: {exc.message}", exc.cure or _CURE_DAMAGED
+            Code.INTEGRITY, f"checkpoint integrity: {exc.message}", exc.cure or _CURE_DAMAGED
         ) from None
 
 
@@ -144,7 +145,7 @@ def verify_signature(
     """
     if record.signer is None or not record.signature:
         raise Refusal(
-            "bad-signature",
+            Code.BAD_SIGNATURE,
             f"{what} is not signed",
             "cut a new checkpoint; an unsigned record is never admitted",
         )
@@ -155,7 +156,7 @@ def verify_signature(
         key.verify(base64.b64decode(record.signature, validate=True), signing_payload(record))
     except (InvalidSignature, ValueError, binascii.Error):
         raise Refusal(
-            "bad-signature",
+            Code.BAD_SIGNATURE,
             f"{what} signature does not verify under its recorded public key "
             f"{record.signer.public_key}",
             "the record was altered after sealing; copy it again from the source host or cut a "
@@ -173,7 +174,7 @@ def untrusted_signer(what: str, key: str, instance_id: str) -> Refusal:
     checkpoint, so the cure says to compare the fingerprint with the source first.
     """
     return Refusal(
-        "untrusted-signer",
+        Code.UNTRUSTED_SIGNER,
         f"{what} was sealed by manager instance {instance_id} with key {key} "
         f"(fingerprint {fingerprint(key)}), which this destination does not trust",
         "verify the key out of band first: on the source host `cotal status` prints its manager "
@@ -272,7 +273,7 @@ def verify_integrity(
         )  # verify_signature proved both
         if record.signer.public_key != manifest.signer.public_key:
             raise Refusal(
-                "bad-signature",
+                Code.BAD_SIGNATURE,
                 f"seat checkpoint {path} was sealed by key {record.signer.public_key}, "
                 f"the manifest by {manifest.signer.public_key}",
                 "one attempt is sealed by one manager; do not mix seat directories from different "

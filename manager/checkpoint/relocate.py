@@ -32,6 +32,7 @@ from connectors.base import Relocation
 from manager.checkpoint.landing import check_map_target
 from protocol.errors import Refusal
 from protocol.inventory import Agent, Dependency, FileRef, Inventory
+from protocol.refusals import Code
 
 CURE_MAP = "pass --map OLD=NEW naming the source directory that holds it and where it goes here"
 
@@ -39,13 +40,13 @@ CURE_MAP = "pass --map OLD=NEW naming the source directory that holds it and whe
 def _check_abs(flag: str, text: str) -> Path:
     if "\x00" in text or not text.startswith("/"):
         raise Refusal(
-            "bad-map",
+            Code.BAD_MAP,
             f"--map {flag} {text!r} is not an absolute path without NUL",
             "give absolute paths, e.g. --map /srv/old/tools=/opt/tools",
         )
     if posixpath.normpath(text) != text or text.startswith("//"):
         raise Refusal(
-            "bad-map",
+            Code.BAD_MAP,
             f"--map {flag} {text!r} is not normalized (no `.`, `..`, doubled or trailing slash)",
             f"write it as {posixpath.normpath(text)!r}",
         )
@@ -60,14 +61,14 @@ def parse_maps(values: Sequence[str]) -> dict[Path, Path]:
         old_text, sep, new_text = value.partition("=")
         if not sep:
             raise Refusal(
-                "bad-map",
+                Code.BAD_MAP,
                 f"--map {value!r} is not OLD=NEW",
                 "write --map /source/dir=/destination/dir",
             )
         old, new = _check_abs("OLD", old_text), _check_abs("NEW", new_text)
         if out.get(old, new) != new:
             raise Refusal(
-                "bad-map",
+                Code.BAD_MAP,
                 f"--map names {old} twice, onto {out[old]} and {new}",
                 "map each source directory once",
             )
@@ -97,7 +98,7 @@ def relocation(
     new_cwd = probe.map(old_cwd)
     if new_cwd is None:
         raise Refusal(
-            "cwd-unmapped",
+            Code.CWD_UNMAPPED,
             f"the seat's cwd {old_cwd} is outside the source root {source_root} and no --map "
             "covers it",
             CURE_MAP + f", e.g. --map {old_cwd}={dest_root / old_cwd.name}",
@@ -113,7 +114,7 @@ def map_store(seat: str, store: str, reloc: Relocation) -> Path:
     here = None if source is None else reloc.map(source)
     if here is None:
         raise Refusal(
-            "cwd-unmapped",
+            Code.CWD_UNMAPPED,
             f"seat {seat}: its session store {store!r} is outside the source root "
             f"{reloc.old_root} and no --map covers it",
             CURE_MAP + ".",

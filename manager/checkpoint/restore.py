@@ -74,6 +74,7 @@ from protocol.checkpoint import (
 )
 from protocol.errors import Refusal
 from protocol.names import STAMP
+from protocol.refusals import Code
 
 STAMP_RE = STAMP.regex
 CHUNK = 1024 * 1024
@@ -111,7 +112,7 @@ def _open_dirs(root_fd: int, rel: str, *, create: bool) -> tuple[int, str]:
         return open_parent_below(root_fd, rel, create_mode=0o777 if create else None)
     except UnsafeDirectory as exc:
         raise Refusal(
-            "unsafe-archive",
+            Code.UNSAFE_ARCHIVE,
             f"{rel} would be written through {exc.path.name!r}, "
             "which is a symlink or not a directory",
             "the checkpoint is not one cotal captured; cut a new one on the source host",
@@ -144,7 +145,7 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
                 break
     if problem:
         raise Refusal(
-            "unsafe-archive",
+            Code.UNSAFE_ARCHIVE,
             f"untracked archive member {name!r} {problem}",
             "the checkpoint is not one cotal captured; cut a new one on the source host",
         )
@@ -182,7 +183,7 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
                         os.fchmod(out.fileno(), mode)
                 except FileExistsError:
                     raise Refusal(
-                        "unsafe-archive",
+                        Code.UNSAFE_ARCHIVE,
                         f"untracked archive member {name!r} would replace a path the restore "
                         "already wrote",
                         "the checkpoint is not one cotal captured; cut a new one on the source "
@@ -196,13 +197,13 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
         if exc.errno not in _MEMBER_ERRNOS:
             raise
         raise Refusal(
-            "unsafe-archive",
+            Code.UNSAFE_ARCHIVE,
             f"untracked archive member {exc.filename or '?'!r} cannot be written ({exc.strerror})",
             "the checkpoint is not one cotal captured; cut a new one on the source host",
         ) from None
     except tarfile.TarError as exc:
         raise Refusal(
-            "unsafe-archive",
+            Code.UNSAFE_ARCHIVE,
             f"untracked archive {tar_path} cannot be read ({exc})",
             "cut a new checkpoint",
         ) from None
@@ -243,7 +244,7 @@ async def _mark_intent_to_add(repo: Path, paths: Sequence[str]) -> None:
         "--pathspec-file-nul",
         stdin="\0".join(paths).encode() + b"\0",
         env={"GIT_LITERAL_PATHSPECS": "1"},
-        code="restore-failed",
+        code=Code.RESTORE_FAILED,
         cure="the recorded intent-to-add entries do not fit the restored tree",
     )
 
@@ -253,10 +254,10 @@ def _carried_bytes(seat_dir: Path, ref: FileRef) -> bytes:
     try:
         data = read_stable(seat_dir / ref.file, cap=max(ref.bytes, 1), what="carried file").data
     except Refusal as exc:
-        raise Refusal("integrity", f"checkpoint integrity: {exc.message}", exc.cure) from None
+        raise Refusal(Code.INTEGRITY, f"checkpoint integrity: {exc.message}", exc.cure) from None
     if len(data) != ref.bytes or hashlib.sha256(data).hexdigest() != ref.sha256:
         raise Refusal(
-            "integrity",
+            Code.INTEGRITY,
             f"checkpoint integrity: {seat_dir / ref.file} changed after it was verified",
             "copy the checkpoint again from the source host",
         )
@@ -308,13 +309,13 @@ async def _rebuild_stash(staging: Path, record: RepositoryRecord) -> None:
             entry.message,
             "refs/stash",
             entry.oid,
-            code="restore-failed",
+            code=Code.RESTORE_FAILED,
             cure="the bundle does not hold every recorded stash commit; copy the checkpoint "
             "again from the source host",
         )
     if await read_stash(staging) != record.stash:
         raise Refusal(
-            "stash-mismatch",
+            Code.STASH_MISMATCH,
             "the rebuilt stash list differs from the one the checkpoint recorded",
             "copy the checkpoint again from the source host",
         )
@@ -340,7 +341,7 @@ async def _prove_selection(staging: Path, record: RepositoryRecord) -> None:
     if extra:
         shown = ", ".join(os.fsdecode(p) for p in extra[:5])
         raise Refusal(
-            "selection-mismatch",
+            Code.SELECTION_MISMATCH,
             f"the staged tree holds ignored files outside the recorded selection rule "
             f"{record.untracked_selection!r} ({shown})",
             "the checkpoint and its rule disagree, or this host ignores paths the source did "
@@ -419,7 +420,7 @@ async def _apply(staging: Path, diff: Path, size: int, *flags: str, cure: str) -
             "--allow-empty",
             "--whitespace=nowarn",
             str(diff),
-            code="apply-failed",
+            code=Code.APPLY_FAILED,
             cure=cure,
         )
 
@@ -443,7 +444,7 @@ async def _build(
         "--quiet",
         "--template=",
         str(staging),
-        code="restore-failed",
+        code=Code.RESTORE_FAILED,
         cure="fix what git says about the staging directory",
     )
     if scratch is not None and await anyio.to_thread.run_sync(_adopt_packs, scratch, staging):
@@ -460,7 +461,7 @@ async def _build(
             "bundle",
             "unbundle",
             str(bundle),
-            code="restore-failed",
+            code=Code.RESTORE_FAILED,
             cure="the bundle cannot be unbundled on its predecessors; copy the checkpoint "
             "again from the source host",
         )
@@ -469,13 +470,13 @@ async def _build(
     )
     if found.rc != 0:
         raise Refusal(
-            "base-absent",
+            Code.BASE_ABSENT,
             f"the bundle does not contain the recorded base commit {record.base}, so the diffs do "
             "not apply to its history",
             "the bundle and the record do not belong together; copy the checkpoint again from the "
             "source host",
         )
-    await run_git(staging, "checkout", "--quiet", "--detach", record.base, code="restore-failed")
+    await run_git(staging, "checkout", "--quiet", "--detach", record.base, code=Code.RESTORE_FAILED)
 
     # The carried config, written next, replaces the one `init` made, so the remotes are the
     # source's; it and info/exclude go in before the applies and the status comparison, which
@@ -496,21 +497,21 @@ async def _build(
             _RESTORE_REFLOG,
             "--stdin",
             stdin="".join(commands).encode(),
-            code="restore-failed",
+            code=Code.RESTORE_FAILED,
             cure="the bundle does not hold the objects the recorded refs name; "
             "copy the checkpoint again",
         )
     if record.stash:
         if refs.get("refs/stash") != record.stash[0].oid:
             raise Refusal(
-                "refs-mismatch",
+                Code.REFS_MISMATCH,
                 "the recorded refs/stash is not the newest recorded stash entry",
                 "the checkpoint is inconsistent; cut a new one",
             )
         await _rebuild_stash(staging, record)
     if await read_refs(staging) != refs:
         raise Refusal(
-            "refs-mismatch",
+            Code.REFS_MISMATCH,
             "the restored refs differ from the refs the checkpoint recorded",
             "copy the checkpoint again from the source host",
         )
@@ -545,12 +546,12 @@ async def _build(
     if record.head is not None:
         if refs.get(record.head) != record.base:
             raise Refusal(
-                "refs-mismatch",
+                Code.REFS_MISMATCH,
                 f"HEAD was on {record.head} at the cut, but that branch points at "
                 f"{refs.get(record.head, 'nothing')}, not the base {record.base}",
                 "the checkpoint is inconsistent; cut a new one",
             )
-        await run_git(staging, "symbolic-ref", "HEAD", record.head, code="restore-failed")
+        await run_git(staging, "symbolic-ref", "HEAD", record.head, code=Code.RESTORE_FAILED)
 
     # Every file was just written, so the index's stat data are stale and each status below
     # (run without optional locks, so it never writes the index) would hash every file again:
@@ -558,11 +559,11 @@ async def _build(
     # this restore's own, and a refresh changes only stat data, never an entry. The files of
     # this second are dated back first, or the refreshed index would still be racy for them.
     await anyio.to_thread.run_sync(_settle_stat_data, staging)
-    await run_git(staging, "update-index", "-q", "--refresh", ok=(0, 1), code="restore-failed")
+    await run_git(staging, "update-index", "-q", "--refresh", ok=(0, 1), code=Code.RESTORE_FAILED)
     staged = (await run_git(staging, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
     if staged != status:
         raise Refusal(
-            "restore-mismatch",
+            Code.RESTORE_MISMATCH,
             f"the staged tree's git status is {_show_status(staged)}, the checkpoint recorded "
             f"{_show_status(status)}",
             "the checkpoint does not reproduce its own tree; cut a new one",
@@ -618,7 +619,7 @@ def _claim_aside(target: Path, stamp: str, *, inside: bool = False) -> Path:
         except FileExistsError:
             continue
     raise Refusal(
-        "restore-failed",
+        Code.RESTORE_FAILED,
         f"no free name for moving {target} aside ({base}[.1-99] all exist)",
         "pass a new stamp or clear old superseded directories",
     )
@@ -646,7 +647,7 @@ def _swap(staging: Path, target: Path, aside: Path | None, movable: Sequence[str
             os.rename(aside / name, target / name)
         leftover = f" and the empty {aside}" if aside is not None else ""
         raise Refusal(
-            "restore-failed",
+            Code.RESTORE_FAILED,
             f"promoting {staging} into {target} failed ({exc.strerror}) and was rolled back; "
             f"{staging} is left as evidence",
             f"inspect {staging}, remove it{leftover} by hand, then restore again",
@@ -736,17 +737,17 @@ def _check_target(
     ):
         problem = "is outside " + ", ".join(str(base) for base in confine_to)
     if problem is not None:
-        raise Refusal("cwd-outside-root", f"restore target {target} {problem}", CURE_FORGED)
+        raise Refusal(Code.CWD_OUTSIDE_ROOT, f"restore target {target} {problem}", CURE_FORGED)
     if not STAMP_RE.fullmatch(stamp):
         raise Refusal(
-            "bad-stamp",
+            Code.BAD_STAMP,
             f"stamp {stamp!r} is not a safe token",
             "pass a stamp such as 20261129T140000Z",
         )
     for name in keep_paths:
         if "/" in name or name in ("", ".", "..", ".git"):
             raise Refusal(
-                "bad-keep",
+                Code.BAD_KEEP,
                 f"keep path {name!r} is not a single top-level name",
                 "pass names such as .cotal",
             )
@@ -756,7 +757,7 @@ def _check_target(
         return
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise Refusal(
-            "bad-target",
+            Code.BAD_TARGET,
             f"restore target {target} is a symlink or not a directory",
             "point the seat's cwd at a real directory, or move what is there aside",
         )
@@ -806,7 +807,7 @@ async def restore_repository(
         await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
     if record.since is not None and not links:
         raise Refusal(
-            "predecessor-missing",
+            Code.PREDECESSOR_MISSING,
             f"the bundle in {seat_dir} builds on attempt {record.since.attempt_id}, and no "
             "proven predecessor was given",
             "resume through `cotal up --restore`, which finds and proves the chain",
@@ -822,7 +823,7 @@ async def restore_repository(
             check_repository_lists(status, intent_to_add)
         except (UnicodeDecodeError, ValueError) as exc:
             raise Refusal(
-                "bad-record",
+                Code.BAD_RECORD,
                 f"the status and intent-to-add files in {seat_dir} do not form a valid list: {exc}",
                 "cut a new checkpoint",
             ) from None
@@ -832,7 +833,7 @@ async def restore_repository(
             refs = parse_refs_list((seat_dir / record.refs.file).read_bytes())
         except ValueError as exc:
             raise Refusal(
-                "refs-mismatch", f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint"
+                Code.REFS_MISMATCH, f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint"
             ) from None
     heads: dict[str, str] = {}
     if record.bundle is not None:
@@ -844,14 +845,14 @@ async def restore_repository(
             "list-heads",
             str(seat_dir / record.bundle.file),
             env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
-            code="restore-failed",
+            code=Code.RESTORE_FAILED,
         )
         heads = bundle_heads(listed.stdout)
     # The restored refs are compared with the whole recorded list after the build.
     differ = heads_differing(heads, refs, incremental=record.since is not None)
     if differ:
         raise Refusal(
-            "refs-mismatch",
+            Code.REFS_MISMATCH,
             "the bundle's refs differ from the refs the checkpoint recorded "
             f"({', '.join(differ[:5])})",
             "the bundle and the record do not belong together; copy the checkpoint again from the "
@@ -863,7 +864,7 @@ async def restore_repository(
         os.mkdir(staging)
     except FileExistsError:
         raise Refusal(
-            "staging-exists",
+            Code.STAGING_EXISTS,
             f"refusing: {staging} already exists; it is the evidence of an earlier failed restore "
             "— inspect and remove it by hand",
             f"inspect {staging}, remove it by hand, then restore again",
@@ -874,7 +875,7 @@ async def restore_repository(
         clash = [name for name in keep_paths if os.path.lexists(staging / name)]
         if clash:
             raise Refusal(
-                "restore-failed",
+                Code.RESTORE_FAILED,
                 f"the restored tree holds {', '.join(clash)}, which the destination keeps in place",
                 "the checkpoint carries a control directory it never should; cut a new one",
             )
@@ -886,7 +887,7 @@ async def restore_repository(
         ) from None
     except OSError as exc:
         raise Refusal(
-            "restore-failed",
+            Code.RESTORE_FAILED,
             f"restoring into {staging} failed ({exc}); {unchanged} and {staging} is left as "
             "the evidence",
             f"inspect {staging} and remove it by hand before restoring again",
@@ -900,7 +901,7 @@ async def restore_repository(
     if final != status:
         where = f"; the previous tree is at {aside}" if aside else ""
         raise Refusal(
-            "restore-mismatch",
+            Code.RESTORE_MISMATCH,
             f"after promotion {target} reports git status {_show_status(final)}, the checkpoint "
             "recorded "
             f"{_show_status(status)}{where}",

@@ -52,6 +52,7 @@ from protocol.checkpoint import (
 from protocol.codec import encode_json
 from protocol.errors import Refusal
 from protocol.names import check_seat_name
+from protocol.refusals import Code
 
 Sign = Callable[[bytes], bytes]
 CHUNK = 1024 * 1024
@@ -60,7 +61,7 @@ CHUNK = 1024 * 1024
 def _check_file_name(name: str) -> str:
     if not FILE_NAME_RE.fullmatch(name) or name in RESERVED_FILES:
         raise Refusal(
-            "bad-file-name",
+            Code.BAD_FILE_NAME,
             f"checkpoint file name {name!r} is not a plain basename or is reserved for the sealed "
             "record",
             "use a basename of letters, digits, '_', '.' and '-' other than checkpoint.json and "
@@ -75,7 +76,7 @@ def create_seat_dir(attempt_dir: Path, seat: str) -> Path:
     attempt_dir = ensure_private_dir(Path(attempt_dir))
     if os.path.lexists(attempt_dir / MANIFEST_FILE):
         raise Refusal(
-            "already-sealed",
+            Code.ALREADY_SEALED,
             f"attempt {attempt_dir} is already sealed (it has a {MANIFEST_FILE}); no seat can be "
             "added to it",
             "choose a new attemptId",
@@ -85,7 +86,7 @@ def create_seat_dir(attempt_dir: Path, seat: str) -> Path:
         os.mkdir(path, DIR_MODE)
     except FileExistsError:
         raise Refusal(
-            "exists",
+            Code.EXISTS,
             f"checkpoint directory {path} already exists; a sealed checkpoint is never overwritten",
             "choose a new attemptId",
         ) from None
@@ -112,7 +113,7 @@ class ExclusiveFile:
             )
         except FileExistsError:
             raise Refusal(
-                "exists",
+                Code.EXISTS,
                 f"checkpoint file {self.path} already exists; a captured file is never overwritten",
                 "capture into a fresh checkpoint directory (a new attemptId)",
             ) from None
@@ -143,7 +144,7 @@ class ExclusiveFile:
             os.close(fd)
         if st.st_size != self.size:
             raise Refusal(
-                "integrity",
+                Code.INTEGRITY,
                 f"checkpoint file {self.path} is {st.st_size} bytes after writing {self.size}",
                 "something else wrote into the checkpoint directory; cut again under a new "
                 "attemptId",
@@ -198,21 +199,21 @@ def capture_file(src: Path, directory: Path, name: str) -> FileRef:
         match exc.problem:
             case "symlink":
                 raise Refusal(
-                    "unsafe-path", f"capture source {src} is a symlink", "capture the real file"
+                    Code.UNSAFE_PATH, f"capture source {src} is a symlink", "capture the real file"
                 ) from None
             case "missing":
                 raise Refusal(
-                    "missing", f"capture source {src} does not exist", "check the session path"
+                    Code.MISSING, f"capture source {src} does not exist", "check the session path"
                 ) from None
             case "not-regular":
                 raise Refusal(
-                    "unsafe-path",
+                    Code.UNSAFE_PATH,
                     f"capture source {src} is not a regular file",
                     "capture a regular file",
                 ) from None
             case "unstable":
                 raise Refusal(
-                    "unstable",
+                    Code.UNSTABLE,
                     f"capture source {src} changed while it was being copied",
                     "capture only after the seat is proven stopped",
                 ) from None
@@ -237,7 +238,7 @@ def sign_record(record: Signed, sign: Sign, public_key_b64: str, instance_id: st
         key.verify(signature, signing_payload(unsigned))
     except (InvalidSignature, ValueError) as exc:
         raise Refusal(
-            "bad-signature",
+            Code.BAD_SIGNATURE,
             f"the signing callable's signature does not verify under public key {public_key_b64} "
             f"({type(exc).__name__})",
             "pass the public key of the same Ed25519 key the callable signs with",
@@ -251,7 +252,7 @@ def _record_bytes(record: SeatCheckpoint | AttemptManifest, cap: int, what: str)
     data = msgspec.json.format(encode_json(record), indent=2) + b"\n"
     if len(data) > cap:
         raise Refusal(
-            "too-large",
+            Code.TOO_LARGE,
             f"{what} would be {len(data)} bytes, over the {cap}-byte cap (status and "
             "intent-to-add lists are inline)",
             "reduce the number of changed and untracked paths in the seat's tree before the cut",
@@ -269,20 +270,20 @@ def _check_present(
             st = os.lstat(directory / name)
         except FileNotFoundError:
             raise Refusal(
-                "seal-incomplete",
+                Code.SEAL_INCOMPLETE,
                 f"cannot seal {directory}: {name} is missing",
                 "capture every file before sealing",
             ) from None
         if not stat.S_ISREG(st.st_mode) or st.st_size != ref.bytes:
             raise Refusal(
-                "seal-incomplete",
+                Code.SEAL_INCOMPLETE,
                 f"cannot seal {directory}: {name} is not a regular file of {ref.bytes} bytes",
                 "capture into a fresh directory and seal what was captured",
             )
     extra = sorted(set(os.listdir(directory)) - set(expected) - set(allowed_extra))
     if extra:
         raise Refusal(
-            "seal-incomplete",
+            Code.SEAL_INCOMPLETE,
             f"cannot seal {directory}: it holds files the record does not name: {', '.join(extra)}",
             "capture into a fresh directory; a sealed directory holds exactly what its record "
             "names",
@@ -292,7 +293,7 @@ def _check_present(
 def _refuse_if_sealed(directory: Path, name: str) -> None:
     if os.path.lexists(directory / name):
         raise Refusal(
-            "already-sealed",
+            Code.ALREADY_SEALED,
             f"{directory / name} already exists; a sealed checkpoint is never overwritten",
             "choose a new attemptId",
         )
@@ -303,7 +304,7 @@ def _publish(directory: Path, name: str, data: bytes) -> FileRef:
     fsync_dir(directory)
     if not create_private_exclusive(directory / name, data):
         raise Refusal(
-            "already-sealed",
+            Code.ALREADY_SEALED,
             f"{directory / name} already exists; a sealed checkpoint is never overwritten",
             "choose a new attemptId",
         )
@@ -317,7 +318,7 @@ def seal_seat(
     seat_dir = Path(seat_dir)
     if seat_dir.name != record.name:
         raise Refusal(
-            "seal-incomplete",
+            Code.SEAL_INCOMPLETE,
             f"seat {record.name!r} must be sealed in a directory of its own name, not {seat_dir}",
             "create the directory with create_seat_dir(attempt_dir, seat)",
         )
@@ -343,7 +344,7 @@ def seal_manifest(
             ).data
         except Refusal as exc:
             raise Refusal(
-                "seal-incomplete",
+                Code.SEAL_INCOMPLETE,
                 f"cannot seal attempt {attempt_dir}: seat {seat.name}: {exc.message}",
                 "seal every seat before the manifest",
             ) from None
@@ -352,7 +353,7 @@ def seal_manifest(
             or hashlib.sha256(data).hexdigest() != seat.checkpoint.sha256
         ):
             raise Refusal(
-                "seal-incomplete",
+                Code.SEAL_INCOMPLETE,
                 f"cannot seal attempt {attempt_dir}: seat {seat.name}'s {CHECKPOINT_FILE} is not "
                 "the one the manifest names",
                 "build the manifest from the FileRef seal_seat returned",

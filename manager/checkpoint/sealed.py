@@ -37,6 +37,7 @@ from manager.workspace import boxkey
 from manager.workspace.layout import Layout
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
+from protocol.refusals import Code
 
 MAGIC = b"cotal-sealed-pack\n"
 VERSION = 1
@@ -68,7 +69,7 @@ class _Writable(Protocol):
 
 def corrupt(src: Path, what: str, cure: str | None = None) -> Refusal:
     return Refusal(
-        "sealed-corrupt",
+        Code.SEALED_CORRUPT,
         f"sealed packed checkpoint {src}: {what}",
         cure
         or "copy the file again and compare its sha256 with the one `cotal checkpoint pack` "
@@ -210,7 +211,7 @@ def recipient_box_key(sealed: Sealed, layout: Layout) -> boxkey.BoxKey:
     to = sealed.header.recipient
     if mine is None:
         raise Refusal(
-            "sealed-to-other",
+            Code.SEALED_TO_OTHER,
             f"packed checkpoint {sealed.src} is sealed to box key {to}; this root "
             f"({layout.root}) has no box key yet, so it is not that root",
             "resume it on the root whose `cotal status` prints that key; to bring it here, run "
@@ -219,7 +220,7 @@ def recipient_box_key(sealed: Sealed, layout: Layout) -> boxkey.BoxKey:
         )
     if mine.public != to:
         raise Refusal(
-            "sealed-to-other",
+            Code.SEALED_TO_OTHER,
             f"packed checkpoint {sealed.src} is sealed to box key {to}; this root's box key is "
             f"{mine.public}",
             "resume it on the root whose `cotal status` prints that key, or pack it again on "

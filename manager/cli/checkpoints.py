@@ -60,6 +60,7 @@ from protocol.maintenance import (
     rerun,
 )
 from protocol.names import ATTEMPT_ID
+from protocol.refusals import Code
 
 UNSEALED_AT_PACK = (
     "not sealed: any host that trusts this root's signer can resume it (seal it to one root "
@@ -104,14 +105,14 @@ def read_local_handoff(layout: Layout, attempt_id: str) -> HandOffRecord | None:
     try:
         data = read_stable(path, cap=64 * 1024, what="hand-off note").data
     except Refusal as exc:
-        if exc.code == "missing":
+        if exc.code == Code.MISSING:
             return None
         raise
     try:
         return decode_handoff(data)
     except DecodeError as exc:
         raise Refusal(
-            "handoff-malformed",
+            Code.HANDOFF_MALFORMED,
             exc.message,
             f"inspect {path}; the broker's record handoff.{attempt_id} is the authority",
         ) from None
@@ -162,7 +163,7 @@ async def _source_broker(args: argparse.Namespace, layout: Layout) -> _Broker:
             return _Broker(record.server, layout.broker_creds, None)
     if not layout.nats_store.is_dir() or not layout.broker_creds.exists():
         raise Refusal(
-            "broker-unavailable",
+            Code.BROKER_UNAVAILABLE,
             f"no broker is recorded for {layout.root} and its embedded broker store "
             f"{layout.nats_store} (or its credential) is not there",
             "pass --server URL --creds FILE for the broker that holds these seats' custody; "
@@ -203,13 +204,13 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     out = Path(args.output).resolve()
     if out.exists() or out.is_symlink():
         raise Refusal(
-            "output-exists",
+            Code.OUTPUT_EXISTS,
             f"{out} already exists; a packed checkpoint is never overwritten",
             "name a new file with -o, or move the old one away first",
         )
     if not out.parent.is_dir():
         raise Refusal(
-            "output-dir-missing",
+            Code.OUTPUT_DIR_MISSING,
             f"{out.parent} is not a directory",
             "create it first, or name a file in an existing directory",
         )
@@ -223,7 +224,7 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         since = adm.records[incremental[0]].repository.since
         assert since is not None
         raise Refusal(
-            "incremental-pack",
+            Code.INCREMENTAL_PACK,
             f"attempt {attempt} is incremental: the bundles of {', '.join(incremental)} carry "
             f"only what is new since attempt {since.attempt_id}, which a packed file does not "
             "hold",
@@ -236,7 +237,7 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     mine = _own_instance(layout, space)
     if mine != sealed_by.instance_id:
         raise Refusal(
-            "not-the-source",
+            Code.NOT_THE_SOURCE,
             f"attempt {attempt} was sealed by instance {sealed_by.instance_id}, not by this "
             f"root's ({mine or 'none in space ' + space})",
             "pack on the root that cut the checkpoint: only its broker can record the hand-off",
@@ -250,7 +251,7 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                     js = await conn.jetstream()
                 except Refusal as exc:
                     raise Refusal(
-                        "broker-unavailable",
+                        Code.BROKER_UNAVAILABLE,
                         f"the hand-off must be recorded at the source's broker: {exc.message}",
                         "start that broker, or pass --server URL --creds FILE for it; nothing "
                         "was packed",
@@ -310,7 +311,7 @@ def _check_journal_ready(layout: Layout, attempt: str) -> None:
             else f"the journal is at {record.state} for attempt {record.attempt_id}"
         )
         raise Refusal(
-            "not-packable",
+            Code.NOT_PACKABLE,
             f"attempt {attempt} is not a sealed cut waiting in this root ({state}); its seats may "
             "run here or elsewhere",
             "pack the attempt `cotal status` shows waiting, right after `cotal down "
@@ -324,7 +325,7 @@ async def _check_custody_unmoved(js: Any, adm: admit.Admission) -> None:
     here = await read_broker_identity(js, space)
     if carried and carried != {here}:
         raise Refusal(
-            "wrong-broker",
+            Code.WRONG_BROKER,
             f"attempt {adm.manifest.attempt_id} was cut at broker {sorted(carried)}, this is "
             f"broker {here}",
             "pass --server URL --creds FILE for the broker the cut used",
@@ -339,7 +340,7 @@ async def _check_custody_unmoved(js: Any, adm: admit.Admission) -> None:
                 else "nobody"
             )
             raise Refusal(
-                "custody-lost",
+                Code.CUSTODY_LOST,
                 f"seat {name}: custody moved since attempt {adm.manifest.attempt_id} was cut; it "
                 f"is held by {who}",
                 "the seat was resumed from this checkpoint already; do not carry it again",
@@ -439,7 +440,7 @@ async def check_handed_off(
     record = standing[0]
     if not getattr(args, "take_back", False):
         raise Refusal(
-            "handed-off",
+            Code.HANDED_OFF,
             f"attempt {attempt} was packed and handed off at {record.packed_at} (sha256 "
             f"{record.sha256}); its seats belong to whichever host resumes the packed copy",
             "do not resume them here; if the packed copy was destroyed or never resumed "
@@ -585,7 +586,7 @@ def discard(root: Path, name: str) -> dict[str, Any]:
     attempt = _attempt_of(name)
     if not ATTEMPT_ID.matches(attempt) or "/" in name or name.startswith("."):
         raise Refusal(
-            "no-such-checkpoint",
+            Code.NO_SUCH_CHECKPOINT,
             f"{name!r} is not an attempt name",
             "name one that `cotal checkpoint list` shows",
         )
@@ -595,7 +596,7 @@ def discard(root: Path, name: str) -> dict[str, Any]:
         mine = journal is not None and journal.attempt_id == attempt and name == attempt
         if not path.is_dir() and not mine:
             raise Refusal(
-                "no-such-checkpoint",
+                Code.NO_SUCH_CHECKPOINT,
                 f"no checkpoint {name} under {layout.checkpoints}, and the journal does not "
                 "name it",
                 "name one that `cotal checkpoint list` shows",

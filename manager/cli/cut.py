@@ -46,6 +46,7 @@ from protocol.maintenance import (
     ResumeDescriptor,
     rerun,
 )
+from protocol.refusals import Code
 
 COMMIT_TIMEOUT_S = 600.0
 PREPARE_TIMEOUT_S = 120.0
@@ -99,7 +100,7 @@ async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> co
             ),
         )
     except Refusal as exc:
-        if exc.code in ("connection-lost", "daemon-unreachable"):
+        if exc.code in (Code.CONNECTION_LOST, Code.DAEMON_UNREACHABLE):
             raise _daemon_lost(attempt, exc.message) from None
         raise
     except (OSError, ExceptionGroup) as exc:
@@ -110,7 +111,7 @@ async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> co
 
 def _daemon_lost(attempt: str, why: str) -> Refusal:
     return Refusal(
-        "daemon-lost",
+        Code.DAEMON_LOST,
         f"the manager went away during the commit of cut {attempt} ({why})",
         "rerun `cotal down --preserve-state`: it finishes the cut offline once the manager and "
         "its seats are proven gone (kill the manager if it is still alive but silent)",
@@ -143,7 +144,7 @@ async def _finish(
         )
         if not gone:
             raise Refusal(
-                "daemon-stuck",
+                Code.DAEMON_STUCK,
                 f"manager pid {record.manager.pid} did not exit",
                 f"kill -9 {record.manager.pid}, then rerun `cotal down --preserve-state`",
             )
@@ -172,7 +173,7 @@ def _incomplete(attempt: str, result: Committed) -> Refusal:
     kept = result.evidence if isinstance(result, control.CommitReply) else msgspec.UNSET
     evidence = _given(kept, "") or result.checkpoint_dir
     return Refusal(
-        codes.pop() if len(codes) == 1 else "cut-incomplete",
+        codes.pop() if len(codes) == 1 else Code.CUT_INCOMPLETE,
         f"cut {attempt} is incomplete: {failed}",
         "the seats are stopped and their durables kept; fix the cause and rerun "
         f"`cotal down --preserve-state` to capture again; evidence kept at {evidence}",
@@ -200,7 +201,7 @@ async def _continue(
         return await _commit(session, attempt, opts)
     if status is not None:
         raise Refusal(
-            "cut-interrupted",
+            Code.CUT_INTERRUPTED,
             f"cut {attempt} was interrupted and the manager now runs {status.state} without it",
             "the plan is in .cotal/maintenance/v1/resume.json; stop this manager (`cotal down` "
             "would deprovision: kill it instead) and rerun `cotal down --preserve-state` to "
@@ -209,7 +210,7 @@ async def _continue(
     mesh_record = mesh.read_mesh(layout)
     if mesh_record is not None and mesh_record.manager is not None and alive(mesh_record.manager):
         raise Refusal(
-            "daemon-unresponsive",
+            Code.DAEMON_UNRESPONSIVE,
             f"manager pid {mesh_record.manager.pid} is alive but does not answer",
             f"kill {mesh_record.manager.pid} (its seats die with it), then rerun",
         )
@@ -280,7 +281,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
             if not continuing:
                 if status is None:
                     raise Refusal(
-                        "not-up",
+                        Code.NOT_UP,
                         f"no manager answers in {layout.root}",
                         "start it with `cotal up --detach`",
                     )
@@ -316,7 +317,7 @@ def sealed_cut_waiting(attempt: str, seats: int) -> Refusal:
     """The refusal a cut meets while a sealed cut still waits in the root and a new mesh runs
     seats beside it; `cotal up` prints its message ahead of time."""
     return Refusal(
-        "sealed-cut-waiting",
+        Code.SEALED_CUT_WAITING,
         f"cut {attempt} is sealed and waiting in this root, and the manager now runs {seats} "
         "seat(s) it does not hold; a cut now would capture neither, so nothing was fenced or "
         "stopped",
@@ -352,7 +353,7 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
             if intent is None:
                 return {"aborted": False, "nothing": True}
             raise Refusal(
-                "abort-unsafe",
+                Code.ABORT_UNSAFE,
                 f"cut {intent.attempt_id} is journaled but no manager answers, so whether its "
                 "commit began (seats stopped) cannot be told",
                 _CURE_FINISH + " offline",
@@ -360,14 +361,14 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
         assert status is not None
         if fenced is not None and (status.commit_started or status.state == "preserved"):
             raise Refusal(
-                "commit-begun",
+                Code.COMMIT_BEGUN,
                 f"cut {fenced} has begun its commit: its seats are being stopped and captured, so "
                 "it can no longer be aborted",
                 _CURE_FINISH,
             )
         if intent is not None and fenced is not None and fenced != intent.attempt_id:
             raise Refusal(
-                "attempt-mismatch",
+                Code.ATTEMPT_MISMATCH,
                 f"the journal names cut {intent.attempt_id} but the manager is fenced for {fenced}",
                 "kill the manager (its seats die with it) and rerun `cotal down --preserve-state`",
             )
@@ -409,7 +410,7 @@ async def _prove_untouched(
     ]
     if lost:
         raise Refusal(
-            "abort-unsafe",
+            Code.ABORT_UNSAFE,
             f"cut {intent.attempt_id} is journaled and seat(s) {', '.join(lost)} of its plan no "
             "longer run here, so its commit may have begun",
             _CURE_FINISH,

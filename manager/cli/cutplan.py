@@ -13,6 +13,7 @@ from manager.procs import processes_with_envs
 from protocol.control import SeatFailure
 from protocol.errors import Refusal
 from protocol.inventory import Inventory
+from protocol.refusals import Code
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def prove_no_seat_processes(inventory: Inventory) -> None:
         survivors = live[agent.identity.lifecycle_uid]
         if survivors:
             raise Refusal(
-                "stop-unproven",
+                Code.STOP_UNPROVEN,
                 f"seat {agent.name} (uid {agent.identity.lifecycle_uid}) still has live "
                 f"processes {survivors}",
                 f"kill {' '.join(map(str, survivors))}, then rerun `cotal down --preserve-state`",

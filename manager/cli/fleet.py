@@ -21,6 +21,7 @@ from manager.cli.output import emit_json, format_table, say
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
 from protocol.mesh import MeshRecord
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     from manager.broker.fleet import FleetRow
@@ -41,14 +42,14 @@ def _broker_of(layout: Layout) -> MeshRecord:
     record = mesh.read_mesh(layout)
     if record is None:
         raise Refusal(
-            "not-up",
+            Code.NOT_UP,
             f"no mesh is up in {layout.root} (no .cotal/mesh.json), so there is no broker to ask",
             "run this at a root whose mesh is up, or `cotal up --server URL --creds FILE` here "
             "to join the shared broker",
         )
     if record.embedded_broker is not None and not alive(record.embedded_broker):
         raise Refusal(
-            "broker-unavailable",
+            Code.BROKER_UNAVAILABLE,
             f"the embedded broker of {layout.root} (pid {record.embedded_broker.pid}) is not "
             "running",
             "`cotal up` starts it again; then retry",

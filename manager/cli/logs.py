@@ -37,6 +37,7 @@ from manager.logs import BACKUPS, rotated_files
 from manager.workspace.layout import Layout
 from protocol import names
 from protocol.errors import DecodeError, Refusal
+from protocol.refusals import Code
 from protocol.session import decode_pointer
 
 POLL_S = 0.2
@@ -342,7 +343,7 @@ def run(
     if transcript:
         if seat is None or follow or since is not None:
             raise Refusal(
-                "bad-args",
+                Code.BAD_ARGS,
                 "--transcript prints one seat's stored conversation: it needs SEAT and takes "
                 "neither -f nor --since",
                 "run `cotal logs SEAT --transcript`",
@@ -350,7 +351,7 @@ def run(
         return print_transcript(layout, seat, as_json=as_json, out=stream)
     if not layout.control.is_dir():
         raise Refusal(
-            "no-logs",
+            Code.NO_LOGS,
             f"{layout.root} has no .cotal directory, so no manager has logged here",
             "pass the workspace root with --root, or run `cotal up --detach` there",
         )
@@ -376,13 +377,13 @@ def run(
         return _follow(layout, seat, printer, stream, tail, stderr_tail, seat_log)
     if seat is not None and printer.events == 0 and seat_log is None:
         raise Refusal(
-            "no-such-seat",
+            Code.NO_SUCH_SEAT,
             f"no event and no harness log of a seat named {seat!r} in {layout.logs}",
             "see `cotal ps`; `cotal logs` without SEAT shows every event",
         )
     if printer.events == 0 and not layout.manager_log.exists():
         raise Refusal(
-            "no-logs",
+            Code.NO_LOGS,
             f"{layout.manager_log} does not exist",
             "run `cotal up --detach` in this root; the manager writes it",
         )
@@ -449,7 +450,7 @@ def _pointer(layout: Layout, seat: str) -> tuple[str, str, str]:
                 found.append((entry.stat().st_mtime_ns, directory.name, m.group("uid"), entry.path))
     if not found:
         raise Refusal(
-            "no-such-seat",
+            Code.NO_SUCH_SEAT,
             f"no session pointer of a seat named {seat!r} under {layout.sessions}",
             "see `cotal ps`; `cotal rm` and `cotal down` delete a seat's pointer",
         )
@@ -458,11 +459,11 @@ def _pointer(layout: Layout, seat: str) -> tuple[str, str, str]:
         pointer = decode_pointer(Path(path).read_bytes(), where=f"session pointer {path}")
     except FileNotFoundError:
         raise Refusal(
-            "no-such-seat", f"the session pointer {path} was just removed", "see `cotal ps`"
+            Code.NO_SUCH_SEAT, f"the session pointer {path} was just removed", "see `cotal ps`"
         ) from None
     except DecodeError as exc:
         raise Refusal(
-            "no-transcript", exc.message, "the seat's harness has not written it yet"
+            Code.NO_TRANSCRIPT, exc.message, "the seat's harness has not written it yet"
         ) from None
     return connector, uid, pointer.session_id
 
@@ -472,7 +473,7 @@ def transcript_files(layout: Layout, seat: str) -> list[Path]:
     if connector == "scribe":
         if not names.SCRIBE_SESSION_ID.matches(session_id):
             raise Refusal(
-                "no-transcript",
+                Code.NO_TRANSCRIPT,
                 f"scribe session id {session_id[:80]!r} in the pointer does not name a file",
                 "the pointer is damaged; see the seat's log",
             )
@@ -488,13 +489,13 @@ def transcript_files(layout: Layout, seat: str) -> list[Path]:
         files = transcripts(layout.sessions / "claude" / f"{seat}-{uid}.config", session_id)
     else:
         raise Refusal(
-            "no-transcript",
+            Code.NO_TRANSCRIPT,
             f"the {connector} connector keeps no transcript cotal can read (seat {seat!r})",
             f"read the seat's harness log: `cotal logs {seat}`",
         )
     if not files:
         raise Refusal(
-            "no-transcript",
+            Code.NO_TRANSCRIPT,
             f"seat {seat!r} ({connector}) has no stored transcript of session {session_id} yet",
             "a harness may write it only once the first turn starts; send the seat a message",
         )

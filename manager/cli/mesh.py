@@ -30,6 +30,7 @@ from protocol import control as ops
 from protocol.errors import Refusal
 from protocol.mesh import MeshRecord, ProcRef, decode_mesh, encode_mesh
 from protocol.names import check_space
+from protocol.refusals import Code
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -60,9 +61,9 @@ def read_token(layout: Layout) -> str:
             .strip()
         )
     except Refusal as exc:
-        if exc.code == "missing":
+        if exc.code == Code.MISSING:
             raise Refusal(
-                "not-up",
+                Code.NOT_UP,
                 f"no manager has been started in {layout.root}",
                 "run `cotal up --detach` there",
             ) from None
@@ -140,7 +141,7 @@ async def _provision(
         status = await session.status()
         if status is not None:
             raise Refusal(
-                "already-up",
+                Code.ALREADY_UP,
                 f"a manager (pid {status.pid}) already serves {layout.root}",
                 "use it, or `cotal down` first",
             )
@@ -328,7 +329,7 @@ async def _run_daemon(
             while True:
                 if proc.poll() is not None:
                     raise Refusal(
-                        "daemon-failed",
+                        Code.DAEMON_FAILED,
                         f"the manager exited with code {proc.returncode} during start",
                         f"read {layout.logs / 'daemon.out'} and {layout.manager_log}",
                     )
@@ -341,7 +342,7 @@ async def _run_daemon(
                 await anyio.sleep(0.02)
     except TimeoutError:
         raise Refusal(
-            "daemon-failed",
+            Code.DAEMON_FAILED,
             f"the manager did not answer within {DAEMON_START_TIMEOUT_S:.0f}s",
             f"read {layout.manager_log}",
         ) from None
@@ -422,20 +423,20 @@ def check_root(root: Path) -> None:
     if st is not None and not stat.S_ISDIR(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a file, not a directory"
         raise Refusal(
-            "bad-control-dir",
+            Code.BAD_CONTROL_DIR,
             f"{control} is {kind}; cotal keeps its tokens, broker store and logs in that directory",
             f"move {control} aside (it is not cotal's), then rerun `cotal up`",
         )
     writable = control if st is not None else root
     if os.statvfs(writable).f_flag & os.ST_RDONLY:
         raise Refusal(
-            "root-not-writable",
+            Code.ROOT_NOT_WRITABLE,
             f"{writable} is on a read-only file system; cotal writes its control directory there",
             "remount it read-write, or run `cotal up` in a writable workspace root",
         )
     if not os.access(writable, os.W_OK | os.X_OK):
         raise Refusal(
-            "root-not-writable",
+            Code.ROOT_NOT_WRITABLE,
             f"{writable} is not writable by uid {os.geteuid()}; cotal writes its control "
             "directory there",
             "run cotal as the user who owns the workspace root, or fix its permissions",
@@ -486,7 +487,7 @@ def up(
     # Ctrl-C reaches the manager too: a clean exit or one by that signal is the operator's stop.
     if code not in (0, -signal.SIGINT, -signal.SIGTERM):
         raise Refusal(
-            "daemon-failed",
+            Code.DAEMON_FAILED,
             f"the manager exited with code {code} while serving in the foreground",
             f"read {result.layout.logs / 'manager.log'} for the reason",
         )
@@ -506,7 +507,7 @@ async def _down(layout: Layout, report: Report) -> Downed:
     record = read_mesh(layout)
     if record is None:
         raise Refusal(
-            "not-up", f"nothing is up in {layout.root} (no .cotal/mesh.json)", "nothing to do"
+            Code.NOT_UP, f"nothing is up in {layout.root} (no .cotal/mesh.json)", "nothing to do"
         )
     seats: list[ops.TeardownRow] = []
     manager_pid: int | None = None
@@ -529,13 +530,13 @@ async def _down(layout: Layout, report: Report) -> Downed:
         )
         if not gone:
             raise Refusal(
-                "daemon-stuck",
+                Code.DAEMON_STUCK,
                 f"manager pid {manager_pid} did not exit after shutdown",
                 f"kill -9 {manager_pid}, then rerun `cotal down`",
             )
     elif record.manager is not None and alive(record.manager):
         raise Refusal(
-            "daemon-unresponsive",
+            Code.DAEMON_UNRESPONSIVE,
             f"manager pid {record.manager.pid} is alive but does not answer",
             f"kill {record.manager.pid} (its seats die with it), then rerun `cotal down`",
         )
@@ -597,7 +598,9 @@ async def publish_direct(
 
     names.check_seat_name(seat)
     if not text:
-        raise Refusal("empty-message", "refusing to send an empty message", "pass the text to send")
+        raise Refusal(
+            Code.EMPTY_MESSAGE, "refusing to send an empty message", "pass the text to send"
+        )
     nc = await connect(server, creds, name="cotal-send", deadline=first_connect_s())
     try:
         dm = DirectMessage(
@@ -612,7 +615,7 @@ async def publish_direct(
         raise
     except Exception as exc:
         raise Refusal(
-            "publish-failed",
+            Code.PUBLISH_FAILED,
             f"the broker did not accept the message: {exc}",
             "check that the DM stream exists (a manager of this space ran against this broker)",
         ) from None

@@ -31,6 +31,7 @@ from protocol.checkpoint import SpaceExport
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
 from protocol.inventory import Inventory, encode_inventory
+from protocol.refusals import Code
 
 
 async def finish(layout: Layout, journal: Journal, attempt: str, opts: CutOptions) -> OfflineCut:
@@ -62,7 +63,7 @@ async def finish(layout: Layout, journal: Journal, attempt: str, opts: CutOption
         refusal = (
             cut.storage_refusal(exc, "capturing offline")
             if isinstance(exc, OSError)
-            else Refusal("capture-failed", f"the offline capture failed: {exc}", "fix the cause")
+            else Refusal(Code.CAPTURE_FAILED, f"the offline capture failed: {exc}", "fix the cause")
         )
         raise Refusal(
             refusal.code,
@@ -78,7 +79,7 @@ async def _broker_reads(layout: Layout, inventory: Inventory) -> dict[str, Space
     record = mesh.read_mesh(layout)
     if record is None:
         raise Refusal(
-            "no-broker",
+            Code.NO_BROKER,
             "the mesh record is gone, so the broker holding custody is unknown",
             "restore .cotal/mesh.json or rerun with the broker reachable",
         )

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 EX_OK = 0
 """Done, or nothing to do."""
@@ -63,7 +64,7 @@ def internal_error(exc: BaseException, *, as_json: bool) -> None:
     # One line: an operator pastes it into a report; the traceback is one COTAL_DEBUG=1 away.
     what = " ".join(f"{type(exc).__name__}: {exc}".split())
     if as_json:
-        error_json("internal-error", f"{what}; {INTERNAL_CURE}")
+        error_json(Code.INTERNAL_ERROR, f"{what}; {INTERNAL_CURE}")
     else:
         progress(f"cotal: internal error: {what}; {INTERNAL_CURE}")
 

@@ -20,6 +20,7 @@ from manager.control.client import ControlClient, ControlError, ControlSession
 from protocol import control
 from protocol.control import ProgressRecord
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 T = TypeVar("T")
 
@@ -31,7 +32,7 @@ LARGE_STEP_BYTES = 8 * 1024 * 1024
 # How often a step that is still running repeats its line with the bytes written so far.
 REPEAT_S = 1.0
 # A daemon without the op: the refusal its dispatcher or its argument decoder gives.
-_NO_PROGRESS_OP = frozenset({"unsupported-op", "unknown-op"})
+_NO_PROGRESS_OP = frozenset({Code.UNSUPPORTED_OP, Code.UNKNOWN_OP})
 
 
 @dataclass

@@ -79,6 +79,7 @@ from protocol.maintenance import (
     ResumeDescriptor,
     rerun,
 )
+from protocol.refusals import Code
 
 RESUME_TIMEOUT_S = 600.0
 
@@ -132,7 +133,7 @@ def _read_inboxes(adm: admit.Admission) -> dict[str, list[CarriedMessage]]:
         digest = hashlib.sha256(data).hexdigest()
         if len(data) != state.inbox.bytes or digest != state.inbox.sha256:
             raise Refusal(
-                "integrity",
+                Code.INTEGRITY,
                 f"checkpoint integrity: {path} changed after admission (now {len(data)} bytes "
                 f"hashing to {digest})",
                 "retry once nothing writes to the checkpoint; nothing was changed",
@@ -141,7 +142,7 @@ def _read_inboxes(adm: admit.Admission) -> dict[str, list[CarriedMessage]]:
             out[name] = decode_inbox(data, state)
         except ValueError as exc:
             raise Refusal(
-                "integrity",
+                Code.INTEGRITY,
                 f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
                 "copy the attempt directory again from the source host, or cut a new checkpoint; "
                 "nothing was changed",
@@ -171,7 +172,7 @@ async def _start_embedded(layout: Layout) -> embedded.BrokerInfo:
     try:
         return await anyio.to_thread.run_sync(start)
     except Refusal as exc:
-        if exc.code != "broker-running":
+        if exc.code != Code.BROKER_RUNNING:
             raise
     # A resume coordinator that died before its manager started left this root's broker
     # running with no mesh record naming it. No manager answers here (the caller checked), so
@@ -189,7 +190,7 @@ async def _start_embedded(layout: Layout) -> embedded.BrokerInfo:
         try:
             return await anyio.to_thread.run_sync(start)
         except Refusal as exc:
-            if exc.code != "broker-running" or time.monotonic() > deadline:
+            if exc.code != Code.BROKER_RUNNING or time.monotonic() > deadline:
                 raise
         await anyio.sleep(0.1)
 
@@ -263,7 +264,7 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             rejoined = await _rejoin(args, layout, src, session, status)
             if rejoined is None:
                 raise Refusal(
-                    "already-up",
+                    Code.ALREADY_UP,
                     f"a manager (pid {status.pid}) already serves {layout.root}",
                     "a resume starts its own manager: stop this one first",
                 )
@@ -510,7 +511,7 @@ async def _rejoin(
     adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
     if adm.manifest.attempt_id != attempt:
         raise Refusal(
-            "attempt-mismatch",
+            Code.ATTEMPT_MISMATCH,
             f"this root's manager is resuming attempt {attempt}, not {adm.manifest.attempt_id} "
             f"from {src}",
             f"rerun `cotal up --restore` with the checkpoint of attempt {attempt} to finish it",
@@ -584,7 +585,7 @@ async def _resume_locked(
         record = None
     if record is not None and record.attempt_id != attempt:
         raise Refusal(
-            "journal-busy",
+            Code.JOURNAL_BUSY,
             f"this root's maintenance journal is at {record.state} for attempt {record.attempt_id}",
             "finish or discard that attempt first",
         )
@@ -595,7 +596,7 @@ async def _resume_locked(
         # either way the journal's plan must be the very document this checkpoint seals.
         if record.resume is None or journal.resume_document(record) != inventory:
             raise Refusal(
-                "journal-mismatch",
+                Code.JOURNAL_MISMATCH,
                 f"this root's journal for attempt {attempt} names a different resume document",
                 "resume from the checkpoint this root cut, or discard the journal first",
             )
@@ -915,7 +916,7 @@ async def _restore_all(layout: Layout, adm: admit.Admission) -> list[dict[str, A
             # Checked before any tree is touched: nothing is restored for a checkpoint
             # whose shared trees disagree.
             raise Refusal(
-                "inconsistent-checkpoint",
+                Code.INCONSISTENT_CHECKPOINT,
                 f"seats {first} and {name} share {cwd} but their checkpoints record "
                 "different trees",
                 "cut the seats again; a shared tree is captured once, stopped",

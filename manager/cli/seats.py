@@ -19,6 +19,7 @@ from manager.cli.output import emit_json, format_table, progress, say
 from protocol import control
 from protocol.errors import Refusal
 from protocol.instant import parse_instant
+from protocol.refusals import Code
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -151,13 +152,13 @@ def check_prompt(prompt: str) -> str:
     their own check: the daemon is not only reached through this CLI."""
     if not prompt.strip():
         raise Refusal(
-            "bad-prompt",
+            Code.BAD_PROMPT,
             "the prompt is empty",
             "pass the text the seat should start with, or leave --prompt out",
         )
     if prompt.startswith(("-", "@")):
         raise Refusal(
-            "bad-prompt",
+            Code.BAD_PROMPT,
             "refusing a prompt starting with '-' or '@' (the harness would parse it as an option"
             " or a file)",
             "reword the prompt so it does not start with '-' or '@'",
@@ -313,7 +314,7 @@ def run_send(args: argparse.Namespace) -> int:
 
         if args.wait:
             raise Refusal(
-                "bad-args",
+                Code.BAD_ARGS,
                 "--wait needs a running manager; with --server the message is only queued",
                 "drop --wait, or send through the manager without --server",
             )

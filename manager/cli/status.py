@@ -34,6 +34,7 @@ from protocol.maintenance import (
     rerun,
 )
 from protocol.mesh import MeshRecord
+from protocol.refusals import Code
 
 _IDENTITY_FILE = re.compile(r"^manager-instance\.([0-9a-f]+)\.json\Z")
 
@@ -46,7 +47,7 @@ def gather(root: Path) -> dict[str, Any]:
         mesh.read_token(layout)
         has_token = True
     except Refusal as exc:
-        if exc.code != "not-up":
+        if exc.code != Code.NOT_UP:
             raise
         has_token = False
     record, record_error = _mesh_record(layout)

@@ -35,6 +35,7 @@ from connectors.harnesses import (
     which,
 )
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 # Callers (doctor, tests) reach the pins through this module too.
 __all__ = [
@@ -77,7 +78,7 @@ def check_node(pin: Pin) -> None:
     node = shutil.which("node")
     if node is None:
         raise Refusal(
-            "no-node",
+            Code.NO_NODE,
             f"{pin.package}@{pin.version} needs node {wanted}, and node is not on PATH",
             "install Node.js",
         )
@@ -87,7 +88,7 @@ def check_node(pin: Pin) -> None:
     have = _version_tuple(out.stdout)
     if have is None or have < floor:
         raise Refusal(
-            "old-node",
+            Code.OLD_NODE,
             f"{pin.package}@{pin.version} needs node {wanted}, this host has "
             f"{out.stdout.strip() or 'an unknown version'}",
             "install a newer Node.js",
@@ -111,7 +112,7 @@ def install(pin: Pin) -> str:
     npm = shutil.which("npm")
     if npm is None:
         raise Refusal(
-            "no-npm",
+            Code.NO_NPM,
             f"cannot install {pin.package}@{pin.version}: npm is not on PATH",
             "install Node.js >= 20 with npm",
         )
@@ -134,7 +135,7 @@ def install(pin: Pin) -> str:
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise Refusal(
-            "install-failed",
+            Code.INSTALL_FAILED,
             f"npm install of {pin.package}@{pin.version} into {pin.prefix} failed with rc "
             f"{proc.returncode}:\n{tail}",
             f"check network access to the npm registry and the pin in {pin_file()}",
@@ -142,7 +143,7 @@ def install(pin: Pin) -> str:
     have = installed_version(pin)
     if have != pin.version:
         raise Refusal(
-            "install-failed",
+            Code.INSTALL_FAILED,
             f"npm reported success but {pin.package_dir} holds version {have!r}, not {pin.version}",
             f"remove {pin.prefix} and run the install again",
         )

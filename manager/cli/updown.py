@@ -25,6 +25,7 @@ from manager.cli.args import (
 )
 from manager.cli.output import emit_json, progress, say
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     from protocol.control import TeardownRow
@@ -184,7 +185,7 @@ def _warn_waiting(root: Path) -> None:
 def run_down(args: argparse.Namespace) -> int:
     if args.abort and not args.preserve_state:
         raise Refusal(
-            "bad-args",
+            Code.BAD_ARGS,
             "--abort abandons a cut, and plain `cotal down` is not one",
             "run `cotal down --preserve-state --abort`",
         )
@@ -200,7 +201,7 @@ def run_down(args: argparse.Namespace) -> int:
     if cut_only and not args.preserve_state:
         # Ignoring them would stop every seat without the checkpoint the operator asked for.
         raise Refusal(
-            "bad-args",
+            Code.BAD_ARGS,
             f"{', '.join(cut_only)} shape a cut, and plain `cotal down` is not one",
             "add --preserve-state, or leave them out to stop the mesh without a checkpoint",
         )
@@ -239,7 +240,7 @@ def _nothing_up(root: Path, exc: Refusal) -> bool:
     embedded broker may still be running and the refusal must stand."""
     from manager.workspace.layout import Layout
 
-    return exc.code == "not-up" and not Layout.at(root).mesh.exists()
+    return exc.code == Code.NOT_UP and not Layout.at(root).mesh.exists()
 
 
 def _say_nothing_up(args: argparse.Namespace, root: Path) -> int:

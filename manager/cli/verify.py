@@ -29,6 +29,7 @@ from manager.cli import mesh
 from manager.workspace import trust
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ async def admit_integrity(
     `keep_in` keeps the unbundled repositories for the restore (`admit.integrity`)."""
     if src.exists() and not src.is_dir():
         raise Refusal(
-            "not-a-checkpoint",
+            Code.NOT_A_CHECKPOINT,
             f"{src} is a file, not a checkpoint directory",
             "pass the attempt directory the cut printed (.cotal/maintenance/v1/checkpoints/"
             "<attempt>, or its copy), not a file inside it",
@@ -138,7 +139,7 @@ async def admit_integrity(
     except OSError as exc:
         # The gates name every problem they expect; what is left is the filesystem refusing.
         raise Refusal(
-            "not-a-checkpoint",
+            Code.NOT_A_CHECKPOINT,
             f"{src} cannot be read as a checkpoint: {exc.strerror or exc} ({exc.filename or src})",
             "pass a readable checkpoint directory, copied whole",
         ) from None
@@ -151,7 +152,7 @@ def _broker_for_verify(args: argparse.Namespace, layout: Layout) -> BrokerRef:
     if record is not None:
         return BrokerRef(record.server, Path(record.creds) if record.creds else None, False)
     raise Refusal(
-        "no-broker",
+        Code.NO_BROKER,
         "the identity gate must ask the broker whether each uid is live",
         "pass --server URL --creds FILE; an oracle that cannot answer is a refusal, never a pass",
     )

@@ -22,6 +22,7 @@ from manager.control.frames import read_frame, write_frame
 from protocol import control
 from protocol.codec import encode_json
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -44,7 +45,7 @@ class ControlClient:
                 stream = await anyio.connect_unix(socket_path)
         except (OSError, TimeoutError) as exc:
             raise Refusal(
-                "daemon-unreachable",
+                Code.DAEMON_UNREACHABLE,
                 f"no manager answers at {socket_path} "
                 f"({getattr(exc, 'strerror', None) or type(exc).__name__})",
                 "start it with `cotal up --detach`",
@@ -69,7 +70,7 @@ class ControlClient:
 
             if carries_seat_mark("self"):
                 raise Refusal(
-                    "auth-refused",
+                    Code.AUTH_REFUSED,
                     "the manager closed the connection at hello: this process runs under "
                     "no_new_privs (NoNewPrivs: 1 in /proc/self/status), the mark of a cotal "
                     "seat, which a manager started without it refuses",
@@ -77,21 +78,21 @@ class ControlClient:
                     "or unit that sets it); see docs/operations.md, The control socket",
                 ) from None
             raise Refusal(
-                "auth-refused",
+                Code.AUTH_REFUSED,
                 "the manager closed the connection at hello",
                 "check that .cotal/auth/control.token belongs to this daemon",
             ) from None
         if not reply.ok:
             await stream.aclose()
-            if reply.error is not None and reply.error.code == control.CONTROL_BUSY:
+            if reply.error is not None and reply.error.code == Code.CONTROL_BUSY:
                 raise Refusal(
-                    control.CONTROL_BUSY,
+                    Code.CONTROL_BUSY,
                     reply.error.message,
                     "close idle clients of this root (another cotal command or script holding "
                     "connections open) and run the command again",
                 )
             raise Refusal(
-                "auth-refused", "the manager refused hello", "check .cotal/auth/control.token"
+                Code.AUTH_REFUSED, "the manager refused hello", "check .cotal/auth/control.token"
             )
         return client
 
@@ -124,13 +125,13 @@ class ControlClient:
                 return request_id, await read_frame(self._buffered)
         except TimeoutError:
             raise Refusal(
-                "timeout",
+                Code.TIMEOUT,
                 f"{op} got no reply within {timeout:.0f}s",
                 "the daemon may still be working: check `cotal ps`",
             ) from None
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
             raise Refusal(
-                "connection-lost",
+                Code.CONNECTION_LOST,
                 f"{op}: the manager closed the connection ({type(exc).__name__})",
                 "check `.cotal/logs/manager.log`",
             ) from None
@@ -150,17 +151,17 @@ def _check(
 ) -> None:
     if reply_id != request_id:
         raise Refusal(
-            "protocol",
+            Code.PROTOCOL,
             f"{op}: reply id {reply_id} does not match request {request_id}",
             "report this",
         )
     if not ok:
-        raise ControlError(err.code if err else "error", err.message if err else "refused")
+        raise ControlError(err.code if err else Code.ERROR, err.message if err else "refused")
 
 
 # A reply that never came, a closed connection or a reply out of order leaves the connection
 # in an unknown place in the request/reply sequence: it is never used again.
-_BROKEN = frozenset({"timeout", "connection-lost", "protocol"})
+_BROKEN = frozenset({Code.TIMEOUT, Code.CONNECTION_LOST, Code.PROTOCOL})
 
 
 class ControlSession:

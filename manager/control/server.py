@@ -45,8 +45,8 @@ from connectors.sandbox import carries_seat_mark
 from manager.broker.retry import TRANSIENT
 from manager.control.frames import FrameTooDeep, FrameTooLarge, check_depth, read_frame, write_frame
 from protocol import control
-from protocol.control import CONTROL_BUSY
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.control")
 
@@ -251,7 +251,7 @@ class ControlServer:
         is not reading costs nothing more than the bound below."""
         busy = control.error_reply(
             0,
-            CONTROL_BUSY,
+            Code.CONTROL_BUSY,
             f"the manager serves at most {self._max_connections} connections at once and all "
             "are in use; retry when one closes",
         )
@@ -358,7 +358,7 @@ class ControlServer:
                 # Refused by name before the decoder sees it, then closed: a peer that sends
                 # this is not a client cotal wrote.
                 log.warning("control.closed", reason="frame nested too deep", depth=exc.args[0])
-                reply = control.error_reply(0, "frame-too-deep", str(exc.args[1]))
+                reply = control.error_reply(0, Code.FRAME_TOO_DEEP, str(exc.args[1]))
                 with anyio.move_on_after(1.0):
                     try:
                         await write_frame(stream, control.encode_frame(reply))
@@ -401,14 +401,14 @@ class ControlServer:
         except TRANSIENT as exc:
             return control.error_reply(
                 request_id,
-                "broker-unavailable",
+                Code.BROKER_UNAVAILABLE,
                 f"the broker did not answer in time ({type(exc).__name__}); the broker or "
                 "cluster may have lost quorum; retry once it is back",
             )
         except Exception as exc:  # a bug must not take the daemon down, but it must be seen
             log.exception("control.internal_error")
             return control.error_reply(
-                request_id, "internal", f"internal error: {type(exc).__name__}: {exc}"
+                request_id, Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
             )
 
 

@@ -45,6 +45,7 @@ from protocol import names
 from protocol.errors import Refusal
 from protocol.instant import now_iso
 from protocol.maintenance import Maintenance
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.manager")
 
@@ -101,12 +102,12 @@ class Manager:
 
     def custody_bucket(self) -> KeyValue:
         if self.custody is None:
-            raise Refusal("not-ready", "the manager has no custody bucket yet", "retry")
+            raise Refusal(Code.NOT_READY, "the manager has no custody bucket yet", "retry")
         return self.custody
 
     def presence_bucket(self) -> KeyValue:
         if self.presence is None:
-            raise Refusal("not-ready", "the manager has no presence bucket yet", "retry")
+            raise Refusal(Code.NOT_READY, "the manager has no presence bucket yet", "retry")
         return self.presence
 
     def adopt(self, seat: Seat) -> None:
@@ -114,7 +115,7 @@ class Manager:
         # adoption of the same name is refused instead of racing.
         if seat.name in self.seats:
             raise Refusal(
-                "duplicate-name",
+                Code.DUPLICATE_NAME,
                 f"a seat named {seat.name!r} already exists",
                 f"pick another name or `cotal rm {seat.name}` first",
             )
@@ -178,7 +179,7 @@ class Manager:
         # then sees every operation that got in, and nothing new can.
         if self.stopping:
             raise Refusal(
-                "fenced", f"{what} refused: the manager is stopping", "wait for it to exit"
+                Code.FENCED, f"{what} refused: the manager is stopping", "wait for it to exit"
             )
         try:
             self.maintenance.check_lifecycle()
@@ -228,7 +229,7 @@ class Manager:
     def seat(self, name: str) -> Seat:
         seat = self.seats.get(name)
         if seat is None:
-            raise Refusal("no-such-seat", f"no seat named {name!r}", "see `cotal ps`")
+            raise Refusal(Code.NO_SUCH_SEAT, f"no seat named {name!r}", "see `cotal ps`")
         return seat
 
     async def stop_all_keep_footprint(self) -> None:

@@ -35,6 +35,7 @@ from manager.workspace.private import ensure_private_dir
 from protocol import names
 from protocol.errors import DecodeError, Refusal
 from protocol.lifecycle import exit_text
+from protocol.refusals import Code
 from protocol.session import SessionPointer
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def exited_before_ready(seat: Seat, handle: SeatHandle) -> Refusal:
     if handle.launch_fault is not None:
         return StartFailed(seat.name, handle.launch_fault, handle.returncode, handle.log_path)
     return Refusal(
-        "seat-failed",
+        Code.SEAT_FAILED,
         f"seat {seat.name} exited before it was ready (code {exit_text(handle.returncode)})",
         f"read {handle.log_path}",
     )
@@ -68,7 +69,7 @@ class Incarnations:
 
     def _group(self) -> TaskGroup:
         if self.mgr.tg is None:
-            raise Refusal("not-ready", "the manager is not running yet", "retry")
+            raise Refusal(Code.NOT_READY, "the manager is not running yet", "retry")
         return self.mgr.tg
 
     # -- launch ---------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ class Incarnations:
                 else "nobody"
             )
             raise Refusal(
-                "custody-not-held",
+                Code.CUSTODY_NOT_HELD,
                 f"refusing to launch {seat.name} (uid {seat.uid}): its custody is held by {who}, "
                 f"this manager ({me}) is at generation {seat.generation_at_broker}",
                 "another host runs this seat now; do not start it here",
@@ -211,7 +212,7 @@ class Incarnations:
         except BaseExceptionGroup as group:
             log.error("seat.task_failed", seat=seat.name, error=repr(group.exceptions[0]))
             failure = failure or Refusal(
-                "seat-failed",
+                Code.SEAT_FAILED,
                 f"seat {seat.name} failed: {group.exceptions[0]!r}",
                 f"read {handle.log_path}",
             )
@@ -240,7 +241,7 @@ class Incarnations:
             )
         except TimeoutError:
             return Refusal(
-                "seat-not-ready",
+                Code.SEAT_NOT_READY,
                 f"seat {seat.name} was not ready within {READINESS_TIMEOUT_S:.0f}s",
                 f"read {handle.log_path}",
             )
@@ -248,7 +249,7 @@ class Incarnations:
             return exc
         if not seat.lifecycle.allows("ready"):
             return Refusal(
-                "seat-stopped",
+                Code.SEAT_STOPPED,
                 f"seat {seat.name} was told to stop ({seat.state}) before it was ready",
                 "spawn it again if it is still wanted",
             )
@@ -325,7 +326,7 @@ class Incarnations:
         reported = await self._reported_session(seat, driver, handle)
         if spec.expected_session_id is not None and reported != spec.expected_session_id:
             raise Refusal(
-                "session-mismatch",
+                Code.SESSION_MISMATCH,
                 f"replacement reported session {reported}, expected {spec.expected_session_id}",
                 "the harness did not reopen the recorded session; inspect its store",
             )
@@ -333,13 +334,13 @@ class Incarnations:
             pointer = await self._await_pointer(spec.session_pointer_path, handle)
             if pointer.status != "running":
                 raise Refusal(
-                    "deliberate-quit",
+                    Code.DELIBERATE_QUIT,
                     "connector reported a deliberate quit before readiness completed",
                     "respawn the seat",
                 )
             if pointer.session_id != reported:
                 raise Refusal(
-                    "session-mismatch",
+                    Code.SESSION_MISMATCH,
                     f"pointer names session {pointer.session_id}, the harness reports {reported}",
                     "the harness and its pointer disagree; inspect the store",
                 )
@@ -354,7 +355,7 @@ class Incarnations:
             except Refusal as exc:
                 # Both ways a driver says its harness's output ended (`jsonl_driver`'s and
                 # `driverkit`'s): not a refusal of its own, an exit to be named by its status.
-                if exc.code not in ("driver-stopped", "harness-gone"):
+                if exc.code not in (Code.DRIVER_STOPPED, Code.HARNESS_GONE):
                     raise
                 # The harness's output ended before it answered: it is exiting, and its
                 # status may not be reaped yet. The refusal names how it ended and its log.
@@ -362,7 +363,7 @@ class Incarnations:
                     await handle.exited()
                     raise exited_before_ready(seat, handle) from None
                 raise Refusal(
-                    "seat-failed",
+                    Code.SEAT_FAILED,
                     f"seat {seat.name} closed its output during start and did not exit",
                     f"read {handle.log_path}",
                 ) from None
@@ -469,7 +470,7 @@ class Incarnations:
             except Refusal as exc:
                 if seat.lifecycle.allows("exit"):
                     seat.apply("exit")
-                if exc.code != "broker-unavailable":
+                if exc.code != Code.BROKER_UNAVAILABLE:
                     await self._recovery_refused(seat, exc)
                     return
                 log.warning(
@@ -486,7 +487,7 @@ class Incarnations:
                 return
 
     async def _recovery_refused(self, seat: Seat, exc: Refusal) -> None:
-        if exc.code == "custody-not-held":
+        if exc.code == Code.CUSTODY_NOT_HELD:
             await self.mgr.watchers.evict(seat, None, exc.message)
             return
         log.error("seat.recovery_failed", seat=seat.name, error=exc.text)
@@ -506,7 +507,7 @@ class Incarnations:
             except Refusal as exc:
                 if seat.lifecycle.allows("exit"):
                     seat.apply("exit")
-                if exc.code != "broker-unavailable" or not self.mgr.active:
+                if exc.code != Code.BROKER_UNAVAILABLE or not self.mgr.active:
                     raise
                 log.warning(
                     "seat.relaunch_deferred", seat=seat.name, error=exc.text, retry_in_s=delay
@@ -587,7 +588,7 @@ class Incarnations:
         if not proven:
             seat.apply("unproven")
             raise Refusal(
-                "stop-unproven",
+                Code.STOP_UNPROVEN,
                 f"seat {seat.name} (pid {pid}) was not reaped within "
                 f"{STOP_DEADLINE_S + LAST_KILL_WAIT_S:.0f}s of its stop",
                 f"kill -9 {pid} (it may be stuck in the kernel), then retry; the manager "
@@ -601,7 +602,7 @@ class Incarnations:
         if survivors:
             seat.apply("unproven")
             raise Refusal(
-                "stop-unproven",
+                Code.STOP_UNPROVEN,
                 f"seat {seat.name} (pid {pid}) exited but processes of its lifecycle are "
                 f"still alive: {survivors}",
                 f"kill {' '.join(map(str, survivors))}, then retry",

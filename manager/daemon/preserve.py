@@ -49,6 +49,7 @@ from protocol.inventory import (
     reference_rule_errors,
 )
 from protocol.maintenance import ResumeDescriptor
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.preserve")
 
@@ -78,7 +79,7 @@ class Preservation:
             return self._plan_result(attempt)
         if self.mgr.stopping:
             raise Refusal(
-                "fenced",
+                Code.FENCED,
                 "prepare-preservation refused: the manager is stopping",
                 "wait for it to exit",
             )
@@ -113,7 +114,7 @@ class Preservation:
         failures = self._reference_failures(inventory)
         if failures:
             raise Refusal(
-                "preservation-refused",
+                Code.PRESERVATION_REFUSED,
                 "preservation incomplete: " + "; ".join(failures),
                 "fix what each seat names, then cut again; nothing was stopped",
             )
@@ -166,7 +167,7 @@ class Preservation:
             held = outcome.unwrap()
             if held is None or held.record.holder != mgr.identity.instance_id:
                 raise Refusal(
-                    "custody-lost",
+                    Code.CUSTODY_LOST,
                     f"seat {agent.name}: this manager does not hold its custody at the broker "
                     f"({'no record' if held is None else 'held by ' + held.record.holder})",
                     "a seat this manager does not hold cannot be cut from here; nothing was "
@@ -179,7 +180,7 @@ class Preservation:
             )
             if held.record.generation != agent.generation or local > agent.generation:
                 raise Refusal(
-                    "custody-stale",
+                    Code.CUSTODY_STALE,
                     f"seat {agent.name}: writer generation disagrees (broker "
                     f"{held.record.generation}, seat {agent.generation}, local {local})",
                     "this root's record of the seat is stale; nothing was stopped",
@@ -280,7 +281,7 @@ class Preservation:
             return self.result
         if self.plan is None or m.attempt_id != attempt or m.state != "preserving":
             raise Refusal(
-                "not-prepared",
+                Code.NOT_PREPARED,
                 f"preservation attempt {attempt} is not the prepared attempt (state {m.state})",
                 "run prepare-preservation for this attempt first "
                 "(cotal down --preserve-state does)",
@@ -291,7 +292,7 @@ class Preservation:
             for d in extra:
                 if not d.is_absolute() or not d.is_dir():
                     raise Refusal(
-                        "bad-store",
+                        Code.BAD_STORE,
                         f"--session-store {d} is not an existing absolute directory",
                         "pass the directory the harness keeps its sessions in",
                     )
@@ -656,7 +657,7 @@ def _capture_refusal(seat: str, exc: Exception) -> Refusal:
         return Refusal(refusal.code, f"seat {seat}: {refusal.message}", refusal.cure)
     if "requires sessionId" in str(exc):
         return Refusal(
-            "session-unplanned",
+            Code.SESSION_UNPLANNED,
             f"seat {seat}: the capture found a session (pointer and store files) that the plan "
             f"made at prepare does not record, so no session can be promised for it: {exc}",
             "rerun `cotal down --preserve-state` without the --session-store the plan did not "
@@ -664,7 +665,7 @@ def _capture_refusal(seat: str, exc: Exception) -> Refusal:
             "the store in the agent's settings",
         )
     return Refusal(
-        "capture-failed",
+        Code.CAPTURE_FAILED,
         f"seat {seat}: the capture produced a record that does not hold: {exc}",
         "fix what the message names, then rerun `cotal down --preserve-state`",
     )

@@ -17,6 +17,7 @@ from manager.checkpoint import cut
 from protocol import control
 from protocol.errors import Refusal
 from protocol.instant import now_iso
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.preserve")
 
@@ -110,7 +111,7 @@ class ProgressLog:
     def read(self, args: control.ProgressArgs) -> control.ProgressResult:
         if self.attempt_id is None or args.attempt_id != self.attempt_id:
             raise Refusal(
-                "not-this-attempt",
+                Code.NOT_THIS_ATTEMPT,
                 f"this manager has no progress for attempt {args.attempt_id} "
                 f"(its attempt is {self.attempt_id or '<none>'})",
                 "poll the attempt this manager is preparing or committing",

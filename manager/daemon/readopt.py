@@ -39,6 +39,7 @@ from protocol import names
 from protocol.errors import Refusal
 from protocol.lifecycle import SeatLifecycle, SeatRecord
 from protocol.maintenance import CUT_STATES
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.readopt")
 
@@ -221,7 +222,7 @@ class Readoption:
                 survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
         if survivors:
             raise Refusal(
-                "uid-live",
+                Code.UID_LIVE,
                 f"processes of {seat.name}'s lifecycle outlived its manager: {survivors}",
                 f"kill {' '.join(map(str, survivors))}, then `cotal stop {seat.name}` and "
                 f"`cotal start {seat.name}`",

@@ -36,6 +36,7 @@ from protocol.inventory import (
     parse_resume_args,
     reference_rule_errors,
 )
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.resume")
 
@@ -83,7 +84,7 @@ class Resumption:
         mgr = self.mgr
         if len(mgr.seats) + len(inventory.agents) > names.MAX_SEATS:
             raise Refusal(
-                "capacity",
+                Code.CAPACITY,
                 f"resuming {len(inventory.agents)} seat(s) would exceed manager capacity "
                 f"({names.MAX_SEATS})",
                 "resume fewer seats per manager",
@@ -94,20 +95,20 @@ class Resumption:
             failures = reference_rule_errors(agent) + reference_errors(agent)
             if failures:
                 raise Refusal(
-                    "retained-reference",
+                    Code.RETAINED_REFERENCE,
                     f"seat {agent.name}: " + "; ".join(failures),
                     CURE_REFERENCE,
                 )
             if agent.name in mgr.seats:
                 raise Refusal(
-                    "duplicate-name",
+                    Code.DUPLICATE_NAME,
                     f"retained agent name {agent.name!r} is already managed here",
                     "a seat is resumed once; stop the other first",
                 )
             uid = agent.identity.lifecycle_uid
             if any(s.uid == uid for s in mgr.seats.values()):
                 raise Refusal(
-                    "duplicate-principal",
+                    Code.DUPLICATE_PRINCIPAL,
                     f"retained principal uid {uid} is already managed here",
                     "a seat is resumed once",
                 )
@@ -160,12 +161,12 @@ class Resumption:
                 continue
             except Exception as exc:
                 raise Refusal(
-                    "liveness-unknown",
+                    Code.LIVENESS_UNKNOWN,
                     f"cannot read presence for {agent.name}: {exc}",
                     "the broker must answer before a seat is adopted; retry",
                 ) from None
             raise Refusal(
-                "principal-live",
+                Code.PRINCIPAL_LIVE,
                 f"retained principal {agent.name} (uid {agent.identity.lifecycle_uid}) is already "
                 "live and this runtime cannot authoritatively adopt it",
                 "stop the running incarnation first; presence expires 6 s after it stops",
@@ -189,7 +190,7 @@ class Resumption:
             raise
         if klass == "exact" and seat.session_id != recorded:
             raise Refusal(
-                "session-mismatch",
+                Code.SESSION_MISMATCH,
                 f"replacement reported session {seat.session_id}, expected {recorded}",
                 "the harness did not reopen the recorded session",
             )
@@ -224,7 +225,7 @@ class Resumption:
             or held.record.attempt_id != attempt
         ):
             raise Refusal(
-                "custody-not-held",
+                Code.CUSTODY_NOT_HELD,
                 f"seat {agent.name}: this manager does not hold its custody for attempt {attempt}",
                 "claim custody first (cotal up --restore does, before it starts the manager)",
             )
@@ -264,7 +265,7 @@ class Resumption:
         attempt = names.check_attempt_id(args.attempt_id)
         if self.inventory is None:
             raise Refusal(
-                "not-resumed",
+                Code.NOT_RESUMED,
                 f"resume attempt {attempt} has no successful activation to commit",
                 "retry resume-preserved until every retained seat is live",
             )
@@ -273,7 +274,7 @@ class Resumption:
             seat = mgr.seats.get(agent.name)
             if seat is None or seat.uid != agent.identity.lifecycle_uid or seat.state != "running":
                 raise Refusal(
-                    "resume-invalid",
+                    Code.RESUME_INVALID,
                     f"seat {agent.name} is not running under its recorded uid",
                     "retry resume-preserved",
                 )
@@ -298,7 +299,7 @@ class Resumption:
             return control.AttemptState(attempt_id=attempt, state="active")
         if self.token is None or not hmac.compare_digest(args.durable_commit_token, self.token):
             raise Refusal(
-                "bad-token",
+                Code.BAD_TOKEN,
                 f"finalize-resume for {attempt}: the durable commit token does not match",
                 "pass the token commit-resume returned (the journal records it)",
             )

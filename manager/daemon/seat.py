@@ -30,6 +30,7 @@ from protocol import control, names
 from protocol.errors import DecodeError, Refusal
 from protocol.lifecycle import SeatEvent, SeatLifecycle, SeatState
 from protocol.maintenance import Maintenance
+from protocol.refusals import Code
 from protocol.session import SessionPointer, decode_pointer
 
 
@@ -155,13 +156,13 @@ def session_to_reopen(seat: Seat) -> tuple[str | None, str | None]:
         pointer = read_pointer(seat.pointer_path)
     except (FileNotFoundError, DecodeError) as exc:
         raise Refusal(
-            "session-unknown",
+            Code.SESSION_UNKNOWN,
             f"{seat.name}'s session pointer {seat.pointer_path} cannot be read ({exc})",
             f"`cotal rm {seat.name}`; its session cannot be reopened",
         ) from None
     if pointer.status != "running":
         raise Refusal(
-            "deliberate-quit",
+            Code.DELIBERATE_QUIT,
             f"{seat.name}'s harness quit its session deliberately; there is no session to reopen",
             f"`cotal rm {seat.name}`, then spawn it again",
         )

@@ -43,6 +43,7 @@ from manager.workspace.private import ensure_private_dir, read_stable, write_pri
 from protocol.errors import Refusal
 from protocol.mesh import MESH_CAP, MeshRecord, decode_mesh, encode_mesh
 from protocol.names import check_space
+from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.daemon")
 
@@ -59,7 +60,7 @@ def read_control_token(layout: Layout) -> str:
     token = data.decode().strip()
     if len(token) < 32:
         raise Refusal(
-            "bad-token", f"control token {layout.control_token} is too short", "rerun `cotal up`"
+            Code.BAD_TOKEN, f"control token {layout.control_token} is too short", "rerun `cotal up`"
         )
     return token
 

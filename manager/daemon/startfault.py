@@ -25,6 +25,7 @@ import msgspec
 from protocol import names
 from protocol.errors import Refusal
 from protocol.lifecycle import exit_text
+from protocol.refusals import Code
 
 Step = Literal["namespace", "mount", "hide", "landlock", "capabilities", "exec"]
 
@@ -129,7 +130,7 @@ class StartFailed(Refusal):
         else:
             cure = _CURES[fault.step]
         cure = f"{cure}; the launcher's line is in {log_path}"
-        super().__init__("seat-start-failed", message, cure)
+        super().__init__(Code.SEAT_START_FAILED, message, cure)
 
     def budget_spent(self, attempts: int) -> StartFailed:
         """The same refusal, saying that the tries again ran out."""

@@ -23,6 +23,7 @@ from manager.workspace.private import create_private_exclusive, ensure_private_d
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
+from protocol.refusals import Code
 
 PREFIX = "x25519:"
 BOX_KEY_CAP = 4096
@@ -89,7 +90,7 @@ def recipient_key(text: str) -> X25519PublicKey:
     raw = parse_public(text)
     if raw is None:
         raise Refusal(
-            "bad-box-key",
+            Code.BAD_BOX_KEY,
             f"{text!r} is not a box key (expected {PREFIX} and 43 characters of base64url)",
             cure,
         )
@@ -98,7 +99,9 @@ def recipient_key(text: str) -> X25519PublicKey:
         # A low-order point agrees the all-zero secret with every sender: no secret at all.
         X25519PrivateKey.generate().exchange(key)
     except ValueError:
-        raise Refusal("bad-box-key", f"{text!r} is not a usable X25519 public key", cure) from None
+        raise Refusal(
+            Code.BAD_BOX_KEY, f"{text!r} is not a usable X25519 public key", cure
+        ) from None
     return key
 
 
@@ -148,16 +151,16 @@ def _load(layout: Layout) -> BoxKey:
         data = read_stable(path, cap=BOX_KEY_CAP, what="box key", require_private=True).data
         record = decode_json(data, BoxKeyRecord, what=f"box key {path}", cap=BOX_KEY_CAP)
     except DecodeError as exc:
-        raise Refusal("box-key-malformed", exc.message, cure) from None
+        raise Refusal(Code.BOX_KEY_MALFORMED, exc.message, cure) from None
     raw = _unb64(record.private_key)
     if record.version != 1 or raw is None:
         raise Refusal(
-            "box-key-malformed", f"box key {path} is malformed (version or private key)", cure
+            Code.BOX_KEY_MALFORMED, f"box key {path} is malformed (version or private key)", cure
         )
     key = BoxKey(X25519PrivateKey.from_private_bytes(raw))
     if key.public != record.public_key:
         raise Refusal(
-            "box-key-malformed",
+            Code.BOX_KEY_MALFORMED,
             f"box key {path}: its public key does not match its private key",
             cure,
         )

@@ -25,6 +25,7 @@ from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.inventory import AttemptId, InstanceId, LifecycleUid, SeatName
 from protocol.names import GENERATION, check_attempt_id, check_lifecycle_uid, check_seat_name
+from protocol.refusals import Code
 
 RECORD_CAP = 4096
 _NAME_RE = GENERATION.regex
@@ -50,7 +51,7 @@ _CURE_MALFORMED = (
 
 def _refuse_malformed(path: Path, detail: str) -> Refusal:
     return Refusal(
-        "generation-malformed",
+        Code.GENERATION_MALFORMED,
         f"writer generation record {path} is malformed: {detail}",
         _CURE_MALFORMED,
     )
@@ -67,9 +68,9 @@ def _read_record(
             got.data, GenerationRecord, what=f"writer generation record {path}", cap=RECORD_CAP
         )
     except DecodeError as exc:
-        raise Refusal("generation-malformed", exc.message, _CURE_MALFORMED) from None
+        raise Refusal(Code.GENERATION_MALFORMED, exc.message, _CURE_MALFORMED) from None
     except Refusal as exc:
-        raise Refusal("generation-malformed", exc.message, _CURE_MALFORMED) from None
+        raise Refusal(Code.GENERATION_MALFORMED, exc.message, _CURE_MALFORMED) from None
     if record.generation != generation:
         raise _refuse_malformed(
             path, f"it records generation {record.generation} under the name {generation}"
@@ -185,7 +186,7 @@ def claim_successor(
     check_attempt_id(attempt_id)
     if expected_current < 0:
         raise Refusal(
-            "bad-generation",
+            Code.BAD_GENERATION,
             f"generation {expected_current} is negative",
             "pass the checkpoint's generation",
         )
@@ -217,7 +218,7 @@ def claim_successor(
 
 def _refuse_taken(seat: str, target: int, holder: GenerationRecord) -> Refusal:
     return Refusal(
-        "custody-lost",
+        Code.CUSTODY_LOST,
         f"seat {seat} cannot claim writer generation {target}: this root already records "
         f"generation {holder.generation}, claimed by instance {holder.holder} for attempt "
         f"{holder.attempt_id} (lifecycle {holder.lifecycle_uid}, at {holder.claimed_at})",

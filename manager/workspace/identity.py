@@ -20,6 +20,7 @@ from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.names import INSTANCE_ID, mint_instance_id
+from protocol.refusals import Code
 
 IDENTITY_CAP = 4096
 
@@ -94,10 +95,10 @@ def _load(path: object, space: str) -> InstanceIdentity:
             data, InstanceRecord, what=f"manager instance identity {p}", cap=IDENTITY_CAP
         )
     except DecodeError as exc:
-        raise Refusal("identity-malformed", exc.message, cure) from None
+        raise Refusal(Code.IDENTITY_MALFORMED, exc.message, cure) from None
     if record.version != 1 or not INSTANCE_ID.matches(record.instance_id) or record.space != space:
         raise Refusal(
-            "identity-malformed",
+            Code.IDENTITY_MALFORMED,
             f"manager instance identity {p} is malformed (version, instanceId or space)",
             cure,
         )
@@ -107,12 +108,14 @@ def _load(path: object, space: str) -> InstanceIdentity:
         )
     except ValueError:
         raise Refusal(
-            "identity-malformed", f"manager instance identity {p} holds no valid signing key", cure
+            Code.IDENTITY_MALFORMED,
+            f"manager instance identity {p} holds no valid signing key",
+            cure,
         ) from None
     ident = InstanceIdentity(record.instance_id, space, key)
     if ident.public_key_b64 != record.public_key:
         raise Refusal(
-            "identity-malformed",
+            Code.IDENTITY_MALFORMED,
             f"manager instance identity {p}: public key does not match the signing key",
             cure,
         )

@@ -48,6 +48,7 @@ from protocol.maintenance import (
     encode_journal,
     next_record,
 )
+from protocol.refusals import Code
 
 JOURNAL_FILE = "journal.json"
 _WHAT_RESUME = "maintenance resume document"
@@ -84,7 +85,7 @@ def write_resume_document(layout: Layout, inventory: Inventory) -> ResumeDescrip
     data = encode_inventory(inventory)
     if len(data) > INVENTORY_CAP:
         raise Refusal(
-            "too-large",
+            Code.TOO_LARGE,
             f"resume inventory is {len(data)} bytes, over the {INVENTORY_CAP}-byte cap",
             "cut fewer seats at a time",
         )
@@ -100,7 +101,7 @@ def write_resume_document(layout: Layout, inventory: Inventory) -> ResumeDescrip
     record = Journal(layout).load()
     if record is not None and record.resume is not None and record.resume != descriptor:
         raise Refusal(
-            "resume-mismatch",
+            Code.RESUME_MISMATCH,
             f"maintenance journal {journal_path(layout)} (attempt {record.attempt_id}, state "
             f"{record.state}) names a different resume document (sha256 {record.resume.sha256}); "
             f"refusing to replace it with {descriptor.sha256}",
@@ -115,13 +116,13 @@ def write_resume_document(layout: Layout, inventory: Inventory) -> ResumeDescrip
 def _check_descriptor(descriptor: ResumeDescriptor) -> None:
     if descriptor.version not in SUPPORTED_VERSIONS:
         raise Refusal(
-            "unsupported-version",
+            Code.UNSUPPORTED_VERSION,
             f"resume descriptor names version {descriptor.version!r}",
             "upgrade cotal to the version that wrote it",
         )
     if descriptor.file != RESUME_FILE or not (0 < descriptor.bytes <= INVENTORY_CAP):
         raise Refusal(
-            "resume-mismatch",
+            Code.RESUME_MISMATCH,
             f"resume descriptor {descriptor!r} does not describe a resume document",
             "the journal is damaged; restore it from the cut's copy",
         )
@@ -146,9 +147,9 @@ def read_resume_document(
     try:
         got = read_stable(path, cap=descriptor.bytes, what=_WHAT_RESUME, require_private=True)
     except Refusal as exc:
-        if exc.code == "too-large":
+        if exc.code == Code.TOO_LARGE:
             raise Refusal(
-                "resume-mismatch",
+                Code.RESUME_MISMATCH,
                 f"{_WHAT_RESUME} {path} is larger than the {descriptor.bytes} bytes the journal "
                 "records",
                 cure_tamper,
@@ -157,14 +158,14 @@ def read_resume_document(
     mode = stat.S_IMODE(got.st.st_mode)
     if mode != 0o600 or got.st.st_uid != os.geteuid():
         raise Refusal(
-            "not-private",
+            Code.NOT_PRIVATE,
             f"{_WHAT_RESUME} {path} has mode {mode:04o} and owner uid {got.st.st_uid}; expected "
             f"0600 and uid {os.geteuid()}",
             f"check it is the document this attempt wrote, then chmod 600 {path}",
         )
     if len(got.data) != descriptor.bytes:
         raise Refusal(
-            "resume-mismatch",
+            Code.RESUME_MISMATCH,
             f"{_WHAT_RESUME} {path} is {len(got.data)} bytes, the journal records "
             f"{descriptor.bytes}",
             cure_tamper,
@@ -172,14 +173,14 @@ def read_resume_document(
     digest = hashlib.sha256(got.data).hexdigest()
     if digest != descriptor.sha256:
         raise Refusal(
-            "resume-mismatch",
+            Code.RESUME_MISMATCH,
             f"{_WHAT_RESUME} {path} hashes to {digest}, the journal records {descriptor.sha256}",
             cure_tamper,
         )
     declared = inventory_version(got.data)
     if declared != descriptor.version:
         raise Refusal(
-            "resume-mismatch",
+            Code.RESUME_MISMATCH,
             f"{_WHAT_RESUME} {path} is {declared}, the journal records {descriptor.version}",
             cure_tamper,
         )
@@ -188,7 +189,7 @@ def read_resume_document(
     # descriptor forged to fit a hand-edited file, which is still refused.
     if declared == inventory.version and encode_inventory(inventory) != got.data:
         raise Refusal(
-            "resume-mismatch", f"{_WHAT_RESUME} {path} is not in normalized form", cure_tamper
+            Code.RESUME_MISMATCH, f"{_WHAT_RESUME} {path} is not in normalized form", cure_tamper
         )
     return inventory
 
@@ -222,9 +223,9 @@ class Journal:
             )
             return decode_journal(got.data, what=f"maintenance journal {self.path}")
         except DecodeError as exc:
-            raise Refusal("journal-malformed", exc.message, self._cure()) from None
+            raise Refusal(Code.JOURNAL_MALFORMED, exc.message, self._cure()) from None
         except Refusal as exc:
-            if exc.code == "missing":  # discarded between the lstat and the open
+            if exc.code == Code.MISSING:  # discarded between the lstat and the open
                 return None
             raise Refusal(exc.code, exc.message, self._cure()) from None
 
@@ -233,7 +234,7 @@ class Journal:
         record = record if record is not None else self.load()
         if record is None or record.resume is None:
             raise Refusal(
-                "resume-missing",
+                Code.RESUME_MISSING,
                 f"no maintenance journal with a resume document at {self.path}",
                 "cut the seats first (cotal down --preserve-state)",
             )
@@ -286,7 +287,7 @@ class Journal:
             return
         if record.attempt_id != attempt_id:
             raise Refusal(
-                "attempt-mismatch",
+                Code.ATTEMPT_MISMATCH,
                 f"maintenance journal belongs to attempt {record.attempt_id}; refusing to discard "
                 "it "
                 f"for attempt {attempt_id}",

@@ -28,6 +28,7 @@ from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.names import check_attempt_id
+from protocol.refusals import Code
 
 LOCK_FILE = "lock"
 REAPER_FILE = "lock.reaper"
@@ -98,7 +99,7 @@ class MaintenanceLock:
         try:
             got = read_stable(self.path, cap=LOCK_CAP, what="maintenance lock")
         except Refusal as exc:
-            if exc.code == "missing":
+            if exc.code == Code.MISSING:
                 return None
             raise
         try:
@@ -109,14 +110,14 @@ class MaintenanceLock:
             # Published by link after fsync, a lock is never torn: a malformed one was written
             # by something else, and nothing about it proves its owner is gone.
             raise Refusal(
-                "lock-malformed",
+                Code.LOCK_MALFORMED,
                 exc.message,
                 f"make sure no cotal is cutting or resuming this root, then remove {self.path}",
             ) from None
 
     def _refuse_held(self, owner: LockRecord, why: str) -> Refusal:
         return Refusal(
-            "lock-held",
+            Code.LOCK_HELD,
             f"maintenance lock {self.path} is held by pid {owner.pid} for attempt "
             f"{owner.attempt_id} (since {owner.created_at}; {why})",
             "wait for that cut or resume to finish, or stop it; a lock whose owner is provably "
@@ -126,7 +127,7 @@ class MaintenanceLock:
     def acquire(self) -> None:
         if self._record is not None:
             raise Refusal(
-                "lock-held", f"maintenance lock {self.path} is already held by this object", ""
+                Code.LOCK_HELD, f"maintenance lock {self.path} is already held by this object", ""
             )
         ensure_private_dir(self.layout.control)
         ensure_private_dir(self.layout.maintenance.parent)
@@ -163,7 +164,7 @@ class MaintenanceLock:
                 raced = self._read_owner()
                 if raced is None:
                     raise Refusal(
-                        "lock-held", f"maintenance lock {self.path} is contended", "retry"
+                        Code.LOCK_HELD, f"maintenance lock {self.path} is contended", "retry"
                     )
                 raise self._refuse_held(raced[0], "it was taken a moment ago")
             self._record, self._bytes = record, data
@@ -175,7 +176,7 @@ class MaintenanceLock:
         found = self._read_owner() if self._record is not None else None
         if found is None or found[1] != self._bytes:
             raise Refusal(
-                "lock-lost",
+                Code.LOCK_LOST,
                 f"maintenance lock {self.path} is no longer held by this coordinator",
                 "stop: another coordinator may be acting on this root; inspect the journal first",
             )

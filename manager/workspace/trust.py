@@ -27,6 +27,7 @@ from manager.workspace.private import (
 )
 from protocol.errors import Refusal
 from protocol.names import TokenRule
+from protocol.refusals import Code
 
 TRUST_FILE = "trusted-signers"
 TRUST_CAP = 64 * 1024
@@ -88,14 +89,14 @@ def key_problem(text: str) -> str | None:
 def check_key(text: str, *, what: str = "signer key") -> str:
     problem = key_problem(text)
     if problem is not None:
-        raise Refusal("bad-key", f"{what} {text[:80]!r} {problem}", _CURE_KEY)
+        raise Refusal(Code.BAD_KEY, f"{what} {text[:80]!r} {problem}", _CURE_KEY)
     return text
 
 
 def check_signer_name(name: str) -> str:
     if not SIGNER_NAME.matches(name):
         raise Refusal(
-            "bad-signer-name",
+            Code.BAD_SIGNER_NAME,
             f"signer name {name[:80]!r} is not a label (letters, digits and _ . @ : -, at most "
             "128, starting with a letter or digit)",
             "name it after the source host or its manager instance id, e.g. --name host-a",
@@ -115,14 +116,16 @@ def parse_trust_file(data: bytes, *, where: str = TRUST_FILE) -> list[TrustedSig
     cure = f"fix or remove line(s) of {where} by hand, or rebuild it with `cotal trust add`"
     if len(data) > TRUST_CAP:
         raise Refusal(
-            "trust-malformed", f"{where} is {len(data)} bytes, over the {TRUST_CAP}-byte cap", cure
+            Code.TRUST_MALFORMED,
+            f"{where} is {len(data)} bytes, over the {TRUST_CAP}-byte cap",
+            cure,
         )
     try:
         text = data.decode("ascii")
     except UnicodeDecodeError:
-        raise Refusal("trust-malformed", f"{where} is not ASCII text", cure) from None
+        raise Refusal(Code.TRUST_MALFORMED, f"{where} is not ASCII text", cure) from None
     if text and not text.endswith("\n"):
-        raise Refusal("trust-malformed", f"{where} does not end with a newline", cure)
+        raise Refusal(Code.TRUST_MALFORMED, f"{where} does not end with a newline", cure)
     signers: list[TrustedSigner] = []
     keys: set[str] = set()
     names: set[str] = set()
@@ -130,23 +133,23 @@ def parse_trust_file(data: bytes, *, where: str = TRUST_FILE) -> list[TrustedSig
         fields = line.split(" ")
         if len(fields) != 2:
             raise Refusal(
-                "trust-malformed",
+                Code.TRUST_MALFORMED,
                 f"{where} line {number} is not '<base64 key> <name>' (one space between)",
                 cure,
             )
         key, name = fields
         problem = key_problem(key)
         if problem is not None:
-            raise Refusal("trust-malformed", f"{where} line {number}: the key {problem}", cure)
+            raise Refusal(Code.TRUST_MALFORMED, f"{where} line {number}: the key {problem}", cure)
         if not SIGNER_NAME.matches(name):
             raise Refusal(
-                "trust-malformed",
+                Code.TRUST_MALFORMED,
                 f"{where} line {number}: {name[:80]!r} is not a signer name",
                 cure,
             )
         if key in keys or name in names:
             raise Refusal(
-                "trust-malformed",
+                Code.TRUST_MALFORMED,
                 f"{where} line {number} lists {'key ' + key if key in keys else 'name ' + name} "
                 "a second time",
                 cure,
@@ -156,7 +159,7 @@ def parse_trust_file(data: bytes, *, where: str = TRUST_FILE) -> list[TrustedSig
         signers.append(TrustedSigner(key, name))
     if len(signers) > MAX_SIGNERS:
         raise Refusal(
-            "trust-malformed", f"{where} lists {len(signers)} signers, over {MAX_SIGNERS}", cure
+            Code.TRUST_MALFORMED, f"{where} lists {len(signers)} signers, over {MAX_SIGNERS}", cure
         )
     return signers
 
@@ -206,7 +209,7 @@ def add_signer(layout: Layout, key: str, name: str | None = None) -> TrustChange
         for existing in signers:
             if existing.name == name and existing.key != key:
                 raise Refusal(
-                    "trust-name-taken",
+                    Code.TRUST_NAME_TAKEN,
                     f"the name {name} already trusts key {existing.key} ({existing.fingerprint})",
                     f"choose another --name, or `cotal trust remove {name}` first",
                 )
@@ -220,7 +223,7 @@ def add_signer(layout: Layout, key: str, name: str | None = None) -> TrustChange
         else:
             if len(signers) >= MAX_SIGNERS:
                 raise Refusal(
-                    "trust-full",
+                    Code.TRUST_FULL,
                     f"the trust store already lists {MAX_SIGNERS} signers",
                     "remove signers you no longer resume from (`cotal trust remove NAME`)",
                 )
@@ -237,7 +240,7 @@ def remove_signer(layout: Layout, key_or_name: str) -> TrustChange:
         gone = next((s for s in signers if key_or_name in (s.key, s.name)), None)
         if gone is None:
             raise Refusal(
-                "not-trusted",
+                Code.NOT_TRUSTED,
                 f"no trusted signer has the key or name {key_or_name[:80]!r}",
                 "run `cotal trust list` to see the keys and names this root trusts",
             )

@@ -1,4 +1,4 @@
-"""The refusal catalogue, the code and docs/cli.md agree.
+"""The refusal catalogue, the code and docs/cli.md agree, and a code is spelled only there.
 
 The source of protocol/, connectors/ and manager/ is read with `ast` (nothing is imported or
 run): every expression that lands in a refusal's code slot is resolved to its literals. A slot
@@ -7,9 +7,13 @@ subclass's `__init__` hands to `super().__init__`, the `code=` of `ErrorBody`, a
 of a dict literal, and, transitively, any parameter of a function that reaches one of those
 (`_refuse(gate, code, ...)`, `error_reply(id, code, ...)`, `run_git(..., code="git-failed")`).
 A slot is resolved through literals, conditional expressions, `or`, parameter defaults, module
-constants (`control.CONTROL_BUSY`), local assignments and a module table of `(code, cure)`
+constants (`BUSY = Code.CONTROL_BUSY`), local assignments and a module table of `(code, cure)`
 tuples read with `.get`. A slot that hands on another refusal's code (`exc.code`,
 `failure.get("code")`) is counted where that refusal was made.
+
+A code is spelled once, as a member of `protocol.refusals.Code`: a string literal in a code slot,
+or compared with a refusal's `.code`, is a finding of `test_no_code_is_spelled_outside_the_
+catalogue` (the one dynamic family, `bad-<argument>`, is KNOWN_UNRESOLVED below).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import msgspec
 
 from bench import refusal_table
 from protocol import control
-from protocol.refusals import CATALOGUE, ENTRIES
+from protocol.refusals import CATALOGUE, ENTRIES, Code
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("protocol", "connectors", "manager")
@@ -56,6 +60,8 @@ CODE_SHAPE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 class Scan:
     # code -> the raise sites ("path:line") that name it
     codes: dict[str, list[str]] = field(default_factory=dict)
+    # "path:line[:column]" -> the code spelled there as a literal rather than a `Code` member
+    literals: dict[str, str] = field(default_factory=dict)
     # (path, expression) of each code slot no rule resolved
     unresolved: set[tuple[str, str]] = field(default_factory=set)
 
@@ -98,6 +104,8 @@ class Scanner:
                 self.modules.append((rel, ast.parse(path.read_text(), rel)))
         self.consts: dict[str, set[str]] = {}
         self.tuple_tables: dict[str, set[str]] = {}
+        # name -> {"path:line": code} where a module constant or table spells a code as a literal
+        self.spelled_at: dict[str, dict[str, str]] = {}
         self.refusal_classes = {"Refusal"}
         # Names are matched unqualified: a sink is any callable of that name, so a helper that
         # shares a name with one is scanned too (a false code shows up as uncatalogued, which
@@ -110,7 +118,7 @@ class Scanner:
         self.functions = self._functions()
 
     def _module_level(self) -> None:
-        for _, tree in self.modules:
+        for rel, tree in self.modules:
             for node in tree.body:
                 if isinstance(node, ast.Assign):
                     targets, value = node.targets, node.value
@@ -121,16 +129,26 @@ class Scanner:
                 for target in targets:
                     if not isinstance(target, ast.Name):
                         continue
-                    if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                        self.consts.setdefault(target.id, set()).add(value.value)
+                    literal = self.spelled_at.setdefault(target.id, {})
+                    if (code := _spelled(value)) is not None:
+                        self.consts.setdefault(target.id, set()).add(code)
+                        if isinstance(value, ast.Constant):
+                            literal[f"{rel}:{value.lineno}"] = code
                     elif isinstance(value, ast.Dict):
+                        for v in value.values:
+                            if (
+                                isinstance(v, ast.Tuple)
+                                and v.elts
+                                and isinstance(v.elts[0], ast.Constant)
+                                and isinstance(v.elts[0].value, str)
+                            ):
+                                literal[f"{rel}:{v.lineno}"] = v.elts[0].value
                         firsts = {
-                            v.elts[0].value
+                            code
                             for v in value.values
                             if isinstance(v, ast.Tuple)
                             and v.elts
-                            and isinstance(v.elts[0], ast.Constant)
-                            and isinstance(v.elts[0].value, str)
+                            and (code := _spelled(v.elts[0])) is not None
                         }
                         if firsts:
                             self.tuple_tables[target.id] = firsts
@@ -248,6 +266,15 @@ class Scanner:
 
         if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
             found({expr.value})
+            table = getattr(expr, "table", None)
+            if table is None:
+                scan.literals[f"{rel}:{expr.lineno}:{expr.col_offset}"] = expr.value
+            else:
+                scan.literals.update(self.spelled_at.get(table, {}))
+        elif isinstance(expr, ast.Constant):
+            pass  # a number under a "code" key is a peer's (JSON-RPC), not a refusal code
+        elif _member(expr) is not None:
+            found({_member(expr) or ""})
         elif isinstance(expr, ast.IfExp):
             again(expr.body)
             again(expr.orelse)
@@ -258,6 +285,7 @@ class Scanner:
             pass  # another refusal's code, handed on
         elif isinstance(expr, ast.Attribute) and expr.attr in self.consts:
             found(self.consts[expr.attr])
+            scan.literals.update(self.spelled_at.get(expr.attr, {}))
         elif isinstance(expr, ast.Call) and _name(expr.func) in ("get", "pop"):
             # `failure.get("code", "capture-failed")`, `codes.pop()`: codes handed on, and the
             # default, which is this site's own.
@@ -272,6 +300,7 @@ class Scanner:
                 again(value)
         elif isinstance(expr, ast.Name) and expr.id in self.consts:
             found(self.consts[expr.id])
+            scan.literals.update(self.spelled_at.get(expr.id, {}))
         else:
             scan.unresolved.add((rel, ast.unparse(expr)))
 
@@ -302,12 +331,71 @@ class Scanner:
                     and value.func.value.id in self.tuple_tables
                 ):
                     table = self.tuple_tables[value.func.value.id]
-                    values.extend(ast.copy_location(ast.Constant(c), value) for c in sorted(table))
+                    for c in sorted(table):
+                        entry = ast.copy_location(ast.Constant(c), value)
+                        entry.table = value.func.value.id  # type: ignore[attr-defined]
+                        values.append(entry)
                     if len(value.args) == 2 and isinstance(value.args[1], ast.Tuple):
                         values.append(value.args[1].elts[0])
                 else:
                     values.append(value)
         return values
+
+
+def _member(expr: ast.expr) -> str | None:
+    """The code `Code.NAME` stands for, or None for any other expression."""
+    if (
+        isinstance(expr, ast.Attribute)
+        and isinstance(expr.value, ast.Name)
+        and expr.value.id == "Code"
+        and expr.attr in Code.__members__
+    ):
+        return Code[expr.attr].value
+    return None
+
+
+def _spelled(expr: ast.expr) -> str | None:
+    """A code as a module constant or a table cell holds it: a literal or a `Code` member."""
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value
+    return _member(expr)
+
+
+def _is_code(expr: ast.expr) -> bool:
+    return (isinstance(expr, ast.Attribute) and expr.attr == "code") or (
+        isinstance(expr, ast.Name) and expr.id == "code"
+    )
+
+
+def compared_literals(root: Path = ROOT) -> dict[str, str]:
+    """Literals compared with a refusal's code (`exc.code == "missing"`, `code in {...}`)."""
+    out: dict[str, str] = {}
+    for rel, tree in Scanner(root).modules:
+        # A module's sets of literals (`_BROKEN = frozenset({...})`), compared by name below.
+        sets: dict[str, list[ast.expr]] = {}
+        for stmt in tree.body:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target, value = stmt.targets[0], stmt.value
+                if isinstance(value, ast.Call) and value.args:
+                    value = value.args[0]
+                if isinstance(target, ast.Name) and isinstance(value, ast.Set | ast.Tuple):
+                    sets[target.id] = list(value.elts)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
+                continue
+            left, right = node.left, node.comparators[0]
+            if not (_is_code(left) or _is_code(right)):
+                continue
+            other = right if _is_code(left) else left
+            if isinstance(other, ast.Call) and other.args:
+                other = other.args[0]  # frozenset({...})
+            elts = other.elts if isinstance(other, ast.Set | ast.Tuple | ast.List) else [other]
+            if isinstance(other, ast.Name):
+                elts = sets.get(other.id, [])
+            for elt in elts:
+                if isinstance(elt, ast.Constant) and isinstance(elt.value, str):
+                    out[f"{rel}:{elt.lineno}"] = elt.value
+    return out
 
 
 def _bare_names(expr: ast.expr) -> list[str]:
@@ -391,6 +479,20 @@ def test_every_code_slot_resolves() -> None:
     assert source_scan().unresolved - KNOWN_UNRESOLVED == set()
 
 
+def test_no_code_is_spelled_outside_the_catalogue() -> None:
+    """Raise `Code.NAME`: a literal code at a raise site or in a comparison is a second spelling
+    the catalogue cannot see renamed."""
+    assert source_scan().literals == {}
+    assert compared_literals() == {}
+
+
+def test_every_member_has_one_entry() -> None:
+    fixed = [entry.code for entry in ENTRIES if entry.code in set(Code)]
+    assert sorted(fixed) == sorted(Code), "a Code member lacks its entry, or has two"
+    for member in Code:
+        assert member.name == member.value.upper().replace("-", "_"), member
+
+
 def test_the_scan_follows_each_way_a_code_travels() -> None:
     """One code per rule, from the real source: if a rule stopped working, the two tests above
     would pass without looking."""
@@ -400,7 +502,7 @@ def test_the_scan_follows_each_way_a_code_travels() -> None:
         "apply-failed": "manager/checkpoint/restore.py",  # run_git(..., code="...")
         "future-checkpoint": "manager/checkpoint/admit.py",  # _refuse(gate, "...", ...)
         "internal": "manager/control/server.py",  # error_reply(id, "...") -> ErrorBody(code=)
-        "control-busy": "manager/control/client.py",  # Refusal(control.CONTROL_BUSY, ...)
+        "control-busy": "manager/control/client.py",  # Refusal(Code.CONTROL_BUSY, ...)
         "illegal-transition": "protocol/maintenance.py",  # super().__init__("...")
         "malformed": "protocol/errors.py",  # DecodeError's super().__init__
         "fenced-out": "manager/broker/fence.py",
@@ -436,6 +538,7 @@ def test_the_scan_finds_a_new_code_by_any_route(tmp_path: Path) -> None:
         "    outer(code='kw-code')\n"
         "    Refusal(BUSY, 'm')\n"
         "    Refusal(f'bad-{name}', 'm')\n"
+        "    Refusal(Code.NO_SUCH_SEAT, 'm')\n"
     )
     found = scan_source(tmp_path)
     assert sorted(found.codes) == [
@@ -443,11 +546,15 @@ def test_the_scan_finds_a_new_code_by_any_route(tmp_path: Path) -> None:
         "default-code",
         "helper-code",
         "kw-code",
+        "no-such-seat",
         "other-code",
         "plain-code",
         "sub-code",
     ]
     assert found.unresolved == {("protocol/x.py", "f'bad-{name}'")}
+    # Every route but the member is a literal, and each is reported where it is spelled.
+    assert "no-such-seat" not in found.literals.values()
+    assert sorted(set(found.literals.values())) == sorted(set(found.codes) - {"no-such-seat"})
 
 
 def test_string_argument_codes_follow_the_control_records() -> None:

@@ -14,6 +14,7 @@ from manager.daemon.handlers import mail, preservation, seats
 from manager.daemon.handlers.table import Handler, Table
 from protocol import control
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     from manager.daemon.core import Manager
@@ -41,7 +42,7 @@ def serving(handlers: Mapping[str, Handler]) -> Dispatch:
             # decode_args refuses a name OPS does not know first; this is a table built
             # around that check.
             raise Refusal(
-                "unsupported-op", f"op {op!r} is not implemented by this daemon", "upgrade cotal"
+                Code.UNSUPPORTED_OP, f"op {op!r} is not implemented by this daemon", "upgrade cotal"
             )
         return await handler(args)
 

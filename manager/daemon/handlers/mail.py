@@ -17,6 +17,7 @@ from protocol import control, names
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.messages import DirectMessage, decode_dm
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     from manager.daemon.core import Manager
@@ -75,7 +76,7 @@ class MailHandlers:
         seat = mgr.seat(args.name)
         if not args.text:
             raise Refusal(
-                "empty-message", "refusing to send an empty message", "pass the text to send"
+                Code.EMPTY_MESSAGE, "refusing to send an empty message", "pass the text to send"
             )
         dm = DirectMessage(
             id=new_message_id(),
@@ -111,7 +112,7 @@ class MailHandlers:
                 await waiter.done.wait()
         except TimeoutError:
             raise Refusal(
-                "no-reply",
+                Code.NO_REPLY,
                 f"no reply from {seat.name} within {timeout_s:.0f}s",
                 "the message stays queued in the seat's inbox; check `cotal ps` and the seat log",
             ) from None
@@ -191,7 +192,7 @@ async def refuse_dead_letters(mgr: Manager) -> None:
         listed = ", ".join(f"{name} {n}" for name, n in held.items())
         first = next(iter(held))
         raise Refusal(
-            "dead-letters-waiting",
+            Code.DEAD_LETTERS_WAITING,
             f"preservation refused: seat(s) hold dead letters ({listed}); a cut carries "
             "each seat's inbox, not its dead letters",
             f"`cotal inbox {first}` lists them; put each back (`cotal inbox {first} "

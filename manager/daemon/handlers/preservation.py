@@ -10,6 +10,7 @@ from manager.daemon.handlers.mail import refuse_dead_letters
 from manager.daemon.handlers.table import Table
 from protocol import control
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     from manager.daemon.core import Manager
@@ -41,7 +42,7 @@ class PreservationHandlers:
             kept = sorted(s.name for s in mgr.seats.values() if s.state == "stopped")
             if kept:
                 raise Refusal(
-                    "seat-stopped",
+                    Code.SEAT_STOPPED,
                     f"preservation refused: seat(s) {', '.join(kept)} stopped; a cut carries "
                     "running seats only",
                     f"`cotal start {kept[0]}` or `cotal rm {kept[0]}` first (each stopped seat), "

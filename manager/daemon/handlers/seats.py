@@ -26,6 +26,7 @@ from manager.daemon.seat import Seat
 from protocol import control, names
 from protocol.errors import Refusal
 from protocol.instant import now_iso
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     from manager.daemon.core import Manager
@@ -108,7 +109,7 @@ class SeatHandlers:
         name = names.check_new_seat_name(args.name)
         if len(mgr.seats) >= names.MAX_SEATS:
             raise Refusal(
-                "capacity",
+                Code.CAPACITY,
                 f"this manager already runs {names.MAX_SEATS} seats",
                 "remove a seat first (`cotal rm NAME`; a stopped seat still counts)",
             )
@@ -116,7 +117,9 @@ class SeatHandlers:
         cwd = Path(args.cwd).resolve() if args.cwd else mgr.layout.root
         if not cwd.is_dir():
             raise Refusal(
-                "bad-cwd", f"cwd {cwd} is not a directory", "pass --cwd with an existing directory"
+                Code.BAD_CWD,
+                f"cwd {cwd} is not a directory",
+                "pass --cwd with an existing directory",
             )
         uid = names.mint_lifecycle_uid()
         return Seat(
@@ -156,7 +159,7 @@ class SeatHandlers:
             seat = self.mgr.seat(args.name)
             if seat.state in ("evicting", "evicted"):
                 raise Refusal(
-                    "evicted",
+                    Code.EVICTED,
                     f"seat {seat.name} is {seat.state}: its custody moved to another holder",
                     "nothing to stop here; see `cotal ps`",
                 )
@@ -220,7 +223,7 @@ class SeatHandlers:
         mgr, m = self.mgr, self.mgr.maintenance
         if m.state == "preserving":
             raise Refusal(
-                "fenced",
+                Code.FENCED,
                 f"shutdown refused: preservation attempt {m.attempt_id} is in progress",
                 "commit or abort it first (cotal down --preserve-state continues it)",
             )
@@ -245,7 +248,7 @@ class SeatHandlers:
             # Every other seat was still stopped; the operator is told each survivor by name.
             named = [unproven[n] for n in order if n in unproven]
             raise Refusal(
-                "stop-unproven",
+                Code.STOP_UNPROVEN,
                 "; ".join(r.message for r in named),
                 "; ".join(r.cure for r in named if r.cure),
             )
@@ -298,7 +301,7 @@ def _require_startable(seat: Seat, verb: str) -> None:
     }.get(seat.state, f"`cotal rm {seat.name}`; this seat is not started here again")
     why = f" ({seat.reason})" if seat.reason else ""
     raise Refusal(
-        "not-stopped",
+        Code.NOT_STOPPED,
         f"{verb} refused: seat {seat.name} is {seat.state}{why}; only a stopped seat (or, for "
         "restart, a running one) is started",
         cure,

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from protocol import control
 from protocol.errors import Refusal
+from protocol.refusals import Code
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -24,7 +25,7 @@ class Table:
     def add(self, op: control.Op[A, R], handler: Callable[[A], Awaitable[R]]) -> None:
         if op.name in self.handlers:
             raise Refusal(
-                "unsupported-op",
+                Code.UNSUPPORTED_OP,
                 f"op {op.name!r} has two handlers",
                 "register each op once (manager/daemon/handlers)",
             )
