@@ -332,6 +332,8 @@ class StatusReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     commit_started: bool
     activated: bool
     dead_letters: dict[str, int]
+    # The attempt an active manager is adopting into its mesh, until its finalize.
+    adopting: str | None = None
 
 
 class StartedSeatRow(SeatRow, kw_only=True, frozen=True):

@@ -119,6 +119,58 @@ _CURE_FINISH_CUT = "finish the cut (cotal down --preserve-state) or abort it bef
 _CURE_RESUME = "finish the resume (cotal up --restore) with the attempt the daemon was started for"
 
 
+# -- adoption into a running mesh ----------------------------------------------------------------
+#
+# `cotal up --restore` at a root whose manager runs: the same three resume ops, answered by a
+# manager in `active` that stays `active` (every seat it already runs carries on, and the
+# adoption is lifecycle work the fence counts). This machine binds the ops to one attempt at a
+# time; a cut is refused while an adoption is between its first op and its finalize, since its
+# plan would catch seats the adoption has not committed.
+
+AdoptionState = Literal["idle", "adopting", "adopted", "committed"]
+AdoptionEvent = Literal["resume", "activated", "rollback", "commit-resume", "finalize"]
+
+ADOPTION_TRANSITIONS: Final[dict[AdoptionState, dict[AdoptionEvent, AdoptionState]]] = {
+    "idle": {"resume": "adopting"},
+    # A failed adoption stops what it launched and lets go of the attempt; a rerun starts over.
+    "adopting": {"activated": "adopted", "rollback": "idle"},
+    # Repeats of an op already answered keep the state (the daemon answers them from its
+    # record); a coordinator that died between two ops continues from here.
+    "adopted": {"resume": "adopted", "commit-resume": "committed"},
+    "committed": {"resume": "committed", "commit-resume": "committed", "finalize": "idle"},
+}
+
+
+class Adoption:
+    """Applies `ADOPTION_TRANSITIONS` for one active manager."""
+
+    def __init__(self) -> None:
+        self.state: AdoptionState = "idle"
+        self.attempt_id: str | None = None
+
+    def apply(self, event: AdoptionEvent, attempt_id: str) -> AdoptionState:
+        check_attempt_id(attempt_id)
+        target = ADOPTION_TRANSITIONS[self.state].get(event)
+        if self.state != "idle" and attempt_id != self.attempt_id:
+            raise Refusal(
+                Code.ADOPTION_BUSY,
+                f"this manager is adopting attempt {self.attempt_id}; refusing attempt "
+                f"{attempt_id} until it is finalized",
+                f"finish that adoption first (`cotal up --restore` of attempt {self.attempt_id})",
+            )
+        if target is None:
+            raise IllegalTransition(
+                "adoption",
+                self.state,
+                event,
+                f"adoption of attempt {attempt_id} is {self.state}",
+                "rerun `cotal up --restore` for the attempt; it continues from its journal",
+            )
+        self.attempt_id = None if target == "idle" else attempt_id
+        self.state = target
+        return target
+
+
 class Maintenance:
     """Applies `MAINTENANCE_TRANSITIONS` plus the guards a table cannot express."""
 
@@ -128,6 +180,7 @@ class Maintenance:
         self.generation = 0
         self.commit_started = False
         self.activated = False
+        self.adoption = Adoption()
 
     def check_lifecycle(self, *, resume_operation: bool = False) -> None:
         """The fence. Admits work, or raises; the caller counts admitted work synchronously."""
@@ -190,6 +243,13 @@ class Maintenance:
                 "retry resume-preserved until every retained seat is live",
             )
 
+        if event == "prepare" and self.state == "active" and self.adoption.state != "idle":
+            raise Refusal(
+                Code.ADOPTION_UNDER_WAY,
+                f"preservation refused: this manager is adopting attempt "
+                f"{self.adoption.attempt_id}, whose seats are not committed yet",
+                "let that `cotal up --restore` finish (or rerun it), then cut; nothing was fenced",
+            )
         if event == "prepare" and self.state == "active":
             self.attempt_id = attempt_id
             self.generation += 1

@@ -24,6 +24,8 @@ class Code(StrEnum):
     as its spelling."""
 
     ABORT_UNSAFE = "abort-unsafe"
+    ADOPTION_BUSY = "adoption-busy"
+    ADOPTION_UNDER_WAY = "adoption-under-way"
     AGENT_UNAVAILABLE = "agent-unavailable"
     ALREADY_SEALED = "already-sealed"
     ALREADY_UP = "already-up"
@@ -295,6 +297,16 @@ def _bad_argument(field: str) -> Entry:
 
 
 ENTRIES: tuple[Entry, ...] = (
+    _e(
+        Code.ADOPTION_BUSY,
+        "the running manager is adopting another checkpoint's seats",
+        "finish that `cotal up --restore` first (rerun it if its coordinator died), then retry",
+    ),
+    _e(
+        Code.ADOPTION_UNDER_WAY,
+        "a cut was asked while the manager adopts a checkpoint's seats that are not committed",
+        "let the `cotal up --restore` finish (or rerun it), then cut",
+    ),
     _e(
         Code.BAD_PATIENCE,
         "COTAL_BROKER_PATIENCE_S is not a number of seconds in its range",

@@ -263,11 +263,9 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             # fenced to the attempt (or already finalized it), so this run drives what is left.
             rejoined = await _rejoin(args, layout, src, session, status)
             if rejoined is None:
-                raise Refusal(
-                    Code.ALREADY_UP,
-                    f"a manager (pid {status.pid}) already serves {layout.root}",
-                    "a resume starts its own manager: stop this one first",
-                )
+                out = await _adopt_into_mesh(args, layout, src, session, status, on_exit)
+                out["wallMs"] = int((time.monotonic() - t0) * 1000)
+                return out
             rows = await _seat_rows(session)
             adm = rejoined.pop("admission")
             rejoined["seats"] = _observations(adm, rejoined.pop("resumed"), rows)
@@ -339,6 +337,111 @@ async def _restore(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     out["seats"] = _observations(adm, out.pop("resumed"), rows)
     out["wallMs"] = int((time.monotonic() - t0) * 1000)
     return out
+
+
+async def _adopt_into_mesh(
+    args: argparse.Namespace,
+    layout: Layout,
+    src: Path,
+    session: ControlSession,
+    status: control.StatusReply,
+    on_exit: contextlib.AsyncExitStack,
+) -> dict[str, Any]:
+    """`up --restore` at a root whose manager runs: the same gates, claim, inbox import and
+    restore, then the running manager adopts the seats beside the ones it runs (it answers the
+    resume ops as an adoption and stays active). A taken name or a uid it already runs refuses
+    before anything is claimed."""
+    if status.state != "active":
+        raise Refusal(
+            Code.ALREADY_UP,
+            f"a manager (pid {status.pid}) serves {layout.root} in state {status.state}, which "
+            "adopts nothing",
+            "let its cut or resume finish (or stop it with `cotal down`), then retry",
+        )
+    if status.space != args.space:
+        raise Refusal(
+            Code.WRONG_SPACE,
+            f"the manager here serves space {status.space!r}, not {args.space!r}",
+            f"pass `--space {status.space}` if the checkpoint was cut there",
+        )
+    record = mesh.read_mesh(layout)
+    if record is None:
+        raise Refusal(
+            Code.NOT_UP,
+            f"a manager answers in {layout.root} but no mesh record names its broker",
+            "stop it (`cotal down`) and start the mesh again with `cotal up`",
+        )
+    embedded_broker = record.embedded_broker is not None
+    creds = (
+        layout.broker_creds if embedded_broker else (Path(record.creds) if record.creds else None)
+    )
+    broker = BrokerRef(record.server, creds, embedded_broker)
+    _say(f"admitting {src} into the mesh this root runs (manager pid {status.pid})")
+    adm = await admit_integrity(
+        src,
+        trusted_keys(args, layout),
+        chain.search_dirs(layout),
+        keep_in=layout.control / admit.SCRATCH_DIR,
+    )
+    on_exit.callback(admit.discard_scratch, adm)
+    sig, inboxes = signer(adm, args, layout), _read_inboxes(adm)
+    _say(f"sealed by {signer_line(sig)}")
+    journal = Journal(layout).load() if layout.journal.exists() else None
+    continuing = (
+        journal is not None
+        and journal.attempt_id == adm.manifest.attempt_id
+        and journal.state in RESUME_UNDER_WAY
+    )
+    _refuse_taken(adm, await _seat_rows(session), continuing=continuing)
+    monitors = [m.strip() for m in (args.monitor or "").split(",") if m.strip()]
+    async with LazyConnection(broker.server, broker.creds, name="cotal-adopt") as conn:
+        evidence, consents = await _admit_at_broker(
+            args, layout, adm, conn, monitors, embedded_broker
+        )
+        await checkpoints.check_handed_off(args, layout, adm, conn)
+        _say("admitted: integrity, identity and recency pass for every seat")
+        failpoint.reached("resume.after-admission", layout.root)
+        with MaintenanceLock(layout, adm.manifest.attempt_id):
+            out = await _resume_locked(
+                args, layout, adm, session, conn, broker, None, consents, inboxes, adopting=True
+            )
+    out.update(evictionEvidence=evidence, signer=sig, adopted=True)
+    out["seats"] = _observations(adm, out.pop("resumed"), await _seat_rows(session))
+    return out
+
+
+def _refuse_taken(
+    adm: admit.Admission, rows: dict[str, control.SeatRow], *, continuing: bool
+) -> None:
+    """The running mesh's names and uids against the checkpoint's, before any claim: a seat
+    is never adopted over another, nor twice. A seat already here under its very uid passes
+    only when the journal holds this attempt under way (a rerun continuing its adoption)."""
+    by_uid = {row.lifecycle_uid: row.name for row in rows.values()}
+    for name, rec in adm.records.items():
+        row = rows.get(name)
+        if row is not None and row.lifecycle_uid == rec.lifecycle_uid and not continuing:
+            raise Refusal(
+                Code.DUPLICATE_PRINCIPAL,
+                f"seat {name} (uid {rec.lifecycle_uid}) already runs in this mesh: its "
+                f"checkpoint {adm.manifest.attempt_id} was adopted here before",
+                "a seat runs once; nothing was claimed",
+            )
+        if row is not None and row.lifecycle_uid != rec.lifecycle_uid:
+            raise Refusal(
+                Code.DUPLICATE_NAME,
+                f"seat name {name!r} is taken in this mesh (uid {row.lifecycle_uid}); the "
+                f"checkpoint's {name} is uid {rec.lifecycle_uid}",
+                f"`cotal rm {name}` here first, or resume the checkpoint on another root; "
+                "nothing was claimed",
+            )
+        other = by_uid.get(rec.lifecycle_uid)
+        if other is not None and other != name:
+            raise Refusal(
+                Code.DUPLICATE_PRINCIPAL,
+                f"lifecycle uid {rec.lifecycle_uid} of the checkpoint's seat {name} already runs "
+                f"here as {other}",
+                "a seat runs once; nothing was claimed",
+            )
 
 
 async def _admit_while_broker_starts(
@@ -505,7 +608,10 @@ async def _rejoin(
         status.state in ("resume-required", "resuming", "awaiting-finalize")
         and status.attempt_id == attempt
     )
-    finalized = status.state == "active" and record.state == RESUME_COMMITTED
+    # An adoption's finalize has not run while its manager still names it.
+    finalized = (
+        status.state == "active" and record.state == RESUME_COMMITTED and status.adopting != attempt
+    )
     if not (fenced or finalized):
         return None
     adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
@@ -571,9 +677,11 @@ async def _resume_locked(
     consents: list[Consent],
     inboxes: dict[str, list[CarriedMessage]],
     warm: WarmManager | None = None,
+    *,
+    adopting: bool = False,
 ) -> dict[str, Any]:
     """Journal, custody, inboxes, restore, then the manager's three resume ops, under the
-    lock."""
+    lock. `adopting`: the manager already runs this root's mesh and adopts the seats."""
     space = args.space
     attempt = adm.manifest.attempt_id
     inventory = adm.inventory
@@ -698,22 +806,25 @@ async def _resume_locked(
     if not relaunch:
         restored = await _restore_all(layout, adm)
     failpoint.reached("resume.after-trees-restored", layout.root)
-    _say("starting the manager fenced to this attempt")
-    server, creds = None, None
-    if embedded_info is None:
-        server, creds = broker.server, str(broker.creds) if broker.creds else None
-    await mesh.start(
-        layout.root,
-        session,
-        space=space,
-        server=server,
-        creds=creds,
-        report=_say,
-        resume_attempt=attempt,
-        broker=embedded_info,
-        warm=warm,
-    )
-    failpoint.reached("resume.after-manager-started", layout.root)
+    if adopting:
+        _say("handing the seats to the running manager (its other seats carry on)")
+    else:
+        _say("starting the manager fenced to this attempt")
+        server, creds = None, None
+        if embedded_info is None:
+            server, creds = broker.server, str(broker.creds) if broker.creds else None
+        await mesh.start(
+            layout.root,
+            session,
+            space=space,
+            server=server,
+            creds=creds,
+            report=_say,
+            resume_attempt=attempt,
+            broker=embedded_info,
+            warm=warm,
+        )
+        failpoint.reached("resume.after-manager-started", layout.root)
     resumed, token = await _resume_and_commit(
         session,
         journal,

@@ -6,6 +6,12 @@ the record's order, then re-adopts each seat under its recorded lifecycle uid (i
 must already be at the broker: that is the lifecycle proof) and proves continuity per class.
 `commit-resume` is an idempotent validation barrier returning a 64-hex token; only
 `finalize-resume` with that exact token releases cleanup suppression and returns to `active`.
+
+A manager already in `active` answers the same three ops as an adoption into its running mesh
+(`protocol/maintenance.py`, the adoption table): the checkpoint's seats join the table beside
+the ones it runs, which are never touched; the adoption counts as lifecycle work, so a cut's
+fence drains it, and it stays `active` throughout. A repeat after this manager restarted finds
+the seats its re-adoption took back and adopts only what is missing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import msgspec
 import structlog
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
@@ -61,6 +68,8 @@ class Resumption:
     async def resume(self, args: control.ResumeArgs) -> control.ResumeReply:
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
+        if m.state == "active":
+            return await self._adopt_into_mesh(attempt, args)
         if (
             m.state in ("resuming", "awaiting-finalize")
             and m.attempt_id == attempt
@@ -78,6 +87,40 @@ class Resumption:
         self.inventory = inventory
         self.result = control.ResumeReply(attempt_id=attempt, state="resumed", seats=observations)
         log.info("resume.activated", attempt=attempt, seats=len(observations))
+        return self.result
+
+    async def _adopt_into_mesh(self, attempt: str, args: control.ResumeArgs) -> control.ResumeReply:
+        mgr, adoption = self.mgr, self.mgr.maintenance.adoption
+        if adoption.state != "idle" and adoption.attempt_id == attempt and self.result is not None:
+            adoption.apply("resume", attempt)
+            return self.result
+        inventory = parse_resume_args(attempt, bytes(args.inventory), space=mgr.space)
+        # After this manager restarted, its re-adoption took back the seats it had adopted:
+        # those stand as they are, and only the rest are adopted now.
+        kept = {
+            a.name: mgr.seats[a.name]
+            for a in inventory.agents
+            if a.name in mgr.seats and mgr.seats[a.name].uid == a.identity.lifecycle_uid
+        }
+        rest = msgspec.structs.replace(
+            inventory, agents=[a for a in inventory.agents if a.name not in kept]
+        )
+        async with mgr.lifecycle("adopt"):
+            self._check_inventory(rest)
+            jobs = concurrency.limiter()
+            await self._roster_liveness(rest, jobs)
+            adoption.apply("resume", attempt)
+            try:
+                adopted = await self._adopt_all(rest, attempt, jobs)
+            except BaseException:
+                adoption.apply("rollback", attempt)
+                raise
+            adoption.apply("activated", attempt)
+        by_name = {o.name: o for o in adopted}
+        observations = [by_name.get(a.name) or _kept_row(a, kept[a.name]) for a in inventory.agents]
+        self.inventory, self.token = inventory, None
+        self.result = control.ResumeReply(attempt_id=attempt, state="resumed", seats=observations)
+        log.info("adopt.activated", attempt=attempt, seats=len(adopted), kept=len(kept))
         return self.result
 
     def _check_inventory(self, inventory: Inventory) -> None:
@@ -263,6 +306,9 @@ class Resumption:
     async def commit(self, args: control.AttemptArgs) -> control.CommitResumeReply:
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
+        adopting = m.state == "active"
+        if adopting and m.adoption.attempt_id != attempt:
+            self.inventory = None
         if self.inventory is None:
             raise Refusal(
                 Code.NOT_RESUMED,
@@ -281,7 +327,10 @@ class Resumption:
             await footprint.confirm_dm_durable(
                 mgr.js, mgr.space, names.SEAT_OWNER, agent.name, seat.uid
             )
-        m.apply("commit-resume", attempt)
+        if adopting:
+            m.adoption.apply("commit-resume", attempt)
+        else:
+            m.apply("commit-resume", attempt)
         self.token = self._expected_token(attempt)
         failpoint.reached("resume.daemon.after-commit-resume", mgr.layout.root)
         return control.CommitResumeReply(
@@ -291,6 +340,17 @@ class Resumption:
     async def finalize(self, args: control.FinalizeArgs) -> control.AttemptState:
         m = self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
+        adoption = m.adoption
+        if m.state == "active" and adoption.state == "committed" and adoption.attempt_id == attempt:
+            if self.token is None or not hmac.compare_digest(args.durable_commit_token, self.token):
+                raise Refusal(
+                    Code.BAD_TOKEN,
+                    f"finalize-resume for {attempt}: the durable commit token does not match",
+                    "pass the token commit-resume returned (the journal records it)",
+                )
+            adoption.apply("finalize", attempt)
+            log.info("adopt.finalized", attempt=attempt)
+            return control.AttemptState(attempt_id=attempt, state="active")
         if (
             m.state == "active"
             and self.token is not None
@@ -307,3 +367,17 @@ class Resumption:
         failpoint.reached("resume.daemon.after-finalize", self.mgr.layout.root)
         log.info("resume.finalized", attempt=attempt)
         return control.AttemptState(attempt_id=attempt, state="active")
+
+
+def _kept_row(agent: Agent, seat: Seat) -> control.ResumedSeat:
+    """A seat this manager already runs under the checkpoint's uid (taken back by its
+    re-adoption after a restart mid-adoption), reported as it stands."""
+    return control.ResumedSeat(
+        name=agent.name,
+        lifecycle_uid=seat.uid,
+        continuity=seat.continuity,
+        session_before=agent.launch.session_id,
+        session_after=seat.session_id,
+        observation="adopted by the run that was interrupted",
+        pid=seat.handle.pid if seat.handle else None,
+    )

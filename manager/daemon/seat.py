@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -214,6 +215,10 @@ class SeatOwner(Protocol):
     def presence_bucket(self) -> KeyValue: ...
 
     async def drain(self) -> None: ...
+
+    def lifecycle(self, what: str) -> AbstractAsyncContextManager[None]:
+        """Admit one piece of lifecycle work past the fence and count it until it ends."""
+        ...
 
     def adopt(self, seat: Seat) -> None:
         """Reserve the seat's slot in the table (refusing a duplicate name) before any await."""

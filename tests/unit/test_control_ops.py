@@ -174,6 +174,7 @@ async def test_the_typed_client_decodes_each_reply_into_its_record(tmp_path: Pat
     assert raw == msgspec.json.decode(encode_json(status))
     assert sorted(raw) == [
         "activated",
+        "adopting",
         "attemptId",
         "commitStarted",
         "deadLetters",

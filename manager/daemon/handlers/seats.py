@@ -70,6 +70,7 @@ class SeatHandlers:
             commit_started=m.commit_started,
             activated=m.activated,
             dead_letters=dead_by_seat(mgr),
+            adopting=m.adoption.attempt_id,
         )
 
     async def ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
