@@ -55,6 +55,25 @@ class StoreDecl:
     relpath: str
 
 
+def store_scratch(connector: object) -> frozenset[str]:
+    """The top-level entries of each of the connector's session stores that the harness keeps
+    only for the run in progress (its `store_scratch` class attribute, default none).
+
+    The cut never carries them and never looks inside them, so a harness's links to its own
+    binary or its lock files there neither refuse the cut nor travel; every other entry of the
+    store is walked, and a symlink refused, as before."""
+    names: tuple[str, ...] = getattr(connector, "store_scratch", ())
+    for name in names:
+        # One component of the store's own listing: a deeper or an escaping name would hide
+        # what lies below or beside it from the cut's symlink check.
+        if not name or name in (".", "..") or "/" in name or "\x00" in name:
+            raise ValueError(
+                f"connector {getattr(connector, 'name', connector)!r} declares the scratch "
+                f"entry {name!r}, which is not one name of its store's top level"
+            )
+    return frozenset(names)
+
+
 @dataclass(frozen=True)
 class LaunchOpts:
     space: str

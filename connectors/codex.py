@@ -219,6 +219,11 @@ class CodexConnector:
         supports_fresh_start=True,
         supports_prompt=True,
     )
+    # Measured on 0.169.0: while it runs, `tmp/arg0-linux/codex-arg0*/` holds symlinks to its
+    # own binary (`apply_patch`, `applypatch`, `codex-linux-sandbox`; skipped only when
+    # CODEX_HOME lies under $TMPDIR, else /tmp), and `.tmp/` its git scratch and
+    # `plugins.sync.lock`. Codex makes both again at every start; no thread state lives there.
+    store_scratch = ("tmp", ".tmp")
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         if opts.resume:

@@ -6,6 +6,13 @@ packed checkpoint file and host A's signing key, which the operator reads on A (
 --json`) and trusts on B (`cotal trust add`). A message still queued at the fence on A is
 answered on B. Prints every command with its output, then a PASS/FAIL table; exits non-zero on
 any FAIL.
+
+When `cotal doctor` on host A finds the pinned Codex CLI usable, a second seat, `coder --agent
+codex`, runs beside the scribe seat, its model a fake Responses API (tests/fixtures/
+fake_responses.py) started as a real process on 127.0.0.1 and named in both hosts' cotal.toml;
+it is told its own phrase in its first turn and must answer it on B from the same thread under
+the same lifecycle uid. Without Codex the demo says why in one line and runs the scribe story
+alone.
 """
 
 from __future__ import annotations
@@ -19,10 +26,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PHRASE = "juniper-ledger-41"
 QUEUED = "queued-at-the-fence-73"
+CODEX_PHRASE = "cobalt-harbor-58"
+CODEX_KEY_VAR = "DEMO_CODEX_KEY"
+# The fake model takes any key; the seat still needs one in the manager's environment.
+CODEX_KEY = "sk-demo-not-a-real-key"
+FAKE_RESPONSES = REPO / "tests" / "fixtures" / "fake_responses.py"
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "demo",
     "GIT_AUTHOR_EMAIL": "demo@example.invalid",
@@ -52,6 +65,7 @@ class Host:
         self.root = base / name / "srv" / f"workspace-{name.lower()[-1]}"
         self.home.mkdir(parents=True)
         self.root.mkdir(parents=True)
+        self.extra_env: dict[str, str] = {}
 
     def cotal(
         self, *args: str, check: bool = True, show: bool = True
@@ -63,7 +77,7 @@ class Host:
             # -I: run from the root, plain `-m` would import a `manager/` a seat left there.
             [sys.executable, "-I", "-m", "manager.cli", *args, "--root", str(self.root)],
             cwd=self.root,
-            env=env(self.home),
+            env={**env(self.home), **self.extra_env},
             capture_output=True,
             text=True,
             timeout=300,
@@ -121,11 +135,66 @@ def session_texts(root: Path) -> str:
     )
 
 
-def make_workspace(a: Host) -> None:
+class FakeModel:
+    """tests/fixtures/fake_responses.py as a process: it binds 127.0.0.1 and prints its port."""
+
+    def __init__(self, log: Path) -> None:
+        with log.with_suffix(".err").open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(FAKE_RESPONSES), "--port", "0", "--log", str(log)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        assert self.proc.stdout is not None
+        port = self.proc.stdout.readline().strip()
+        if not port.isdigit():
+            self.stop()
+            raise SystemExit(f"the fake Responses API did not start; see {log.with_suffix('.err')}")
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    def config(self) -> str:
+        return (
+            f'[agents.codex]\nbase_url = "{self.base_url}"\nmodel = "fake-model"\n'
+            f'api_key_env = "{CODEX_KEY_VAR}"\n'
+        )
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def codex_unusable(a: Host) -> str | None:
+    """Why host A cannot run a codex seat, as `cotal doctor` judges it; None when it can."""
+    print("\n[host-A]$ cotal doctor --json", flush=True)
+    proc = a.cotal("doctor", "--json", check=False, show=False)
+    rows: dict[str, dict[str, Any]] = {}
+    for line in proc.stdout.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        rows[row.get("name")] = row
+    row = rows.get("codex")
+    if row is None:
+        return f"cotal doctor reported no codex row (exit {proc.returncode})"
+    if row["usable"]:
+        print(f"  codex {row['version']} usable, continuity {row['continuity']}: {row['path']}")
+        return None
+    missing = row.get("missing") or []
+    return str(missing[0]["problem"] if missing else row.get("note") or row["state"])
+
+
+def make_workspace(a: Host, config: str = "") -> None:
     root = a.root
     a.git("init", "-q", "-b", "main")
     a.git("remote", "add", "origin", "https://git.example.invalid/team/project.git")
-    (root / "cotal.toml").write_text('[carry]\ninclude = [".env"]\n')
+    (root / "cotal.toml").write_text('[carry]\ninclude = [".env"]\n' + config)
     (root / ".gitignore").write_text(".env\n")
     (root / "README.md").write_text("# demo project\n")
     (root / "app.py").write_text("print('v1')\n")
@@ -152,10 +221,21 @@ def main() -> int:
     carried = base / "carried"
     carried.mkdir()
     checks: list[tuple[str, bool]] = []
+    fake: FakeModel | None = None
     try:
         print(f"== host A at {a.root}, host B at {b.root}: two roots, two brokers", flush=True)
+        why_not = codex_unusable(a)
+        if why_not is None:
+            fake = FakeModel(base / "fake-responses.jsonl")
+            a.extra_env = b.extra_env = {CODEX_KEY_VAR: CODEX_KEY}
+            print(
+                f"\n== a codex seat `coder` beside `default`; its model: a fake Responses API "
+                f"at {fake.base_url}, named in both hosts' cotal.toml, the key in ${CODEX_KEY_VAR}"
+            )
+        else:
+            print(f"\n== codex seat skipped: {why_not}")
         print("\n== host A: a git workspace (remote, hook, two stashes, a declared .env)")
-        make_workspace(a)
+        make_workspace(a, ("\n" + fake.config()) if fake else "")
         status_before, bytes_before = porcelain(a), tree_bytes(a.root)
         stash_before, hooks_before = a.git("stash", "list"), hooks(a.root)
         print("  " + status_before.rstrip().replace("\n", "\n  "))
@@ -171,6 +251,23 @@ def main() -> int:
                 f"Remember the phrase {PHRASE}. Reply with it.",
             ).stdout
         )
+        coder: dict[str, Any] = {}
+        coder_on_a = ""
+        if fake:
+            coder = json.loads(
+                a.cotal(
+                    "spawn",
+                    "coder",
+                    "--agent",
+                    "codex",
+                    "--json",
+                    "--prompt",
+                    f"Remember the phrase {CODEX_PHRASE}. Reply with it.",
+                ).stdout
+            )
+            # The cut below drains for at most 1 s; an answer queued behind the first turn is
+            # how the operator knows that turn ended before it.
+            coder_on_a = a.cotal("send", "coder", "What was the phrase?", "--wait").stdout.strip()
         # A slow turn holds the seat's one in-flight slot, so the next message is still queued
         # when the cut fences delivery: it travels in the checkpoint.
         a.cotal("send", "default", "take your time #slow:4000")
@@ -194,10 +291,22 @@ def main() -> int:
 
         print("\n== host B: its own path, its own embedded broker", flush=True)
         b.cotal("trust", "add", key, "--name", "host-a")
+        if fake:
+            # B's own bindings for the agent, which admission checks against the source's.
+            print(
+                f"  {b.root / 'cotal.toml'}:\n    " + fake.config().rstrip().replace("\n", "\n    ")
+            )
+            (b.root / "cotal.toml").write_text(fake.config())
         resumed = json.loads(b.cotal("up", "--restore", str(on_b), "--json").stdout)
-        [seat] = resumed["seats"]
+        seats = {s["name"]: s for s in resumed["seats"]}
+        seat, theirs = seats["default"], seats.get("coder", {})
         b.cotal("ps", "--wide")
         reply = b.cotal("send", "default", "What was the phrase?", "--wait").stdout.strip()
+        coder_on_b = (
+            b.cotal("send", "coder", "What was the phrase?", "--wait").stdout.strip()
+            if fake
+            else ""
+        )
         handled = session_texts(b.root)
         print("\n== host A: the handed-off checkpoint must not resume there")
         again = a.cotal("up", "--restore", cut["checkpointDir"], "--json", check=False)
@@ -206,6 +315,11 @@ def main() -> int:
         print(f"  session id   {seat['sessionBefore']} -> {seat['sessionAfter']}")
         print(f"  lifecycle    {seat['uidBefore']} -> {seat['uidAfter']}")
         print(f"  phrase       {reply!r}")
+        if fake:
+            print("  coder (codex)")
+            print(f"    thread id  {theirs['sessionBefore']} -> {theirs['sessionAfter']}")
+            print(f"    lifecycle  {theirs['uidBefore']} -> {theirs['uidAfter']}")
+            print(f"    phrase     {coder_on_a!r} on A, {coder_on_b!r} on B")
         checks += [
             ("packed digest matches the copy on B", copied == pack["sha256"]),
             (
@@ -235,10 +349,25 @@ def main() -> int:
             ),
             ("host A refuses to resume (handed-off)", refused.get("code") == "handed-off"),
         ]
+        if fake:
+            checks += [
+                ("codex seat: the phrase is answered on A", CODEX_PHRASE in coder_on_a),
+                (
+                    "codex seat: same thread id",
+                    theirs["sessionBefore"] == coder["sessionId"] == theirs["sessionAfter"],
+                ),
+                (
+                    "codex seat: same lifecycle uid",
+                    theirs["uidBefore"] == coder["lifecycleUid"] == theirs["uidAfter"],
+                ),
+                ("codex seat: the phrase is answered on B", CODEX_PHRASE in coder_on_b),
+            ]
     finally:
         for host in (b, a):
             if (host.root / ".cotal" / "mesh.json").exists():
                 host.cotal("down", check=False)
+        if fake:
+            fake.stop()
     print("\nRESULT")
     for name, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")

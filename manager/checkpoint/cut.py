@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +22,7 @@ import anyio
 import msgspec
 import structlog
 
-from connectors.base import ContinuityClass, StoreDecl
+from connectors.base import ContinuityClass, StoreDecl, store_scratch
 from connectors.privatefs import DIR_MODE, ensure_private_dir
 from manager import registry
 from manager.checkpoint import chain
@@ -109,12 +109,29 @@ def store_dirs(decls: tuple[StoreDecl, ...], *, root: Path, cwd: Path, home: Pat
     return [Path(os.path.normpath(bases[d.anchor] / d.relpath)) for d in decls]
 
 
-def _regular_files(directory: Path) -> list[Path]:
-    """Every regular file under a store, in a stable order; a symlink anywhere refuses."""
+def store_scratch_of(connector: str) -> frozenset[str]:
+    """The scratch entries the seat's connector declares in its session stores
+    (`connectors.base.store_scratch`). A connector this build does not know declares none, so
+    its store is walked whole and a symlink anywhere in it still refuses."""
+    try:
+        return store_scratch(registry.load_connector(connector))
+    except Refusal:
+        return frozenset()
+
+
+def _regular_files(directory: Path, scratch: Collection[str] = ()) -> list[Path]:
+    """Every regular file under a store, in a stable order; a symlink anywhere refuses.
+
+    `scratch` names top-level entries of the store that are passed over unread, whatever they
+    are: a harness's scratch is never carried, and a link it keeps there is never followed."""
     found: list[Path] = []
     if not directory.exists():
         return found
     for dirpath, dirnames, filenames in os.walk(directory, followlinks=False):
+        if scratch and dirpath == str(directory):
+            # Pruned in place before the walk descends: os.walk reads `dirnames` back.
+            dirnames[:] = [n for n in dirnames if n not in scratch]
+            filenames = [n for n in filenames if n not in scratch]
         dirnames.sort()
         for name in dirnames + sorted(filenames):
             p = Path(dirpath) / name
@@ -136,8 +153,9 @@ def _regular_files(directory: Path) -> list[Path]:
     return found
 
 
-def has_files(directory: Path) -> bool:
-    return bool(_regular_files(directory))
+def has_files(directory: Path, *, scratch: Collection[str] = ()) -> bool:
+    """Whether the store holds a file the cut would carry; `scratch` as `_regular_files`."""
+    return bool(_regular_files(directory, scratch))
 
 
 def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
@@ -211,13 +229,17 @@ def _capture_session(
         ref = capture_file(pointer_path, seat_dir, "session-pointer.json")
         pointer = SessionFile(anchor=anchor, relpath=rel, file=ref)  # type: ignore[arg-type]
     store: list[SessionFile] = []
-    dirs = [Path(p) for p in agent.launch.session_stores] + extra_stores
+    # The connector's scratch is its own stores' alone: a store the operator added with
+    # `--session-store` is carried whole.
+    scratch = store_scratch_of(agent.launch.connector)
+    dirs = [(Path(p), scratch) for p in agent.launch.session_stores]
+    dirs += [(p, frozenset()) for p in extra_stores]
     seen: set[Path] = set()
-    for directory in dirs:
+    for directory, skipped in dirs:
         if directory in seen:
             continue
         seen.add(directory)
-        for path in _regular_files(directory):
+        for path in _regular_files(directory, skipped):
             anchor, rel = anchor_of(path, root=layout.root, cwd=cwd, home=home)
             ref = capture_file(
                 path, seat_dir, f"store-{len(store):04d}{''.join(path.suffixes[-1:])}"

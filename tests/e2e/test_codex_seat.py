@@ -4,6 +4,11 @@ root and resumed on a second root at another path, each with its own embedded br
 Its thread is `exact`: the resumed seat reopens the same thread id under the same lifecycle
 uid, its rollout's recorded cwd is the new root, the provider is sent the earlier turns, and a
 decoy thread store in the destination's HOME (`~/.codex`) is never read.
+
+It runs twice: with the roots under the temp directory (pytest's, which is Codex's: `$TMPDIR`,
+else /tmp), and with `TMPDIR` elsewhere, as on a host whose roots are not under it. Codex then
+keeps symlinks to its own binary in `$CODEX_HOME/tmp/arg0-linux/` while it runs: scratch the
+connector declares (`store_scratch`), so the cut neither refuses them nor carries them.
 """
 
 from __future__ import annotations
@@ -68,15 +73,31 @@ def plant_decoy(home: Path) -> Path:
     return decoy
 
 
+def arg0_links(root: Path) -> list[Path]:
+    """The links Codex keeps to its own binary in a seat's CODEX_HOME while it runs."""
+    return sorted(
+        p
+        for p in (root / ".cotal/sessions/codex").glob("*.home/tmp/arg0-linux/*/*")
+        if p.is_symlink()
+    )
+
+
+@pytest.mark.parametrize("temp", ["roots-inside", "roots-outside"])
 async def test_codex_seat_through_the_cut_and_the_resume_at_another_path(
     tmp_path: Path,
     fake_responses: ResponsesServer,
     isolated_home: Path,
+    temp: str,
 ) -> None:
     decoy = plant_decoy(isolated_home)
     before = decoy.read_bytes()
-    a = Cli(tmp_path / "hostA" / "ws")
-    dest = Cli(tmp_path / "hostB" / "work" / "ws2")
+    settings: dict[str, str] = {}
+    if temp == "roots-outside":
+        systmp = tmp_path / "systmp"
+        systmp.mkdir()
+        settings["TMPDIR"] = str(systmp)
+    a = Cli(tmp_path / "hostA" / "ws", env=settings)
+    dest = Cli(tmp_path / "hostB" / "work" / "ws2", env=settings)
     a.root.mkdir(parents=True)
     init_repo(a.root)
     write(a.root / "README.md", "# codex\n")
@@ -92,9 +113,19 @@ async def test_codex_seat_through_the_cut_and_the_resume_at_another_path(
         a.json("send", "default", "What was the phrase?", "--wait")["reply"]
         == f"The phrase is {PHRASE}."
     )
+    links = [p.name for p in arg0_links(a.root)]
+    assert links == (
+        ["apply_patch", "applypatch", "codex-linux-sandbox"] if temp == "roots-outside" else []
+    )
     cut = json.loads(a.run("down", "--preserve-state", "--json").stdout)
     [seat] = cut["seats"]
     assert seat["continuity"] == "exact" and seat["sessionId"] == row["sessionId"]
+    record = json.loads((Path(cut["checkpointDir"]) / "default" / "checkpoint.json").read_bytes())
+    carried_store = [
+        Path(f["relpath"]).relative_to(".cotal/sessions/codex").parts[1:]
+        for f in record["session"]["store"]
+    ]
+    assert carried_store and not [p for p in carried_store if p[0] in ("tmp", ".tmp")]
 
     key = signer_key(a.root)
     carried = tmp_path / "carried" / Path(cut["checkpointDir"]).name
