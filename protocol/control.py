@@ -119,6 +119,13 @@ class AttemptArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     attempt_id: str
 
 
+class PrepareArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    # The seats to cut while the rest of the mesh runs on; empty: every seat, and the mesh
+    # goes down after the seal. A repeat of a prepared attempt joins it whatever it names.
+    seats: Annotated[list[str], msgspec.Meta(max_length=256)] = []
+
+
 DRAIN_TIMEOUT_MAX_S = 3600.0
 
 
@@ -315,6 +322,13 @@ def progress_result(obj: Any) -> ProgressResult:
 # carry is `UNSET` in the others, so it is left out of the frame rather than sent as null.
 
 
+class PartialCutRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    attempt_id: str
+    state: str
+    seats: list[str]
+    commit_started: bool
+
+
 class StatusReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     pid: int
     space: str
@@ -334,6 +348,8 @@ class StatusReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     dead_letters: dict[str, int]
     # The attempt an active manager is adopting into its mesh, until its finalize.
     adopting: str | None = None
+    # A cut of some seats in an active manager: the attempt, its state and its seats.
+    partial_cut: PartialCutRow | None = None
 
 
 class StartedSeatRow(SeatRow, kw_only=True, frozen=True):
@@ -454,6 +470,8 @@ class CommitReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     timings_ms: dict[str, int]
     # A commit that could not seal: where what it wrote was kept aside.
     evidence: str | msgspec.UnsetType = msgspec.UNSET
+    # A cut of some seats: the manager and the rest of its mesh run on.
+    partial: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class ResumedSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -509,7 +527,7 @@ REDELIVER_DEAD_LETTER = Op(
 )
 DROP_DEAD_LETTER = Op("drop-dead-letter", DeadLetterArgs, DropDeadLetterReply, 1 * _KIB)
 SHUTDOWN = Op("shutdown", NoArgs, ShutdownReply, 1 * _KIB)
-PREPARE_PRESERVATION = Op("prepare-preservation", AttemptArgs, PrepareReply, 1 * _KIB)
+PREPARE_PRESERVATION = Op("prepare-preservation", PrepareArgs, PrepareReply, 32 * _KIB)
 COMMIT_PRESERVATION = Op("commit-preservation", CommitPreservationArgs, CommitReply, 64 * _KIB)
 ABORT_PRESERVATION = Op("abort-preservation", AttemptArgs, AttemptState, 1 * _KIB)
 RESUME_PRESERVED = Op("resume-preserved", ResumeArgs, ResumeReply, 512 * _KIB)

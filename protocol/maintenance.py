@@ -171,6 +171,83 @@ class Adoption:
         return target
 
 
+# -- a cut of some seats --------------------------------------------------------------------------
+#
+# `cotal down --preserve-state --seat NAME`: the daemon table's preservation steps for the named
+# seats only, in a manager that stays `active`. The fence is per seat: the named seats take no
+# new turn and no lifecycle work (`seat-fenced`), every other seat carries on, and spawns of new
+# seats are admitted. One cut of some seats at a time: another `prepare` while one is preserving
+# is refused `cut-under-way`; once sealed (`preserved`) the next attempt may begin.
+
+SeatCutState = Literal["idle", "preserving", "preserved"]
+
+SEAT_CUT_TRANSITIONS: Final[dict[SeatCutState, dict[MaintenanceEvent, SeatCutState]]] = {
+    "idle": {"prepare": "preserving"},
+    "preserving": {
+        "prepare": "preserving",
+        "commit": "preserving",
+        "stopped": "preserved",
+        # Only while no seat has been told to stop (`commit_started`), as for the whole mesh.
+        "abort": "idle",
+    },
+    # The sealed attempt answers repeats; a new attempt starts from here as from idle.
+    "preserved": {"prepare": "preserving", "commit": "preserved"},
+}
+
+
+class SeatCut:
+    """Applies `SEAT_CUT_TRANSITIONS` for one active manager."""
+
+    def __init__(self) -> None:
+        self.state: SeatCutState = "idle"
+        self.attempt_id: str | None = None
+        self.seats: frozenset[str] = frozenset()
+        self.commit_started = False
+
+    def fences(self, seat: str) -> bool:
+        return self.state == "preserving" and seat in self.seats
+
+    def apply(
+        self, event: MaintenanceEvent, attempt_id: str, seats: frozenset[str] = frozenset()
+    ) -> SeatCutState:
+        check_attempt_id(attempt_id)
+        target = SEAT_CUT_TRANSITIONS[self.state].get(event)
+        new_attempt = event == "prepare" and self.state in ("idle", "preserved")
+        if not new_attempt and attempt_id != self.attempt_id:
+            if event == "prepare":
+                raise Refusal(
+                    Code.CUT_UNDER_WAY,
+                    f"a cut of seat(s) {', '.join(sorted(self.seats))} (attempt "
+                    f"{self.attempt_id}) is under way; one cut of some seats at a time",
+                    "let it finish (or `cotal down --preserve-state --abort` it before its "
+                    "commit), then cut again; nothing was fenced",
+                )
+            raise Refusal(
+                Code.ATTEMPT_MISMATCH,
+                f"attempt {attempt_id} is not the cut of some seats this manager holds "
+                f"({self.attempt_id or 'none'})",
+                f"use attempt {self.attempt_id}" if self.attempt_id else "",
+            )
+        if target is None:
+            raise IllegalTransition("seat cut", self.state, event)
+        if event == "abort" and self.commit_started:
+            raise IllegalTransition(
+                "seat cut",
+                self.state,
+                event,
+                f"cut {attempt_id} has begun stopping its seats and cannot be aborted",
+                "finish it (cotal down --preserve-state); its seats resume from the checkpoint",
+            )
+        if new_attempt:
+            self.attempt_id, self.seats, self.commit_started = attempt_id, seats, False
+        elif event == "commit":
+            self.commit_started = True
+        elif event == "abort":
+            self.attempt_id, self.seats, self.commit_started = None, frozenset(), False
+        self.state = target
+        return target
+
+
 class Maintenance:
     """Applies `MAINTENANCE_TRANSITIONS` plus the guards a table cannot express."""
 
@@ -181,10 +258,19 @@ class Maintenance:
         self.commit_started = False
         self.activated = False
         self.adoption = Adoption()
+        self.seat_cut = SeatCut()
 
-    def check_lifecycle(self, *, resume_operation: bool = False) -> None:
-        """The fence. Admits work, or raises; the caller counts admitted work synchronously."""
+    def check_lifecycle(self, *, resume_operation: bool = False, seat: str | None = None) -> None:
+        """The fence. Admits work, or raises; the caller counts admitted work synchronously.
+        `seat`: the one seat the work touches, which a cut of some seats may fence alone."""
         if self.state == "active":
+            if seat is not None and self.seat_cut.fences(seat):
+                raise Refusal(
+                    Code.SEAT_FENCED,
+                    f"seat {seat} is being cut (attempt {self.seat_cut.attempt_id}); it takes no "
+                    "lifecycle work until the cut is sealed or aborted",
+                    "wait for `cotal down --preserve-state --seat` to finish, or abort it",
+                )
             return
         if self.state in ("resume-required", "resuming", "awaiting-finalize"):
             if resume_operation and self.state != "awaiting-finalize":
@@ -243,6 +329,13 @@ class Maintenance:
                 "retry resume-preserved until every retained seat is live",
             )
 
+        if event == "prepare" and self.state == "active" and self.seat_cut.state == "preserving":
+            raise Refusal(
+                Code.CUT_UNDER_WAY,
+                f"a cut of seat(s) {', '.join(sorted(self.seat_cut.seats))} (attempt "
+                f"{self.seat_cut.attempt_id}) is under way",
+                "let it finish (or abort it before its commit), then cut the mesh",
+            )
         if event == "prepare" and self.state == "active" and self.adoption.state != "idle":
             raise Refusal(
                 Code.ADOPTION_UNDER_WAY,

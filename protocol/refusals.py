@@ -24,6 +24,7 @@ class Code(StrEnum):
     as its spelling."""
 
     ABORT_UNSAFE = "abort-unsafe"
+    SEAT_FENCED = "seat-fenced"
     ADOPTION_BUSY = "adoption-busy"
     ADOPTION_UNDER_WAY = "adoption-under-way"
     AGENT_UNAVAILABLE = "agent-unavailable"
@@ -96,6 +97,7 @@ class Code(StrEnum):
     CUSTODY_NOT_HELD = "custody-not-held"
     CUSTODY_STALE = "custody-stale"
     CUSTODY_TAKEN = "custody-taken"
+    CUT_UNDER_WAY = "cut-under-way"
     CUT_INCOMPLETE = "cut-incomplete"
     CUT_INTERRUPTED = "cut-interrupted"
     CWD_OUTSIDE_ROOT = "cwd-outside-root"
@@ -297,6 +299,17 @@ def _bad_argument(field: str) -> Entry:
 
 
 ENTRIES: tuple[Entry, ...] = (
+    _e(
+        Code.CUT_UNDER_WAY,
+        "a cut of some seats is under way in this manager, and this cut would overlap it",
+        "let it finish (or `cotal down --preserve-state --abort` it before its commit), then "
+        "cut again",
+    ),
+    _e(
+        Code.SEAT_FENCED,
+        "the seat is being cut (`down --preserve-state --seat`) and takes no lifecycle work",
+        "wait for the cut to finish, or abort it before its commit",
+    ),
     _e(
         Code.ADOPTION_BUSY,
         "the running manager is adopting another checkpoint's seats",
@@ -514,6 +527,7 @@ ENTRIES: tuple[Entry, ...] = (
         "a session id or session file is not one the harness can open",
         "pass the full session id exactly as recorded, or the path of a real transcript",
     ),
+    _bad_argument("seats"),
     _bad_argument("session-stores"),
     _e(
         Code.BAD_SIGNATURE,

@@ -133,6 +133,13 @@ async def _finish(
     await anyio.to_thread.run_sync(read_manifest, Path(result.checkpoint_dir))
     journal.advance(attempt, CUT_COMMITTED, resume=descriptor, checkpoint_dir=result.checkpoint_dir)
     failpoint.reached("cut.after-cut-committed", layout.root)
+    if isinstance(result, control.CommitReply) and result.partial is True:
+        # The cut seats are proven stopped and sealed; the manager, the broker and every other
+        # seat run on, so nothing else is stopped and the mesh record stays.
+        inventory = journal.resume_document()
+        await anyio.to_thread.run_sync(prove_no_seat_processes, inventory)
+        journal.advance(attempt, READY, resume=descriptor, checkpoint_dir=result.checkpoint_dir)
+        return Sealed(result, int((time.monotonic() - t0) * 1000))
     record = mesh.read_mesh(layout)
     if await session.status() is not None:
         _say("stopping the manager (footprint kept)")
@@ -191,11 +198,21 @@ async def _continue(
     """A rerun after a failure: through the daemon when it still holds the attempt, offline
     when it died."""
     attempt = record.attempt_id
+    some = status.partial_cut if status is not None else None
+    if some is not None and some.attempt_id == attempt:
+        # A cut of some seats: the manager stayed active and still holds it.
+        if some.state == "preserving" and not some.commit_started:
+            await session.request(
+                control.PREPARE_PRESERVATION,
+                control.PrepareArgs(attempt_id=attempt),
+                timeout=PREPARE_TIMEOUT_S,
+            )
+        return await _commit(session, attempt, opts)
     if status is not None and status.state in ("preserving", "preserved"):
         if status.state == "preserving":
             await session.request(
                 control.PREPARE_PRESERVATION,
-                control.AttemptArgs(attempt_id=attempt),
+                control.PrepareArgs(attempt_id=attempt),
                 timeout=PREPARE_TIMEOUT_S,
             )
         return await _commit(session, attempt, opts)
@@ -235,6 +252,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
         # Refused here, before anything is fenced, rather than after the seats were stopped.
         include=registry.carry_includes(registry.FileConfig(), args.include),
         since=getattr(args, "since", None),
+        seats=tuple(dict.fromkeys(getattr(args, "seat", None) or [])),
     )
     if args.abort:
         return await _abort(layout, journal, record)
@@ -251,7 +269,14 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
         # are a new mesh the sealed attempt does not hold, so "already sealed" would leave them
         # neither captured nor stopped.
         status = await mesh.probe_status(layout)
-        if status is not None and status.seats:
+        sealed_here = (
+            status is not None
+            and status.partial_cut is not None
+            and status.partial_cut.attempt_id == record.attempt_id
+            # A cut of other seats meets the sealed one waiting, as any new cut does.
+            and (not opts.seats or sorted(opts.seats) == status.partial_cut.seats)
+        )
+        if status is not None and status.seats and not sealed_here:
             raise sealed_cut_waiting(record.attempt_id, status.seats)
         _print_already(args, record)
         return None
@@ -287,11 +312,17 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
                     )
                 if joined is not None:
                     _say(f"joining cut {attempt}, prepared by a coordinator that did not finish")
+                elif opts.seats:
+                    _say(
+                        f"cut {attempt}: fencing, draining and planning seat(s) "
+                        f"{', '.join(opts.seats)}; the other {status.seats - len(opts.seats)} "
+                        "run on"
+                    )
                 else:
                     _say(f"cut {attempt}: fencing, draining and planning {status.seats} seat(s)")
                 plan = await session.request(
                     control.PREPARE_PRESERVATION,
-                    control.AttemptArgs(attempt_id=attempt),
+                    control.PrepareArgs(attempt_id=attempt, seats=list(opts.seats)),
                     timeout=PREPARE_TIMEOUT_S,
                 )
                 failpoint.reached("cut.after-prepare", layout.root)
@@ -303,7 +334,11 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
                 )
                 journal.advance(attempt, CUT_INTENT, resume=descriptor)
                 failpoint.reached("cut.after-cut-intent", layout.root)
-                _say("stopping every seat, proving each exit, capturing and sealing")
+                _say(
+                    "stopping the cut seat(s), proving each exit, capturing and sealing"
+                    if opts.seats
+                    else "stopping every seat, proving each exit, capturing and sealing"
+                )
                 result: Committed = await _commit(session, attempt, opts)
             else:
                 assert record is not None and record.resume is not None
@@ -330,6 +365,9 @@ def sealed_cut_waiting(attempt: str, seats: int) -> Refusal:
 
 def _orphaned_attempt(status: control.StatusReply | None) -> str | None:
     """The attempt a daemon is fenced for when no journal names it."""
+    if status is not None and status.partial_cut is not None:
+        if status.partial_cut.state == "preserving":
+            return status.partial_cut.attempt_id
     if status is None or status.state not in ("preserving", "preserved"):
         return None
     return status.attempt_id

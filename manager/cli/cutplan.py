@@ -25,6 +25,8 @@ class CutOptions:
     include: list[str]
     # `--since ATTEMPT`: each seat's bundle carries only what is new since that sealed attempt.
     since: str | None = None
+    # `--seat NAME`: cut only these, while the rest of the mesh runs on.
+    seats: tuple[str, ...] = ()
 
 
 class OfflineSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

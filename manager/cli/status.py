@@ -67,6 +67,9 @@ def gather(root: Path) -> dict[str, Any]:
         "waiting": waiting(layout),
         "handedOff": handed_off(layout),
         "boxKey": None,
+        "partialCut": msgspec.to_builtins(answered.partial_cut)
+        if answered is not None and answered.partial_cut is not None
+        else None,
     }
     doc["boxKey"], box_error = _box_key(layout)
     if box_error is not None:
@@ -337,6 +340,12 @@ def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"          fingerprint {manager['fingerprint']}")
     if manager.get("identityError"):
         say(f"signer    unreadable: {manager['identityError']}")
+    if doc.get("partialCut"):
+        some = doc["partialCut"]
+        say(
+            f"cutting   seat(s) {', '.join(some['seats'])} (attempt {some['attemptId']}, "
+            f"{some['state']}); the rest of the mesh runs on"
+        )
     if doc.get("boxKey"):
         say(f"box key   {doc['boxKey']}  (seal a pack to this root: checkpoint pack --to KEY)")
     elif doc.get("boxKeyError"):

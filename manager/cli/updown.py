@@ -93,6 +93,7 @@ def register(sub: Subcommands) -> None:
         "cotal down --preserve-state --session-store ~/.pi/sessions --json",
         "cotal down --preserve-state --abort",
         "cotal down --preserve-state --since 20261129T140000Z-0a1b2c3d",
+        "cotal down --preserve-state --seat alice --seat bob",
     )
     down.add_argument(
         "--preserve-state",
@@ -128,6 +129,14 @@ def register(sub: Subcommands) -> None:
         help="with --preserve-state: an incremental cut; each seat's bundle carries only what "
         "is new since ATTEMPT, a sealed attempt of this root the destination already holds "
         "(copy both directories side by side there)",
+    )
+    down.add_argument(
+        "--seat",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --preserve-state: cut only this seat (repeatable); the rest of the mesh, the "
+        "manager and the broker keep running",
     )
     down.add_argument(
         "--abort",

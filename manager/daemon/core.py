@@ -74,6 +74,8 @@ class Manager:
         self.maintenance = Maintenance(resume_attempt_id=resume_attempt_id)
         self.stopping = False
         self.in_flight = 0
+        self._busy: dict[str, int] = {}
+        self._seat_idle = anyio.Event()
         self._drained = anyio.Event()
         self._drained.set()
         self.waiters: dict[str, Waiter] = {}
@@ -174,28 +176,42 @@ class Manager:
         return self.maintenance.state == "active" and not self.stopping
 
     @asynccontextmanager
-    async def lifecycle(self, what: str) -> AsyncIterator[None]:
+    async def lifecycle(self, what: str, seat: str | None = None) -> AsyncIterator[None]:
         # Check and count in one synchronous step: a fence set before the cut's first await
-        # then sees every operation that got in, and nothing new can.
+        # then sees every operation that got in, and nothing new can. `seat`: the one seat the
+        # work touches, counted on its own too, for a cut of some seats to drain.
         if self.stopping:
             raise Refusal(
                 Code.FENCED, f"{what} refused: the manager is stopping", "wait for it to exit"
             )
         try:
-            self.maintenance.check_lifecycle()
+            self.maintenance.check_lifecycle(seat=seat)
         except Refusal as exc:
             raise Refusal(exc.code, f"{what} refused: {exc.message}", exc.cure) from None
         self.in_flight += 1
         self._drained = anyio.Event() if self.in_flight == 1 else self._drained
+        if seat is not None:
+            self._busy[seat] = self._busy.get(seat, 0) + 1
         try:
             yield
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._drained.set()
+            if seat is not None:
+                self._busy[seat] -= 1
+                if not self._busy[seat]:
+                    del self._busy[seat]
+                self._seat_idle.set()
+                self._seat_idle = anyio.Event()
 
     async def drain(self) -> None:
         await self._drained.wait()
+
+    async def drain_seats(self, seats: frozenset[str]) -> None:
+        """Until no lifecycle work admitted on these seats is left; work on others goes on."""
+        while any(name in self._busy for name in seats):
+            await self._seat_idle.wait()
 
     # -- run ------------------------------------------------------------------------------------
 

@@ -143,6 +143,31 @@ class DeliveryGate:
             await self._reopened.wait()
 
 
+class SeatGate:
+    """One seat's view of delivery: the manager's gate (the whole mesh's fence) and the seat's
+    own (a cut of some seats fences it alone); a turn starts, and a message moves to the dead
+    letters, only while both are open."""
+
+    def __init__(self, mesh: DeliveryGate, own: DeliveryGate) -> None:
+        self.mesh = mesh
+        self.own = own
+
+    @property
+    def is_open(self) -> bool:
+        return self.mesh.is_open and self.own.is_open
+
+    async def wait_open(self) -> None:
+        while not self.is_open:
+            await self.mesh.wait_open()
+            await self.own.wait_open()
+
+    def begin_burial(self) -> bool:
+        return self.own.is_open and self.mesh.begin_burial()
+
+    def end_burial(self) -> None:
+        self.mesh.end_burial()
+
+
 @dataclass(frozen=True)
 class Turn:
     """A message handed to the harness and not yet settled at the broker."""
@@ -171,7 +196,7 @@ class DeliveryBridge:
         *,
         fence: WriterFence,
         on_fenced: Callable[[], None],
-        gate: DeliveryGate,
+        gate: SeatGate,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
         on_ambiguous: Callable[[str], bool] = lambda _detail: False,
         deliberate: Callable[[], bool] = lambda: False,

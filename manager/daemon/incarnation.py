@@ -26,7 +26,7 @@ from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import teardown, watchers
-from manager.daemon.delivery import DeliveryBridge
+from manager.daemon.delivery import DeliveryBridge, SeatGate
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.seat import Incarnation, Seat, read_pointer, session_to_reopen
 from manager.daemon.startfault import LaunchFault, StartFailed, decode_fault, next_try
@@ -273,7 +273,7 @@ class Incarnations:
             on_fenced=lambda: mgr.watchers.schedule_evict(
                 seat, holder_now=None, reason="a publish was refused by the broker"
             ),
-            gate=mgr.delivery_gate,
+            gate=SeatGate(mgr.delivery_gate, seat.gate),
             max_deliveries=mgr.config.delivery.max_deliveries,
             on_ambiguous=lambda detail: self.restart_after_turn(seat, handle, detail),
             deliberate=lambda: seat.lifecycle.deliberate,
@@ -455,7 +455,7 @@ class Incarnations:
         delay = 1.0
         while mgr.active and mgr.seats.get(seat.name) is seat and seat.lifecycle.allows("restart"):
             try:
-                async with mgr.lifecycle("crash restart"):
+                async with mgr.lifecycle("crash restart", seat=seat.name):
                     seat.apply("restart")
                     await self.start(seat, self.opts(seat, continue_session=session_id))
                     seat.restarts += 1

@@ -68,9 +68,11 @@ class Preservation:
 
     # -- prepare --------------------------------------------------------------------------------
 
-    async def prepare(self, args: control.AttemptArgs) -> control.PrepareReply:
+    async def prepare(self, args: control.PrepareArgs) -> control.PrepareReply:
         attempt = names.check_attempt_id(args.attempt_id)
         m = self.mgr.maintenance
+        if args.seats or self._some(attempt):
+            return await self._prepare_some(attempt, frozenset(args.seats))
         if (
             m.state in ("preserving", "preserved")
             and m.attempt_id == attempt
@@ -108,9 +110,70 @@ class Preservation:
         log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
         return self._plan_result(attempt)
 
-    async def _plan(self, attempt: str) -> tuple[Inventory, ResumeDescriptor]:
+    def _some(self, attempt: str) -> bool:
+        """Whether `attempt` is a cut of some seats this manager holds."""
+        cut_some = self.mgr.maintenance.seat_cut
+        return cut_some.state != "idle" and cut_some.attempt_id == attempt
+
+    async def _prepare_some(self, attempt: str, named: frozenset[str]) -> control.PrepareReply:
+        """The fence, drain and plan for the named seats only; the manager stays `active`, the
+        other seats take turns and lifecycle work throughout, and new seats may be spawned."""
+        mgr = self.mgr
+        m, cut_some = mgr.maintenance, mgr.maintenance.seat_cut
+        if self._some(attempt) and self.plan is not None and self.plan.attempt_id == attempt:
+            return self._plan_result(attempt)
+        if mgr.stopping:
+            raise Refusal(
+                Code.FENCED,
+                "prepare-preservation refused: the manager is stopping",
+                "wait for it to exit",
+            )
+        m.check_lifecycle()
+        if m.adoption.state != "idle":
+            raise Refusal(
+                Code.ADOPTION_UNDER_WAY,
+                f"preservation refused: this manager is adopting attempt "
+                f"{m.adoption.attempt_id}, whose seats are not committed yet",
+                "let that `cotal up --restore` finish (or rerun it), then cut; nothing was fenced",
+            )
+        # The fence of these seats lands before any await, as the whole mesh's does.
+        cut_some.apply("prepare", attempt, named)
+        for name in named:
+            mgr.seats[name].gate.close()
+        self.progress.begin(attempt)
+        self.progress.add("fenced", detail=", ".join(sorted(named)))
+        failpoint.reached("preserve.after-fence", mgr.layout.root)
+        try:
+            await mgr.drain_seats(named)
+            self.progress.add("drained")
+            failpoint.reached("preserve.after-drain", mgr.layout.root)
+            inventory, descriptor = await self._plan(attempt, only=named)
+        except BaseException as exc:
+            self._lift_some(attempt)
+            log.info("cut.prepare_failed", attempt=attempt, seats=sorted(named))
+            self.progress.add("failed", detail=exc.text if isinstance(exc, Refusal) else repr(exc))
+            self.progress.done = True
+            raise
+        self.plan, self.descriptor, self.result = inventory, descriptor, None
+        self.progress.add("planned", detail=f"{len(inventory.agents)} seat(s)")
+        log.info("cut.prepared", attempt=attempt, seats=sorted(named), partial=True)
+        return self._plan_result(attempt)
+
+    def _lift_some(self, attempt: str) -> None:
+        cut_some = self.mgr.maintenance.seat_cut
+        fenced = cut_some.seats
+        cut_some.apply("abort", attempt)
+        for name in fenced:
+            seat = self.mgr.seats.get(name)
+            if seat is not None:
+                seat.gate.open()
+        self.plan = self.descriptor = None
+
+    async def _plan(
+        self, attempt: str, *, only: frozenset[str] = frozenset()
+    ) -> tuple[Inventory, ResumeDescriptor]:
         """Build and check the inventory and persist the resume document; stops nothing."""
-        inventory = self._build_inventory(attempt)
+        inventory = self._build_inventory(attempt, only)
         failures = self._reference_failures(inventory)
         if failures:
             raise Refusal(
@@ -198,9 +261,13 @@ class Preservation:
             failures=[],
         )
 
-    def _build_inventory(self, attempt: str) -> Inventory:
+    def _build_inventory(self, attempt: str, only: frozenset[str] = frozenset()) -> Inventory:
         mgr = self.mgr
-        agents = [self._entry(seat) for seat in sorted(mgr.seats.values(), key=lambda s: s.name)]
+        agents = [
+            self._entry(seat)
+            for seat in sorted(mgr.seats.values(), key=lambda s: s.name)
+            if not only or seat.name in only
+        ]
         return Inventory(
             version="cotal-manager-resume/v2",
             space=mgr.space,
@@ -253,7 +320,8 @@ class Preservation:
     def _session_carried(seat: Seat, stores: list[str]) -> bool:
         if seat.continuity not in ("exact", "fork") or not seat.pointer_path.exists():
             return False
-        return any(cut.has_files(Path(d)) for d in stores)
+        scratch = cut.store_scratch_of(seat.agent)
+        return any(cut.has_files(Path(d), scratch=scratch) for d in stores)
 
     def _reference_failures(self, inventory: Inventory) -> list[str]:
         failures: list[str] = []
@@ -277,15 +345,26 @@ class Preservation:
             await in_flight.wait()
             if self._joined is not None:
                 return self._joined
+        some = self._some(attempt)
+        if some and m.seat_cut.state == "preserved" and self.result is not None:
+            return self.result
         if m.state == "preserved" and m.attempt_id == attempt and self.result is not None:
             return self.result
-        if self.plan is None or m.attempt_id != attempt or m.state != "preserving":
+        if some and (self.plan is None or self.plan.attempt_id != attempt):
+            raise Refusal(
+                Code.NOT_PREPARED,
+                f"the cut of seat(s) {', '.join(sorted(m.seat_cut.seats))} (attempt {attempt}) "
+                "has no plan in this manager",
+                "rerun `cotal down --preserve-state` for it: it prepares again first",
+            )
+        if not some and (self.plan is None or m.attempt_id != attempt or m.state != "preserving"):
             raise Refusal(
                 Code.NOT_PREPARED,
                 f"preservation attempt {attempt} is not the prepared attempt (state {m.state})",
                 "run prepare-preservation for this attempt first "
                 "(cotal down --preserve-state does)",
             )
+        assert self.plan is not None
         home = Path(os.path.expanduser("~"))
         extra = [Path(os.path.normpath(p)) for p in args.session_stores]
         for agent in self.plan.agents:
@@ -299,7 +378,10 @@ class Preservation:
                 cut.anchor_of(d, root=mgr.layout.root, cwd=Path(agent.launch.cwd), home=home)
         # Read before the point of no return: a COTAL_JOBS that does not parse refuses here.
         jobs = concurrency.limiter()
-        m.apply("commit", attempt)
+        if some:
+            m.seat_cut.apply("commit", attempt)
+        else:
+            m.apply("commit", attempt)
         done = self._commit_in_flight = anyio.Event()
         self._joined = None
         try:
@@ -318,10 +400,12 @@ class Preservation:
     ) -> control.CommitReply:
         m, mgr = self.mgr.maintenance, self.mgr
         assert self.plan is not None
+        some = self._some(attempt)
+        planned = {agent.name for agent in self.plan.agents}
+        seats = {n: s for n, s in mgr.seats.items() if not some or n in planned}
         self.progress.begin(attempt)
-        self.progress.add("stopping", detail=f"{len(mgr.seats)} seat(s)")
+        self.progress.add("stopping", detail=f"{len(seats)} seat(s)")
         t0 = time.monotonic()
-        seats = dict(mgr.seats)
         run = _Run()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
@@ -346,10 +430,17 @@ class Preservation:
             self.progress.add("failed", seat=name, detail=error)
         if run.failures:
             return self._failed(attempt, attempt_path, run)
-        m.apply("stopped", attempt)
+        if some:
+            m.seat_cut.apply("stopped", attempt)
+            # Sealed: the checkpoint carries them from here, and the mesh runs on without them.
+            for seat in seats.values():
+                mgr.remove(seat)
+        else:
+            m.apply("stopped", attempt)
         self.result = control.CommitReply(
             attempt_id=attempt,
-            state=m.state,
+            state=m.seat_cut.state if some else m.state,
+            partial=True if some else msgspec.UNSET,
             checkpoint_dir=str(attempt_path),
             sealed=sealed,
             seats=[_cut_seat(s, run.mid_turn.get(s.name)) for s in summaries],
@@ -573,6 +664,19 @@ class Preservation:
     async def abort(self, args: control.AttemptArgs) -> control.AttemptState:
         attempt = names.check_attempt_id(args.attempt_id)
         m = self.mgr.maintenance
+        if self._some(attempt) and m.seat_cut.state == "preserving":
+            if any(
+                name in self.mgr.seats and self.mgr.seats[name].state == "stopping"
+                for name in m.seat_cut.seats
+            ):
+                raise Refusal(
+                    Code.COMMIT_BEGUN,
+                    f"cut {attempt} is stopping its seats and cannot be aborted",
+                    "rerun `cotal down --preserve-state` to finish it",
+                )
+            self._lift_some(attempt)
+            log.info("cut.aborted", attempt=attempt, partial=True)
+            return control.AttemptState(attempt_id=attempt, state="active")
         if m.state == "active":
             return control.AttemptState(attempt_id=attempt, state="active")
         if m.apply("abort", attempt, draining=self.mgr.in_flight > 0) == "active":

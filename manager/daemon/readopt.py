@@ -19,7 +19,6 @@ negatively acknowledged on the predecessor's behalf and comes back at once.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Protocol
 
@@ -58,8 +57,6 @@ class Readopter(SeatOwner, Protocol):
 
     @property
     def nc(self) -> Client: ...
-
-    def lifecycle(self, what: str) -> contextlib.AbstractAsyncContextManager[None]: ...
 
     async def relaunch(
         self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
@@ -117,7 +114,7 @@ class Readoption:
 
     async def run(self, seat: Seat, record: SeatRecord, *, task_status: TaskStatus[None]) -> None:
         # Counted before the caller goes on, so a cut prepared meanwhile drains this too.
-        async with self.mgr.lifecycle("re-adopt"):
+        async with self.mgr.lifecycle("re-adopt", seat=seat.name):
             task_status.started()
             try:
                 # Every seat's re-adoption is its own task, started in table order; the shared

@@ -81,6 +81,8 @@ class Seat:
     last_exit: str | None = None
     # One stopper at a time: a second waits for the first's proof instead of racing it.
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    # Closed while a cut of some seats holds this one (the manager's gate fences the whole mesh).
+    gate: DeliveryGate = field(default_factory=DeliveryGate)
 
     @property
     def state(self) -> SeatState:
@@ -216,7 +218,11 @@ class SeatOwner(Protocol):
 
     async def drain(self) -> None: ...
 
-    def lifecycle(self, what: str) -> AbstractAsyncContextManager[None]:
+    async def drain_seats(self, seats: frozenset[str]) -> None:
+        """Until no lifecycle work admitted on these seats is left."""
+        ...
+
+    def lifecycle(self, what: str, seat: str | None = None) -> AbstractAsyncContextManager[None]:
         """Admit one piece of lifecycle work past the fence and count it until it ends."""
         ...
 

@@ -180,6 +180,7 @@ async def test_the_typed_client_decodes_each_reply_into_its_record(tmp_path: Pat
         "deadLetters",
         "inFlight",
         "instanceId",
+        "partialCut",
         "pid",
         "root",
         "seatStates",

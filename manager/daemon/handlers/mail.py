@@ -138,7 +138,7 @@ class MailHandlers:
         """Put one dead letter back into the seat's inbox, then remove it from the dead letters:
         a crash between the two leaves it in both, never in neither."""
         mgr = self.mgr
-        async with mgr.lifecycle("redeliver"):
+        async with mgr.lifecycle("redeliver", seat=args.name):
             seat = mgr.seat(args.name)
             owner = names.SEAT_OWNER
             letter = await deadletter.fetch(mgr.js, mgr.space, owner, seat.name, seat.uid, args.id)
@@ -158,7 +158,7 @@ class MailHandlers:
 
     async def drop(self, args: control.DeadLetterArgs) -> control.DropDeadLetterReply:
         mgr = self.mgr
-        async with mgr.lifecycle("drop"):
+        async with mgr.lifecycle("drop", seat=args.name):
             seat = mgr.seat(args.name)
             letter = await deadletter.fetch(
                 mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid, args.id
@@ -174,7 +174,7 @@ class MailHandlers:
         self.mgr.dead_counts[seat.uid] = max(0, self.mgr.dead_counts.get(seat.uid, 0) - 1)
 
 
-async def refuse_dead_letters(mgr: Manager) -> None:
+async def refuse_dead_letters(mgr: Manager, *, only: frozenset[str] = frozenset()) -> None:
     """A cut carries each seat's inbox, not its dead letters: refused while any seat holds
     one, before the fence, so nothing stops. The read is retried until no move to dead letters
     was under way across it, so none lands unseen between the read and the fence (the fence,
@@ -187,7 +187,7 @@ async def refuse_dead_letters(mgr: Manager) -> None:
             break
     mgr.dead_counts.clear()
     mgr.dead_counts.update(found)
-    held = dead_by_seat(mgr)
+    held = {n: c for n, c in dead_by_seat(mgr).items() if not only or n in only}
     if held:
         listed = ", ".join(f"{name} {n}" for name, n in held.items())
         first = next(iter(held))

@@ -33,13 +33,21 @@ class PreservationHandlers:
     async def progress(self, args: control.ProgressArgs) -> control.ProgressResult:
         return self.mgr.preservation.progress.read(args)
 
-    async def prepare(self, args: control.AttemptArgs) -> control.PrepareReply:
+    async def prepare(self, args: control.PrepareArgs) -> control.PrepareReply:
         mgr = self.mgr
-        if mgr.maintenance.state == "active":
+        named = frozenset(args.seats)
+        joining = mgr.maintenance.seat_cut.attempt_id == args.attempt_id
+        if mgr.maintenance.state == "active" and not joining:
+            for name in sorted(named):
+                mgr.seat(name)
             # A cut carries running seats and resumes them running; a stopped seat would come
             # back started behind the operator's back, so the operator decides first. Checked
             # before the fence, so the refusal changes nothing.
-            kept = sorted(s.name for s in mgr.seats.values() if s.state == "stopped")
+            kept = sorted(
+                s.name
+                for s in mgr.seats.values()
+                if s.state == "stopped" and (not named or s.name in named)
+            )
             if kept:
                 raise Refusal(
                     Code.SEAT_STOPPED,
@@ -48,5 +56,5 @@ class PreservationHandlers:
                     f"`cotal start {kept[0]}` or `cotal rm {kept[0]}` first (each stopped seat), "
                     "then cut again; nothing was stopped",
                 )
-            await refuse_dead_letters(mgr)
+            await refuse_dead_letters(mgr, only=named)
         return await mgr.preservation.prepare(args)

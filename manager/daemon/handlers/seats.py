@@ -71,6 +71,14 @@ class SeatHandlers:
             activated=m.activated,
             dead_letters=dead_by_seat(mgr),
             adopting=m.adoption.attempt_id,
+            partial_cut=None
+            if m.seat_cut.state == "idle" or m.seat_cut.attempt_id is None
+            else control.PartialCutRow(
+                attempt_id=m.seat_cut.attempt_id,
+                state=m.seat_cut.state,
+                seats=sorted(m.seat_cut.seats),
+                commit_started=m.seat_cut.commit_started,
+            ),
         )
 
     async def ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
@@ -156,7 +164,7 @@ class SeatHandlers:
     async def stop_seat(self, args: control.StopSeatArgs) -> control.StopSeatReply:
         """Stop and prove, and keep: the durable, the session, the custody and the record stay,
         so `start-seat` can bring the seat back as it was."""
-        async with self.mgr.lifecycle("stop-seat"):
+        async with self.mgr.lifecycle("stop-seat", seat=args.name):
             seat = self.mgr.seat(args.name)
             if seat.state in ("evicting", "evicted"):
                 raise Refusal(
@@ -179,7 +187,7 @@ class SeatHandlers:
 
     async def start_seat(self, args: control.StartSeatArgs) -> control.StartedSeatRow:
         mgr = self.mgr
-        async with mgr.lifecycle("start-seat"):
+        async with mgr.lifecycle("start-seat", seat=args.name):
             seat = mgr.seat(args.name)
             already = seat.state == "running"
             if not already:
@@ -190,7 +198,7 @@ class SeatHandlers:
 
     async def restart_seat(self, args: control.RestartSeatArgs) -> control.SeatRow:
         mgr = self.mgr
-        async with mgr.lifecycle("restart-seat"):
+        async with mgr.lifecycle("restart-seat", seat=args.name):
             seat = mgr.seat(args.name)
             if seat.state != "running":
                 _require_startable(seat, "restart")
@@ -202,7 +210,7 @@ class SeatHandlers:
         """Stop if running, prove it, then deprovision exactly this seat's footprint: durable,
         presence, custody record, session pointer and persisted record."""
         mgr = self.mgr
-        async with mgr.lifecycle("remove-seat"):
+        async with mgr.lifecycle("remove-seat", seat=args.name):
             seat = mgr.seat(args.name)
             await mgr.stop_and_prove(seat, graceful=True)
             dead = mgr.dead_counts.get(seat.uid, 0) if seat.footprint_owned else 0
