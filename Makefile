@@ -21,12 +21,14 @@ venv: $(STAMP)
 harnesses: $(STAMP)
 	$(PY) -m manager.cli.tools install
 
-# Lint first: a test run that passes on code that does not lint is not a green build. Two
-# workers: most tests wait on real brokers, git and seats rather than on a core, and each test
-# owns its own temporary root, broker ports and processes. Tests marked `serial` (races between
-# private mount namespaces) then run alone.
+# Lint first: a test run that passes on code that does not lint is not a green build. Four
+# workers on two cores: most tests wait on real brokers, git and seats rather than on a core
+# (a two-worker run keeps the cores about half busy), and each test owns its own temporary
+# root, broker ports and processes. Tests marked `serial` (races between private mount
+# namespaces) then run alone.
+TEST_WORKERS ?= 4
 test: lint harnesses
-	$(PY) -m pytest -q -n 2 -m "not serial" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests
 
 # The inner loop: lint, the unit tests and a sample of the integration suite that touches each
