@@ -287,6 +287,16 @@ def lease_key(instance_id: str) -> str:
     return f"lease.{instance_id}"
 
 
+def move_bucket(space: str) -> str:
+    """The Object Store bucket a `cotal move` carries its checkpoint through."""
+    return f"cotal_move_{check_space(space)}"
+
+
+def move_subject(space: str, instance_id: str, verb: str) -> str:
+    """Where a destination manager answers `cotal move` (`probe`, `offer`): its own instance."""
+    return f"cotal.{check_space(space)}.move.{instance_id}.{verb}"
+
+
 PRESENCE_TTL_S = 6.0
 PRESENCE_HEARTBEAT_S = 2.0
 MANAGER_LEASE_TTL_S = 10.0

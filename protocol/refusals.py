@@ -24,6 +24,10 @@ class Code(StrEnum):
     as its spelling."""
 
     ABORT_UNSAFE = "abort-unsafe"
+    DESTINATION_BUSY = "destination-busy"
+    DESTINATION_GONE = "destination-gone"
+    MOVE_FAILED = "move-failed"
+    MOVE_INCOMPLETE = "move-incomplete"
     SEAT_FENCED = "seat-fenced"
     ADOPTION_BUSY = "adoption-busy"
     ADOPTION_UNDER_WAY = "adoption-under-way"
@@ -299,6 +303,27 @@ def _bad_argument(field: str) -> Entry:
 
 
 ENTRIES: tuple[Entry, ...] = (
+    _e(
+        Code.DESTINATION_BUSY,
+        "the destination manager of a move is not active (a cut, a resume or an adoption of its "
+        "own is under way)",
+        "retry once it is active, or move to another manager",
+    ),
+    _e(
+        Code.DESTINATION_GONE,
+        "no live manager of that instance holds a lease on this broker, or it did not answer",
+        "check the instance id with `cotal ps --fleet` and that its manager runs on this broker",
+    ),
+    _e(
+        Code.MOVE_FAILED,
+        "the destination's own resume of the moved checkpoint died without a refusal",
+        "read the destination's `.cotal/logs/manager.log`, then rerun `cotal move`",
+    ),
+    _e(
+        Code.MOVE_INCOMPLETE,
+        "the destination claimed the seats and then refused or died; it owns them now",
+        "rerun the same `cotal move` to finish it there",
+    ),
     _e(
         Code.CUT_UNDER_WAY,
         "a cut of some seats is under way in this manager, and this cut would overlap it",

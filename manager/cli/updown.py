@@ -204,6 +204,7 @@ def run_down(args: argparse.Namespace) -> int:
             ("--since", args.since),
             ("--include", args.include),
             ("--session-store", args.session_store),
+            ("--seat", args.seat),
         )
         if given
     ]

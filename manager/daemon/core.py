@@ -33,11 +33,12 @@ from manager.broker import deadletter, footprint
 from manager.daemon import handlers, seatfile
 from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.incarnation import Incarnations
+from manager.daemon.mover import Mover
 from manager.daemon.preserve import Preservation
 from manager.daemon.readopt import Readoption
 from manager.daemon.resume import Resumption
 from manager.daemon.seat import Seat
-from manager.daemon.watchers import Watchers
+from manager.daemon.watchers import Watchers, clear_presence
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
@@ -91,6 +92,7 @@ class Manager:
         self.delivery_gate = DeliveryGate()
         self.incarnations = Incarnations(self)
         self.watchers = Watchers(self)
+        self.mover = Mover(self)
         self.preservation = Preservation(self)
         self.resumption = Resumption(self)
         self.readoption = Readoption(self)
@@ -130,6 +132,9 @@ class Manager:
 
     def hand_over(self, seat: Seat) -> None:
         seatfile.delete(self.layout, seat)
+
+    async def forget_presence(self, seat: Seat) -> None:
+        await clear_presence(self, seat)
 
     def persist(self, seat: Seat) -> None:
         """Rewrite the seat's record; a failure costs only the re-adoption after a crash, so it
@@ -234,6 +239,7 @@ class Manager:
             self.tg = tg
             tg.start_soon(self.watchers.lease_loop, leases)
             tg.start_soon(self.watchers.custody_watch)
+            tg.start_soon(self.mover.serve)
             if self.maintenance.state == "active":
                 # Only a manager in ordinary service takes back its predecessor's seats; one
                 # started for a resume adopts exactly what the checkpoint names.

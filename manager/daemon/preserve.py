@@ -656,6 +656,7 @@ class Preservation:
             self.progress.add("stopped", seat=seat.name, detail=exc.text)
             return
         self.mgr.hand_over(seat)
+        await self.mgr.forget_presence(seat)
         self.progress.add("stopped", seat=seat.name)
         failpoint.reached("preserve.after-seat-stopped", self.mgr.layout.root)
 

@@ -244,6 +244,10 @@ class SeatOwner(Protocol):
         """Drop the seat from the table, deprovisioning nothing."""
         ...
 
+    async def forget_presence(self, seat: Seat) -> None:
+        """Delete the seat's presence now (a stopped seat a cut carries is live nowhere)."""
+        ...
+
     def hand_over(self, seat: Seat) -> None:
         """The seat is stopped and a cut carries it from here: forget its record on disk, so a
         later manager of this root does not relaunch it behind the checkpoint's back."""

@@ -9,6 +9,7 @@ table, nothing deprovisioned, since the durable and the custody record are the n
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -41,11 +42,17 @@ async def clear_presence(mgr: Manager, seat: Seat) -> None:
 
 
 async def _keep_putting(
-    bucket: KeyValue, key: str, value: bytes, every_s: float, event: str, **what: Any
+    bucket: KeyValue,
+    key: str,
+    value: bytes,
+    every_s: float,
+    event: str,
+    keep: Callable[[], bool] = lambda: True,
+    **what: Any,
 ) -> None:
-    """Put `value` under `key` every `every_s`; a put the broker misses is logged, not raised,
-    since the next one renews it before the bucket's TTL ends it."""
-    while True:
+    """Put `value` under `key` every `every_s` while `keep()`; a put the broker misses is
+    logged, not raised, since the next one renews it before the bucket's TTL ends it."""
+    while keep():
         try:
             with anyio.fail_after(2.0):
                 await bucket.put(key, value)
@@ -91,6 +98,9 @@ class Watchers:
             value,
             names.PRESENCE_HEARTBEAT_S,
             "presence.put_failed",
+            # A seat told to stop is no longer claimed live, even before its exit is reaped:
+            # a destination of its cut must not find it present.
+            keep=lambda: not seat.lifecycle.deliberate and seat.handle is handle,
             seat=seat.name,
         )
 

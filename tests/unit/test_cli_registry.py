@@ -56,6 +56,7 @@ def test_every_command_module_registers_at_least_one_command_of_its_own() -> Non
         "start",
         "restart",
         "rm",
+        "move",
         "inbox",
         "status",
         "doctor",

@@ -1,0 +1,68 @@
+"""What `cotal move` says to the broker: the move bucket (a JetStream Object Store holding one
+packed attempt per move while it travels) and the request to a destination manager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import nats.errors
+import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from manager.broker.retry import riding_elections
+from protocol import names
+from protocol.errors import Refusal
+from protocol.refusals import Code
+
+log = structlog.get_logger("cotal.move")
+
+
+async def put(js: JetStreamContext, space: str, name: str, blob: bytes) -> None:
+    """The packed attempt into the move bucket (made on first use); the store chunks it and
+    records its digest, which every read checks."""
+    bucket = names.move_bucket(space)
+
+    async def once() -> None:
+        try:
+            store = await js.object_store(bucket)
+        except nats.js.errors.NotFoundError:
+            store = await js.create_object_store(bucket)
+        await store.put(name, blob)
+
+    await riding_elections(f"move bucket {bucket}", once)
+
+
+async def get(js: JetStreamContext, space: str, name: str) -> bytes:
+    async def once() -> bytes:
+        store = await js.object_store(names.move_bucket(space))
+        found = await store.get(name)
+        return found.data or b""
+
+    return await riding_elections(f"move object {name}", once)
+
+
+async def drop(js: JetStreamContext, space: str, name: str) -> bool:
+    """Remove the carried copy; False (and a log line) when the broker would not."""
+    with anyio.CancelScope(shield=True):
+        try:
+            store = await js.object_store(names.move_bucket(space))
+            await store.delete(name)
+        except Exception as exc:  # the object is only a copy: said, and the move goes on
+            log.warning("move.object_kept", object=name, error=str(exc))
+            return False
+    return True
+
+
+async def ask(client: Client, subject: str, payload: bytes, *, timeout: float, what: str) -> Any:
+    """One request to a destination manager's own subject; no answer is `destination-gone`."""
+    try:
+        return await client.request(subject, payload, timeout=timeout)
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        raise Refusal(
+            Code.DESTINATION_GONE,
+            f"no manager answered {what} on this broker within {timeout:g}s",
+            "check the instance id with `cotal ps --fleet` and that its manager runs on this "
+            "broker",
+        ) from None

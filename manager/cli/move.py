@@ -1,0 +1,335 @@
+"""`cotal move NAME... --to INSTANCE`: move seats to another manager on the same broker.
+
+One command at the source. The destination is asked first (`probe`: is it active, are the names
+free, does it trust this root's signer?), so a refusal it can give before anything happens
+leaves the seats running as they were. Then the seats are cut while the rest of the mesh runs
+(`down --preserve-state --seat`), the sealed attempt is packed and put in the space's move
+bucket (a JetStream Object Store, chunked and digest-checked), and the destination is offered
+it: it fetches it, checks the whole digest, and runs its own `up --restore` on it, which admits
+it with its own trust store and adopts the seats into its running mesh. The object is removed
+once the destination answered. A refusal from the destination before its custody claim brings
+the seats back here (adopted from the same checkpoint, in their own sessions); after its claim
+the destination owns them, and a rerun of the same command finishes the move there.
+
+`downtimeMs` runs from the source's fence (the cut's prepare) to the destination's answer,
+which comes once each moved seat is running there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from manager import eventloop
+from manager.cli.args import Subcommands, command, root_of
+from manager.cli.output import emit_json, progress, say
+from protocol.errors import Refusal
+from protocol.refusals import Code
+
+# The destination's whole resume of the moved seats (its own admission, restore and adoption).
+OFFER_TIMEOUT_S = 330.0
+PROBE_TIMEOUT_S = 10.0
+
+
+def register(sub: Subcommands) -> None:
+    move = command(
+        sub,
+        "move",
+        "move seats to another manager on this broker: cut here, adopted there",
+        "cotal move alice --to q6a6ihz3a8bsldggwykb2u9ubzcil3y",
+        "cotal move alice bob --to q6a6ihz3a8bsldggwykb2u9ubzcil3y --json",
+    )
+    move.add_argument("names", nargs="+", metavar="NAME", help="a seat to move (repeatable)")
+    move.add_argument(
+        "--to",
+        required=True,
+        metavar="INSTANCE",
+        help="the destination manager's instance id, as its `cotal status` (or `cotal ps "
+        "--fleet`) prints it",
+    )
+    move.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds each seat's turn in flight may take to finish before it is cut anyway",
+    )
+    move.set_defaults(run=run_move)
+
+
+def run_move(args: argparse.Namespace) -> int:
+    out = eventloop.run(_move, args, root_of(args))
+    if args.json:
+        emit_json(out)
+        return 0
+    for seat in out["seats"]:
+        say(
+            f"moved {seat['name']} to {out['to']}: uid {seat['lifecycleUid']}, session "
+            f"{seat['session']}, generation {seat['generation']}"
+        )
+    say(f"downtime {out['downtimeMs']} ms, total {out['totalMs']} ms")
+    return 0
+
+
+async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from manager.broker.connection import LazyConnection
+    from manager.cli import mesh
+    from manager.workspace.layout import Layout
+
+    t0 = time.monotonic()
+    layout = Layout.at(root)
+    names_asked = list(dict.fromkeys(args.names))
+    async with mesh.control(layout) as session:
+        status = await session.status()
+    if status is None:
+        raise Refusal(
+            Code.NOT_UP, f"no manager answers in {layout.root}", "start it with `cotal up --detach`"
+        )
+    if status.instance_id == args.to:
+        raise Refusal(
+            Code.BAD_ARGS,
+            f"{args.to} is this root's own manager",
+            "name another manager's instance (`cotal ps --fleet` lists them)",
+        )
+    record = mesh.read_mesh(layout)
+    if record is None:
+        raise Refusal(
+            Code.NOT_UP, f"no mesh record in {layout.root}", "start it with `cotal up --detach`"
+        )
+    creds = (
+        layout.broker_creds
+        if record.embedded_broker is not None
+        else (Path(record.creds) if record.creds else None)
+    )
+    async with LazyConnection(record.server, creds, name="cotal-move") as conn:
+        nc = await conn.client()
+        js = await conn.jetstream()
+        rows = {r.name: r for r in await _ps(layout)}
+        missing = [n for n in names_asked if n not in rows]
+        if missing:
+            raise Refusal(
+                Code.NO_SUCH_SEAT,
+                f"no seat named {', '.join(missing)} runs here",
+                "see `cotal ps`; a move carries running seats",
+            )
+        uids = [rows[n].lifecycle_uid for n in names_asked]
+        await _ask(
+            nc,
+            status.space,
+            args.to,
+            "probe",
+            _probe(layout, status, names_asked, uids),
+            PROBE_TIMEOUT_S,
+        )
+        progress(f"destination {args.to} takes {', '.join(names_asked)}; cutting them here")
+        t_fence = time.monotonic()
+        sealed = await _cut_some(args, root, names_asked)
+        attempt, attempt_dir = sealed.result.attempt_id, Path(sealed.result.checkpoint_dir)
+        obj, digest, size = await _put(js, status.space, attempt, attempt_dir, layout)
+        progress(f"carried {size} bytes through the broker; the destination adopts them")
+        from protocol import move
+
+        offer = move.MoveOffer(
+            source=status.instance_id,
+            attempt_id=attempt,
+            object=obj,
+            sha256=digest,
+            bytes=size,
+            seats=names_asked,
+            uids=uids,
+        )
+        try:
+            answer = await _ask(nc, status.space, args.to, "offer", offer, OFFER_TIMEOUT_S)
+        except Refusal as exc:
+            if getattr(exc, "claimed", False):
+                raise
+            progress(f"the destination refused ({exc.code}); the seats resume here")
+            await _take_back(root, attempt_dir, status.space)
+            raise Refusal(
+                exc.code,
+                f"{exc.message}; the seats run here again, in their own sessions",
+                exc.cure,
+            ) from None
+        finally:
+            await _drop(js, status.space, obj)
+        downtime = int((time.monotonic() - t_fence) * 1000)
+        await anyio.to_thread.run_sync(_forget_here, layout, attempt)
+    result = json.loads(bytes(answer.result)) or {}
+    moved = {s["name"]: s for s in result.get("seats", [])}
+    seats = [
+        {
+            "name": n,
+            "lifecycleUid": u,
+            "session": (moved.get(n) or {}).get("sessionAfter"),
+            "generation": _generation_of(result, n),
+            "downtimeMs": downtime,
+        }
+        for n, u in zip(names_asked, uids, strict=True)
+    ]
+    return {
+        "attemptId": attempt,
+        "to": args.to,
+        "seats": seats,
+        "downtimeMs": downtime,
+        "totalMs": int((time.monotonic() - t0) * 1000),
+    }
+
+
+def _generation_of(result: dict[str, Any], name: str) -> int | None:
+    for claim in result.get("claims") or []:
+        if isinstance(claim, dict) and name in (claim.get("name"), claim.get("seat")):
+            generation = claim.get("generation")
+            return generation if isinstance(generation, int) else None
+    return None
+
+
+async def _ps(layout: Any) -> list[Any]:
+    from manager.cli import mesh
+    from protocol import control
+
+    async with mesh.control(layout) as session:
+        return await session.request(control.PS, control.NoArgs())
+
+
+def _probe(layout: Any, status: Any, seats: list[str], uids: list[str]) -> Any:
+    from manager.workspace import identity
+    from protocol import move
+
+    signer = identity._load(layout.instance_identity(status.space), status.space).public_key_b64
+    return move.MoveProbe(source=status.instance_id, signer=signer, seats=seats, uids=uids)
+
+
+class _Refused(Refusal):
+    def __init__(self, code: str, message: str, cure: str, *, claimed: bool) -> None:
+        super().__init__(code, message, cure)
+        self.claimed = claimed
+
+
+async def _ask(nc: Any, space: str, to: str, verb: str, record: Any, timeout: float) -> Any:
+    """One request to the destination's own subject; its refusal raised as ours."""
+    from manager.broker import carry
+    from protocol import move, names
+
+    msg = await carry.ask(
+        nc,
+        names.move_subject(space, to, verb),
+        move.encode(record),
+        timeout=timeout,
+        what=f"{verb} as instance {to}"
+        + (" (the seats were not touched)" if verb == "probe" else ""),
+    )
+    answer = move.decode_answer(msg.data)
+    if not answer.ok:
+        code = answer.code or Code.MOVE_FAILED
+        if answer.claimed:
+            raise _Refused(
+                Code.MOVE_INCOMPLETE,
+                f"destination {to} claimed the seats and then refused ({code}: {answer.message})",
+                "rerun the same `cotal move` to finish it there; the seats are its own now",
+                claimed=True,
+            )
+        raise _Refused(
+            code,
+            f"destination {to}: {answer.message}",
+            "see the destination's message; nothing was moved",
+            claimed=False,
+        )
+    return answer
+
+
+async def _cut_some(args: argparse.Namespace, root: Path, seats: list[str]) -> Any:
+    from manager.cli import cut
+
+    cut_args = argparse.Namespace(
+        root=str(root),
+        json=True,
+        session_store=[],
+        drain_timeout=args.drain_timeout,
+        include=[],
+        since=None,
+        abort=False,
+        seat=seats,
+    )
+    sealed = await cut._cut(cut_args, root)
+    if not isinstance(sealed, cut.Sealed):
+        raise Refusal(
+            Code.SEALED_CUT_WAITING,
+            "a sealed cut already waits in this root",
+            "resume, pack or discard it first (`cotal checkpoint list`), then move",
+        )
+    return sealed
+
+
+async def _put(
+    js: Any, space: str, attempt: str, attempt_dir: Path, layout: Any
+) -> tuple[str, str, int]:
+    from manager.broker import carry
+    from manager.checkpoint.archive import write_archive
+
+    tmp = layout.control / f".move-{attempt}.{secrets.token_hex(4)}.tar"
+    try:
+        digest, size = await anyio.to_thread.run_sync(write_archive, attempt_dir, tmp)
+        blob = await anyio.to_thread.run_sync(tmp.read_bytes)
+    finally:
+        tmp.unlink(missing_ok=True)
+    await carry.put(js, space, attempt, blob)
+    return attempt, digest, size
+
+
+def _forget_here(layout: Any, attempt: str) -> None:
+    """The destination runs the seats now: what this root kept of them goes, so nothing here can
+    start them again or stand in the way of their coming back. Their session files (only under
+    this root's `.cotal/sessions`) and pointers, then the sealed attempt and its journal."""
+    import shutil
+
+    from manager.cli import checkpoints
+    from manager.workspace.journal import Journal
+
+    inventory = Journal(layout).resume_document()
+    sessions = Path(os.path.normpath(layout.sessions))
+    for agent in inventory.agents:
+        for store in agent.launch.session_stores:
+            path = Path(os.path.normpath(store))
+            if path.is_relative_to(sessions) and path != sessions and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+        pointer = layout.session_pointer(
+            agent.launch.connector, agent.name, agent.identity.lifecycle_uid
+        )
+        pointer.unlink(missing_ok=True)
+    checkpoints.discard(layout.root, attempt)
+
+
+async def _drop(js: Any, space: str, obj: str) -> None:
+    from manager.broker import carry
+
+    if not await carry.drop(js, space, obj):
+        progress(f"note: the carried copy {obj} stays in the move bucket")
+
+
+async def _take_back(root: Path, attempt_dir: Path, space: str) -> None:
+    """The destination refused before its claim: this mesh adopts the seats back from the
+    checkpoint it just sealed, into their own sessions."""
+    from manager.cli import restore
+
+    back = argparse.Namespace(
+        root=str(root),
+        json=True,
+        restore=str(attempt_dir),
+        space=space,
+        server=None,
+        creds=None,
+        replicas=None,
+        monitor=None,
+        map=[],
+        trust_signer=[],
+        accept_stale_checkpoint=False,
+        detach=True,
+    )
+    await restore._restore(back, root)

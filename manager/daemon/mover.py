@@ -1,0 +1,193 @@
+"""The destination side of `cotal move`: this manager answers on subjects of its own instance.
+
+`probe` says, before the source fences anything, whether this manager would take the seats
+(active, no adoption under way, the names free, the signer in this root's trust store). `offer`
+fetches the checkpoint the source put in the move bucket (its digest checked by the Object
+Store chunk by chunk and by us as a whole), and hands it to this root's own `cotal up --restore`
+as a child process: the same admission, journal, custody claim, restore and adoption as an
+operator's, so a move is never a second path to a seat. Offers are answered one at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import anyio
+import msgspec
+import structlog
+from nats.aio.msg import Msg
+
+from connectors.interpreter import own_python
+from manager.broker import carry
+from manager.workspace.journal import Journal
+from manager.workspace.private import ensure_private_dir, write_private_atomic
+from manager.workspace.trust import read_trusted
+from protocol import move, names
+from protocol.errors import DecodeError, Refusal
+from protocol.maintenance import RESUME_UNDER_WAY
+from protocol.refusals import Code
+
+if TYPE_CHECKING:
+    from manager.daemon.core import Manager
+
+log = structlog.get_logger("cotal.move")
+
+# The whole adoption of a carried checkpoint by this root's own coordinator.
+ADOPT_TIMEOUT_S = 300.0
+
+
+class Mover:
+    def __init__(self, mgr: Manager) -> None:
+        self.mgr = mgr
+        self._offers = anyio.Lock()
+
+    async def serve(self) -> None:
+        mgr = self.mgr
+        instance = mgr.identity.instance_id
+        async with anyio.create_task_group() as tg:
+            for verb, handle in (("probe", self._probe), ("offer", self._offer)):
+                sub = await mgr.nc.subscribe(names.move_subject(mgr.space, instance, verb))
+                tg.start_soon(self._answer_each, sub, handle)
+
+    async def _answer_each(
+        self, sub: object, handle: Callable[[bytes], Awaitable[move.MoveAnswer]]
+    ) -> None:
+        async for msg in sub.messages:  # type: ignore[attr-defined]
+            assert isinstance(msg, Msg)
+            try:
+                answer = await handle(msg.data)
+            except Refusal as exc:
+                answer = move.MoveAnswer(ok=False, code=exc.code, message=exc.text)
+            except DecodeError as exc:
+                answer = move.MoveAnswer(ok=False, code=exc.code, message=exc.text)
+            if msg.reply:
+                await msg.respond(move.encode(answer))
+
+    def _already(self, seats: list[str], uids: list[str]) -> bool:
+        here = self.mgr.seats
+        return all(n in here and here[n].uid == u for n, u in zip(seats, uids, strict=True))
+
+    async def _probe(self, data: bytes) -> move.MoveAnswer:
+        mgr = self.mgr
+        probe = move.decode_probe(data)
+        if self._already(probe.seats, probe.uids):
+            return move.MoveAnswer(ok=True, already=True)
+        m = mgr.maintenance
+        if mgr.stopping or m.state != "active" or m.adoption.state != "idle":
+            raise Refusal(
+                Code.DESTINATION_BUSY,
+                f"destination {mgr.identity.instance_id} is {mgr.state} "
+                f"(adoption {m.adoption.state}) and takes no seat now",
+                "retry once it is active, or move to another manager; nothing was fenced",
+            )
+        for name, uid in zip(probe.seats, probe.uids, strict=True):
+            seat = mgr.seats.get(name)
+            if seat is not None:
+                raise Refusal(
+                    Code.DUPLICATE_NAME,
+                    f"seat name {name!r} is taken at destination {mgr.identity.instance_id} "
+                    f"(uid {seat.uid})",
+                    f"`cotal rm {name}` there first, or move to another manager; nothing was "
+                    "fenced",
+                )
+            if any(s.uid == uid for s in mgr.seats.values()):
+                raise Refusal(
+                    Code.DUPLICATE_PRINCIPAL,
+                    f"uid {uid} already runs at destination {mgr.identity.instance_id}",
+                    "a seat runs once; nothing was fenced",
+                )
+        trusted = {s.key for s in read_trusted(mgr.layout)}
+        if probe.signer not in trusted:
+            raise Refusal(
+                Code.UNTRUSTED_SIGNER,
+                f"destination {mgr.identity.instance_id} does not trust the source's signer "
+                f"{probe.signer}",
+                f"on the destination: `cotal trust add {probe.signer} --name NAME` after "
+                "checking the key out of band; nothing was fenced",
+            )
+        return move.MoveAnswer(ok=True)
+
+    async def _offer(self, data: bytes) -> move.MoveAnswer:
+        offer = move.decode_offer(data)
+        async with self._offers:
+            if self._already(offer.seats, offer.uids):
+                return move.MoveAnswer(ok=True, already=True)
+            path = await self._fetch(offer)
+            try:
+                return await self._adopt(offer, path)
+            finally:
+                await path.unlink(missing_ok=True)
+
+    async def _fetch(self, offer: move.MoveOffer) -> anyio.Path:
+        mgr = self.mgr
+        blob = await carry.get(mgr.js, mgr.space, offer.object)
+        digest = hashlib.sha256(blob).hexdigest()
+        if len(blob) != offer.bytes or digest != offer.sha256:
+            raise Refusal(
+                Code.INTEGRITY,
+                f"the carried checkpoint {offer.object} is {len(blob)} bytes hashing to {digest}, "
+                f"not the {offer.bytes} bytes hashing to {offer.sha256} the source put",
+                "rerun `cotal move` at the source: it puts the checkpoint again",
+            )
+        ensure_private_dir(mgr.layout.incoming)
+        path = mgr.layout.incoming / f"{offer.attempt_id}.move.tar"
+        await anyio.to_thread.run_sync(write_private_atomic, path, blob)
+        return anyio.Path(path)
+
+    async def _adopt(self, offer: move.MoveOffer, path: anyio.Path) -> move.MoveAnswer:
+        mgr = self.mgr
+        argv = [
+            *own_python("manager.cli"),
+            "up",
+            "--restore",
+            str(path),
+            "--space",
+            mgr.space,
+            "--json",
+            "--root",
+            str(mgr.layout.root),
+        ]
+        log.info("move.adopting", attempt=offer.attempt_id, source=offer.source)
+        with anyio.fail_after(ADOPT_TIMEOUT_S):
+            done = await anyio.run_process(argv, check=False)
+        if done.returncode == 0:
+            log.info("move.adopted", attempt=offer.attempt_id, seats=offer.seats)
+            return move.MoveAnswer(ok=True, result=msgspec_raw(done.stdout))
+        code, message = _refusal_of(done.stderr)
+        journal = Journal(mgr.layout).load() if mgr.layout.journal.exists() else None
+        claimed = (
+            journal is not None
+            and journal.attempt_id == offer.attempt_id
+            and journal.state in RESUME_UNDER_WAY
+        )
+        log.warning("move.refused", attempt=offer.attempt_id, code=code, claimed=claimed)
+        return move.MoveAnswer(ok=False, code=code, message=message, claimed=claimed)
+
+
+def msgspec_raw(stdout: bytes) -> msgspec.Raw:
+    """The child's `--json` document (its last line on stdout), checked to be JSON."""
+    lines = [line for line in stdout.decode(errors="replace").splitlines() if line.strip()]
+    try:
+        return msgspec.Raw(msgspec.json.encode(json.loads(lines[-1]))) if lines else NULL
+    except ValueError:
+        return NULL
+
+
+NULL = msgspec.Raw(b"null")
+
+
+def _refusal_of(stderr: bytes) -> tuple[str, str]:
+    """The code and message of the child's refusal (its last stderr line, as `--json` prints
+    it), or what it printed when it died some other way."""
+    lines = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    for line in reversed(lines):
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("code"), str):
+            return doc["code"], str(doc.get("error", ""))
+    return Code.MOVE_FAILED, " | ".join(lines[-3:])[:4000] or "the destination's restore died"

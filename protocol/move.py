@@ -1,0 +1,70 @@
+"""`cotal move`: what a source coordinator asks a destination manager over the broker.
+
+Two requests on the destination's own subjects (`names.move_subject`): `probe` before anything
+is fenced (would this manager take these seats, signed by this key?), and `offer` once the seats
+are cut and their checkpoint is in the move bucket (fetch it, admit it with your own trust
+store, adopt it). Each is answered by a `MoveAnswer`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from protocol.codec import decode_json, encode_json
+from protocol.inventory import AttemptId, SeatName
+
+MOVE_CAP = 64 * 1024
+# What a carried checkpoint may weigh in the bucket (the repository of 2,000 commits with a
+# 32 MiB blob packs to about 40 MiB).
+OBJECT_CAP = 4 * 1024 * 1024 * 1024
+
+Digest = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+Uid = Annotated[str, msgspec.Meta(pattern="^[a-z0-9]{26,32}$")]
+
+
+class MoveProbe(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    source: str
+    signer: Annotated[str, msgspec.Meta(max_length=128)]
+    seats: Annotated[list[SeatName], msgspec.Meta(min_length=1, max_length=256)]
+    uids: Annotated[list[Uid], msgspec.Meta(min_length=1, max_length=256)]
+
+
+class MoveOffer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    source: str
+    attempt_id: AttemptId
+    object: Annotated[str, msgspec.Meta(max_length=128)]
+    sha256: Digest
+    bytes: Annotated[int, msgspec.Meta(ge=1, le=OBJECT_CAP)]
+    seats: Annotated[list[SeatName], msgspec.Meta(min_length=1, max_length=256)]
+    uids: Annotated[list[Uid], msgspec.Meta(min_length=1, max_length=256)]
+
+
+class MoveAnswer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    ok: bool
+    code: str | None = None
+    message: str | None = None
+    # The seats already run here under these uids: a rerun of a move that finished.
+    already: bool = False
+    # A refused offer whose destination had claimed custody (its journal holds the attempt):
+    # the destination owns the seats from here and a rerun finishes the move there.
+    claimed: bool = False
+    # The destination's `up --restore --json` document, as it printed it (`null` if none).
+    result: msgspec.Raw = msgspec.Raw(b"null")
+
+
+def encode(record: MoveProbe | MoveOffer | MoveAnswer) -> bytes:
+    return encode_json(record)
+
+
+def decode_probe(data: bytes) -> MoveProbe:
+    return decode_json(data, MoveProbe, what="move probe", cap=MOVE_CAP)
+
+
+def decode_offer(data: bytes) -> MoveOffer:
+    return decode_json(data, MoveOffer, what="move offer", cap=MOVE_CAP)
+
+
+def decode_answer(data: bytes) -> MoveAnswer:
+    return decode_json(data, MoveAnswer, what="move answer", cap=16 * 1024 * 1024)

@@ -1,0 +1,122 @@
+"""`cotal move NAME --to INSTANCE` between two running managers on one standalone broker.
+
+The untrusted case refuses before anything is fenced (the seat keeps its very process at the
+source); the trusted case moves the seat: one process carries its lifecycle uid, at the
+destination, in its own session, answering its phrase, while each host's other seat keeps its
+process; the source cannot start it again; and the seat moves back the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Cli, SharedBroker
+from tests.gitrepo import git, init_repo, write
+from tests.helpers import processes_mentioning, signer_key
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
+
+PHRASE = "plover-moved-23"
+
+
+def committed_root(root: Path) -> Path:
+    init_repo(root)
+    write(root / "README.md", "# move\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "first")
+    return root
+
+
+@pytest.fixture
+def two_roots(tmp_path: Path, shared_broker: SharedBroker) -> Iterator[tuple[Cli, Cli]]:
+    a, b = Cli(committed_root(tmp_path / "a")), Cli(committed_root(tmp_path / "b"))
+    for cli in (a, b):
+        cli.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
+    yield a, b
+    for cli in (a, b):
+        if (cli.root / ".cotal" / "mesh.json").exists():
+            cli.run("down", check=False)
+
+
+def refused(out: subprocess.CompletedProcess[str], code: str) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr + out.stdout
+    error: dict[str, Any] = json.loads(out.stderr.strip().splitlines()[-1])
+    assert error["code"] == code, out.stderr
+    text: str = error["error"]
+    return text
+
+
+def seat_repo(cli: Cli, name: str) -> Path:
+    repo = init_repo(cli.root / name)
+    write(repo / "notes.txt", f"{name}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", name)
+    return repo
+
+
+async def test_move_refuses_untrusted_then_moves_there_and_back(
+    two_roots: tuple[Cli, Cli],
+) -> None:
+    a, b = two_roots
+    mover = a.json(
+        "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    stay_a = a.json("spawn", "stay_a", "--agent", "scribe")
+    stay_b = b.json("spawn", "stay_b", "--agent", "scribe")
+    to_b = stay_b["instanceId"]
+
+    # B does not trust A's signer yet: refused before the fence, the very same process runs on.
+    untrusted = a.run("move", "mover", "--to", to_b, "--json", check=False, timeout=120)
+    assert "does not trust the source's signer" in refused(untrusted, "untrusted-signer")
+    rows = {r["name"]: r for r in a.ps()}
+    assert rows["mover"]["pid"] == mover["pid"] and rows["mover"]["state"] == "running"
+    assert [r["name"] for r in b.ps()] == ["stay_b"]
+
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    moved = a.json("move", "mover", "--to", to_b)
+    [seat] = moved["seats"]
+    assert (seat["name"], seat["lifecycleUid"], seat["session"]) == (
+        "mover",
+        mover["lifecycleUid"],
+        mover["sessionId"],
+    )
+    assert moved["downtimeMs"] > 0 and moved["totalMs"] >= moved["downtimeMs"]
+    # Exactly one process carries the uid, and it is B's seat.
+    at_b = {r["name"]: r for r in b.ps()}
+    assert sorted(at_b) == ["mover", "stay_b"]
+    assert at_b["stay_b"]["pid"] == stay_b["pid"]
+    assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
+    assert [r["name"] for r in a.ps()] == ["stay_a"]
+    assert a.ps()[0]["pid"] == stay_a["pid"]
+    reply = b.json("send", "mover", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+    # Nothing is left at the source to start it again: its sealed cut, journal and session
+    # files went once B ran the seat.
+    assert not Path(moved_dir(a, moved["attemptId"])).exists()
+    assert not (a.root / ".cotal/maintenance/v1/journal.json").exists()
+    assert not list((a.root / ".cotal/sessions").rglob(f"*{mover['lifecycleUid']}*"))
+    assert [r["name"] for r in a.ps()] == ["stay_a"]
+
+    # And back, the same way (A trusts B's signer for it).
+    a.run("trust", "add", signer_key(b.root), "--name", "host-b")
+    back = b.json("move", "mover", "--to", stay_a["instanceId"])
+    assert [s["lifecycleUid"] for s in back["seats"]] == [mover["lifecycleUid"]]
+    assert [r["name"] for r in b.ps()] == ["stay_b"]
+    home = {r["name"]: r for r in a.ps()}
+    assert sorted(home) == ["mover", "stay_a"]
+    assert home["mover"]["lifecycleUid"] == mover["lifecycleUid"]
+    assert home["mover"]["sessionId"] == mover["sessionId"]
+    reply = a.json("send", "mover", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+
+
+def moved_dir(cli: Cli, attempt: str) -> str:
+    return str(cli.root / ".cotal/maintenance/v1/checkpoints" / attempt)
