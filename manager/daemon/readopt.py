@@ -199,9 +199,18 @@ class Readoption:
         return False
 
     def _not_carried(self, seat: Seat) -> bool:
-        """False, with the seat refused, when a cut of this root carries it."""
-        journal = Journal(self.mgr.layout).load()
+        """False, with the seat refused, when a cut of this root carries it. A cut of some seats
+        carries only the seats its plan names: the others are this mesh's and come back."""
+        store = Journal(self.mgr.layout)
+        journal = store.load()
         if journal is not None and journal.state in CUT_STATES:
+            try:
+                planned = {a.identity.lifecycle_uid for a in store.resume_document(journal).agents}
+            except Refusal:
+                # A plan that cannot be read is no proof the seat is not in it.
+                planned = {seat.uid}
+            if seat.uid not in planned:
+                return True
             self.mgr.refuse(
                 seat,
                 f"preserved: cut attempt {journal.attempt_id} ({journal.state}) carries this seat; "

@@ -19,7 +19,7 @@ from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from tests.conftest import Cli
 from tests.gitrepo import git, init_repo, stash_list, tree_digest, write
-from tests.helpers import carry_to_new_host, pid_alive, wait_gone
+from tests.helpers import carry_to_new_host, pid_alive, wait_gone, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home"), pytest.mark.killpoints]
 
@@ -207,7 +207,10 @@ async def test_kill_point(
             # Died before any cut was journaled: the next manager re-adopts every seat, so the
             # mesh is as it was before the cut, and the cut is simply run again.
             cli.run("up", "--detach")
-            assert [r["state"] for r in cli.ps()] == ["running"]
+            # `up` returns once the manager answers; its re-adoption may still be relaunching.
+            await wait_until(
+                lambda: [r["state"] for r in cli.ps()] == ["running"], timeout=30, every=0.3
+            )
         cut = cli.run("down", "--preserve-state", "--json", check=False, timeout=90)
     assert cut.returncode == 0, cut.stderr
     result = json.loads(cut.stdout)
