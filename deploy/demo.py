@@ -13,6 +13,11 @@ fake_responses.py) started as a real process on 127.0.0.1 and named in both host
 it is told its own phrase in its first turn and must answer it on B from the same thread under
 the same lifecycle uid. Without Codex the demo says why in one line and runs the scribe story
 alone.
+
+Then `cotal move`: a `cotal broker serve` process and two more roots, host C and host D, each
+its own `HOME` and both up against that one broker. Seat `walker` moves from the running C to
+the running D with one command at C, while `stay_c` on C and `stay_d` on D keep their processes
+and answer mail sent during and right after the move.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -32,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 PHRASE = "juniper-ledger-41"
 QUEUED = "queued-at-the-fence-73"
 CODEX_PHRASE = "cobalt-harbor-58"
+WALK_PHRASE = "heron-crossing-62"
 CODEX_KEY_VAR = "DEMO_CODEX_KEY"
 # The fake model takes any key; the seat still needs one in the manager's environment.
 CODEX_KEY = "sk-demo-not-a-real-key"
@@ -213,6 +220,167 @@ def make_workspace(a: Host, config: str = "") -> None:
     hook.chmod(0o755)
 
 
+class Broker:
+    """`cotal broker serve` as a process: the one broker two running roots share."""
+
+    def __init__(self, base: Path) -> None:
+        home, store = base / "home", base / "store"
+        home.mkdir(parents=True)
+        argv = ["broker", "serve", "--store-dir", str(store), "--json"]
+        print(f"\n[broker]$ cotal {' '.join(argv)}", flush=True)
+        with (base / "serve.err").open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-m", "manager.cli", *argv],
+                cwd=base,
+                env=env(home),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.stop()
+            raise SystemExit(f"cotal broker serve did not start; see {base / 'serve.err'}")
+        print("  " + line.rstrip(), flush=True)
+        info = json.loads(line)
+        self.url: str = info["url"]
+        self.creds: str = info["creds"]
+
+    def stop(self) -> None:
+        print(f"\n[broker]$ kill -TERM {self.proc.pid}", flush=True)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def committed_repo(host: Host, where: str, note: str) -> Path:
+    host.git("init", "-q", "-b", "main", where)
+    repo = host.root / where
+    (repo / "notes.txt").write_text(f"{note}\n")
+    host.git("-C", where, "add", "-A")
+    host.git("-C", where, "commit", "-q", "-m", note)
+    return repo
+
+
+def move_story(base: Path, checks: list[tuple[str, bool]]) -> None:
+    """Seat `walker` moves from the running host C to the running host D on one broker."""
+    print("\n== one seat moves between two running hosts on one broker", flush=True)
+    broker = Broker(base / "broker")
+    c, d = Host("host-C", base), Host("host-D", base)
+    try:
+        print(f"\n== host C at {c.root}, host D at {d.root}: both up against {broker.url}")
+        for host in (c, d):
+            committed_repo(host, ".", f"{host.name} project")
+            host.cotal("up", "--detach", "--server", broker.url, "--creds", broker.creds)
+        walker = json.loads(
+            c.cotal(
+                "spawn",
+                "walker",
+                "--agent",
+                "scribe",
+                "--cwd",
+                str(committed_repo(c, "walker", "the walker's own repository")),
+                "--json",
+                "--prompt",
+                f"Remember the phrase {WALK_PHRASE}.",
+            ).stdout
+        )
+        stay = {
+            "stay_c": json.loads(c.cotal("spawn", "stay_c", "--agent", "scribe", "--json").stdout),
+            "stay_d": json.loads(d.cotal("spawn", "stay_d", "--agent", "scribe", "--json").stdout),
+        }
+        at: dict[str, Host] = {"stay_c": c, "stay_d": d}
+        key = json.loads(c.cotal("status", "--json").stdout)["manager"]["publicKey"]
+        to_d = json.loads(d.cotal("status", "--json").stdout)["manager"]["instanceId"]
+        print(f"  host C's signing key {key}; host D's instance {to_d}")
+        d.cotal("trust", "add", key, "--name", "host-c")
+
+        argv = ["move", "walker", "--to", to_d, "--json"]
+        print(f"\n[{c.name}]$ cotal {' '.join(argv)}   (runs while the next sends do)", flush=True)
+        t0 = time.monotonic()
+        move = subprocess.Popen(
+            [sys.executable, "-I", "-m", "manager.cli", *argv, "--root", str(c.root)],
+            cwd=c.root,
+            env=env(c.home),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        during: dict[str, str] = {}
+        moving: dict[str, bool] = {}
+        for name, host in at.items():
+            during[name] = host.cotal(
+                "send", name, f"are you there, {name}, while walker moves?", "--wait"
+            ).stdout.strip()
+            moving[name] = move.poll() is None
+        out, err = move.communicate(timeout=300)
+        print(f"\n[{c.name}] cotal {' '.join(argv)}:")
+        print("  " + (out + err).rstrip().replace("\n", "\n  "))
+        print(f"  ({time.monotonic() - t0:.2f}s, exit {move.returncode})", flush=True)
+        if move.returncode != 0:
+            raise SystemExit(f"demo failed at [{c.name}] cotal {' '.join(argv)}")
+        moved = json.loads(out)
+        after = {
+            name: host.cotal("send", name, f"and now, {name}?", "--wait").stdout.strip()
+            for name, host in at.items()
+        }
+        on_c = {r["name"]: r for r in map(json.loads, c.cotal("ps", "--json").stdout.splitlines())}
+        on_d = {r["name"]: r for r in map(json.loads, d.cotal("ps", "--json").stdout.splitlines())}
+        reply = d.cotal("send", "walker", "What was the phrase?", "--wait").stdout.strip()
+        rows = {**on_c, **on_d}
+        [seat] = moved["seats"]
+        there = on_d.get("walker", {})
+
+        print("\n== move observations")
+        print(f"  walker       C -> D ({to_d}), attempt {moved['attemptId']}")
+        print(f"  lifecycle    {walker['lifecycleUid']} -> {there.get('lifecycleUid')}")
+        print(f"  session id   {walker['sessionId']} -> {there.get('sessionId')}")
+        print(f"  cwd          {walker['cwd']} -> {there.get('cwd')}")
+        print(f"  phrase on D  {reply!r}")
+        print(f"  downtime     {moved['downtimeMs']} ms (fence on C to running on D)")
+        print(f"  total        {moved['totalMs']} ms")
+        for name in at:
+            print(
+                f"  {name:<12} pid {stay[name]['pid']} -> {rows[name]['pid']}; "
+                f"{during[name]!r} (move still running: {moving[name]}), {after[name]!r}"
+            )
+        checks += [
+            ("move: walker answers its phrase on D", WALK_PHRASE in reply),
+            (
+                "move: walker keeps its lifecycle uid on D",
+                walker["lifecycleUid"] == seat["lifecycleUid"] == there.get("lifecycleUid"),
+            ),
+            (
+                "move: walker keeps its session id on D",
+                walker["sessionId"] == seat["session"] == there.get("sessionId"),
+            ),
+            ("move: walker is gone from C's ps", sorted(on_c) == ["stay_c"]),
+            ("move: the move reports its downtime", moved["downtimeMs"] > 0),
+        ]
+        for name in at:
+            checks += [
+                (
+                    f"move: {name} kept its pid and answered right after the move",
+                    rows[name]["pid"] == stay[name]["pid"] and bool(after[name]),
+                ),
+                (
+                    f"move: {name} answered while `cotal move` ran on C",
+                    bool(during[name]) and moving[name],
+                ),
+            ]
+    finally:
+        for host in (d, c):
+            if (host.root / ".cotal" / "mesh.json").exists():
+                host.cotal("down", check=False)
+        broker.stop()
+
+
 def main() -> int:
     base = REPO / ".demo"
     if base.exists():
@@ -368,6 +536,7 @@ def main() -> int:
                 host.cotal("down", check=False)
         if fake:
             fake.stop()
+    move_story(base, checks)
     print("\nRESULT")
     for name, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
