@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from manager import eventloop
 from manager.cli.args import Subcommands, command, root_of
 from manager.cli.output import emit_json, progress, say
 from protocol.errors import Refusal
+from protocol.maintenance import READY
 from protocol.refusals import Code
 
 # The destination's whole resume of the moved seats (its own admission, restore and adoption).
@@ -112,15 +114,22 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         nc = await conn.client()
         js = await conn.jetstream()
         rows = {r.name: r for r in await _ps(layout)}
+        # A rerun after this command died past its fence: the journal names the cut of exactly
+        # these seats, and the move goes on from it (the cut is finished first if need be).
+        pending = _pending_cut(layout, names_asked)
         missing = [n for n in names_asked if n not in rows]
-        if missing:
+        if missing and pending is None:
             raise Refusal(
                 Code.NO_SUCH_SEAT,
                 f"no seat named {', '.join(missing)} runs here",
                 "see `cotal ps`; a move carries running seats",
             )
-        uids = [rows[n].lifecycle_uid for n in names_asked]
-        await _ask(
+        uids = (
+            [pending.uids[n] for n in names_asked]
+            if pending is not None
+            else [rows[n].lifecycle_uid for n in names_asked]
+        )
+        probed = await _ask(
             nc,
             status.space,
             args.to,
@@ -128,10 +137,19 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             _probe(layout, status, names_asked, uids),
             PROBE_TIMEOUT_S,
         )
-        progress(f"destination {args.to} takes {', '.join(names_asked)}; cutting them here")
         t_fence = time.monotonic()
-        sealed = await _cut_some(args, root, names_asked)
-        attempt, attempt_dir = sealed.result.attempt_id, Path(sealed.result.checkpoint_dir)
+        if probed.already and pending is not None:
+            # The destination adopted them before this command's first run died.
+            progress(f"destination {args.to} already runs {', '.join(names_asked)}")
+            await anyio.to_thread.run_sync(_forget_here, layout, pending.attempt)
+            return _report(args, pending.attempt, names_asked, uids, {}, 0, t0)
+        if pending is None or pending.state != READY:
+            progress(f"destination {args.to} takes {', '.join(names_asked)}; cutting them here")
+            sealed = await _cut_some(args, root, names_asked)
+            attempt, attempt_dir = sealed.result.attempt_id, Path(sealed.result.checkpoint_dir)
+        else:
+            progress(f"continuing the move of cut {pending.attempt} (journal ready)")
+            attempt, attempt_dir = pending.attempt, layout.checkpoints / pending.attempt
         obj, digest, size = await _put(js, status.space, attempt, attempt_dir, layout)
         progress(f"carried {size} bytes through the broker; the destination adopts them")
         from protocol import move
@@ -162,6 +180,18 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         downtime = int((time.monotonic() - t_fence) * 1000)
         await anyio.to_thread.run_sync(_forget_here, layout, attempt)
     result = json.loads(bytes(answer.result)) or {}
+    return _report(args, attempt, names_asked, uids, result, downtime, t0)
+
+
+def _report(
+    args: argparse.Namespace,
+    attempt: str,
+    names_asked: list[str],
+    uids: list[str],
+    result: dict[str, Any],
+    downtime: int,
+    t0: float,
+) -> dict[str, Any]:
     moved = {s["name"]: s for s in result.get("seats", [])}
     seats = [
         {
@@ -180,6 +210,28 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "downtimeMs": downtime,
         "totalMs": int((time.monotonic() - t0) * 1000),
     }
+
+
+@dataclass(frozen=True)
+class _Pending:
+    attempt: str
+    state: str
+    uids: dict[str, str]
+
+
+def _pending_cut(layout: Any, names_asked: list[str]) -> _Pending | None:
+    """The cut of exactly these seats this root's journal holds (begun or sealed), if any."""
+    from manager.workspace.journal import Journal
+    from protocol.maintenance import CUT_COMMITTED, CUT_INTENT
+
+    journal = Journal(layout)
+    record = journal.load() if layout.journal.exists() else None
+    if record is None or record.state not in (CUT_INTENT, CUT_COMMITTED, READY):
+        return None
+    planned = {a.name: a.identity.lifecycle_uid for a in journal.resume_document(record).agents}
+    if set(planned) != set(names_asked):
+        return None
+    return _Pending(record.attempt_id, record.state, planned)
 
 
 def _generation_of(result: dict[str, Any], name: str) -> int | None:

@@ -120,3 +120,33 @@ async def test_move_refuses_untrusted_then_moves_there_and_back(
 
 def moved_dir(cli: Cli, attempt: str) -> str:
     return str(cli.root / ".cotal/maintenance/v1/checkpoints" / attempt)
+
+
+@pytest.mark.parametrize("point", ["cut.after-cut-intent", "cut.after-cut-committed"])
+async def test_a_move_whose_command_died_past_the_fence_is_finished_by_a_rerun(
+    two_roots: tuple[Cli, Cli], point: str
+) -> None:
+    a, b = two_roots
+    mover = a.json(
+        "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    to_b = b.json("spawn", "stay_b", "--agent", "scribe")["instanceId"]
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    died = a.run(
+        "move", "mover", "--to", to_b, "--json", check=False, env={"COTAL_FAILPOINT": point}
+    )
+    assert died.returncode != 0 and "Traceback" not in died.stderr
+    # The same command again finishes what the journal says was begun.
+    done = a.json("move", "mover", "--to", to_b)
+    assert [s["lifecycleUid"] for s in done["seats"]] == [mover["lifecycleUid"]]
+    assert [r["name"] for r in a.ps()] == []
+    at_b = {r["name"]: r for r in b.ps()}
+    assert sorted(at_b) == ["mover", "stay_b"]
+    assert at_b["mover"]["sessionId"] == mover["sessionId"]
+    assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
+    reply = b.json("send", "mover", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+    # And once more: the move is done, and says so rather than moving anything.
+    again = a.run("move", "mover", "--to", to_b, "--json", check=False)
+    refused(again, "no-such-seat")
