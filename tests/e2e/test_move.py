@@ -150,3 +150,28 @@ async def test_a_move_whose_command_died_past_the_fence_is_finished_by_a_rerun(
     # And once more: the move is done, and says so rather than moving anything.
     again = a.run("move", "mover", "--to", to_b, "--json", check=False)
     refused(again, "no-such-seat")
+
+
+async def test_move_on_a_three_node_cluster(tmp_path: Path, nats_cluster: Any) -> None:
+    """The same move with every stream, bucket and the move object replicated on three nodes."""
+    a, b = Cli(committed_root(tmp_path / "ca")), Cli(committed_root(tmp_path / "cb"))
+    for cli in (a, b):
+        cli.run("up", "--detach", "--server", nats_cluster.urls, "--creds", nats_cluster.creds)
+    try:
+        mover = a.json(
+            "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+            "--prompt", f"Remember the phrase {PHRASE}.",
+        )  # fmt: skip
+        to_b = b.json("spawn", "stay_b", "--agent", "scribe")["instanceId"]
+        b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+        moved = a.json("move", "mover", "--to", to_b)
+        assert [s["session"] for s in moved["seats"]] == [mover["sessionId"]]
+        at_b = {r["name"]: r for r in b.ps()}
+        assert at_b["mover"]["lifecycleUid"] == mover["lifecycleUid"]
+        assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
+        reply = b.json("send", "mover", "What was the phrase?", "--wait")
+        assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+    finally:
+        for cli in (a, b):
+            if (cli.root / ".cotal" / "mesh.json").exists():
+                cli.run("down", check=False)
