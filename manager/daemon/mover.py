@@ -63,6 +63,13 @@ class Mover:
                 answer = move.MoveAnswer(ok=False, code=exc.code, message=exc.text)
             except DecodeError as exc:
                 answer = move.MoveAnswer(ok=False, code=exc.code, message=exc.text)
+            except (OSError, TimeoutError, ValueError) as exc:
+                # A move that fails here is that move's failure, never the manager's: its
+                # other seats and its next offer go on.
+                log.error("move.failed", error=repr(exc))
+                answer = move.MoveAnswer(
+                    ok=False, code=Code.MOVE_FAILED, message=f"the destination failed: {exc!r}"
+                )
             if msg.reply:
                 await msg.respond(move.encode(answer))
 
