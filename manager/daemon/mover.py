@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
+import nats.errors
 import structlog
 from nats.aio.msg import Msg
 
@@ -71,7 +72,11 @@ class Mover:
                     ok=False, code=Code.MOVE_FAILED, message=f"the destination failed: {exc!r}"
                 )
             if msg.reply:
-                await msg.respond(move.encode(answer))
+                try:
+                    await msg.respond(move.encode(answer))
+                except nats.errors.Error as exc:
+                    # The asker re-asks; what the offer did is in this root's journal.
+                    log.warning("move.answer_lost", error=repr(exc))
 
     def _already(self, seats: list[str], uids: list[str]) -> bool:
         here = self.mgr.seats
