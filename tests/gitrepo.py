@@ -44,6 +44,15 @@ def init_repo(path: Path) -> Path:
     return path
 
 
+def committed_repo(path: Path, name: str = "a") -> Path:
+    """A repository with one committed file, `<name>.txt`: a seat's cwd a cut can carry."""
+    repo = init_repo(path)
+    write(repo / f"{name}.txt", f"{name}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", name)
+    return repo
+
+
 def make_rich_repo(path: Path) -> Path:
     """A repository in every state the capture must carry, plus secrets it must not."""
     repo = init_repo(path)

@@ -115,3 +115,16 @@ def trusting(checkpoint: Path) -> list[str]:
     trust pins the signer for the one run, leaving the destination's trust store untouched."""
     manifest = json.loads((Path(checkpoint) / "manifest.json").read_text())
     return ["--trust-signer", manifest["signer"]["publicKey"]]
+
+
+def refused(out: subprocess.CompletedProcess[str], code: str) -> str:
+    """A CLI refusal: exit 2, `code` on stderr's last line (`--json`), no traceback anywhere;
+    its message."""
+    import json
+
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr + out.stdout and "internal error" not in out.stderr
+    error = json.loads(out.stderr.strip().splitlines()[-1])
+    assert error["code"] == code, out.stderr
+    text: str = error["error"]
+    return text

@@ -341,28 +341,22 @@ class Resumption:
         m = self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
         adoption = m.adoption
-        if m.state == "active" and adoption.state == "committed" and adoption.attempt_id == attempt:
-            if self.token is None or not hmac.compare_digest(args.durable_commit_token, self.token):
-                raise Refusal(
-                    Code.BAD_TOKEN,
-                    f"finalize-resume for {attempt}: the durable commit token does not match",
-                    "pass the token commit-resume returned (the journal records it)",
-                )
-            adoption.apply("finalize", attempt)
-            log.info("adopt.finalized", attempt=attempt)
+        matches = self.token is not None and hmac.compare_digest(
+            args.durable_commit_token, self.token
+        )
+        adopting = adoption.state == "committed" and adoption.attempt_id == attempt
+        if m.state == "active" and matches and not adopting:
             return control.AttemptState(attempt_id=attempt, state="active")
-        if (
-            m.state == "active"
-            and self.token is not None
-            and hmac.compare_digest(args.durable_commit_token, self.token)
-        ):
-            return control.AttemptState(attempt_id=attempt, state="active")
-        if self.token is None or not hmac.compare_digest(args.durable_commit_token, self.token):
+        if not matches:
             raise Refusal(
                 Code.BAD_TOKEN,
                 f"finalize-resume for {attempt}: the durable commit token does not match",
                 "pass the token commit-resume returned (the journal records it)",
             )
+        if m.state == "active":
+            adoption.apply("finalize", attempt)
+            log.info("adopt.finalized", attempt=attempt)
+            return control.AttemptState(attempt_id=attempt, state="active")
         m.apply("finalize", attempt)
         failpoint.reached("resume.daemon.after-finalize", self.mgr.layout.root)
         log.info("resume.finalized", attempt=attempt)

@@ -8,8 +8,6 @@ process; the source cannot start it again; and the seat moves back the same way.
 
 from __future__ import annotations
 
-import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 
 from tests.conftest import Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import processes_mentioning, signer_key
+from tests.helpers import processes_mentioning, refused, signer_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -42,15 +40,6 @@ def two_roots(tmp_path: Path, shared_broker: SharedBroker) -> Iterator[tuple[Cli
     for cli in (a, b):
         if (cli.root / ".cotal" / "mesh.json").exists():
             cli.run("down", check=False)
-
-
-def refused(out: subprocess.CompletedProcess[str], code: str) -> str:
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr + out.stdout
-    error: dict[str, Any] = json.loads(out.stderr.strip().splitlines()[-1])
-    assert error["code"] == code, out.stderr
-    text: str = error["error"]
-    return text
 
 
 def seat_repo(cli: Cli, name: str) -> Path:

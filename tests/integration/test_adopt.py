@@ -9,35 +9,18 @@ before anything is claimed: B's journal, custody generations and seats are as th
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Cli
-from tests.gitrepo import git, init_repo, write
-from tests.helpers import signer_key
+from tests.gitrepo import committed_repo
+from tests.helpers import refused, signer_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
 PHRASE = "heron-adopted-31"
-
-
-def committed_repo(path: Path) -> Path:
-    repo = init_repo(path)
-    write(repo / "a.txt", "a\n")
-    git(repo, "add", "a.txt")
-    git(repo, "commit", "-q", "-m", "a")
-    return repo
-
-
-def refused(out: subprocess.CompletedProcess[str], code: str) -> dict[str, Any]:
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
-    assert "Traceback" not in out.stderr + out.stdout
-    error: dict[str, Any] = json.loads(out.stderr.strip().splitlines()[-1])
-    assert error["code"] == code, out.stderr
-    return error
 
 
 def cut_one(tmp_path: Path, name: str, phrase: str) -> tuple[Path, dict[str, Any], str]:
@@ -109,7 +92,7 @@ async def test_a_running_mesh_adopts_a_seat_and_its_own_seats_carry_on(
         before = snapshot(cli.root)
         again = cli.run("up", "--restore", str(checkpoint), "--json", check=False, timeout=120)
         error = refused(again, "duplicate-principal")
-        assert "already runs in this mesh" in error["error"], error
+        assert "already runs in this mesh" in error, error
         assert snapshot(cli.root) == before
         assert {r["name"]: r["pid"] for r in cli.ps()} == {
             n: rows[n]["pid"] for n in ("mover", "stay1", "stay2")
@@ -128,8 +111,8 @@ async def test_a_name_taken_in_the_mesh_refuses_before_any_claim(cli: Cli, tmp_p
         before = snapshot(cli.root)
         out = cli.run("up", "--restore", str(checkpoint), "--json", check=False, timeout=120)
         error = refused(out, "duplicate-name")
-        assert f"uid {own['lifecycleUid']}" in error["error"], error
-        assert "nothing was claimed" in error["error"], error
+        assert f"uid {own['lifecycleUid']}" in error, error
+        assert "nothing was claimed" in error, error
         assert snapshot(cli.root) == before
         # No custody generation was claimed here for the checkpoint's uid.
         claimed = [p for p in (cli.root / ".cotal").rglob("*") if taken["lifecycleUid"] in p.name]

@@ -10,27 +10,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from tests.conftest import Cli
-from tests.gitrepo import git, init_repo, write
-from tests.helpers import wait_until
+from tests.gitrepo import committed_repo
+from tests.helpers import refused, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
 PHRASE = "osprey-partial-17"
-
-
-def committed_repo(path: Path) -> Path:
-    repo = init_repo(path)
-    write(repo / "a.txt", "a\n")
-    git(repo, "add", "a.txt")
-    git(repo, "commit", "-q", "-m", "a")
-    return repo
 
 
 def mesh_of_three(cli: Cli) -> dict[str, dict[str, Any]]:
@@ -51,14 +42,6 @@ def mesh_of_three(cli: Cli) -> dict[str, dict[str, Any]]:
 
 def pids(cli: Cli) -> dict[str, int]:
     return {r["name"]: r["pid"] for r in cli.ps()}
-
-
-def refused(out: subprocess.CompletedProcess[str], code: str) -> str:
-    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
-    error = json.loads(out.stderr.strip().splitlines()[-1])
-    assert error["code"] == code, out.stderr
-    text: str = error["error"]
-    return text
 
 
 async def test_one_seat_is_cut_while_the_others_work_and_it_resumes_in_place(cli: Cli) -> None:
