@@ -24,11 +24,12 @@ harnesses: $(STAMP)
 # Lint first: a test run that passes on code that does not lint is not a green build. Four
 # workers on two cores: most tests wait on real brokers, git and seats rather than on a core
 # (a two-worker run keeps the cores about half busy), and each test owns its own temporary
-# root, broker ports and processes. Tests marked `serial` (races between private mount
-# namespaces) then run alone.
+# root, broker ports and processes; a worker that runs out of tests takes some from a busy one
+# (`worksteal`), so the long e2e tests do not all end up in one worker's tail. Tests marked
+# `serial` (races between private mount namespaces) then run alone.
 TEST_WORKERS ?= 4
 test: lint harnesses
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not serial" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests
 
 # The inner loop: lint, the unit tests and a sample of the integration suite that touches each
