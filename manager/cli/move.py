@@ -38,6 +38,7 @@ from protocol.refusals import Code
 # The destination's whole resume of the moved seats (its own admission, restore and adoption).
 OFFER_TIMEOUT_S = 330.0
 PROBE_TIMEOUT_S = 10.0
+PRESENCE_POLL_S = 0.5
 
 
 def register(sub: Subcommands) -> None:
@@ -89,7 +90,11 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     layout = Layout.at(root)
     names_asked = list(dict.fromkeys(args.names))
     async with mesh.control(layout) as session:
-        status = await session.status()
+        answered = await session.status()
+    # A rerun after this root's manager died mid-move: the cut is finished offline, as
+    # `down --preserve-state` would, so the move needs no manager here to go on.
+    pending = _pending_cut(layout, names_asked)
+    status = answered or (_source_of(layout) if pending is not None else None)
     if status is None:
         raise Refusal(
             Code.NOT_UP, f"no manager answers in {layout.root}", "start it with `cotal up --detach`"
@@ -113,10 +118,9 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     async with LazyConnection(record.server, creds, name="cotal-move") as conn:
         nc = await conn.client()
         js = await conn.jetstream()
-        rows = {r.name: r for r in await _ps(layout)}
+        rows = {r.name: r for r in await _ps(layout)} if answered is not None else {}
         # A rerun after this command died past its fence: the journal names the cut of exactly
         # these seats, and the move goes on from it (the cut is finished first if need be).
-        pending = _pending_cut(layout, names_asked)
         missing = [n for n in names_asked if n not in rows]
         if missing and pending is None:
             raise Refusal(
@@ -151,6 +155,7 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             progress(f"continuing the move of cut {pending.attempt} (journal ready)")
             attempt, attempt_dir = pending.attempt, layout.checkpoints / pending.attempt
         obj, digest, size = await _put(js, status.space, attempt, attempt_dir, layout)
+        await _presence_gone(js, status.space, uids)
         progress(f"carried {size} bytes through the broker; the destination adopts them")
         from protocol import move
 
@@ -169,7 +174,7 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             if getattr(exc, "claimed", False):
                 raise
             progress(f"the destination refused ({exc.code}); the seats resume here")
-            await _take_back(root, attempt_dir, status.space)
+            await _take_back(root, attempt_dir, status.space, record, creds)
             raise Refusal(
                 exc.code,
                 f"{exc.message}; the seats run here again, in their own sessions",
@@ -213,6 +218,26 @@ def _report(
 
 
 @dataclass(frozen=True)
+class _Source:
+    """This root's manager as the move needs it: its space and instance."""
+
+    space: str
+    instance_id: str
+
+
+def _source_of(layout: Any) -> _Source | None:
+    """The source's identity read from its files, for a rerun whose manager is gone."""
+    from manager.cli import mesh
+    from manager.workspace import identity
+
+    record = mesh.read_mesh(layout)
+    if record is None:
+        return None
+    ident = identity._load(layout.instance_identity(record.space), record.space)
+    return _Source(record.space, ident.instance_id)
+
+
+@dataclass(frozen=True)
 class _Pending:
     attempt: str
     state: str
@@ -232,6 +257,20 @@ def _pending_cut(layout: Any, names_asked: list[str]) -> _Pending | None:
     if set(planned) != set(names_asked):
         return None
     return _Pending(record.attempt_id, record.state, planned)
+
+
+async def _presence_gone(js: Any, space: str, uids: list[str]) -> None:
+    """Until no presence claims the moved seats live: a manager that died mid-move could not
+    delete theirs, and a destination refuses a seat that still shows present (`uid-live`).
+    Their processes are proven gone by the cut, so this waits out the presence TTL at most."""
+    from manager.broker.presence import live_uids
+    from protocol import names
+
+    polls = int((names.PRESENCE_TTL_S + 4.0) / PRESENCE_POLL_S)
+    for _ in range(polls):
+        if not set(uids) & set(await live_uids(js, space)):
+            return
+        await anyio.sleep(PRESENCE_POLL_S)
 
 
 def _generation_of(result: dict[str, Any], name: str) -> int | None:
@@ -355,6 +394,8 @@ def _forget_here(layout: Any, attempt: str) -> None:
             agent.launch.connector, agent.name, agent.identity.lifecycle_uid
         )
         pointer.unlink(missing_ok=True)
+        # A manager that died mid-move kept the seat's record; the next one must not list it.
+        layout.seat_record(agent.name, agent.identity.lifecycle_uid).unlink(missing_ok=True)
     checkpoints.discard(layout.root, attempt)
 
 
@@ -365,7 +406,9 @@ async def _drop(js: Any, space: str, obj: str) -> None:
         progress(f"note: the carried copy {obj} stays in the move bucket")
 
 
-async def _take_back(root: Path, attempt_dir: Path, space: str) -> None:
+async def _take_back(
+    root: Path, attempt_dir: Path, space: str, record: Any, creds: Path | None
+) -> None:
     """The destination refused before its claim: this mesh adopts the seats back from the
     checkpoint it just sealed, into their own sessions."""
     from manager.cli import restore
@@ -375,8 +418,10 @@ async def _take_back(root: Path, attempt_dir: Path, space: str) -> None:
         json=True,
         restore=str(attempt_dir),
         space=space,
-        server=None,
-        creds=None,
+        # The broker the mesh runs on, never a new embedded one: the seats' inboxes and
+        # custody are there.
+        server=None if record.embedded_broker is not None else record.server,
+        creds=None if record.embedded_broker is not None or creds is None else str(creds),
         replicas=None,
         monitor=None,
         map=[],

@@ -22,7 +22,6 @@ from protocol.lifecycle import (
     decode_seat_record,
     encode_seat_record,
 )
-from protocol.names import check_lifecycle_uid, check_seat_name
 
 log = structlog.get_logger("cotal.seatfile")
 
@@ -32,7 +31,7 @@ def seats_dir(layout: Layout) -> Path:
 
 
 def record_path(layout: Layout, name: str, uid: str) -> Path:
-    return seats_dir(layout) / f"{check_seat_name(name)}-{check_lifecycle_uid(uid)}.json"
+    return layout.seat_record(name, uid)
 
 
 def record_of(seat: Seat) -> SeatRecord:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.names import check_seat_name, space_hex
+from protocol.names import check_lifecycle_uid, check_seat_name, space_hex
 
 CONTROL_DIR = ".cotal"
 
@@ -79,6 +79,9 @@ class Layout:
     def seats(self) -> Path:
         """The daemon's persisted seat table, one record per seat, read back after a crash."""
         return self.control / "seats"
+
+    def seat_record(self, seat: str, uid: str) -> Path:
+        return self.seats / f"{check_seat_name(seat)}-{check_lifecycle_uid(uid)}.json"
 
     @property
     def maintenance(self) -> Path:

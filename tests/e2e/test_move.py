@@ -8,6 +8,7 @@ process; the source cannot start it again; and the seat moves back the same way.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 
 from tests.conftest import Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import processes_mentioning, refused, signer_key
+from tests.helpers import processes_mentioning, refused, signer_key, wait_gone, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -164,3 +165,46 @@ async def test_move_on_a_three_node_cluster(tmp_path: Path, nats_cluster: Any) -
         for cli in (a, b):
             if (cli.root / ".cotal" / "mesh.json").exists():
                 cli.run("down", check=False)
+
+
+async def test_a_move_whose_source_manager_died_is_finished_offline_by_a_rerun(
+    two_roots: tuple[Cli, Cli],
+) -> None:
+    a, b = two_roots
+    mover = a.json(
+        "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    a.json("spawn", "stay_a", "--agent", "scribe")
+    to_b = b.json("spawn", "stay_b", "--agent", "scribe")["instanceId"]
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    died = a.run(
+        "move", "mover", "--to", to_b, "--json", check=False,
+        env={"COTAL_FAILPOINT": "cut.after-cut-intent:manager"},
+    )  # fmt: skip
+    assert died.returncode != 0 and "Traceback" not in died.stderr
+    # Every seat of A died with its manager; the rerun captures the moved one offline.
+    await wait_gone([pid for pid in processes_mentioning(mover["lifecycleUid"])], timeout=30)
+    done = a.json("move", "mover", "--to", to_b)
+    assert [s["lifecycleUid"] for s in done["seats"]] == [mover["lifecycleUid"]]
+    at_b = {r["name"]: r for r in b.ps()}
+    assert at_b["mover"]["sessionId"] == mover["sessionId"]
+    assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
+    reply = b.json("send", "mover", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+    # A's manager comes back with the seat the move did not carry, and not the moved one.
+    a.run("up", "--detach", "--server", *_server_of(b))
+    try:
+        await wait_until(
+            lambda: [(r["name"], r["state"]) for r in a.ps()] == [("stay_a", "running")],
+            timeout=30,
+            every=0.3,
+        )
+    except TimeoutError:
+        raise AssertionError(f"{a.ps()}") from None
+    assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
+
+
+def _server_of(cli: Cli) -> list[str]:
+    record = json.loads((cli.root / ".cotal/mesh.json").read_text())
+    return [record["server"], "--creds", record["creds"]]
