@@ -173,6 +173,15 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         except Refusal as exc:
             if getattr(exc, "claimed", False):
                 raise
+            if not isinstance(exc, _Refused):
+                # No answer: whether the destination claimed the seats cannot be told, so they
+                # are not started here (two writers would be worse than a wait).
+                raise Refusal(
+                    Code.MOVE_INCOMPLETE,
+                    f"{exc.message}; the seats are cut here and wait sealed (attempt {attempt})",
+                    f"once destination {args.to} runs again, rerun the same `cotal move`: it "
+                    "offers the cut again, and a destination that took them says so",
+                ) from None
             progress(f"the destination refused ({exc.code}); the seats resume here")
             await _take_back(root, attempt_dir, status.space, record, creds)
             raise Refusal(
