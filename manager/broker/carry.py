@@ -3,6 +3,8 @@ packed attempt per move while it travels) and the request to a destination manag
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -34,13 +36,19 @@ async def put(js: JetStreamContext, space: str, name: str, blob: bytes) -> None:
     await riding_elections(f"move bucket {bucket}", once)
 
 
-async def get(js: JetStreamContext, space: str, name: str) -> bytes:
-    async def once() -> bytes:
-        store = await js.object_store(names.move_bucket(space))
-        found = await store.get(name)
-        return found.data or b""
+async def get_into(js: JetStreamContext, space: str, name: str, path: Path) -> None:
+    """The carried object written chunk by chunk to `path` (0600, never followed, synced); the
+    store checks its digest as it reads."""
 
-    return await riding_elections(f"move object {name}", once)
+    async def once() -> None:
+        store = await js.object_store(names.move_bucket(space))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(path, flags, 0o600), "wb") as f:
+            await store.get(name, writeinto=f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    await riding_elections(f"move object {name}", once)
 
 
 async def drop(js: JetStreamContext, space: str, name: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
@@ -24,7 +25,7 @@ from nats.aio.msg import Msg
 from connectors.interpreter import own_python
 from manager.broker import carry
 from manager.workspace.journal import Journal
-from manager.workspace.private import ensure_private_dir, write_private_atomic
+from manager.workspace.private import ensure_private_dir
 from manager.workspace.trust import read_trusted
 from protocol import move, names
 from protocol.errors import DecodeError, Refusal
@@ -135,18 +136,20 @@ class Mover:
 
     async def _fetch(self, offer: move.MoveOffer) -> anyio.Path:
         mgr = self.mgr
-        blob = await carry.get(mgr.js, mgr.space, offer.object)
-        digest = hashlib.sha256(blob).hexdigest()
-        if len(blob) != offer.bytes or digest != offer.sha256:
+        ensure_private_dir(mgr.layout.incoming)
+        path = mgr.layout.incoming / f"{offer.attempt_id}.move.tar"
+        # Chunk by chunk into the file, the whole hashed beside the event loop: a big seat's
+        # fetch must not stall this manager's other seats.
+        await carry.get_into(mgr.js, mgr.space, offer.object, path)
+        size, digest = await anyio.to_thread.run_sync(_size_and_digest, path)
+        if size != offer.bytes or digest != offer.sha256:
+            path.unlink(missing_ok=True)
             raise Refusal(
                 Code.INTEGRITY,
-                f"the carried checkpoint {offer.object} is {len(blob)} bytes hashing to {digest}, "
+                f"the carried checkpoint {offer.object} is {size} bytes hashing to {digest}, "
                 f"not the {offer.bytes} bytes hashing to {offer.sha256} the source put",
                 "rerun `cotal move` at the source: it puts the checkpoint again",
             )
-        ensure_private_dir(mgr.layout.incoming)
-        path = mgr.layout.incoming / f"{offer.attempt_id}.move.tar"
-        await anyio.to_thread.run_sync(write_private_atomic, path, blob)
         return anyio.Path(path)
 
     async def _adopt(self, offer: move.MoveOffer, path: anyio.Path) -> move.MoveAnswer:
@@ -177,6 +180,15 @@ class Mover:
         )
         log.warning("move.refused", attempt=offer.attempt_id, code=code, claimed=claimed)
         return move.MoveAnswer(ok=False, code=code, message=message, claimed=claimed)
+
+
+def _size_and_digest(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def msgspec_raw(stdout: bytes) -> msgspec.Raw:
