@@ -229,6 +229,7 @@ COMMANDS = [
     "cotal logs",
     "cotal manager serve",
     "cotal manager warm",
+    "cotal move",
     "cotal ps",
     "cotal restart",
     "cotal rm",
