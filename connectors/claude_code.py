@@ -45,7 +45,10 @@ from connectors.launchkit import (
     endpoint_url,
     extra_env_names,
     key_env_name,
+    key_file_path,
+    key_in_file,
     launch_prompt,
+    one_key_source,
     pinned_binary,
     refuse_resume_with_continuation,
     seat_cwd,
@@ -446,25 +449,11 @@ def login_credentials_path() -> Path:
 
 
 def _key_file_path(config: Mapping[str, Any]) -> Path | None:
-    value = config.get("api_key_file")
-    if value is None:
-        return None
-    if not isinstance(value, str) or not os.path.isabs(value):
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            f"claude connector: api_key_file must be an absolute path, got {value!r}",
-            "set agents.claude.api_key_file to the absolute path of a 0600 file holding the key",
-        )
-    return Path(os.path.normpath(value))
+    return key_file_path(NAME, config)
 
 
 def _key_env(config: Mapping[str, Any]) -> str:
-    if "api_key_env" in config and "api_key_file" in config:
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            "claude connector: api_key_env and api_key_file both name the key",
-            "keep one of agents.claude.api_key_env and agents.claude.api_key_file",
-        )
+    one_key_source(NAME, config)
     return key_env_name(NAME, config.get("api_key_env") or KEY_VAR, example=KEY_VAR)
 
 
@@ -517,17 +506,7 @@ def _read_private(path: Path, cap: int, what: str, cure: str) -> bytes:
 def _key_from_file(path: Path) -> Credential:
     cure = f"write the key alone into {path} (chmod 600), or unset agents.claude.api_key_file"
     data = _read_private(path, KEY_FILE_CAP, "api_key_file", cure)
-    try:
-        key = data.decode("ascii").strip()
-    except UnicodeDecodeError:
-        key = ""
-    if not key or any(c.isspace() or not c.isprintable() for c in key):
-        raise Refusal(
-            Code.BAD_CREDENTIALS,
-            f"claude connector: api_key_file {path} does not hold one key (one line, no spaces)",
-            cure,
-        )
-    return Credential(KEY_VAR, key, f"api_key_file {path}")
+    return Credential(KEY_VAR, key_in_file(NAME, path, data), f"api_key_file {path}")
 
 
 def _login_token(path: Path) -> Credential:

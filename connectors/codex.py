@@ -45,7 +45,10 @@ from connectors.launchkit import (
     endpoint_url,
     extra_env_names,
     key_env_name,
+    key_file_path,
+    key_in_file,
     launch_prompt,
+    one_key_source,
     seat_cwd,
     seat_files,
 )
@@ -370,22 +373,8 @@ def _sandbox(config: Mapping[str, Any]) -> str:
 
 
 def _key_file(config: Mapping[str, Any]) -> Path | None:
-    if "api_key_env" in config and "api_key_file" in config:
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            "codex connector: api_key_env and api_key_file both name the key",
-            "keep one of agents.codex.api_key_env and agents.codex.api_key_file",
-        )
-    value = config.get("api_key_file")
-    if value is None:
-        return None
-    if not isinstance(value, str) or not os.path.isabs(value):
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            f"codex connector: api_key_file must be an absolute path, got {value!r}",
-            "set agents.codex.api_key_file to the absolute path of a 0600 file holding the key",
-        )
-    return Path(os.path.normpath(value))
+    one_key_source(NAME, config)
+    return key_file_path(NAME, config)
 
 
 def _key_source(config: Mapping[str, Any]) -> str:
@@ -412,17 +401,7 @@ def resolve_key(config: Mapping[str, Any]) -> Key:
                 f"codex connector: api_key_file {path} cannot be read ({exc.strerror})",
                 cure,
             ) from None
-        try:
-            key = data.decode("ascii").strip()
-        except UnicodeDecodeError:
-            key = ""
-        if not key or any(c.isspace() or not c.isprintable() for c in key):
-            raise Refusal(
-                Code.BAD_CREDENTIALS,
-                f"codex connector: api_key_file {path} does not hold one key (one line, no spaces)",
-                cure,
-            )
-        return Key(key, f"api_key_file {path}")
+        return Key(key_in_file(NAME, path, data), f"api_key_file {path}")
     var = key_env_name(NAME, config.get("api_key_env") or DEFAULT_KEY_ENV, example=DEFAULT_KEY_ENV)
     value = os.environ.get(var)
     if not value:

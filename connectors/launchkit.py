@@ -147,6 +147,45 @@ def key_env_name(agent: str, value: Any, *, example: str) -> str:
     return value
 
 
+def one_key_source(agent: str, config: Mapping[str, Any]) -> None:
+    """Refuse a configuration naming the key twice (a variable and a file)."""
+    if "api_key_env" in config and "api_key_file" in config:
+        raise Refusal(
+            Code.BAD_LAUNCH,
+            f"{agent} connector: api_key_env and api_key_file both name the key",
+            f"keep one of agents.{agent}.api_key_env and agents.{agent}.api_key_file",
+        )
+
+
+def key_file_path(agent: str, config: Mapping[str, Any]) -> Path | None:
+    """`agents.<agent>.api_key_file` as an absolute, normalized path, or None when unset."""
+    value = config.get("api_key_file")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not os.path.isabs(value):
+        raise Refusal(
+            Code.BAD_LAUNCH,
+            f"{agent} connector: api_key_file must be an absolute path, got {value!r}",
+            f"set agents.{agent}.api_key_file to the absolute path of a 0600 file holding the key",
+        )
+    return Path(os.path.normpath(value))
+
+
+def key_in_file(agent: str, path: Path, data: bytes) -> str:
+    """The one key a key file holds: one printable ASCII line without spaces."""
+    try:
+        key = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        key = ""
+    if not key or any(c.isspace() or not c.isprintable() for c in key):
+        raise Refusal(
+            Code.BAD_CREDENTIALS,
+            f"{agent} connector: api_key_file {path} does not hold one key (one line, no spaces)",
+            f"write the key alone into {path} (chmod 600), or unset agents.{agent}.api_key_file",
+        )
+    return key
+
+
 def extra_env_names(agent: str, config: Mapping[str, Any]) -> list[str]:
     extra_env = config.get("extra_env") or []
     if not isinstance(extra_env, list | tuple) or not all(ENV_NAME.matches(n) for n in extra_env):
