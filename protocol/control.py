@@ -14,7 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 import msgspec
 
-from protocol.codec import convert, decode_json, encode_json
+from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.refusals import Code
 
@@ -270,10 +270,6 @@ class DeadLetters(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     truncated: bool = False
 
 
-def dead_letters(obj: Any) -> DeadLetters:
-    return convert(obj, DeadLetters, what="dead-letters result")
-
-
 ProgressPhase = Literal[
     "fenced",
     "drained",
@@ -311,10 +307,6 @@ class ProgressResult(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
     attempt_id: str
     records: list[ProgressRecord]
     done: bool
-
-
-def progress_result(obj: Any) -> ProgressResult:
-    return convert(obj, ProgressResult, what="progress result")
 
 
 # -- replies of the other ops --------------------------------------------------------------------

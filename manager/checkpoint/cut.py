@@ -16,7 +16,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import msgspec
@@ -194,18 +193,6 @@ class SeatSummary:
     # The predecessor attempt an incremental bundle builds on, and the bundle's own size.
     since: str | None = None
     bundle_bytes: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "since": self.since,
-            "bundleBytes": self.bundle_bytes,
-            "continuity": self.continuity,
-            "sessionId": self.session_id,
-            "lifecycleUid": self.lifecycle_uid,
-            "bytes": self.bytes,
-            "timingsMs": self.timings_ms,
-        }
 
 
 def _refs_bytes(repo: RepositoryRecord) -> int:

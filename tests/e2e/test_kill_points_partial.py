@@ -22,6 +22,7 @@ import pytest
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from tests.conftest import Cli
+from tests.e2e.test_kill_points import no_partial_admitted, seat_pids
 from tests.gitrepo import git, init_repo, stash_list, tree_digest, write
 from tests.helpers import wait_gone, wait_until
 
@@ -34,6 +35,8 @@ NOTE = "queued-before-the-partial-cut-4"
 # (failpoint, which command carries it, recovery). `up` is `cotal up --detach`: the manager it
 # starts inherits the point and dies during the cut, taking both seats with it.
 CUT, DAEMON = "down --preserve-state --seat", "up"
+CHECKPOINTS = ".cotal/maintenance/v1/checkpoints"
+
 POINTS: list[tuple[str, str, str]] = [
     ("cut.after-lock", CUT, "rerun"),
     ("cut.after-prepare", CUT, "rerun"),
@@ -116,35 +119,6 @@ def killed(out: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in out.stderr + out.stdout, out.stderr
 
 
-def no_partial_admitted(cli: Cli, sealed: Path | None) -> None:
-    """Every attempt directory without its manifest refuses; once the cut is done, so does
-    every one but the sealed attempt (a try moved aside as evidence)."""
-    checkpoints = cli.root / ".cotal/maintenance/v1/checkpoints"
-    if not checkpoints.is_dir():
-        return
-    for d in checkpoints.iterdir():
-        if not d.is_dir():
-            continue
-        if sealed is None and (d / "manifest.json").exists():
-            # Sealed before the kill: the recovery finishes this very attempt.
-            continue
-        if sealed is None or d.resolve() != sealed.resolve():
-            verify = cli.run("checkpoint", "verify", str(d), "--json", check=False)
-            assert verify.returncode != 0, f"unsealed {d} verified: {verify.stdout}"
-
-
-def seat_pids(root: Path) -> list[int]:
-    pids = []
-    for f in (root / ".cotal" / "seats").glob("*.json"):
-        try:
-            pid = json.loads(f.read_text()).get("pid")
-        except ValueError:
-            continue
-        if isinstance(pid, int):
-            pids.append(pid)
-    return pids
-
-
 def table(cli: Cli) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in cli.ps()}
 
@@ -221,7 +195,7 @@ async def test_partial_kill_point(cli: Cli, point: str, command: str, recovery: 
 
     died = cut_seat(cli, env=fail if command == CUT else None)
     killed(died)
-    no_partial_admitted(cli, None)
+    no_partial_admitted(cli, cli.root / CHECKPOINTS, None)
 
     assert journal_state(cli) == JOURNAL_LEFT[point], evidence(cli)
     if command == CUT:
@@ -271,7 +245,7 @@ async def test_partial_kill_point(cli: Cli, point: str, command: str, recovery: 
     assert [s["lifecycleUid"] for s in result["seats"]] == [moved["lifecycleUid"]], result
     assert journal_state(cli) == "ready"
     sealed = Path(result["checkpointDir"])
-    no_partial_admitted(cli, sealed)
+    no_partial_admitted(cli, cli.root / CHECKPOINTS, sealed)
     assert snapshot(moved_repo) == before
 
     if recovery == "offline":
