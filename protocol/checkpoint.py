@@ -333,6 +333,26 @@ class IncrementalLink(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
             raise ValueError("since.prerequisites names a commit twice")
 
 
+class PrecopyLink(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The history `cotal move` shipped before its fence (design decision "Pre-copy").
+
+    `bundleSha256` and `bundleBytes` name the pre-copied bundle (`git bundle create --all` of
+    the seat's repository while it still ran), which travels outside the checkpoint: the
+    destination holds it as `<bundleSha256>.bundle` in its pre-copy directory, or beside the
+    attempt directory. The record's signature pins it by digest, so it is proven before it is
+    used, like a predecessor's bundle. `prerequisites` are its commits this record's bundle
+    leaves out.
+    """
+
+    bundle_sha256: Sha256Hex
+    bundle_bytes: NonNegative
+    prerequisites: Annotated[list[ObjectId], msgspec.Meta(max_length=MAX_PREREQUISITES)]
+
+    def __post_init__(self) -> None:
+        if len(set(self.prerequisites)) != len(self.prerequisites):
+            raise ValueError("precopy.prerequisites names a commit twice")
+
+
 class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
 
@@ -375,10 +395,15 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     stash: list[StashEntry] = []
     include: list[str] = []
     since: IncrementalLink | None = None
+    precopy: PrecopyLink | None = None
 
     def __post_init__(self) -> None:
-        if self.bundle is None and self.since is None:
-            raise ValueError("bundle may be absent only from an incremental record (since)")
+        if self.since is not None and self.precopy is not None:
+            raise ValueError("a record builds on a predecessor (since) or a pre-copy, not both")
+        if self.bundle is None and not self.incremental:
+            raise ValueError(
+                "bundle may be absent only from an incremental record (since or precopy)"
+            )
         for pattern in self.include:
             check_carry_pattern(pattern)
         if len(set(self.include)) != len(self.include):
@@ -404,6 +429,16 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
                 raise ValueError("configRedacted entries must be printable config key names")
         if self.config_redacted and self.config is None:
             raise ValueError("configRedacted names keys of a config the record does not carry")
+
+    @property
+    def incremental(self) -> bool:
+        """The bundle leaves out commits the destination must already hold."""
+        return self.since is not None or self.precopy is not None
+
+    @property
+    def prerequisites(self) -> list[str]:
+        base = self.since or self.precopy
+        return list(base.prerequisites) if base is not None else []
 
     def files(self) -> list[FileRef]:
         """Every file this record names, in a stable order."""

@@ -16,6 +16,7 @@ import msgspec
 
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
+from protocol.names import ObjectIdField, SeatNameField, Sha256Field
 from protocol.refusals import Code
 
 FRAME_CAP = 1024 * 1024
@@ -129,6 +130,16 @@ class PrepareArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
 DRAIN_TIMEOUT_MAX_S = 3600.0
 
 
+class PrecopyBase(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One seat's pre-copied history as the coordinator names it: the bundle's digest and size,
+    and its tips, which the seat's bundle may leave out where the repository still holds them
+    (the sealed record keeps those as `RepositoryRecord.precopy`)."""
+
+    bundle_sha256: Sha256Field
+    bundle_bytes: Annotated[int, msgspec.Meta(ge=0)]
+    tips: Annotated[list[ObjectIdField], msgspec.Meta(max_length=2048)]
+
+
 class CommitPreservationArgs(
     msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True
 ):
@@ -145,6 +156,13 @@ class CommitPreservationArgs(
     # `--since`: a sealed attempt of this root; each seat's bundle carries only what is new
     # since that attempt's record of it (docs/design.md, "Incremental cuts").
     since: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}$")] | None = None
+    # `cotal move`'s pre-copy, by seat name: the history it shipped before the fence, which
+    # that seat's bundle then leaves out (docs/design.md, "Pre-copy"). Not with `since`.
+    precopy: Annotated[dict[SeatNameField, PrecopyBase], msgspec.Meta(max_length=256)] = {}
+
+    def __post_init__(self) -> None:
+        if self.since is not None and self.precopy:
+            raise ValueError("since and precopy: a cut builds on one base, not two")
 
 
 class ResumeArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

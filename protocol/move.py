@@ -1,8 +1,9 @@
 """`cotal move`: what a source coordinator asks a destination manager over the broker.
 
-Two requests on the destination's own subjects (`names.move_subject`): `probe` before anything
-is fenced (would this manager take these seats, signed by this key?), and `offer` once the seats
-are cut and their checkpoint is in the move bucket (fetch it, admit it with your own trust
+Three requests on the destination's own subjects (`names.move_subject`): `probe` before anything
+is fenced (would this manager take these seats, signed by this key?), `precopy` while the seats
+still run (keep this seat's history, in the move bucket, by its digest), and `offer` once the
+seats are cut and their checkpoint is in the move bucket (fetch it, admit it with your own trust
 store, adopt it). Each is answered by a `MoveAnswer`.
 """
 
@@ -39,6 +40,20 @@ class MoveOffer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froz
     bytes: Annotated[int, msgspec.Meta(ge=1, le=OBJECT_CAP)]
     seats: Annotated[list[SeatName], msgspec.Meta(min_length=1, max_length=256)]
     uids: Annotated[list[Uid], msgspec.Meta(min_length=1, max_length=256)]
+    # The pre-copied bundles the cut builds on, which the destination drops once it adopted.
+    precopy: Annotated[list[Digest], msgspec.Meta(max_length=256)] = []
+
+
+class MovePrecopy(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """Before the fence: one seat's history (a bundle of its repository while it runs) is in the
+    move bucket as `object`; the destination keeps it by digest for the cut's increment."""
+
+    source: str
+    seat: SeatName
+    uid: Uid
+    object: Annotated[str, msgspec.Meta(max_length=128)]
+    sha256: Digest
+    bytes: Annotated[int, msgspec.Meta(ge=1, le=OBJECT_CAP)]
 
 
 class MoveAnswer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -54,7 +69,7 @@ class MoveAnswer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     result: msgspec.Raw = msgspec.Raw(b"null")
 
 
-def encode(record: MoveProbe | MoveOffer | MoveAnswer) -> bytes:
+def encode(record: MoveProbe | MoveOffer | MovePrecopy | MoveAnswer) -> bytes:
     return encode_json(record)
 
 
@@ -66,5 +81,36 @@ def decode_offer(data: bytes) -> MoveOffer:
     return decode_json(data, MoveOffer, what="move offer", cap=MOVE_CAP)
 
 
+def decode_precopy(data: bytes) -> MovePrecopy:
+    return decode_json(data, MovePrecopy, what="move pre-copy", cap=MOVE_CAP)
+
+
 def decode_answer(data: bytes) -> MoveAnswer:
     return decode_json(data, MoveAnswer, what="move answer", cap=16 * 1024 * 1024)
+
+
+class CarriedSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    name: SeatName
+    lifecycle_uid: Uid
+    # The custody generation the seat was cut at; the destination's claim makes it one more.
+    generation: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class CarriedMeta(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """What a carried attempt in the move bucket says of itself (its Object Store description),
+    so `cotal ps --fleet` shows its seats in transit while it travels."""
+
+    source: Annotated[str, msgspec.Meta(max_length=128)]
+    attempt_id: AttemptId
+    seats: Annotated[list[CarriedSeat], msgspec.Meta(min_length=1, max_length=256)]
+    # The destination's instance id; None when the putter did not name it (the seats are in
+    # transit all the same, to an instance the roster cannot name).
+    to: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+
+
+def encode_carried(meta: CarriedMeta) -> str:
+    return encode_json(meta).decode()
+
+
+def decode_carried(data: str) -> CarriedMeta:
+    return decode_json(data, CarriedMeta, what="carried object's description", cap=MOVE_CAP)

@@ -543,12 +543,17 @@ def check_repository(
     refusal it may be left half made, for the caller to remove with its directory.
     """
     bundle = seat_dir / record.bundle.file if record.bundle is not None else None
-    if record.since is not None and len(links) == 0:
+    if record.incremental and len(links) == 0:
         raise _refuse(
             "integrity",
             Code.PREDECESSOR_MISSING,
-            f"seat {name}: its bundle builds on attempt {record.since.attempt_id}, which was "
-            "not proven",
+            f"seat {name}: its bundle builds on "
+            + (
+                f"attempt {record.since.attempt_id}"
+                if record.since is not None
+                else "the history a move pre-copied"
+            )
+            + ", which was not proven",
             "copy that attempt directory beside this one and retry",
         )
     refs: dict[str, str] = {}
@@ -597,7 +602,7 @@ def _prove_objects(
         if listed.returncode != 0:
             raise _bundle_invalid(name, bundle, listed)
         heads = bundle_heads(listed.stdout)
-    differ = heads_differing(heads, refs, incremental=record.since is not None)
+    differ = heads_differing(heads, refs, incremental=record.incremental)
     if differ:
         raise _refuse(
             "integrity",
@@ -616,7 +621,7 @@ def _prove_objects(
         unpacked = _git(scratch, "bundle", "unbundle", os.fspath(path))
         if unpacked.returncode != 0:
             raise _bundle_invalid(name, path, unpacked)
-    prerequisites = record.since.prerequisites if record.since is not None else []
+    prerequisites = record.prerequisites
     wanted = [
         f"{record.base}^{{commit}}",
         *sorted(set(refs.values()) | set(prerequisites)),

@@ -20,6 +20,8 @@ See docs/design.md ("Incremental cuts") and docs/operations.md ("Incremental cut
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ from protocol.checkpoint import (
     MAX_PREREQUISITES,
     FileRef,
     IncrementalLink,
+    PrecopyLink,
     RepositoryRecord,
     parse_refs_list,
 )
@@ -48,8 +51,31 @@ CURE_CUT_FULL = "or cut again without --since to carry the whole history"
 
 
 def search_dirs(layout: Layout) -> tuple[Path, ...]:
-    """Where a destination also looks for a predecessor, after the attempt's own siblings."""
-    return (layout.checkpoints, layout.incoming)
+    """Where a destination also looks for a predecessor or a pre-copied bundle, after the
+    attempt's own siblings."""
+    return (layout.checkpoints, layout.incoming, layout.precopy)
+
+
+PRECOPY_LABEL = "pre-copy"
+
+
+def precopy_file(sha256: str) -> str:
+    return f"{sha256}.bundle"
+
+
+# A pre-copied history whose move never finished (taken back, or its coordinator died and was
+# never rerun) is dropped after this long; a move takes seconds to minutes.
+PRECOPY_KEEP_S = 24 * 3600.0
+
+
+def sweep_precopies(store: Path) -> None:
+    horizon = time.time() - PRECOPY_KEEP_S
+    for entry in os.scandir(store):
+        try:
+            if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < horizon:
+                os.unlink(entry.path)
+        except FileNotFoundError:
+            continue
 
 
 # -- the source side ----------------------------------------------------------------------------
@@ -176,6 +202,19 @@ async def link_for(
     )
 
 
+async def precopy_link(cwd: Path, shipped: PrecopyLink) -> PrecopyLink | None:
+    """The pre-copy link a capture records: the shipped bundle's tips this repository still
+    holds (a reset may have dropped some), or None for a full bundle when it holds none."""
+    present = await _commits_here(cwd, shipped.prerequisites)
+    if not present:
+        return None
+    return PrecopyLink(
+        bundle_sha256=shipped.bundle_sha256,
+        bundle_bytes=shipped.bundle_bytes,
+        prerequisites=present[:MAX_PREREQUISITES],
+    )
+
+
 # -- the destination side -----------------------------------------------------------------------
 
 
@@ -214,6 +253,8 @@ def resolve(
     naming the attempt and the seat."""
     attempt_dir = Path(attempt_dir)
     places = [attempt_dir.parent, *(Path(p) for p in search)]
+    if record.precopy is not None:
+        return [_precopied(attempt_dir, seat, record.precopy, places)]
     links: list[Link] = []
     seen = {attempt_dir.name}
     link = record.since
@@ -273,3 +314,22 @@ def resolve(
         link = prev.repository.since
     links.reverse()
     return links
+
+
+def _precopied(attempt_dir: Path, seat: str, link: PrecopyLink, places: Sequence[Path]) -> Link:
+    """The pre-copied bundle the record pins, found and proven by its digest."""
+    name = precopy_file(link.bundle_sha256)
+    ref = FileRef(file=name, bytes=link.bundle_bytes, sha256=link.bundle_sha256)
+    for place in places:
+        if (place / name).is_file() and not (place / name).is_symlink():
+            verify_file(place, ref)
+            return Link(attempt_id=PRECOPY_LABEL, seat_dir=place, bundle=ref)
+    where = ", ".join(str(p) for p in places)
+    raise Refusal(
+        Code.PREDECESSOR_MISSING,
+        f"seat {seat}: attempt {attempt_dir.name} carries only what is new since the history "
+        f"`cotal move` shipped before its fence (bundle {name}), and that bundle is in none of "
+        f"{where}",
+        "rerun the same `cotal move` at the source: it ships the history again; or cut the "
+        "seat again without a move and carry the whole attempt",
+    )

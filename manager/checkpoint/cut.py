@@ -43,6 +43,7 @@ from protocol.checkpoint import (
     AttemptManifest,
     FileRef,
     ManifestSeat,
+    PrecopyLink,
     RepositoryRecord,
     SeatCheckpoint,
     SessionFile,
@@ -255,6 +256,7 @@ async def capture_seat(
     include: Sequence[str] = (),
     space_export: SpaceExport | None = None,
     since: str | None = None,
+    precopy: PrecopyLink | None = None,
 ) -> SeatSummary:
     """Repository, pointer, store files and the inbox into a fresh 0700 seat directory, then
     the record.
@@ -262,12 +264,15 @@ async def capture_seat(
     `include` is the cut's `--include` paths, carried with the root's `[carry] include`.
     `since` names a sealed attempt of this root: the bundle then carries only what is new
     since that attempt's record of the seat (a seat it does not hold gets a full bundle).
+    `precopy` is the history `cotal move` shipped before the fence: the bundle then carries
+    only what is new on top of it (none of its commits here: a full bundle).
     """
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
     link = None
     if since is not None:
         link = await chain.link_for(layout, since, agent.name, cwd, space=space)
+    shipped = await chain.precopy_link(cwd, precopy) if precopy is not None else None
     # Every file below is created, written and fsynced in a worker thread: a create or an fsync
     # can wait on the file system's journal for as long as another seat's fsync takes, and
     # every seat's capture shares the manager's event loop (docs/design.md decision 24).
@@ -277,8 +282,15 @@ async def capture_seat(
         seat_dir,
         progress=progress,
         include=registry.carry_includes(registry.load_config(layout.root), include),
-        prerequisites=link.prerequisites if link is not None else (),
+        prerequisites=(
+            link.prerequisites
+            if link is not None
+            else shipped.prerequisites
+            if shipped is not None
+            else ()
+        ),
         since=link,
+        precopy=shipped if link is None else None,
     )
     t_repo = time.monotonic()
     pointer, store, space_state = await anyio.to_thread.run_sync(
@@ -333,7 +345,13 @@ async def capture_seat(
             "seal": int((t_seal - t_session) * 1000),
         },
         checkpoint=ref,
-        since=repository.since.attempt_id if repository.since is not None else None,
+        since=(
+            repository.since.attempt_id
+            if repository.since is not None
+            else chain.PRECOPY_LABEL
+            if repository.precopy is not None
+            else None
+        ),
         bundle_bytes=repository.bundle.bytes if repository.bundle is not None else 0,
     )
     log.info(

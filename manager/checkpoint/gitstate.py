@@ -79,6 +79,7 @@ from protocol.checkpoint import (
     CarriedHook,
     FileRef,
     IncrementalLink,
+    PrecopyLink,
     RepositoryRecord,
     StashEntry,
     format_refs_list,
@@ -131,7 +132,7 @@ _STDERR_KEEP = 64 * 1024
 _PROGRESS_STEP = 4 * 1024 * 1024
 _WRITE_BATCH = 1024 * 1024
 # What git says (LC_ALL=C) when every ref is excluded by the bundle's prerequisites.
-_EMPTY_BUNDLE = "Refusing to create empty bundle"
+EMPTY_BUNDLE = "Refusing to create empty bundle"
 
 # Operation state files under the git dir, with what each means and how to end it.
 _IN_PROGRESS: tuple[tuple[str, str, str], ...] = (
@@ -1194,7 +1195,7 @@ async def _capture_bundle(
     except Refusal as exc:
         # git writes no bundle without a ref in its header; with prerequisites that means every
         # ref's tip is one the predecessor already carried (proven against the refs below).
-        if prerequisites and exc.code == Code.GIT_FAILED and _EMPTY_BUNDLE in exc.message:
+        if prerequisites and exc.code == Code.GIT_FAILED and EMPTY_BUNDLE in exc.message:
             return None
         raise
 
@@ -1386,15 +1387,17 @@ async def capture_repository(
     include: Sequence[str] = (),
     prerequisites: Sequence[str] = (),
     since: IncrementalLink | None = None,
+    precopy: PrecopyLink | None = None,
 ) -> RepositoryRecord:
     """Capture the seat's repository into `seat_dir` and return the record that names it.
 
     `include` is the operator's declared ignored paths (the root's `[carry] include` plus any
     `--include` at the cut): relative paths or simple globs whose ignored files travel too.
 
-    `prerequisites` (with `since`, the link recorded for them) makes the bundle incremental:
-    commits a destination already holds from the predecessor attempt are left out, and so are
-    refs whose tips are among them; with nothing new there is no bundle at all.
+    `prerequisites` (with `since` or `precopy`, the link recorded for them) makes the bundle
+    incremental: commits a destination already holds from the predecessor attempt or the
+    pre-copied history are left out, and so are refs whose tips are among them; with nothing
+    new there is no bundle at all.
 
     Runs only after the seat is proven stopped (record 1.3 step 7). Preflight runs again first,
     reusing what the preflight at prepare learned only where it proves the input unchanged
@@ -1476,6 +1479,7 @@ async def capture_repository(
             stash=stash,
             include=declared,
             since=since if prerequisites else None,
+            precopy=precopy if prerequisites else None,
         )
         # Round-trip through the strict decoder so the capture never returns a record the
         # reader would refuse (the constructor does not check field patterns).

@@ -805,11 +805,16 @@ async def restore_repository(
     # Every digest is proven before the first write anywhere.
     for ref in record.files():
         await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
-    if record.since is not None and not links:
+    if record.incremental and not links:
         raise Refusal(
             Code.PREDECESSOR_MISSING,
-            f"the bundle in {seat_dir} builds on attempt {record.since.attempt_id}, and no "
-            "proven predecessor was given",
+            f"the bundle in {seat_dir} builds on "
+            + (
+                f"attempt {record.since.attempt_id}"
+                if record.since is not None
+                else "the history a move pre-copied"
+            )
+            + ", and no proven predecessor was given",
             "resume through `cotal up --restore`, which finds and proves the chain",
         )
     for link in links:
@@ -849,7 +854,7 @@ async def restore_repository(
         )
         heads = bundle_heads(listed.stdout)
     # The restored refs are compared with the whole recorded list after the build.
-    differ = heads_differing(heads, refs, incremental=record.since is not None)
+    differ = heads_differing(heads, refs, incremental=record.incremental)
     if differ:
         raise Refusal(
             Code.REFS_MISMATCH,

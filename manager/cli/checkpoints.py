@@ -222,12 +222,13 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         # A packed file is resumed on its own; the predecessors its bundles build on are not in
         # it, so the hand-off would carry a checkpoint no destination can restore by itself.
         since = adm.records[incremental[0]].repository.since
-        assert since is not None
+        base = (
+            f"attempt {since.attempt_id}" if since is not None else "the history a move pre-copied"
+        )
         raise Refusal(
             Code.INCREMENTAL_PACK,
             f"attempt {attempt} is incremental: the bundles of {', '.join(incremental)} carry "
-            f"only what is new since attempt {since.attempt_id}, which a packed file does not "
-            "hold",
+            f"only what is new since {base}, which a packed file does not hold",
             "copy the attempt directory and its predecessors side by side to the destination "
             "instead (`cotal up --restore DIR` finds them there), or cut again without --since "
             "and pack that",

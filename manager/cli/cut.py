@@ -86,6 +86,7 @@ async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> co
         drain_timeout_s=opts.drain_timeout,
         include=opts.include,
         since=opts.since,
+        precopy=dict(opts.precopy),
     )
     try:
         result = await follow_commit(
@@ -253,6 +254,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
         include=registry.carry_includes(registry.FileConfig(), args.include),
         since=getattr(args, "since", None),
         seats=tuple(dict.fromkeys(getattr(args, "seat", None) or [])),
+        precopy=getattr(args, "precopy", None) or {},
     )
     if args.abort:
         return await _abort(layout, journal, record)

@@ -5,11 +5,13 @@ coordinators import this; neither imports the other's module for it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import msgspec
 
 from manager.procs import processes_with_envs
+from protocol import control
 from protocol.control import SeatFailure
 from protocol.errors import Refusal
 from protocol.inventory import Inventory
@@ -27,6 +29,8 @@ class CutOptions:
     since: str | None = None
     # `--seat NAME`: cut only these, while the rest of the mesh runs on.
     seats: tuple[str, ...] = ()
+    # `cotal move`'s pre-copy, by seat: the history already at the destination.
+    precopy: Mapping[str, control.PrecopyBase] = field(default_factory=dict)
 
 
 class OfflineSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 
 from manager import eventloop
+from manager.cli import precopy
 from manager.cli.args import Subcommands, command, root_of
 from manager.cli.output import emit_json, progress, say
 from protocol.errors import Refusal
@@ -147,10 +148,31 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             progress(f"destination {args.to} already runs {', '.join(names_asked)}")
             await anyio.to_thread.run_sync(_forget_here, layout, pending.attempt)
             return _report(args, pending.attempt, names_asked, uids, {}, 0, t0)
+        shipped: dict[str, Any] = {}
+        increments: dict[str, int] = {}
+        if pending is None:
+            progress(f"destination {args.to} takes {', '.join(names_asked)}; shipping history")
+            shipped = await precopy.ship(
+                layout,
+                js,
+                status.space,
+                status.instance_id,
+                lambda verb, record, timeout: _ask(
+                    nc, status.space, args.to, verb, record, timeout
+                ),
+                [(n, rows[n].lifecycle_uid, rows[n].cwd) for n in names_asked],
+            )
         if pending is None or pending.state != READY:
-            progress(f"destination {args.to} takes {', '.join(names_asked)}; cutting them here")
-            sealed = await _cut_some(args, root, names_asked)
+            progress(f"cutting {', '.join(names_asked)} here")
+            try:
+                sealed = await _cut_some(args, root, names_asked, shipped)
+            except BaseException:
+                # Nothing was sealed on top of the shipped history; a cut left prepared is
+                # aborted or rerun, and a rerun carries the whole history.
+                await anyio.to_thread.run_sync(precopy.forget, layout, shipped)
+                raise
             attempt, attempt_dir = sealed.result.attempt_id, Path(sealed.result.checkpoint_dir)
+            increments = {seat.name: seat.bundle_bytes for seat in sealed.result.seats}
         else:
             progress(f"continuing the move of cut {pending.attempt} (journal ready)")
             attempt, attempt_dir = pending.attempt, layout.checkpoints / pending.attempt
@@ -167,6 +189,7 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             bytes=size,
             seats=names_asked,
             uids=uids,
+            precopy=[base.bundle_sha256 for base in shipped.values()],
         )
         try:
             answer = await _ask(nc, status.space, args.to, "offer", offer, OFFER_TIMEOUT_S)
@@ -184,6 +207,7 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 ) from None
             progress(f"the destination refused ({exc.code}); the seats resume here")
             await _take_back(root, attempt_dir, status.space, record, creds)
+            await anyio.to_thread.run_sync(precopy.forget, layout, shipped)
             raise Refusal(
                 exc.code,
                 f"{exc.message}; the seats run here again, in their own sessions",
@@ -193,8 +217,16 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             await _drop(js, status.space, obj)
         downtime = int((time.monotonic() - t_fence) * 1000)
         await anyio.to_thread.run_sync(_forget_here, layout, attempt)
+        await anyio.to_thread.run_sync(precopy.forget, layout, shipped)
     result = json.loads(bytes(answer.result)) or {}
-    return _report(args, attempt, names_asked, uids, result, downtime, t0)
+    carried = {
+        n: {
+            "precopyBytes": shipped[n].bundle_bytes if n in shipped else 0,
+            **({"bundleBytes": increments[n]} if n in increments else {}),
+        }
+        for n in names_asked
+    }
+    return _report(args, attempt, names_asked, uids, result, downtime, t0, carried)
 
 
 def _report(
@@ -205,7 +237,10 @@ def _report(
     result: dict[str, Any],
     downtime: int,
     t0: float,
+    carried: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
+    """`--json`: per seat its uid, session, generation and downtime, and what carried its
+    history: `precopyBytes` shipped before the fence, `bundleBytes` the cut's increment."""
     moved = {s["name"]: s for s in result.get("seats", [])}
     seats = [
         {
@@ -214,6 +249,7 @@ def _report(
             "session": (moved.get(n) or {}).get("sessionAfter"),
             "generation": _generation_of(result, n),
             "downtimeMs": downtime,
+            **(carried or {}).get(n, {}),
         }
         for n, u in zip(names_asked, uids, strict=True)
     ]
@@ -344,7 +380,9 @@ async def _ask(nc: Any, space: str, to: str, verb: str, record: Any, timeout: fl
     return answer
 
 
-async def _cut_some(args: argparse.Namespace, root: Path, seats: list[str]) -> Any:
+async def _cut_some(
+    args: argparse.Namespace, root: Path, seats: list[str], shipped: dict[str, Any]
+) -> Any:
     from manager.cli import cut
 
     cut_args = argparse.Namespace(
@@ -356,6 +394,7 @@ async def _cut_some(args: argparse.Namespace, root: Path, seats: list[str]) -> A
         since=None,
         abort=False,
         seat=seats,
+        precopy=shipped,
     )
     sealed = await cut._cut(cut_args, root)
     if not isinstance(sealed, cut.Sealed):

@@ -109,7 +109,12 @@ def chain_of(adm: admit.Admission, name: str) -> dict[str, Any]:
         "chain": [
             {
                 "attemptId": link.attempt_id,
-                "dir": str(link.seat_dir.parent),
+                # A pre-copied bundle lies in a directory of bundles, not in a seat's directory.
+                "dir": str(
+                    link.seat_dir
+                    if link.attempt_id == chain.PRECOPY_LABEL
+                    else link.seat_dir.parent
+                ),
                 "bundleBytes": link.bundle.bytes if link.bundle is not None else 0,
             }
             for link in links

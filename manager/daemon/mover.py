@@ -1,7 +1,9 @@
 """The destination side of `cotal move`: this manager answers on subjects of its own instance.
 
 `probe` says, before the source fences anything, whether this manager would take the seats
-(active, no adoption under way, the names free, the signer in this root's trust store). `offer`
+(active, no adoption under way, the names free, the signer in this root's trust store).
+`precopy` keeps a seat's history, shipped while it still runs, by digest in this root's
+pre-copy directory, where the adoption's chain finds it (docs/design.md, "Pre-copy"). `offer`
 fetches the checkpoint the source put in the move bucket (its digest checked by the Object
 Store chunk by chunk and by us as a whole), and hands it to this root's own `cotal up --restore`
 as a child process: the same admission, journal, custody claim, restore and adoption as an
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,8 +28,9 @@ from nats.aio.msg import Msg
 
 from connectors.interpreter import own_python
 from manager.broker import carry
+from manager.checkpoint.chain import precopy_file, sweep_precopies
 from manager.workspace.journal import Journal
-from manager.workspace.private import ensure_private_dir
+from manager.workspace.private import ensure_private_dir, fsync_dir
 from manager.workspace.trust import read_trusted
 from protocol import move, names
 from protocol.errors import DecodeError, Refusal
@@ -45,12 +50,17 @@ class Mover:
     def __init__(self, mgr: Manager) -> None:
         self.mgr = mgr
         self._offers = anyio.Lock()
+        self._precopies = anyio.Lock()
 
     async def serve(self) -> None:
         mgr = self.mgr
         instance = mgr.identity.instance_id
         async with anyio.create_task_group() as tg:
-            for verb, handle in (("probe", self._probe), ("offer", self._offer)):
+            for verb, handle in (
+                ("probe", self._probe),
+                ("precopy", self._precopy),
+                ("offer", self._offer),
+            ):
                 sub = await mgr.nc.subscribe(names.move_subject(mgr.space, instance, verb))
                 tg.start_soon(self._answer_each, sub, handle)
 
@@ -123,6 +133,36 @@ class Mover:
             )
         return move.MoveAnswer(ok=True)
 
+    async def _precopy(self, data: bytes) -> move.MoveAnswer:
+        """Keep one seat's pre-copied history as `<sha256>.bundle`: fetched beside the event
+        loop, hashed whole, renamed into place only once it is the bundle the source named."""
+        pre = move.decode_precopy(data)
+        store = self.mgr.layout.precopy
+        final = store / precopy_file(pre.sha256)
+        async with self._precopies:
+            await anyio.to_thread.run_sync(ensure_private_dir, store)
+            await anyio.to_thread.run_sync(sweep_precopies, store)
+            if final.is_file() and not final.is_symlink():
+                # A rerun's pre-copy of the same history: the file is proven at its use.
+                return move.MoveAnswer(ok=True, already=True)
+            part = store / f".{pre.sha256}.{secrets.token_hex(4)}.part"
+            try:
+                await carry.get_into(self.mgr.js, self.mgr.space, pre.object, part)
+                size, digest = await anyio.to_thread.run_sync(_size_and_digest, part)
+                if size != pre.bytes or digest != pre.sha256:
+                    raise Refusal(
+                        Code.INTEGRITY,
+                        f"the pre-copied history {pre.object} is {size} bytes hashing to "
+                        f"{digest}, not the {pre.bytes} bytes hashing to {pre.sha256} the "
+                        "source put",
+                        "rerun `cotal move` at the source: it ships the history again",
+                    )
+                await anyio.to_thread.run_sync(_promote, part, final)
+            finally:
+                part.unlink(missing_ok=True)
+        log.info("move.precopied", seat=pre.seat, source=pre.source, bytes=pre.bytes)
+        return move.MoveAnswer(ok=True)
+
     async def _offer(self, data: bytes) -> move.MoveAnswer:
         offer = move.decode_offer(data)
         async with self._offers:
@@ -130,9 +170,16 @@ class Mover:
                 return move.MoveAnswer(ok=True, already=True)
             path = await self._fetch(offer)
             try:
-                return await self._adopt(offer, path)
+                answer = await self._adopt(offer, path)
             finally:
                 await path.unlink(missing_ok=True)
+            if not answer.claimed:
+                # Adopted (unbundled into the seat's tree) or refused before the claim (the
+                # source takes the seat back): either way this root needs the history no more.
+                # A claimed refusal keeps it for the rerun that finishes the move here.
+                for sha in offer.precopy:
+                    (self.mgr.layout.precopy / precopy_file(sha)).unlink(missing_ok=True)
+            return answer
 
     async def _fetch(self, offer: move.MoveOffer) -> anyio.Path:
         mgr = self.mgr
@@ -180,6 +227,11 @@ class Mover:
         )
         log.warning("move.refused", attempt=offer.attempt_id, code=code, claimed=claimed)
         return move.MoveAnswer(ok=False, code=code, message=message, claimed=claimed)
+
+
+def _promote(part: Path, final: Path) -> None:
+    os.rename(part, final)
+    fsync_dir(final.parent)
 
 
 def _size_and_digest(path: Path) -> tuple[int, str]:

@@ -36,6 +36,7 @@ from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
 from manager.workspace.journal import read_resume_document, write_resume_document
 from protocol import control, names
+from protocol.checkpoint import PrecopyLink
 from protocol.codec import encode_json
 from protocol.errors import Refusal
 from protocol.instant import now_iso
@@ -552,6 +553,7 @@ class Preservation:
             space_export=carried,
             include=args.include,
             since=args.since,
+            precopy=_precopied(args.precopy.get(agent.name)),
         )
         return summary
 
@@ -703,6 +705,16 @@ class _Run:
 
     def mid_turn_rows(self) -> list[control.MidTurn]:
         return [control.MidTurn(name=n, message_id=i) for n, i in sorted(self.mid_turn.items())]
+
+
+def _precopied(base: control.PrecopyBase | None) -> PrecopyLink | None:
+    if base is None:
+        return None
+    return PrecopyLink(
+        bundle_sha256=base.bundle_sha256,
+        bundle_bytes=base.bundle_bytes,
+        prerequisites=list(dict.fromkeys(base.tips)),
+    )
 
 
 def _cut_seat(summary: cut.SeatSummary, mid_turn: str | None) -> control.CutSeat:

@@ -102,6 +102,12 @@ class Layout:
         return self.maintenance / "incoming"
 
     @property
+    def precopy(self) -> Path:
+        """Bundles `cotal move` shipped before its fence, one `<sha256>.bundle` each: at the
+        source for a take-back, at the destination for the chain its adoption unbundles."""
+        return self.maintenance / "precopy"
+
+    @property
     def handoffs(self) -> Path:
         """This root's notes of the attempts it packed and handed off."""
         return self.maintenance / "handoffs"
