@@ -12,26 +12,33 @@ import nats.errors
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import ObjectMeta
 
 from manager.broker.retry import riding_elections
-from protocol import names
+from protocol import move, names
 from protocol.errors import Refusal
+from protocol.move import CarriedMeta
 from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.move")
 
 
-async def put(js: JetStreamContext, space: str, name: str, blob: bytes) -> None:
+async def put(
+    js: JetStreamContext, space: str, name: str, blob: bytes, *, meta: CarriedMeta | None = None
+) -> None:
     """The packed attempt into the move bucket (made on first use); the store chunks it and
-    records its digest, which every read checks."""
+    records its digest, which every read checks. `meta` names the seats it carries, as the
+    object's description, so `cotal ps --fleet` shows them in transit while it is there."""
     bucket = names.move_bucket(space)
+    description = None if meta is None else move.encode_carried(meta)
 
     async def once() -> None:
         try:
             store = await js.object_store(bucket)
         except nats.js.errors.NotFoundError:
             store = await js.create_object_store(bucket)
-        await store.put(name, blob)
+        # A fresh ObjectMeta each try: the store fills in its options as it puts.
+        await store.put(name, blob, meta=ObjectMeta(name=name, description=description))
 
     await riding_elections(f"move bucket {bucket}", once)
 

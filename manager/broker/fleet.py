@@ -3,9 +3,12 @@
 Read-only. Several managers (each its own instance id, perhaps each on its own host) can share
 one broker or cluster; what each of them writes there is enough to say where every seat is:
 its custody record (who holds it, at which generation, claimed by which attempt), its presence
-entry (which manager says it runs it now) and that manager's lease (alive, and on which host).
-This module reads the three buckets as they are and joins them into one row per seat
-lifecycle; it never creates a bucket and never writes a key.
+entry (which manager says it runs it now) and that manager's lease (alive, and on which host);
+and while `cotal move` carries a seat, the packed attempt in the move bucket, whose description
+names the seats, their generation and the destination. This module reads the three buckets and
+the move bucket's object list as they are and joins them into one row per seat lifecycle; it
+never creates a bucket and never writes a key. `instance_gone` waits, read-only too, for one
+manager's lease to go.
 
 What it reads are claims, not proof: presence and leases lag reality by up to their TTLs. A
 value that does not decode is a row (or a note on a row) saying so, never a crash of the
@@ -15,13 +18,22 @@ listing, since one bad key must not hide the rest of the fleet.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
+import anyio
 import msgspec
+import nats.errors
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, NoKeysError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    NoKeysError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 
 from manager.broker.presence import PRESENCE_CAP
@@ -31,6 +43,7 @@ from protocol.codec import decode_json
 from protocol.custody import CustodyRecord, HandOffRecord, decode_custody, decode_handoff
 from protocol.errors import DecodeError
 from protocol.messages import ManagerLease, Presence
+from protocol.move import CarriedMeta, decode_carried
 
 LEASE_CAP = 4096
 
@@ -46,8 +59,9 @@ class FleetRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froze
     """One seat lifecycle as the broker shows it; what `cotal ps --fleet --json` prints.
 
     `instance` is the custody holder (the presence's writer when no custody record exists);
-    `host` is the label in that instance's lease, None when it has no live lease; `errors`
-    names every entry of this seat that did not decode.
+    `host` is the label in that instance's lease, None when it has no live lease; `to` is the
+    destination instance of a `cotal move` carrying the seat (None when no move carries it, or
+    its putter did not name one); `errors` names every entry of this seat that did not decode.
     """
 
     name: str
@@ -60,15 +74,18 @@ class FleetRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froze
     presence_instance: str | None
     manager_live: bool
     errors: list[str] = msgspec.field(default_factory=list)
+    to: str | None = None
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The raw values of the three buckets, key -> bytes, as read at one pass."""
+    """The raw values of the three buckets, key -> bytes, and the description of each object in
+    the move bucket, name -> text (objects without one left out), as read at one pass."""
 
     custody: Mapping[str, bytes] = field(default_factory=dict)
     presence: Mapping[str, bytes] = field(default_factory=dict)
     leases: Mapping[str, bytes] = field(default_factory=dict)
+    moves: Mapping[str, str] = field(default_factory=dict)
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -101,17 +118,105 @@ async def _values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
     return out
 
 
+async def _carried(js: JetStreamContext, space: str) -> dict[str, str]:
+    """Each live object of the move bucket that describes itself; no bucket, nothing carried."""
+    bucket = names.move_bucket(space)
+    try:
+        store = await riding_elections(
+            f"move bucket {bucket}", functools.partial(js.object_store, bucket)
+        )
+    except BucketNotFoundError:
+        return {}
+    try:
+        infos = await riding_elections(
+            f"{bucket} objects", functools.partial(store.list, ignore_deletes=True)
+        )
+    except NotFoundError:
+        # The store's word for an empty bucket.
+        return {}
+    return {
+        info.name: info.description
+        for info in infos
+        if not info.deleted and info.description is not None
+    }
+
+
 async def snapshot(js: JetStreamContext, space: str) -> Snapshot:
-    # Custody first: a seat that moves while this reads then shows its newer presence beside
+    # The move bucket first: a carried object read before the custody and presence it is
+    # judged against can only meet newer ones, which say running once the destination runs the
+    # seat. Then custody: a seat that moves while this reads shows its newer presence beside
     # its older custody (stale-presence for a moment), never no row at all.
+    moves = await _carried(js, space)
     custody = await _values(js, names.custody_bucket(space))
     presence = await _values(js, names.presence_bucket(space))
     leases = await _values(js, names.manager_bucket(space))
-    return Snapshot(custody=custody, presence=presence, leases=leases)
+    return Snapshot(custody=custody, presence=presence, leases=leases, moves=moves)
 
 
 async def roster(js: JetStreamContext, space: str) -> list[FleetRow]:
     return join(await snapshot(js, space))
+
+
+# -- one manager's end ---------------------------------------------------------------------------
+
+# How often the bucket itself is asked once a renew of the lease is overdue.
+GONE_CHECK_S: Final = 1.0
+
+
+async def _lease_held(kv: KeyValue, key: str) -> bool:
+    try:
+        await riding_elections(f"lease {key}", functools.partial(kv.get, key))
+    except (KeyNotFoundError, KeyDeletedError):
+        return False
+    return True
+
+
+async def instance_gone(js: JetStreamContext, space: str, instance_id: str) -> None:
+    """Return once the manager lease of `instance_id` (the one `ps --fleet` reads) is gone:
+    deleted, purged, or expired by the bucket's TTL; at once if there is none.
+
+    A watch of that one key sees each renew and each delete as it lands, but not an expiry
+    (the bucket's TTL ages values out without a marker: the server writes one only for a bucket
+    made to ask for it, and ours are not), so once a renew is overdue the bucket is asked,
+    every `GONE_CHECK_S`, until the key is gone or a renew comes. While the manager lives this
+    costs the watch alone; a watch an election leaves silent only makes the asking start, and
+    each ask rides the election as every read here does (`broker-unavailable` past the
+    patience). Cancel it to stop waiting."""
+    kv = await _existing_kv(js, names.manager_bucket(space))
+    if kv is None:
+        return
+    key = names.lease_key(instance_id)
+    # A renew is overdue past its interval plus one check of slack.
+    window = names.MANAGER_LEASE_RENEW_S + GONE_CHECK_S
+    # Any: nats-py leaves the watcher's methods untyped.
+    watcher: Any = await riding_elections(f"watch {key}", functools.partial(kv.watch, key))
+    try:
+        # The age of the value the watch starts with is unknown: ask at once.
+        last_renew = -math.inf
+        initial = True
+        while True:
+            wait = last_renew + window - anyio.current_time()
+            if wait <= 0:
+                if not await _lease_held(kv, key):
+                    return
+                wait = GONE_CHECK_S
+            try:
+                entry = await watcher.updates(timeout=wait)
+            except nats.errors.TimeoutError:
+                continue
+            if entry is None:
+                initial = False
+                continue
+            if entry.operation in ("DEL", "PURGE"):
+                return
+            if not initial:
+                last_renew = anyio.current_time()
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+            try:
+                await watcher.stop()
+            except Exception:  # a closed connection took the subscription with it
+                pass
 
 
 # -- the join (pure) ----------------------------------------------------------------------------
@@ -233,9 +338,54 @@ def _handed_off(snap: Snapshot) -> set[tuple[str, str, int]]:
     return out
 
 
-def _state(seat: _Seat, holder_live: bool, handed_off: bool) -> State:
+@dataclass(frozen=True)
+class _Carried:
+    meta: CarriedMeta
+    generation: int
+
+
+def _carrying(snap: Snapshot) -> dict[tuple[str, str], _Carried]:
+    """(seat, uid) -> the move object carrying it, the one at the highest generation if several
+    do (an older move's copy the broker would not drop). A description that does not decode is
+    left out: it only ever adds `in transit` to a seat that is not running."""
+    out: dict[tuple[str, str], _Carried] = {}
+    for text in snap.moves.values():
+        try:
+            meta = decode_carried(text)
+        except DecodeError:
+            continue
+        for s in meta.seats:
+            known = out.get((s.name, s.lifecycle_uid))
+            if known is None or known.generation < s.generation:
+                out[(s.name, s.lifecycle_uid)] = _Carried(meta, s.generation)
+    return out
+
+
+def _in_move(seat: _Seat, carried: _Carried | None) -> bool:
+    """A move carries the seat until its destination runs it: cut at the generation the object
+    names (nobody claimed it since), or claimed once by the destination, which does not run it
+    yet. A seat taken back at the source, or running at the destination, is not in transit
+    whatever copy the bucket still holds."""
+    custody = seat.custody
+    if carried is None or custody is None:
+        return False
+    if custody.generation == carried.generation:
+        return True
+    meta = carried.meta
+    claimed = (
+        custody.generation == carried.generation + 1
+        and custody.holder != meta.source
+        and (meta.to is None or custody.holder == meta.to)
+    )
+    runs_there = seat.presence is not None and seat.presence.instance_id == custody.holder
+    return claimed and not runs_there
+
+
+def _state(seat: _Seat, holder_live: bool, handed_off: bool, moving: bool = False) -> State:
     if seat.custody_unreadable or seat.presence_unreadable:
         return UNREADABLE
+    if moving:
+        return IN_TRANSIT
     custody, presence = seat.custody, seat.presence
     if presence is not None:
         if custody is not None and presence.instance_id == custody.holder:
@@ -255,9 +405,12 @@ def join(snap: Snapshot) -> list[FleetRow]:
     by name then uid."""
     leases = _leases(snap)
     handed_off = _handed_off(snap)
+    carrying = _carrying(snap)
     rows: list[FleetRow] = []
     for (name, uid), seat in sorted(_seats(snap).items()):
         custody = seat.custody
+        carried = carrying.get((name, uid))
+        moving = _in_move(seat, carried)
         instance = (
             custody.holder
             if custody is not None
@@ -269,18 +422,19 @@ def join(snap: Snapshot) -> list[FleetRow]:
         errors = list(seat.errors)
         if lease is not None and lease.error is not None:
             errors.append(lease.error)
+        state = _state(
+            seat,
+            holder_live=lease is not None,
+            handed_off=custody is not None and (name, uid, custody.generation) in handed_off,
+            moving=moving,
+        )
         rows.append(
             FleetRow(
                 name=name,
                 lifecycle_uid=uid,
                 instance=instance,
                 host=lease.host if lease is not None else None,
-                state=_state(
-                    seat,
-                    holder_live=lease is not None,
-                    handed_off=custody is not None
-                    and (name, uid, custody.generation) in handed_off,
-                ),
+                state=state,
                 generation=custody.generation if custody is not None else None,
                 attempt_id=custody.attempt_id if custody is not None else None,
                 presence_instance=(
@@ -288,6 +442,10 @@ def join(snap: Snapshot) -> list[FleetRow]:
                 ),
                 manager_live=lease is not None,
                 errors=errors,
+                # Only a row that says in transit says where to.
+                to=carried.meta.to
+                if carried is not None and moving and state == IN_TRANSIT
+                else None,
             )
         )
     return rows

@@ -32,6 +32,8 @@ FLEET_COLUMNS = [
     ("HOST", "host"),
     ("STATE", "state"),
     ("GEN", "generation"),
+    # Where a seat in transit goes (`cotal move`'s destination); `-` for every other row.
+    ("TO", "to"),
 ]
 
 

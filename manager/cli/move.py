@@ -176,7 +176,7 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         else:
             progress(f"continuing the move of cut {pending.attempt} (journal ready)")
             attempt, attempt_dir = pending.attempt, layout.checkpoints / pending.attempt
-        obj, digest, size = await _put(js, status.space, attempt, attempt_dir, layout)
+        obj, digest, size = await _put(js, status.space, attempt, attempt_dir, layout, to=args.to)
         await _presence_gone(js, status.space, uids)
         progress(f"carried {size} bytes through the broker; the destination adopts them")
         from protocol import move
@@ -407,10 +407,13 @@ async def _cut_some(
 
 
 async def _put(
-    js: Any, space: str, attempt: str, attempt_dir: Path, layout: Any
+    js: Any, space: str, attempt: str, attempt_dir: Path, layout: Any, *, to: str | None = None
 ) -> tuple[str, str, int]:
     from manager.broker import carry
     from manager.checkpoint.archive import write_archive
+    from manager.workspace import identity
+    from manager.workspace.journal import Journal
+    from protocol import move
 
     tmp = layout.control / f".move-{attempt}.{secrets.token_hex(4)}.tar"
     try:
@@ -418,7 +421,29 @@ async def _put(
         blob = await anyio.to_thread.run_sync(tmp.read_bytes)
     finally:
         tmp.unlink(missing_ok=True)
-    await carry.put(js, space, attempt, blob)
+    # The object names what it carries, so `cotal ps --fleet` shows the seats in transit (to
+    # `to`) while it is in the bucket: the seats and generations of the plan this attempt cut.
+    # Only a roster reads it, so a plan that cannot be read carries the object undescribed.
+    meta = None
+    try:
+        plan = await anyio.to_thread.run_sync(Journal(layout).resume_document)
+        if plan.attempt_id == attempt and plan.agents:
+            meta = move.CarriedMeta(
+                source=identity._load(layout.instance_identity(space), space).instance_id,
+                attempt_id=attempt,
+                seats=[
+                    move.CarriedSeat(
+                        name=a.name,
+                        lifecycle_uid=a.identity.lifecycle_uid,
+                        generation=a.generation,
+                    )
+                    for a in plan.agents
+                ],
+                to=to,
+            )
+    except (Refusal, OSError, ValueError) as exc:
+        progress(f"note: the carried copy does not name its seats ({exc})")
+    await carry.put(js, space, attempt, blob, meta=meta)
     return attempt, digest, size
 
 

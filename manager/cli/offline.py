@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import anyio
+import msgspec
 
 from connectors.base import continuity_class
 from manager import registry
@@ -34,15 +35,42 @@ from protocol.inventory import Inventory, encode_inventory
 from protocol.refusals import Code
 
 
+class PartialOfflineCut(OfflineCut, frozen=True):
+    """An offline finish of a cut of some seats, which says so as the manager's reply would
+    (`partial`, beside `offline`)."""
+
+    partial: bool = True
+
+
+def _as_cut(result: OfflineCut, partial: bool) -> OfflineCut:
+    return PartialOfflineCut(**msgspec.structs.asdict(result)) if partial else result
+
+
+def _others_recorded(layout: Layout, inventory: Inventory) -> bool:
+    """Whether the dead manager's seat table (its records on disk, what the next manager
+    re-adopts) holds seats the plan does not: the cut named only some of its seats."""
+    planned = {layout.seat_record(a.name, a.identity.lifecycle_uid) for a in inventory.agents}
+    try:
+        recorded = {p for p in layout.seats.iterdir() if p.suffix == ".json"}
+    except FileNotFoundError:
+        return False
+    return bool(recorded - planned)
+
+
 async def finish(layout: Layout, journal: Journal, attempt: str, opts: CutOptions) -> OfflineCut:
     """Finish cut `attempt` without its manager: an attempt already sealed is read back, any
     other is captured afresh; a failure keeps what it wrote aside as evidence."""
     inventory = journal.resume_document()
     await anyio.to_thread.run_sync(prove_no_seat_processes, inventory)
+    # A cut of some seats: named by this rerun, or evident from the seats the manager kept
+    # beside the plan (a rerun may leave `--seat` out).
+    partial = bool(opts.seats) or await anyio.to_thread.run_sync(
+        _others_recorded, layout, inventory
+    )
     sealed = cut.attempt_dir(layout, attempt) / "manifest.json"
     if sealed.exists():
         manifest = await anyio.to_thread.run_sync(read_manifest, sealed.parent)
-        return OfflineCut(
+        read_back = OfflineCut(
             attempt_id=attempt,
             state="preserved",
             checkpoint_dir=str(sealed.parent),
@@ -50,8 +78,9 @@ async def finish(layout: Layout, journal: Journal, attempt: str, opts: CutOption
             seats=[OfflineSeat(name=s.name) for s in manifest.seats],
             failures=[],
         )
+        return _as_cut(read_back, partial)
     try:
-        return await _capture(layout, attempt, inventory, opts)
+        return _as_cut(await _capture(layout, attempt, inventory, opts), partial)
     except (OSError, ValueError, ExceptionGroup) as exc:
         # Nothing sealed: what the try wrote is kept aside and the rerun captures afresh.
         while isinstance(exc, ExceptionGroup):

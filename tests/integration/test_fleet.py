@@ -1,23 +1,35 @@
 """`cotal ps --fleet` (issue 24, item 6): two managers on one real standalone broker, a scribe
 seat on each; the roster from either root lists both seats where they run, and a seat cut at
-one root as its custody record then says it is (held; in transit once packed to be carried
-away). Real broker, real daemons, real seats, real git."""
+one root as its custody record then says it is (held; in transit, to its destination, while a
+move's packed attempt is in the move bucket, and once packed to be carried away). The roster's
+rules for a move's object, and `instance_gone` (the source's view of a destination manager's
+end), against the real broker's buckets. Real broker, real daemons, real seats, real git."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import nats
 import pytest
+from nats.js.errors import BucketNotFoundError
 
-from manager.broker import fleet
+from manager.broker import carry, fleet, footprint
+from manager.broker.retry import riding_elections
 from manager.cli.fleet import run_fleet
+from protocol import names
+from protocol.custody import CustodyRecord, encode_custody
 from protocol.errors import Refusal
+from protocol.messages import ManagerLease, Presence, encode
+from protocol.move import CarriedMeta, CarriedSeat
+from tests.cluster import Cluster
 from tests.conftest import Cli, SharedBroker
+from tests.e2e.test_cluster_faults import cluster_nc, election_seconds, leader_of, place_leader
 from tests.gitrepo import git, init_repo, write
 from tests.helpers import broker_at, wait_gone
 
@@ -73,6 +85,7 @@ def fleet_row(
         "presenceInstance": instance if state == "running" else None,
         "managerLive": host is not None,
         "errors": [],
+        "to": None,
     }
     return {**row, **over}
 
@@ -94,9 +107,9 @@ async def test_fleet_shows_every_managers_seats_and_a_cut_seat_as_its_custody_sa
     assert fleet_of(b) == both
     table = fleet_of(b, as_json=False)
     assert [line.split() for line in table.splitlines()] == [
-        ["NAME", "INSTANCE", "HOST", "STATE", "GEN"],
-        ["alpha", ia, "host-a", "running", "0"],
-        ["beta", ib, "host-b", "running", "0"],
+        ["NAME", "INSTANCE", "HOST", "STATE", "GEN", "TO"],
+        ["alpha", ia, "host-a", "running", "0", "-"],
+        ["beta", ib, "host-b", "running", "0", "-"],
     ]
 
     # A cut of root A on the shared broker: its seat stops, its manager goes, custody stays.
@@ -124,6 +137,32 @@ async def test_fleet_shows_every_managers_seats_and_a_cut_seat_as_its_custody_sa
                 # While the lease lives on, the seat is already not running and still held.
                 assert (rows[0].state, rows[0].instance) in (("running", ia), ("held", ia))
                 await anyio.sleep(0.5)
+    assert fleet_of(b) == [held, running_beta]
+
+    # A move of it to B puts the packed attempt in the move bucket, its description naming the
+    # seat at its generation and the destination: while it is there the seat is in transit to B.
+    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+        await carry.put(
+            js,
+            "main",
+            cut["attemptId"],
+            b"the packed attempt",
+            meta=CarriedMeta(
+                source=ia,
+                attempt_id=cut["attemptId"],
+                seats=[
+                    CarriedSeat(name="alpha", lifecycle_uid=alpha["lifecycleUid"], generation=0)
+                ],
+                to=ib,
+            ),
+        )
+        assert fleet_of(b) == [{**held, "state": "in transit", "to": ib}, running_beta]
+        assert [line.split() for line in fleet_of(b, as_json=False).splitlines()] == [
+            ["NAME", "INSTANCE", "HOST", "STATE", "GEN", "TO"],
+            ["alpha", ia, "-", "in", "transit", "0", ib],
+            ["beta", ib, "host-b", "running", "0", "-"],
+        ]
+        assert await carry.drop(js, "main", cut["attemptId"]) is True
     assert fleet_of(b) == [held, running_beta]
 
     # Packed to be carried away, the seat is in transit: the hand-off record names it at the
@@ -155,3 +194,214 @@ def test_a_root_with_no_mesh_refuses_by_name(tmp_path: Path) -> None:
         run_fleet(argparse.Namespace(root=str(tmp_path), json=False))
     assert refused.value.code == "not-up"
     assert "cotal up --server URL --creds FILE" in refused.value.cure
+
+
+A = "a" * 26
+B = "b" * 26
+SRC_UID = "1" * 26
+BACK_UID = "2" * 26
+ATTEMPT = "20261203T170000Z-0a1b2c3d"
+WHEN = "2026-12-03T17:00:00.000Z"
+
+
+async def put_custody(
+    js: Any, space: str, seat: str, uid: str, holder: str, generation: int, attempt: str | None
+) -> None:
+    kv = await js.key_value(names.custody_bucket(space))
+    record = CustodyRecord(
+        seat=seat,
+        lifecycle_uid=uid,
+        generation=generation,
+        holder=holder,
+        claimed_at=WHEN,
+        attempt_id=attempt,
+    )
+    await kv.put(f"local.{seat}.{uid}", encode_custody(record))
+
+
+def row(seat: str, uid: str, holder: str, state: str, generation: int, **over: Any) -> Any:
+    fields: dict[str, Any] = {
+        "name": seat,
+        "lifecycle_uid": uid,
+        "instance": holder,
+        "host": f"host-{holder[0]}",
+        "state": state,
+        "generation": generation,
+        "attempt_id": None,
+        "presence_instance": None,
+        "manager_live": True,
+        **over,
+    }
+    return fleet.FleetRow(**fields)
+
+
+@pytest.mark.anyio
+async def test_a_seat_a_move_carries_is_in_transit_to_its_destination_until_it_runs_there(
+    shared_broker: SharedBroker,
+) -> None:
+    space = "transit"
+    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+        await footprint.ensure_kv(js, names.custody_bucket(space), ttl=None)
+        leases = await footprint.ensure_kv(js, names.manager_bucket(space), ttl=60)
+        presence = await footprint.ensure_kv(js, names.presence_bucket(space), ttl=60)
+        for instance in (A, B):
+            lease = ManagerLease(
+                holder=instance, root="/r", pid=7, since=WHEN, host=f"host-{instance[0]}"
+            )
+            await leases.put(names.lease_key(instance), encode(lease))
+        # `src` is cut at A (generation 3) and moved to B; `back` is cut at A (generation 0),
+        # refused by B and taken back by A.
+        await put_custody(js, space, "src", SRC_UID, A, 3, None)
+        await put_custody(js, space, "back", BACK_UID, A, 0, None)
+        held = [row("back", BACK_UID, A, "held", 0), row("src", SRC_UID, A, "held", 3)]
+        # No move bucket: nothing is in transit, and the roster does not make one.
+        assert await fleet.roster(js, space) == held
+        with pytest.raises(BucketNotFoundError):
+            await js.object_store(names.move_bucket(space))
+
+        # A pre-copied bundle says nothing of itself and marks nothing.
+        await carry.put(js, space, "precopy-src", b"history")
+        assert await fleet.roster(js, space) == held
+        for attempt, seat, uid, generation in (
+            (ATTEMPT, "src", SRC_UID, 3),
+            ("20261203T170001Z-0a1b2c3e", "back", BACK_UID, 0),
+        ):
+            meta = CarriedMeta(
+                source=A,
+                attempt_id=attempt,
+                seats=[CarriedSeat(name=seat, lifecycle_uid=uid, generation=generation)],
+                to=B,
+            )
+            await carry.put(js, space, attempt, b"packed " + seat.encode(), meta=meta)
+        assert await fleet.roster(js, space) == [
+            row("back", BACK_UID, A, "in transit", 0, to=B),
+            row("src", SRC_UID, A, "in transit", 3, to=B),
+        ]
+
+        # B claims `src` (generation 4) and starts it: in transit to B, now B's; `back` is
+        # claimed back by A (generation 1): held at A, whatever copy the bucket keeps.
+        await put_custody(js, space, "src", SRC_UID, B, 4, ATTEMPT)
+        await put_custody(js, space, "back", BACK_UID, A, 1, "20261203T170001Z-0a1b2c3e")
+        claimed = row("src", SRC_UID, B, "in transit", 4, attempt_id=ATTEMPT, to=B)
+        back = row("back", BACK_UID, A, "held", 1, attempt_id="20261203T170001Z-0a1b2c3e")
+        assert await fleet.roster(js, space) == [back, claimed]
+
+        # `src` runs at B: running, and no longer in transit although its object is still there.
+        entry = Presence(
+            seat="src", lifecycle_uid=SRC_UID, instance_id=B, agent="scribe", pid=42, since=WHEN
+        )
+        await presence.put(f"local.src.{SRC_UID}", encode(entry))
+        running = row("src", SRC_UID, B, "running", 4, attempt_id=ATTEMPT, presence_instance=B)
+        assert await fleet.roster(js, space) == [back, running]
+        assert await carry.drop(js, space, ATTEMPT) is True
+        assert await fleet.roster(js, space) == [back, running]
+
+
+async def renewing(kv: Any, key: str, value: bytes, every_s: float) -> None:
+    while True:
+        await kv.put(key, value)
+        await anyio.sleep(every_s)
+
+
+@pytest.mark.anyio
+async def test_instance_gone_returns_once_the_lease_is_deleted_or_expired_and_not_before(
+    shared_broker: SharedBroker,
+) -> None:
+    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+        # No bucket, and a bucket without the lease: gone at once.
+        with anyio.fail_after(5):
+            await fleet.instance_gone(js, "gone", A)
+        leases = await footprint.ensure_kv(js, names.manager_bucket("gone"), ttl=60)
+        with anyio.fail_after(5):
+            await fleet.instance_gone(js, "gone", A)
+
+        value = encode(ManagerLease(holder=A, root="/r", pid=7, since=WHEN, host="host-a"))
+        other = encode(ManagerLease(holder=B, root="/r", pid=8, since=WHEN, host="host-b"))
+        await leases.put(names.lease_key(A), value)
+        await leases.put(names.lease_key(B), other)
+        done = anyio.Event()
+
+        async def wait_gone() -> None:
+            await fleet.instance_gone(js, "gone", A)
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_gone)
+            # Renewed as a manager renews it, for longer than the renew window thrice over, and
+            # another manager's lease deleted beside it: A is not gone.
+            async with anyio.create_task_group() as renew:
+                renew.start_soon(
+                    renewing, leases, names.lease_key(A), value, names.MANAGER_LEASE_RENEW_S
+                )
+                await leases.delete(names.lease_key(B))
+                await anyio.sleep(3 * (names.MANAGER_LEASE_RENEW_S + fleet.GONE_CHECK_S))
+                assert not done.is_set()
+                renew.cancel_scope.cancel()
+            await leases.delete(names.lease_key(A))
+            with anyio.fail_after(3):
+                await done.wait()
+
+        # Expired: a bucket whose TTL is 2 s, a lease renewed and then no more.
+        short = await footprint.ensure_kv(js, names.manager_bucket("expiry"), ttl=2.0)
+        done = anyio.Event()
+
+        async def wait_expired() -> None:
+            await fleet.instance_gone(js, "expiry", A)
+            done.set()
+
+        await short.put(names.lease_key(A), value)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_expired)
+            async with anyio.create_task_group() as renew:
+                renew.start_soon(renewing, short, names.lease_key(A), value, 0.5)
+                # Three TTLs of renewing: alive all along.
+                await anyio.sleep(6.0)
+                assert not done.is_set()
+                renew.cancel_scope.cancel()
+            stopped = anyio.current_time()
+            # Its TTL runs out within 2 s of the last renew; a renew overdue is noticed within
+            # the renew window and a check: so within those, and a check and a second of slack.
+            with anyio.fail_after(names.MANAGER_LEASE_RENEW_S + 2 * fleet.GONE_CHECK_S + 2.0):
+                await done.wait()
+            # Not before the lease could have expired.
+            assert anyio.current_time() - stopped >= 1.5
+
+
+@pytest.mark.anyio
+async def test_instance_gone_rides_out_the_lease_buckets_election(nats_cluster: Cluster) -> None:
+    """The lease bucket's leader dies while `instance_gone` waits: it keeps waiting through the
+    election (the lease is still there), and returns once the lease is deleted after it."""
+    cluster = nats_cluster
+    stream = f"KV_{names.manager_bucket('ride')}"
+    nc = await nats.connect(servers=cluster.urls.split(","), nkeys_seed=cluster.creds)
+    try:
+        js = nc.jetstream()
+        leases = await footprint.ensure_kv(js, names.manager_bucket("ride"), ttl=60, replicas=3)
+        value = encode(ManagerLease(holder=A, root="/r", pid=7, since=WHEN, host="host-a"))
+        await leases.put(names.lease_key(A), value)
+        # The leader is a node this connection does not use: the election is the only fault.
+        ours = next(n.name for n in cluster.nodes if n.client_url == nc.connected_url.geturl())
+        await place_leader(cluster, stream, None, off=ours)
+        async with cluster_nc(cluster) as probe:
+            victim = await leader_of(probe, stream)
+        assert victim is not None and victim != ours
+        done = anyio.Event()
+
+        async def wait_gone() -> None:
+            await fleet.instance_gone(js, "ride", A)
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_gone)
+            cluster.kill(victim)
+            elections: dict[str, float] = {}
+            await election_seconds(cluster, stream, time.monotonic(), victim, elections)
+            # No renew comes the whole time, so past the renew window it asks the bucket, across
+            # the election and after it: the lease is there, so it waits on.
+            await anyio.sleep(names.MANAGER_LEASE_RENEW_S + 3 * fleet.GONE_CHECK_S)
+            assert not done.is_set(), elections
+            await riding_elections("delete lease", lambda: leases.delete(names.lease_key(A)))
+            with anyio.fail_after(names.MANAGER_LEASE_RENEW_S + 2 * fleet.GONE_CHECK_S + 2.0):
+                await done.wait()
+    finally:
+        await nc.close()
