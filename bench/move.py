@@ -35,12 +35,12 @@ lines on stderr (stamped as they arrive) and the destination manager's log (`mov
 `move.adopted`). After each move `ps` on both roots says where the seat runs; at the end, the
 other seats' pids and restart counts against those at the start.
 
-Last, the floor of carrying a history that pre-copy would have carried before the fence (pre-copy
-is not built: the whole history travels at the cut): for each repository, `git bundle create
---all`, the bundle put into an Object Store bucket on the shared broker and got back (as one
-bytes object, as `cotal move` gets it, and into a file), and `git init` + `git bundle unbundle`
-+ a checkout of it. The big repository's sum less the small one's is what its moves must add to
-the small ones' downtime at the least.
+Last, the floors: for each repository, `git bundle create --all`, the bundle put into an Object
+Store bucket on the shared broker and got back (as one bytes object and into a file, as the
+destination gets it), `git init` + `git bundle unbundle`, and a checkout. Without pre-copy all of
+it is inside the window: the big repository's sum less the small one's is what its moves would
+add to the small ones' downtime at the least. With pre-copy (`cotal move` ships and indexes the
+history before the fence) only the checkout of the bigger tree stays inside it.
 
 Not a test: nothing here runs in CI, and the numbers are recorded in docs/benchmarks.md.
 """
@@ -110,6 +110,7 @@ FLOOR_OBJECT = "bench-floor"
 # The phases of one move, each from its mark to the next one's (bench/move.py's docstring).
 PHASES = (
     "probe",
+    "precopy",
     "fencePlan",
     "stopCaptureSeal",
     "packPut",
@@ -320,7 +321,8 @@ def move_once(
             f"{run['stdout']}\n" + "\n".join(text for _, text in lines)
         )
     out = json.loads(run["stdout"])
-    fence = _first(lines, "destination ")
+    probed = _first(lines, "destination ")
+    fence = _first(lines, "cutting ") or _first(lines, "continuing the move")
     cut = _first(lines, "stopping the cut seat")
     carried = _first(lines, "carried ")
     there = log_rows(dst.cli.root, run["start"], run["end"])
@@ -345,6 +347,7 @@ def move_once(
     # Each phase runs from its own mark to the next one's.
     marks = [
         ("probe", run["start"]),
+        ("precopy", probed),
         ("fencePlan", fence),
         ("stopCaptureSeal", cut),
         ("packPut", _first(lines, "  sealed: ")),
@@ -423,10 +426,12 @@ async def carry_floor(
         git(repo, env, "bundle", "create", "-q", str(bundle), "--all")
         return bundle.read_bytes()
 
-    def unbundle() -> None:
+    def unbundle() -> str:
         git(out, env, "init", "-q", str(dest))
-        heads = git(dest, env, "bundle", "unbundle", str(bundle)).decode().split()
-        git(dest, env, "checkout", "-q", "--detach", heads[0])
+        return git(dest, env, "bundle", "unbundle", str(bundle)).decode().split()[0]
+
+    def checkout(head: str) -> None:
+        git(dest, env, "checkout", "-q", "--detach", head)
 
     t0 = time.perf_counter()
     data = await anyio.to_thread.run_sync(make)
@@ -442,7 +447,10 @@ async def carry_floor(
     if (out / "got").read_bytes() != data:
         raise RuntimeError("the move bucket gave back other bytes")
     t0 = time.perf_counter()
-    await anyio.to_thread.run_sync(unbundle)
+    head = await anyio.to_thread.run_sync(unbundle)
+    t1 = time.perf_counter()
+    await anyio.to_thread.run_sync(checkout, head)
+    checkout_s = time.perf_counter() - t1
     unbundle_s = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
     return {
@@ -453,6 +461,8 @@ async def carry_floor(
         "getIntoFileMs": ms(into_file_s),
         "unbundleCheckoutMs": ms(unbundle_s),
         "sumMs": ms(bundle_s + put_s + min(get_s, into_file_s) + unbundle_s),
+        # What a pre-copied move still does inside its window: write the tree out.
+        "checkoutMs": ms(checkout_s),
     }
 
 
@@ -656,6 +666,7 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         }
     small, big = out[SMALL], out[BIG]
     floor_extra = doc["floor"][BIG]["sumMs"] - doc["floor"][SMALL]["sumMs"]
+    window_extra = doc["floor"][BIG]["checkoutMs"] - doc["floor"][SMALL]["checkoutMs"]
     out["goals"] = {
         "smallDowntimeMedianMs": small["downtimeMs"]["medianMs"],
         "smallDowntimeGoalMet": small["downtimeMs"]["medianMs"] <= DOWNTIME_GOAL_MS,
@@ -672,6 +683,11 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "floorExtraMs": round(floor_extra, 1),
         "floorRatio": round(
             (small["downtimeMs"]["medianMs"] + floor_extra) / small["downtimeMs"]["medianMs"], 2
+        ),
+        # With pre-copy only the checkout of the bigger tree must stay inside the window.
+        "precopyFloorExtraMs": round(window_extra, 1),
+        "precopyFloorRatio": round(
+            (small["downtimeMs"]["medianMs"] + window_extra) / small["downtimeMs"]["medianMs"], 2
         ),
         "othersFailedSends": doc["others"]["failedSends"],
         "othersRestarts": doc["others"]["restarts"],
@@ -713,16 +729,19 @@ def print_table(doc: dict[str, Any]) -> None:
     fl = doc["floor"]
     out(
         "\n  floor of carrying the history (ms)  bundle     put  get (bytes, into a file)"
-        "  unbundle+checkout     sum\n"
+        "  unbundle+checkout     sum  checkout\n"
     )
     for seat in (SMALL, BIG):
         f = fl[seat]
         out(
             f"  {seat:<8} {f['bundleBytes']:>11.0f} B {f['bundleMs']:>13.0f} {f['putMs']:>7.0f}"
             f" {f['getMs']:>10.0f} {f['getIntoFileMs']:>10.0f} {f['unbundleCheckoutMs']:>18.0f}"
-            f" {f['sumMs']:>7.0f}\n"
+            f" {f['sumMs']:>7.0f} {f['checkoutMs']:>9.0f}\n"
         )
-    out("  sum: bundle + put + the faster get + unbundle and checkout\n")
+    out(
+        "  sum: bundle + put + the faster get + unbundle and checkout (all inside the window "
+        "without pre-copy); checkout: what stays inside it with pre-copy\n"
+    )
     o = doc["others"]
     out("\n  other seats' round trips (ms)     n  failed    p50     p99     max\n")
     for key in ("without", "duringMoves", f"during_{SMALL}", f"during_{BIG}", "betweenMoves"):
@@ -750,6 +769,7 @@ def print_table(doc: dict[str, Any]) -> None:
         ("small downtime median", f"{g['smallDowntimeMedianMs']:.0f} ms", "<= 1000 ms",
          g["smallDowntimeGoalMet"]),
         ("big / small downtime", f"{g['bigOverSmall']:.2f}x", "<= 1.3x", g["bigGoalMet"]),
+        ("  floor with pre-copy", f"{g['precopyFloorRatio']:.2f}x", "", None),
         ("  floor without pre-copy", f"{g['floorRatio']:.2f}x", "", None),
         ("others: failed sends", str(g["othersFailedSends"]), "0",
          g["othersFailedSends"] == 0),

@@ -54,6 +54,16 @@ class MovePrecopy(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     object: Annotated[str, msgspec.Meta(max_length=128)]
     sha256: Digest
     bytes: Annotated[int, msgspec.Meta(ge=1, le=OBJECT_CAP)]
+    # The source's signing key and its Ed25519 signature over `precopy_payload`: the
+    # destination unbundles only history a signer it trusts vouches for.
+    signer: Annotated[str, msgspec.Meta(max_length=128)]
+    signature: Annotated[str, msgspec.Meta(max_length=128)]
+
+
+def precopy_payload(space: str, pre: MovePrecopy) -> bytes:
+    """What a pre-copy's signature covers: every field but the signature, and the space."""
+    fields = (space, pre.source, pre.seat, pre.uid, pre.object, pre.sha256, str(pre.bytes))
+    return b"cotal-move-precopy-v1\0" + "\0".join((*fields, pre.signer)).encode()
 
 
 class MoveAnswer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

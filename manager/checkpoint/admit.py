@@ -615,6 +615,17 @@ def _prove_objects(
     made = _git(tmp, "init", "--quiet", "--bare", "--template=", os.fspath(scratch))
     if made.returncode != 0:
         raise _bundle_invalid(name, bundle or seat_dir, made)
+    for link in links:
+        if link.seed is not None:
+            try:
+                chain.plant_seed(link.seed, scratch / "objects")
+            except OSError as exc:
+                raise _refuse(
+                    "integrity",
+                    Code.INTEGRITY,
+                    f"seat {name}: the pre-copied history in {link.seed} cannot be used: {exc}",
+                    "rerun `cotal move` at the source: it ships the history again",
+                ) from None
     for path in [*(link.bundle_path for link in links), bundle]:
         if path is None:
             continue

@@ -19,8 +19,12 @@ See docs/design.md ("Incremental cuts") and docs/operations.md ("Incremental cut
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
+import shutil
+import stat
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -63,6 +67,10 @@ def precopy_file(sha256: str) -> str:
     return f"{sha256}.bundle"
 
 
+def precopy_seed(sha256: str) -> str:
+    return f"{sha256}.seed"
+
+
 # A pre-copied history whose move never finished (taken back, or its coordinator died and was
 # never rerun) is dropped after this long; a move takes seconds to minutes.
 PRECOPY_KEEP_S = 24 * 3600.0
@@ -72,7 +80,11 @@ def sweep_precopies(store: Path) -> None:
     horizon = time.time() - PRECOPY_KEEP_S
     for entry in os.scandir(store):
         try:
-            if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < horizon:
+            if entry.stat(follow_symlinks=False).st_mtime >= horizon:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
                 os.unlink(entry.path)
         except FileNotFoundError:
             continue
@@ -215,16 +227,44 @@ async def precopy_link(cwd: Path, shipped: PrecopyLink) -> PrecopyLink | None:
     )
 
 
+_PACK_NAME = re.compile(r"pack-[0-9a-f]{40,64}\.(pack|idx|rev)")
+
+
+def plant_seed(seed: Path, objects: Path) -> None:
+    """The seed's packs into a repository's `objects/pack`: hard links where one filesystem
+    holds both, copies otherwise; each index after its pack, since git counts a pack once its
+    index is there. Only regular files named as git names packs."""
+    src, dst = seed / "objects" / "pack", objects / "pack"
+    dst.mkdir(exist_ok=True)
+    names = [n for n in os.listdir(src) if _PACK_NAME.fullmatch(n)]
+    for name in sorted(names, key=lambda n: (n.endswith(".idx"), n)):
+        if not stat.S_ISREG(os.lstat(src / name).st_mode):
+            raise Refusal(
+                Code.INTEGRITY,
+                f"checkpoint integrity: {src / name} is not a regular file",
+                "rerun `cotal move` at the source: it ships the history again",
+            )
+        try:
+            os.link(src / name, dst / name)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(src / name, dst / name)
+
+
 # -- the destination side -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Link:
-    """One proven predecessor of a seat: where its seat directory is and the bundle it holds."""
+    """One proven predecessor of a seat: where its seat directory is and the bundle it holds,
+    or, for a pre-copied history a destination already indexed, the seed repository whose packs
+    stand for that bundle."""
 
     attempt_id: str
     seat_dir: Path
     bundle: FileRef | None
+    seed: Path | None = None
 
     @property
     def bundle_path(self) -> Path | None:
@@ -317,9 +357,15 @@ def resolve(
 
 
 def _precopied(attempt_dir: Path, seat: str, link: PrecopyLink, places: Sequence[Path]) -> Link:
-    """The pre-copied bundle the record pins, found and proven by its digest."""
+    """The pre-copied history the record pins: the seed this root's mover indexed it into
+    (made only from a bundle of that digest, signed by a trusted source, in this root's own
+    0700 pre-copy directory), else the bundle itself, proven by its digest."""
     name = precopy_file(link.bundle_sha256)
     ref = FileRef(file=name, bytes=link.bundle_bytes, sha256=link.bundle_sha256)
+    for place in places:
+        seed = place / precopy_seed(link.bundle_sha256)
+        if seed.is_dir() and not seed.is_symlink():
+            return Link(attempt_id=PRECOPY_LABEL, seat_dir=place, bundle=None, seed=seed)
     for place in places:
         if (place / name).is_file() and not (place / name).is_symlink():
             verify_file(place, ref)

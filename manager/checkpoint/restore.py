@@ -451,6 +451,11 @@ async def _build(
         # Admission already unbundled this very chain: its packs are the objects.
         bundles: list[Path | None] = []
     else:
+        for link in links:
+            if link.seed is not None:
+                await anyio.to_thread.run_sync(
+                    chain.plant_seed, link.seed, staging / ".git" / "objects"
+                )
         bundles = [link.bundle_path for link in links]
         bundles.append(seat_dir / record.bundle.file if record.bundle is not None else None)
     for bundle in bundles:

@@ -142,7 +142,6 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             _probe(layout, status, names_asked, uids),
             PROBE_TIMEOUT_S,
         )
-        t_fence = time.monotonic()
         if probed.already and pending is not None:
             # The destination adopted them before this command's first run died.
             progress(f"destination {args.to} already runs {', '.join(names_asked)}")
@@ -162,6 +161,8 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 ),
                 [(n, rows[n].lifecycle_uid, rows[n].cwd) for n in names_asked],
             )
+        # The seats' downtime starts here: the pre-copy ran while they still worked.
+        t_fence = time.monotonic()
         if pending is None or pending.state != READY:
             progress(f"cutting {', '.join(names_asked)} here")
             try:
@@ -192,7 +193,7 @@ async def _move(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             precopy=[base.bundle_sha256 for base in shipped.values()],
         )
         try:
-            answer = await _ask(nc, status.space, args.to, "offer", offer, OFFER_TIMEOUT_S)
+            answer = await _offer_answer(nc, js, status.space, args.to, offer)
         except Refusal as exc:
             if getattr(exc, "claimed", False):
                 raise
@@ -378,6 +379,45 @@ async def _ask(nc: Any, space: str, to: str, verb: str, record: Any, timeout: fl
             claimed=False,
         )
     return answer
+
+
+async def _offer_answer(nc: Any, js: Any, space: str, to: str, offer: Any) -> Any:
+    """The destination's answer to the offer, or `destination-gone` as soon as its manager's
+    lease is gone: a manager that died mid-adoption never answers, and waiting out the whole
+    offer timeout would only keep the operator from the rerun that finishes the move."""
+    from manager.broker.fleet import instance_gone
+
+    answers: list[Any] = []
+    errors: list[Refusal] = []
+    async with anyio.create_task_group() as tg:
+
+        async def ask() -> None:
+            try:
+                answers.append(await _ask(nc, space, to, "offer", offer, OFFER_TIMEOUT_S))
+            except Refusal as exc:
+                errors.append(exc)
+            tg.cancel_scope.cancel()
+
+        async def watch() -> None:
+            try:
+                await instance_gone(js, space, to)
+            except Refusal:
+                # The lease cannot be read now: the offer's own answer or timeout decides.
+                await anyio.sleep_forever()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(ask)
+        tg.start_soon(watch)
+    if errors:
+        raise errors[0]
+    if not answers:
+        raise Refusal(
+            Code.DESTINATION_GONE,
+            f"destination {to}'s manager went away (its lease is gone) before it answered the "
+            "offer",
+            "start the destination's manager again, then rerun the same `cotal move`",
+        )
+    return answers[0]
 
 
 async def _cut_some(

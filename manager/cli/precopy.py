@@ -11,6 +11,7 @@ the cut then carries that seat's whole history, as without pre-copy (docs/design
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from manager.cli.output import progress
 from protocol.control import PrecopyBase
@@ -67,6 +69,7 @@ async def _ship_one(
         run_git,
         stream_git_to_file,
     )
+    from manager.workspace import identity
     from manager.workspace.private import ensure_private_dir, fsync_dir
     from protocol import move
     from protocol.checkpoint import MAX_PREREQUISITES
@@ -97,8 +100,20 @@ async def _ship_one(
     blob = await anyio.to_thread.run_sync(final.read_bytes)
     await carry.put(js, space, obj, blob)
     try:
-        record = move.MovePrecopy(
-            source=source, seat=name, uid=uid, object=obj, sha256=ref.sha256, bytes=ref.bytes
+        ident = identity._load(layout.instance_identity(space), space)
+        unsigned = move.MovePrecopy(
+            source=source,
+            seat=name,
+            uid=uid,
+            object=obj,
+            sha256=ref.sha256,
+            bytes=ref.bytes,
+            signer=ident.public_key_b64,
+            signature="",
+        )
+        signature = ident.sign(move.precopy_payload(space, unsigned))
+        record = msgspec.structs.replace(
+            unsigned, signature=base64.b64encode(signature).decode()
         )
         await ask("precopy", record, PRECOPY_TIMEOUT_S)
     finally:

@@ -12,10 +12,14 @@ operator's, so a move is never a second path to a seat. Offers are answered one 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import functools
 import hashlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,11 +28,14 @@ import anyio
 import msgspec
 import nats.errors
 import structlog
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.aio.msg import Msg
 
 from connectors.interpreter import own_python
 from manager.broker import carry
-from manager.checkpoint.chain import precopy_file, sweep_precopies
+from manager.checkpoint.chain import precopy_seed, sweep_precopies
+from manager.checkpoint.gitstate import run_git
 from manager.workspace.journal import Journal
 from manager.workspace.private import ensure_private_dir, fsync_dir
 from manager.workspace.trust import read_trusted
@@ -134,18 +141,24 @@ class Mover:
         return move.MoveAnswer(ok=True)
 
     async def _precopy(self, data: bytes) -> move.MoveAnswer:
-        """Keep one seat's pre-copied history as `<sha256>.bundle`: fetched beside the event
-        loop, hashed whole, renamed into place only once it is the bundle the source named."""
+        """Keep one seat's pre-copied history, indexed once now, outside any seat's downtime:
+        the bundle a signer this root trusts vouches for is fetched beside the event loop,
+        hashed whole, and unbundled into a bare seed repository `<sha256>.seed`, renamed into
+        place only once complete. Admission links the seed's packs into its scratch repository
+        instead of unbundling that history inside the move's window."""
         pre = move.decode_precopy(data)
+        self._check_signed(pre)
         store = self.mgr.layout.precopy
-        final = store / precopy_file(pre.sha256)
+        seed = store / precopy_seed(pre.sha256)
         async with self._precopies:
             await anyio.to_thread.run_sync(ensure_private_dir, store)
             await anyio.to_thread.run_sync(sweep_precopies, store)
-            if final.is_file() and not final.is_symlink():
-                # A rerun's pre-copy of the same history: the file is proven at its use.
+            if seed.is_dir() and not seed.is_symlink():
+                # A rerun's pre-copy of the same history; the seed is proven at its use.
                 return move.MoveAnswer(ok=True, already=True)
-            part = store / f".{pre.sha256}.{secrets.token_hex(4)}.part"
+            stamp = secrets.token_hex(4)
+            part = store / f"shipping-{pre.sha256}.{stamp}.part"
+            growing = store / f"seeding-{pre.sha256}.{stamp}.part"
             try:
                 await carry.get_into(self.mgr.js, self.mgr.space, pre.object, part)
                 size, digest = await anyio.to_thread.run_sync(_size_and_digest, part)
@@ -157,11 +170,44 @@ class Mover:
                         "source put",
                         "rerun `cotal move` at the source: it ships the history again",
                     )
-                await anyio.to_thread.run_sync(_promote, part, final)
+                cure = "rerun `cotal move` at the source: it ships the history again"
+                await run_git(
+                    store, "init", "--quiet", "--bare", "--template=", str(growing), cure=cure
+                )
+                await run_git(
+                    growing, "bundle", "unbundle", str(part), code=Code.INTEGRITY, cure=cure
+                )
+                await anyio.to_thread.run_sync(_promote, growing, seed)
             finally:
                 part.unlink(missing_ok=True)
+                await anyio.to_thread.run_sync(
+                    functools.partial(shutil.rmtree, growing, ignore_errors=True)
+                )
         log.info("move.precopied", seat=pre.seat, source=pre.source, bytes=pre.bytes)
         return move.MoveAnswer(ok=True)
+
+    def _check_signed(self, pre: move.MovePrecopy) -> None:
+        trusted = {s.key for s in read_trusted(self.mgr.layout)}
+        if pre.signer not in trusted:
+            raise Refusal(
+                Code.UNTRUSTED_SIGNER,
+                f"destination {self.mgr.identity.instance_id} does not trust the signer "
+                f"{pre.signer} of the pre-copied history of {pre.seat}",
+                f"on the destination: `cotal trust add {pre.signer} --name NAME` after "
+                "checking the key out of band; nothing was fenced",
+            )
+        try:
+            key = Ed25519PublicKey.from_public_bytes(base64.b64decode(pre.signer, validate=True))
+            key.verify(
+                base64.b64decode(pre.signature, validate=True),
+                move.precopy_payload(self.mgr.space, pre),
+            )
+        except (InvalidSignature, ValueError, binascii.Error):
+            raise Refusal(
+                Code.BAD_SIGNATURE,
+                f"the pre-copy of {pre.seat} is not signed by the key {pre.signer} it names",
+                "rerun `cotal move` at the source; nothing was fenced",
+            ) from None
 
     async def _offer(self, data: bytes) -> move.MoveAnswer:
         offer = move.decode_offer(data)
@@ -178,7 +224,13 @@ class Mover:
                 # source takes the seat back): either way this root needs the history no more.
                 # A claimed refusal keeps it for the rerun that finishes the move here.
                 for sha in offer.precopy:
-                    (self.mgr.layout.precopy / precopy_file(sha)).unlink(missing_ok=True)
+                    await anyio.to_thread.run_sync(
+                        functools.partial(
+                            shutil.rmtree,
+                            self.mgr.layout.precopy / precopy_seed(sha),
+                            ignore_errors=True,
+                        )
+                    )
             return answer
 
     async def _fetch(self, offer: move.MoveOffer) -> anyio.Path:

@@ -208,3 +208,39 @@ async def test_a_move_whose_source_manager_died_is_finished_offline_by_a_rerun(
 def _server_of(cli: Cli) -> list[str]:
     record = json.loads((cli.root / ".cotal/mesh.json").read_text())
     return [record["server"], "--creds", record["creds"]]
+
+
+async def test_a_move_whose_destination_manager_died_after_its_claim_is_finished_by_a_rerun(
+    two_roots: tuple[Cli, Cli],
+) -> None:
+    a, b = two_roots
+    mover = a.json(
+        "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    server = _server_of(b)
+    # B's manager dies once its own resume of the offer has claimed custody of the seat.
+    b.run("down")
+    b.run(
+        "up", "--detach", "--server", *server,
+        env={"COTAL_FAILPOINT": "resume.after-custody-claim:manager"},
+    )  # fmt: skip
+    to_b = b.json("status")["instanceId"]
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    died = a.run("move", "mover", "--to", to_b, "--json", check=False, timeout=120)
+    # Told as soon as B's lease is gone, not after the whole offer timeout; the seat is not
+    # started at A, since B may own it now.
+    message = refused(died, "move-incomplete")
+    assert "lease is gone" in message and "wait sealed" in message
+    assert processes_mentioning(mover["lifecycleUid"]) == []
+    assert [r["name"] for r in a.ps()] == []
+
+    b.run("up", "--detach", "--server", *server)
+    done = a.json("move", "mover", "--to", to_b)
+    assert [s["lifecycleUid"] for s in done["seats"]] == [mover["lifecycleUid"]]
+    at_b = {r["name"]: r for r in b.ps()}
+    assert at_b["mover"]["sessionId"] == mover["sessionId"]
+    assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
+    reply = b.json("send", "mover", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+    assert not (a.root / ".cotal/maintenance/v1/journal.json").exists()

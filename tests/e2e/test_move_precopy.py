@@ -4,15 +4,19 @@ neither root keeps the shipped bundle once the seat runs at the destination."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from pathlib import Path
 
+import msgspec
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tests.conftest import Cli
-from tests.e2e.test_move import two_roots  # noqa: F401  (the fixture)
+from protocol import move, names
+from tests.conftest import Cli, SharedBroker
+from tests.e2e.test_move import _server_of, two_roots  # noqa: F401  (the fixture)
 from tests.gitrepo import git, init_repo, tree_digest, write
-from tests.helpers import processes_mentioning, signer_key
+from tests.helpers import processes_mentioning, refused, signer_key
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -76,4 +80,91 @@ async def test_move_ships_the_history_before_the_fence(two_roots: tuple[Cli, Cli
     assert row["precopyBytes"] > BLOB_BYTES and row["bundleBytes"] == 0
     home = {r["name"]: r for r in a.ps()}
     assert git(Path(home["heavy"]["cwd"]), "log", "-1", "--format=%s") == b"at b\n"
+    assert precopied(a) == [] and precopied(b) == []
+
+
+async def test_a_destination_indexes_only_history_a_trusted_source_signed(
+    two_roots: tuple[Cli, Cli],  # noqa: F811
+    shared_broker: SharedBroker,
+) -> None:
+    """Anyone who can publish on the broker can ask B to keep a pre-copy; B unbundles nothing
+    that a signer in its trust store did not sign, and says which refusal it was."""
+    import nats
+
+    a, b = two_roots
+    status = b.json("status")
+    space, to_b = status["space"], status["instanceId"]
+    stranger = Ed25519PrivateKey.generate()
+    stranger_pub = base64.b64encode(stranger.public_key().public_bytes_raw()).decode()
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    pre = move.MovePrecopy(
+        source="forged",
+        seat="heavy",
+        uid="0" * 26,
+        object="precopy-" + "a" * 64,
+        sha256="a" * 64,
+        bytes=10,
+        signer=stranger_pub,
+        signature="",
+    )
+    signed = base64.b64encode(stranger.sign(move.precopy_payload(space, pre))).decode()
+    untrusted = msgspec.structs.replace(pre, signature=signed)
+    # A's key, which B trusts, named without A's signature.
+    forged = msgspec.structs.replace(pre, signer=signer_key(a.root), signature=signed)
+    nc = await nats.connect(shared_broker.url, nkeys_seed=shared_broker.creds)
+    try:
+        answers = {}
+        for label, record in (("untrusted", untrusted), ("forged", forged)):
+            msg = await nc.request(
+                names.move_subject(space, to_b, "precopy"), move.encode(record), timeout=10
+            )
+            answers[label] = move.decode_answer(msg.data)
+    finally:
+        await nc.close()
+    assert (answers["untrusted"].ok, answers["untrusted"].code) == (False, "untrusted-signer")
+    assert (answers["forged"].ok, answers["forged"].code) == (False, "bad-signature")
+    assert precopied(b) == []
+
+
+async def test_a_refusal_after_the_precopy_takes_the_seat_back_on_its_own_bundle(
+    two_roots: tuple[Cli, Cli],  # noqa: F811
+) -> None:
+    """B's resume of the offer dies before its custody claim: A takes the seat back, restored
+    on the bundle it pre-copied, in its own session; the next move, to a healthy B, goes."""
+    a, b = two_roots
+    repo = history_repo(a, "heavy")
+    seat = a.json(
+        "spawn", "heavy", "--agent", "scribe", "--cwd", str(repo),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    want = tree_digest(repo)
+    server = _server_of(b)
+    b.run("down")
+    b.run(
+        "up", "--detach", "--server", *server,
+        env={"COTAL_FAILPOINT": "resume.after-admission"},
+    )  # fmt: skip
+    to_b = b.json("status")["instanceId"]
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+
+    refused_move = a.run("move", "heavy", "--to", to_b, "--json", check=False, timeout=180)
+    assert "the seats run here again" in refused(refused_move, "move-failed")
+    home = {r["name"]: r for r in a.ps()}
+    assert (home["heavy"]["lifecycleUid"], home["heavy"]["sessionId"]) == (
+        seat["lifecycleUid"],
+        seat["sessionId"],
+    )
+    assert home["heavy"]["state"] == "running"
+    assert processes_mentioning(seat["lifecycleUid"]) == [home["heavy"]["pid"]]
+    assert tree_digest(repo) == want
+    assert [r["name"] for r in b.ps()] == []
+    reply = a.json("send", "heavy", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+    assert precopied(a) == []
+
+    b.run("down")
+    b.run("up", "--detach", "--server", *server)
+    moved = a.json("move", "heavy", "--to", to_b)
+    assert [s["lifecycleUid"] for s in moved["seats"]] == [seat["lifecycleUid"]]
+    assert tree_digest(Path({r["name"]: r for r in b.ps()}["heavy"]["cwd"])) == want
     assert precopied(a) == [] and precopied(b) == []

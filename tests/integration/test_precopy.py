@@ -126,3 +126,45 @@ async def test_a_record_names_one_base_only(tmp_path: Path) -> None:
     }
     with pytest.raises(msgspec.ValidationError, match="not both"):
         msgspec.json.decode(msgspec.json.encode(doc), type=RepositoryRecord)
+
+
+async def test_a_seed_stands_for_the_shipped_bundle_and_is_linked_not_unbundled(
+    tmp_path: Path,
+) -> None:
+    """The destination's mover indexes the shipped bundle once, into `<sha>.seed`, and drops
+    the bundle: admission links the seed's packs into its scratch repository, and the restore
+    adopts them, so the history is not unbundled inside the move's window."""
+    repo = big_repo(tmp_path / "src")
+    store = tmp_path / "precopy"
+    shipped = ship(repo, store)
+    bundle = store / chain.precopy_file(shipped.bundle_sha256)
+    seed = store / chain.precopy_seed(shipped.bundle_sha256)
+    git(store, "init", "--quiet", "--bare", "--template=", str(seed))
+    git(seed, "bundle", "unbundle", str(bundle))
+    bundle.unlink()
+    git(repo, "commit", "-q", "--allow-empty", "-m", "after the pre-copy")
+    want = observe(repo)
+    attempt = tmp_path / "checkpoints" / "A"
+    record = await capture_on(repo, attempt / "default", shipped)
+
+    links = chain.resolve(attempt, "default", record, space="s", trusted_keys=(), search=[store])
+    assert [(link.seed, link.bundle) for link in links] == [(seed, None)]
+    keep = tmp_path / "scratch"
+    keep.mkdir(mode=0o700)
+    scratch = check_repository("default", attempt / "default", record, links, keep=keep / "r")
+    assert scratch is not None
+    seed_packs = {p.name: p.stat().st_ino for p in (seed / "objects" / "pack").iterdir()}
+    planted = {p.name: p.stat().st_ino for p in (keep / "r" / "objects" / "pack").iterdir()}
+    # Hard links of the seed's own packs, beside the increment's one pack.
+    assert set(seed_packs) < set(planted)
+    assert all(planted[n] == ino for n, ino in seed_packs.items())
+    target = tmp_path / "dest" / "work"
+    await restore_repository(
+        attempt / "default", record, target, stamp=STAMP, links=links, scratch=scratch
+    )
+    assert observe(target) == want
+
+    # Without the scratch, the restore plants the seed itself.
+    again = tmp_path / "dest" / "again"
+    await restore_repository(attempt / "default", record, again, stamp=STAMP, links=links)
+    assert observe(again) == want
