@@ -151,6 +151,23 @@ class Driver(Protocol):
     async def aclose(self) -> None: ...
 
 
+class MeshPort(Protocol):
+    """The manager's end of one seat's mesh calls (docs/mesh.md): the call's JSON in, the
+    result's JSON out. The manager binds a port to the seat whose channel it serves, so the
+    caller is never named by the call itself."""
+
+    async def __call__(self, call: bytes) -> bytes: ...
+
+
+def attach_mesh(driver: object, port: MeshPort) -> bool:
+    """Give a driver that carries mesh calls (its `carries_mesh` is true) the seat's port;
+    False for a driver of a harness that has no mesh tool yet."""
+    if not getattr(driver, "carries_mesh", False):
+        return False
+    driver.mesh_port = port  # type: ignore[attr-defined]
+    return True
+
+
 class ByteSend(Protocol):
     async def send(self, item: bytes) -> None: ...
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
+from protocol import meshcall, names
 from protocol.checkpoint import check_carry_pattern
 from protocol.deadletter import DEFAULT_MAX_DELIVERIES, MAX_DELIVERIES_LIMIT
 from protocol.errors import Refusal
@@ -100,11 +101,25 @@ class DeliveryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     )
 
 
+class SeatConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[seats.NAME]`: what a seat of that name is spawned with when its spawn does not say.
+    `allow_send` is the seats it may send to (`*`: every other seat; default none)."""
+
+    allow_send: list[str] = []
+
+
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     agents: dict[str, AgentConfig] = {}
     carry: CarryConfig = CarryConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     recency: RecencyConfig = RecencyConfig()
+    seats: dict[str, SeatConfig] = {}
+
+
+def seat_allow_send(cfg: FileConfig, name: str, given: Sequence[str]) -> list[str]:
+    """A spawn's `--allow-send`, or the root's `[seats.NAME] allow_send` when it gives none."""
+    entry = cfg.seats.get(name)
+    return meshcall.check_allow_send(given or (entry.allow_send if entry else []))
 
 
 def carry_includes(cfg: FileConfig, extra: Sequence[str] = ()) -> list[str]:
@@ -157,6 +172,16 @@ def load_config(root: Path) -> FileConfig:
                 Code.BAD_CONFIG,
                 f"{path} [carry] include: {exc}",
                 "list relative paths or simple globs under the repository, such as .env",
+            ) from None
+    for name, seat in cfg.seats.items():
+        try:
+            names.check_seat_name(name)
+            meshcall.check_allow_send(seat.allow_send)
+        except Refusal as exc:
+            raise Refusal(
+                Code.BAD_CONFIG,
+                f"{path} [seats.{name}]: {exc.message}",
+                "name seats by letters, digits and _, and list seat names or '*' in allow_send",
             ) from None
     unknown = set(cfg.agents) - set(KNOWN)
     if unknown:

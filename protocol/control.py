@@ -70,6 +70,8 @@ class SpawnArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froz
     model: str | None = None
     cwd: str | None = None
     resume: str | None = None
+    # The seats it may send to: names, or `*` for every other seat; none by default.
+    allow_send: list[str] = []
 
 
 class StopSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -259,6 +261,8 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     permission_mode: str | None = None
     # Messages this seat's inbox gave up on and keeps aside (`cotal inbox NAME`).
     dead_letters: int = 0
+    # The seats it may send to (`--allow-send`); empty: none.
+    allow_send: list[str] = []
 
 
 class DeadLetterRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

@@ -168,6 +168,7 @@ class Code(StrEnum):
     MAP_NOT_OWNED = "map-not-owned"
     MAP_OCCUPIED = "map-occupied"
     MAP_OTHER_ROOT = "map-other-root"
+    MESH_CALL_INVALID = "mesh-call-invalid"
     MAP_SYMLINK = "map-symlink"
     MISSING = "missing"
     NO_BROKER = "no-broker"
@@ -230,6 +231,8 @@ class Code(StrEnum):
     SEAT_START_FAILED = "seat-start-failed"
     SEAT_STOPPED = "seat-stopped"
     SELECTION_MISMATCH = "selection-mismatch"
+    SEND_NOT_ALLOWED = "send-not-allowed"
+    SEND_OUTSIDE_TURN = "send-outside-turn"
     SESSION_BUSY = "session-busy"
     SESSION_CONFLICT = "session-conflict"
     SESSION_CWD_MISMATCH = "session-cwd-mismatch"
@@ -432,6 +435,7 @@ ENTRIES: tuple[Entry, ...] = (
         "follow the command's usage in `cotal COMMAND --help`",
     ),
     _bad_argument("agent"),
+    _bad_argument("allow-send"),
     _e(
         Code.BAD_ATTEMPT,
         "an attempt id is not a safe token (letters, digits, `_`, `-`; at most 128)",
@@ -1084,6 +1088,12 @@ ENTRIES: tuple[Entry, ...] = (
         "pass the directory it points to, or replace the link",
     ),
     _e(
+        Code.MESH_CALL_INVALID,
+        "a seat's mesh call is not one the manager reads: an unknown op or field (a claimed "
+        "sender among them), a bad seat name, or too long; the whole call is refused",
+        "call `send` with `to` and `text` only, or `seats`; the manager names the sender",
+    ),
+    _e(
         Code.MISSING,
         "a file cotal needs does not exist",
         "check the path the message names",
@@ -1380,6 +1390,19 @@ ENTRIES: tuple[Entry, ...] = (
         Code.SELECTION_MISMATCH,
         "the staged tree holds ignored files outside the recorded selection rule",
         "align core.excludesFile with the source's, or cut a new checkpoint",
+    ),
+    _e(
+        Code.SEND_NOT_ALLOWED,
+        "the seat may not send to that seat: it was not spawned with `--allow-send` naming it "
+        "(or `*`), or it named itself",
+        "spawn the sender with `--allow-send SEAT` (or `'*'`); a seat's permissions are fixed "
+        "at its spawn",
+    ),
+    _e(
+        Code.SEND_OUTSIDE_TURN,
+        "a seat sent a message while no delivered turn was in flight, so the send has no turn "
+        "to derive its id from",
+        "send from within a turn (a message the seat was delivered), not from a launch prompt",
     ),
     _e(
         Code.SESSION_BUSY,

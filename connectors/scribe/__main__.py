@@ -16,11 +16,13 @@ from pathlib import Path
 from connectors.scribe.harness import (
     EXIT_OK,
     EXIT_REFUSED,
+    LINE_CAP,
     Harness,
     ReadyOut,
     Store,
     StoreError,
     open_session,
+    read_lines,
     write_pointer,
 )
 
@@ -60,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         return _refuse(f"cannot open the session store: {exc.strerror} ({exc.filename})")
     harness = Harness(store, session, sys.stdout.buffer, args.pointer)
+    # The launch prompt's turn may make a mesh call too, so it reads the same lines.
+    harness.lines = read_lines(sys.stdin.buffer, LINE_CAP)
     signal.signal(signal.SIGINT, harness.on_sigint)
     try:
         harness.emit(ReadyOut(session_id=session.id))

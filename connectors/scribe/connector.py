@@ -9,9 +9,12 @@ host resolves it against its own root.
 from __future__ import annotations
 
 import os
+from collections import deque
 from pathlib import Path
 
+import anyio
 import msgspec
+from anyio.abc import TaskStatus
 
 from connectors.base import (
     ByteReceive,
@@ -19,6 +22,7 @@ from connectors.base import (
     Capabilities,
     LaunchOpts,
     LaunchSpec,
+    MeshPort,
     StoreDecl,
     TurnOutcome,
 )
@@ -38,6 +42,8 @@ from connectors.scribe.harness import (
     LINE_CAP,
     DeltaOut,
     GetStateIn,
+    MeshOut,
+    MeshResultIn,
     PromptIn,
     ProtocolErrorOut,
     QuitIn,
@@ -47,8 +53,15 @@ from connectors.scribe.harness import (
     TurnStartOut,
     decode_outbound,
 )
+from protocol import meshcall
 from protocol.codec import encode_json
-from protocol.errors import DecodeError
+from protocol.errors import DecodeError, Refusal
+from protocol.refusals import Code
+
+# Calls a harness may have waiting for an answer at once; scribe waits for each, so only a
+# hostile harness reaches this, and its surplus calls are answered refused, never run.
+MESH_PENDING = 8
+MESH_REFUSALS_KEPT = 64
 
 
 class ScribeCodec:
@@ -64,13 +77,17 @@ class ScribeCodec:
     def encode_quit(self) -> bytes | None:
         return encode_json(QuitIn())
 
-    def decode(self, line: bytes) -> DriverEvent | None:
+    @staticmethod
+    def outbound(line: bytes) -> object:
         if len(line) > LINE_CAP:
             raise DecodeError("scribe event", f"{len(line)} bytes exceeds the {LINE_CAP}-byte cap")
         try:
-            event = decode_outbound(line)
+            return decode_outbound(line)
         except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
             raise DecodeError("scribe event", str(exc)) from None
+
+    def decode(self, line: bytes) -> DriverEvent | None:
+        event = self.outbound(line)
         match event:
             case ReadyOut(session_id=session_id):
                 return Ready(session_id)
@@ -151,10 +168,93 @@ class ScribeConnector:
             expected_session_id=opts.continue_session,
         )
 
-    def make_driver(
-        self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec
-    ) -> JsonLinesDriver:
-        return JsonLinesDriver(stdin, stdout, ScribeCodec())
+    def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> ScribeDriver:
+        return ScribeDriver(stdin, stdout, ScribeCodec())
+
+
+class ScribeDriver(JsonLinesDriver):
+    """The JSON-lines driver, and the seat's mesh calls: each `mesh` line scribe writes is
+    handed to the manager's port for this seat, one at a time and in order, and the answer is
+    written back as `mesh_result`. The port, not the line, knows who is calling."""
+
+    carries_mesh = True
+
+    def __init__(self, stdin: ByteSend, stdout: ByteReceive, codec: ScribeCodec) -> None:
+        super().__init__(stdin, stdout, codec)
+        self.mesh_port: MeshPort | None = None
+        self._calls, self._pending = anyio.create_memory_object_stream[tuple[str, bytes]](
+            MESH_PENDING
+        )
+        self._overflow: deque[str] = deque(maxlen=MESH_REFUSALS_KEPT)
+        self._overflowed = anyio.Event()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._serve_calls)
+            try:
+                await super().run(task_status=task_status)
+            finally:
+                tg.cancel_scope.cancel()
+
+    def _handle(self, line: bytes) -> None:
+        if b'"mesh"' in line:
+            try:
+                event = ScribeCodec.outbound(line)
+            except DecodeError:
+                event = None
+            if isinstance(event, MeshOut):
+                self._enqueue(event.id, bytes(event.call))
+                return
+        super()._handle(line)
+
+    def _enqueue(self, call_id: str, call: bytes) -> None:
+        try:
+            self._calls.send_nowait((call_id, call))
+        except anyio.WouldBlock:
+            if len(self._overflow) == self._overflow.maxlen:
+                self.protocol_errors.append(f"mesh call {call_id[:64]} dropped: too many waiting")
+                return
+            self._overflow.append(call_id)
+            self._overflowed.set()
+
+    async def _serve_calls(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._refuse_overflow)
+            async for call_id, call in self._pending:
+                await self._answer(call_id, await self._result(call))
+
+    async def _result(self, call: bytes) -> bytes:
+        port = self.mesh_port
+        if port is None:
+            return meshcall.encode_result(
+                meshcall.refused(
+                    Refusal(
+                        Code.MESH_CALL_INVALID,
+                        "this seat has no mesh port: the manager did not attach one",
+                        "spawn the seat under a cotal manager",
+                    )
+                )
+            )
+        return await port(call)
+
+    async def _refuse_overflow(self) -> None:
+        busy = meshcall.encode_result(
+            meshcall.refused(
+                Refusal(
+                    Code.MESH_CALL_INVALID,
+                    f"more than {MESH_PENDING} mesh calls were waiting for an answer",
+                    "wait for each call's answer before the next",
+                )
+            )
+        )
+        while True:
+            await self._overflowed.wait()
+            self._overflowed = anyio.Event()
+            while self._overflow:
+                await self._answer(self._overflow.popleft(), busy)
+
+    async def _answer(self, call_id: str, result: bytes) -> None:
+        await self._out.send(encode_json(MeshResultIn(id=call_id, result=msgspec.Raw(result))))
 
 
 class ScribeForkConnector(ScribeConnector):

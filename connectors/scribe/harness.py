@@ -21,7 +21,7 @@ import msgspec
 
 from connectors import privatefs
 from connectors.privatefs import create_private_exclusive, make_private_dirs
-from protocol import instant, names
+from protocol import instant, meshcall, names
 
 EXIT_OK = 0
 EXIT_REFUSED = 2
@@ -41,6 +41,13 @@ _ERROR_ALWAYS = re.compile(r"#error-always\b")
 _ERROR_UNTIL = re.compile(r"#error-until:(\d{1,4})\b")
 _CRASH = re.compile(r"#crash\b")
 _SLOW = re.compile(r"#slow:(\d{1,9})")
+# The mesh: each "Tell SEAT: TEXT" line is relayed as a direct message from this seat.
+_TELL = re.compile(r"^Tell ([A-Za-z0-9_]{1,64}): (.+)$", re.MULTILINE)
+_WHO = re.compile(r"who can you tell", re.IGNORECASE)
+# Test aids for the mesh: a hostile seat's call that claims a sender, and a turn that dies once
+# after its sends and before its reply (so it runs again and re-sends).
+_FORGE = re.compile(r"#forge-sender:([A-Za-z0-9_]{1,64})")
+_DIE_AFTER_TELL = re.compile(r"#die-after-tell:([A-Za-z0-9_-]{1,64})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -68,7 +75,14 @@ class QuitIn(_Wire, tag="quit"):
     pass
 
 
-Inbound = PromptIn | GetStateIn | QuitIn
+class MeshResultIn(_Wire, tag="mesh_result"):
+    """The manager's answer to one `mesh` call of the turn in flight."""
+
+    id: MessageId
+    result: msgspec.Raw
+
+
+Inbound = PromptIn | GetStateIn | QuitIn | MeshResultIn
 
 
 class ReadyOut(_Wire, tag="ready"):
@@ -103,7 +117,15 @@ class ProtocolErrorOut(_Wire, tag="protocol_error", omit_defaults=True):
     id: str | None = None
 
 
-Outbound = ReadyOut | TurnStartOut | DeltaOut | TurnEndOut | StateOut | ProtocolErrorOut
+class MeshOut(_Wire, tag="mesh"):
+    """A call into the mesh (`protocol/meshcall.py`), made during a turn; it names no sender:
+    the manager knows which seat's channel it came in on."""
+
+    id: str
+    call: msgspec.Raw
+
+
+Outbound = ReadyOut | TurnStartOut | DeltaOut | TurnEndOut | StateOut | ProtocolErrorOut | MeshOut
 
 
 class _IdProbe(msgspec.Struct):
@@ -173,20 +195,56 @@ def phrase_in(text: str) -> str | None:
 
 
 def recalled_phrase(history: Sequence[Message]) -> str | None:
+    recalled = recalled_with_sender(history)
+    return recalled[0] if recalled else None
+
+
+def recalled_with_sender(history: Sequence[Message]) -> tuple[str, str | None] | None:
+    """The last phrase the history was told, and the seat that told it (None: the operator)."""
     for message in reversed(history):
         if message.role == "user" and (phrase := phrase_in(message.text)) is not None:
-            return phrase
+            return phrase, meshcall.frame_sender(message.text)
     return None
 
 
 def answer(text: str, history: Sequence[Message]) -> str:
     # A new phrase wins over a question in the same text: the user is redefining the answer.
     if (phrase := phrase_in(text)) is not None:
-        return f"Noted: {phrase}."
+        sender = meshcall.frame_sender(text)
+        return f"Noted: {phrase}." if sender is None else f"Noted: {phrase} (from {sender})."
     if _ASK.search(text):
-        recalled = recalled_phrase(history)
-        return f"The phrase is {recalled}." if recalled else "I do not know the phrase."
+        recalled = recalled_with_sender(history)
+        if recalled is None:
+            return "I do not know the phrase."
+        phrase, sender = recalled
+        told = "" if sender is None else f", from {sender}"
+        return f"The phrase is {phrase}{told}."
     return f"ack: {text[:ACK_CHARS]}"
+
+
+def tells_in(text: str) -> list[tuple[str, str]]:
+    """Each "Tell SEAT: TEXT" line, in order; a text that is itself framed as a message from a
+    seat is read below its frame."""
+    return [(to, body.strip()) for to, body in _TELL.findall(text)]
+
+
+def relay_line(to: str, result: object) -> str:
+    """What the reply says of one relay: delivered, or refused with the refusal."""
+    if isinstance(result, dict) and result.get("status") == "delivered":
+        return f"Told {to}: delivered."
+    if isinstance(result, dict) and result.get("status") == "refused":
+        return f"Could not tell {to}: refused {result.get('code')}: {result.get('message')}"
+    return f"Could not tell {to}: the manager's answer was not understood ({result!r:.200})"
+
+
+def seats_line(result: object) -> str:
+    """What the reply says of a listing: the seats this one may tell, or the refusal."""
+    if isinstance(result, dict) and result.get("status") == "listed":
+        seats = result.get("seats") or []
+        return f"I can tell: {', '.join(map(str, seats))}." if seats else "I can tell nobody."
+    if isinstance(result, dict) and result.get("status") == "refused":
+        return f"I cannot list the seats: refused {result.get('code')}: {result.get('message')}"
+    return f"I cannot list the seats: the manager's answer was not understood ({result!r:.200})"
 
 
 @dataclass(frozen=True)
@@ -196,18 +254,24 @@ class Directives:
     slow_ms: int = 0
     error_always: bool = False
     error_until: int = 0
+    forge_sender: str | None = None
+    die_after_tell: str | None = None
 
 
 def parse_directives(text: str) -> Directives:
     error_once = _ERROR_ONCE.search(text)
     slow = _SLOW.search(text)
     until = _ERROR_UNTIL.search(text)
+    forge = _FORGE.search(text)
+    die = _DIE_AFTER_TELL.search(text)
     return Directives(
         error_once=error_once.group(1) if error_once else None,
         crash=_CRASH.search(text) is not None,
         slow_ms=min(int(slow.group(1)), SLOW_CAP_MS) if slow else 0,
         error_always=_ERROR_ALWAYS.search(text) is not None,
         error_until=int(until.group(1)) if until else 0,
+        forge_sender=forge.group(1) if forge else None,
+        die_after_tell=die.group(1) if die else None,
     )
 
 
@@ -378,6 +442,17 @@ class TurnAborted(Exception):
     pass
 
 
+def send_call(to: str, text: str, directives: Directives) -> dict[str, str]:
+    """A send names no sender; the forge aid adds one, which the manager refuses."""
+    call = {"op": "send", "to": to, "text": text}
+    if directives.forge_sender is not None:
+        call["sender"] = directives.forge_sender
+    return call
+
+
+_json = msgspec.json.Decoder()
+
+
 class Harness:
     def __init__(self, store: Store, session: Session, out: BinaryIO, pointer: Path | None) -> None:
         self.store = store
@@ -387,6 +462,8 @@ class Harness:
         self._in_turn = False
         self._abortable = False
         self._abort_requested = False
+        # The driver's lines, shared by the serving loop and a turn waiting on a mesh answer.
+        self.lines: Iterator[bytes | None] | None = None
 
     def emit(self, message: _Wire) -> None:
         self.out.write(_line(message))
@@ -455,9 +532,54 @@ class Harness:
                 )
             )
             return
-        reply = answer(text, self.session.history)
+        tells = tells_in(text)
+        if tells:
+            reply = "\n".join(
+                relay_line(to, self.call_mesh(f"{message_id}-{n}", send_call(to, body, directives)))
+                for n, (to, body) in enumerate(tells)
+            )
+            if directives.die_after_tell and self.store.claim_fault(
+                f"die-{directives.die_after_tell}"
+            ):
+                self.out.flush()
+                os._exit(EXIT_CRASH)
+        elif _WHO.search(text):
+            reply = seats_line(self.call_mesh(f"{message_id}-seats", {"op": "seats"}))
+        else:
+            reply = answer(text, self.session.history)
         self.session.commit_turn(message_id, text, reply, delivery)
         self._finish(message_id, reply, "")
+
+    def call_mesh(self, call_id: str, call: dict[str, str]) -> object:
+        """One call through the manager, answered before the turn goes on."""
+        self.emit(MeshOut(id=call_id, call=msgspec.Raw(_encoder.encode(call))))
+        if self.lines is None:
+            return None
+        for line in self.lines:
+            if line is None:
+                self.emit(ProtocolErrorOut(detail=f"line exceeds the {LINE_CAP}-byte cap"))
+                continue
+            if not line.strip():
+                continue
+            try:
+                request = decode_inbound(line)
+            except msgspec.DecodeError as exc:
+                self.emit(ProtocolErrorOut(detail=f"refused line: {exc}", id=probe_id(line)))
+                continue
+            match request:
+                case MeshResultIn(id=answered, result=result) if answered == call_id:
+                    return _json.decode(result)
+                case GetStateIn(id=request_id):
+                    self.emit(StateOut(id=request_id, session_id=self.session.id))
+                case _:
+                    self.emit(
+                        ProtocolErrorOut(
+                            detail="refused line: a turn is waiting on a mesh answer",
+                            id=probe_id(line),
+                        )
+                    )
+        # The driver is gone mid-turn: nobody is left to answer or to hear the reply.
+        raise BrokenPipeError("the driver closed its end during a mesh call")
 
     def _finish(self, message_id: str, reply: str, detail: str) -> None:
         for piece in chunks(reply):
@@ -480,10 +602,15 @@ class Harness:
                 if self.pointer is not None:
                     write_pointer(self.pointer, self.session.id, "quit")
                 return False
+            case MeshResultIn(id=request_id):
+                # An answer to no call in flight (a late one): said so, never taken for another.
+                self.emit(ProtocolErrorOut(detail="no mesh call is waiting", id=request_id))
         return True
 
     def serve(self, inp: BinaryIO) -> int:
-        for line in read_lines(inp, LINE_CAP):
+        if self.lines is None:
+            self.lines = read_lines(inp, LINE_CAP)
+        for line in self.lines:
             if line is None:
                 self.emit(ProtocolErrorOut(detail=f"line exceeds the {LINE_CAP}-byte cap"))
             elif line.strip() and not self.handle_line(line):

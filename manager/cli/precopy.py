@@ -112,9 +112,7 @@ async def _ship_one(
             signature="",
         )
         signature = ident.sign(move.precopy_payload(space, unsigned))
-        record = msgspec.structs.replace(
-            unsigned, signature=base64.b64encode(signature).decode()
-        )
+        record = msgspec.structs.replace(unsigned, signature=base64.b64encode(signature).decode())
         await ask("precopy", record, PRECOPY_TIMEOUT_S)
     finally:
         await carry.drop(js, space, obj)

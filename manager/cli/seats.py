@@ -33,6 +33,7 @@ def register(sub: Subcommands) -> None:
         "cotal spawn alice --agent scribe --prompt 'Remember the phrase juniper-ledger-41'",
         "cotal spawn bob --agent pi --model fake-model --cwd ../service",
         "cotal spawn carol --agent claude --resume 0f8c2d4e-...",
+        "cotal spawn planner --allow-send coder_1 --allow-send coder_2",
     )
     spawn.add_argument("name", help="the seat's name: letters, digits and _")
     spawn.add_argument(
@@ -50,6 +51,14 @@ def register(sub: Subcommands) -> None:
         "--cwd", metavar="DIR", help="the seat's working directory (default: the root)"
     )
     spawn.add_argument("--resume", metavar="SESSION", help="fork from an existing harness session")
+    spawn.add_argument(
+        "--allow-send",
+        action="append",
+        default=[],
+        metavar="SEAT",
+        help="a seat this one may send direct messages to, or '*' for every other seat "
+        "(repeatable; default: none, so the seat can only answer the operator)",
+    )
     spawn.set_defaults(run=run_spawn)
 
     ps = command(
@@ -174,6 +183,7 @@ def run_spawn(args: argparse.Namespace) -> int:
         model=args.model or None,
         cwd=str(Path(args.cwd).resolve()) if args.cwd else None,
         resume=args.resume or None,
+        allow_send=list(args.allow_send),
     )
     row = _request(root_of(args), control.SPAWN, spawn, timeout=90.0)
     if args.json:
@@ -229,7 +239,7 @@ def _cut_warning(cwd: Path) -> str | None:
 
 # -- ps -----------------------------------------------------------------------------------------
 
-# Each column is a field of `control.SeatRow`, or one of the two `run_ps` derives from it.
+# Each column is a field of `control.SeatRow`, or one `run_ps` derives from it.
 PS_COLUMNS = [
     ("NAME", "name"),
     ("AGENT", "agent"),
@@ -248,6 +258,7 @@ PS_WIDE = [
     ("CONTINUITY", "continuity"),
     ("ISOLATION", "isolation"),
     ("MODE", "permission_mode"),
+    ("SENDS TO", "sends_to"),
     ("STARTED", "started_at"),
     ("LAST EXIT", "last_exit"),
     ("REASON", "reason"),
@@ -273,6 +284,7 @@ def run_ps(args: argparse.Namespace) -> int:
             **msgspec.structs.asdict(row),
             "turn": "busy" if row.busy else "idle",
             "uptime": _uptime(row.started_at, now) if row.state == "running" else None,
+            "sends_to": ",".join(row.allow_send) or None,
         }
         for row in rows
     ]

@@ -22,6 +22,12 @@ for before it stops the seat. A reply's id is derived from the message it answer
 redelivered after its reply was published (the ack was lost with a dead manager) is answered
 once: the broker drops the second reply as a duplicate.
 
+A message another seat sent is handed to the harness framed by a first line naming the sender
+(`protocol.meshcall.framed`), and its turn's reply is published to the operator, not to the
+sender: a reply to a seat would be a send around the replier's `--allow-send`, and two seats
+answering each other's answers would never stop. A seat answers another seat by sending
+(docs/mesh.md).
+
 See docs/design.md (decision 4), docs/architecture.md (the seat lifecycle) and
 docs/operations.md (Dead letters).
 """
@@ -47,7 +53,7 @@ from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
 from manager.daemon.process import SeatHandle
-from protocol import names
+from protocol import meshcall, names
 from protocol.deadletter import DEFAULT_MAX_DELIVERIES, DeadLetterMeta, prior_deliveries
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
@@ -223,8 +229,19 @@ class DeliveryBridge:
         self.deliberate = deliberate
         self.dead_counts = dead_counts if dead_counts is not None else {}
         self.turn: Turn | None = None
+        # The sends the turn in flight has made: the next one's ordinal in its message ids.
+        self.sends = 0
         self._settled = anyio.Event()
         self._settled.set()
+
+    def claim_send(self) -> tuple[str, int] | None:
+        """(the inbound message id of the turn in flight, this send's ordinal in it), or None
+        when no turn is in flight. Claimed in the order the harness made its calls, so a turn
+        that runs again makes the same claims."""
+        if self.turn is None:
+            return None
+        ordinal, self.sends = self.sends, self.sends + 1
+        return self.turn.message_id, ordinal
 
     async def wait_settled(self) -> None:
         """Return once no turn is in flight: the last one was acked, or released."""
@@ -326,11 +343,15 @@ class DeliveryBridge:
         if waiter is not None:
             waiter.attempts += 1
         outcome: TurnOutcome | None = None
+        sender = meshcall.sender_of(dm.sender)
+        log.info("delivery.received", seat=self.seat, sender=sender, id=dm.id, delivery=total)
         self.turn, self._settled = Turn(dm.id, now_iso()), anyio.Event()
+        self.sends = 0
+        text = meshcall.framed(sender, dm.text)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._keep_in_progress, msg)
-                outcome = await self.driver.prompt(dm.text, message_id=dm.id, delivery=total)
+                outcome = await self.driver.prompt(text, message_id=dm.id, delivery=total)
                 tg.cancel_scope.cancel()
         finally:
             # The seat may be stopping while the turn ends: settle in every case, shielded,
@@ -457,10 +478,15 @@ class DeliveryBridge:
 
     async def _settle(self, msg: Msg, dm: DirectMessage, outcome: TurnOutcome) -> bool:
         """Ack a clean turn whose reply the broker accepted (True); release it if custody moved."""
+        # A reply to a seat's message goes to the operator, never to that seat (see above); it
+        # is still published through the fence, which is what proves custody before the ack.
+        from_seat = meshcall.sender_of(dm.sender) != meshcall.OPERATOR
         reply = DirectMessage(
             id=reply_id(dm.id),
             sender=self.principal,
-            recipient=dm.sender,
+            recipient=(
+                names.principal(names.SEAT_OWNER, names.OPERATOR_ACTOR) if from_seat else dm.sender
+            ),
             text=outcome.reply,
             sent_at=now_iso(),
             in_reply_to=dm.id,

@@ -21,12 +21,13 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
-from connectors.base import Driver, LaunchOpts, LaunchSpec
+from connectors.base import Driver, LaunchOpts, LaunchSpec, attach_mesh
 from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import teardown, watchers
 from manager.daemon.delivery import DeliveryBridge, SeatGate
+from manager.daemon.meshsend import MeshSends
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.seat import Incarnation, Seat, read_pointer, session_to_reopen
 from manager.daemon.startfault import LaunchFault, StartFailed, decode_fault, next_try
@@ -66,6 +67,7 @@ class Incarnations:
 
     def __init__(self, mgr: Manager) -> None:
         self.mgr = mgr
+        self.mesh = MeshSends(mgr)
 
     def _group(self) -> TaskGroup:
         if self.mgr.tg is None:
@@ -195,6 +197,8 @@ class Incarnations:
         assert process.stdin is not None and process.stdout is not None
         driver = seat.connector.make_driver(process.stdin, process.stdout, spec)
         incarnation.driver = driver
+        # The port is this incarnation's: what comes in on its stdio is this seat's call.
+        attach_mesh(driver, self.mesh.port(seat, incarnation))
         started = False
         failure: Refusal | None = None
         try:

@@ -83,6 +83,8 @@ class Seat:
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
     # Closed while a cut of some seats holds this one (the manager's gate fences the whole mesh).
     gate: DeliveryGate = field(default_factory=DeliveryGate)
+    # The seats this one may send to (`--allow-send`; `*` for every other seat), fixed at spawn.
+    allow_send: tuple[str, ...] = ()
 
     @property
     def state(self) -> SeatState:
@@ -137,6 +139,7 @@ class Seat:
                 self.current.described.get("permissionMode") if self.current is not None else None
             ),
             isolation=self.handle.isolation if self.handle is not None else None,
+            allow_send=list(self.allow_send),
         )
 
 

@@ -13,7 +13,7 @@ from manager.broker.dm import new_message_id, publish_dm
 from manager.daemon.delivery import Waiter
 from manager.daemon.handlers.table import Table
 from manager.daemon.seat import Seat
-from protocol import control, names
+from protocol import control, meshcall, names
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.messages import DirectMessage, decode_dm
@@ -89,7 +89,9 @@ class MailHandlers:
         if waiter is not None:
             mgr.waiters[dm.id] = waiter
         try:
-            seq = await publish_dm(mgr.js, mgr.space, dm)
+            seq = await publish_dm(
+                mgr.js, mgr.space, dm, headers={meshcall.SENDER_HEADER: meshcall.OPERATOR}
+            )
             sent = control.SendReply(id=dm.id, seq=seq, seat=seat.name)
             if waiter is None:
                 return sent

@@ -110,6 +110,7 @@ class SeatHandlers:
                 uid=seat.uid,
                 agent=args.agent,
                 session=seat.session_id,
+                allow_send=list(seat.allow_send),
             )
             return seat.row(mgr.identity.instance_id)
 
@@ -130,6 +131,7 @@ class SeatHandlers:
                 f"cwd {cwd} is not a directory",
                 "pass --cwd with an existing directory",
             )
+        allow_send = tuple(registry.seat_allow_send(mgr.config, name, args.allow_send))
         uid = names.mint_lifecycle_uid()
         return Seat(
             name=name,
@@ -141,6 +143,7 @@ class SeatHandlers:
             model=args.model,
             started_at=now_iso(),
             pointer_path=mgr.layout.session_pointer(connector.name, name, uid),
+            allow_send=allow_send,
         )
 
     async def _provision_and_launch(self, seat: Seat, args: control.SpawnArgs) -> None:

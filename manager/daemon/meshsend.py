@@ -1,0 +1,193 @@
+"""A seat's sends into the mesh, manager side (docs/mesh.md, docs/design.md decision 30).
+
+Each incarnation's driver is given a port bound to its seat (`port`): the call comes in on that
+seat's own stdio, which only its process holds, so the manager knows the sender without asking
+the call. The manager then checks the call strictly, the seat's `--allow-send`, that a turn is
+in flight and that the recipient is a seat of the space, and publishes into the recipient's
+inbox (the `dm_` durable keyed by its lifecycle uid, wherever it is: running, stopped, held by
+a cut, or on another manager of the same broker) through the sender's writer fence, with the
+sender's name as a header. Every refusal goes back to the seat by its code and is logged with
+the seat's name; nothing is dropped unsaid.
+
+The message id is derived from the sender's uid, the message its turn answers and the send's
+ordinal in that turn, so a turn run again (a crash, a cut, a redelivery) publishes the same ids
+and the broker's duplicate window, widened here to cover the checkpoint recency horizon, drops
+each copy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+from nats.js import JetStreamContext
+
+from connectors.base import MeshPort
+from manager.broker.dm import publish_dm
+from manager.broker.retry import riding_elections
+from manager.daemon.seat import Incarnation, Seat
+from protocol import meshcall, names
+from protocol.errors import Refusal
+from protocol.instant import now_iso
+from protocol.messages import DirectMessage
+from protocol.refusals import Code
+
+if TYPE_CHECKING:
+    from manager.daemon.core import Manager
+
+log = structlog.get_logger("cotal.mesh")
+
+# The floor of the DM stream's duplicate window: what it was before sends existed.
+MIN_DUPLICATE_WINDOW_S = 120
+
+
+def duplicate_window_s(horizon_s: int) -> int:
+    """The window a redelivered turn's sends must fall in to be dropped: the recency horizon,
+    the longest a checkpoint may wait before its seat runs the turn again."""
+    return max(MIN_DUPLICATE_WINDOW_S, horizon_s)
+
+
+async def ensure_duplicate_window(js: JetStreamContext, space: str, horizon_s: int) -> float:
+    """Widen the DM stream's duplicate window to the horizon (never narrow it); the window the
+    stream keeps afterwards."""
+    stream = names.dm_stream(space)
+    wanted = float(duplicate_window_s(horizon_s))
+
+    async def ensure() -> float:
+        info = await js.stream_info(stream)
+        config = info.config
+        if (config.duplicate_window or 0.0) >= wanted:
+            return float(config.duplicate_window or 0.0)
+        config.duplicate_window = wanted
+        updated = await js.update_stream(config)
+        log.info("mesh.duplicate_window", stream=stream, seconds=wanted)
+        return float(updated.config.duplicate_window or wanted)
+
+    return await riding_elections(f"stream {stream}", ensure)
+
+
+class MeshSends:
+    """The ports of the Manager's seats."""
+
+    def __init__(self, mgr: Manager) -> None:
+        self.mgr = mgr
+
+    def port(self, seat: Seat, incarnation: Incarnation) -> MeshPort:
+        """The port of this incarnation: every call on it is this seat's."""
+
+        async def answer_call(call: bytes) -> bytes:
+            return meshcall.encode_result(await self.answer(seat, incarnation, call))
+
+        return answer_call
+
+    async def answer(
+        self, seat: Seat, incarnation: Incarnation, body: bytes
+    ) -> meshcall.MeshResult:
+        try:
+            call = meshcall.decode_call(body)
+            if isinstance(call, meshcall.SeatsCall):
+                return await self._seats(seat)
+            return await self._send(seat, incarnation, call)
+        except Refusal as exc:
+            log.warning("mesh.send_refused", seat=seat.name, code=str(exc.code), error=exc.message)
+            return meshcall.refused(exc)
+        except Exception as exc:
+            # The broker failed the publish: the seat is told, and its turn decides.
+            log.error("mesh.send_failed", seat=seat.name, error=str(exc) or type(exc).__name__)
+            return meshcall.refused(
+                Refusal(
+                    Code.BROKER_UNAVAILABLE,
+                    f"the send could not be published: {str(exc) or type(exc).__name__}",
+                    "try the send again; a repeat of the same send is dropped as a duplicate",
+                )
+            )
+
+    async def _seats(self, seat: Seat) -> meshcall.MeshResult:
+        reachable = [
+            name
+            for name in sorted(await self._inboxes())
+            if meshcall.may_send(seat.allow_send, seat.name, name)
+        ]
+        return meshcall.MeshResult(status="listed", seats=reachable)
+
+    async def _send(
+        self, seat: Seat, incarnation: Incarnation, call: meshcall.SendCall
+    ) -> meshcall.MeshResult:
+        bridge = incarnation.bridge
+        claimed = bridge.claim_send() if bridge is not None else None
+        if claimed is None:
+            raise Refusal(
+                Code.SEND_OUTSIDE_TURN,
+                f"seat {seat.name} sent to {call.to} outside a delivered turn",
+                "send from within a turn the manager delivered",
+            )
+        inbound, ordinal = claimed
+        if not meshcall.may_send(seat.allow_send, seat.name, call.to):
+            allowed = ", ".join(seat.allow_send) or "no seat"
+            raise Refusal(
+                Code.SEND_NOT_ALLOWED,
+                f"seat {seat.name} may not send to {call.to} (it may send to: {allowed})",
+                f"spawn {seat.name} with `--allow-send {call.to}` if it should",
+            )
+        if not call.text:
+            raise Refusal(
+                Code.EMPTY_MESSAGE, "refusing to send an empty message", "pass the text to send"
+            )
+        await self._require_recipient(call.to)
+        dm = DirectMessage(
+            id=meshcall.send_message_id(seat.uid, inbound, ordinal),
+            sender=names.principal(names.SEAT_OWNER, seat.name),
+            recipient=names.principal(names.SEAT_OWNER, call.to),
+            text=call.text,
+            sent_at=now_iso(),
+        )
+        fence = seat.fence
+        if fence is None:
+            raise Refusal(Code.NOT_READY, f"seat {seat.name} is not fenced yet", "retry")
+        seq = await publish_dm(
+            self.mgr.js,
+            self.mgr.space,
+            dm,
+            publish=fence.publish,
+            headers={meshcall.SENDER_HEADER: seat.name},
+        )
+        log.info(
+            "mesh.sent",
+            seat=seat.name,
+            to=call.to,
+            id=dm.id,
+            seq=seq,
+            turn=inbound,
+            ordinal=ordinal,
+        )
+        return meshcall.MeshResult(status="delivered", id=dm.id, to=call.to, seq=seq)
+
+    async def _require_recipient(self, to: str) -> None:
+        """A seat of this manager's table, or one whose inbox durable the broker holds (cut out
+        of the table, or another manager's): a name with no inbox anywhere is refused rather
+        than left to queue for nobody."""
+        if to in self.mgr.seats or to in await self._inboxes():
+            return
+        raise Refusal(
+            Code.NO_SUCH_SEAT,
+            f"no seat named {to!r} in space {self.mgr.space}",
+            "see `cotal ps` (or `cotal ps --fleet` on a shared broker)",
+        )
+
+    async def _inboxes(self) -> set[str]:
+        """The seats of the space with an inbox: this manager's table, and every `dm_` durable
+        the broker holds (a seat a cut holds, another manager's seat)."""
+        mgr = self.mgr
+        prefix = f"dm_{names.SEAT_OWNER}-"
+
+        async def durables() -> list[str]:
+            infos = await mgr.js.consumers_info(names.dm_stream(mgr.space))
+            return [i.name for i in infos if i.name]
+
+        found = set(mgr.seats)
+        for durable in await riding_elections("inbox durables", durables):
+            # dm_<owner>-<seat>-<uid>: neither a seat name nor a uid holds a '-'.
+            name, dash, _uid = durable.removeprefix(prefix).rpartition("-")
+            if durable.startswith(prefix) and dash and names.SEAT_NAME.matches(name):
+                found.add(name)
+        return found
