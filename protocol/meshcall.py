@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Literal
 
 import msgspec
@@ -122,6 +122,16 @@ def sender_of(principal: str) -> str:
 
 
 _FRAME = re.compile(r"\A\[cotal: message from seat ([A-Za-z0-9_]{1,64})\]\n\n")
+
+
+def seat_sender(headers: Mapping[str, str] | None, principal: str) -> str | None:
+    """The seat that sent a DM, or None for a message that is not a seat's send: only a
+    manager's publish of a seat's call carries `SENDER_HEADER`, naming the very actor of the
+    body's sender. Any other principal (the operator, a tool of the operator's on the broker) is
+    answered as `cotal send` is, to the sender."""
+    actor = sender_of(principal)
+    named = (headers or {}).get(SENDER_HEADER)
+    return actor if named == actor and actor != OPERATOR else None
 
 
 def framed(sender: str, text: str) -> str:

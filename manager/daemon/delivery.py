@@ -22,9 +22,10 @@ for before it stops the seat. A reply's id is derived from the message it answer
 redelivered after its reply was published (the ack was lost with a dead manager) is answered
 once: the broker drops the second reply as a duplicate.
 
-A message another seat sent is handed to the harness framed by a first line naming the sender
-(`protocol.meshcall.framed`), and its turn's reply is published to the operator, not to the
-sender: a reply to a seat would be a send around the replier's `--allow-send`, and two seats
+A message another seat sent (a manager's publish of that seat's call, which alone carries the
+`Cotal-Sender` header naming it: `protocol.meshcall.seat_sender`) is handed to the harness framed
+by a first line naming the sender (`protocol.meshcall.framed`), and its turn's reply is published
+to the operator, not to the sender; any other sender is answered as `cotal send` is: a reply to a seat would be a send around the replier's `--allow-send`, and two seats
 answering each other's answers would never stop. A seat answers another seat by sending
 (docs/mesh.md).
 
@@ -344,10 +345,11 @@ class DeliveryBridge:
             waiter.attempts += 1
         outcome: TurnOutcome | None = None
         sender = meshcall.sender_of(dm.sender)
+        from_seat = meshcall.seat_sender(msg.headers, dm.sender)
         log.info("delivery.received", seat=self.seat, sender=sender, id=dm.id, delivery=total)
         self.turn, self._settled = Turn(dm.id, now_iso()), anyio.Event()
         self.sends = 0
-        text = meshcall.framed(sender, dm.text)
+        text = meshcall.framed(from_seat, dm.text) if from_seat is not None else dm.text
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._keep_in_progress, msg)
@@ -480,7 +482,7 @@ class DeliveryBridge:
         """Ack a clean turn whose reply the broker accepted (True); release it if custody moved."""
         # A reply to a seat's message goes to the operator, never to that seat (see above); it
         # is still published through the fence, which is what proves custody before the ack.
-        from_seat = meshcall.sender_of(dm.sender) != meshcall.OPERATOR
+        from_seat = meshcall.seat_sender(msg.headers, dm.sender) is not None
         reply = DirectMessage(
             id=reply_id(dm.id),
             sender=self.principal,
