@@ -61,7 +61,16 @@ class Rejected:
     detail: str
 
 
-DriverEvent = Ready | TurnStarted | TurnDelta | TurnEnded | StateReported | Rejected
+@dataclass(frozen=True)
+class HarnessEvent:
+    """A line the codec recognised that is none of the events above: something the harness
+    asks of its driver besides turns and state (scribe's mesh calls). The driver routes it to
+    nothing of its own; it hands `value`, as the codec decoded it, to `on_harness_event`."""
+
+    value: object
+
+
+DriverEvent = Ready | TurnStarted | TurnDelta | TurnEnded | StateReported | Rejected | HarnessEvent
 
 
 class LineCodec(Protocol):
@@ -183,8 +192,26 @@ class JsonLinesDriver:
                 if request_id is not None:
                     self._turns.resolve(request_id, event)
                     self._states.resolve(request_id, event)
+            case HarnessEvent(value=value):
+                self.on_harness_event(value)
             case _:
                 pass
+
+    # -- the hook for what is not a turn -----------------------------------------------------
+
+    def on_harness_event(self, value: object) -> None:
+        """A `HarnessEvent`'s value, in the reader's task and in line order. A driver that takes
+        such events (`ScribeDriver`'s mesh calls) overrides this; it must not block the reader,
+        so one with work to do hands the value to a task of its own. Here the event is a
+        protocol error: said, never dropped unsaid."""
+        self.protocol_errors.append(
+            f"the harness sent a {type(value).__name__} this driver does not take"
+        )
+
+    async def send_line(self, line: bytes) -> bool:
+        """Write one line (without its newline) to the harness, kept whole beside the prompts and
+        state queries the driver writes; False once the harness's stdin is closed."""
+        return await self._out.send(line)
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -211,16 +211,24 @@ PROFILE_KEYS = frozenset(
 )
 
 
-def profile_digest(agent: str, model: str | None, settings: Mapping[str, Any]) -> str:
+def profile_digest(
+    agent: str, model: str | None, settings: Mapping[str, Any], allow_send: Sequence[str] = ()
+) -> str:
     """The launch profile revision: what a destination must match to run the same intent.
 
-    It covers the connector, the model and the intent settings (`PROFILE_KEYS`), normalized so
-    equal profiles hash equally on every host; host bindings are left out on purpose.
+    It covers the connector, the model, the intent settings (`PROFILE_KEYS`) and the seat's
+    `--allow-send`, normalized so equal profiles hash equally on every host; host bindings are
+    left out on purpose. The permission is the resume entry's own (never a destination's
+    `cotal.toml`), and the signed record pins this digest, so an entry whose list was altered
+    refuses `profile-drift`. A seat with no permission hashes as it did before the list
+    existed, so older checkpoints still match.
     """
     import hashlib
 
     from protocol.codec import encode_json
 
     intent = {k: v for k, v in sorted(settings.items()) if k in PROFILE_KEYS}
-    body = {"agent": agent, "model": model, "settings": intent}
+    body: dict[str, Any] = {"agent": agent, "model": model, "settings": intent}
+    if allow_send:
+        body["allowSend"] = sorted(allow_send)
     return hashlib.sha256(encode_json(body)).hexdigest()

@@ -14,6 +14,7 @@ import msgspec
 
 from protocol.codec import encode_json
 from protocol.errors import DecodeError, Refusal
+from protocol.meshcall import AllowSend
 from protocol.names import (
     MAX_SEATS,
     AttemptIdField,
@@ -113,7 +114,11 @@ class Launch(
     kw_only=True,
     omit_defaults=True,
 ):
-    """What a destination needs to start the same harness in the same tree (v2)."""
+    """What a destination needs to start the same harness in the same tree (v2).
+
+    `allow_send` is the seat's `--allow-send`, part of its profile (`profile_sha256` covers it),
+    so the destination runs the seat with exactly this list and never its own `cotal.toml`'s;
+    an entry written before the field existed names none."""
 
     connector: Label
     cwd: AbsPath
@@ -125,6 +130,7 @@ class Launch(
     model: Short | None = None
     session_id: LongText | None = None
     fork_source: LongText | None = None
+    allow_send: AllowSend = []
 
     def __post_init__(self) -> None:
         _check_normal_path("cwd", self.cwd)

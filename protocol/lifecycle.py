@@ -15,6 +15,7 @@ import msgspec
 from protocol.codec import decode_json, encode_json
 from protocol.inventory import AbsPath, Instant, LifecycleUid, SeatName
 from protocol.maintenance import IllegalTransition
+from protocol.meshcall import AllowSend
 
 SeatState = Literal[
     "starting",
@@ -125,7 +126,9 @@ class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     lifecycle state when written: a record left in a deliberate state names a stop the dead
     manager had begun, which its successor does not undo by relaunching: it keeps the seat
     `stopped` until the operator starts or removes it. `last_exit` is how the last process of
-    the seat ended (`lastExit` in `ps`).
+    the seat ended (`lastExit` in `ps`). `allow_send` is its `--allow-send`, fixed at spawn (or
+    carried by its resume entry), so a successor never reads it from `cotal.toml` again: a
+    record written before the field existed names none.
     """
 
     version: Literal[1]
@@ -144,6 +147,7 @@ class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     state: SeatState
     reason: Text | None = None
     last_exit: ExitText | None = None
+    allow_send: AllowSend = []
 
 
 def exit_text(returncode: int | None) -> str | None:

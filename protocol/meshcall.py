@@ -26,12 +26,19 @@ from protocol.refusals import Code
 CALL_CAP = DM_TEXT_MAX + 4096
 # `--allow-send '*'`: every seat of the space but the sender itself.
 ANY_SEAT = "*"
+# A shared broker holds more seats than one manager (`names.MAX_SEATS`), so a seat may name more;
+# the bound keeps every record that carries the list (seat record, resume entry) decodable.
+MAX_ALLOW_SEND = 256
 # The NATS header a seat-sent message carries, naming its sender seat (`operator` for `cotal
 # send`); the DM's own `sender` says the same as a principal.
 SENDER_HEADER = "Cotal-Sender"
 OPERATOR = names.OPERATOR_ACTOR
 
 SeatName = Annotated[str, msgspec.Meta(pattern=names.SEAT_NAME.pattern)]
+# `--allow-send` as the manager checked it (`check_allow_send`), in a record that crosses a disk
+# or a host: the seat record and the resume entry.
+AllowSendEntry = Annotated[str, msgspec.Meta(pattern=rf"^(?:\*|{names.SEAT_NAME.body})\Z")]
+AllowSend = Annotated[list[AllowSendEntry], msgspec.Meta(max_length=MAX_ALLOW_SEND)]
 Text = Annotated[str, msgspec.Meta(max_length=DM_TEXT_MAX)]
 
 
@@ -107,7 +114,15 @@ def check_allow_send(values: Iterable[str]) -> list[str]:
             names.check_seat_name(value)
         if value not in out:
             out.append(value)
-    return [ANY_SEAT] if ANY_SEAT in out else out
+    if ANY_SEAT in out:
+        return [ANY_SEAT]
+    if len(out) > MAX_ALLOW_SEND:
+        raise Refusal(
+            Code.BAD_NAME,
+            f"--allow-send names {len(out)} seats, more than {MAX_ALLOW_SEND}",
+            "name fewer seats, or allow '*'",
+        )
+    return out
 
 
 def may_send(allow_send: Iterable[str], sender: str, to: str) -> bool:

@@ -531,8 +531,9 @@ ENTRIES: tuple[Entry, ...] = (
     _bad_argument("model"),
     _e(
         Code.BAD_NAME,
-        "a seat name is not letters, digits and `_` (names become broker subject tokens)",
-        "choose a name such as `default` or `worker_2`",
+        "a seat name is not letters, digits and `_` (names become broker subject tokens), or "
+        "`--allow-send` names more than 256 seats",
+        "choose a name such as `default` or `worker_2`; allow `'*'` rather than so many seats",
     ),
     _e(
         Code.BAD_PROMPT,
@@ -1280,8 +1281,11 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     _e(
         Code.PROFILE_DRIFT,
-        "this host's `cotal.toml` settings for the agent differ from the source's",
-        "make cotal.toml here match the source's settings for that agent; no override",
+        "this host's `cotal.toml` settings for the agent differ from the source's, or the seat's "
+        "resume entry carries an `--allow-send` its signed record does not pin (altered since "
+        "the cut)",
+        "make cotal.toml here match the source's settings for that agent (an altered entry: "
+        "copy the checkpoint again from the source); no override",
     ),
     _e(
         Code.PROTOCOL,

@@ -29,6 +29,7 @@ from connectors.base import (
 from connectors.interpreter import own_python
 from connectors.jsonl_driver import (
     DriverEvent,
+    HarnessEvent,
     JsonLinesDriver,
     Ready,
     Rejected,
@@ -101,6 +102,8 @@ class ScribeCodec:
                 return StateReported(request_id, session_id)
             case ProtocolErrorOut(id=request_id, detail=detail):
                 return Rejected(request_id, detail)
+            case MeshOut():
+                return HarnessEvent(event)
         return None
 
 
@@ -196,16 +199,11 @@ class ScribeDriver(JsonLinesDriver):
             finally:
                 tg.cancel_scope.cancel()
 
-    def _handle(self, line: bytes) -> None:
-        if b'"mesh"' in line:
-            try:
-                event = ScribeCodec.outbound(line)
-            except DecodeError:
-                event = None
-            if isinstance(event, MeshOut):
-                self._enqueue(event.id, bytes(event.call))
-                return
-        super()._handle(line)
+    def on_harness_event(self, value: object) -> None:
+        if isinstance(value, MeshOut):
+            self._enqueue(value.id, bytes(value.call))
+            return
+        super().on_harness_event(value)
 
     def _enqueue(self, call_id: str, call: bytes) -> None:
         try:
@@ -254,7 +252,7 @@ class ScribeDriver(JsonLinesDriver):
                 await self._answer(self._overflow.popleft(), busy)
 
     async def _answer(self, call_id: str, result: bytes) -> None:
-        await self._out.send(encode_json(MeshResultIn(id=call_id, result=msgspec.Raw(result))))
+        await self.send_line(encode_json(MeshResultIn(id=call_id, result=msgspec.Raw(result))))
 
 
 class ScribeForkConnector(ScribeConnector):

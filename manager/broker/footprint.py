@@ -24,8 +24,23 @@ from protocol.refusals import Code
 log = structlog.get_logger("cotal.broker")
 
 
+# The floor of the DM stream's duplicate window: what it was before seats sent to seats.
+MIN_DUPLICATE_WINDOW_S = 120
+
+
+def duplicate_window_s(horizon_s: int | None) -> float:
+    """The window a turn run again must fall in for its sends to be dropped as duplicates: the
+    recency horizon (`[recency] horizon_s`), the longest a checkpoint may wait before its seat
+    runs the turn again; the floor alone where no horizon is known."""
+    return float(max(MIN_DUPLICATE_WINDOW_S, horizon_s or 0))
+
+
 def dm_stream_config(
-    space: str, *, replicas: int = 1, limits: retention.DmLimits | None = None
+    space: str,
+    *,
+    replicas: int = 1,
+    limits: retention.DmLimits | None = None,
+    horizon_s: int | None = None,
 ) -> api.StreamConfig:
     bounds = limits or retention.dm_limits()
     # No per-subject cap: one sender may queue at least as much as a checkpoint carries.
@@ -38,22 +53,36 @@ def dm_stream_config(
         max_msgs_per_subject=-1,
         max_msgs=bounds.msgs,
         max_bytes=bounds.bytes,
-        duplicate_window=120.0,
+        duplicate_window=duplicate_window_s(horizon_s),
         num_replicas=replicas,
     )
 
 
 def _limits(config: api.StreamConfig) -> tuple[object, ...]:
-    return (config.discard, config.max_msgs_per_subject, config.max_msgs, config.max_bytes)
+    return (
+        config.discard,
+        config.max_msgs_per_subject,
+        config.max_msgs,
+        config.max_bytes,
+        float(config.duplicate_window or 0.0),
+    )
 
 
 async def ensure_dm_stream(
-    js: JetStreamContext, space: str, *, replicas: int = 1, trim: bool = True
+    js: JetStreamContext,
+    space: str,
+    *,
+    replicas: int = 1,
+    trim: bool = True,
+    horizon_s: int | None = None,
 ) -> None:
     """Create the stream, or bring an existing one's limits to today's in place; with `trim`
-    (a manager's start), remove acknowledged mail from a stream a quarter full."""
+    (a manager's start), remove acknowledged mail from a stream a quarter full.
+
+    The duplicate window covers `horizon_s` (`duplicate_window_s`) and is widened, never
+    narrowed: managers of one broker may keep different horizons, and each needs its own."""
     stream = names.dm_stream(space)
-    wanted = dm_stream_config(space, replicas=replicas)
+    wanted = dm_stream_config(space, replicas=replicas, horizon_s=horizon_s)
 
     async def ensure() -> api.StreamInfo | None:
         try:
@@ -72,10 +101,14 @@ async def ensure_dm_stream(
                 f"cotal never makes such a stream: whoever made it, remove it (`nats stream rm "
                 f"{stream}` drops its queued mail) and start the manager again",
             )
+        wanted.duplicate_window = max(
+            float(wanted.duplicate_window or 0.0), float(info.config.duplicate_window or 0.0)
+        )
         if _limits(info.config) == _limits(wanted):
             return info
-        # A stream made by an earlier release (1,000 per sender and discard old; or any other
-        # bounds, such as a COTAL_DM_MAX_MSGS since changed) is brought in line in place:
+        # A stream made by an earlier release (1,000 per sender and discard old; a duplicate
+        # window narrower than the horizon; or any other bounds, such as a COTAL_DM_MAX_MSGS
+        # since changed) is brought in line in place:
         # retention, replicas, the messages and the durables are kept as the broker holds them.
         # The broker keeps what a lowered bound already exceeds (discard new drops nothing).
         config = info.config
@@ -83,8 +116,14 @@ async def ensure_dm_stream(
         config.max_msgs_per_subject = wanted.max_msgs_per_subject
         config.max_msgs = wanted.max_msgs
         config.max_bytes = wanted.max_bytes
+        config.duplicate_window = wanted.duplicate_window
         updated: api.StreamInfo = await js.update_stream(config)
-        log.info("stream.limits_updated", stream=stream, max_msgs=config.max_msgs)
+        log.info(
+            "stream.limits_updated",
+            stream=stream,
+            max_msgs=config.max_msgs,
+            duplicate_window_s=config.duplicate_window,
+        )
         return updated
 
     info = await riding_elections(f"stream {stream}", ensure)

@@ -401,6 +401,7 @@ async def import_inbox(
     attempt_id: str,
     shared: bool,
     replicas: int = 1,
+    horizon_s: int | None = None,
 ) -> Imported:
     """Rebuild the seat's inbox here unless this broker already holds its live durable.
 
@@ -440,7 +441,7 @@ async def import_inbox(
         )
         log.warning("space.stale_durable_replaced", seat=seat, durable=durable, by=rebuilt_by)
     # No trim per seat here: a full stream is trimmed by the republish that meets it full.
-    await ensure_dm_stream(js, space, replicas=replicas, trim=False)
+    await ensure_dm_stream(js, space, replicas=replicas, trim=False, horizon_s=horizon_s)
     acks = await _republish(js, space, stream, seat, messages)
     duplicates = sum(1 for ack in acks if ack.duplicate)
     first = min((ack.seq for ack in acks), default=None)

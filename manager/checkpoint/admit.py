@@ -744,8 +744,12 @@ def identity(
                 "so cotal can verify its predecessor is gone",
             )
         agent = adm.agent(name)
+        # The permission is the entry's own: this root's `[seats.NAME] allow_send` is not asked.
         expected = registry.profile_digest(
-            agent.launch.connector, agent.launch.model, settings_for.get(agent.launch.connector, {})
+            agent.launch.connector,
+            agent.launch.model,
+            settings_for.get(agent.launch.connector, {}),
+            agent.launch.allow_send,
         )
         if expected != record.profile:
             raise _refuse(
@@ -755,8 +759,9 @@ def identity(
                 "revision "
                 f"{expected}, the checkpoint recorded {record.profile}",
                 "make cotal.toml here match the source's settings for that agent; a resumed "
-                "session "
-                "never runs under a different profile",
+                "session never runs under a different profile (its --allow-send is part of it, "
+                "and only the checkpoint's own entry gives it: an entry altered since the cut "
+                "cannot be admitted)",
             )
     adm.confine_to = (root, *(new for new in user_maps.values()))
     adm.maps = user_maps

@@ -685,6 +685,8 @@ async def _resume_locked(
     space = args.space
     attempt = adm.manifest.attempt_id
     inventory = adm.inventory
+    # Read before anything is journaled or claimed, as the recency gate read it.
+    horizon_s = registry.load_config(layout.root).recency.horizon_s
     journal = Journal(layout)
     record = journal.load() if layout.journal.exists() else None
     action = rerun(record.state if record is not None else None, "restore")
@@ -799,7 +801,15 @@ async def _resume_locked(
     restored: list[dict[str, Any]] = []
     if not relaunch:
         # Under custody, before the manager starts: its lifecycle proof needs each durable here.
-        inbox = await _import_inboxes(args, adm, js, broker, inboxes, shared=shared)
+        inbox = await _import_inboxes(
+            args,
+            adm,
+            js,
+            broker,
+            inboxes,
+            shared=shared,
+            horizon_s=horizon_s,
+        )
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker passes to the manager's mesh record as it runs.
     await conn.aclose()
@@ -858,6 +868,7 @@ async def _import_inboxes(
     inboxes: dict[str, list[CarriedMessage]],
     *,
     shared: bool,
+    horizon_s: int,
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name, record in adm.records.items():
@@ -875,6 +886,10 @@ async def _import_inboxes(
                 attempt_id=adm.manifest.attempt_id,
                 shared=shared,
                 replicas=_replicas(args, broker),
+                # A stream made here is the one this root's manager runs on: made with the
+                # duplicate window that manager keeps, so a rerun's republish and a resumed
+                # turn's sends are dropped inside the same horizon.
+                horizon_s=horizon_s,
             )
         if done.kept:
             _say(f"{name}: inbox durable already at this broker; kept with its frontier")

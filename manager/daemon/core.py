@@ -30,7 +30,7 @@ from nats.js.kv import KeyValue
 
 from manager import registry
 from manager.broker import deadletter, footprint
-from manager.daemon import handlers, meshsend, seatfile
+from manager.daemon import handlers, seatfile
 from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.incarnation import Incarnations
 from manager.daemon.mover import Mover
@@ -222,9 +222,11 @@ class Manager:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         r = self.replicas
-        await footprint.ensure_dm_stream(self.js, self.space, replicas=r)
-        # A redelivered turn's sends are dropped as duplicates only inside this window.
-        await meshsend.ensure_duplicate_window(self.js, self.space, self.config.recency.horizon_s)
+        # A turn run again has its sends dropped as duplicates only inside the stream's
+        # duplicate window, which this root's recency horizon sets.
+        await footprint.ensure_dm_stream(
+            self.js, self.space, replicas=r, horizon_s=self.config.recency.horizon_s
+        )
         await deadletter.ensure_dead_stream(self.js, self.space, replicas=r)
         self.dead_counts.update(await deadletter.counts(self.js, self.space))
         self.presence = await footprint.ensure_kv(

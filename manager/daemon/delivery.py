@@ -23,11 +23,12 @@ redelivered after its reply was published (the ack was lost with a dead manager)
 once: the broker drops the second reply as a duplicate.
 
 A message another seat sent (a manager's publish of that seat's call, which alone carries the
-`Cotal-Sender` header naming it: `protocol.meshcall.seat_sender`) is handed to the harness framed
-by a first line naming the sender (`protocol.meshcall.framed`), and its turn's reply is published
-to the operator, not to the sender; any other sender is answered as `cotal send` is: a reply to a seat would be a send around the replier's `--allow-send`, and two seats
-answering each other's answers would never stop. A seat answers another seat by sending
-(docs/mesh.md).
+`Cotal-Sender` header naming it: `protocol.meshcall.seat_sender`) is handed to the harness
+framed by a first line naming the sender (`protocol.meshcall.framed`), and its turn's reply is
+published to the operator, not to the sender: a reply to a seat would be a send around the
+replier's `--allow-send`, and two seats answering each other's answers would never stop. A seat
+answers another seat by sending (docs/mesh.md). Any other sender is answered as `cotal send`
+is, to itself.
 
 See docs/design.md (decision 4), docs/architecture.md (the seat lifecycle) and
 docs/operations.md (Dead letters).

@@ -11,8 +11,8 @@ the seat's name; nothing is dropped unsaid.
 
 The message id is derived from the sender's uid, the message its turn answers and the send's
 ordinal in that turn, so a turn run again (a crash, a cut, a redelivery) publishes the same ids
-and the broker's duplicate window, widened here to cover the checkpoint recency horizon, drops
-each copy.
+and the broker's duplicate window, which the DM stream is given to cover the checkpoint recency
+horizon (`manager.broker.footprint.dm_stream_config`), drops each copy.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import structlog
-from nats.js import JetStreamContext
 
 from connectors.base import MeshPort
 from manager.broker.dm import publish_dm
@@ -36,34 +35,6 @@ if TYPE_CHECKING:
     from manager.daemon.core import Manager
 
 log = structlog.get_logger("cotal.mesh")
-
-# The floor of the DM stream's duplicate window: what it was before sends existed.
-MIN_DUPLICATE_WINDOW_S = 120
-
-
-def duplicate_window_s(horizon_s: int) -> int:
-    """The window a redelivered turn's sends must fall in to be dropped: the recency horizon,
-    the longest a checkpoint may wait before its seat runs the turn again."""
-    return max(MIN_DUPLICATE_WINDOW_S, horizon_s)
-
-
-async def ensure_duplicate_window(js: JetStreamContext, space: str, horizon_s: int) -> float:
-    """Widen the DM stream's duplicate window to the horizon (never narrow it); the window the
-    stream keeps afterwards."""
-    stream = names.dm_stream(space)
-    wanted = float(duplicate_window_s(horizon_s))
-
-    async def ensure() -> float:
-        info = await js.stream_info(stream)
-        config = info.config
-        if (config.duplicate_window or 0.0) >= wanted:
-            return float(config.duplicate_window or 0.0)
-        config.duplicate_window = wanted
-        updated = await js.update_stream(config)
-        log.info("mesh.duplicate_window", stream=stream, seconds=wanted)
-        return float(updated.config.duplicate_window or wanted)
-
-    return await riding_elections(f"stream {stream}", ensure)
 
 
 class MeshSends:

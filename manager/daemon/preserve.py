@@ -307,10 +307,13 @@ class Preservation:
                 connector=seat.agent,
                 cwd=str(seat.cwd),
                 unresolved_launch_option_keys=[],
-                profile_sha256=registry.profile_digest(seat.agent, model, settings),
+                profile_sha256=registry.profile_digest(
+                    seat.agent, model, settings, seat.allow_send
+                ),
                 session_stores=stores,
                 model=model,
                 session_id=session_id,
+                allow_send=list(seat.allow_send),
             ),
             dependencies=[],
             generation=seat.generation_at_broker,

@@ -103,6 +103,7 @@ class Readoption:
                 session_id=record.session_id,
                 restarts=record.restarts,
                 last_exit=record.last_exit,
+                allow_send=tuple(record.allow_send),
             )
             try:
                 mgr.adopt(seat)

@@ -293,6 +293,8 @@ class Resumption:
             pointer_path=mgr.layout.session_pointer(connector.name, agent.name, uid),
             custody_revision=held.revision,
             generation_at_broker=held.record.generation,
+            # The entry's, which its profile digest pins: never this root's `cotal.toml`.
+            allow_send=tuple(agent.launch.allow_send),
         )
 
     # -- commit-resume / finalize-resume -----------------------------------------------------

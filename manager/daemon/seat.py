@@ -83,7 +83,8 @@ class Seat:
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
     # Closed while a cut of some seats holds this one (the manager's gate fences the whole mesh).
     gate: DeliveryGate = field(default_factory=DeliveryGate)
-    # The seats this one may send to (`--allow-send`; `*` for every other seat), fixed at spawn.
+    # The seats this one may send to (`--allow-send`; `*` for every other seat), fixed at spawn
+    # and kept by its seat record and its resume entry, never read from `cotal.toml` again.
     allow_send: tuple[str, ...] = ()
 
     @property

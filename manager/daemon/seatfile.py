@@ -52,6 +52,7 @@ def record_of(seat: Seat) -> SeatRecord:
         state=seat.state,
         reason=seat.reason[:1024] if seat.reason else None,
         last_exit=seat.last_exit,
+        allow_send=list(seat.allow_send),
     )
 
 

@@ -108,6 +108,46 @@ async def test_move_refuses_untrusted_then_moves_there_and_back(
     assert reply["reply"] == f"The phrase is {PHRASE}.", reply
 
 
+async def test_a_moved_seat_keeps_its_allow_send_and_the_destination_cannot_widen_it(
+    tmp_path: Path, shared_broker: SharedBroker
+) -> None:
+    a, b = Cli(committed_root(tmp_path / "a")), Cli(committed_root(tmp_path / "b"))
+    # B's own cotal.toml would let `mover` send to every seat: a moved seat's list is the one
+    # its sealed entry carries.
+    write(b.root / "cotal.toml", '[seats.mover]\nallow_send = ["*"]\n')
+    try:
+        for cli in (a, b):
+            cli.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
+        a.json("spawn", "stay_a", "--agent", "scribe")
+        a.json(
+            "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+            "--allow-send", "stay_a",
+        )  # fmt: skip
+        to_b = b.json("spawn", "stay_b", "--agent", "scribe")["instanceId"]
+        b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+
+        a.json("move", "mover", "--to", to_b)
+        at_b = {r["name"]: r for r in b.ps()}
+        assert at_b["mover"]["allowSend"] == ["stay_a"]
+        # From B, over the shared broker, to the seat it was allowed (A's) and not to B's own.
+        told = b.json(
+            "send", "mover", "Tell stay_a: remember the phrase moved-permission-6\n"
+            "Tell stay_b: hello", "--wait",
+        )["reply"]  # fmt: skip
+        allowed, denied = told.splitlines()
+        assert allowed == "Told stay_a: delivered."
+        assert denied.startswith("Could not tell stay_b: refused send-not-allowed")
+        reply = a.json("send", "stay_a", "what was the phrase?", "--wait")["reply"]
+        assert reply == "The phrase is moved-permission-6, from mover."
+        assert b.json("send", "stay_b", "what was the phrase?", "--wait")["reply"] == (
+            "I do not know the phrase."
+        )
+    finally:
+        for cli in (a, b):
+            if (cli.root / ".cotal" / "mesh.json").exists():
+                cli.run("down", check=False)
+
+
 def moved_dir(cli: Cli, attempt: str) -> str:
     return str(cli.root / ".cotal/maintenance/v1/checkpoints" / attempt)
 

@@ -25,6 +25,7 @@ from tests.helpers import (
     broker_at,
     carry_to_new_host,
     processes_mentioning,
+    refused,
     signer_key,
     wait_until,
 )
@@ -127,6 +128,50 @@ async def test_record6_cut_and_resume_on_another_host(
         )
     custody = json.loads(entry.value or b"")
     assert custody["generation"] == 1 and custody["holder"] == ps["instanceId"]
+    cli.run("down")
+
+
+async def test_a_resumed_seat_keeps_its_allow_send_and_the_destination_cannot_widen_it(
+    tmp_path: Path, cli: Cli, shared_broker: SharedBroker
+) -> None:
+    server = ["--server", shared_broker.url, "--creds", shared_broker.creds]
+    cwd = cli.root / "proj"
+    make_workspace(cwd)
+    cli.run("up", "--detach", *server)
+    for name in ("b", "c"):
+        cli.json("spawn", name, "--agent", "scribe", "--cwd", str(cwd))
+    cli.json("spawn", "a", "--agent", "scribe", "--cwd", str(cwd), "--allow-send", "b")
+    result = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
+    copy = carry_to_new_host(cli.root, Path(result["checkpointDir"]), tmp_path)
+    # The new host's own cotal.toml would let a send to every seat: a resumed seat's list is
+    # its sealed entry's, never the destination's.
+    write(cli.root / "cotal.toml", '[seats.a]\nallow_send = ["*"]\n')
+
+    # An entry altered on the way (here: widened to every seat) is refused by its seal.
+    manifest = json.loads((copy / "manifest.json").read_text())
+    doc = copy / manifest["resume"]["file"]
+    sealed = doc.read_bytes()
+    altered = json.loads(sealed)
+    [entry] = [agent for agent in altered["agents"] if agent["name"] == "a"]
+    assert entry["launch"]["allowSend"] == ["b"]
+    entry["launch"]["allowSend"] = ["*"]
+    doc.write_text(json.dumps(altered))
+    denied = cli.run("up", "--restore", str(copy), *server, "--json", check=False)
+    why = refused(denied, "integrity")
+    assert f"{doc} is" in why and "altered or damaged after it was sealed" in why
+    doc.write_bytes(sealed)
+
+    cli.run("up", "--restore", str(copy), *server)
+    rows = {r["name"]: r for r in cli.ps()}
+    assert rows["a"]["allowSend"] == ["b"]
+    assert rows["b"]["allowSend"] == rows["c"]["allowSend"] == []
+    told = cli.json(
+        "send", "a", "Tell b: remember the phrase resumed-permission-8\nTell c: hello", "--wait"
+    )["reply"]
+    assert told.splitlines()[0] == "Told b: delivered."
+    assert told.splitlines()[1].startswith("Could not tell c: refused send-not-allowed")
+    reply = cli.json("send", "b", "what was the phrase?", "--wait")["reply"]
+    assert reply == "The phrase is resumed-permission-8, from a."
     cli.run("down")
 
 

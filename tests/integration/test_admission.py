@@ -51,6 +51,7 @@ from tests.ckpt import (
     manager_answers,
     move_source_away,
     record_bytes,
+    replace_agent,
     reseal,
     reseal_manifest,
     snapshot,
@@ -394,6 +395,34 @@ async def test_identity_refuses_profile_drift(cli: Cli, cut: Cut) -> None:
         cli,
         cut,
         cut.copy,
+        code="profile-drift",
+        contains=[
+            f"seat {SEAT}: this host's launch profile for scribe has revision {here}, "
+            f"the checkpoint recorded {record.profile}"
+        ],
+    )
+
+
+async def test_identity_refuses_an_entry_whose_allow_send_its_profile_does_not_pin(
+    cli: Cli, cut: Cut, tmp_path: Path
+) -> None:
+    src = move_source_away(cut)
+    # The resume document widened and the manifest sealed again by the source's own key: the
+    # seat's signed record still pins the profile it was cut with, which names no permission.
+    record = read_seat_checkpoint(cut.copy / SEAT)
+    model = record.entry["launch"].get("model")
+    assert "allowSend" not in record.entry["launch"]
+    widened = reseal(
+        cut.copy,
+        tmp_path / "widened",
+        source_identity(src),
+        plan=replace_agent(SEAT, allow_send=["*"]),
+    )
+    here = registry.profile_digest("scribe", model, {}, ["*"])
+    await refused(
+        cli,
+        cut,
+        widened,
         code="profile-drift",
         contains=[
             f"seat {SEAT}: this host's launch profile for scribe has revision {here}, "

@@ -348,6 +348,8 @@ async def test_a_stream_made_the_old_way_is_trimmed_in_place_by_up(
         info = await js.stream_info(STREAM, subjects_filter=names.dm_stream_subjects(SPACE))
         assert info.config.retention == api.RetentionPolicy.LIMITS
         assert info.config.discard == api.DiscardPolicy.NEW and info.config.max_msgs == 40
+        # The old 120 s duplicate window is widened in the same update, to the recency horizon.
+        assert info.config.duplicate_window == 24 * 60 * 60
         assert info.state.subjects == {
             f"cotal.{SPACE}.inst.local.old.local.operator": 1,
             f"cotal.{SPACE}.inst.local.operator.local.old": 1,
@@ -381,6 +383,38 @@ async def test_a_stream_of_another_retention_is_refused_by_name(js: JetStreamCon
     assert f"nats stream rm {STREAM}" in refused.value.cure
     # Refused, and changed nothing.
     assert (await js.stream_info(STREAM)).config.retention == api.RetentionPolicy.INTEREST
+
+
+async def test_the_duplicate_window_is_made_at_the_horizon_and_never_narrowed(
+    js: JetStreamContext,
+) -> None:
+    async def window() -> float:
+        return float((await js.stream_info(STREAM)).config.duplicate_window or 0.0)
+
+    # Made by a restore that knows no horizon: the floor.
+    await ensure_dm_stream(js, SPACE)
+    assert await window() == 120.0
+    # A manager whose horizon is an hour widens it in place, messages and all.
+    seq = (await js.publish(f"cotal.{SPACE}.inst.local.keep.local.operator", b"kept")).seq
+    await ensure_dm_stream(js, SPACE, horizon_s=3600)
+    assert await window() == 3600.0
+    # Another manager of the same broker with a shorter horizon does not narrow it.
+    await ensure_dm_stream(js, SPACE, horizon_s=600)
+    assert await window() == 3600.0
+    assert (await js.get_msg(STREAM, seq=seq)).data == b"kept"
+    # Inside the window, the same id is the broker's duplicate.
+    again = await js.publish(
+        f"cotal.{SPACE}.inst.local.keep.local.operator", b"once", headers={"Nats-Msg-Id": "x1"}
+    )
+    copy = await js.publish(
+        f"cotal.{SPACE}.inst.local.keep.local.operator", b"once", headers={"Nats-Msg-Id": "x1"}
+    )
+    assert copy.duplicate and copy.seq == again.seq
+
+
+async def test_a_stream_made_at_the_horizon_keeps_it(js: JetStreamContext) -> None:
+    await ensure_dm_stream(js, SPACE, horizon_s=7200)
+    assert (await js.stream_info(STREAM)).config.duplicate_window == 7200.0
 
 
 async def test_a_malformed_limit_refuses_before_anything_starts(cli: Cli) -> None:

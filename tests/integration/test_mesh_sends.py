@@ -6,13 +6,15 @@ recipient sees twice, and a call that claims a sender is refused whole."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from typing import Any
 
 import pytest
 
 from tests.conftest import Cli
 from tests.gitrepo import committed_repo
-from tests.helpers import broker, refused, wait_until
+from tests.helpers import broker, refused, wait_gone, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -221,3 +223,30 @@ async def test_a_message_to_a_seat_a_cut_holds_is_delivered_after_its_resume(cli
         assert _ask(cli, "b", "what was the phrase?") == "The phrase is held-by-cut-5, from a."
     finally:
         cli.run("down", check=False)
+
+
+async def test_a_seats_permission_survives_its_managers_death(mesh: Cli) -> None:
+    mesh.json("spawn", "b")
+    mesh.json("spawn", "c")
+    a = mesh.json("spawn", "a", "--allow-send", "b")
+    record = json.loads((mesh.root / ".cotal/seats" / f"a-{a['lifecycleUid']}.json").read_text())
+    assert record["allowSend"] == ["b"]
+    daemon = mesh.json("status")["pid"]
+    os.kill(daemon, signal.SIGKILL)
+    await wait_gone([daemon, a["pid"]], timeout=20)
+
+    mesh.run("up", "--detach")
+
+    def all_running() -> bool:
+        rows = mesh.ps()
+        return len(rows) == 3 and all(r["state"] == "running" for r in rows)
+
+    await wait_until(all_running, timeout=60, every=0.2)
+    rows = {r["name"]: r for r in mesh.ps()}
+    assert rows["a"]["allowSend"] == ["b"] and rows["a"]["pid"] != a["pid"]
+    assert rows["b"]["allowSend"] == rows["c"]["allowSend"] == []
+    told = _ask(mesh, "a", "Tell b: remember the phrase after-crash-4\nTell c: hello")
+    assert told.splitlines()[0] == "Told b: delivered."
+    assert told.splitlines()[1].startswith("Could not tell c: refused send-not-allowed")
+    assert _ask(mesh, "b", "what was the phrase?") == "The phrase is after-crash-4, from a."
+    assert await _messages_on(mesh, _inbox_subject("c", "a")) == []

@@ -339,3 +339,17 @@ def test_a_seat_named_as_the_operator_is_refused() -> None:
     assert err.code == "reserved-name"
     assert err.message == "seat name 'operator' is the operator's own address on the broker"
     assert "operator_1" in err.cure
+
+
+def test_an_entry_carries_allow_send_and_an_older_one_names_none() -> None:
+    older = parse_resume_args(ATTEMPT, raw(inventory_doc()))
+    assert older.agents[0].launch.allow_send == []
+    # An entry with no permission is written as before the field existed, byte for byte.
+    assert b"allowSend" not in encode_inventory(older)
+    allowed = parse_resume_args(ATTEMPT, raw(inventory_doc([agent_doc(allowSend=["b", "c"])])))
+    assert allowed.agents[0].launch.allow_send == ["b", "c"]
+    assert parse_resume_args(ATTEMPT, encode_inventory(allowed)) == allowed
+    assert inventory_digest(allowed) != inventory_digest(older)
+    for bad in (["b.c"], ["b c"], [""], ["b"] * 257):
+        denied = refused(inventory_doc([agent_doc(allowSend=bad)]))
+        assert denied.code == "malformed" and "allowSend" in denied.message

@@ -9,7 +9,9 @@ import pytest
 
 from manager import registry
 from protocol import meshcall
+from protocol.codec import encode_json
 from protocol.errors import Refusal
+from protocol.lifecycle import decode_seat_record, encode_seat_record
 from protocol.refusals import Code
 
 
@@ -82,3 +84,60 @@ def test_the_seats_call() -> None:
     assert isinstance(meshcall.decode_call(b'{"op":"seats"}'), meshcall.SeatsCall)
     with pytest.raises(Refusal):
         meshcall.decode_call(b'{"op":"seats","as":"a"}')
+
+
+def test_the_list_is_bounded_so_every_record_that_carries_it_decodes() -> None:
+    most = [f"s{i}" for i in range(meshcall.MAX_ALLOW_SEND)]
+    assert meshcall.check_allow_send(most) == most
+    with pytest.raises(Refusal) as refused:
+        meshcall.check_allow_send([*most, "one_more"])
+    assert refused.value.code == Code.BAD_NAME
+    # '*' stands for every seat, however many were named beside it.
+    assert meshcall.check_allow_send([*most, "one_more", "*"]) == ["*"]
+
+
+SEAT_RECORD = {
+    "version": 1,
+    "name": "a",
+    "agent": "scribe",
+    "lifecycleUid": "0" * 26,
+    "cwd": "/srv/repo",
+    "model": None,
+    "continuity": "exact",
+    "generation": 0,
+    "custodyRevision": 3,
+    "pointerPath": "/srv/repo/.cotal/p.json",
+    "startedAt": "2026-01-01T00:00:00.000Z",
+    "sessionId": None,
+    "restarts": 0,
+    "state": "running",
+}
+
+
+def test_the_seat_record_keeps_allow_send_and_an_older_record_names_none() -> None:
+    older = decode_seat_record(encode_json(SEAT_RECORD), where="test")
+    assert older.allow_send == []
+    kept = decode_seat_record(encode_json({**SEAT_RECORD, "allowSend": ["b"]}), where="test")
+    assert kept.allow_send == ["b"]
+    assert decode_seat_record(encode_seat_record(kept), where="test") == kept
+    for bad in (["b.c"], ["*b"], ["b"] * 257):
+        with pytest.raises(Exception, match="allowSend"):
+            decode_seat_record(encode_json({**SEAT_RECORD, "allowSend": bad}), where="test")
+
+
+def test_the_profile_digest_covers_allow_send_and_not_its_absence() -> None:
+    import hashlib
+
+    before = hashlib.sha256(
+        encode_json({"agent": "scribe", "model": "m", "settings": {}})
+    ).hexdigest()
+    # A seat with no permission hashes as every checkpoint before the field did.
+    assert registry.profile_digest("scribe", "m", {}) == before
+    assert registry.profile_digest("scribe", "m", {}, ()) == before
+    with_b = registry.profile_digest("scribe", "m", {}, ["b"])
+    assert with_b != before
+    assert registry.profile_digest("scribe", "m", {}, ["*"]) not in (before, with_b)
+    # Normalized: the same permission in another order is the same profile.
+    assert registry.profile_digest("scribe", "m", {}, ["c", "b"]) == registry.profile_digest(
+        "scribe", "m", {}, ["b", "c"]
+    )

@@ -14,6 +14,7 @@ from connectors.base import LaunchOpts, StoreDecl, TurnOutcome
 from connectors.jsonl_driver import (
     OVERSIZE,
     DriverError,
+    HarnessEvent,
     JsonLinesDriver,
     LineSplitter,
     Ready,
@@ -23,9 +24,10 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
-from connectors.scribe.connector import ScribeCodec, ScribeConnector
+from connectors.scribe.connector import ScribeCodec, ScribeConnector, ScribeDriver
 from connectors.scribe.harness import (
     Directives,
+    MeshOut,
     Message,
     PromptIn,
     ProtocolErrorOut,
@@ -376,3 +378,95 @@ async def test_driver_without_reader_does_not_hang() -> None:
         )
     with pytest.raises(DriverError):
         await driver.get_state()
+
+
+MESH_LINE = b'{"type":"mesh","id":"m1-0","call":{"op":"seats"}}\n'
+
+
+def test_the_codec_hands_a_mesh_call_over_as_a_harness_event() -> None:
+    event = ScribeCodec().decode(MESH_LINE.strip())
+    assert isinstance(event, HarnessEvent) and isinstance(event.value, MeshOut)
+    assert (event.value.id, bytes(event.value.call)) == ("m1-0", b'{"op":"seats"}')
+
+
+@pytest.mark.anyio
+async def test_a_driver_without_the_hook_says_it_does_not_take_the_event() -> None:
+    stdin, stdout = FakeStdin(), FakeStdout()
+    driver = JsonLinesDriver(stdin, stdout, ScribeCodec())
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(driver.run)
+            await stdout.writer.send(MESH_LINE)
+            await stdout.writer.aclose()
+    assert list(driver.protocol_errors) == ["the harness sent a MeshOut this driver does not take"]
+    assert stdin.lines == []
+
+
+class Hooked(JsonLinesDriver):
+    """A driver that takes non-turn events through the public hook and answers each."""
+
+    def __init__(self, stdin: FakeStdin, stdout: FakeStdout) -> None:
+        super().__init__(stdin, stdout, ScribeCodec())
+        self.seen: list[object] = []
+        self.answer, self._answers = anyio.create_memory_object_stream[bytes](4)
+
+    def on_harness_event(self, value: object) -> None:
+        self.seen.append(value)
+        self.answer.send_nowait(b'{"answered":true}')
+
+    async def answer_all(self) -> None:
+        async for line in self._answers:
+            assert await self.send_line(line)
+
+
+@pytest.mark.anyio
+async def test_the_hook_gets_non_turn_events_in_line_order_beside_a_turn() -> None:
+    stdin, stdout = FakeStdin(), FakeStdout()
+    driver = Hooked(stdin, stdout)
+    outcome: list[TurnOutcome] = []
+
+    async def deliver() -> None:
+        outcome.append(await driver.prompt("hi", message_id="m1"))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(driver.run)
+            tg.start_soon(driver.answer_all)
+            tg.start_soon(deliver)
+            await stdin.wait_lines(1)
+            await stdout.writer.send(MESH_LINE)
+            await stdout.writer.send(MESH_LINE.replace(b"m1-0", b"m1-1"))
+            await stdin.wait_lines(3)
+            await stdout.writer.send(
+                b'{"type":"turn_end","id":"m1","status":"ok","reply":"yes","detail":""}\n'
+            )
+            await stdout.writer.aclose()
+            driver.answer.close()
+    assert [v.id for v in driver.seen if isinstance(v, MeshOut)] == ["m1-0", "m1-1"]
+    assert stdin.lines[1:] == [b'{"answered":true}\n'] * 2
+    assert outcome == [TurnOutcome("ok", "yes", "")]
+    assert list(driver.protocol_errors) == []
+
+
+@pytest.mark.anyio
+async def test_scribe_driver_hands_each_mesh_call_to_its_port_and_answers_it() -> None:
+    stdin, stdout = FakeStdin(), FakeStdout()
+    driver = ScribeDriver(stdin, stdout, ScribeCodec())
+    calls: list[bytes] = []
+
+    async def port(call: bytes) -> bytes:
+        calls.append(call)
+        return b'{"status":"listed","seats":["b"]}'
+
+    driver.mesh_port = port
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(driver.run)
+            await stdout.writer.send(MESH_LINE)
+            await stdin.wait_lines(1)
+            await stdout.writer.aclose()
+    assert calls == [b'{"op":"seats"}']
+    assert stdin.lines == [
+        b'{"id":"m1-0","result":{"status":"listed","seats":["b"]},"type":"mesh_result"}\n'
+    ]
+    assert list(driver.protocol_errors) == []
