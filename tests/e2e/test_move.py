@@ -233,7 +233,7 @@ async def test_a_move_whose_source_manager_died_is_finished_offline_by_a_rerun(
     reply = b.json("send", "mover", "What was the phrase?", "--wait")
     assert reply["reply"] == f"The phrase is {PHRASE}.", reply
     # A's manager comes back with the seat the move did not carry, and not the moved one.
-    a.run("up", "--detach", "--server", *_server_of(b))
+    a.run("up", "--detach", "--server", *server_of(b))
     try:
         await wait_until(
             lambda: [(r["name"], r["state"]) for r in a.ps()] == [("stay_a", "running")],
@@ -245,9 +245,19 @@ async def test_a_move_whose_source_manager_died_is_finished_offline_by_a_rerun(
     assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
 
 
-def _server_of(cli: Cli) -> list[str]:
+def server_of(cli: Cli) -> list[str]:
     record = json.loads((cli.root / ".cotal/mesh.json").read_text())
     return [record["server"], "--creds", record["creds"]]
+
+
+def failing_destination(b: Cli, a: Cli, point: str) -> tuple[str, list[str]]:
+    """B's manager again, now dying (or its resume's process dying) at `point`, trusting A:
+    its instance id and the broker arguments it runs on."""
+    server = server_of(b)
+    b.run("down")
+    b.run("up", "--detach", "--server", *server, env={"COTAL_FAILPOINT": point})
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    return b.json("status")["instanceId"], server
 
 
 async def test_a_move_whose_destination_manager_died_after_its_claim_is_finished_by_a_rerun(
@@ -258,15 +268,8 @@ async def test_a_move_whose_destination_manager_died_after_its_claim_is_finished
         "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
         "--prompt", f"Remember the phrase {PHRASE}.",
     )  # fmt: skip
-    server = _server_of(b)
     # B's manager dies once its own resume of the offer has claimed custody of the seat.
-    b.run("down")
-    b.run(
-        "up", "--detach", "--server", *server,
-        env={"COTAL_FAILPOINT": "resume.after-custody-claim:manager"},
-    )  # fmt: skip
-    to_b = b.json("status")["instanceId"]
-    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    to_b, server = failing_destination(b, a, "resume.after-custody-claim:manager")
     died = a.run("move", "mover", "--to", to_b, "--json", check=False, timeout=120)
     # Told as soon as B's lease is gone, not after the whole offer timeout; the seat is not
     # started at A, since B may own it now.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -14,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import move, names
 from tests.conftest import Cli, SharedBroker
-from tests.e2e.test_move import _server_of, two_roots  # noqa: F401  (the fixture)
+from tests.e2e.test_move import failing_destination, server_of, two_roots  # noqa: F401  (the fixture)
 from tests.gitrepo import git, init_repo, tree_digest, write
 from tests.helpers import processes_mentioning, refused, signer_key
 
@@ -38,6 +39,15 @@ def history_repo(cli: Cli, name: str) -> Path:
     return repo
 
 
+def spawn_heavy(cli: Cli) -> tuple[Path, dict[str, Any]]:
+    repo = history_repo(cli, "heavy")
+    seat = cli.json(
+        "spawn", "heavy", "--agent", "scribe", "--cwd", str(repo),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    return repo, seat
+
+
 def precopied(cli: Cli) -> list[str]:
     store = cli.root / ".cotal/maintenance/v1/precopy"
     return sorted(p.name for p in store.iterdir()) if store.exists() else []
@@ -45,11 +55,7 @@ def precopied(cli: Cli) -> list[str]:
 
 async def test_move_ships_the_history_before_the_fence(two_roots: tuple[Cli, Cli]) -> None:  # noqa: F811
     a, b = two_roots
-    repo = history_repo(a, "heavy")
-    seat = a.json(
-        "spawn", "heavy", "--agent", "scribe", "--cwd", str(repo),
-        "--prompt", f"Remember the phrase {PHRASE}.",
-    )  # fmt: skip
+    repo, seat = spawn_heavy(a)
     stay_b = b.json("spawn", "stay_b", "--agent", "scribe")
     b.run("trust", "add", signer_key(a.root), "--name", "host-a")
     want = tree_digest(repo)
@@ -132,20 +138,9 @@ async def test_a_refusal_after_the_precopy_takes_the_seat_back_on_its_own_bundle
     """B's resume of the offer dies before its custody claim: A takes the seat back, restored
     on the bundle it pre-copied, in its own session; the next move, to a healthy B, goes."""
     a, b = two_roots
-    repo = history_repo(a, "heavy")
-    seat = a.json(
-        "spawn", "heavy", "--agent", "scribe", "--cwd", str(repo),
-        "--prompt", f"Remember the phrase {PHRASE}.",
-    )  # fmt: skip
+    repo, seat = spawn_heavy(a)
     want = tree_digest(repo)
-    server = _server_of(b)
-    b.run("down")
-    b.run(
-        "up", "--detach", "--server", *server,
-        env={"COTAL_FAILPOINT": "resume.after-admission"},
-    )  # fmt: skip
-    to_b = b.json("status")["instanceId"]
-    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    to_b, server = failing_destination(b, a, "resume.after-admission")
 
     refused_move = a.run("move", "heavy", "--to", to_b, "--json", check=False, timeout=180)
     assert "the seats run here again" in refused(refused_move, "move-failed")
