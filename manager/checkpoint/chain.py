@@ -32,7 +32,7 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from manager.checkpoint.gitstate import run_git
+from manager.checkpoint.gitstate import run_git, settle_stat_data
 from manager.checkpoint.reader import read_manifest, read_sealed_seat, verify_file
 from manager.workspace import trust
 from manager.workspace.layout import Layout
@@ -230,11 +230,58 @@ async def precopy_link(cwd: Path, shipped: PrecopyLink) -> PrecopyLink | None:
 _PACK_NAME = re.compile(r"pack-[0-9a-f]{40,64}\.(pack|idx|rev)")
 
 
+async def grow_seed(bundle: Path, growing: Path, *, cure: str) -> None:
+    """A seed repository at `growing` (a path that does not exist yet) from a pre-copied
+    bundle: its history unbundled and indexed once, and its HEAD checked out with stat data
+    older than the index, so a restore that takes the seed as its staging tree writes only what
+    changed since and hashes nothing it did not write (`take_seed`)."""
+    await run_git(growing.parent, "init", "--quiet", "--template=", str(growing), cure=cure)
+    listed = await run_git(
+        growing, "bundle", "unbundle", str(bundle), code=Code.INTEGRITY, cure=cure
+    )
+    # bundle_heads leaves the symbolic HEAD out; here it is the one line wanted.
+    head = next(
+        (
+            oid
+            for oid, _, name in (
+                line.partition(" ")
+                for line in listed.stdout.decode("ascii", "replace").splitlines()
+            )
+            if name == "HEAD"
+        ),
+        None,
+    )
+    if head is None:
+        return
+    await run_git(growing, "checkout", "--quiet", "--detach", head, code=Code.INTEGRITY, cure=cure)
+    await anyio.to_thread.run_sync(settle_stat_data, growing)
+    await run_git(growing, "update-index", "-q", "--refresh", ok=(0, 1), cure=cure)
+
+
+def take_seed(links: Sequence[Link], staging: Path) -> bool:
+    """The one seed of the chain with a checked-out tree becomes the (empty, just made)
+    staging directory, by a rename: its history and its tree are then the staging's, and the
+    restore goes on from there. False, with nothing moved, when there is none or the rename
+    cannot be made (another filesystem); the bundle beside the seed serves a later run."""
+    seeds = [link.seed for link in links if link.seed is not None]
+    if len(seeds) != 1 or not (seeds[0] / ".git").is_dir() or (seeds[0] / ".git").is_symlink():
+        return False
+    try:
+        os.rename(seeds[0], staging)
+    except OSError:
+        return False
+    return True
+
+
+def _seed_objects(seed: Path) -> Path:
+    return seed / ".git" / "objects" if (seed / ".git").is_dir() else seed / "objects"
+
+
 def plant_seed(seed: Path, objects: Path) -> None:
     """The seed's packs into a repository's `objects/pack`: hard links where one filesystem
     holds both, copies otherwise; each index after its pack, since git counts a pack once its
     index is there. Only regular files named as git names packs."""
-    src, dst = seed / "objects" / "pack", objects / "pack"
+    src, dst = _seed_objects(seed) / "pack", objects / "pack"
     dst.mkdir(exist_ok=True)
     names = [n for n in os.listdir(src) if _PACK_NAME.fullmatch(n)]
     for name in sorted(names, key=lambda n: (n.endswith(".idx"), n)):

@@ -31,7 +31,6 @@ import os
 import re
 import stat
 import tarfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +57,7 @@ from manager.checkpoint.gitstate import (
     read_refs,
     read_stash,
     run_git,
+    settle_stat_data,
 )
 from manager.checkpoint.landing import check_tree, mount_points
 from manager.checkpoint.reader import verify_file
@@ -438,21 +438,25 @@ async def _build(
     # Not a clone: an incremental bundle needs its predecessors' objects first, so every
     # bundle of the chain is unbundled oldest first (git proves each one's prerequisites are
     # present) and the refs are set below from the record, after all the objects are in.
-    await run_git(
-        staging.parent,
-        "init",
-        "--quiet",
-        "--template=",
-        str(staging),
-        code=Code.RESTORE_FAILED,
-        cure="fix what git says about the staging directory",
-    )
+    # A pre-copied seed with its tree checked out is the staging itself: the history is in
+    # and only what changed since the pre-copy is written and hashed below.
+    seeded = await anyio.to_thread.run_sync(chain.take_seed, links, staging)
+    if not seeded:
+        await run_git(
+            staging.parent,
+            "init",
+            "--quiet",
+            "--template=",
+            str(staging),
+            code=Code.RESTORE_FAILED,
+            cure="fix what git says about the staging directory",
+        )
     if scratch is not None and await anyio.to_thread.run_sync(_adopt_packs, scratch, staging):
         # Admission already unbundled this very chain: its packs are the objects.
         bundles: list[Path | None] = []
     else:
         for link in links:
-            if link.seed is not None:
+            if link.seed is not None and not seeded:
                 await anyio.to_thread.run_sync(
                     chain.plant_seed, link.seed, staging / ".git" / "objects"
                 )
@@ -487,7 +491,7 @@ async def _build(
     # to smudge it, and the refresh after the applies would hash them all again (a 32 MiB blob:
     # about 0.1 s each time). Dated back and refreshed once here, the entries are older than
     # the index, and only what the applies write is hashed again.
-    await anyio.to_thread.run_sync(_settle_stat_data, staging)
+    await anyio.to_thread.run_sync(settle_stat_data, staging)
     await run_git(staging, "update-index", "-q", "--refresh", ok=(0, 1), code=Code.RESTORE_FAILED)
 
     # The carried config, written next, replaces the one `init` made, so the remotes are the
@@ -570,7 +574,7 @@ async def _build(
     # 0.28 s a run on issue 13's repository against 8 ms refreshed. The staging repository is
     # this restore's own, and a refresh changes only stat data, never an entry. The files of
     # this second are dated back first, or the refreshed index would still be racy for them.
-    await anyio.to_thread.run_sync(_settle_stat_data, staging)
+    await anyio.to_thread.run_sync(settle_stat_data, staging)
     await run_git(staging, "update-index", "-q", "--refresh", ok=(0, 1), code=Code.RESTORE_FAILED)
     staged = (await run_git(staging, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
     if staged != status:
@@ -580,38 +584,6 @@ async def _build(
             f"{_show_status(status)}",
             "the checkpoint does not reproduce its own tree; cut a new one",
         )
-
-
-def _settle_stat_data(top: Path) -> None:
-    """Date every file of the tree written in the current second back to the second before.
-
-    Git (as built here, without nanosecond checks) judges by whole seconds, and an index entry
-    whose file time is not older than the index file itself is "racily clean": git cannot
-    trust its stat data, so every
-    reader hashes that file again, and a reader that does not write the index (every status of
-    the restore's comparisons, of a later cut's inspections, of the seat's own git run with
-    optional locks off) does so every time, until an index lands in a later second. A restore
-    writes its whole tree and then its index within the same second more often than not: on
-    issue 13's repository that cost the resume up to 0.5 s and the next cut about as much
-    again. A file dated back differs from its index entry, so the refresh that follows hashes
-    it once, proves its content, and records stat data that are then older than the index.
-    Only this restore's staging tree is touched; no symlink is followed.
-    """
-    second = 1_000_000_000
-    this_second = time.time_ns() // second
-    back = (this_second - 1) * second
-    pending = [(os.fspath(top), True)]
-    while pending:
-        directory, at_top = pending.pop()
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    if not (at_top and entry.name == ".git"):
-                        pending.append((entry.path, False))
-                    continue
-                st = entry.stat(follow_symlinks=False)
-                if st.st_mtime_ns // second >= this_second:
-                    os.utime(entry.path, ns=(st.st_atime_ns, back), follow_symlinks=False)
 
 
 # -- promotion ----------------------------------------------------------------------------------

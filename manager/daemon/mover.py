@@ -34,8 +34,7 @@ from nats.aio.msg import Msg
 
 from connectors.interpreter import own_python
 from manager.broker import carry
-from manager.checkpoint.chain import precopy_seed, sweep_precopies
-from manager.checkpoint.gitstate import run_git
+from manager.checkpoint.chain import grow_seed, precopy_file, precopy_seed, sweep_precopies
 from manager.workspace.journal import Journal
 from manager.workspace.private import ensure_private_dir, fsync_dir
 from manager.workspace.trust import read_trusted
@@ -170,13 +169,14 @@ class Mover:
                         "source put",
                         "rerun `cotal move` at the source: it ships the history again",
                     )
-                cure = "rerun `cotal move` at the source: it ships the history again"
-                await run_git(
-                    store, "init", "--quiet", "--bare", "--template=", str(growing), cure=cure
+                await grow_seed(
+                    part,
+                    growing,
+                    cure="rerun `cotal move` at the source: it ships the history again",
                 )
-                await run_git(
-                    growing, "bundle", "unbundle", str(part), code=Code.INTEGRITY, cure=cure
-                )
+                # The bundle stays beside its seed: a restore consumes the seed, and a rerun
+                # of a restore that failed after it restores from the bundle instead.
+                await anyio.to_thread.run_sync(_promote, part, store / precopy_file(pre.sha256))
                 await anyio.to_thread.run_sync(_promote, growing, seed)
             finally:
                 part.unlink(missing_ok=True)
@@ -224,6 +224,7 @@ class Mover:
                 # source takes the seat back): either way this root needs the history no more.
                 # A claimed refusal keeps it for the rerun that finishes the move here.
                 for sha in offer.precopy:
+                    (self.mgr.layout.precopy / precopy_file(sha)).unlink(missing_ok=True)
                     await anyio.to_thread.run_sync(
                         functools.partial(
                             shutil.rmtree,

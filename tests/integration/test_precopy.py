@@ -168,3 +168,41 @@ async def test_a_seed_stands_for_the_shipped_bundle_and_is_linked_not_unbundled(
     again = tmp_path / "dest" / "again"
     await restore_repository(attempt / "default", record, again, stamp=STAMP, links=links)
     assert observe(again) == want
+
+
+async def test_a_grown_seed_becomes_the_staging_tree_and_its_bundle_serves_a_rerun(
+    tmp_path: Path,
+) -> None:
+    """The mover's seed has its HEAD checked out: the restore takes it as its staging tree (the
+    history and the unchanged files are there already), and the bundle kept beside it serves
+    a restore that runs again once the seed is spent."""
+    repo = big_repo(tmp_path / "src")
+    store = tmp_path / "precopy"
+    shipped = ship(repo, store)
+    seed = store / chain.precopy_seed(shipped.bundle_sha256)
+    bundle = store / chain.precopy_file(shipped.bundle_sha256)
+    await chain.grow_seed(bundle, seed, cure="ship it again")
+    assert (seed / ".git").is_dir() and (seed / "blob0.bin").is_file()
+    (repo / "blob1.bin").write_bytes(b"changed after the pre-copy\n")
+    git(repo, "commit", "-q", "-am", "after the pre-copy")
+    (repo / "blob2.bin").write_bytes(b"unstaged at the cut\n")
+    want = observe(repo)
+    attempt = tmp_path / "checkpoints" / "A"
+    record = await capture_on(repo, attempt / "default", shipped)
+
+    links = chain.resolve(attempt, "default", record, space="s", trusted_keys=(), search=[store])
+    keep = tmp_path / "scratch"
+    keep.mkdir(mode=0o700)
+    scratch = check_repository("default", attempt / "default", record, links, keep=keep / "r")
+    target = tmp_path / "dest" / "work"
+    await restore_repository(
+        attempt / "default", record, target, stamp=STAMP, links=links, scratch=scratch
+    )
+    assert observe(target) == want
+    # The seed is spent (it became the tree); the bundle stays for a run after a failure.
+    assert not seed.exists() and bundle.is_file()
+    again = chain.resolve(attempt, "default", record, space="s", trusted_keys=(), search=[store])
+    assert [(link.seed, link.bundle is not None) for link in again] == [(None, True)]
+    rerun = tmp_path / "dest" / "rerun"
+    await restore_repository(attempt / "default", record, rerun, stamp=STAMP, links=again)
+    assert observe(rerun) == want

@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from manager.checkpoint.confine import place_session_file, session_destination
-from manager.checkpoint.gitstate import capture_repository
-from manager.checkpoint.restore import _settle_stat_data, restore_repository
+from manager.checkpoint.gitstate import capture_repository, settle_stat_data
+from manager.checkpoint.restore import restore_repository
 from protocol.checkpoint import FileRef, RepositoryRecord, SessionFile
 from protocol.errors import Refusal
 from tests.gitrepo import (
@@ -186,7 +186,7 @@ def test_settling_dates_back_only_this_seconds_files_and_follows_no_link(tmp_pat
     git_before = os.stat(top / ".git" / "index").st_mtime_ns
 
     before = time.time_ns() // 1_000_000_000
-    _settle_stat_data(top)
+    settle_stat_data(top)
     after = time.time_ns() // 1_000_000_000
 
     for name in ("sub/deeper/new.txt", "link", "dangling"):
