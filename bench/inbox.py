@@ -154,8 +154,15 @@ def export_import(
 
 
 def one_case(
-    scratch: Path, env: dict[str, str], broker: dict[str, Any], inbox: int, payload: int
+    scratch: Path,
+    env: dict[str, str],
+    broker: dict[str, Any],
+    inbox: int,
+    payload: int,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
+    """One case; `keep`, a directory the sealed attempt is also copied into (bench/goals.py
+    resumes it again), named by the row's `keptAttempt`."""
     case = f"inbox-{inbox}"
     root = scratch / case
     carried_parent = scratch / f"carried-{case}"
@@ -215,6 +222,8 @@ def one_case(
             if carried != inbox:
                 raise RuntimeError(f"{case}: the cut carried {carried} messages, not {inbox}")
             copied = copy_out(attempt, carried_parent)
+            if keep is not None:
+                row["keptAttempt"] = str(copy_out(attempt, keep))
             # Host A is gone; the destination starts its own broker, so the inbox is rebuilt.
             shutil.rmtree(root)
             root.mkdir()
