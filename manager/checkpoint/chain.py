@@ -237,7 +237,7 @@ async def grow_seed(bundle: Path, growing: Path, *, cure: str) -> None:
     changed since and hashes nothing it did not write (`take_seed`)."""
     await run_git(growing.parent, "init", "--quiet", "--template=", str(growing), cure=cure)
     listed = await run_git(
-        growing, "bundle", "unbundle", str(bundle), code=Code.INTEGRITY, cure=cure
+        growing, "bundle", "unbundle", str(bundle), code=Code.INTEGRITY, cure=cure, background=True
     )
     # bundle_heads leaves the symbolic HEAD out; here it is the one line wanted.
     head = next(
@@ -253,9 +253,18 @@ async def grow_seed(bundle: Path, growing: Path, *, cure: str) -> None:
     )
     if head is None:
         return
-    await run_git(growing, "checkout", "--quiet", "--detach", head, code=Code.INTEGRITY, cure=cure)
+    await run_git(
+        growing,
+        "checkout",
+        "--quiet",
+        "--detach",
+        head,
+        code=Code.INTEGRITY,
+        cure=cure,
+        background=True,
+    )
     await anyio.to_thread.run_sync(settle_stat_data, growing)
-    await run_git(growing, "update-index", "-q", "--refresh", ok=(0, 1), cure=cure)
+    await run_git(growing, "update-index", "-q", "--refresh", ok=(0, 1), cure=cure, background=True)
 
 
 def take_seed(links: Sequence[Link], staging: Path) -> bool:

@@ -95,6 +95,9 @@ Progress = Callable[[str, int], None]
 log = structlog.get_logger("cotal.cut")
 
 GIT = "git"
+# Work done ahead of a fence (a move's pre-copy) runs at this niceness, so the seats that keep
+# working on the same cores are served first; the work inside a fence never waits on it.
+BACKGROUND = ("nice", "-n", "10")
 # Every git run: hooks and fsmonitor are programs a seat can configure in .git/config; a cut
 # must never execute them.
 SAFE_CONFIG: tuple[str, ...] = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
@@ -193,11 +196,17 @@ async def run_git(
     stdin: bytes | None = None,
     code: str = Code.GIT_FAILED,
     cure: str = "read git's message; nothing was changed",
+    background: bool = False,
 ) -> GitResult:
-    """Run one git command in `cwd`; an exit status outside `ok` is a Refusal with git's stderr."""
+    """Run one git command in `cwd`; an exit status outside `ok` is a Refusal with git's stderr.
+    `background` runs it (and the children it starts) at `BACKGROUND` niceness."""
     try:
         proc = await anyio.run_process(
-            [GIT, *SAFE_CONFIG, *args], cwd=cwd, env=git_env(env), input=stdin, check=False
+            [*(BACKGROUND if background else ()), GIT, *SAFE_CONFIG, *args],
+            cwd=cwd,
+            env=git_env(env),
+            input=stdin,
+            check=False,
         )
     except FileNotFoundError:
         raise Refusal(
@@ -251,8 +260,10 @@ async def stream_git_to_file(
     *,
     progress: Progress | None = None,
     phase: str = "",
+    background: bool = False,
 ) -> FileRef:
-    """Stream one git command's stdout into a new exclusive file, never holding it in memory."""
+    """Stream one git command's stdout into a new exclusive file, never holding it in memory;
+    `background` as for `run_git`."""
     out = await anyio.to_thread.run_sync(ExclusiveFile, directory, name)
     try:
         stderr = bytearray()
@@ -263,7 +274,7 @@ async def stream_git_to_file(
             # a cancel while the pipes connect would kill git alone and orphan that child.
             with anyio.CancelScope(shield=True):
                 process = await anyio.open_process(
-                    [GIT, *SAFE_CONFIG, *args],
+                    [*(BACKGROUND if background else ()), GIT, *SAFE_CONFIG, *args],
                     cwd=cwd,
                     env=git_env(),
                     stdin=subprocess.DEVNULL,

@@ -80,7 +80,7 @@ async def _ship_one(
     part = f"shipping-{secrets.token_hex(8)}.part"
     try:
         ref = await stream_git_to_file(
-            cwd, ["bundle", "create", "--quiet", "-", "--all"], store, part
+            cwd, ["bundle", "create", "--quiet", "-", "--all"], store, part, background=True
         )
     except Refusal as exc:
         (store / part).unlink(missing_ok=True)
