@@ -25,6 +25,9 @@ DEFAULT_HORIZON_S = 24 * 60 * 60
 MAX_HORIZON_S = 366 * 24 * 60 * 60
 DEFAULT_SKEW_S = 60
 MAX_SKEW_S = 60 * 60
+DEFAULT_CHANNEL_HISTORY = 100
+MAX_CHANNEL_HISTORY = 100_000
+DEFAULT_CHANNEL_MAX_AGE_S = 7 * 24 * 60 * 60
 
 # Module and class per agent name; imported lazily so a broken optional harness does not stop
 # the daemon from running the others.
@@ -103,14 +106,27 @@ class DeliveryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class SeatConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """`[seats.NAME]`: what a seat of that name is spawned with when its spawn does not say.
-    `allow_send` is the seats it may send to (`*`: every other seat; default none)."""
+    `allow_send` is the seats it may send to (`*`: every other seat; default none);
+    `subscribe` the channels whose posts it gets as turns, `allow_post` those it may post to
+    (default none)."""
 
     allow_send: list[str] = []
+    subscribe: list[str] = []
+    allow_post: list[str] = []
+
+
+class ChannelsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[channels]`: how much of each channel the broker keeps: at most `history` posts per
+    channel, none older than `max_age_s`; the oldest is dropped, a post never refused."""
+
+    history: Annotated[int, msgspec.Meta(ge=1, le=MAX_CHANNEL_HISTORY)] = DEFAULT_CHANNEL_HISTORY
+    max_age_s: Annotated[int, msgspec.Meta(ge=1, le=MAX_HORIZON_S)] = DEFAULT_CHANNEL_MAX_AGE_S
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     agents: dict[str, AgentConfig] = {}
     carry: CarryConfig = CarryConfig()
+    channels: ChannelsConfig = ChannelsConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     recency: RecencyConfig = RecencyConfig()
     seats: dict[str, SeatConfig] = {}
@@ -120,6 +136,18 @@ def seat_allow_send(cfg: FileConfig, name: str, given: Sequence[str]) -> list[st
     """A spawn's `--allow-send`, or the root's `[seats.NAME] allow_send` when it gives none."""
     entry = cfg.seats.get(name)
     return meshcall.check_allow_send(given or (entry.allow_send if entry else []))
+
+
+def seat_channels(
+    cfg: FileConfig, name: str, subscribe: Sequence[str], allow_post: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """A spawn's `--subscribe` and `--allow-post`, each the root's `[seats.NAME]` list when the
+    spawn gives none."""
+    entry = cfg.seats.get(name)
+    return (
+        meshcall.check_channels(subscribe or (entry.subscribe if entry else []), "--subscribe"),
+        meshcall.check_channels(allow_post or (entry.allow_post if entry else []), "--allow-post"),
+    )
 
 
 def carry_includes(cfg: FileConfig, extra: Sequence[str] = ()) -> list[str]:
@@ -177,11 +205,14 @@ def load_config(root: Path) -> FileConfig:
         try:
             names.check_seat_name(name)
             meshcall.check_allow_send(seat.allow_send)
+            meshcall.check_channels(seat.subscribe, "subscribe")
+            meshcall.check_channels(seat.allow_post, "allow_post")
         except Refusal as exc:
             raise Refusal(
                 Code.BAD_CONFIG,
                 f"{path} [seats.{name}]: {exc.message}",
-                "name seats by letters, digits and _, and list seat names or '*' in allow_send",
+                "name seats and channels by letters, digits and _, and list seat names or '*' in "
+                "allow_send",
             ) from None
     unknown = set(cfg.agents) - set(KNOWN)
     if unknown:
@@ -212,16 +243,21 @@ PROFILE_KEYS = frozenset(
 
 
 def profile_digest(
-    agent: str, model: str | None, settings: Mapping[str, Any], allow_send: Sequence[str] = ()
+    agent: str,
+    model: str | None,
+    settings: Mapping[str, Any],
+    allow_send: Sequence[str] = (),
+    subscribe: Sequence[str] = (),
+    allow_post: Sequence[str] = (),
 ) -> str:
     """The launch profile revision: what a destination must match to run the same intent.
 
     It covers the connector, the model, the intent settings (`PROFILE_KEYS`) and the seat's
-    `--allow-send`, normalized so equal profiles hash equally on every host; host bindings are
-    left out on purpose. The permission is the resume entry's own (never a destination's
-    `cotal.toml`), and the signed record pins this digest, so an entry whose list was altered
-    refuses `profile-drift`. A seat with no permission hashes as it did before the list
-    existed, so older checkpoints still match.
+    `--allow-send`, `--subscribe` and `--allow-post`, normalized so equal profiles hash equally
+    on every host; host bindings are left out on purpose. The permissions are the resume
+    entry's own (never a destination's `cotal.toml`), and the signed record pins this digest,
+    so an entry whose lists were altered refuses `profile-drift`. A seat with none of them
+    hashes as it did before the lists existed, so older checkpoints still match.
     """
     import hashlib
 
@@ -231,4 +267,9 @@ def profile_digest(
     body: dict[str, Any] = {"agent": agent, "model": model, "settings": intent}
     if allow_send:
         body["allowSend"] = sorted(allow_send)
+    # Each only when given, for the same reason: a checkpoint cut before channels still matches.
+    if subscribe:
+        body["subscribe"] = sorted(subscribe)
+    if allow_post:
+        body["allowPost"] = sorted(allow_post)
     return hashlib.sha256(encode_json(body)).hexdigest()

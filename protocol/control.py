@@ -72,6 +72,9 @@ class SpawnArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froz
     resume: str | None = None
     # The seats it may send to: names, or `*` for every other seat; none by default.
     allow_send: list[str] = []
+    # The channels whose posts it gets as turns, and those it may post to; none by default.
+    subscribe: list[str] = []
+    allow_post: list[str] = []
 
 
 class StopSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -263,6 +266,9 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     dead_letters: int = 0
     # The seats it may send to (`--allow-send`); empty: none.
     allow_send: list[str] = []
+    # The channels it subscribes to (`--subscribe`) and may post to (`--allow-post`).
+    subscribe: list[str] = []
+    allow_post: list[str] = []
 
 
 class DeadLetterRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

@@ -14,7 +14,7 @@ import msgspec
 
 from protocol.codec import encode_json
 from protocol.errors import DecodeError, Refusal
-from protocol.meshcall import AllowSend
+from protocol.meshcall import AllowSend, Channels
 from protocol.names import (
     MAX_SEATS,
     AttemptIdField,
@@ -118,7 +118,8 @@ class Launch(
 
     `allow_send` is the seat's `--allow-send`, part of its profile (`profile_sha256` covers it),
     so the destination runs the seat with exactly this list and never its own `cotal.toml`'s;
-    an entry written before the field existed names none."""
+    an entry written before the field existed names none. `subscribe` and `allow_post` (its
+    `--subscribe` and `--allow-post`) are part of the profile the same way."""
 
     connector: Label
     cwd: AbsPath
@@ -131,6 +132,8 @@ class Launch(
     session_id: LongText | None = None
     fork_source: LongText | None = None
     allow_send: AllowSend = []
+    subscribe: Channels = []
+    allow_post: Channels = []
 
     def __post_init__(self) -> None:
         _check_normal_path("cwd", self.cwd)

@@ -15,7 +15,7 @@ import msgspec
 from protocol.codec import decode_json, encode_json
 from protocol.inventory import AbsPath, Instant, LifecycleUid, SeatName
 from protocol.maintenance import IllegalTransition
-from protocol.meshcall import AllowSend
+from protocol.meshcall import AllowSend, Channels
 
 SeatState = Literal[
     "starting",
@@ -128,7 +128,8 @@ class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     `stopped` until the operator starts or removes it. `last_exit` is how the last process of
     the seat ended (`lastExit` in `ps`). `allow_send` is its `--allow-send`, fixed at spawn (or
     carried by its resume entry), so a successor never reads it from `cotal.toml` again: a
-    record written before the field existed names none.
+    record written before the field existed names none. `subscribe` and `allow_post` are its
+    `--subscribe` and `--allow-post`, kept the same way.
     """
 
     version: Literal[1]
@@ -148,6 +149,8 @@ class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     reason: Text | None = None
     last_exit: ExitText | None = None
     allow_send: AllowSend = []
+    subscribe: Channels = []
+    allow_post: Channels = []
 
 
 def exit_text(returncode: int | None) -> str | None:

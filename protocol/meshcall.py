@@ -18,9 +18,9 @@ from typing import Annotated, Literal
 import msgspec
 
 from protocol import names
-from protocol.codec import encode_json
+from protocol.codec import decode_json, encode_json
 from protocol.errors import Refusal
-from protocol.messages import DM_TEXT_MAX
+from protocol.messages import DM_CAP, DM_TEXT_MAX
 from protocol.refusals import Code
 
 CALL_CAP = DM_TEXT_MAX + 4096
@@ -40,6 +40,15 @@ SeatName = Annotated[str, msgspec.Meta(pattern=names.SEAT_NAME.pattern)]
 AllowSendEntry = Annotated[str, msgspec.Meta(pattern=rf"^(?:\*|{names.SEAT_NAME.body})\Z")]
 AllowSend = Annotated[list[AllowSendEntry], msgspec.Meta(max_length=MAX_ALLOW_SEND)]
 Text = Annotated[str, msgspec.Meta(max_length=DM_TEXT_MAX)]
+# A channel name is a seat-name token: it becomes a broker subject token (`names.chan_subject`).
+ChannelName = Annotated[str, msgspec.Meta(pattern=names.SEAT_NAME.pattern)]
+# `--subscribe` and `--allow-post` as the manager checked them (`check_channels`), in the seat
+# record and the resume entry.
+MAX_CHANNELS = 64
+Channels = Annotated[list[ChannelName], msgspec.Meta(max_length=MAX_CHANNELS)]
+# What one `history` call may ask for; the channel keeps at most its `[channels] history`.
+MAX_HISTORY_READ = 1000
+HistoryLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_HISTORY_READ)]
 
 
 class SendCall(
@@ -55,19 +64,64 @@ class SeatsCall(msgspec.Struct, forbid_unknown_fields=True, tag_field="op", tag=
     """List the seats the calling seat may send to, as the space holds them now."""
 
 
-MeshCall = SendCall | SeatsCall
-_calls: msgspec.json.Decoder[SendCall | SeatsCall] = msgspec.json.Decoder(MeshCall, strict=True)
+class PostCall(
+    msgspec.Struct, forbid_unknown_fields=True, tag_field="op", tag="post", rename="camel"
+):
+    """Post `text` to `channel` as the calling seat (its `--allow-post` must name it)."""
+
+    channel: ChannelName
+    text: Text
+
+
+class HistoryCall(
+    msgspec.Struct, forbid_unknown_fields=True, tag_field="op", tag="history", rename="camel"
+):
+    """The `limit` most recent posts of `channel`, oldest first (the caller must be subscribed
+    to it or allowed to post there)."""
+
+    channel: ChannelName
+    limit: HistoryLimit = 20
+
+
+MeshCall = SendCall | SeatsCall | PostCall | HistoryCall
+_calls: msgspec.json.Decoder[SendCall | SeatsCall | PostCall | HistoryCall] = msgspec.json.Decoder(
+    MeshCall, strict=True
+)
+
+
+class ChannelPost(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One post as the channel stream holds it. `id` doubles as its Nats-Msg-Id; `sender` is
+    the posting seat's name, which the manager writes (the call names none)."""
+
+    id: Annotated[str, msgspec.Meta(pattern=names.MESSAGE_ID.pattern)]
+    channel: ChannelName
+    sender: SeatName
+    text: Text
+    sent_at: Annotated[str, msgspec.Meta(pattern=names.INSTANT.pattern)]
+
+
+class MeshPost(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A post as a `history` answer shows it."""
+
+    seq: int
+    sender: str
+    text: str
+    sent_at: str
 
 
 class MeshResult(msgspec.Struct, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
     """The answer to one call: `delivered` (queued in the recipient's inbox, `id` its message
-    id), `listed` (`seats`, sorted), or `refused` with the refusal's code, message and cure."""
+    id), `listed` (`seats`, sorted), `posted` (stored in the channel's stream, `id` its
+    message id), `history` (`posts`, oldest first), or `refused` with the refusal's code,
+    message and cure."""
 
-    status: Literal["delivered", "listed", "refused"]
+    status: Literal["delivered", "listed", "posted", "history", "refused"]
     id: str | None = None
     to: str | None = None
+    channel: str | None = None
     seq: int | None = None
     seats: list[str] | None = None
+    posts: list[MeshPost] | None = None
     code: str | None = None
     message: str | None = None
     cure: str | None = None
@@ -86,9 +140,16 @@ def decode_call(data: bytes) -> MeshCall:
     raise Refusal(
         Code.MESH_CALL_INVALID,
         f"the mesh call was refused: {why}",
-        'send {"op": "send", "to": SEAT, "text": TEXT} or {"op": "seats"} and nothing else; '
+        'send {"op": "send", "to": SEAT, "text": TEXT}, {"op": "seats"}, {"op": "post", '
+        '"channel": CHANNEL, "text": TEXT} or {"op": "history", "channel": CHANNEL} and nothing '
+        "else; "
         "the sender is the seat whose channel carries the call, never a field",
     )
+
+
+def decode_post(data: bytes) -> ChannelPost:
+    """A post as the channel stream holds it (`protocol.errors.DecodeError` if it is not one)."""
+    return decode_json(data, ChannelPost, what="channel post", cap=DM_CAP)
 
 
 def encode_result(result: MeshResult) -> bytes:
@@ -104,6 +165,43 @@ def send_message_id(sender_uid: str, inbound_id: str, ordinal: int) -> str:
     function of the three, so a redelivered turn's sends are the broker's duplicates."""
     body = f"cotal-send\0{sender_uid}\0{inbound_id}\0{ordinal}".encode()
     return hashlib.sha256(body).hexdigest()[:32]
+
+
+def post_message_id(sender_uid: str, inbound_id: str, ordinal: int) -> str:
+    """A post's id, as `send_message_id` but apart from it: a turn run again posts the same
+    ids, and the channel stream's duplicate window drops the copies."""
+    body = f"cotal-post\0{sender_uid}\0{inbound_id}\0{ordinal}".encode()
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
+def post_turn_id(seat_uid: str, post_id: str) -> str:
+    """The id of a subscriber's turn for one post: the post's id is every subscriber's, so each
+    seat's turn (its reply's id, its own sends' ids) is keyed by its uid as well."""
+    body = f"cotal-post-turn\0{seat_uid}\0{post_id}".encode()
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
+def check_channels(values: Iterable[str], what: str) -> list[str]:
+    """`--subscribe` or `--allow-post` values: channel names (a leading `#` is dropped), first
+    mention kept."""
+    out: list[str] = []
+    for value in values:
+        channel = value.removeprefix("#")
+        if not names.SEAT_NAME.matches(channel):
+            raise Refusal(
+                Code.BAD_NAME,
+                f"{what} {value!r} is not a channel name (letters, digits and _, up to 64)",
+                "name channels such as `plan` or `review_2`",
+            )
+        if channel not in out:
+            out.append(channel)
+    if len(out) > MAX_CHANNELS:
+        raise Refusal(
+            Code.BAD_NAME,
+            f"{what} names {len(out)} channels, more than {MAX_CHANNELS}",
+            "name fewer channels",
+        )
+    return out
 
 
 def check_allow_send(values: Iterable[str]) -> list[str]:
@@ -136,7 +234,16 @@ def sender_of(principal: str) -> str:
     return actor or principal
 
 
-_FRAME = re.compile(r"\A\[cotal: message from seat ([A-Za-z0-9_]{1,64})\]\n\n")
+def framed_post(channel: str, sender: str, text: str) -> str:
+    """What a subscribed seat's harness is handed for a post: the first line, the manager's,
+    names the channel and the posting seat."""
+    return f"[cotal: post on #{channel} by seat {sender}]\n\n{text}"
+
+
+_FRAME = re.compile(
+    r"\A\[cotal: (?:message from seat ([A-Za-z0-9_]{1,64})"
+    r"|post on #([A-Za-z0-9_]{1,64}) by seat ([A-Za-z0-9_]{1,64}))\]\n\n"
+)
 
 
 def seat_sender(headers: Mapping[str, str] | None, principal: str) -> str | None:
@@ -159,6 +266,15 @@ def framed(sender: str, text: str) -> str:
 
 
 def frame_sender(text: str) -> str | None:
-    """The sender seat a framed text's first line names, or None for an unframed one."""
+    """The sender seat a framed text's first line names (a message's, or a post's), or None for
+    an unframed one."""
     found = _FRAME.match(text)
-    return found.group(1) if found else None
+    if found is None:
+        return None
+    return found.group(1) or found.group(3)
+
+
+def frame_channel(text: str) -> str | None:
+    """The channel a framed post's first line names, or None for any other text."""
+    found = _FRAME.match(text)
+    return found.group(2) if found else None

@@ -267,6 +267,24 @@ def dm_durable(owner: str, actor: str, uid: str) -> str:
     return f"dm_{owner}-{actor}-{check_lifecycle_uid(uid)}"
 
 
+def chan_stream(space: str) -> str:
+    return f"CHAN_{check_space(space)}"
+
+
+def chan_stream_subjects(space: str) -> str:
+    return f"{subject_prefix(space)}.chan.>"
+
+
+def chan_subject(space: str, channel: str) -> str:
+    """One channel's posts; a channel name is a seat-name token (`SEAT_NAME`)."""
+    return f"{subject_prefix(space)}.chan.{check_seat_name(channel)}"
+
+
+def chathist_durable(owner: str, actor: str, uid: str, channel: str) -> str:
+    """A subscribed seat's frontier in one channel, keyed by its lifecycle uid as its inbox is."""
+    return f"chathist_{owner}-{actor}-{check_lifecycle_uid(uid)}-{check_seat_name(channel)}"
+
+
 def presence_bucket(space: str) -> str:
     return f"cotal_presence_{check_space(space)}"
 

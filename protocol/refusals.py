@@ -139,6 +139,7 @@ class Code(StrEnum):
     HARNESS_ERROR = "harness-error"
     HARNESS_GONE = "harness-gone"
     HARNESS_REFUSED = "harness-refused"
+    HISTORY_NOT_ALLOWED = "history-not-allowed"
     IDENTITY_MALFORMED = "identity-malformed"
     ILLEGAL_TRANSITION = "illegal-transition"
     INBOX_DUPLICATE_ID = "inbox-duplicate-id"
@@ -203,6 +204,7 @@ class Code(StrEnum):
     OPERATION_IN_PROGRESS = "operation-in-progress"
     OUTPUT_DIR_MISSING = "output-dir-missing"
     OUTPUT_EXISTS = "output-exists"
+    POST_NOT_ALLOWED = "post-not-allowed"
     PREDECESSOR_LIVE = "predecessor-live"
     PREDECESSOR_MISSING = "predecessor-missing"
     PRESERVATION_REFUSED = "preservation-refused"
@@ -435,6 +437,7 @@ ENTRIES: tuple[Entry, ...] = (
         "follow the command's usage in `cotal COMMAND --help`",
     ),
     _bad_argument("agent"),
+    _bad_argument("allow-post"),
     _bad_argument("allow-send"),
     _e(
         Code.BAD_ATTEMPT,
@@ -570,6 +573,7 @@ ENTRIES: tuple[Entry, ...] = (
         "name it after the source host or its manager instance id, e.g. --name host-a",
     ),
     _bad_argument("since"),
+    _bad_argument("subscribe"),
     _e(
         Code.BAD_SPACE,
         "a space is not a safe label (letters, digits, `_` and `-`, 1-64 characters)",
@@ -1091,8 +1095,9 @@ ENTRIES: tuple[Entry, ...] = (
     _e(
         Code.MESH_CALL_INVALID,
         "a seat's mesh call is not one the manager reads: an unknown op or field (a claimed "
-        "sender among them), a bad seat name, or too long; the whole call is refused",
-        "call `send` with `to` and `text` only, or `seats`; the manager names the sender",
+        "sender among them), a bad seat or channel name, or too long; the whole call is refused",
+        "call `send` with `to` and `text`, `post` with `channel` and `text`, `history` with "
+        "`channel` (and `limit`), or `seats`; the manager names the sender",
     ),
     _e(
         Code.MISSING,
@@ -1394,6 +1399,17 @@ ENTRIES: tuple[Entry, ...] = (
         Code.SELECTION_MISMATCH,
         "the staged tree holds ignored files outside the recorded selection rule",
         "align core.excludesFile with the source's, or cut a new checkpoint",
+    ),
+    _e(
+        Code.POST_NOT_ALLOWED,
+        "the seat may not post to that channel: it was not spawned with `--allow-post` naming it",
+        "spawn the seat with `--allow-post CHANNEL`; a seat's permissions are fixed at its spawn",
+    ),
+    _e(
+        Code.HISTORY_NOT_ALLOWED,
+        "the seat may not read that channel's history: it neither subscribes to it nor may post "
+        "there",
+        "spawn the seat with `--subscribe CHANNEL` or `--allow-post CHANNEL`",
     ),
     _e(
         Code.SEND_NOT_ALLOWED,

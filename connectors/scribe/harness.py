@@ -44,6 +44,10 @@ _SLOW = re.compile(r"#slow:(\d{1,9})")
 # The mesh: each "Tell SEAT: TEXT" line is relayed as a direct message from this seat.
 _TELL = re.compile(r"^Tell ([A-Za-z0-9_]{1,64}): (.+)$", re.MULTILINE)
 _WHO = re.compile(r"who can you tell", re.IGNORECASE)
+# ... and each "Post to #CHANNEL: TEXT" line as a post; both kinds are relayed in line order.
+_RELAY = re.compile(
+    r"^(?:Tell ([A-Za-z0-9_]{1,64})|Post to #([A-Za-z0-9_]{1,64})): (.+)$", re.MULTILINE
+)
 # Test aids for the mesh: a hostile seat's call that claims a sender, and a turn that dies once
 # after its sends and before its reply (so it runs again and re-sends).
 _FORGE = re.compile(r"#forge-sender:([A-Za-z0-9_]{1,64})")
@@ -199,18 +203,25 @@ def recalled_phrase(history: Sequence[Message]) -> str | None:
     return recalled[0] if recalled else None
 
 
+def told_by(text: str) -> str | None:
+    """Who a framed text came from as scribe says it: `a`, or `a on #plan` for a post."""
+    sender = meshcall.frame_sender(text)
+    channel = meshcall.frame_channel(text)
+    return f"{sender} on #{channel}" if sender is not None and channel is not None else sender
+
+
 def recalled_with_sender(history: Sequence[Message]) -> tuple[str, str | None] | None:
     """The last phrase the history was told, and the seat that told it (None: the operator)."""
     for message in reversed(history):
         if message.role == "user" and (phrase := phrase_in(message.text)) is not None:
-            return phrase, meshcall.frame_sender(message.text)
+            return phrase, told_by(message.text)
     return None
 
 
 def answer(text: str, history: Sequence[Message]) -> str:
     # A new phrase wins over a question in the same text: the user is redefining the answer.
     if (phrase := phrase_in(text)) is not None:
-        sender = meshcall.frame_sender(text)
+        sender = told_by(text)
         return f"Noted: {phrase}." if sender is None else f"Noted: {phrase} (from {sender})."
     if _ASK.search(text):
         recalled = recalled_with_sender(history)
@@ -226,6 +237,28 @@ def tells_in(text: str) -> list[tuple[str, str]]:
     """Each "Tell SEAT: TEXT" line, in order; a text that is itself framed as a message from a
     seat is read below its frame."""
     return [(to, body.strip()) for to, body in _TELL.findall(text)]
+
+
+def relays_in(text: str) -> list[tuple[str, str, str]]:
+    """Each relay line, in order: ("send", SEAT, TEXT) for "Tell", ("post", CHANNEL, TEXT) for
+    "Post to #"."""
+    return [
+        ("send", to, body.strip()) if to else ("post", channel, body.strip())
+        for to, channel, body in _RELAY.findall(text)
+    ]
+
+
+def post_line(channel: str, result: object) -> str:
+    """What the reply says of one post: delivered (stored in the channel), or refused."""
+    if isinstance(result, dict) and result.get("status") == "posted":
+        return f"Posted to #{channel}: delivered."
+    if isinstance(result, dict) and result.get("status") == "refused":
+        return (
+            f"Could not post to #{channel}: refused {result.get('code')}: {result.get('message')}"
+        )
+    return (
+        f"Could not post to #{channel}: the manager's answer was not understood ({result!r:.200})"
+    )
 
 
 def relay_line(to: str, result: object) -> str:
@@ -450,6 +483,14 @@ def send_call(to: str, text: str, directives: Directives) -> dict[str, str]:
     return call
 
 
+def post_call(channel: str, text: str, directives: Directives) -> dict[str, str]:
+    """A post names no sender either; the forge aid adds one, which the manager refuses."""
+    call = {"op": "post", "channel": channel, "text": text}
+    if directives.forge_sender is not None:
+        call["sender"] = directives.forge_sender
+    return call
+
+
 _json = msgspec.json.Decoder()
 
 
@@ -532,11 +573,15 @@ class Harness:
                 )
             )
             return
-        tells = tells_in(text)
-        if tells:
+        relays = relays_in(text)
+        if relays:
             reply = "\n".join(
                 relay_line(to, self.call_mesh(f"{message_id}-{n}", send_call(to, body, directives)))
-                for n, (to, body) in enumerate(tells)
+                if kind == "send"
+                else post_line(
+                    to, self.call_mesh(f"{message_id}-{n}", post_call(to, body, directives))
+                )
+                for n, (kind, to, body) in enumerate(relays)
             )
             if directives.die_after_tell and self.store.claim_fault(
                 f"die-{directives.die_after_tell}"

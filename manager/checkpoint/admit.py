@@ -750,6 +750,8 @@ def identity(
             agent.launch.model,
             settings_for.get(agent.launch.connector, {}),
             agent.launch.allow_send,
+            agent.launch.subscribe,
+            agent.launch.allow_post,
         )
         if expected != record.profile:
             raise _refuse(

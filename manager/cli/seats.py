@@ -34,6 +34,7 @@ def register(sub: Subcommands) -> None:
         "cotal spawn bob --agent pi --model fake-model --cwd ../service",
         "cotal spawn carol --agent claude --resume 0f8c2d4e-...",
         "cotal spawn planner --allow-send coder_1 --allow-send coder_2",
+        "cotal spawn reviewer --subscribe plan --allow-post review",
     )
     spawn.add_argument("name", help="the seat's name: letters, digits and _")
     spawn.add_argument(
@@ -58,6 +59,20 @@ def register(sub: Subcommands) -> None:
         metavar="SEAT",
         help="a seat this one may send direct messages to, or '*' for every other seat "
         "(repeatable; default: none, so the seat can only answer the operator)",
+    )
+    spawn.add_argument(
+        "--subscribe",
+        action="append",
+        default=[],
+        metavar="CHANNEL",
+        help="a channel whose posts this seat gets as turns (repeatable; default: none)",
+    )
+    spawn.add_argument(
+        "--allow-post",
+        action="append",
+        default=[],
+        metavar="CHANNEL",
+        help="a channel this seat may post to (repeatable; default: none)",
     )
     spawn.set_defaults(run=run_spawn)
 
@@ -184,6 +199,8 @@ def run_spawn(args: argparse.Namespace) -> int:
         cwd=str(Path(args.cwd).resolve()) if args.cwd else None,
         resume=args.resume or None,
         allow_send=list(args.allow_send),
+        subscribe=list(args.subscribe),
+        allow_post=list(args.allow_post),
     )
     row = _request(root_of(args), control.SPAWN, spawn, timeout=90.0)
     if args.json:
@@ -259,6 +276,8 @@ PS_WIDE = [
     ("ISOLATION", "isolation"),
     ("MODE", "permission_mode"),
     ("SENDS TO", "sends_to"),
+    ("SUBSCRIBES", "subscribes"),
+    ("POSTS TO", "posts_to"),
     ("STARTED", "started_at"),
     ("LAST EXIT", "last_exit"),
     ("REASON", "reason"),
@@ -285,6 +304,8 @@ def run_ps(args: argparse.Namespace) -> int:
             "turn": "busy" if row.busy else "idle",
             "uptime": _uptime(row.started_at, now) if row.state == "running" else None,
             "sends_to": ",".join(row.allow_send) or None,
+            "subscribes": ",".join(f"#{c}" for c in row.subscribe) or None,
+            "posts_to": ",".join(f"#{c}" for c in row.allow_post) or None,
         }
         for row in rows
     ]

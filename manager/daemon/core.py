@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from manager import registry
-from manager.broker import deadletter, footprint
+from manager.broker import channels, deadletter, footprint
 from manager.daemon import handlers, seatfile
 from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.incarnation import Incarnations
@@ -228,6 +228,13 @@ class Manager:
             self.js, self.space, replicas=r, horizon_s=self.config.recency.horizon_s
         )
         await deadletter.ensure_dead_stream(self.js, self.space, replicas=r)
+        await channels.ensure_chan_stream(
+            self.js,
+            self.space,
+            history=self.config.channels.history,
+            max_age_s=self.config.channels.max_age_s,
+            replicas=r,
+        )
         self.dead_counts.update(await deadletter.counts(self.js, self.space))
         self.presence = await footprint.ensure_kv(
             self.js, names.presence_bucket(self.space), ttl=names.PRESENCE_TTL_S, replicas=r

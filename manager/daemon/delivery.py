@@ -30,6 +30,16 @@ replier's `--allow-send`, and two seats answering each other's answers would nev
 answers another seat by sending (docs/mesh.md). Any other sender is answered as `cotal send`
 is, to itself.
 
+A seat subscribed to channels (`--subscribe`) reads each through its own `chathist_` durable
+beside its inbox, one message at a time from each, in turn, under the same discipline: a post
+is handed framed by a first line naming the channel and the posting seat
+(`protocol.meshcall.framed_post`), its turn's reply goes to the operator, and it is acked at
+the clean terminal boundary of that turn. Each subscriber's turn for a post is keyed by its own
+uid and the post's id (`protocol.meshcall.post_turn_id`), so two subscribers' replies are two
+messages, not one dropped as the other's duplicate. A seat's own posts are not its turns. A post
+that cannot run (malformed, or past the delivery cap) is given up in that frontier only: the
+channel keeps it in its history, and a channel has no dead letters.
+
 See docs/design.md (decision 4), docs/architecture.md (the seat lifecycle) and
 docs/operations.md (Dead letters).
 """
@@ -50,6 +60,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from connectors.base import Driver, TurnOutcome
+from manager.broker import channels as chan
 from manager.broker import deadletter
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
@@ -209,6 +220,7 @@ class DeliveryBridge:
         on_ambiguous: Callable[[str], bool] = lambda _detail: False,
         deliberate: Callable[[], bool] = lambda: False,
         dead_counts: dict[str, int] | None = None,
+        channels: tuple[str, ...] = (),
     ) -> None:
         self.js = js
         self.space = space
@@ -230,6 +242,9 @@ class DeliveryBridge:
         # a turn cut short by that is not held against its message.
         self.deliberate = deliberate
         self.dead_counts = dead_counts if dead_counts is not None else {}
+        self.channels = channels
+        # The channel the message being delivered came from (None: the inbox).
+        self._source: str | None = None
         self.turn: Turn | None = None
         # The sends the turn in flight has made: the next one's ordinal in its message ids.
         self.sends = 0
@@ -260,30 +275,57 @@ class DeliveryBridge:
                 stream=names.dm_stream(self.space),
             ),
         )
-        task_status.started()
+        sources: list[tuple[str | None, JetStreamContext.PullSubscription]] = [(None, psub)]
         try:
+            for name in self.channels:
+                sources.append((name, await self._bind_channel(name)))
+            task_status.started()
             # Once the harness is gone, a further pull would hand a redelivered message to a
             # subscription nobody reads, stranding it until ack_wait expires.
             wait = FETCH_WAIT_FIRST_S
             while not self.handle.reaped:
-                await self.gate.wait_open()
-                try:
-                    msgs = await self._pull(psub, wait)
-                except TRANSIENT as exc:
-                    # The inbox has no leader for a moment (a cluster node died): the seat is
-                    # fine and its mail is safe at the broker; wait for the election.
-                    log.warning(
-                        "delivery.broker_unavailable", seat=self.seat, error=type(exc).__name__
-                    )
-                    await anyio.sleep(FETCH_WAIT_S)
-                    continue
-                wait = FETCH_WAIT_FIRST_S if msgs else min(2 * wait, FETCH_WAIT_S)
-                for msg in msgs:
-                    await self._deliver(msg)
+                got = False
+                # One pull from each source in turn: an idle seat's long poll on one source
+                # delays another's message by at most FETCH_WAIT_S, and no source starves.
+                for channel, sub in sources:
+                    await self.gate.wait_open()
+                    if self.handle.reaped:
+                        break
+                    try:
+                        msgs = await self._pull(sub, wait)
+                    except TRANSIENT as exc:
+                        # The stream has no leader for a moment (a cluster node died): the seat
+                        # is fine and its mail is safe at the broker; wait for the election.
+                        log.warning(
+                            "delivery.broker_unavailable",
+                            seat=self.seat,
+                            error=type(exc).__name__,
+                        )
+                        await anyio.sleep(FETCH_WAIT_S)
+                        continue
+                    got = got or bool(msgs)
+                    for msg in msgs:
+                        await self._deliver(msg, channel)
+                wait = FETCH_WAIT_FIRST_S if got else min(2 * wait, FETCH_WAIT_S)
             await anyio.sleep_forever()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
-                await psub.unsubscribe()
+                for _channel, sub in sources:
+                    await sub.unsubscribe()
+
+    async def _bind_channel(self, channel: str) -> JetStreamContext.PullSubscription:
+        """The seat's frontier in `channel`: the durable its spawn made, or, where this broker
+        holds none (a resume onto another broker), one made now at the activation moment."""
+        await chan.ensure_chathist_durable(
+            self.js, self.space, names.SEAT_OWNER, self.seat, self.uid, channel
+        )
+        return await riding_elections(
+            f"#{channel} of {self.seat}",
+            lambda: self.js.pull_subscribe_bind(
+                durable=names.chathist_durable(names.SEAT_OWNER, self.seat, self.uid, channel),
+                stream=names.chan_stream(self.space),
+            ),
+        )
 
     async def _pull(self, psub: JetStreamContext.PullSubscription, wait: float) -> list[Msg]:
         """One pull request, seen through to its end at the broker even when this bridge is
@@ -311,10 +353,25 @@ class DeliveryBridge:
             raise
         return msgs
 
-    async def _deliver(self, msg: Msg) -> None:
+    def _decode(self, msg: Msg, channel: str | None) -> DirectMessage:
+        """The message as a turn: a DM as it is; a post as a DM from its seat to this one,
+        under this seat's own turn id for it."""
+        if channel is None:
+            return decode_dm(msg.data)
+        post = meshcall.decode_post(msg.data)
+        return DirectMessage(
+            id=meshcall.post_turn_id(self.uid, post.id),
+            sender=names.principal(names.SEAT_OWNER, post.sender),
+            recipient=self.principal,
+            text=post.text,
+            sent_at=post.sent_at,
+        )
+
+    async def _deliver(self, msg: Msg, channel: str | None = None) -> None:
+        self._source = channel
         this, total = deliveries(msg)
         try:
-            dm: DirectMessage | None = decode_dm(msg.data)
+            dm: DirectMessage | None = self._decode(msg, channel)
             malformed = ""
         except DecodeError as exc:
             dm, malformed = None, exc.message
@@ -341,16 +398,33 @@ class DeliveryBridge:
             if not await self._bury(msg, total, reason, dm.id):
                 await self._nak(msg, dm.id, UNRESTARTED_RETRY_S)
             return
+        if channel is not None and meshcall.sender_of(dm.sender) == self.seat:
+            # The seat's own post: nothing for it to answer.
+            with contextlib.suppress(*TRANSIENT):
+                await msg.ack()
+            return
         waiter = self.waiters.get(dm.id)
         if waiter is not None:
             waiter.attempts += 1
         outcome: TurnOutcome | None = None
         sender = meshcall.sender_of(dm.sender)
         from_seat = meshcall.seat_sender(msg.headers, dm.sender)
-        log.info("delivery.received", seat=self.seat, sender=sender, id=dm.id, delivery=total)
+        log.info(
+            "delivery.received",
+            seat=self.seat,
+            sender=sender,
+            channel=channel,
+            id=dm.id,
+            delivery=total,
+        )
         self.turn, self._settled = Turn(dm.id, now_iso()), anyio.Event()
         self.sends = 0
-        text = meshcall.framed(from_seat, dm.text) if from_seat is not None else dm.text
+        if channel is not None:
+            text = meshcall.framed_post(channel, sender, dm.text)
+        elif from_seat is not None:
+            text = meshcall.framed(from_seat, dm.text)
+        else:
+            text = dm.text
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._keep_in_progress, msg)
@@ -408,6 +482,8 @@ class DeliveryBridge:
         """Move the message to the seat's dead letters, then terminate it in the inbox. False
         (the message left where it is) when the gate is closed or the broker refused the dead
         letter."""
+        if self._source is not None:
+            return await self._give_up_post(msg, reason, dm_id)
         if not self.gate.begin_burial():
             return False
         try:
@@ -457,6 +533,24 @@ class DeliveryBridge:
         finally:
             self.gate.end_burial()
 
+    async def _give_up_post(self, msg: Msg, reason: str, turn_id: str | None) -> bool:
+        """A post that cannot run leaves this seat's frontier only: the channel keeps it in its
+        history (a channel has no dead letters). False, as a burial, when the gate is closed."""
+        if not self.gate.is_open:
+            return False
+        try:
+            await msg.term()
+        except TRANSIENT as exc:
+            log.warning("delivery.term_failed", seat=self.seat, id=turn_id, error=repr(exc))
+        log.error(
+            "delivery.post_given_up",
+            seat=self.seat,
+            channel=self._source,
+            id=turn_id,
+            reason=reason,
+        )
+        return True
+
     async def _nak(self, msg: Msg, dm_id: str | None, delay: float) -> None:
         try:
             await msg.nak(delay=delay)
@@ -483,7 +577,9 @@ class DeliveryBridge:
         """Ack a clean turn whose reply the broker accepted (True); release it if custody moved."""
         # A reply to a seat's message goes to the operator, never to that seat (see above); it
         # is still published through the fence, which is what proves custody before the ack.
-        from_seat = meshcall.seat_sender(msg.headers, dm.sender) is not None
+        from_seat = (
+            self._source is not None or meshcall.seat_sender(msg.headers, dm.sender) is not None
+        )
         reply = DirectMessage(
             id=reply_id(dm.id),
             sender=self.principal,

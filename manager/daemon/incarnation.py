@@ -282,6 +282,7 @@ class Incarnations:
             on_ambiguous=lambda detail: self.restart_after_turn(seat, handle, detail),
             deliberate=lambda: seat.lifecycle.deliberate,
             dead_counts=mgr.dead_counts,
+            channels=seat.subscribe,
         )
         incarnation.bridge = bridge
         await tg.start(bridge.run)

@@ -9,6 +9,13 @@ a cut, or on another manager of the same broker) through the sender's writer fen
 sender's name as a header. Every refusal goes back to the seat by its code and is logged with
 the seat's name; nothing is dropped unsaid.
 
+A post (`post`) goes to the space's channel stream under the channel's subject, refused unless
+the seat's `--allow-post` names the channel; its id is derived as a send's is, apart from it
+(`protocol.meshcall.post_message_id`). The channel stream has no per-seat subject, so a post
+does not pass the writer fence: it is published by the manager that runs the seat's process,
+whose custody the watchers keep proving. `history` reads a channel's recent posts for a seat
+subscribed to it or allowed to post there.
+
 The message id is derived from the sender's uid, the message its turn answers and the send's
 ordinal in that turn, so a turn run again (a crash, a cut, a redelivery) publishes the same ids
 and the broker's duplicate window, which the DM stream is given to cover the checkpoint recency
@@ -22,6 +29,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from connectors.base import MeshPort
+from manager.broker import channels
 from manager.broker.dm import publish_dm
 from manager.broker.retry import riding_elections
 from manager.daemon.seat import Incarnation, Seat
@@ -58,6 +66,10 @@ class MeshSends:
             call = meshcall.decode_call(body)
             if isinstance(call, meshcall.SeatsCall):
                 return await self._seats(seat)
+            if isinstance(call, meshcall.PostCall):
+                return await self._post(seat, incarnation, call)
+            if isinstance(call, meshcall.HistoryCall):
+                return await self._history(seat, call)
             return await self._send(seat, incarnation, call)
         except Refusal as exc:
             log.warning("mesh.send_refused", seat=seat.name, code=str(exc.code), error=exc.message)
@@ -132,6 +144,61 @@ class MeshSends:
             ordinal=ordinal,
         )
         return meshcall.MeshResult(status="delivered", id=dm.id, to=call.to, seq=seq)
+
+    async def _post(
+        self, seat: Seat, incarnation: Incarnation, call: meshcall.PostCall
+    ) -> meshcall.MeshResult:
+        # Checked before the turn's ordinal is claimed, so a refused post leaves the ids of the
+        # turn's later sends and posts as a rerun that is refused again derives them.
+        if call.channel not in seat.allow_post:
+            allowed = ", ".join(f"#{c}" for c in seat.allow_post) or "no channel"
+            raise Refusal(
+                Code.POST_NOT_ALLOWED,
+                f"seat {seat.name} may not post to #{call.channel} (it may post to: {allowed})",
+                f"spawn {seat.name} with `--allow-post {call.channel}` if it should",
+            )
+        if not call.text:
+            raise Refusal(
+                Code.EMPTY_MESSAGE, "refusing to post an empty message", "pass the text to post"
+            )
+        bridge = incarnation.bridge
+        claimed = bridge.claim_send() if bridge is not None else None
+        if claimed is None:
+            raise Refusal(
+                Code.SEND_OUTSIDE_TURN,
+                f"seat {seat.name} posted to #{call.channel} outside a delivered turn",
+                "post from within a turn the manager delivered",
+            )
+        inbound, ordinal = claimed
+        post = meshcall.ChannelPost(
+            id=meshcall.post_message_id(seat.uid, inbound, ordinal),
+            channel=call.channel,
+            sender=seat.name,
+            text=call.text,
+            sent_at=now_iso(),
+        )
+        seq = await channels.publish_post(self.mgr.js, self.mgr.space, post)
+        log.info(
+            "mesh.posted",
+            seat=seat.name,
+            channel=call.channel,
+            id=post.id,
+            seq=seq,
+            turn=inbound,
+            ordinal=ordinal,
+        )
+        return meshcall.MeshResult(status="posted", id=post.id, channel=call.channel, seq=seq)
+
+    async def _history(self, seat: Seat, call: meshcall.HistoryCall) -> meshcall.MeshResult:
+        if call.channel not in seat.subscribe and call.channel not in seat.allow_post:
+            raise Refusal(
+                Code.HISTORY_NOT_ALLOWED,
+                f"seat {seat.name} may not read #{call.channel}: it neither subscribes to it nor "
+                "may post there",
+                f"spawn {seat.name} with `--subscribe {call.channel}` if it should",
+            )
+        posts = await channels.history(self.mgr.js, self.mgr.space, call.channel, call.limit)
+        return meshcall.MeshResult(status="history", channel=call.channel, posts=posts)
 
     async def _require_recipient(self, to: str) -> None:
         """A seat of this manager's table, or one whose inbox durable the broker holds (cut out

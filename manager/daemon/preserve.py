@@ -308,12 +308,14 @@ class Preservation:
                 cwd=str(seat.cwd),
                 unresolved_launch_option_keys=[],
                 profile_sha256=registry.profile_digest(
-                    seat.agent, model, settings, seat.allow_send
+                    seat.agent, model, settings, seat.allow_send, seat.subscribe, seat.allow_post
                 ),
                 session_stores=stores,
                 model=model,
                 session_id=session_id,
                 allow_send=list(seat.allow_send),
+                subscribe=list(seat.subscribe),
+                allow_post=list(seat.allow_post),
             ),
             dependencies=[],
             generation=seat.generation_at_broker,

@@ -104,6 +104,8 @@ class Readoption:
                 restarts=record.restarts,
                 last_exit=record.last_exit,
                 allow_send=tuple(record.allow_send),
+                subscribe=tuple(record.subscribe),
+                allow_post=tuple(record.allow_post),
             )
             try:
                 mgr.adopt(seat)

@@ -295,6 +295,8 @@ class Resumption:
             generation_at_broker=held.record.generation,
             # The entry's, which its profile digest pins: never this root's `cotal.toml`.
             allow_send=tuple(agent.launch.allow_send),
+            subscribe=tuple(agent.launch.subscribe),
+            allow_post=tuple(agent.launch.allow_post),
         )
 
     # -- commit-resume / finalize-resume -----------------------------------------------------

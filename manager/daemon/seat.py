@@ -86,6 +86,10 @@ class Seat:
     # The seats this one may send to (`--allow-send`; `*` for every other seat), fixed at spawn
     # and kept by its seat record and its resume entry, never read from `cotal.toml` again.
     allow_send: tuple[str, ...] = ()
+    # The channels it gets posts of as turns (`--subscribe`) and may post to (`--allow-post`),
+    # fixed at spawn and kept as `allow_send` is.
+    subscribe: tuple[str, ...] = ()
+    allow_post: tuple[str, ...] = ()
 
     @property
     def state(self) -> SeatState:
@@ -141,6 +145,8 @@ class Seat:
             ),
             isolation=self.handle.isolation if self.handle is not None else None,
             allow_send=list(self.allow_send),
+            subscribe=list(self.subscribe),
+            allow_post=list(self.allow_post),
         )
 
 

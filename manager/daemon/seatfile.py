@@ -53,6 +53,8 @@ def record_of(seat: Seat) -> SeatRecord:
         reason=seat.reason[:1024] if seat.reason else None,
         last_exit=seat.last_exit,
         allow_send=list(seat.allow_send),
+        subscribe=list(seat.subscribe),
+        allow_post=list(seat.allow_post),
     )
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 import structlog
 
-from manager.broker import custody, deadletter, footprint
+from manager.broker import channels, custody, deadletter, footprint
 from manager.daemon import watchers
 from manager.daemon.seat import Seat
 from protocol import names
@@ -46,6 +46,13 @@ async def deprovision(mgr: Manager, seat: Seat) -> str | None:
         except Exception as exc:
             durable_error = str(exc) or type(exc).__name__
             log.error("durable.delete_failed", seat=seat.name, error=str(exc))
+        for channel in seat.subscribe:
+            try:
+                await channels.delete_chathist_durable(
+                    mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid, channel
+                )
+            except Exception as exc:
+                log.error("durable.delete_failed", seat=seat.name, error=str(exc))
         await watchers.clear_presence(mgr, seat)
         await _release_custody(mgr, seat)
         try:

@@ -17,7 +17,7 @@ import structlog
 
 from connectors.base import continuity_class
 from manager import registry
-from manager.broker import custody, footprint
+from manager.broker import channels, custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import seatfile, teardown
 from manager.daemon.handlers.mail import dead_by_seat
@@ -111,6 +111,8 @@ class SeatHandlers:
                 agent=args.agent,
                 session=seat.session_id,
                 allow_send=list(seat.allow_send),
+                subscribe=list(seat.subscribe),
+                allow_post=list(seat.allow_post),
             )
             return seat.row(mgr.identity.instance_id)
 
@@ -132,6 +134,9 @@ class SeatHandlers:
                 "pass --cwd with an existing directory",
             )
         allow_send = tuple(registry.seat_allow_send(mgr.config, name, args.allow_send))
+        subscribe, allow_post = registry.seat_channels(
+            mgr.config, name, args.subscribe, args.allow_post
+        )
         uid = names.mint_lifecycle_uid()
         return Seat(
             name=name,
@@ -144,12 +149,19 @@ class SeatHandlers:
             started_at=now_iso(),
             pointer_path=mgr.layout.session_pointer(connector.name, name, uid),
             allow_send=allow_send,
+            subscribe=tuple(subscribe),
+            allow_post=tuple(allow_post),
         )
 
     async def _provision_and_launch(self, seat: Seat, args: control.SpawnArgs) -> None:
         mgr = self.mgr
         me = mgr.identity.instance_id
         await footprint.ensure_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid)
+        # Made now, so posts made while the seat is stopped wait for its start (within the bound).
+        for channel in seat.subscribe:
+            await channels.ensure_chathist_durable(
+                mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid, channel
+            )
         held = await custody.establish(mgr.custody_bucket(), seat.name, seat.uid, me)
         seat.custody_revision, seat.generation_at_broker = held.revision, held.record.generation
         # On disk before the launch: a manager that dies from here on leaves a record its

@@ -1,0 +1,186 @@
+"""Channels at the broker: the space's channel stream, a subscriber's frontier in each channel,
+a post's publish and a channel's recent history (docs/mesh.md, "Channels").
+
+One stream per space, `CHAN_<space>`, one subject per channel. It keeps at most `history`
+posts per channel and none older than `max_age_s`, and discards the oldest: a channel is a
+bounded history, never a queue, so a post is never refused because older ones were not read.
+A subscribed seat reads a channel through its own durable, `chathist_<owner>-<seat>-<uid>-<ch>`,
+keyed by its lifecycle uid as its inbox is, made at its spawn so a stopped seat finds at its
+start what was posted meanwhile (within the bound).
+"""
+
+from __future__ import annotations
+
+import structlog
+from nats.js import JetStreamContext, api
+from nats.js.errors import BadRequestError, NotFoundError
+
+from manager.broker.retry import riding_elections
+from protocol import meshcall, names
+from protocol.codec import encode_json
+from protocol.errors import DecodeError
+
+log = structlog.get_logger("cotal.broker")
+
+DEFAULT_HISTORY = 100
+DEFAULT_MAX_AGE_S = 7 * 24 * 60 * 60
+# A turn run again posts the same ids: the window covers a crash restart's rerun; a resumed
+# turn's rerun further out may post again (docs/mesh.md).
+DUPLICATE_WINDOW_S = 120.0
+
+
+def chan_stream_config(
+    space: str, *, history: int, max_age_s: int, replicas: int = 1
+) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=names.chan_stream(space),
+        subjects=[names.chan_stream_subjects(space)],
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        discard=api.DiscardPolicy.OLD,
+        max_msgs_per_subject=history,
+        max_age=float(max_age_s),
+        duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=replicas,
+    )
+
+
+def _bounds(config: api.StreamConfig) -> tuple[object, ...]:
+    return (config.discard, config.max_msgs_per_subject, float(config.max_age or 0.0))
+
+
+async def ensure_chan_stream(
+    js: JetStreamContext, space: str, *, history: int, max_age_s: int, replicas: int = 1
+) -> None:
+    """Make the stream, or bring an existing one's bounds to this root's `[channels]` in place
+    (the posts and the durables are kept)."""
+    wanted = chan_stream_config(space, history=history, max_age_s=max_age_s, replicas=replicas)
+
+    async def ensure() -> None:
+        try:
+            info = await js.stream_info(wanted.name or "")
+        except NotFoundError:
+            await js.add_stream(wanted)
+            log.info("stream.created", stream=wanted.name, history=history, max_age_s=max_age_s)
+            return
+        if _bounds(info.config) == _bounds(wanted):
+            return
+        config = info.config
+        config.discard = wanted.discard
+        config.max_msgs_per_subject = wanted.max_msgs_per_subject
+        config.max_age = wanted.max_age
+        await js.update_stream(config)
+        log.info("stream.limits_updated", stream=wanted.name, history=history)
+
+    await riding_elections(f"stream {wanted.name}", ensure)
+
+
+async def ensure_chathist_durable(
+    js: JetStreamContext, space: str, owner: str, actor: str, uid: str, channel: str
+) -> api.ConsumerInfo:
+    """The seat's frontier in `channel`, made at the activation moment (nothing posted before
+    the seat subscribed is its turn), or the one the broker already holds, kept as it is."""
+    stream = names.chan_stream(space)
+    durable = names.chathist_durable(owner, actor, uid, channel)
+
+    async def ensure() -> api.ConsumerInfo:
+        try:
+            existing: api.ConsumerInfo = await js.consumer_info(stream, durable)
+            return existing
+        except NotFoundError:
+            pass
+        frontier = (await js.stream_info(stream)).state.last_seq
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=names.ACK_WAIT_S,
+            filter_subject=names.chan_subject(space, channel),
+            max_ack_pending=1,
+        )
+        if frontier == 0:
+            config.deliver_policy = api.DeliverPolicy.ALL
+        else:
+            config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
+            config.opt_start_seq = frontier + 1
+        try:
+            info: api.ConsumerInfo = await js.add_consumer(stream, config)
+        except BadRequestError:
+            info = await js.consumer_info(stream, durable)
+        log.info("durable.created", durable=durable, frontier=frontier)
+        return info
+
+    return await riding_elections(f"durable {durable}", ensure)
+
+
+async def delete_chathist_durable(
+    js: JetStreamContext, space: str, owner: str, actor: str, uid: str, channel: str
+) -> None:
+    durable = names.chathist_durable(owner, actor, uid, channel)
+
+    async def delete() -> None:
+        try:
+            await js.delete_consumer(names.chan_stream(space), durable)
+            log.info("durable.deleted", durable=durable)
+        except NotFoundError:
+            pass
+
+    await riding_elections(f"delete durable {durable}", delete)
+
+
+async def publish_post(js: JetStreamContext, space: str, post: meshcall.ChannelPost) -> int:
+    """Store a post; a publish retried after a lost answer is a duplicate, not a second post."""
+    subject = names.chan_subject(space, post.channel)
+    headers = {"Nats-Msg-Id": post.id, meshcall.SENDER_HEADER: post.sender}
+    payload = encode_json(post)
+    ack = await riding_elections(
+        f"post to #{post.channel}", lambda: js.publish(subject, payload, headers=headers)
+    )
+    return int(ack.seq)
+
+
+async def history(
+    js: JetStreamContext, space: str, channel: str, limit: int
+) -> list[meshcall.MeshPost]:
+    """The channel's `limit` most recent posts, oldest first, read by an ephemeral consumer
+    that acknowledges nothing, so no subscriber's frontier moves."""
+    stream = names.chan_stream(space)
+    subject = names.chan_subject(space, channel)
+
+    async def read() -> list[meshcall.MeshPost]:
+        info = await js.stream_info(stream, subjects_filter=subject)
+        held = int((info.state.subjects or {}).get(subject, 0))
+        if held == 0:
+            return []
+        last = info.state.last_seq
+        psub = await js.pull_subscribe(
+            subject,
+            stream=stream,
+            config=api.ConsumerConfig(
+                ack_policy=api.AckPolicy.NONE,
+                deliver_policy=api.DeliverPolicy.ALL,
+                inactive_threshold=30.0,
+                mem_storage=True,
+            ),
+        )
+        seen: list[meshcall.MeshPost] = []
+        try:
+            while len(seen) < held:
+                batch = await psub.fetch(min(held - len(seen), 256), timeout=5.0)
+                for msg in batch:
+                    seq = int(msg.metadata.sequence.stream)
+                    try:
+                        post = meshcall.decode_post(msg.data)
+                    except DecodeError:
+                        continue
+                    seen.append(
+                        meshcall.MeshPost(
+                            seq=seq, sender=post.sender, text=post.text, sent_at=post.sent_at
+                        )
+                    )
+                if not batch or int(batch[-1].metadata.sequence.stream) >= last:
+                    break
+        finally:
+            await psub.unsubscribe()
+        return seen[-limit:]
+
+    return await riding_elections(f"history of #{channel}", read)
