@@ -15,6 +15,7 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
+from manager.broker.footprint import duplicate_window_s
 from manager.broker.retry import riding_elections
 from protocol import meshcall, names
 from protocol.codec import encode_json
@@ -24,13 +25,21 @@ log = structlog.get_logger("cotal.broker")
 
 DEFAULT_HISTORY = 100
 DEFAULT_MAX_AGE_S = 7 * 24 * 60 * 60
-# A turn run again posts the same ids: the window covers a crash restart's rerun; a resumed
-# turn's rerun further out may post again (docs/mesh.md).
-DUPLICATE_WINDOW_S = 120.0
+
+
+def chan_duplicate_window_s(horizon_s: int | None, max_age_s: int) -> float:
+    """A turn run again posts the same ids, dropped as duplicates within the recency horizon as
+    a seat's sends are; never past the channel's own age bound, which the broker requires."""
+    return min(duplicate_window_s(horizon_s), float(max_age_s))
 
 
 def chan_stream_config(
-    space: str, *, history: int, max_age_s: int, replicas: int = 1
+    space: str,
+    *,
+    history: int,
+    max_age_s: int,
+    replicas: int = 1,
+    horizon_s: int | None = None,
 ) -> api.StreamConfig:
     return api.StreamConfig(
         name=names.chan_stream(space),
@@ -40,21 +49,35 @@ def chan_stream_config(
         discard=api.DiscardPolicy.OLD,
         max_msgs_per_subject=history,
         max_age=float(max_age_s),
-        duplicate_window=DUPLICATE_WINDOW_S,
+        duplicate_window=chan_duplicate_window_s(horizon_s, max_age_s),
         num_replicas=replicas,
     )
 
 
 def _bounds(config: api.StreamConfig) -> tuple[object, ...]:
-    return (config.discard, config.max_msgs_per_subject, float(config.max_age or 0.0))
+    return (
+        config.discard,
+        config.max_msgs_per_subject,
+        float(config.max_age or 0.0),
+        float(config.duplicate_window or 0.0),
+    )
 
 
 async def ensure_chan_stream(
-    js: JetStreamContext, space: str, *, history: int, max_age_s: int, replicas: int = 1
+    js: JetStreamContext,
+    space: str,
+    *,
+    history: int,
+    max_age_s: int,
+    replicas: int = 1,
+    horizon_s: int | None = None,
 ) -> None:
     """Make the stream, or bring an existing one's bounds to this root's `[channels]` in place
-    (the posts and the durables are kept)."""
-    wanted = chan_stream_config(space, history=history, max_age_s=max_age_s, replicas=replicas)
+    (the posts and the durables are kept). Its duplicate window is widened to this root's
+    horizon and never narrowed: managers sharing the broker may hold other horizons."""
+    wanted = chan_stream_config(
+        space, history=history, max_age_s=max_age_s, replicas=replicas, horizon_s=horizon_s
+    )
 
     async def ensure() -> None:
         try:
@@ -66,9 +89,16 @@ async def ensure_chan_stream(
         if _bounds(info.config) == _bounds(wanted):
             return
         config = info.config
+        before = _bounds(config)
         config.discard = wanted.discard
         config.max_msgs_per_subject = wanted.max_msgs_per_subject
         config.max_age = wanted.max_age
+        config.duplicate_window = min(
+            max(float(config.duplicate_window or 0.0), float(wanted.duplicate_window or 0.0)),
+            float(max_age_s),
+        )
+        if _bounds(config) == before:
+            return
         await js.update_stream(config)
         log.info("stream.limits_updated", stream=wanted.name, history=history)
 

@@ -234,6 +234,7 @@ class Manager:
             history=self.config.channels.history,
             max_age_s=self.config.channels.max_age_s,
             replicas=r,
+            horizon_s=self.config.recency.horizon_s,
         )
         self.dead_counts.update(await deadletter.counts(self.js, self.space))
         self.presence = await footprint.ensure_kv(

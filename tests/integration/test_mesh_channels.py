@@ -185,3 +185,12 @@ async def test_the_permissions_are_part_of_the_profile(mesh: Cli) -> None:
     mesh.json("spawn", "b", "--subscribe", "plan", "--allow-post", "review")
     [row] = mesh.ps()
     assert (row["subscribe"], row["allowPost"]) == (["plan"], ["review"])
+
+
+async def test_the_channel_streams_duplicate_window_is_the_recency_horizon(mesh: Cli) -> None:
+    """A turn run again after a cut posts the same ids: the broker drops them within the
+    recency horizon, as it drops a seat's sends, and never narrows a wider window."""
+    async with broker(mesh.root) as js:
+        info = await js.stream_info("CHAN_main")
+        assert info.config.duplicate_window == 24 * 3600
+        assert info.config.max_msgs_per_subject == 100
