@@ -285,6 +285,9 @@ class JsonStdioDriver(Generic[TurnT]):
         self._turn: TurnT | None = None
         self._reader = ReaderState()
         self._written: tuple[str, str] | None = None
+        # One pointer write at a time, each in a worker thread: a `running` write the reader
+        # began must not land after the `quit` a deliberate stop wrote.
+        self._pointer_lock = anyio.Lock()
         self.session_id: str | None = None
         self.state_known = anyio.Event()
         self.initial_outcome: TurnOutcome | None = None
@@ -377,12 +380,15 @@ class JsonStdioDriver(Generic[TurnT]):
                 f"{self.who} reports session {sid}, expected {self._expected}; pointer not written"
             )
             return
-        if self._written == (sid, status):
-            return
-        if reopenable is not None and not reopenable():
-            return
-        await anyio.to_thread.run_sync(write_pointer, path, sid, status)
-        self._written = (sid, status)
+        async with self._pointer_lock:
+            if self._written == (sid, status) or (
+                status == "running" and self._written == (sid, "quit")
+            ):
+                return
+            if reopenable is not None and not reopenable():
+                return
+            await anyio.to_thread.run_sync(write_pointer, path, sid, status)
+            self._written = (sid, status)
 
     # -- turns ----------------------------------------------------------------------------------
 
