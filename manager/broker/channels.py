@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import structlog
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import NotFoundError
 
-from manager.broker.footprint import duplicate_window_s
+from manager.broker.footprint import duplicate_window_s, ensure_frontier_durable
 from manager.broker.retry import riding_elections
 from protocol import meshcall, names
 from protocol.codec import encode_json
@@ -110,36 +110,12 @@ async def ensure_chathist_durable(
 ) -> api.ConsumerInfo:
     """The seat's frontier in `channel`, made at the activation moment (nothing posted before
     the seat subscribed is its turn), or the one the broker already holds, kept as it is."""
-    stream = names.chan_stream(space)
-    durable = names.chathist_durable(owner, actor, uid, channel)
-
-    async def ensure() -> api.ConsumerInfo:
-        try:
-            existing: api.ConsumerInfo = await js.consumer_info(stream, durable)
-            return existing
-        except NotFoundError:
-            pass
-        frontier = (await js.stream_info(stream)).state.last_seq
-        config = api.ConsumerConfig(
-            durable_name=durable,
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=names.ACK_WAIT_S,
-            filter_subject=names.chan_subject(space, channel),
-            max_ack_pending=1,
-        )
-        if frontier == 0:
-            config.deliver_policy = api.DeliverPolicy.ALL
-        else:
-            config.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
-            config.opt_start_seq = frontier + 1
-        try:
-            info: api.ConsumerInfo = await js.add_consumer(stream, config)
-        except BadRequestError:
-            info = await js.consumer_info(stream, durable)
-        log.info("durable.created", durable=durable, frontier=frontier)
-        return info
-
-    return await riding_elections(f"durable {durable}", ensure)
+    return await ensure_frontier_durable(
+        js,
+        names.chan_stream(space),
+        names.chathist_durable(owner, actor, uid, channel),
+        names.chan_subject(space, channel),
+    )
 
 
 async def delete_chathist_durable(

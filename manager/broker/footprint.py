@@ -136,8 +136,19 @@ async def ensure_dm_stream(
 async def ensure_dm_durable(
     js: JetStreamContext, space: str, owner: str, actor: str, uid: str
 ) -> api.ConsumerInfo:
-    stream = names.dm_stream(space)
-    durable = names.dm_durable(owner, actor, uid)
+    return await ensure_frontier_durable(
+        js,
+        names.dm_stream(space),
+        names.dm_durable(owner, actor, uid),
+        names.dm_filter(space, owner, actor),
+    )
+
+
+async def ensure_frontier_durable(
+    js: JetStreamContext, stream: str, durable: str, filter_subject: str
+) -> api.ConsumerInfo:
+    """A lifecycle-keyed durable on `stream` (a seat's inbox, or its frontier in a channel),
+    made at the activation moment, or the one the broker already holds, kept as it is."""
 
     async def ensure() -> api.ConsumerInfo:
         try:
@@ -150,7 +161,7 @@ async def ensure_dm_durable(
             durable_name=durable,
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=names.ACK_WAIT_S,
-            filter_subject=names.dm_filter(space, owner, actor),
+            filter_subject=filter_subject,
             max_ack_pending=1,
         )
         # The activation moment: nothing published before this seat existed is its mail.

@@ -17,6 +17,7 @@ from manager.broker import channels
 from protocol import meshcall
 from tests.conftest import Cli
 from tests.helpers import broker, refused, wait_until
+from tests.integration.test_mesh_sends import _ask, _events
 
 pytestmark = pytest.mark.anyio
 
@@ -40,23 +41,6 @@ async def _posts_on(cli: Cli, channel: str) -> list[tuple[dict[str, Any], dict[s
             if msg.subject == _plan(channel):
                 out.append((json.loads(msg.data or b"{}"), dict(msg.headers or {})))
     return out
-
-
-def _events(cli: Cli, seat: str, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in cli.run("logs", seat, "--json").stdout.splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("event") == event:
-            found.append(obj)
-    return found
-
-
-def _ask(cli: Cli, seat: str, text: str) -> str:
-    reply: str = cli.json("send", seat, text, "--wait", "--timeout", "60")["reply"]
-    return reply
 
 
 def _acked_posts(cli: Cli, seat: str) -> int:
