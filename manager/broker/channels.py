@@ -15,7 +15,11 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from manager.broker.footprint import duplicate_window_s, ensure_frontier_durable
+from manager.broker.footprint import (
+    delete_durable,
+    duplicate_window_s,
+    ensure_frontier_durable,
+)
 from manager.broker.retry import riding_elections
 from protocol import meshcall, names
 from protocol.codec import encode_json
@@ -121,16 +125,9 @@ async def ensure_chathist_durable(
 async def delete_chathist_durable(
     js: JetStreamContext, space: str, owner: str, actor: str, uid: str, channel: str
 ) -> None:
-    durable = names.chathist_durable(owner, actor, uid, channel)
-
-    async def delete() -> None:
-        try:
-            await js.delete_consumer(names.chan_stream(space), durable)
-            log.info("durable.deleted", durable=durable)
-        except NotFoundError:
-            pass
-
-    await riding_elections(f"delete durable {durable}", delete)
+    await delete_durable(
+        js, names.chan_stream(space), names.chathist_durable(owner, actor, uid, channel)
+    )
 
 
 async def publish_post(js: JetStreamContext, space: str, post: meshcall.ChannelPost) -> int:

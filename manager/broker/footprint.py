@@ -215,11 +215,15 @@ async def dm_durable_exists(
 async def delete_dm_durable(
     js: JetStreamContext, space: str, owner: str, actor: str, uid: str
 ) -> None:
-    durable = names.dm_durable(owner, actor, uid)
+    await delete_durable(js, names.dm_stream(space), names.dm_durable(owner, actor, uid))
+
+
+async def delete_durable(js: JetStreamContext, stream: str, durable: str) -> None:
+    """Remove a durable of `stream`; one already gone is no error."""
 
     async def delete() -> None:
         try:
-            await js.delete_consumer(names.dm_stream(space), durable)
+            await js.delete_consumer(stream, durable)
             log.info("durable.deleted", durable=durable)
         except NotFoundError:
             pass

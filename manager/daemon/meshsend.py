@@ -96,15 +96,7 @@ class MeshSends:
     async def _send(
         self, seat: Seat, incarnation: Incarnation, call: meshcall.SendCall
     ) -> meshcall.MeshResult:
-        bridge = incarnation.bridge
-        claimed = bridge.claim_send() if bridge is not None else None
-        if claimed is None:
-            raise Refusal(
-                Code.SEND_OUTSIDE_TURN,
-                f"seat {seat.name} sent to {call.to} outside a delivered turn",
-                "send from within a turn the manager delivered",
-            )
-        inbound, ordinal = claimed
+        inbound, ordinal = _claim_turn(seat, incarnation, f"sent to {call.to}", "send")
         if not meshcall.may_send(seat.allow_send, seat.name, call.to):
             allowed = ", ".join(seat.allow_send) or "no seat"
             raise Refusal(
@@ -161,15 +153,7 @@ class MeshSends:
             raise Refusal(
                 Code.EMPTY_MESSAGE, "refusing to post an empty message", "pass the text to post"
             )
-        bridge = incarnation.bridge
-        claimed = bridge.claim_send() if bridge is not None else None
-        if claimed is None:
-            raise Refusal(
-                Code.SEND_OUTSIDE_TURN,
-                f"seat {seat.name} posted to #{call.channel} outside a delivered turn",
-                "post from within a turn the manager delivered",
-            )
-        inbound, ordinal = claimed
+        inbound, ordinal = _claim_turn(seat, incarnation, f"posted to #{call.channel}", "post")
         post = meshcall.ChannelPost(
             id=meshcall.post_message_id(seat.uid, inbound, ordinal),
             channel=call.channel,
@@ -229,3 +213,17 @@ class MeshSends:
             if durable.startswith(prefix) and dash and names.SEAT_NAME.matches(name):
                 found.add(name)
         return found
+
+
+def _claim_turn(seat: Seat, incarnation: Incarnation, did: str, verb: str) -> tuple[str, int]:
+    """The inbound message id of the turn in flight and this call's ordinal in it, from which
+    its message id is derived; refused when no delivered turn is in flight."""
+    bridge = incarnation.bridge
+    claimed = bridge.claim_send() if bridge is not None else None
+    if claimed is None:
+        raise Refusal(
+            Code.SEND_OUTSIDE_TURN,
+            f"seat {seat.name} {did} outside a delivered turn",
+            f"{verb} from within a turn the manager delivered",
+        )
+    return claimed
