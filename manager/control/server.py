@@ -342,7 +342,12 @@ class ControlServer:
             log.warning("control.refused", reason="token mismatch")
             return
         self._pending.pop(conn_id, None)
-        await write_frame(stream, control.encode_frame(control.ok_reply(0, {"hello": "ok"})))
+        try:
+            await write_frame(stream, control.encode_frame(control.ok_reply(0, {"hello": "ok"})))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            # The client went away after its hello (a coordinator killed, a status probe that
+            # gave up): that connection's end, never the daemon's.
+            return
         await self._serve_requests(stream, buffered)
 
     async def _serve_requests(

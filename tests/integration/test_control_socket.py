@@ -154,3 +154,16 @@ def test_another_uid_is_refused_even_with_the_token(mesh: Cli) -> None:
         for p, m in modes.items():
             os.chmod(p, m)
     assert mesh.json("status")["state"] == "active"
+
+
+def test_a_client_gone_before_the_hello_reply_leaves_the_manager_up(mesh: Cli) -> None:
+    """A coordinator killed, or a status probe that gave up, right after its hello: the reply
+    meets a closed socket, which ends that connection and never the daemon (CI saw a manager
+    die of exactly this)."""
+    pid = mesh.json("status")["pid"]
+    for _ in range(20):
+        s = _connect(mesh)
+        s.sendall(frame(json.dumps({"op": "hello", "token": _token(mesh)}).encode()))
+        s.close()
+    status = mesh.json("status")
+    assert status["pid"] == pid and status["state"] == "active"
