@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,28 @@ def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def run_dumping_on_timeout(
+    argv: list[str], *, timeout: float, env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run` that, when the command outlasts its timeout, asks it where it waits
+    (SIGUSR1: its tasks, SIGUSR2: its threads) before killing it, and fails with that."""
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGUSR1, signal.SIGUSR2):
+                proc.send_signal(sig)
+                time.sleep(1)
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"{' '.join(argv[2:])} timed out after {timeout:g}s; where it waited:\n{err}"
+            ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 @dataclass
 class Cli:
     root: Path
@@ -76,10 +99,8 @@ class Cli:
         timeout: float = 120.0,
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
+        proc = run_dumping_on_timeout(
             [sys.executable, "-m", "manager.cli", *args, "--root", str(self.root)],
-            capture_output=True,
-            text=True,
             timeout=timeout,
             env=cotal_env({**self.env, **(env or {})}),
             cwd=self.root,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import anyio
 import nats
+import nats.errors
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -473,6 +474,18 @@ async def test_a_garbled_or_partial_answer_is_never_a_pass(tmp_path: Path) -> No
 
             await forger.subscribe(ACCOUNT_CONNZ, cb=answer)
             await forger.flush()
+            # Under load the forger's interest was once not yet there for the asker's first
+            # request (no responders): every forgery below is asked only once an answer came back.
+            forged[:] = [lambda _cid: b"ready"]
+            with anyio.fail_after(10):
+                while True:
+                    try:
+                        ready = await asker.request(ACCOUNT_CONNZ, b"{}", timeout=1)
+                    except nats.errors.NoRespondersError:
+                        await anyio.sleep(0.05)
+                        continue
+                    assert ready.data == b"ready", ready.data
+                    break
             for make, detail in FORGERIES:
                 forged[:] = [make]
                 oracle = AccountConnz(asker)
