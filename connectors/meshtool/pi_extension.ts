@@ -19,11 +19,11 @@ import * as net from "node:net";
 
 const MESH_DIR_ENV = "COTAL_MESH_DIR";
 const SOCKET_NAME = "mesh.sock";
-// sockaddr_un.sun_path is 108 bytes with its NUL: a longer path is reached through a directory
-// fd, as connectors/meshclient.py does.
-const SUN_PATH_MAX = 108;
-// A history answer carries up to 1000 posts; past this the answer is refused, never buffered
-// without bound.
+// sun_path holds 108 bytes with its terminating NUL: a longer path is reached through a
+// descriptor of its directory, as connectors/meshclient.py does (the same rule, in Node).
+const SUN_PATH_MAX = 107;
+// meshclient.ANSWER_CAP: a history answer carries up to 1000 posts; past this the answer is
+// refused, never buffered without bound.
 const REPLY_CAP = 16 * 1024 * 1024;
 // The manager answers a call at once or refuses it; a call that hangs this long is reported
 // to the model rather than holding the turn.
@@ -59,7 +59,7 @@ function socketPath(): { path: string; dirFd: number } {
 		);
 	}
 	const direct = `${dir.replace(/\/+$/, "")}/${SOCKET_NAME}`;
-	if (Buffer.byteLength(direct) < SUN_PATH_MAX) {
+	if (Buffer.byteLength(direct) <= SUN_PATH_MAX) {
 		return { path: direct, dirFd: -1 };
 	}
 	const dirFd = fs.openSync(dir, fs.constants.O_RDONLY | fs.constants.O_DIRECTORY);
