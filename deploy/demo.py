@@ -39,6 +39,7 @@ PHRASE = "juniper-ledger-41"
 QUEUED = "queued-at-the-fence-73"
 CODEX_PHRASE = "cobalt-harbor-58"
 WALK_PHRASE = "heron-crossing-62"
+MESH_PHRASE = "tern-relay-19"
 CODEX_KEY_VAR = "DEMO_CODEX_KEY"
 # The fake model takes any key; the seat still needs one in the manager's environment.
 CODEX_KEY = "sk-demo-not-a-real-key"
@@ -419,6 +420,8 @@ def main() -> int:
                 f"Remember the phrase {PHRASE}. Reply with it.",
             ).stdout
         )
+        # A second seat that may send to `default` only: its permission travels with it.
+        a.cotal("spawn", "teller", "--agent", "scribe", "--allow-send", "default")
         coder: dict[str, Any] = {}
         coder_on_a = ""
         if fake:
@@ -475,6 +478,14 @@ def main() -> int:
             if fake
             else ""
         )
+        print("\n== host B: seat to seat across the cut: teller tells default, as itself")
+        told = b.cotal(
+            "send", "teller", f"Tell default: remember the phrase {MESH_PHRASE}", "--wait"
+        ).stdout.strip()
+        from_teller = b.cotal("send", "default", "What was the phrase?", "--wait").stdout.strip()
+        teller_row = {
+            r["name"]: r for r in map(json.loads, b.cotal("ps", "--json").stdout.splitlines())
+        }.get("teller", {})
         handled = session_texts(b.root)
         print("\n== host A: the handed-off checkpoint must not resume there")
         again = a.cotal("up", "--restore", cut["checkpointDir"], "--json", check=False)
@@ -516,6 +527,14 @@ def main() -> int:
                 and QUEUED in handled,
             ),
             ("host A refuses to resume (handed-off)", refused.get("code") == "handed-off"),
+            (
+                "teller's permission crossed the cut (it may send to default only)",
+                teller_row.get("allowSend") == ["default"],
+            ),
+            (
+                "teller's message is answered on B, naming teller as its sender",
+                "delivered" in told and f"{MESH_PHRASE}, from teller" in from_teller,
+            ),
         ]
         if fake:
             checks += [
