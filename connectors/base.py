@@ -89,6 +89,9 @@ class LaunchOpts:
     # Fork from this session id: a new session carrying the history; the source is untouched.
     resume: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    # Where the manager serves this seat's mesh socket (`COTAL_MESH_DIR`); None outside a
+    # manager (a connector's own tests), where no tool has a mesh to call.
+    mesh_dir: Path | None = None
 
 
 @dataclass(frozen=True)

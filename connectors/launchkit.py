@@ -17,6 +17,7 @@ from typing import Any
 
 from connectors.base import LaunchOpts
 from connectors.harnesses import which
+from connectors.meshclient import MESH_DIR_ENV
 from protocol.errors import Refusal
 from protocol.names import ENV_NAME, SESSION_UUID, check_lifecycle_uid, check_seat_name
 from protocol.refusals import Code
@@ -50,6 +51,9 @@ def base_env(opts: LaunchOpts, extra_allow: tuple[str, ...] = ()) -> dict[str, s
         COTAL_WORKSPACE_ROOT=str(opts.workspace_root),
         COTAL_SESSION_STATE=str(opts.session_pointer_path),
     )
+    if opts.mesh_dir is not None:
+        # Named in the launch, so the sandbox binds it into this seat's file tree.
+        env[MESH_DIR_ENV] = str(opts.mesh_dir)
     return env
 
 

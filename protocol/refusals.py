@@ -170,6 +170,7 @@ class Code(StrEnum):
     MAP_OCCUPIED = "map-occupied"
     MAP_OTHER_ROOT = "map-other-root"
     MESH_CALL_INVALID = "mesh-call-invalid"
+    MESH_PEER_REFUSED = "mesh-peer-refused"
     MAP_SYMLINK = "map-symlink"
     MISSING = "missing"
     NO_BROKER = "no-broker"
@@ -1417,6 +1418,13 @@ ENTRIES: tuple[Entry, ...] = (
         "(or `*`), or it named itself",
         "spawn the sender with `--allow-send SEAT` (or `'*'`); a seat's permissions are fixed "
         "at its spawn",
+    ),
+    _e(
+        Code.MESH_PEER_REFUSED,
+        "a process that is not the seat's own (its process tree, session or mount namespace) "
+        "connected to the seat's mesh socket; it was answered this and nothing else",
+        "call the mesh from within the seat: its harness's tool (the MCP server, the extension) "
+        "runs as the seat's child",
     ),
     _e(
         Code.SEND_OUTSIDE_TURN,

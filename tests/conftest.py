@@ -64,6 +64,47 @@ def cotal_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _kernel_view(pid: int) -> str:
+    """State, wait channel and kernel stack of `pid` and of each of its children: what a
+    process that answers no signal is blocked in."""
+    lines = []
+    todo = [pid]
+    while todo and len(lines) < 200:
+        p = todo.pop(0)
+        base = Path(f"/proc/{p}")
+        try:
+            status = dict(
+                line.split(":\t", 1) for line in (base / "status").read_text().splitlines()
+            )
+            raw = (base / "cmdline").read_bytes().replace(b"\0", b" ")
+            cmd = raw[:160].decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        wchan = (base / "wchan").read_text() if (base / "wchan").exists() else "?"
+        try:
+            stack = (base / "stack").read_text().strip().replace("\n", " | ")
+        except OSError:
+            stack = "?"
+        lines.append(
+            f"pid {p} state {status.get('State', '?')} wchan {wchan} sigblk "
+            f"{status.get('SigBlk', '?')} cmd {cmd}\n  kernel stack: {stack}"
+        )
+        for task in (base / "task").iterdir():
+            try:
+                kids = (task / "children").read_text().split()
+            except OSError:
+                kids = []
+            todo.extend(int(k) for k in kids)
+            if task.name != str(p):
+                try:
+                    tstate = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    twchan = (task / "wchan").read_text()
+                except OSError:
+                    continue
+                lines.append(f"  thread {task.name} state {tstate} wchan {twchan}")
+    return "\n".join(lines)
+
+
 def run_dumping_on_timeout(
     argv: list[str], *, timeout: float, env: dict[str, str], cwd: Path
 ) -> subprocess.CompletedProcess[str]:
@@ -75,13 +116,15 @@ def run_dumping_on_timeout(
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            kernel = _kernel_view(proc.pid)
             for sig in (signal.SIGUSR1, signal.SIGUSR2):
                 proc.send_signal(sig)
                 time.sleep(1)
             proc.kill()
             out, err = proc.communicate()
             raise AssertionError(
-                f"{' '.join(argv[2:])} timed out after {timeout:g}s; where it waited:\n{err}"
+                f"{' '.join(argv[2:])} timed out after {timeout:g}s; where it waited:\n{err}\n"
+                f"the kernel's view:\n{kernel}"
             ) from None
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 

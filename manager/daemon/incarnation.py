@@ -22,12 +22,14 @@ import structlog
 from anyio.abc import TaskGroup, TaskStatus
 
 from connectors.base import Driver, LaunchOpts, LaunchSpec, attach_mesh
+from connectors.meshclient import MESH_DIR_ENV
 from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import teardown, watchers
 from manager.daemon.delivery import DeliveryBridge, SeatGate
 from manager.daemon.meshsend import MeshSends
+from manager.daemon.meshsocket import MeshSocket
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.seat import Incarnation, Seat, read_pointer, session_to_reopen
 from manager.daemon.startfault import LaunchFault, StartFailed, decode_fault, next_try
@@ -98,6 +100,7 @@ class Incarnations:
             continue_session=continue_session,
             resume=resume,
             config=settings,
+            mesh_dir=mgr.layout.seat_mesh_dir(seat.name, seat.uid),
         )
 
     async def launch(
@@ -193,18 +196,30 @@ class Incarnations:
         self, seat: Seat, incarnation: Incarnation, *, task_status: TaskStatus[None]
     ) -> None:
         spec, handle = incarnation.spec, incarnation.handle
-        process = await handle.start()
+        # The port is this incarnation's: what comes in on its stdio, or on its mesh socket from
+        # a process of its own, is this seat's call.
+        port = self.mesh.port(seat, incarnation)
+        mesh_dir = spec.env.get(MESH_DIR_ENV)
+        # Bound before the harness starts, so its tool finds the socket from its first call.
+        mesh_socket = MeshSocket(seat.name, Path(mesh_dir), port) if mesh_dir else None
+        try:
+            process = await handle.start()
+        except BaseException:
+            if mesh_socket is not None:
+                mesh_socket.close()
+            raise
         assert process.stdin is not None and process.stdout is not None
         driver = seat.connector.make_driver(process.stdin, process.stdout, spec)
         incarnation.driver = driver
-        # The port is this incarnation's: what comes in on its stdio is this seat's call.
-        attach_mesh(driver, self.mesh.port(seat, incarnation))
+        attach_mesh(driver, port)
         started = False
         failure: Refusal | None = None
         try:
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._watch_exit, seat, handle, scope)
+                    if mesh_socket is not None:
+                        await tg.start(mesh_socket.serve, lambda: handle.pid)
                     await tg.start(driver.run)
                     failure = await self._become_ready(seat, spec, driver, handle)
                     if failure is not None:

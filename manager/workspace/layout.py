@@ -76,6 +76,14 @@ class Layout:
         return self.sessions / connector / f"{check_seat_name(seat)}-{uid}.store"
 
     @property
+    def seat_mesh(self) -> Path:
+        return self.control / "seat-mesh"
+
+    def seat_mesh_dir(self, seat: str, uid: str) -> Path:
+        """Where the manager serves one seat's mesh socket; the seat's sandbox binds it."""
+        return self.seat_mesh / f"{check_seat_name(seat)}-{check_lifecycle_uid(uid)}"
+
+    @property
     def seats(self) -> Path:
         """The daemon's persisted seat table, one record per seat, read back after a crash."""
         return self.control / "seats"
