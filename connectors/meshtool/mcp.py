@@ -211,6 +211,14 @@ def render(result: Mapping[str, Any]) -> dict[str, Any]:
     return _tool_result(json.dumps(result, ensure_ascii=False, separators=(",", ":")), error=False)
 
 
+class NotSent(Exception):
+    """The call never left: the socket could not be reached."""
+
+
+class AnswerLost(Exception):
+    """The call was sent, or may have been, and its answer did not come back."""
+
+
 MeshCaller = Callable[[dict[str, object]], Mapping[str, Any]]
 
 
@@ -218,9 +226,15 @@ def mesh_call(call: dict[str, object]) -> Mapping[str, Any]:
     """One call on a connection of its own. A connection cut mid-call is never retried: the
     manager may have run the call, and a retry would be another send (the manager numbers each
     call of a turn), so the model is told instead."""
-    sock = meshclient.connect()
+    try:
+        sock = meshclient.connect()
+    except meshclient.MeshUnreachable as exc:
+        raise NotSent(str(exc)) from None
     with sock:
-        return meshclient.call(sock, call)
+        try:
+            return meshclient.call(sock, call)
+        except meshclient.MeshUnreachable as exc:
+            raise AnswerLost(str(exc)) from None
 
 
 class Server:
@@ -351,17 +365,32 @@ class Server:
             )
         try:
             result = self._caller(call)
+        except NotSent as exc:
+            self.log(f"{name}: not sent: {exc}")
+            return _tool_result(
+                f"mesh-unreachable: {exc} (nothing was sent; try again within a turn cotal "
+                "delivered, or tell the operator)",
+                error=True,
+            )
+        except AnswerLost as exc:
+            self.log(f"{name}: answer lost: {exc}")
+            return _tool_result(
+                f"mesh-unreachable: {exc} (the call may have been made: before sending again, "
+                "check whether it was)",
+                error=True,
+            )
         except Exception as exc:  # noqa: BLE001 - the model is told, the server goes on
             self.log(f"{name}: the mesh call failed: {exc!r}")
             return _tool_result(
-                f"mesh-unavailable: the call could not be made or its answer was lost ({exc}); "
-                "a send may or may not have been delivered (check before sending again)",
+                f"mesh-unreachable: the call failed ({type(exc).__name__}; the server's log says "
+                "more); it may have been made: check before sending again",
                 error=True,
             )
         if not isinstance(result, Mapping) or not isinstance(result.get("status"), str):
             self.log(f"{name}: the manager's answer is not a mesh result")
             return _tool_result(
-                "mesh-unavailable: the manager's answer is not a result", error=True
+                "mesh-unreachable: the manager's answer is not a mesh result (tell the operator)",
+                error=True,
             )
         self.log(f"{name}: {result['status']}")
         return render(result)
