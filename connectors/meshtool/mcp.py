@@ -179,6 +179,10 @@ def check_arguments(tool: str, schema: Mapping[str, Any], args: Mapping[str, Any
         if rule["type"] == "string":
             if not isinstance(value, str):
                 return f"{tool}: {key} must be a string, not {_kind(value)}"
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return f"{tool}: {key} holds a lone surrogate (\\ud800-\\udfff), which is not text"
             if "maxLength" in rule and len(value) > rule["maxLength"]:
                 return (
                     f"{tool}: {key} is {len(value)} characters, over the {rule['maxLength']} "

@@ -302,6 +302,11 @@ async def test_bad_arguments_are_refused_before_any_call(mesh_dir: Path) -> None
             ("history", {"channel": "c", "limit": True}, "history: limit must be an integer"),
             ("history", {"channel": "c", "limit": 2.5}, "history: limit must be an integer"),
             ("seats", {"all": True}, "seats takes no argument all (its arguments: none)"),
+            (
+                "post",
+                {"channel": "c", "text": "\ud800"},
+                "post: text holds a lone surrogate (\\ud800-\\udfff), which is not text",
+            ),
         ]
         for i, (name, args, why) in enumerate(cases):
             answer = await tool.ask(call(name, args, rid=i))
