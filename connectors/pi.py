@@ -61,6 +61,9 @@ NO_KEY = "cotal-no-key"
 # pi's session file format version this connector writes and reads headers of.
 SESSION_VERSION = 3
 HEADER_CAP = 64 * 1024
+# cotal's mesh tools as a pi extension (pi loads TypeScript through jiti, no build step). It
+# lives in cotal's own source, which the seat's sandbox grants read-only.
+MESH_EXTENSION = Path(__file__).resolve().parent / "meshtool" / "pi_extension.ts"
 
 # Keys of the operator's per-agent config this connector honours. Anything else is refused,
 # because a setting that is silently dropped would not survive into a crash restart either.
@@ -226,6 +229,7 @@ class PiConnector:
         cwd = Path(os.path.abspath(opts.cwd))
         env = base_env(opts, extra_allow=cfg.passthrough)
         argv = _program(cfg.binary, env)
+        extension_args = _mesh_extension(opts)
 
         # Everything that can refuse is read-only and comes first, so a refusal changes nothing.
         expected: str | None = None
@@ -252,7 +256,11 @@ class PiConnector:
             "--mode",
             "rpc",
             "--offline",
+            # Nothing pi would discover (the operator's ~/.pi, the project's .pi/) is loaded;
+            # only the extension named here is, and only for a seat the manager serves the
+            # mesh to.
             "--no-extensions",
+            *extension_args,
             "--no-skills",
             "--no-prompt-templates",
             "--session-dir",
@@ -375,6 +383,20 @@ def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:
             )
         return [node, binary]
     return [binary]
+
+
+def _mesh_extension(opts: LaunchOpts) -> list[str]:
+    """`--extension <cotal's mesh tools>` when the manager serves this seat a mesh socket. The
+    extension finds the socket by `COTAL_MESH_DIR`, which base_env puts in pi's environment."""
+    if opts.mesh_dir is None:
+        return []
+    if not MESH_EXTENSION.is_file():
+        raise Refusal(
+            Code.NOT_INSTALLED,
+            f"pi connector: cotal's mesh extension {MESH_EXTENSION} is missing",
+            "reinstall cotal (the file ships in connectors/meshtool/)",
+        )
+    return ["--extension", str(MESH_EXTENSION)]
 
 
 def _write_agent_config(agent_dir: Path, cfg: _Config) -> None:
@@ -586,8 +608,8 @@ class PiDriver(JsonStdioDriver[_Turn]):
             "input",
             "editor",
         ):
-            # Extensions are disabled; should a dialog appear anyway, dismiss it so pi never
-            # blocks waiting for a human who is not there.
+            # The one extension loaded (cotal's mesh tools) opens no dialog; should one appear
+            # anyway, dismiss it so pi never blocks waiting for a human who is not there.
             await self._send(
                 {"type": "extension_ui_response", "id": event.get("id"), "cancelled": True}
             )

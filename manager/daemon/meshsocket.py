@@ -40,8 +40,9 @@ log = structlog.get_logger("cotal.mesh")
 # A harness's tool may hold a connection per tool call; more at once is not a tool.
 MAX_CONNECTIONS = 8
 LINE_CAP = meshcall.CALL_CAP + 1
-# A refusal to a stranger is one small frame; a peer that does not read it is not waited on.
-REFUSE_WRITE_S = 0.5
+# A refusal to a stranger is one small frame and the wait for it to hang up; a peer that does
+# neither is not waited on longer.
+REFUSE_WRITE_S = 1.0
 
 
 def bind(directory: Path) -> socket.socket:
@@ -158,6 +159,11 @@ class MeshSocket:
             "call the mesh from within the seat, through its harness's tool",
         )
         with anyio.move_on_after(REFUSE_WRITE_S):
-            with contextlib.suppress(anyio.BrokenResourceError, OSError):
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.EndOfStream, OSError):
                 await stream.send(meshcall.encode_result(meshcall.refused(refusal)) + b"\n")
+                # Closed at once, the peer's call would meet a broken pipe instead of this
+                # answer: what it writes is read and dropped until it hangs up, briefly.
+                taken = 0
+                while taken < LINE_CAP:
+                    taken += len(await stream.receive())
         await stream.aclose()

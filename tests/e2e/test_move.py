@@ -287,3 +287,39 @@ async def test_a_move_whose_destination_manager_died_after_its_claim_is_finished
     reply = b.json("send", "mover", "What was the phrase?", "--wait")
     assert reply["reply"] == f"The phrase is {PHRASE}.", reply
     assert not (a.root / ".cotal/maintenance/v1/journal.json").exists()
+
+
+async def test_a_seats_message_sent_while_the_move_holds_its_recipient_arrives_there(
+    two_roots: tuple[Cli, Cli],
+) -> None:
+    """The move's command dies past the fence (the seat is cut, held by the move); a seat of
+    the source tells it a phrase then; the rerun finishes the move and the moved seat, now at
+    the destination, has the message, from its sender, exactly once."""
+    a, b = two_roots
+    mover = a.json(
+        "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+    )  # fmt: skip
+    a.json("spawn", "teller", "--agent", "scribe", "--allow-send", "mover")
+    to_b = b.json("spawn", "stay_b", "--agent", "scribe")["instanceId"]
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    died = a.run(
+        "move", "mover", "--to", to_b, "--json", check=False,
+        env={"COTAL_FAILPOINT": "cut.after-cut-committed"},
+    )  # fmt: skip
+    assert died.returncode != 0 and "Traceback" not in died.stderr
+    assert processes_mentioning(mover["lifecycleUid"]) == []
+    told = a.json("send", "teller", "Tell mover: remember the phrase held-in-move-8", "--wait")
+    assert told["reply"] == "Told mover: delivered."
+
+    a.json("move", "mover", "--to", to_b)
+    at_b = {r["name"]: r for r in b.ps()}
+    assert processes_mentioning(mover["lifecycleUid"]) == [at_b["mover"]["pid"]]
+    # The held message is the moved seat's first turn there; the question waits behind it.
+    reply = b.json("send", "mover", "what was the phrase?", "--wait")["reply"]
+    assert reply == "The phrase is held-in-move-8, from teller.", reply
+    received = [
+        json.loads(line)
+        for line in b.run("logs", "mover", "--json").stdout.splitlines()
+        if line.startswith("{") and '"delivery.received"' in line
+    ]
+    assert [e["sender"] for e in received].count("teller") == 1, received

@@ -90,6 +90,11 @@ def test_a_hostile_seat_reaches_none_of_the_managers_authority(tmp_path: Path, c
         loot.mkdir()
         (loot / "control.token").write_text((auth / "control.token").read_text())
         os.link(root / ".cotal" / "manager.sock", loot / "manager.sock")
+        # The victim's mesh socket, hidden from the seat's tree, and a link to it that is not:
+        # reaching the socket is not being the seat.
+        mesh_dir = root / ".cotal" / "seat-mesh" / f"victim-{victim['lifecycleUid']}"
+        (loot / "mesh").mkdir()
+        os.link(mesh_dir / "mesh.sock", loot / "mesh" / "mesh.sock")
         plan = {
             "root": str(root),
             "managerPid": mesh["manager"]["pid"],
@@ -97,6 +102,8 @@ def test_a_hostile_seat_reaches_none_of_the_managers_authority(tmp_path: Path, c
             "dirs": {k: str(v) for k, v in dirs.items()},
             "stolenToken": str(loot / "control.token"),
             "stolenSocket": str(loot / "manager.sock"),
+            "meshDir": str(mesh_dir),
+            "meshLink": str(loot / "mesh"),
         }
         (root / "hostile-plan.json").write_text(json.dumps(plan))
 
@@ -107,7 +114,10 @@ def test_a_hostile_seat_reaches_none_of_the_managers_authority(tmp_path: Path, c
         assert not reached, json.dumps(reached, indent=1)
         by_target = {r["target"]: r["detail"] for r in results}
         assert by_target["control socket, stolen token"].startswith("closed without a reply")
-        assert len(results) >= 25
+        assert by_target["another seat's mesh socket, linked"] == (
+            "answered refused mesh-peer-refused"
+        )
+        assert len(results) >= 27
 
         refused = [
             e

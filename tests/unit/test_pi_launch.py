@@ -17,6 +17,7 @@ import pytest
 
 from connectors.base import LaunchOpts, StoreDecl, TurnOutcome
 from connectors.pi import (
+    MESH_EXTENSION,
     PiConnector,
     PiDriver,
     judge_turn,
@@ -374,3 +375,17 @@ async def test_driver_reports_a_refused_prompt_as_error() -> None:
     assert outcome == TurnOutcome(
         "error", detail="pi refused prompt m1: Agent is already processing."
     )
+
+
+def test_a_seat_with_a_mesh_socket_loads_only_cotals_mesh_extension(
+    root: Path, binary: Path
+) -> None:
+    mesh_dir = root / ".cotal" / "seat-mesh" / "alice-x"
+    spec = PiConnector().build_launch(opts_for(root, binary, mesh_dir=mesh_dir))
+    at = spec.argv.index("--no-extensions")
+    assert spec.argv[at : at + 3] == ["--no-extensions", "--extension", str(MESH_EXTENSION)]
+    assert spec.argv.count("--extension") == 1 and MESH_EXTENSION.is_file()
+    assert spec.env["COTAL_MESH_DIR"] == str(mesh_dir)
+    # Outside a manager (no socket) nothing is loaded at all.
+    bare = PiConnector().build_launch(opts_for(root, binary, name="bob"))
+    assert "--extension" not in bare.argv and "COTAL_MESH_DIR" not in bare.env
