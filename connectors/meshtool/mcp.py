@@ -372,28 +372,28 @@ class Server:
         except NotSent as exc:
             self.log(f"{name}: not sent: {exc}")
             return _tool_result(
-                f"mesh-unreachable: {exc} (nothing was sent; try again within a turn cotal "
+                f"mesh-unavailable: {exc} (nothing was sent; try again within a turn cotal "
                 "delivered, or tell the operator)",
                 error=True,
             )
         except AnswerLost as exc:
             self.log(f"{name}: answer lost: {exc}")
             return _tool_result(
-                f"mesh-unreachable: {exc} (the call may have been made: before sending again, "
+                f"mesh-unavailable: {exc} (the call may have been made: before sending again, "
                 "check whether it was)",
                 error=True,
             )
         except Exception as exc:  # noqa: BLE001 - the model is told, the server goes on
             self.log(f"{name}: the mesh call failed: {exc!r}")
             return _tool_result(
-                f"mesh-unreachable: the call failed ({type(exc).__name__}; the server's log says "
+                f"mesh-unavailable: the call failed ({type(exc).__name__}; the server's log says "
                 "more); it may have been made: check before sending again",
                 error=True,
             )
         if not isinstance(result, Mapping) or not isinstance(result.get("status"), str):
             self.log(f"{name}: the manager's answer is not a mesh result")
             return _tool_result(
-                "mesh-unreachable: the manager's answer is not a mesh result (tell the operator)",
+                "mesh-reply-invalid: the manager's answer is not a mesh result (tell the operator)",
                 error=True,
             )
         self.log(f"{name}: {result['status']}")

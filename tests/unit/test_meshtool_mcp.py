@@ -404,7 +404,7 @@ async def test_no_socket_is_an_error_result_saying_nothing_was_sent(mesh_dir: Pa
         assert answer["result"]["isError"] is True
         text = answer["result"]["content"][0]["text"]
         assert text.startswith(
-            f"mesh-unreachable: cannot reach the mesh socket {mesh_dir}/mesh.sock"
+            f"mesh-unavailable: cannot reach the mesh socket {mesh_dir}/mesh.sock"
         )
         assert text.endswith(
             "(nothing was sent; try again within a turn cotal delivered, or tell the operator)"
@@ -428,7 +428,7 @@ async def test_an_answer_lost_says_the_call_may_have_been_made(mesh_dir: Path) -
             await tool.ready()
             answer = await tool.ask(call("send", {"to": "b", "text": "x"}))
             assert answer == text_result(
-                "mesh-unreachable: the manager closed the mesh socket before it answered (the "
+                "mesh-unavailable: the manager closed the mesh socket before it answered (the "
                 "call may have been made: before sending again, check whether it was)",
                 error=True,
             )
