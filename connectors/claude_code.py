@@ -35,6 +35,7 @@ from connectors.base import (
 )
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn
+from connectors.interpreter import own_python
 from connectors.launchkit import (
     UUID_RE,
     agent_config,
@@ -54,6 +55,9 @@ from connectors.launchkit import (
     seat_cwd,
     seat_files,
 )
+from connectors.meshclient import MESH_DIR_ENV
+from connectors.meshtool.mcp import SERVER_NAME as MESH_SERVER
+from connectors.meshtool.mcp import TOOLS as MESH_TOOLS
 from connectors.privatefs import create_private_new, ensure_seat_dir, write_private_atomic
 from protocol import names
 from protocol.errors import Refusal
@@ -98,6 +102,11 @@ QUIET_ENV = {
 # Claude Code deletes transcripts older than `cleanupPeriodDays` (default 30) at startup, which
 # would silently empty a seat continued from an old checkpoint. 100 years is "keep".
 SETTINGS = {"cleanupPeriodDays": 36500}
+# The mesh tool's names as Claude Code calls them (`mcp__<server>__<tool>`). Allowed by name:
+# in -p mode Claude Code answers a tool no rule allows with a denial and never asks (measured on
+# 2.1.197 in every mode but bypassPermissions, plan included), and the exact names allow
+# nothing else a server of that name might offer.
+MESH_TOOL_NAMES = tuple(f"mcp__{MESH_SERVER}__{tool['name']}" for tool in MESH_TOOLS)
 
 
 LAUNCH_RECORD = "cotal-launch.json"
@@ -316,6 +325,13 @@ class ClaudeCodeConnector:
             cfg.permission_mode,
             "--strict-mcp-config",
         ]
+        if opts.mesh_dir is not None:
+            # `=` joins each value to its flag: both flags take several values, and a bare next
+            # word would be read as one more of them.
+            argv += [
+                f"--mcp-config={json.dumps(mesh_mcp_config(opts.mesh_dir))}",
+                f"--allowedTools={','.join(MESH_TOOL_NAMES)}",
+            ]
         if cfg.model is not None:
             argv += ["--model", cfg.model]
         argv += session_args
@@ -367,6 +383,27 @@ class ClaudeCodeConnector:
             expected_session_id=spec.expected_session_id,
             initial_prompt=spec.initial_prompt,
         )
+
+
+def mesh_mcp_config(mesh_dir: Path) -> dict[str, Any]:
+    """The `--mcp-config` that gives Claude Code the mesh tool: cotal's own MCP server
+    (connectors/meshtool), started by Claude Code as its child inside the seat's sandbox.
+
+    Claude Code hands a stdio server its own whole environment with the config's `env` on top
+    (measured on 2.1.197), so the mesh dir would reach it anyway; it is named here so the
+    server's environment does not hang on that.
+    """
+    python, *args = own_python("connectors.meshtool")
+    return {
+        "mcpServers": {
+            MESH_SERVER: {
+                "type": "stdio",
+                "command": python,
+                "args": args,
+                "env": {MESH_DIR_ENV: str(mesh_dir)},
+            }
+        }
+    }
 
 
 @dataclass(frozen=True)
@@ -854,6 +891,7 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
             )
         elif kind == "system" and event.get("subtype") == "init":
             self._observe(event.get("session_id"))
+            self._check_mesh_server(event.get("mcp_servers"))
         elif kind == "user" and event.get("isReplay"):
             if self._turn is not None and event.get("uuid") == self._turn.uuid:
                 self._turn.replayed = True
@@ -870,6 +908,23 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
             else:
                 self._note(
                     "claude reported a result for a message that is not the prompt in flight"
+                )
+
+    def _check_mesh_server(self, servers: Any) -> None:
+        """Claude Code goes on without an MCP server that did not start (it reports `failed` in
+        its init and the model simply has no such tool), so say so where the seat's protocol
+        notes are read."""
+        if not isinstance(servers, list):
+            return
+        for server in servers:
+            if (
+                isinstance(server, dict)
+                and server.get("name") == MESH_SERVER
+                and server.get("status") != "connected"
+            ):
+                self._note(
+                    f"claude's mesh tool server {MESH_SERVER!r} is {server.get('status')!r}: "
+                    "the seat cannot send"
                 )
 
     def _observe(self, session_id: Any) -> None:

@@ -1,0 +1,5 @@
+import sys
+
+from connectors.meshtool.mcp import main
+
+sys.exit(main())

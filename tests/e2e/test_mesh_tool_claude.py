@@ -1,0 +1,154 @@
+"""Real Claude Code seats calling the mesh through the tool cotal gives them (an MCP server
+named `cotal`, docs/mesh.md), under the real manager, broker and sandbox, offline against the
+fake Messages API: `fake:tool NAME {JSON}` makes the fake model call a tool, and its next reply
+is `Tool result: TEXT` with the result Claude Code handed back.
+
+A send the seat may make reaches its recipient as that seat; one it may not is refused to the
+model by name and reaches nobody.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from connectors.meshtool.mcp import TOOLS
+from manager.cli.tools import which
+from protocol.errors import Refusal
+from tests.conftest import AnthropicServer, Cli
+from tests.helpers import broker
+
+
+def _installed() -> bool:
+    try:
+        which("claude")
+        return True
+    except Refusal:
+        return False
+
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.claude,
+    pytest.mark.usefixtures("isolated_home"),
+    pytest.mark.skipif(
+        not _installed(), reason="Claude Code is not installed under .tools/ (make harnesses)"
+    ),
+]
+PHRASE = "marble-lantern-58"
+KEY_VAR = "FAKE_ANTHROPIC_KEY"
+ENV = {KEY_VAR: "sk-ant-fake-e2e-key-0123456789"}
+RESULT = "Tool result: "
+
+
+@pytest.fixture
+def claude_mesh(cli: Cli, fake_anthropic: AnthropicServer) -> Iterator[Cli]:
+    # The seat's permission mode is Claude Code's most asking one short of plan: the tool must
+    # run because the launch allows it by name, not because nothing is checked.
+    (cli.root / "cotal.toml").write_text(
+        f'[agents.claude]\nbase_url = "{fake_anthropic.base_url}"\nmodel = "claude-fake-1"\n'
+        f'api_key_env = "{KEY_VAR}"\npermission_mode = "default"\n'
+    )
+    cli.run("up", "--detach", env=ENV)
+    yield cli
+    cli.run("down", check=False)
+
+
+def _tool(cli: Cli, seat: str, name: str, arguments: dict[str, Any]) -> str:
+    """What the seat's model was handed back for one call of tool `name`."""
+    prompt = f"fake:tool mcp__cotal__{name} {json.dumps(arguments)}"
+    reply: str = cli.json("send", seat, prompt, "--wait", "--timeout", "90")["reply"]
+    assert reply.startswith(RESULT), reply
+    return reply.removeprefix(RESULT)
+
+
+def _ask(cli: Cli, seat: str, text: str) -> str:
+    reply: str = cli.json("send", seat, text, "--wait", "--timeout", "60")["reply"]
+    return reply
+
+
+def _events(cli: Cli, seat: str, event: str) -> list[dict[str, Any]]:
+    found = []
+    for line in cli.run("logs", seat, "--json").stdout.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("event") == event:
+            found.append(obj)
+    return found
+
+
+async def _inbox(cli: Cli, to: str, sender: str) -> list[dict[str, Any]]:
+    """The bodies the DM stream holds from `sender` to seat `to`."""
+    subject = f"cotal.main.inst.local.{to}.local.{sender}"
+    out = []
+    async with broker(cli.root) as js:
+        info = await js.stream_info("DM_main")
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            try:
+                msg = await js.get_msg("DM_main", seq)
+            except Exception:
+                continue  # trimmed
+            if msg.subject == subject:
+                out.append(json.loads(msg.data or b"{}"))
+    return out
+
+
+async def test_a_claude_seat_sends_to_a_seat_through_its_tool(
+    claude_mesh: Cli, fake_anthropic: AnthropicServer
+) -> None:
+    cli = claude_mesh
+    cli.json("spawn", "b")
+    cli.json("spawn", "a", "--agent", "claude", "--allow-send", "b")
+
+    assert json.loads(_tool(cli, "a", "seats", {})) == {"status": "listed", "seats": ["b"]}
+    sent = json.loads(_tool(cli, "a", "send", {"to": "b", "text": f"remember the phrase {PHRASE}"}))
+    assert sorted(sent) == ["id", "seq", "status", "to"]
+    assert (sent["status"], sent["to"]) == ("delivered", "b")
+
+    assert _ask(cli, "b", "what was the phrase?") == f"The phrase is {PHRASE}, from a."
+    [received] = [e for e in _events(cli, "b", "delivery.received") if e["sender"] == "a"]
+    assert received["id"] == sent["id"]
+    [logged] = _events(cli, "a", "mesh.sent")
+    assert (logged["to"], logged["id"]) == ("b", sent["id"])
+
+    # The model was offered the four tools under Claude Code's names, with cotal's schemas.
+    offered = {
+        t["name"]: t["input_schema"]
+        for request in fake_anthropic.messages()
+        for t in request["body"].get("tools", [])
+        if t["name"].startswith("mcp__cotal__")
+    }
+    assert offered == {f"mcp__cotal__{t['name']}": t["inputSchema"] for t in TOOLS}
+
+
+async def test_a_send_the_seat_may_not_make_is_refused_to_its_model_and_reaches_nobody(
+    claude_mesh: Cli,
+) -> None:
+    cli = claude_mesh
+    cli.json("spawn", "b")
+    cli.json("spawn", "a")
+    cli.json("spawn", "c", "--agent", "claude", "--allow-send", "a")
+
+    denied = _tool(cli, "c", "send", {"to": "b", "text": f"remember the phrase {PHRASE}"})
+    assert denied == (
+        "send-not-allowed: seat c may not send to b (it may send to: a) "
+        "(spawn c with `--allow-send b` if it should)"
+    )
+    # A call the tool's own schema refuses never reaches the manager.
+    forged = _tool(cli, "c", "send", {"to": "a", "text": "hi", "sender": "b"})
+    assert forged == (
+        "mesh-call-invalid: send takes no argument sender (its arguments: to, text) (call it "
+        "again with the arguments its schema names)"
+    )
+
+    assert await _inbox(cli, "b", "c") == []
+    assert await _inbox(cli, "a", "c") == []
+    assert _ask(cli, "b", "what was the phrase?") == "I do not know the phrase."
+    assert [e["sender"] for e in _events(cli, "b", "delivery.received")] == ["operator"]
+    [logged] = _events(cli, "c", "mesh.send_refused")
+    assert (logged["seat"], logged["code"]) == ("c", "send-not-allowed")
