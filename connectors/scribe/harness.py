@@ -52,6 +52,9 @@ _RELAY = re.compile(
 # after its sends and before its reply (so it runs again and re-sends).
 _FORGE = re.compile(r"#forge-sender:([A-Za-z0-9_]{1,64})")
 _DIE_AFTER_TELL = re.compile(r"#die-after-tell:([A-Za-z0-9_-]{1,64})")
+# A first delivery that relays, then takes this long (abortable, as `#slow` is): a cut that
+# lands in it finds the sends made and the turn unfinished, so the resume delivers it again.
+_SLOW_AFTER_TELL = re.compile(r"#slow-after-tell:(\d{1,9})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,6 +292,7 @@ class Directives:
     error_until: int = 0
     forge_sender: str | None = None
     die_after_tell: str | None = None
+    slow_after_tell_ms: int = 0
 
 
 def parse_directives(text: str) -> Directives:
@@ -297,6 +301,7 @@ def parse_directives(text: str) -> Directives:
     until = _ERROR_UNTIL.search(text)
     forge = _FORGE.search(text)
     die = _DIE_AFTER_TELL.search(text)
+    slow_after = _SLOW_AFTER_TELL.search(text)
     return Directives(
         error_once=error_once.group(1) if error_once else None,
         crash=_CRASH.search(text) is not None,
@@ -305,6 +310,7 @@ def parse_directives(text: str) -> Directives:
         error_until=int(until.group(1)) if until else 0,
         forge_sender=forge.group(1) if forge else None,
         die_after_tell=die.group(1) if die else None,
+        slow_after_tell_ms=min(int(slow_after.group(1)), SLOW_CAP_MS) if slow_after else 0,
     )
 
 
@@ -521,13 +527,13 @@ class Harness:
         if self._abortable:
             raise TurnAborted
 
-    def _think(self, directives: Directives) -> None:
+    def _think(self, slow_ms: int) -> None:
         self._abortable = True
         try:
             if self._abort_requested:
                 raise TurnAborted
-            if directives.slow_ms:
-                time.sleep(directives.slow_ms / 1000)
+            if slow_ms:
+                time.sleep(slow_ms / 1000)
         finally:
             self._abortable = False
 
@@ -546,7 +552,7 @@ class Harness:
             return
         directives = parse_directives(text)
         try:
-            self._think(directives)
+            self._think(directives.slow_ms)
         except TurnAborted:
             self.emit(
                 TurnEndOut(
@@ -588,6 +594,19 @@ class Harness:
             ):
                 self.out.flush()
                 os._exit(EXIT_CRASH)
+            if directives.slow_after_tell_ms and delivery == 1:
+                try:
+                    self._think(directives.slow_after_tell_ms)
+                except TurnAborted:
+                    self.emit(
+                        TurnEndOut(
+                            id=message_id,
+                            status="aborted",
+                            reply="",
+                            detail="interrupted by SIGINT after its relays",
+                        )
+                    )
+                    return
         elif _WHO.search(text):
             reply = seats_line(self.call_mesh(f"{message_id}-seats", {"op": "seats"}))
         else:

@@ -250,3 +250,42 @@ async def test_a_seats_permission_survives_its_managers_death(mesh: Cli) -> None
     assert told.splitlines()[1].startswith("Could not tell c: refused send-not-allowed")
     assert _ask(mesh, "b", "what was the phrase?") == "The phrase is after-crash-4, from a."
     assert await _messages_on(mesh, _inbox_subject("c", "a")) == []
+
+
+async def test_a_turn_cut_after_its_sends_sends_each_once_after_the_resume(cli: Cli) -> None:
+    """The cut lands after the turn's two sends and before its end: the message is carried
+    as mid-turn, the resume delivers it again, the turn sends both again under the same ids,
+    and the broker keeps one copy of each."""
+    repo = committed_repo(cli.root / "repo")
+    cli.run("up", "--detach")
+    try:
+        cli.json("spawn", "b", "--cwd", str(repo))
+        cli.json("spawn", "a", "--cwd", str(repo), "--allow-send", "b")
+        cli.json(
+            "send", "a", "Tell b: remember the phrase cut-copy-1\n"
+            "Tell b: remember the phrase cut-copy-2\n#slow-after-tell:8000",
+        )  # fmt: skip
+        await wait_until(lambda: len(_events(cli, "a", "mesh.sent")) == 2, timeout=30)
+        # A cut of a alone: the broker runs on, so the mid-turn message a's stop released is
+        # there for its resume at once (a broker restarted since holds it for its ack_wait).
+        cut = json.loads(
+            cli.run(
+                "down", "--preserve-state", "--seat", "a", "--drain-timeout", "1", "--json"
+            ).stdout
+        )
+        assert [m["name"] for m in cut["midTurn"]] == ["a"], cut
+        cli.json("up", "--restore", cut["checkpointDir"])
+
+        await wait_until(lambda: len(_events(cli, "a", "mesh.sent")) == 4, timeout=60)
+        sends = _events(cli, "a", "mesh.sent")
+        assert [s["id"] for s in sends[:2]] == [s["id"] for s in sends[2:]]
+        held = await _messages_on(cli, _inbox_subject("b", "a"))
+        assert [body["text"] for body, _ in held] == [
+            "remember the phrase cut-copy-1",
+            "remember the phrase cut-copy-2",
+        ]
+        assert _ask(cli, "b", "what was the phrase?") == "The phrase is cut-copy-2, from a."
+        received = [e for e in _events(cli, "b", "delivery.received") if e["sender"] == "a"]
+        assert len(received) == 2
+    finally:
+        cli.run("down", check=False)
