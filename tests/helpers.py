@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import nats
@@ -128,3 +129,47 @@ def refused(out: subprocess.CompletedProcess[str], code: str) -> str:
     assert error["code"] == code, out.stderr
     text: str = error["error"]
     return text
+
+
+# -- the mesh, as a test of it reads it -----------------------------------------------------------
+
+
+def ask(cli: Any, seat: str, text: str, timeout: float = 90) -> str:
+    """The reply of `seat`'s turn on `text`, sent by the operator and waited for."""
+    reply: str = cli.json("send", seat, text, "--wait", "--timeout", f"{timeout:g}")["reply"]
+    return reply
+
+
+def seat_events(cli: Any, seat: str, event: str) -> list[dict[str, Any]]:
+    """The manager's events of `seat` named `event`, as `cotal logs SEAT --json` shows them."""
+    found = []
+    for line in cli.run("logs", seat, "--json").stdout.splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("event") == event:
+            found.append(obj)
+    return found
+
+
+def inbox_subject(to: str, sender: str, space: str = "main") -> str:
+    return f"cotal.{space}.inst.local.{to}.local.{sender}"
+
+
+async def dm_messages(
+    cli: Any, to: str, sender: str, space: str = "main"
+) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """Every message the DM stream holds in `to`'s inbox from `sender`: body and headers."""
+    subject, stream = inbox_subject(to, sender, space), f"DM_{space}"
+    out: list[tuple[dict[str, Any], dict[str, str]]] = []
+    async with broker(cli.root) as js:
+        info = await js.stream_info(stream)
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            try:
+                msg = await js.get_msg(stream, seq)
+            except Exception:
+                continue  # trimmed
+            if msg.subject == subject:
+                out.append((json.loads(msg.data or b"{}"), dict(msg.headers or {})))
+    return out

@@ -19,7 +19,7 @@ from connectors.meshtool.mcp import TOOLS
 from manager.cli.tools import which
 from protocol.errors import Refusal
 from tests.conftest import AnthropicServer, Cli
-from tests.helpers import broker
+from tests.helpers import ask, dm_messages, seat_events
 
 
 def _installed() -> bool:
@@ -65,39 +65,6 @@ def _tool(cli: Cli, seat: str, name: str, arguments: dict[str, Any]) -> str:
     return reply.removeprefix(RESULT)
 
 
-def _ask(cli: Cli, seat: str, text: str) -> str:
-    reply: str = cli.json("send", seat, text, "--wait", "--timeout", "60")["reply"]
-    return reply
-
-
-def _events(cli: Cli, seat: str, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in cli.run("logs", seat, "--json").stdout.splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("event") == event:
-            found.append(obj)
-    return found
-
-
-async def _inbox(cli: Cli, to: str, sender: str) -> list[dict[str, Any]]:
-    """The bodies the DM stream holds from `sender` to seat `to`."""
-    subject = f"cotal.main.inst.local.{to}.local.{sender}"
-    out = []
-    async with broker(cli.root) as js:
-        info = await js.stream_info("DM_main")
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            try:
-                msg = await js.get_msg("DM_main", seq)
-            except Exception:
-                continue  # trimmed
-            if msg.subject == subject:
-                out.append(json.loads(msg.data or b"{}"))
-    return out
-
-
 async def test_a_claude_seat_sends_to_a_seat_through_its_tool(
     claude_mesh: Cli, fake_anthropic: AnthropicServer
 ) -> None:
@@ -110,10 +77,10 @@ async def test_a_claude_seat_sends_to_a_seat_through_its_tool(
     assert sorted(sent) == ["id", "seq", "status", "to"]
     assert (sent["status"], sent["to"]) == ("delivered", "b")
 
-    assert _ask(cli, "b", "what was the phrase?") == f"The phrase is {PHRASE}, from a."
-    [received] = [e for e in _events(cli, "b", "delivery.received") if e["sender"] == "a"]
+    assert ask(cli, "b", "what was the phrase?") == f"The phrase is {PHRASE}, from a."
+    [received] = [e for e in seat_events(cli, "b", "delivery.received") if e["sender"] == "a"]
     assert received["id"] == sent["id"]
-    [logged] = _events(cli, "a", "mesh.sent")
+    [logged] = seat_events(cli, "a", "mesh.sent")
     assert (logged["to"], logged["id"]) == ("b", sent["id"])
 
     # The model was offered the four tools under Claude Code's names, with cotal's schemas.
@@ -146,9 +113,9 @@ async def test_a_send_the_seat_may_not_make_is_refused_to_its_model_and_reaches_
         "again with the arguments its schema names)"
     )
 
-    assert await _inbox(cli, "b", "c") == []
-    assert await _inbox(cli, "a", "c") == []
-    assert _ask(cli, "b", "what was the phrase?") == "I do not know the phrase."
-    assert [e["sender"] for e in _events(cli, "b", "delivery.received")] == ["operator"]
-    [logged] = _events(cli, "c", "mesh.send_refused")
+    assert [body for body, _ in await dm_messages(cli, "b", "c")] == []
+    assert [body for body, _ in await dm_messages(cli, "a", "c")] == []
+    assert ask(cli, "b", "what was the phrase?") == "I do not know the phrase."
+    assert [e["sender"] for e in seat_events(cli, "b", "delivery.received")] == ["operator"]
+    [logged] = seat_events(cli, "c", "mesh.send_refused")
     assert (logged["seat"], logged["code"]) == ("c", "send-not-allowed")

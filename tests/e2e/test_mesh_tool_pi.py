@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PI_CLI, Cli, FakeServer
-from tests.helpers import broker
+from tests.helpers import ask, dm_messages, seat_events
 
 pytestmark = [
     pytest.mark.anyio,
@@ -32,43 +32,9 @@ def configure(root: Path, server: FakeServer) -> None:
     )
 
 
-def ask(cli: Cli, seat: str, text: str) -> str:
-    reply: str = cli.json("send", seat, text, "--wait", "--timeout", "90")["reply"]
-    return reply
-
-
 def tool_call(name: str, args: dict[str, Any]) -> str:
     """The prompt that makes the fake model call the tool `name` with `args`."""
     return f"fake:tool {name} {json.dumps(args)}"
-
-
-def events(cli: Cli, seat: str, event: str) -> list[dict[str, Any]]:
-    """The manager's events of `seat` named `event`, as `cotal logs SEAT --json` shows them."""
-    found = []
-    for line in cli.run("logs", seat, "--json").stdout.splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("event") == event:
-            found.append(obj)
-    return found
-
-
-async def inbox_messages(cli: Cli, to: str, sender: str) -> list[dict[str, Any]]:
-    """Every message the DM stream holds in `to`'s inbox from `sender`."""
-    subject = f"cotal.main.inst.local.{to}.local.{sender}"
-    out: list[dict[str, Any]] = []
-    async with broker(cli.root) as js:
-        info = await js.stream_info("DM_main")
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            try:
-                msg = await js.get_msg("DM_main", seq)
-            except Exception:
-                continue  # trimmed
-            if msg.subject == subject:
-                out.append(json.loads(msg.data or b"{}"))
-    return out
 
 
 async def test_a_pi_seat_sends_through_its_tool_and_b_names_a(
@@ -92,12 +58,12 @@ async def test_a_pi_seat_sends_through_its_tool_and_b_names_a(
 
     # b's inbox hands out one message at a time, so the question runs after a's message.
     assert ask(cli, "b", "what was the phrase?") == f"The phrase is {PHRASE}, from a."
-    [body] = await inbox_messages(cli, "b", "a")
+    [body] = [body for body, _ in await dm_messages(cli, "b", "a")]
     assert body["id"] == result["id"] and body["sender"] == "local.a"
     assert body["text"] == f"remember the phrase {PHRASE}"
-    received = {(e["sender"], e["id"]) for e in events(cli, "b", "delivery.received")}
+    received = {(e["sender"], e["id"]) for e in seat_events(cli, "b", "delivery.received")}
     assert ("a", result["id"]) in received
-    [sent] = events(cli, "a", "mesh.sent")
+    [sent] = seat_events(cli, "a", "mesh.sent")
     assert (sent["to"], sent["id"]) == ("b", result["id"])
     cli.run("down")
 
@@ -120,9 +86,9 @@ async def test_a_pi_seat_send_outside_its_permission_is_refused_to_the_model(
     ]
     assert TOOL_RESULT + tool_message["content"] == reply
 
-    assert await inbox_messages(cli, "b", "c") == []
+    assert [body for body, _ in await dm_messages(cli, "b", "c")] == []
     assert ask(cli, "b", "what was the phrase?") == "I do not know the phrase."
-    assert all(e["sender"] != "c" for e in events(cli, "b", "delivery.received"))
-    [logged] = events(cli, "c", "mesh.send_refused")
+    assert all(e["sender"] != "c" for e in seat_events(cli, "b", "delivery.received"))
+    [logged] = seat_events(cli, "c", "mesh.send_refused")
     assert logged["code"] == "send-not-allowed" and "may not send to b" in logged["error"]
     cli.run("down")

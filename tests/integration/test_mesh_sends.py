@@ -8,56 +8,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-from typing import Any
 
 import pytest
 
 from tests.conftest import Cli
 from tests.gitrepo import committed_repo
-from tests.helpers import broker, refused, wait_gone, wait_until
+from tests.helpers import ask, broker, dm_messages, refused, seat_events, wait_gone, wait_until
 
 pytestmark = pytest.mark.anyio
 
 STREAM = "DM_main"
-
-
-def _inbox_subject(to: str, sender: str) -> str:
-    return f"cotal.main.inst.local.{to}.local.{sender}"
-
-
-async def _messages_on(cli: Cli, subject: str) -> list[tuple[dict[str, Any], dict[str, str]]]:
-    """Every message the DM stream holds on `subject`: its body and its headers."""
-    out: list[tuple[dict[str, Any], dict[str, str]]] = []
-    async with broker(cli.root) as js:
-        info = await js.stream_info(STREAM)
-        first, last = info.state.first_seq, info.state.last_seq
-        for seq in range(first, last + 1):
-            try:
-                msg = await js.get_msg(STREAM, seq)
-            except Exception:
-                continue  # trimmed
-            if msg.subject == subject:
-                out.append((json.loads(msg.data or b"{}"), dict(msg.headers or {})))
-    return out
-
-
-def _events(cli: Cli, seat: str, event: str) -> list[dict[str, Any]]:
-    """The manager's events of `seat` named `event`, as `cotal logs SEAT --json` shows them."""
-    out = cli.run("logs", seat, "--json").stdout.splitlines()
-    found = []
-    for line in out:
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("event") == event:
-            found.append(obj)
-    return found
-
-
-def _ask(cli: Cli, seat: str, text: str) -> str:
-    reply: str = cli.json("send", seat, text, "--wait", "--timeout", "60")["reply"]
-    return reply
 
 
 async def test_a_tells_b_and_b_names_a_as_the_sender(mesh: Cli) -> None:
@@ -68,29 +28,26 @@ async def test_a_tells_b_and_b_names_a_as_the_sender(mesh: Cli) -> None:
     assert row_a["allowSend"] == ["b"]
     assert "SENDS TO" in mesh.run("ps", "--wide").stdout
 
-    assert _ask(mesh, "a", "Tell b: remember the phrase amber-kettle-12") == "Told b: delivered."
+    assert ask(mesh, "a", "Tell b: remember the phrase amber-kettle-12") == "Told b: delivered."
     # b's inbox hands out one message at a time, so the question runs after a's message.
-    assert _ask(mesh, "b", "what was the phrase?") == "The phrase is amber-kettle-12, from a."
+    assert ask(mesh, "b", "what was the phrase?") == "The phrase is amber-kettle-12, from a."
 
-    [(body, headers)] = await _messages_on(mesh, _inbox_subject("b", "a"))
+    [(body, headers)] = await dm_messages(mesh, "b", "a")
     assert body["sender"] == "local.a" and body["text"] == "remember the phrase amber-kettle-12"
     assert headers["Cotal-Sender"] == "a"
     # b's answer to a seat's message goes to the operator: a reply to a would bypass b's
     # permissions (b may send to nobody).
-    assert await _messages_on(mesh, _inbox_subject("a", "b")) == []
-    replies = {
-        r["inReplyTo"]: r["text"]
-        for r, _ in await _messages_on(mesh, _inbox_subject("operator", "b"))
-    }
+    assert await dm_messages(mesh, "a", "b") == []
+    replies = {r["inReplyTo"]: r["text"] for r, _ in await dm_messages(mesh, "operator", "b")}
     assert replies[body["id"]] == "Noted: amber-kettle-12 (from a)."
     # The operator's own send carries its sender too.
-    [(_, op_headers)] = await _messages_on(mesh, _inbox_subject("b", "operator"))
+    [(_, op_headers)] = await dm_messages(mesh, "b", "operator")
     assert op_headers["Cotal-Sender"] == "operator"
 
-    received = {(e["sender"], e["id"]) for e in _events(mesh, "b", "delivery.received")}
+    received = {(e["sender"], e["id"]) for e in seat_events(mesh, "b", "delivery.received")}
     assert ("a", body["id"]) in received
     assert any(sender == "operator" for sender, _ in received)
-    [sent] = _events(mesh, "a", "mesh.sent")
+    [sent] = seat_events(mesh, "a", "mesh.sent")
     assert (sent["to"], sent["id"]) == ("b", body["id"])
 
 
@@ -99,24 +56,24 @@ async def test_a_send_outside_the_permission_is_refused_and_reaches_nobody(mesh:
     mesh.json("spawn", "b")
     mesh.json("spawn", "c", "--allow-send", "a")
 
-    reply = _ask(mesh, "c", "Tell b: remember the phrase stolen-key-9\nTell a: hello from c")
+    reply = ask(mesh, "c", "Tell b: remember the phrase stolen-key-9\nTell a: hello from c")
     denied, delivered = reply.splitlines()
     assert denied.startswith("Could not tell b: refused send-not-allowed: seat c may not send")
     assert delivered == "Told a: delivered."
-    assert await _messages_on(mesh, _inbox_subject("b", "c")) == []
-    assert _ask(mesh, "b", "what was the phrase?") == "I do not know the phrase."
-    [logged] = _events(mesh, "c", "mesh.send_refused")
+    assert await dm_messages(mesh, "b", "c") == []
+    assert ask(mesh, "b", "what was the phrase?") == "I do not know the phrase."
+    [logged] = seat_events(mesh, "c", "mesh.send_refused")
     assert logged["code"] == "send-not-allowed" and "may not send to b" in logged["error"]
 
     # A seat never sends to itself, even with '*'; and a name with no inbox is refused.
     mesh.json("spawn", "d", "--allow-send", "*")
-    assert _ask(mesh, "d", "who can you tell?") == "I can tell: a, b, c."
-    assert _ask(mesh, "c", "who can you tell?") == "I can tell: a."
-    assert _ask(mesh, "b", "who can you tell?") == "I can tell nobody."
+    assert ask(mesh, "d", "who can you tell?") == "I can tell: a, b, c."
+    assert ask(mesh, "c", "who can you tell?") == "I can tell: a."
+    assert ask(mesh, "b", "who can you tell?") == "I can tell nobody."
     bad = mesh.run("spawn", "e", "--allow-send", "a.b", "--json", check=False)
     assert "a.b" in refused(bad, "bad-name")
     assert "e" not in {r["name"] for r in mesh.ps()}
-    lines = _ask(mesh, "d", "Tell d: loop\nTell nobody: hello\nTell a: hi").splitlines()
+    lines = ask(mesh, "d", "Tell d: loop\nTell nobody: hello\nTell a: hi").splitlines()
     assert lines[0].startswith("Could not tell d: refused send-not-allowed")
     assert lines[1].startswith("Could not tell nobody: refused no-such-seat")
     assert lines[2] == "Told a: delivered."
@@ -127,12 +84,12 @@ async def test_a_message_to_a_stopped_seat_waits_for_its_start(mesh: Cli) -> Non
     mesh.json("spawn", "a", "--allow-send", "b")
     mesh.json("stop", "b")
 
-    assert _ask(mesh, "a", "Tell b: remember the phrase quiet-harbor-3") == "Told b: delivered."
-    assert len(await _messages_on(mesh, _inbox_subject("b", "a"))) == 1
-    assert _events(mesh, "b", "delivery.received") == []
+    assert ask(mesh, "a", "Tell b: remember the phrase quiet-harbor-3") == "Told b: delivered."
+    assert len(await dm_messages(mesh, "b", "a")) == 1
+    assert seat_events(mesh, "b", "delivery.received") == []
 
     mesh.json("start", "b")
-    assert _ask(mesh, "b", "what was the phrase?") == "The phrase is quiet-harbor-3, from a."
+    assert ask(mesh, "b", "what was the phrase?") == "The phrase is quiet-harbor-3, from a."
 
 
 async def test_a_turn_run_again_sends_each_message_once(mesh: Cli) -> None:
@@ -150,16 +107,16 @@ async def test_a_turn_run_again_sends_each_message_once(mesh: Cli) -> None:
     assert done["reply"] == "Told b: delivered.\nTold b: delivered."
     assert done["attempts"] == 2
 
-    sends = _events(mesh, "a", "mesh.sent")
+    sends = seat_events(mesh, "a", "mesh.sent")
     assert len(sends) == 4
     assert [s["id"] for s in sends[:2]] == [s["id"] for s in sends[2:]]
-    held = await _messages_on(mesh, _inbox_subject("b", "a"))
+    held = await dm_messages(mesh, "b", "a")
     assert [body["text"] for body, _ in held] == [
         "remember the phrase first-copy-1",
         "remember the phrase second-copy-2",
     ]
-    assert _ask(mesh, "b", "what was the phrase?") == "The phrase is second-copy-2, from a."
-    received = [e for e in _events(mesh, "b", "delivery.received") if e["sender"] == "a"]
+    assert ask(mesh, "b", "what was the phrase?") == "The phrase is second-copy-2, from a."
+    received = [e for e in seat_events(mesh, "b", "delivery.received") if e["sender"] == "a"]
     assert len(received) == 2
 
     async with broker(mesh.root) as js:
@@ -172,24 +129,24 @@ async def test_a_hostile_call_claiming_a_sender_is_refused(mesh: Cli) -> None:
     mesh.json("spawn", "c")
     mesh.json("spawn", "a", "--allow-send", "b")
 
-    reply = _ask(mesh, "a", "Tell b: remember the phrase forged-9 #forge-sender:c")
+    reply = ask(mesh, "a", "Tell b: remember the phrase forged-9 #forge-sender:c")
     assert reply.startswith("Could not tell b: refused mesh-call-invalid:")
     assert "sender" in reply
     for sender in ("a", "c"):
-        assert await _messages_on(mesh, _inbox_subject("b", sender)) == []
-    [logged] = _events(mesh, "a", "mesh.send_refused")
+        assert await dm_messages(mesh, "b", sender) == []
+    [logged] = seat_events(mesh, "a", "mesh.send_refused")
     assert logged["code"] == "mesh-call-invalid"
     # Nothing reached b, under any name.
-    assert _ask(mesh, "b", "what was the phrase?") == "I do not know the phrase."
+    assert ask(mesh, "b", "what was the phrase?") == "I do not know the phrase."
 
 
 async def test_a_send_from_a_launch_prompt_is_refused(mesh: Cli) -> None:
     mesh.json("spawn", "b")
     mesh.json("spawn", "a", "--allow-send", "b", "--prompt", "Tell b: hello early")
-    await wait_until(lambda: bool(_events(mesh, "a", "mesh.send_refused")), timeout=20)
-    [logged] = _events(mesh, "a", "mesh.send_refused")
+    await wait_until(lambda: bool(seat_events(mesh, "a", "mesh.send_refused")), timeout=20)
+    [logged] = seat_events(mesh, "a", "mesh.send_refused")
     assert logged["code"] == "send-outside-turn"
-    assert await _messages_on(mesh, _inbox_subject("b", "a")) == []
+    assert await dm_messages(mesh, "b", "a") == []
 
 
 async def test_cotal_toml_gives_a_seat_its_permission(cli: Cli) -> None:
@@ -199,8 +156,8 @@ async def test_cotal_toml_gives_a_seat_its_permission(cli: Cli) -> None:
         cli.json("spawn", "b")
         assert cli.json("spawn", "a")["allowSend"] == ["b"]
         assert cli.json("spawn", "c")["allowSend"] == []
-        assert _ask(cli, "a", "Tell b: remember the phrase from-config-7") == "Told b: delivered."
-        assert _ask(cli, "b", "what was the phrase?") == "The phrase is from-config-7, from a."
+        assert ask(cli, "a", "Tell b: remember the phrase from-config-7") == "Told b: delivered."
+        assert ask(cli, "b", "what was the phrase?") == "The phrase is from-config-7, from a."
     finally:
         cli.run("down", check=False)
 
@@ -216,11 +173,11 @@ async def test_a_message_to_a_seat_a_cut_holds_is_delivered_after_its_resume(cli
         assert [r["name"] for r in cli.ps()] == ["a"]
 
         # b is in no table now; its inbox durable waits at the broker, and the send lands in it.
-        told = _ask(cli, "a", "Tell b: remember the phrase held-by-cut-5")
+        told = ask(cli, "a", "Tell b: remember the phrase held-by-cut-5")
         assert told == "Told b: delivered."
         restored = cli.json("up", "--restore", cut["checkpointDir"])
         assert restored["adopted"] is True, restored
-        assert _ask(cli, "b", "what was the phrase?") == "The phrase is held-by-cut-5, from a."
+        assert ask(cli, "b", "what was the phrase?") == "The phrase is held-by-cut-5, from a."
     finally:
         cli.run("down", check=False)
 
@@ -245,11 +202,11 @@ async def test_a_seats_permission_survives_its_managers_death(mesh: Cli) -> None
     rows = {r["name"]: r for r in mesh.ps()}
     assert rows["a"]["allowSend"] == ["b"] and rows["a"]["pid"] != a["pid"]
     assert rows["b"]["allowSend"] == rows["c"]["allowSend"] == []
-    told = _ask(mesh, "a", "Tell b: remember the phrase after-crash-4\nTell c: hello")
+    told = ask(mesh, "a", "Tell b: remember the phrase after-crash-4\nTell c: hello")
     assert told.splitlines()[0] == "Told b: delivered."
     assert told.splitlines()[1].startswith("Could not tell c: refused send-not-allowed")
-    assert _ask(mesh, "b", "what was the phrase?") == "The phrase is after-crash-4, from a."
-    assert await _messages_on(mesh, _inbox_subject("c", "a")) == []
+    assert ask(mesh, "b", "what was the phrase?") == "The phrase is after-crash-4, from a."
+    assert await dm_messages(mesh, "c", "a") == []
 
 
 async def test_a_turn_cut_after_its_sends_sends_each_once_after_the_resume(cli: Cli) -> None:
@@ -265,7 +222,7 @@ async def test_a_turn_cut_after_its_sends_sends_each_once_after_the_resume(cli: 
             "send", "a", "Tell b: remember the phrase cut-copy-1\n"
             "Tell b: remember the phrase cut-copy-2\n#slow-after-tell:8000",
         )  # fmt: skip
-        await wait_until(lambda: len(_events(cli, "a", "mesh.sent")) == 2, timeout=30)
+        await wait_until(lambda: len(seat_events(cli, "a", "mesh.sent")) == 2, timeout=30)
         # A cut of a alone: the broker runs on, so the mid-turn message a's stop released is
         # there for its resume at once (a broker restarted since holds it for its ack_wait).
         cut = json.loads(
@@ -276,16 +233,16 @@ async def test_a_turn_cut_after_its_sends_sends_each_once_after_the_resume(cli: 
         assert [m["name"] for m in cut["midTurn"]] == ["a"], cut
         cli.json("up", "--restore", cut["checkpointDir"])
 
-        await wait_until(lambda: len(_events(cli, "a", "mesh.sent")) == 4, timeout=60)
-        sends = _events(cli, "a", "mesh.sent")
+        await wait_until(lambda: len(seat_events(cli, "a", "mesh.sent")) == 4, timeout=60)
+        sends = seat_events(cli, "a", "mesh.sent")
         assert [s["id"] for s in sends[:2]] == [s["id"] for s in sends[2:]]
-        held = await _messages_on(cli, _inbox_subject("b", "a"))
+        held = await dm_messages(cli, "b", "a")
         assert [body["text"] for body, _ in held] == [
             "remember the phrase cut-copy-1",
             "remember the phrase cut-copy-2",
         ]
-        assert _ask(cli, "b", "what was the phrase?") == "The phrase is cut-copy-2, from a."
-        received = [e for e in _events(cli, "b", "delivery.received") if e["sender"] == "a"]
+        assert ask(cli, "b", "what was the phrase?") == "The phrase is cut-copy-2, from a."
+        received = [e for e in seat_events(cli, "b", "delivery.received") if e["sender"] == "a"]
         assert len(received) == 2
     finally:
         cli.run("down", check=False)

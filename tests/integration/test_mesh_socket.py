@@ -15,7 +15,7 @@ import pytest
 
 from connectors import meshclient
 from tests.conftest import REPO, Cli
-from tests.helpers import wait_until
+from tests.helpers import ask, seat_events, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -31,13 +31,8 @@ def jmesh(cli: Cli) -> Iterator[Cli]:
     cli.run("down", check=False)
 
 
-def _ask(cli: Cli, seat: str, text: str) -> str:
-    reply: str = cli.json("send", seat, text, "--wait", "--timeout", "60")["reply"]
-    return reply
-
-
 def _tool(cli: Cli, seat: str, call: dict[str, Any]) -> dict[str, Any]:
-    reply = _ask(cli, seat, TOOL + json.dumps(call))
+    reply = ask(cli, seat, TOOL + json.dumps(call))
     assert reply.startswith("Tool result: "), reply
     answer: dict[str, Any] = json.loads(reply.removeprefix("Tool result: "))
     return answer
@@ -48,18 +43,6 @@ def _mesh_dir(cli: Cli, seat: str) -> Path:
     return cli.root / ".cotal" / "seat-mesh" / f"{seat}-{row['lifecycleUid']}"
 
 
-def _events(cli: Cli, seat: str, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in cli.run("logs", seat, "--json").stdout.splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and obj.get("event") == event:
-            found.append(obj)
-    return found
-
-
 async def test_the_seats_tool_sends_as_the_seat_within_its_permission(jmesh: Cli) -> None:
     jmesh.json("spawn", "b")
     jmesh.json("spawn", "c")
@@ -68,7 +51,7 @@ async def test_the_seats_tool_sends_as_the_seat_within_its_permission(jmesh: Cli
     assert _tool(jmesh, "a", {"op": "seats"}) == {"status": "listed", "seats": ["b"]}
     sent = _tool(jmesh, "a", {"op": "send", "to": "b", "text": "remember the phrase copper-3"})
     assert (sent["status"], sent["to"]) == ("delivered", "b"), sent
-    assert _ask(jmesh, "b", "what was the phrase?") == "The phrase is copper-3, from a."
+    assert ask(jmesh, "b", "what was the phrase?") == "The phrase is copper-3, from a."
 
     denied = _tool(jmesh, "a", {"op": "send", "to": "c", "text": "remember the phrase tin-4"})
     assert denied == {
@@ -80,8 +63,8 @@ async def test_the_seats_tool_sends_as_the_seat_within_its_permission(jmesh: Cli
     # A call that names its own sender is refused whole: the socket's peer is the sender.
     forged = _tool(jmesh, "a", {"op": "send", "to": "b", "text": "hi", "sender": "c"})
     assert (forged["status"], forged["code"]) == ("refused", "mesh-call-invalid"), forged
-    assert _ask(jmesh, "c", "what was the phrase?") == "I do not know the phrase."
-    [logged] = _events(jmesh, "a", "mesh.sent")
+    assert ask(jmesh, "c", "what was the phrase?") == "I do not know the phrase."
+    [logged] = seat_events(jmesh, "a", "mesh.sent")
     assert (logged["to"], logged["id"]) == ("b", sent["id"])
 
 
@@ -98,9 +81,9 @@ async def test_a_process_that_is_not_the_seats_is_refused_and_reaches_nothing(
         answer = meshclient.call(sock, {"op": "send", "to": "b", "text": "remember the phrase x"})
     assert answer["status"] == "refused" and answer["code"] == "mesh-peer-refused", answer
     assert answer["message"].startswith("seat a's mesh socket refused the connection: process ")
-    [logged] = _events(jmesh, "a", "mesh.peer_refused")
+    [logged] = seat_events(jmesh, "a", "mesh.peer_refused")
     assert logged["seat"] == "a" and isinstance(logged["peer_pid"], int)
-    assert _ask(jmesh, "b", "what was the phrase?") == "I do not know the phrase."
+    assert ask(jmesh, "b", "what was the phrase?") == "I do not know the phrase."
 
 
 async def test_the_socket_lives_as_long_as_the_seats_process(jmesh: Cli) -> None:
