@@ -167,3 +167,15 @@ def read_pointer(path: Path) -> SessionPointer:
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def claude_installed() -> bool:
+    """Whether the pinned Claude Code is installed under the tools directory."""
+    from connectors.harnesses import which
+    from protocol.errors import Refusal
+
+    try:
+        which("claude")
+        return True
+    except Refusal:
+        return False

@@ -157,11 +157,10 @@ def inbox_subject(to: str, sender: str, space: str = "main") -> str:
     return f"cotal.{space}.inst.local.{to}.local.{sender}"
 
 
-async def dm_messages(
-    cli: Any, to: str, sender: str, space: str = "main"
+async def stream_messages(
+    cli: Any, stream: str, subject: str
 ) -> list[tuple[dict[str, Any], dict[str, str]]]:
-    """Every message the DM stream holds in `to`'s inbox from `sender`: body and headers."""
-    subject, stream = inbox_subject(to, sender, space), f"DM_{space}"
+    """Every message `stream` holds on `subject`, in order: its body and its headers."""
     out: list[tuple[dict[str, Any], dict[str, str]]] = []
     async with broker(cli.root) as js:
         info = await js.stream_info(stream)
@@ -169,7 +168,14 @@ async def dm_messages(
             try:
                 msg = await js.get_msg(stream, seq)
             except Exception:
-                continue  # trimmed
+                continue  # trimmed or discarded
             if msg.subject == subject:
                 out.append((json.loads(msg.data or b"{}"), dict(msg.headers or {})))
     return out
+
+
+async def dm_messages(
+    cli: Any, to: str, sender: str, space: str = "main"
+) -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """Every message the DM stream holds in `to`'s inbox from `sender`: body and headers."""
+    return await stream_messages(cli, f"DM_{space}", inbox_subject(to, sender, space))

@@ -15,27 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from manager.cli.tools import which
-from protocol.errors import Refusal
 from tests.conftest import AnthropicServer, Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
+from tests.harness import claude_installed
 from tests.helpers import trusting, wait_until
-
-
-def _installed() -> bool:
-    try:
-        which("claude")
-        return True
-    except Refusal:
-        return False
-
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.claude,
     pytest.mark.usefixtures("isolated_home"),
     pytest.mark.skipif(
-        not _installed(), reason="Claude Code is not installed under .tools/ (make harnesses)"
+        not claude_installed(), reason="Claude Code is not installed under .tools/ (make harnesses)"
     ),
 ]
 PHRASE = "juniper-ledger-41"

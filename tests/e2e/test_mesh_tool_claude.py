@@ -16,26 +16,16 @@ from typing import Any
 import pytest
 
 from connectors.meshtool.mcp import TOOLS
-from manager.cli.tools import which
-from protocol.errors import Refusal
 from tests.conftest import AnthropicServer, Cli
+from tests.harness import claude_installed
 from tests.helpers import ask, dm_messages, seat_events
-
-
-def _installed() -> bool:
-    try:
-        which("claude")
-        return True
-    except Refusal:
-        return False
-
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.claude,
     pytest.mark.usefixtures("isolated_home"),
     pytest.mark.skipif(
-        not _installed(), reason="Claude Code is not installed under .tools/ (make harnesses)"
+        not claude_installed(), reason="Claude Code is not installed under .tools/ (make harnesses)"
     ),
 ]
 PHRASE = "marble-lantern-58"

@@ -16,8 +16,7 @@ from manager import registry
 from manager.broker import channels
 from protocol import meshcall
 from tests.conftest import Cli
-from tests.helpers import broker, refused, wait_until
-from tests.integration.test_mesh_sends import _ask, _events
+from tests.helpers import ask, broker, refused, seat_events, stream_messages, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -30,23 +29,13 @@ def _plan(channel: str = "plan") -> str:
 
 async def _posts_on(cli: Cli, channel: str) -> list[tuple[dict[str, Any], dict[str, str]]]:
     """Every post the channel stream holds for `channel`: its body and its headers."""
-    out: list[tuple[dict[str, Any], dict[str, str]]] = []
-    async with broker(cli.root) as js:
-        info = await js.stream_info(STREAM)
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
-            try:
-                msg = await js.get_msg(STREAM, seq)
-            except Exception:
-                continue  # discarded
-            if msg.subject == _plan(channel):
-                out.append((json.loads(msg.data or b"{}"), dict(msg.headers or {})))
-    return out
+    return await stream_messages(cli, STREAM, _plan(channel))
 
 
 def _acked_posts(cli: Cli, seat: str) -> int:
     """How many of `seat`'s turns were posts it acknowledged."""
-    turns = {e["id"] for e in _events(cli, seat, "delivery.received") if e.get("channel")}
-    return sum(1 for e in _events(cli, seat, "delivery.acked") if e["id"] in turns)
+    turns = {e["id"] for e in seat_events(cli, seat, "delivery.received") if e.get("channel")}
+    return sum(1 for e in seat_events(cli, seat, "delivery.acked") if e["id"] in turns)
 
 
 async def test_a_post_reaches_the_subscriber_naming_channel_and_poster(mesh: Cli) -> None:
@@ -59,17 +48,17 @@ async def test_a_post_reaches_the_subscriber_naming_channel_and_poster(mesh: Cli
     wide = mesh.run("ps", "--wide").stdout
     assert "SUBSCRIBES" in wide and "POSTS TO" in wide and "#plan" in wide
 
-    assert _ask(mesh, "a", "Post to #plan: remember the phrase amber-kettle-12") == (
+    assert ask(mesh, "a", "Post to #plan: remember the phrase amber-kettle-12") == (
         "Posted to #plan: delivered."
     )
     [(body, headers)] = await _posts_on(mesh, "plan")
     assert (body["sender"], body["channel"]) == ("a", "plan")
     assert headers["Cotal-Sender"] == "a"
     await wait_until(lambda: _acked_posts(mesh, "b") == 1, timeout=30)
-    [got] = [e for e in _events(mesh, "b", "delivery.received") if e.get("channel")]
+    [got] = [e for e in seat_events(mesh, "b", "delivery.received") if e.get("channel")]
     assert (got["sender"], got["channel"]) == ("a", "plan")
     # The frame named both: scribe recalls who posted it and where.
-    assert _ask(mesh, "b", "what was the phrase?") == (
+    assert ask(mesh, "b", "what was the phrase?") == (
         "The phrase is amber-kettle-12, from a on #plan."
     )
     # b's answer to the post went to the operator, keyed by b's own turn for it.
@@ -86,12 +75,12 @@ async def test_a_post_reaches_the_subscriber_naming_channel_and_poster(mesh: Cli
     assert replies[turn] == "Noted: amber-kettle-12 (from a on #plan)."
 
     # c may post to #review only: refused by code, and #plan holds nothing more.
-    reply = _ask(mesh, "c", "Post to #plan: remember the phrase stolen-key-9")
+    reply = ask(mesh, "c", "Post to #plan: remember the phrase stolen-key-9")
     assert reply.startswith("Could not post to #plan: refused post-not-allowed: seat c may not")
     assert len(await _posts_on(mesh, "plan")) == 1
-    [logged] = _events(mesh, "c", "mesh.send_refused")
+    [logged] = seat_events(mesh, "c", "mesh.send_refused")
     assert logged["code"] == "post-not-allowed"
-    assert _ask(mesh, "b", "what was the phrase?") == (
+    assert ask(mesh, "b", "what was the phrase?") == (
         "The phrase is amber-kettle-12, from a on #plan."
     )
     # A bad channel name is refused at the spawn; the seat is not made.
@@ -104,21 +93,21 @@ async def test_a_subscriber_stopped_during_posts_gets_them_at_its_start(mesh: Cl
     mesh.json("spawn", "b", "--subscribe", "plan")
     mesh.json("spawn", "a", "--allow-post", "plan")
     mesh.json("stop", "b")
-    reply = _ask(
+    reply = ask(
         mesh, "a", "Post to #plan: first\nPost to #plan: remember the phrase quiet-harbor-3"
     )
     assert reply == "Posted to #plan: delivered.\nPosted to #plan: delivered."
-    assert _events(mesh, "b", "delivery.received") == []
+    assert seat_events(mesh, "b", "delivery.received") == []
 
     mesh.json("start", "b")
     await wait_until(lambda: _acked_posts(mesh, "b") == 2, timeout=30)
     senders = [
         (e["sender"], e["channel"])
-        for e in _events(mesh, "b", "delivery.received")
+        for e in seat_events(mesh, "b", "delivery.received")
         if e.get("channel")
     ]
     assert senders == [("a", "plan"), ("a", "plan")]
-    assert _ask(mesh, "b", "what was the phrase?") == (
+    assert ask(mesh, "b", "what was the phrase?") == (
         "The phrase is quiet-harbor-3, from a on #plan."
     )
     # The seat record keeps the subscription for a manager started after a crash.
@@ -150,7 +139,7 @@ async def test_history_is_bounded_and_never_refuses_a_post(mesh: Cli) -> None:
         info = await js.stream_info(STREAM)
         assert info.state.messages == 100
         # A seat's own post is still taken after all that, and the history read shows the end.
-        assert _ask(mesh, "a", "Post to #plan: the last word") == "Posted to #plan: delivered."
+        assert ask(mesh, "a", "Post to #plan: the last word") == "Posted to #plan: delivered."
         info = await js.stream_info(STREAM)
         assert info.state.messages == 100
         recent = await channels.history(js, "main", "plan", 3)
