@@ -118,13 +118,20 @@ async def connect(
     return nc
 
 
-async def _abandon(nc: Client) -> None:
-    # A connect given up halfway may hold a socket; closing a never-connected client is harmless.
+async def close_quietly(nc: Client) -> None:
+    """Close a client whatever state it is in, within CALL_TIMEOUT_S. A client reconnecting to
+    a broker that died raises from `close` as it writes what it had pending (a broken pipe, a
+    reset); nothing more can reach that broker, so that is logged, never raised."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(CALL_TIMEOUT_S):
         try:
             await nc.close()
         except Exception as exc:
-            log.warning("broker.abandon_failed", error=f"{type(exc).__name__}: {exc}")
+            log.warning("broker.close_failed", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _abandon(nc: Client) -> None:
+    # A connect given up halfway may hold a socket; closing a never-connected client is harmless.
+    await close_quietly(nc)
 
 
 class LazyConnection:
@@ -155,8 +162,7 @@ class LazyConnection:
     async def aclose(self) -> None:
         nc, self._nc = self._nc, None
         if nc is not None:
-            with anyio.CancelScope(shield=True):
-                await nc.close()
+            await close_quietly(nc)
 
     async def __aenter__(self) -> LazyConnection:
         return self

@@ -27,11 +27,12 @@ import signal
 from pathlib import Path
 
 import anyio
+import nats.errors
 import structlog
 
 from connectors import sandbox
 from manager import logs
-from manager.broker.connection import connect
+from manager.broker.connection import close_quietly, connect
 from manager.control.server import ControlServer
 from manager.daemon.core import Manager
 from manager.daemon.notify import sd_notify
@@ -191,7 +192,13 @@ async def serve(
             except FileNotFoundError:
                 pass
             with anyio.move_on_after(5.0):
-                await nc.drain()
+                try:
+                    await nc.drain()
+                except nats.errors.Error as exc:
+                    # Reconnecting to a broker that is gone (a cut whose broker died, say):
+                    # there is nothing left to drain into it.
+                    log.warning("daemon.drain_failed", error=str(exc) or type(exc).__name__)
+            await close_quietly(nc)
             log.info("daemon.stopped", pid=os.getpid())
 
 
