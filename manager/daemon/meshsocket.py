@@ -104,7 +104,8 @@ class MeshSocket:
                 while True:
                     stream = await listener.accept()
                     if self._open >= MAX_CONNECTIONS:
-                        await self._turn_away(stream, "too many connections at once")
+                        # Beside the accepts, so a flood of them never holds the next one up.
+                        tg.start_soon(self._turn_away, stream, "too many connections at once")
                         continue
                     self._open += 1
                     tg.start_soon(self._connection, stream, seat_pid)
