@@ -99,7 +99,8 @@ async def connect(
         with anyio.fail_after(deadline):
             await nc.connect(**options)
     except TimeoutError:
-        await _abandon(nc)
+        # A connect given up halfway may hold a socket; closing one never connected is harmless.
+        await close_quietly(nc)
         waited = f" within {deadline:g}s" if deadline is not None else ""
         raise Refusal(
             Code.BROKER_UNREACHABLE,
@@ -108,7 +109,7 @@ async def connect(
             "that the URL is right, then retry",
         ) from None
     except Exception as exc:
-        await _abandon(nc)
+        await close_quietly(nc)
         raise Refusal(
             Code.BROKER_UNREACHABLE,
             f"cannot connect to the broker at {server}: {exc}",
@@ -127,11 +128,6 @@ async def close_quietly(nc: Client) -> None:
             await nc.close()
         except Exception as exc:
             log.warning("broker.close_failed", error=f"{type(exc).__name__}: {exc}")
-
-
-async def _abandon(nc: Client) -> None:
-    # A connect given up halfway may hold a socket; closing a never-connected client is harmless.
-    await close_quietly(nc)
 
 
 class LazyConnection:

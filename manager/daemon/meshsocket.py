@@ -28,7 +28,7 @@ from anyio.abc import SocketListener, SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from connectors.base import MeshPort
-from connectors.meshclient import SOCKET_NAME, SUN_PATH_MAX
+from connectors.meshclient import SOCKET_NAME
 from manager.control.server import peer_cred, seat_ancestor
 from manager.workspace.private import ensure_private_dir
 from protocol import meshcall
@@ -46,21 +46,19 @@ REFUSE_WRITE_S = 1.0
 
 
 def bind(directory: Path) -> socket.socket:
-    """The listening socket `<directory>/mesh.sock`, made anew (a dead manager's is replaced),
-    reached through a descriptor of the directory when its path is too long to bind."""
+    """The listening socket `<directory>/mesh.sock`, made anew (a dead manager's is replaced).
+    Bound through a descriptor of the directory, so any length of path fits a socket address."""
     ensure_private_dir(directory.parent)
     ensure_private_dir(directory)
-    path = directory / SOCKET_NAME
     fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        short = f"/proc/self/fd/{fd}/{SOCKET_NAME}"
-        target = str(path) if len(os.fsencode(str(path))) <= SUN_PATH_MAX else short
+        through_fd = f"/proc/self/fd/{fd}/{SOCKET_NAME}"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(SOCKET_NAME, dir_fd=fd)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            sock.bind(target)
-            os.chmod(short, 0o600)
+            sock.bind(through_fd)
+            os.chmod(through_fd, 0o600)
             sock.listen(MAX_CONNECTIONS)
         except BaseException:
             sock.close()
@@ -70,7 +68,8 @@ def bind(directory: Path) -> socket.socket:
     return sock
 
 
-def unlink(directory: Path) -> None:
+def remove(directory: Path) -> None:
+    """The socket and its directory, once the incarnation is over."""
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         (directory / SOCKET_NAME).unlink()
     with contextlib.suppress(OSError):
@@ -110,14 +109,14 @@ class MeshSocket:
                     self._open += 1
                     tg.start_soon(self._connection, stream, seat_pid)
         finally:
-            unlink(self.directory)
+            remove(self.directory)
 
     def close(self) -> None:
         """Give up a socket that was never served (its launch failed first)."""
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
-            unlink(self.directory)
+            remove(self.directory)
 
     async def _connection(self, stream: SocketStream, seat_pid: Callable[[], int | None]) -> None:
         try:
