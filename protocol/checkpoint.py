@@ -20,6 +20,7 @@ from protocol.instant import parse_instant
 from protocol.names import (
     FILE_NAME,
     REF_NAME,
+    SEAT_NAME,
     SEAT_OWNER,
     AttemptIdField,
     FileNameField,
@@ -31,6 +32,9 @@ from protocol.names import (
     SeatNameField,
     Sha256Field,
     SpaceField,
+    chan_stream,
+    chan_subject,
+    chathist_durable,
     dm_durable,
     dm_filter,
     dm_stream,
@@ -66,6 +70,9 @@ HOOK_FILE_PREFIX = "hook-"
 LISTS_INLINE_CAP = 64 * 1024
 # The space artifact: every inbox message at or above the durable's first undelivered sequence.
 INBOX_FILE = "inbox.jsonl"
+# A subscribed channel's posts above the seat's ack floor in it, one file per channel.
+CHANNEL_FILE_PREFIX = "chan-"
+MAX_CARRIED_CHANNELS = 64
 
 # A checkpoint carries an inbox, not a mailbox archive: past these the cut refuses by name.
 MAX_CARRIED_MESSAGES = 10_000
@@ -526,8 +533,9 @@ def first_undelivered(ack_floor: int, creation_lower_bound: int, first_seq: int)
 
 
 class DurableRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """The seat's `dm_` durable at the cut: its configuration and contiguous ack floor, and the
-    stream's bounds, so a destination can rebuild it at `startSeq` in any broker."""
+    """One of the seat's durables at the cut (its `dm_` inbox, or its `chathist_` frontier in a
+    channel): its configuration and contiguous ack floor, and the stream's bounds, so a
+    destination can rebuild it at `startSeq` in any broker."""
 
     name: str
     stream: str
@@ -571,7 +579,42 @@ class CustodyAtCut(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
     revision: Positive
 
 
-class SpaceRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+def channel_file(channel: str) -> str:
+    return f"{CHANNEL_FILE_PREFIX}{channel}.jsonl"
+
+
+def _check_window(what: str, messages: int, durable: DurableRecord) -> None:
+    if messages > durable.last_seq - durable.start_seq + 1:
+        raise ValueError(
+            f"{messages} carried {what} cannot fit between startSeq {durable.start_seq} and "
+            f"lastSeq {durable.last_seq}"
+        )
+
+
+class ChannelState(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A subscribed seat's frontier in one channel at the cut: its `chathist_` durable and the
+    posts above its ack floor (in `posts`, one `CarriedMessage` per line, each addressed to the
+    channel's subject under a message id of this seat's own), so a destination on another
+    broker rebuilds the frontier where it stood instead of at its own activation moment."""
+
+    channel: Annotated[str, msgspec.Meta(pattern=SEAT_NAME.pattern)]
+    durable: DurableRecord
+    messages: Annotated[int, msgspec.Meta(ge=0, le=MAX_CARRIED_MESSAGES)]
+    message_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_CARRIED_BYTES)]
+    posts: FileRef
+
+    def __post_init__(self) -> None:
+        if self.posts.file != channel_file(self.channel):
+            raise ValueError(
+                f"the posts of #{self.channel} must be {channel_file(self.channel)!r}, not "
+                f"{self.posts.file!r}"
+            )
+        _check_window(f"posts of #{self.channel}", self.messages, self.durable)
+
+
+class SpaceRecord(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True
+):
     """What of the space travels with a seat: its inbox durable, the messages it has not
     acknowledged (in `inbox`, one `CarriedMessage` per line), its custody, and the identity of
     the broker it was cut from, so a destination can tell whether it shares that broker."""
@@ -582,14 +625,29 @@ class SpaceRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     messages: Annotated[int, msgspec.Meta(ge=0, le=MAX_CARRIED_MESSAGES)]
     message_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_CARRIED_BYTES)]
     inbox: FileRef
+    # Omitted when empty (`omit_defaults`), so a record sealed before channels travelled
+    # encodes, and so verifies, exactly as it was signed.
+    channels: Annotated[list[ChannelState], msgspec.Meta(max_length=MAX_CARRIED_CHANNELS)] = (
+        msgspec.field(default_factory=list)
+    )
 
     def __post_init__(self) -> None:
         if self.inbox.file != INBOX_FILE:
             raise ValueError(f"inbox must be {INBOX_FILE!r}, not {self.inbox.file!r}")
-        if self.messages > self.durable.last_seq - self.durable.start_seq + 1:
+        _check_window("messages", self.messages, self.durable)
+        seen = [c.channel for c in self.channels]
+        if len(set(seen)) != len(seen):
+            raise ValueError("channels must name each channel once")
+        # One bound for the whole space half: the channels' posts count with the inbox.
+        posts = sum(c.messages for c in self.channels)
+        posted = sum(c.message_bytes for c in self.channels)
+        if self.messages + posts > MAX_CARRIED_MESSAGES or (
+            self.message_bytes + posted > MAX_CARRIED_BYTES
+        ):
             raise ValueError(
-                f"{self.messages} carried messages cannot fit between startSeq "
-                f"{self.durable.start_seq} and lastSeq {self.durable.last_seq}"
+                f"the inbox and channels carry {self.messages + posts} messages of "
+                f"{self.message_bytes + posted} bytes, more than a checkpoint carries "
+                f"({MAX_CARRIED_MESSAGES} messages, {MAX_CARRIED_BYTES} bytes)"
             )
 
 
@@ -633,6 +691,16 @@ class SpaceExport(msgspec.Struct, frozen=True):
     durable: DurableRecord
     custody: CustodyAtCut
     messages: list[CarriedMessage]
+    channels: list[ChannelExport] = msgspec.field(default_factory=list)
+
+
+class ChannelExport(msgspec.Struct, frozen=True):
+    """One subscribed channel's frontier as the broker held it at the cut (`ChannelState` plus
+    its posts file, once written)."""
+
+    channel: str
+    durable: DurableRecord
+    messages: list[CarriedMessage]
 
 
 def encode_inbox(messages: list[CarriedMessage]) -> bytes:
@@ -659,10 +727,13 @@ class InboxReader:
     names, nor more bytes than `INBOX_FILE_CAP`. A ValueError names the first line that is not;
     `InboxOverCap`, one of them, a cap passed."""
 
-    def __init__(self, record: SpaceRecord, *, keep: bool) -> None:
+    def __init__(self, record: SpaceRecord | ChannelState, *, keep: bool) -> None:
         self.record = record
         self.keep = keep
         self.messages: list[CarriedMessage] = []
+        self._file = record.posts.file if isinstance(record, ChannelState) else INBOX_FILE
+        # A channel's frontier filters one literal subject; an inbox, everything under its own.
+        self._literal = not record.durable.filter_subject.endswith(">")
         self._prefix = record.durable.filter_subject.removesuffix(">")
         self._pending = bytearray()
         self._read = 0
@@ -675,7 +746,7 @@ class InboxReader:
         self._read += len(chunk)
         if self._read > INBOX_FILE_CAP:
             raise InboxOverCap(
-                f"{INBOX_FILE} is more than {INBOX_FILE_CAP} bytes, the most a checkpoint's "
+                f"{self._file} is more than {INBOX_FILE_CAP} bytes, the most a checkpoint's "
                 "inbox can be"
             )
         start = 0
@@ -689,7 +760,7 @@ class InboxReader:
             start = nl + 1
         if len(self._pending) + len(chunk) - start > INBOX_LINE_CAP:
             raise ValueError(
-                f"{INBOX_FILE} line {self._lines + 1} is longer than {INBOX_LINE_CAP} bytes"
+                f"{self._file} line {self._lines + 1} is longer than {INBOX_LINE_CAP} bytes"
             )
         self._pending += chunk[start:]
 
@@ -697,29 +768,33 @@ class InboxReader:
         self._lines += 1
         n, record = self._lines, self.record
         try:
-            m = decode_json(line, CarriedMessage, what=f"{INBOX_FILE} line {n}", cap=INBOX_LINE_CAP)
+            m = decode_json(line, CarriedMessage, what=f"{self._file} line {n}", cap=INBOX_LINE_CAP)
         except DecodeError as exc:
             raise ValueError(exc.message) from None
         if m.seq <= self._last or m.seq > record.durable.last_seq:
             raise ValueError(
-                f"{INBOX_FILE} line {n}: sequence {m.seq} is not after {self._last} and within "
+                f"{self._file} line {n}: sequence {m.seq} is not after {self._last} and within "
                 f"lastSeq {record.durable.last_seq}"
             )
-        if not m.subject.startswith(self._prefix) or m.subject == self._prefix:
+        if self._literal:
+            under = m.subject == self._prefix
+        else:
+            under = m.subject.startswith(self._prefix) and m.subject != self._prefix
+        if not under:
             raise ValueError(
-                f"{INBOX_FILE} line {n}: subject {m.subject!r} is not under "
+                f"{self._file} line {n}: subject {m.subject!r} is not under "
                 f"{record.durable.filter_subject}"
             )
         carried = header_bytes(m.headers)
         if carried > MAX_MESSAGE_HEADER_BYTES:
             raise InboxOverCap(
-                f"{INBOX_FILE} line {n}: message {m.seq} carries {carried} bytes of headers, "
+                f"{self._file} line {n}: message {m.seq} carries {carried} bytes of headers, "
                 f"more than the {MAX_MESSAGE_HEADER_BYTES} a message may"
             )
         self._headers += carried
         if self._headers > MAX_CARRIED_HEADER_BYTES:
             raise InboxOverCap(
-                f"{INBOX_FILE} line {n}: the headers of messages up to {m.seq} are "
+                f"{self._file} line {n}: the headers of messages up to {m.seq} are "
                 f"{self._headers} bytes, more than the {MAX_CARRIED_HEADER_BYTES} an inbox may "
                 "carry"
             )
@@ -727,7 +802,7 @@ class InboxReader:
         self._payload += len(m.data())
         if n > record.messages or self._payload > record.message_bytes:
             raise ValueError(
-                f"{INBOX_FILE} holds {n} message(s) of {self._payload} bytes by line {n}, more "
+                f"{self._file} holds {n} message(s) of {self._payload} bytes by line {n}, more "
                 f"than the record's {record.messages} of {record.message_bytes}"
             )
         if self.keep:
@@ -735,17 +810,17 @@ class InboxReader:
 
     def finish(self) -> list[CarriedMessage]:
         if self._pending:
-            raise ValueError(f"{INBOX_FILE} does not end with a newline")
+            raise ValueError(f"{self._file} does not end with a newline")
         record = self.record
         if self._lines != record.messages or self._payload != record.message_bytes:
             raise ValueError(
-                f"{INBOX_FILE} holds {self._lines} message(s) of {self._payload} bytes, the "
+                f"{self._file} holds {self._lines} message(s) of {self._payload} bytes, the "
                 f"record says {record.messages} of {record.message_bytes}"
             )
         return self.messages
 
 
-def decode_inbox(data: bytes, record: SpaceRecord) -> list[CarriedMessage]:
+def decode_inbox(data: bytes, record: SpaceRecord | ChannelState) -> list[CarriedMessage]:
     """The carried messages, proven to be exactly what the record describes (`InboxReader`):
     the count and payload bytes it names, strictly increasing sequences inside the durable's
     window, every subject under the seat's filter, the header caps. A ValueError names the
@@ -818,6 +893,25 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
         for field, value in want.items():
             if got[field] != value:
                 raise ValueError(f"spaceState.durable.{field} {got[field]!r} is not {value!r}")
+        launch = self.entry.get("launch")
+        subscribed = launch.get("subscribe", []) if isinstance(launch, dict) else []
+        for c in state.channels:
+            # A frontier is carried only for a channel the sealed entry subscribes, so a
+            # record cannot have a destination feed the seat a channel it never read.
+            if c.channel not in subscribed:
+                raise ValueError(
+                    f"spaceState.channels carries #{c.channel}, which the seat does not subscribe"
+                )
+            mine = (
+                chathist_durable(SEAT_OWNER, self.name, self.lifecycle_uid, c.channel),
+                chan_stream(self.space),
+                chan_subject(self.space, c.channel),
+            )
+            theirs = (c.durable.name, c.durable.stream, c.durable.filter_subject)
+            if theirs != mine:
+                raise ValueError(
+                    f"spaceState.channels #{c.channel}: durable {theirs} is not this seat's {mine}"
+                )
         if state.custody.generation != self.generation:
             raise ValueError(
                 f"spaceState.custody.generation {state.custody.generation} is not the seat's "
@@ -877,6 +971,7 @@ def checkpoint_files(record: SeatCheckpoint) -> list[FileRef]:
     files.extend(sf.file for sf in record.session.store)
     if record.space_state is not None:
         files.append(record.space_state.inbox)
+        files.extend(c.posts for c in record.space_state.channels)
     return files
 
 

@@ -181,6 +181,13 @@ def post_turn_id(seat_uid: str, post_id: str) -> str:
     return hashlib.sha256(body).hexdigest()[:32]
 
 
+def carried_post_id(seat_uid: str, post_id: str) -> str:
+    """A post's id once carried to another broker in one subscriber's frontier: the post's own
+    id is every subscriber's, and the channel stream there keeps one message per id."""
+    body = f"cotal-post-carried\0{seat_uid}\0{post_id}".encode()
+    return hashlib.sha256(body).hexdigest()[:32]
+
+
 def check_channels(values: Iterable[str], what: str) -> list[str]:
     """`--subscribe` or `--allow-post` values: channel names (a leading `#` is dropped), first
     mention kept."""

@@ -280,6 +280,12 @@ def chan_subject(space: str, channel: str) -> str:
     return f"{subject_prefix(space)}.chan.{check_seat_name(channel)}"
 
 
+def chan_carried_subject(space: str, channel: str, uid: str) -> str:
+    """The posts of `channel` one subscriber's frontier carried from another broker: under the
+    channel stream's subjects, read by that subscriber's durable alone."""
+    return f"{chan_subject(space, channel)}.carried.{check_lifecycle_uid(uid)}"
+
+
 def chathist_durable(owner: str, actor: str, uid: str, channel: str) -> str:
     """A subscribed seat's frontier in one channel, keyed by its lifecycle uid as its inbox is."""
     return f"chathist_{owner}-{actor}-{check_lifecycle_uid(uid)}-{check_seat_name(channel)}"

@@ -11,6 +11,8 @@ start what was posted meanwhile (within the bound).
 
 from __future__ import annotations
 
+import contextlib
+
 import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
@@ -125,9 +127,16 @@ async def ensure_chathist_durable(
 async def delete_chathist_durable(
     js: JetStreamContext, space: str, owner: str, actor: str, uid: str, channel: str
 ) -> None:
-    await delete_durable(
-        js, names.chan_stream(space), names.chathist_durable(owner, actor, uid, channel)
-    )
+    """The frontier, and the posts it carried here from another broker, which nothing else
+    reads."""
+    stream = names.chan_stream(space)
+    await delete_durable(js, stream, names.chathist_durable(owner, actor, uid, channel))
+    carried = names.chan_carried_subject(space, channel, uid)
+    with contextlib.suppress(NotFoundError):
+        await riding_elections(
+            f"carried posts of {actor} in #{channel}",
+            lambda: js.purge_stream(stream, subject=carried),
+        )
 
 
 async def publish_post(js: JetStreamContext, space: str, post: meshcall.ChannelPost) -> int:

@@ -20,7 +20,7 @@ import base64
 import contextlib
 import functools
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import anyio
@@ -211,8 +211,8 @@ def _carried(
 
 
 async def _read_from(
-    js: JetStreamContext, stream: str, record: DurableRecord
-) -> AsyncIterator[tuple[int, str, dict[str, str] | None, bytes]]:
+    js: JetStreamContext, stream: str, record: DurableRecord, filters: list[str] | None = None
+) -> AsyncGenerator[tuple[int, str, dict[str, str] | None, bytes], None]:
     """The inbox's messages from `start_seq` through `last_seq`, in order, read in batches by
     an ephemeral consumer of our own that acknowledges nothing, so the seat's durable and its
     frontier are not touched. It is deleted after, and lapses on its own if we die first."""
@@ -224,7 +224,9 @@ async def _read_from(
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
         opt_start_seq=record.start_seq,
         ack_policy=api.AckPolicy.NONE,
-        filter_subject=record.filter_subject,
+        # `filters`: the subjects the durable itself reads, where it reads more than one.
+        filter_subject=None if filters else record.filter_subject,
+        filter_subjects=filters or None,
         inactive_threshold=EXPORT_READER_IDLE_S,
         mem_storage=True,
         num_replicas=1,
@@ -257,6 +259,30 @@ async def _read_from(
             await js.delete_consumer(stream, name)
 
 
+def durable_record(
+    info: api.ConsumerInfo, state: api.StreamState, *, filter_subject: str
+) -> DurableRecord:
+    """A durable as the cut writes it down: its configuration, its contiguous ack floor and the
+    stream's bounds, with the first undelivered sequence a rebuild starts at."""
+    config = info.config
+    by_seq = config.deliver_policy == api.DeliverPolicy.BY_START_SEQUENCE
+    lower = max(1, (config.opt_start_seq if by_seq else 1) or 1)
+    floor = info.ack_floor.stream_seq if info.ack_floor else 0
+    return DurableRecord(
+        name=info.name,
+        stream=info.stream_name,
+        filter_subject=filter_subject,
+        ack_wait_ms=max(1, int((config.ack_wait or names.ACK_WAIT_S) * 1000)),
+        max_ack_pending=config.max_ack_pending or 1,
+        creation_lower_bound=lower,
+        ack_floor=floor,
+        delivered=info.delivered.stream_seq if info.delivered else 0,
+        first_seq=state.first_seq,
+        last_seq=state.last_seq,
+        start_seq=first_undelivered(floor, lower, state.first_seq),
+    )
+
+
 async def export_inbox(
     js: JetStreamContext, space: str, seat: str, uid: str
 ) -> tuple[DurableRecord, list[CarriedMessage]]:
@@ -280,34 +306,26 @@ async def export_inbox(
             "the seat's inbox is gone; resume in place against the broker that holds it",
         ) from None
     sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
-    config, state = info.config, sinfo.state
-    by_seq = config.deliver_policy == api.DeliverPolicy.BY_START_SEQUENCE
-    lower = config.opt_start_seq if by_seq else 1
-    record = DurableRecord(
-        name=durable,
-        stream=stream,
-        filter_subject=config.filter_subject or names.dm_filter(space, names.SEAT_OWNER, seat),
-        ack_wait_ms=max(1, int((config.ack_wait or names.ACK_WAIT_S) * 1000)),
-        max_ack_pending=config.max_ack_pending or 1,
-        creation_lower_bound=max(1, lower or 1),
-        ack_floor=info.ack_floor.stream_seq if info.ack_floor else 0,
-        delivered=info.delivered.stream_seq if info.delivered else 0,
-        first_seq=state.first_seq,
-        last_seq=state.last_seq,
-        start_seq=first_undelivered(
-            info.ack_floor.stream_seq if info.ack_floor else 0,
-            max(1, lower or 1),
-            state.first_seq,
-        ),
+    record = durable_record(
+        info,
+        sinfo.state,
+        filter_subject=info.config.filter_subject or names.dm_filter(space, names.SEAT_OWNER, seat),
     )
     messages: list[CarriedMessage] = []
     sizes = _Totals()
-    async for raw_seq, subject, raw_headers, data in _read_from(js, stream, record):
-        if len(messages) >= MAX_CARRIED_MESSAGES or sizes.payload + len(data) > MAX_CARRIED_BYTES:
-            raise _too_large(
-                seat, f"more than {len(messages)} messages or {sizes.payload + len(data)} bytes"
-            )
-        messages.append(_carried(seat, raw_seq, subject, raw_headers, data, sizes))
+    # Closed here, not when collected: a refusal mid-read must delete the reader while the
+    # connection is still open.
+    async with contextlib.aclosing(_read_from(js, stream, record)) as read:
+        async for raw_seq, subject, raw_headers, data in read:
+            if (
+                len(messages) >= MAX_CARRIED_MESSAGES
+                or sizes.payload + len(data) > MAX_CARRIED_BYTES
+            ):
+                raise _too_large(
+                    seat,
+                    f"more than {len(messages)} messages or {sizes.payload + len(data)} bytes",
+                )
+            messages.append(_carried(seat, raw_seq, subject, raw_headers, data, sizes))
     log.info(
         "space.exported",
         seat=seat,
@@ -390,6 +408,74 @@ async def _republish(
     return acks
 
 
+async def keeps_durable(
+    js: JetStreamContext, stream: str, durable: str, *, seat: str, attempt_id: str, shared: bool
+) -> bool:
+    """Whether a durable of this uid the broker holds is the one to keep: on the broker the
+    checkpoint was cut from it is the seat's own, with its exact frontier; elsewhere only this
+    attempt's own rebuild is (a rerun). Any other is a leftover of an earlier leg of the chain
+    (the seat left this broker and came back), stale against the checkpoint: it is deleted."""
+
+    async def existing() -> api.ConsumerInfo | None:
+        try:
+            found: api.ConsumerInfo = await js.consumer_info(stream, durable)
+            return found
+        except NotFoundError:
+            return None
+
+    held = await riding_elections(f"durable {durable}", existing)
+    if held is None:
+        return False
+    rebuilt_by = (held.config.metadata or {}).get(ATTEMPT_METADATA)
+    if shared or rebuilt_by == attempt_id:
+        log.info("space.kept", seat=seat, durable=durable)
+        return True
+    await riding_elections(
+        f"replace durable {durable}", lambda: js.delete_consumer(stream, durable)
+    )
+    log.warning("space.stale_durable_replaced", seat=seat, durable=durable, by=rebuilt_by)
+    return False
+
+
+async def rebuild_durable(
+    js: JetStreamContext,
+    record: DurableRecord,
+    acks: list[api.PubAck],
+    *,
+    attempt_id: str,
+    filters: list[str] | None = None,
+) -> int:
+    """The durable made again at the first republished message (or after everything the stream
+    holds, when nothing was carried), configured as the record says; its start sequence."""
+    stream, durable = record.stream, record.name
+    first = min((ack.seq for ack in acks), default=None)
+    if first is None:
+        sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
+        first = sinfo.state.last_seq + 1
+    config = api.ConsumerConfig(
+        durable_name=durable,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=record.ack_wait_ms / 1000,
+        filter_subject=None if filters else record.filter_subject,
+        filter_subjects=filters or None,
+        max_ack_pending=record.max_ack_pending,
+        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=first,
+        metadata={ATTEMPT_METADATA: attempt_id},
+    )
+
+    async def create() -> api.ConsumerInfo:
+        try:
+            made: api.ConsumerInfo = await js.add_consumer(stream, config)
+        except BadRequestError:
+            # A concurrent or earlier run of this very resume may have created it.
+            made = await js.consumer_info(stream, durable)
+        return made
+
+    await riding_elections(f"durable {durable}", create)
+    return first
+
+
 async def import_inbox(
     js: JetStreamContext,
     space: str,
@@ -423,51 +509,13 @@ async def import_inbox(
             "resume the checkpoint into the space it was cut from",
         )
 
-    async def existing() -> api.ConsumerInfo | None:
-        try:
-            found: api.ConsumerInfo = await js.consumer_info(stream, durable)
-            return found
-        except NotFoundError:
-            return None
-
-    held = await riding_elections(f"durable {durable}", existing)
-    if held is not None:
-        rebuilt_by = (held.config.metadata or {}).get(ATTEMPT_METADATA)
-        if shared or rebuilt_by == attempt_id:
-            log.info("space.kept", seat=seat, durable=durable)
-            return Imported(kept=True, start_seq=0)
-        await riding_elections(
-            f"replace durable {durable}", lambda: js.delete_consumer(stream, durable)
-        )
-        log.warning("space.stale_durable_replaced", seat=seat, durable=durable, by=rebuilt_by)
+    if await keeps_durable(js, stream, durable, seat=seat, attempt_id=attempt_id, shared=shared):
+        return Imported(kept=True, start_seq=0)
     # No trim per seat here: a full stream is trimmed by the republish that meets it full.
     await ensure_dm_stream(js, space, replicas=replicas, trim=False, horizon_s=horizon_s)
     acks = await _republish(js, space, stream, seat, messages)
     duplicates = sum(1 for ack in acks if ack.duplicate)
-    first = min((ack.seq for ack in acks), default=None)
-    if first is None:
-        sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
-        first = sinfo.state.last_seq + 1
-    config = api.ConsumerConfig(
-        durable_name=durable,
-        ack_policy=api.AckPolicy.EXPLICIT,
-        ack_wait=record.ack_wait_ms / 1000,
-        filter_subject=record.filter_subject,
-        max_ack_pending=record.max_ack_pending,
-        deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=first,
-        metadata={ATTEMPT_METADATA: attempt_id},
-    )
-
-    async def create() -> api.ConsumerInfo:
-        try:
-            made: api.ConsumerInfo = await js.add_consumer(stream, config)
-        except BadRequestError:
-            # A concurrent or earlier run of this very resume may have created it.
-            made = await js.consumer_info(stream, durable)
-        return made
-
-    await riding_elections(f"durable {durable}", create)
+    first = await rebuild_durable(js, record, acks, attempt_id=attempt_id)
     log.info(
         "space.imported",
         seat=seat,

@@ -64,15 +64,14 @@ from manager.procs import process_start_time
 from manager.workspace.private import read_stable
 from protocol import names
 from protocol.checkpoint import (
-    INBOX_FILE,
     INBOX_LINE_CAP,
     AttemptManifest,
     CarriedMessage,
+    FileRef,
     RepositoryRecord,
     SeatCheckpoint,
     SessionFile,
     SessionRecord,
-    SpaceRecord,
     parse_refs_list,
 )
 from protocol.codec import decode_json
@@ -270,6 +269,7 @@ class _Carried:
     """Where a carried message id was first seen, to name both messages of a duplicate."""
 
     seat: str
+    file: str
     line: int
     seq: int
 
@@ -289,17 +289,27 @@ def check_inboxes(
     """
     dirs = {seat.name: seat.dir for seat in manifest.seats}
     seen: dict[str, _Carried] = {}
+    # The channels' posts go into the space's one channel stream: their ids are judged apart
+    # from the inboxes', and across seats for the same reason.
+    posted: dict[str, _Carried] = {}
     for name, record in records.items():
-        if record.space_state is not None:
-            _check_inbox(attempt_dir / dirs[name], name, manifest.space, record.space_state, seen)
+        state = record.space_state
+        if state is None:
+            continue
+        seat_dir = attempt_dir / dirs[name]
+        mail = names.dm_filter(manifest.space, names.SEAT_OWNER, name)
+        _check_carried(seat_dir / state.inbox.file, state.inbox, name, mail, seen)
+        for c in state.channels:
+            subject = names.chan_subject(manifest.space, c.channel)
+            _check_carried(seat_dir / c.posts.file, c.posts, name, subject, posted)
 
 
 class _InboxJudge:
     """One seat's inbox.jsonl fed a chunk at a time: hashed whole, each line judged as it
     completes until the first refusal, holding one line at most."""
 
-    def __init__(self, path: Path, name: str, prefix: str, seen: dict[str, _Carried]) -> None:
-        self.path, self.name, self.prefix, self.seen = path, name, prefix, seen
+    def __init__(self, path: Path, name: str, filter: str, seen: dict[str, _Carried]) -> None:
+        self.path, self.name, self.filter, self.seen = path, name, filter, seen
         self.digest = hashlib.sha256()
         self.pending = bytearray()
         self.lines = 0
@@ -326,42 +336,49 @@ class _InboxJudge:
         self.lines += 1
         try:
             m = decode_json(
-                line, CarriedMessage, what=f"{INBOX_FILE} line {self.lines}", cap=INBOX_LINE_CAP
+                line, CarriedMessage, what=f"{self.path.name} line {self.lines}", cap=INBOX_LINE_CAP
             )
         except DecodeError as exc:
             self.problem = _inbox_changed(self.path, exc.message)
             return
-        self.problem = _judge_message(self.name, self.prefix, self.lines, m, self.seen)
+        self.problem = _judge_message(
+            self.name, self.path.name, self.filter, self.lines, m, self.seen
+        )
 
 
-def _check_inbox(
-    seat_dir: Path, name: str, space: str, state: SpaceRecord, seen: dict[str, _Carried]
+def _check_carried(
+    path: Path, ref: FileRef, name: str, filter: str, seen: dict[str, _Carried]
 ) -> None:
-    path = seat_dir / state.inbox.file
-    prefix = names.dm_filter(space, names.SEAT_OWNER, name).removesuffix(">")
-    judge = _InboxJudge(path, name, prefix, seen)
+    judge = _InboxJudge(path, name, filter, seen)
     try:
-        stream_stable(path, judge.feed, expect_size=state.inbox.bytes)
+        stream_stable(path, judge.feed, expect_size=ref.bytes)
     except UnsafeFile as exc:
         raise _inbox_changed(path, exc.detail) from None
-    if judge.digest.hexdigest() != state.inbox.sha256:
+    if judge.digest.hexdigest() != ref.sha256:
         raise _inbox_changed(path, f"now hashes to {judge.digest.hexdigest()}")
     if judge.problem is not None:
         raise judge.problem
 
 
+def _addressed(subject: str, filter: str) -> bool:
+    """Under an inbox's `...>` filter, or exactly a channel's literal subject."""
+    if filter.endswith(">"):
+        return subject.startswith(filter.removesuffix(">"))
+    return subject == filter
+
+
 def _judge_message(
-    name: str, prefix: str, line: int, m: CarriedMessage, seen: dict[str, _Carried]
+    name: str, file: str, filter: str, line: int, m: CarriedMessage, seen: dict[str, _Carried]
 ) -> Refusal | None:
-    where = f"seat {name}: {INBOX_FILE} line {line} (message {m.seq})"
-    if not m.subject.startswith(prefix) or "" in m.subject.split("."):
+    where = f"seat {name}: {file} line {line} (message {m.seq})"
+    if not _addressed(m.subject, filter) or "" in m.subject.split("."):
         # An empty token is no subject the broker routes to its stream: the publish is never
         # answered, and the import would only time out, after the claim.
         return _refuse(
             "integrity",
             Code.INBOX_SUBJECT,
-            f"{where} is addressed to {m.subject!r}, which has an empty token or is not under "
-            f"{prefix}>, so the import cannot republish it",
+            f"{where} is addressed to {m.subject!r}, which has an empty token or does not "
+            f"match {filter}, so the import cannot republish it",
             _INBOX_CURE,
         )
     for key in m.headers:
@@ -400,12 +417,12 @@ def _judge_message(
         return _refuse(
             "integrity",
             Code.INBOX_DUPLICATE_ID,
-            f"{where} carries message id {key_id!r}, as does {other}{INBOX_FILE} line "
+            f"{where} carries message id {key_id!r}, as does {other}{first.file} line "
             f"{first.line} (message {first.seq}): republished together, the broker keeps the "
             "first and drops the other as a duplicate",
             _INBOX_CURE,
         )
-    seen[key_id] = _Carried(name, line, m.seq)
+    seen[key_id] = _Carried(name, file, line, m.seq)
     return None
 
 

@@ -41,6 +41,7 @@ from protocol.checkpoint import (
     RESUME_FILE,
     SEAT_CHECKPOINT_FORMAT,
     AttemptManifest,
+    ChannelState,
     FileRef,
     ManifestSeat,
     PrecopyLink,
@@ -50,6 +51,7 @@ from protocol.checkpoint import (
     SessionRecord,
     SpaceExport,
     SpaceRecord,
+    channel_file,
     continuity_capped,
     decode_inbox,
     encode_inbox,
@@ -161,18 +163,32 @@ def has_files(directory: Path, *, scratch: Collection[str] = ()) -> bool:
 def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
     data = encode_inbox(export.messages)
     inbox = write_file_exclusive(seat_dir, INBOX_FILE, data)
-    record = SpaceRecord(
-        broker_id=export.broker_id,
-        durable=export.durable,
-        custody=export.custody,
-        messages=len(export.messages),
-        message_bytes=sum(len(m.data()) for m in export.messages),
-        inbox=inbox,
-    )
-    # What is sealed must be what a destination admits: the record through the seal's own
-    # decode, the inbox lines here.
+    written: list[tuple[bytes, ChannelState]] = []
     try:
+        for c in export.channels:
+            lines = encode_inbox(c.messages)
+            state = ChannelState(
+                channel=c.channel,
+                durable=c.durable,
+                messages=len(c.messages),
+                message_bytes=sum(len(m.data()) for m in c.messages),
+                posts=write_file_exclusive(seat_dir, channel_file(c.channel), lines),
+            )
+            written.append((lines, state))
+        record = SpaceRecord(
+            broker_id=export.broker_id,
+            durable=export.durable,
+            custody=export.custody,
+            messages=len(export.messages),
+            message_bytes=sum(len(m.data()) for m in export.messages),
+            inbox=inbox,
+            channels=[state for _, state in written],
+        )
+        # What is sealed must be what a destination admits: the record through the seal's own
+        # decode, the carried lines here.
         decode_inbox(data, record)
+        for lines, state in written:
+            decode_inbox(lines, state)
     except ValueError as exc:
         raise Refusal(
             Code.INBOX_UNEXPORTABLE,
@@ -338,7 +354,8 @@ async def capture_seat(
         bytes=_refs_bytes(repository)
         + sum(s.file.bytes for s in store)
         + (pointer.file.bytes if pointer else 0)
-        + (space_state.inbox.bytes if space_state else 0),
+        + (space_state.inbox.bytes if space_state else 0)
+        + (sum(c.posts.bytes for c in space_state.channels) if space_state else 0),
         timings_ms={
             "repository": int((t_repo - t0) * 1000),
             "session": int((t_session - t_repo) * 1000),

@@ -33,11 +33,13 @@ from protocol.checkpoint import (
     MAX_CARRIED_MESSAGES,
     MAX_MESSAGE_HEADER_BYTES,
     AttemptManifest,
+    ChannelState,
     FileRef,
     InboxOverCap,
     InboxReader,
     ManifestSeat,
     SeatCheckpoint,
+    SpaceRecord,
     checkpoint_files,
     decode_manifest,
     decode_seat_checkpoint,
@@ -239,15 +241,22 @@ def verify_seat_files(seat_dir: Path, record: SeatCheckpoint) -> None:
     refs = checkpoint_files(record)
     _check_exact_entries(Path(seat_dir), {CHECKPOINT_FILE, *(ref.file for ref in refs)})
     space = record.space_state
-    if space is not None and space.inbox.bytes > INBOX_FILE_CAP:
-        raise _inbox_too_large(
-            Path(seat_dir) / space.inbox.file,
-            f"its record names {space.inbox.bytes} bytes, more than the {INBOX_FILE_CAP} a "
-            "checkpoint's inbox can be",
-        )
+    # Each carried file is proven against the part of the record that names it as it is hashed.
+    carried: dict[str, SpaceRecord | ChannelState] = {}
+    if space is not None:
+        carried[space.inbox.file] = space
+        carried.update((c.posts.file, c) for c in space.channels)
+    for part in carried.values():
+        ref = part.inbox if isinstance(part, SpaceRecord) else part.posts
+        if ref.bytes > INBOX_FILE_CAP:
+            raise _inbox_too_large(
+                Path(seat_dir) / ref.file,
+                f"its record names {ref.bytes} bytes, more than the {INBOX_FILE_CAP} a "
+                "checkpoint's carried messages can be",
+            )
     for ref in refs:
-        inbox = InboxReader(space, keep=False) if space is not None and ref == space.inbox else None
-        verify_file(Path(seat_dir), ref, inbox)
+        found = carried.get(ref.file)
+        verify_file(Path(seat_dir), ref, None if found is None else InboxReader(found, keep=False))
 
 
 def verify_integrity(

@@ -17,7 +17,7 @@ import msgspec
 
 from connectors.base import continuity_class
 from manager import registry
-from manager.broker import custody, space
+from manager.broker import custody, frontier, space
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
 from manager.checkpoint import cut
@@ -120,7 +120,7 @@ async def _broker_reads(layout: Layout, inventory: Inventory) -> dict[str, Space
             broker_id = await space.broker_identity(await custody.custody_kv(js, inventory.space))
         with phase("offline capture (inboxes)"):
             return {
-                agent.name: await space.export_space(
+                agent.name: await frontier.export_seat_space(
                     js, inventory.space, agent, held[agent.name], broker_id
                 )
                 for agent in inventory.agents

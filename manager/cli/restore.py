@@ -33,7 +33,7 @@ from nats.js import JetStreamContext
 
 from connectors.privatefs import ensure_private_dir, read_stable
 from manager import concurrency, eventloop, failpoint, registry
-from manager.broker import custody, embedded
+from manager.broker import custody, embedded, frontier
 from manager.broker.connection import LazyConnection
 from manager.broker.evict import AccountConnz, ConnectionList, MonitorEndpoint, evict_ghosts
 from manager.broker.footprint import default_replicas
@@ -62,7 +62,7 @@ from manager.workspace.journal import Journal, write_resume_document
 from manager.workspace.layout import Layout
 from manager.workspace.lock import MaintenanceLock
 from protocol import control
-from protocol.checkpoint import CarriedMessage, decode_inbox
+from protocol.checkpoint import CarriedMessage, ChannelState, FileRef, SpaceRecord, decode_inbox
 from protocol.errors import Refusal
 from protocol.instant import file_stamp
 from protocol.inventory import Inventory, encode_inventory
@@ -119,34 +119,55 @@ def _replicas(args: argparse.Namespace, broker: BrokerRef) -> int:
     return int(args.replicas) if args.replicas else default_replicas(broker.server)
 
 
-def _read_inboxes(adm: admit.Admission) -> dict[str, list[CarriedMessage]]:
+@dataclasses.dataclass(frozen=True)
+class CarriedSpace:
+    """One seat's carried messages, as admitted: its inbox, and each subscribed channel's posts
+    above its frontier."""
+
+    inbox: list[CarriedMessage]
+    posts: dict[str, list[CarriedMessage]]
+
+
+def _read_carried(
+    path: Path, ref: FileRef, part: SpaceRecord | ChannelState, name: str
+) -> list[CarriedMessage]:
+    data = read_stable(path, cap=ref.bytes, what="carried inbox").data
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != ref.bytes or digest != ref.sha256:
+        raise Refusal(
+            Code.INTEGRITY,
+            f"checkpoint integrity: {path} changed after admission (now {len(data)} bytes "
+            f"hashing to {digest})",
+            "retry once nothing writes to the checkpoint; nothing was changed",
+        )
+    try:
+        return decode_inbox(data, part)
+    except ValueError as exc:
+        raise Refusal(
+            Code.INTEGRITY,
+            f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
+            "copy the attempt directory again from the source host, or cut a new checkpoint; "
+            "nothing was changed",
+        ) from None
+
+
+def _read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:
     """Each seat's carried messages, re-hashed as they are read (gate 1 hashed them a moment
     ago; the import must use exactly those bytes) and proven to match their record."""
     dirs = {s.name: s.dir for s in adm.manifest.seats}
-    out: dict[str, list[CarriedMessage]] = {}
+    out: dict[str, CarriedSpace] = {}
     for name, record in adm.records.items():
         state = record.space_state
         if state is None:
             continue
-        path = adm.attempt_dir / dirs[name] / state.inbox.file
-        data = read_stable(path, cap=state.inbox.bytes, what="carried inbox").data
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != state.inbox.bytes or digest != state.inbox.sha256:
-            raise Refusal(
-                Code.INTEGRITY,
-                f"checkpoint integrity: {path} changed after admission (now {len(data)} bytes "
-                f"hashing to {digest})",
-                "retry once nothing writes to the checkpoint; nothing was changed",
-            )
-        try:
-            out[name] = decode_inbox(data, state)
-        except ValueError as exc:
-            raise Refusal(
-                Code.INTEGRITY,
-                f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
-                "copy the attempt directory again from the source host, or cut a new checkpoint; "
-                "nothing was changed",
-            ) from None
+        seat_dir = adm.attempt_dir / dirs[name]
+        out[name] = CarriedSpace(
+            inbox=_read_carried(seat_dir / state.inbox.file, state.inbox, state, name),
+            posts={
+                c.channel: _read_carried(seat_dir / c.posts.file, c.posts, c, name)
+                for c in state.channels
+            },
+        )
     return out
 
 
@@ -519,7 +540,7 @@ class _Admitted:
 
     admission: admit.Admission
     signer: dict[str, Any]
-    inboxes: dict[str, list[CarriedMessage]]
+    inboxes: dict[str, CarriedSpace]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -675,7 +696,7 @@ async def _resume_locked(
     broker: BrokerRef,
     embedded_info: embedded.BrokerInfo | None,
     consents: list[Consent],
-    inboxes: dict[str, list[CarriedMessage]],
+    inboxes: dict[str, CarriedSpace],
     warm: WarmManager | None = None,
     *,
     adopting: bool = False,
@@ -686,7 +707,8 @@ async def _resume_locked(
     attempt = adm.manifest.attempt_id
     inventory = adm.inventory
     # Read before anything is journaled or claimed, as the recency gate read it.
-    horizon_s = registry.load_config(layout.root).recency.horizon_s
+    config = registry.load_config(layout.root)
+    horizon_s = config.recency.horizon_s
     journal = Journal(layout)
     record = journal.load() if layout.journal.exists() else None
     action = rerun(record.state if record is not None else None, "restore")
@@ -809,6 +831,7 @@ async def _resume_locked(
             inboxes,
             shared=shared,
             horizon_s=horizon_s,
+            channels=config.channels,
         )
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker passes to the manager's mesh record as it runs.
@@ -865,10 +888,11 @@ async def _import_inboxes(
     adm: admit.Admission,
     js: JetStreamContext,
     broker: BrokerRef,
-    inboxes: dict[str, list[CarriedMessage]],
+    inboxes: dict[str, CarriedSpace],
     *,
     shared: bool,
     horizon_s: int,
+    channels: registry.ChannelsConfig,
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name, record in adm.records.items():
@@ -882,7 +906,7 @@ async def _import_inboxes(
                 name,
                 record.lifecycle_uid,
                 state.durable,
-                inboxes[name],
+                inboxes[name].inbox,
                 attempt_id=adm.manifest.attempt_id,
                 shared=shared,
                 replicas=_replicas(args, broker),
@@ -898,6 +922,39 @@ async def _import_inboxes(
                 f"{name}: inbox rebuilt at sequence {done.start_seq} with {done.republished} "
                 f"carried message(s) ({done.duplicates} already here)"
             )
+        frontiers = []
+        for c in state.channels:
+            with phase(f"channel import ({name} #{c.channel})"):
+                got = await frontier.import_frontier(
+                    js,
+                    adm.manifest.space,
+                    name,
+                    record.lifecycle_uid,
+                    c,
+                    inboxes[name].posts[c.channel],
+                    attempt_id=adm.manifest.attempt_id,
+                    shared=shared,
+                    history=channels.history,
+                    max_age_s=channels.max_age_s,
+                    replicas=_replicas(args, broker),
+                    horizon_s=horizon_s,
+                )
+            if got.kept:
+                _say(f"{name}: #{c.channel} frontier already at this broker; kept")
+            else:
+                _say(
+                    f"{name}: #{c.channel} frontier rebuilt at sequence {got.start_seq} with "
+                    f"{got.republished} unread post(s), on the seat's own subject"
+                )
+            frontiers.append(
+                {
+                    "channel": c.channel,
+                    "kept": got.kept,
+                    "startSeq": got.start_seq,
+                    "republished": got.republished,
+                    "duplicates": got.duplicates,
+                }
+            )
         out.append(
             {
                 "name": name,
@@ -905,6 +962,7 @@ async def _import_inboxes(
                 "startSeq": done.start_seq,
                 "republished": done.republished,
                 "duplicates": done.duplicates,
+                "channels": frontiers,
             }
         )
     return out

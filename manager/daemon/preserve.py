@@ -26,7 +26,7 @@ import msgspec
 import structlog
 
 from manager import concurrency, failpoint, registry
-from manager.broker import custody, space
+from manager.broker import custody, frontier, space
 from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
@@ -539,7 +539,7 @@ class Preservation:
         agent, seat = item
         # Read only now: the seat is proven stopped, so its ack floor no longer moves.
         with phase(f"inbox export ({agent.name})"):
-            carried = await space.export_space(
+            carried = await frontier.export_seat_space(
                 mgr.js, mgr.space, agent, self.custody_held[agent.name], broker_id
             )
         summary = await cut.capture_seat(

@@ -451,8 +451,9 @@ _RESTORE_READ = (
     "try:\n"
     "    adm = admit.integrity(Path(sys.argv[1]), trusted_keys=[sys.argv[2]])\n"
     "    inboxes = _read_inboxes(adm)\n"
-    "    out = {'messages': {k: len(v) for k, v in inboxes.items()},\n"
-    "           'headers': {k: sorted({len(m.headers) for m in v}) for k, v in inboxes.items()}}\n"
+    "    out = {'messages': {k: len(v.inbox) for k, v in inboxes.items()},\n"
+    "           'headers': {k: sorted({len(m.headers) for m in v.inbox})\n"
+    "                       for k, v in inboxes.items()}}\n"
     "except Refusal as exc:\n"
     "    out = {'code': exc.code, 'error': exc.text}\n"
     # VmHWM is this image's own peak; ru_maxrss would include the parent's at the fork.
