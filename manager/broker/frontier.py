@@ -18,6 +18,7 @@ subscribers into one stream stays two messages, one on each seat's subject.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from manager.broker.space import (
     _read_from,
     _republish,
     _Totals,
+    check_exportable,
     durable_record,
     export_space,
     keeps_durable,
@@ -64,6 +66,27 @@ class FrontierImported:
     start_seq: int
     republished: int = 0
     duplicates: int = 0
+
+
+async def check_seat_exportable(
+    js: JetStreamContext, space: str, seat: str, uid: str, subscribed: Sequence[str]
+) -> None:
+    """At prepare, before anything stops: the seat's inbox and its unread posts in the channels
+    it subscribes fit in one checkpoint (by count; the export enforces bytes, and the exact
+    count, again)."""
+    queued = await check_exportable(js, space, seat, uid)
+    stream = names.chan_stream(space)
+    for channel in subscribed:
+        durable = names.chathist_durable(names.SEAT_OWNER, seat, uid, channel)
+        try:
+            info = await riding_elections(
+                f"durable {durable}", functools.partial(js.consumer_info, stream, durable)
+            )
+        except NotFoundError:
+            continue
+        queued += int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+        if queued > MAX_CARRIED_MESSAGES:
+            raise _too_many(seat, channel, f"{queued} messages")
 
 
 def _too_many(seat: str, channel: str, what: str) -> Refusal:

@@ -146,9 +146,10 @@ def _too_large(seat: str, what: str) -> Refusal:
     )
 
 
-async def check_exportable(js: JetStreamContext, space: str, seat: str, uid: str) -> None:
+async def check_exportable(js: JetStreamContext, space: str, seat: str, uid: str) -> int:
     """At prepare, before anything stops: the durable is there and its inbox is not beyond what
-    a checkpoint carries (by count; the export enforces bytes, and the exact count, again)."""
+    a checkpoint carries (by count; the export enforces bytes, and the exact count, again).
+    Returns the messages queued in it."""
     stream = names.dm_stream(space)
     durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
     try:
@@ -165,6 +166,7 @@ async def check_exportable(js: JetStreamContext, space: str, seat: str, uid: str
     queued = (info.num_pending or 0) + (info.num_ack_pending or 0)
     if queued > MAX_CARRIED_MESSAGES:
         raise _too_large(seat, f"{queued} messages")
+    return int(queued)
 
 
 @dataclass

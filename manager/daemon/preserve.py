@@ -188,8 +188,12 @@ class Preservation:
         await self._preflight(inventory, jobs)
         await self._read_custody(inventory, jobs)
         exportable = await concurrency.ordered_map(
-            lambda agent: space.check_exportable(
-                self.mgr.js, self.mgr.space, agent.name, agent.identity.lifecycle_uid
+            lambda agent: frontier.check_seat_exportable(
+                self.mgr.js,
+                self.mgr.space,
+                agent.name,
+                agent.identity.lifecycle_uid,
+                agent.launch.subscribe,
             ),
             inventory.agents,
             jobs,

@@ -5,6 +5,7 @@ checkpoint was cut from, the durable is left in place. Real brokers, real proces
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +16,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from manager.broker import channels, embedded, frontier
+from manager.broker.footprint import ensure_dm_durable, ensure_dm_stream
 from manager.checkpoint.reader import read_seat_checkpoint
 from protocol import meshcall, names
 from protocol.checkpoint import (
@@ -25,7 +27,8 @@ from protocol.checkpoint import (
     decode_inbox,
     decode_seat_checkpoint,
 )
-from protocol.errors import DecodeError
+from protocol.codec import encode_json
+from protocol.errors import DecodeError, Refusal
 from tests.conftest import Cli
 from tests.gitrepo import git, init_repo, write
 from tests.helpers import broker, broker_at, carry_to_new_host, refused, wait_until
@@ -213,10 +216,37 @@ async def test_the_frontier_and_the_inbox_share_one_cap(
         await _subscribe(ja, "b", uid)
         for n in range(3):
             await channels.publish_post(ja, SPACE, _post(n, f"p{n}"))
-        with pytest.raises(Exception) as caught:
+        with pytest.raises(Refusal) as caught:
             await frontier.export_frontier(ja, SPACE, "b", uid, "plan", room=(2, 1 << 20))
-        assert getattr(caught.value, "code", None) == "inbox-too-large"
-        assert "more than 2 posts by #plan" in str(caught.value)
+        assert caught.value.code == "inbox-too-large"
+        assert "its inbox and channels hold more than 2 posts by #plan" in caught.value.message
+        # The refused read left no reader of its own behind at the broker.
+        info = await ja.stream_info(names.chan_stream(SPACE))
+        assert info.state.consumer_count == 1
+
+
+async def test_a_cut_that_cannot_carry_a_frontier_refuses_before_anything_stops(
+    two_brokers: tuple[embedded.BrokerInfo, embedded.BrokerInfo],
+) -> None:
+    a, _ = two_brokers
+    uid = names.mint_lifecycle_uid()
+    async with js_at(a) as ja:
+        await ensure_dm_stream(ja, SPACE)
+        await ensure_dm_durable(ja, SPACE, names.SEAT_OWNER, "b", uid)
+        await channels.ensure_chan_stream(ja, SPACE, history=20_000, max_age_s=MAX_AGE_S)
+        await channels.ensure_chathist_durable(ja, SPACE, names.SEAT_OWNER, "b", uid, "plan")
+        await frontier.check_seat_exportable(ja, SPACE, "b", uid, ["plan"])
+        acks = [
+            await ja.publish_async(
+                "cotal.main.chan.plan", encode_json(_post(n, f"p{n}")), stream="CHAN_main"
+            )
+            for n in range(10_001)
+        ]
+        await asyncio.gather(*acks)
+        with pytest.raises(Refusal) as caught:
+            await frontier.check_seat_exportable(ja, SPACE, "b", uid, ["plan"])
+        assert caught.value.code == "inbox-too-large"
+        assert "its inbox and channels hold 10001 messages by #plan" in caught.value.message
 
 
 def _workspace(repo: Path) -> None:

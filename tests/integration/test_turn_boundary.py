@@ -206,7 +206,7 @@ async def test_a_300s_turn_is_cut_at_a_2s_drain_and_answered_once_after_the_resu
     # The checkpoint carries the unacknowledged message in the seat's inbox.
     checkpoint = Path(result["checkpointDir"])
     adm = admit.integrity(checkpoint, trusted_keys=[signer_key(cli.root)])
-    [carried] = _read_inboxes(adm)["deep"]
+    [carried] = _read_inboxes(adm)["deep"].inbox
     assert json.loads(base64.b64decode(carried.payload))["id"] == sent["id"]
 
     copy = carry_to_new_host(cli.root, checkpoint, tmp_path)
