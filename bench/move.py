@@ -53,6 +53,7 @@ import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -466,6 +467,51 @@ async def carry_floor(
     }
 
 
+# What a pre-copied move must still do between the fence and the seat's start, in shell: read
+# the tree's changes at the source, then lay them onto a checkout of HEAD the destination made
+# before the fence (the seed's staging tree), with the record's own commands.
+WINDOW_CAPTURE = r"""set -e
+cd "$1"
+git diff --binary --cached > "$2/index.diff"
+git diff --binary > "$2/worktree.diff"
+git ls-files --others --exclude-standard -z | tar --null --files-from=- -cf "$2/untracked.tar"
+cd "$2"
+sha256sum index.diff worktree.diff untracked.tar > sums
+"""
+WINDOW_RESTORE = r"""set -e
+cd "$2"
+sha256sum -c --quiet sums
+cd "$1"
+git apply --binary --allow-empty --index "$2/index.diff"
+git apply --binary --allow-empty "$2/worktree.diff"
+tar -xf "$2/untracked.tar"
+git update-index -q --refresh >/dev/null || true
+"""
+
+
+def window_floor(scratch: Path, env: dict[str, str], repo: Path) -> dict[str, float]:
+    """The least a pre-copied move of `repo` does inside its window: the capture of the
+    changes on top of HEAD, and their restore onto a checkout of HEAD made beforehand."""
+    out = scratch / "window"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    carried, staged = out / "carried", out / "staged"
+    carried.mkdir()
+    head = git(repo, env, "rev-parse", "HEAD").decode().strip()
+    git(out, env, "clone", "-q", "--no-checkout", str(repo), str(staged))
+    git(staged, env, "checkout", "-q", "--detach", head)
+
+    def shell(script: str, *paths: Path) -> float:
+        t0 = time.perf_counter()
+        subprocess.run(["bash", "-c", script, "bash", *map(str, paths)], env=env, check=True)
+        return time.perf_counter() - t0
+
+    capture_s = shell(WINDOW_CAPTURE, repo, carried)
+    restore_s = shell(WINDOW_RESTORE, staged, carried)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"windowCaptureMs": ms(capture_s), "windowRestoreMs": ms(restore_s)}
+
+
 # -- the run ------------------------------------------------------------------------------------
 
 
@@ -530,7 +576,9 @@ async def bench(
         for _ in range(FLOOR_REPS):
             for seat in (SMALL, BIG):
                 repo = Path(after[seat]["cwd"])
-                floors[seat].append(await carry_floor(scratch, env, traffic.js, repo))
+                floor = await carry_floor(scratch, env, traffic.js, repo)
+                floor.update(await anyio.to_thread.run_sync(window_floor, scratch, env, repo))
+                floors[seat].append(floor)
     finally:
         await nc.close()
     doc["series"] = series
@@ -667,6 +715,9 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
     small, big = out[SMALL], out[BIG]
     floor_extra = doc["floor"][BIG]["sumMs"] - doc["floor"][SMALL]["sumMs"]
     window_extra = doc["floor"][BIG]["checkoutMs"] - doc["floor"][SMALL]["checkoutMs"]
+    # The seed checks HEAD out before the fence, so what stays inside is the changes' round trip.
+    changes = ("windowCaptureMs", "windowRestoreMs")
+    changes_extra = sum(doc["floor"][BIG][k] - doc["floor"][SMALL][k] for k in changes)
     out["goals"] = {
         "smallDowntimeMedianMs": small["downtimeMs"]["medianMs"],
         "smallDowntimeGoalMet": small["downtimeMs"]["medianMs"] <= DOWNTIME_GOAL_MS,
@@ -688,6 +739,10 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
         "precopyFloorExtraMs": round(window_extra, 1),
         "precopyFloorRatio": round(
             (small["downtimeMs"]["medianMs"] + window_extra) / small["downtimeMs"]["medianMs"], 2
+        ),
+        "changesFloorExtraMs": round(changes_extra, 1),
+        "changesFloorRatio": round(
+            (small["downtimeMs"]["medianMs"] + changes_extra) / small["downtimeMs"]["medianMs"], 2
         ),
         "othersFailedSends": doc["others"]["failedSends"],
         "othersRestarts": doc["others"]["restarts"],
@@ -742,6 +797,10 @@ def print_table(doc: dict[str, Any]) -> None:
         "  sum: bundle + put + the faster get + unbundle and checkout (all inside the window "
         "without pre-copy); checkout: what stays inside it with pre-copy\n"
     )
+    out("\n  floor of the tree's changes (ms)   capture  restore onto a checkout of HEAD\n")
+    for seat in (SMALL, BIG):
+        f = fl[seat]
+        out(f"  {seat:<8} {f['windowCaptureMs']:>32.0f} {f['windowRestoreMs']:>8.0f}\n")
     o = doc["others"]
     out("\n  other seats' round trips (ms)     n  failed    p50     p99     max\n")
     for key in ("without", "duringMoves", f"during_{SMALL}", f"during_{BIG}", "betweenMoves"):
@@ -770,6 +829,7 @@ def print_table(doc: dict[str, Any]) -> None:
          g["smallDowntimeGoalMet"]),
         ("big / small downtime", f"{g['bigOverSmall']:.2f}x", "<= 1.3x", g["bigGoalMet"]),
         ("  floor with pre-copy", f"{g['precopyFloorRatio']:.2f}x", "", None),
+        ("  floor of the changes alone", f"{g['changesFloorRatio']:.2f}x", "", None),
         ("  floor without pre-copy", f"{g['floorRatio']:.2f}x", "", None),
         ("others: failed sends", str(g["othersFailedSends"]), "0",
          g["othersFailedSends"] == 0),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import hashlib
 import json
 import os
 import secrets
@@ -34,7 +33,9 @@ from nats.aio.msg import Msg
 
 from connectors.interpreter import own_python
 from manager.broker import carry
+from manager.broker.precopyfetch import decode_fetched, size_and_digest
 from manager.checkpoint.chain import grow_seed, precopy_file, precopy_seed, sweep_precopies
+from manager.checkpoint.gitstate import BACKGROUND
 from manager.workspace.journal import Journal
 from manager.workspace.private import ensure_private_dir, fsync_dir
 from manager.workspace.trust import read_trusted
@@ -50,6 +51,8 @@ log = structlog.get_logger("cotal.move")
 
 # The whole adoption of a carried checkpoint by this root's own coordinator.
 ADOPT_TIMEOUT_S = 300.0
+# A pre-copied history's fetch and hashing, by its child (manager/broker/precopyfetch.py).
+PRECOPY_FETCH_S = 300.0
 
 
 class Mover:
@@ -159,8 +162,7 @@ class Mover:
             part = store / f"shipping-{pre.sha256}.{stamp}.part"
             growing = store / f"seeding-{pre.sha256}.{stamp}.part"
             try:
-                await carry.get_into(self.mgr.js, self.mgr.space, pre.object, part)
-                size, digest = await anyio.to_thread.run_sync(_size_and_digest, part)
+                size, digest = await self._fetch_precopy(pre.object, part)
                 if size != pre.bytes or digest != pre.sha256:
                     raise Refusal(
                         Code.INTEGRITY,
@@ -185,6 +187,38 @@ class Mover:
                 )
         log.info("move.precopied", seat=pre.seat, source=pre.source, bytes=pre.bytes)
         return move.MoveAnswer(ok=True)
+
+    async def _fetch_precopy(self, name: str, part: Path) -> tuple[int, str]:
+        """The object into `part` by a child at background niceness, off this manager's event
+        loop (manager/broker/precopyfetch.py): its size and digest as the child hashed it."""
+        mgr = self.mgr
+        argv = [
+            *BACKGROUND,
+            *own_python("manager.broker.precopyfetch"),
+            str(mgr.layout.root),
+            mgr.space,
+            name,
+            str(part),
+        ]
+        try:
+            with anyio.fail_after(PRECOPY_FETCH_S):
+                done = await anyio.run_process(argv, check=False)
+        except TimeoutError:
+            detail = f"the fetch did not end within {PRECOPY_FETCH_S:g}s"
+        else:
+            if done.returncode == 0:
+                try:
+                    fetched = decode_fetched(done.stdout)
+                    return fetched.bytes, fetched.sha256
+                except DecodeError as exc:
+                    detail = exc.message
+            else:
+                detail = done.stderr.decode(errors="replace").strip()[-2000:]
+        raise Refusal(
+            Code.MOVE_FAILED,
+            f"the pre-copied history {name} could not be fetched from the move bucket: {detail}",
+            "rerun `cotal move` at the source: it ships the history again",
+        )
 
     def _check_signed(self, pre: move.MovePrecopy) -> None:
         trusted = {s.key for s in read_trusted(self.mgr.layout)}
@@ -241,7 +275,7 @@ class Mover:
         # Chunk by chunk into the file, the whole hashed beside the event loop: a big seat's
         # fetch must not stall this manager's other seats.
         await carry.get_into(mgr.js, mgr.space, offer.object, path)
-        size, digest = await anyio.to_thread.run_sync(_size_and_digest, path)
+        size, digest = await anyio.to_thread.run_sync(size_and_digest, path)
         if size != offer.bytes or digest != offer.sha256:
             path.unlink(missing_ok=True)
             raise Refusal(
@@ -285,15 +319,6 @@ class Mover:
 def _promote(part: Path, final: Path) -> None:
     os.rename(part, final)
     fsync_dir(final.parent)
-
-
-def _size_and_digest(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
 
 
 def msgspec_raw(stdout: bytes) -> msgspec.Raw:

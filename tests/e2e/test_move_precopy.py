@@ -14,6 +14,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import move, names
+from tests.ckpt import source_identity
 from tests.conftest import Cli, SharedBroker
 from tests.e2e.test_move import failing_destination, server_of, two_roots  # noqa: F401  (the fixture)
 from tests.gitrepo import git, init_repo, tree_digest, write
@@ -117,10 +118,17 @@ async def test_a_destination_indexes_only_history_a_trusted_source_signed(
     untrusted = msgspec.structs.replace(pre, signature=signed)
     # A's key, which B trusts, named without A's signature.
     forged = msgspec.structs.replace(pre, signer=signer_key(a.root), signature=signed)
+    # Signed by A, naming an object the move bucket does not hold: B's fetch child says so.
+    ident = source_identity(a.root)
+    unsigned = msgspec.structs.replace(pre, signer=ident.public_key_b64)
+    missing = msgspec.structs.replace(
+        unsigned,
+        signature=base64.b64encode(ident.sign(move.precopy_payload(space, unsigned))).decode(),
+    )
     nc = await nats.connect(shared_broker.url, nkeys_seed=shared_broker.creds)
     try:
         answers = {}
-        for label, record in (("untrusted", untrusted), ("forged", forged)):
+        for label, record in (("untrusted", untrusted), ("forged", forged), ("missing", missing)):
             msg = await nc.request(
                 names.move_subject(space, to_b, "precopy"), move.encode(record), timeout=10
             )
@@ -129,6 +137,11 @@ async def test_a_destination_indexes_only_history_a_trusted_source_signed(
         await nc.close()
     assert (answers["untrusted"].ok, answers["untrusted"].code) == (False, "untrusted-signer")
     assert (answers["forged"].ok, answers["forged"].code) == (False, "bad-signature")
+    assert (answers["missing"].ok, answers["missing"].code) == (False, "move-failed")
+    assert answers["missing"].message is not None
+    assert answers["missing"].message.startswith(
+        f"the pre-copied history {pre.object} could not be fetched from the move bucket: "
+    )
     assert precopied(b) == []
 
 
