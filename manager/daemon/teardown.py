@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import anyio
+import nats.errors
 import structlog
 
 from manager.broker import channels, custody, deadletter, footprint
@@ -29,11 +30,41 @@ async def free(mgr: Manager, seat: Seat) -> None:
         await deprovision(mgr, seat)
 
 
+# How long a deprovision waits for a connection the client lost to come back (a cluster's
+# client moves to another node well within it) before it leaves the broker's part undone.
+RECONNECT_GRACE_S = 2.0
+JS_INFO = "$JS.API.INFO"
+
+
+async def _connected(mgr: Manager) -> bool:
+    """Whether the broker answers the manager within the grace: a JetStream API request (one
+    the manager may always make) answered, even by "no responders", proves a live broker; a
+    client that lost its connection answers once it has another. Without an answer, every
+    broker call would ride the whole election budget for nothing: no election brings back a
+    broker that is gone (an embedded one killed, a host down)."""
+    try:
+        with anyio.fail_after(RECONNECT_GRACE_S + 1.0):
+            await mgr.nc.request(JS_INFO, b"", timeout=RECONNECT_GRACE_S)
+    except nats.errors.NoRespondersError:
+        return True
+    except (nats.errors.Error, TimeoutError):
+        return False
+    return True
+
+
 async def deprovision(mgr: Manager, seat: Seat) -> str | None:
     """Exactly this seat's durable, its dead letters, its presence and its pointer. Returns why
     the durable could not be deleted, or None once it is gone."""
     durable_error: str | None = None
     with anyio.CancelScope(shield=True):
+        if not await _connected(mgr):
+            # The record is kept (the caller says so): the next manager takes the seat back and
+            # deletes what is left once the broker is back.
+            log.error("durable.delete_skipped", seat=seat.name, reason="broker not answering")
+            return (
+                f"the broker did not answer the manager within {RECONNECT_GRACE_S:g}s, "
+                "so nothing at the broker was deleted"
+            )
         try:
             await deadletter.purge_seat(mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid)
             mgr.dead_counts.pop(seat.uid, None)
