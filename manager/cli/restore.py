@@ -120,13 +120,17 @@ def _replicas(args: argparse.Namespace, broker: BrokerRef) -> int:
 
 
 def _read_inboxes(adm: admit.Admission) -> dict[str, list[CarriedMessage]]:
-    """Each seat's carried messages, re-hashed as they are read (gate 1 hashed them a moment
-    ago; the import must use exactly those bytes) and proven to match their record."""
+    """Each seat's carried messages: as admission's inbox check read them (hashed as they were
+    read and proven against their record, so exactly the sealed bytes), or, for an admission
+    that kept none, re-hashed as they are read here and proven to match their record."""
     dirs = {s.name: s.dir for s in adm.manifest.seats}
     out: dict[str, list[CarriedMessage]] = {}
     for name, record in adm.records.items():
         state = record.space_state
         if state is None:
+            continue
+        if name in adm.inboxes:
+            out[name] = adm.inboxes[name]
             continue
         path = adm.attempt_dir / dirs[name] / state.inbox.file
         data = read_stable(path, cap=state.inbox.bytes, what="carried inbox").data
