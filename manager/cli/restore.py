@@ -23,9 +23,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -98,6 +99,9 @@ def _say(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 NO_FENCE_NOTE = (
     "cotal: note: this destination does not share the source's broker, so no fence can stop "
@@ -804,21 +808,25 @@ async def _resume_locked(
     inbox: list[dict[str, Any]] = []
     restored: list[dict[str, Any]] = []
     if not relaunch:
-        # Under custody, before the manager starts: its lifecycle proof needs each durable here.
-        inbox = await _import_inboxes(
-            args,
-            adm,
-            js,
-            broker,
-            inboxes,
-            shared=shared,
-            horizon_s=horizon_s,
+        # Both under custody and before the manager starts (its lifecycle proof needs each
+        # durable here, and each seat its tree). The import waits on the broker and the restore
+        # on git, and neither touches what the other does, so each runs beside the other.
+        inbox, restored = await _beside(
+            functools.partial(
+                _import_inboxes,
+                args,
+                adm,
+                js,
+                broker,
+                inboxes,
+                shared=shared,
+                horizon_s=horizon_s,
+            ),
+            functools.partial(_restore_all, layout, adm),
         )
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker passes to the manager's mesh record as it runs.
     await conn.aclose()
-    if not relaunch:
-        restored = await _restore_all(layout, adm)
     failpoint.reached("resume.after-trees-restored", layout.root)
     if adopting:
         _say("handing the seats to the running manager (its other seats carry on)")
@@ -862,6 +870,30 @@ async def _resume_locked(
         "consents": [msgspec.to_builtins(c) for c in consents],
         "resumed": resumed,
     }
+
+
+async def _beside(
+    first: Callable[[], Awaitable[A]], second: Callable[[], Awaitable[B]]
+) -> tuple[A, B]:
+    """Both run to their end, whatever the other does: neither is left half done to be taken
+    up again by a rerun. The first's failure is the one raised when both fail, as it would be
+    one after the other."""
+    results: dict[str, Any] = {}
+    failed: dict[str, Exception] = {}
+
+    async def run(key: str, step: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            results[key] = await step()
+        except Exception as exc:
+            failed[key] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "first", first)
+        tg.start_soon(run, "second", second)
+    failure = failed.get("first") or failed.get("second")
+    if failure is not None:
+        raise failure
+    return results["first"], results["second"]
 
 
 async def _import_inboxes(
