@@ -598,7 +598,9 @@ _NOT_LITERAL = re.compile("[ \t\r\n\x00*>]")
 _HEADER_BREAK = re.compile("[\r\n\x00]")
 
 
-class CarriedMessage(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+class CarriedMessage(
+    msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, gc=False
+):
     """One inbox message as the source stream held it: its original sequence, subject, headers
     (with `Nats-Msg-Id`, so a republish into a broker that still holds it is a duplicate) and
     payload, base64."""

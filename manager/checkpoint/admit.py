@@ -38,6 +38,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
 from connectors.privatefs import (
     DIR_MODE,
@@ -269,9 +271,11 @@ def integrity(
     )
 
 
-@dataclass(frozen=True)
-class _Carried:
-    """Where a carried message id was first seen, to name both messages of a duplicate."""
+class _Carried(msgspec.Struct, frozen=True, gc=False):
+    """Where a carried message id was first seen, to name both messages of a duplicate. One
+    is kept for every message of an attempt, and holds nothing that could make a cycle: the
+    collector need not walk them (tens of thousands of tracked objects cost a full collection
+    in the middle of a restore)."""
 
     seat: str
     line: int
