@@ -77,6 +77,7 @@ from bench.common import (  # noqa: E402
     timed,
     tree_digest,
 )
+from connectors import isolate  # noqa: E402
 from manager import logs  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
 from manager.cli.mesh import control  # noqa: E402
@@ -717,6 +718,13 @@ def vs_side(tree: str) -> Side:
     python = path / ".venv" / "bin" / "python"
     if not (path / "manager" / "cli").is_dir() or not python.exists():
         raise SystemExit(f"--vs {tree}: not a cotal checkout with its own .venv")
+    private = next((t for t in isolate.SYSTEM_WRITE if path.is_relative_to(t)), None)
+    if private is not None:
+        # Found out otherwise only by the first resume's seat, which cannot exec the launcher.
+        raise SystemExit(
+            f"--vs {tree}: a seat's sandbox gives it a private {private}, so it could not run this "
+            "checkout's interpreter; put the checkout elsewhere"
+        )
     return Side("vs", str(python), path)
 
 

@@ -24,7 +24,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import anyio
+import msgspec
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext, api
 from nats.js.errors import (
@@ -70,8 +73,9 @@ _DROPPED_HEADER_PREFIX = "nats-expected-"
 EXPORT_BATCH = 512
 EXPORT_FETCH_S = 10.0
 EXPORT_READER_IDLE_S = 30.0
-# The import publishes a window of messages before it waits for their acks.
-IMPORT_WINDOW = 256
+# The import keeps up to a window of acks awaited while it publishes; none for
+# IMPORT_WINDOW_S is trouble, and what was in flight goes again one by one.
+IMPORT_WINDOW = 1024
 IMPORT_WINDOW_S = 30.0
 
 
@@ -361,52 +365,137 @@ async def _republish_one(
     js: JetStreamContext, space: str, stream: str, seat: str, m: CarriedMessage
 ) -> api.PubAck:
     async def publish() -> api.PubAck:
+        # A copy each time: nats-py adds its expected-stream header to the dict it is given.
         return await riding_elections(
             f"republish to {seat}",
-            lambda: js.publish(m.subject, m.data(), stream=stream, headers=m.headers or None),
+            lambda: js.publish(m.subject, m.data(), stream=stream, headers=dict(m.headers)),
         )
 
     return await retention.with_room(js, space, publish)
 
 
+class _PubAck(msgspec.Struct):
+    """A JetStream publish ack as the broker sends it; the fields it adds over time are not
+    read, as nats-py reads none it does not know."""
+
+    stream: str = ""
+    seq: int = 0
+    duplicate: bool | None = None
+    error: msgspec.Raw | None = None
+
+
+_pub_ack = msgspec.json.Decoder(_PubAck)
+
+
+def _client_of(js: JetStreamContext) -> NATS:
+    # JetStreamContext names no accessor for the connection it was made from. Its
+    # publish_async costs several times a core publish per message (a semaphore, a NUID, a
+    # future and a callback each, every ack parsed by json and a dataclass): for an inbox of
+    # thousands that is most of the import, so the import publishes on the connection itself.
+    nc: NATS = js._nc
+    return nc
+
+
+class _Acks:
+    """The acks of one pipelined run, by the index each was published under."""
+
+    def __init__(self, n: int, prefix: str) -> None:
+        self.got: list[api.PubAck | None] = [None] * n
+        self.cut = len(prefix)
+        self.sent = 0
+        self.answered = 0
+        self.failed = False
+        self.wake: anyio.Event | None = None
+        self.limit = 0
+
+    async def on_ack(self, msg: Msg) -> None:
+        try:
+            at = int(msg.subject[self.cut :])
+            ack = _pub_ack.decode(msg.data)
+        except (ValueError, msgspec.DecodeError):
+            # A status without a body (no stream answered) or an ack that cannot be read.
+            ack = None
+        if ack is None or ack.error is not None or ack.seq < 1 or not 0 <= at < len(self.got):
+            self.failed = True
+        elif self.got[at] is None:
+            self.got[at] = api.PubAck(stream=ack.stream, seq=ack.seq, duplicate=ack.duplicate)
+            self.answered += 1
+        if self.wake is not None and (self.failed or self.sent - self.answered <= self.limit):
+            self.wake.set()
+
+    async def until_at_most(self, outstanding: int) -> None:
+        """Until no more than `outstanding` acks are awaited, or one was refused; a wait with
+        no ack for IMPORT_WINDOW_S is TimeoutError."""
+        self.limit = outstanding
+        while not self.failed and self.sent - self.answered > outstanding:
+            self.wake = anyio.Event()
+            with anyio.fail_after(IMPORT_WINDOW_S):
+                await self.wake.wait()
+        self.wake = None
+
+
 async def _pipelined(
     js: JetStreamContext, stream: str, window: list[CarriedMessage]
-) -> list[api.PubAck] | None:
-    """One window published without waiting for each ack (one connection keeps their order);
-    None when any ack is missing or refused, for the window to go one by one instead."""
-    futures = []
+) -> tuple[list[api.PubAck], int]:
+    """`window` published in order on one connection (which keeps their order) with up to
+    IMPORT_WINDOW acks awaited at once. Returns the acks of the longest prefix that landed and
+    how many were sent: after a refused, unreadable or missing ack the rest of those sent may
+    have landed or not, and go again one by one."""
+    nc = _client_of(js)
+    prefix = nc.new_inbox() + "."
+    acks = _Acks(len(window), prefix)
+    sub = await nc.subscribe(prefix + "*", cb=acks.on_ack)
     try:
-        with anyio.fail_after(IMPORT_WINDOW_S):
-            for m in window:
-                futures.append(
-                    await js.publish_async(
-                        m.subject, m.data(), stream=stream, headers=dict(m.headers)
-                    )
-                )
-            return [await f for f in futures]
+        for at, m in enumerate(window):
+            if acks.failed:
+                break
+            headers = dict(m.headers)
+            headers[api.Header.EXPECTED_STREAM] = stream
+            await nc.publish(m.subject, m.data(), reply=f"{prefix}{at}", headers=headers)
+            acks.sent += 1
+            if acks.sent - acks.answered >= IMPORT_WINDOW:
+                await acks.until_at_most(IMPORT_WINDOW - 1)
+        await acks.until_at_most(0)
     except (TimeoutError, NatsError):
-        for f in futures:
-            f.cancel()
-        return None
+        pass
+    finally:
+        with anyio.CancelScope(shield=True), contextlib.suppress(NatsError):
+            await sub.unsubscribe()
+    landed: list[api.PubAck] = []
+    for ack in acks.got:
+        if ack is None:
+            break
+        landed.append(ack)
+    return landed, acks.sent
 
 
 async def _republish(
     js: JetStreamContext, space: str, stream: str, seat: str, messages: list[CarriedMessage]
 ) -> list[api.PubAck]:
-    """Every carried message republished in order, a window at a time. A window whose every
-    message has its id goes pipelined; any trouble in it (a full stream, a leaderless moment)
-    sends it again one by one with the retries of `_republish_one`, and the ids make what had
-    landed a duplicate that answers with its first sequence. A message without an id is never
-    pipelined: sent twice it would be stored twice."""
+    """Every carried message republished in order. A run of messages that each have an id goes
+    pipelined; any trouble in it (a full stream, a leaderless moment) sends what was in flight
+    again one by one with the retries of `_republish_one`, where the ids make what had landed
+    a duplicate that answers with its first sequence, and the run goes on pipelined after. A
+    message without an id is never pipelined: sent twice it would be stored twice."""
     acks: list[api.PubAck] = []
-    for at in range(0, len(messages), IMPORT_WINDOW):
-        window = messages[at : at + IMPORT_WINDOW]
-        landed = None
-        if all(m.headers.get("Nats-Msg-Id") for m in window):
-            landed = await _pipelined(js, stream, window)
-        if landed is None:
-            landed = [await _republish_one(js, space, stream, seat, m) for m in window]
+    at, n = 0, len(messages)
+    while at < n:
+        end = at
+        while end < n and messages[end].headers.get("Nats-Msg-Id"):
+            end += 1
+        if end == at:
+            acks.append(await _republish_one(js, space, stream, seat, messages[at]))
+            at += 1
+            continue
+        start = at
+        landed, sent = await _pipelined(js, stream, messages[start:end])
         acks += landed
+        at = start + len(landed)
+        if at < end:
+            # What was sent after the last ack that landed, and at least the one in trouble.
+            redo = max(start + sent, at + 1)
+            acks += [await _republish_one(js, space, stream, seat, m) for m in messages[at:redo]]
+            at = redo
     return acks
 
 

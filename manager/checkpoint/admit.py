@@ -38,6 +38,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
 from connectors.privatefs import (
     DIR_MODE,
@@ -64,18 +66,19 @@ from manager.procs import process_start_time
 from manager.workspace.private import read_stable
 from protocol import names
 from protocol.checkpoint import (
-    INBOX_LINE_CAP,
     AttemptManifest,
     CarriedMessage,
+    ChannelState,
     FileRef,
+    InboxReader,
     RepositoryRecord,
     SeatCheckpoint,
     SessionFile,
     SessionRecord,
+    SpaceRecord,
     parse_refs_list,
 )
-from protocol.codec import decode_json
-from protocol.errors import DecodeError, Refusal
+from protocol.errors import Refusal
 from protocol.instant import parse_instant
 from protocol.inventory import INVENTORY_CAP, Agent, Inventory, parse_resume_args
 from protocol.maintenance import Consent
@@ -149,6 +152,10 @@ class Admission:
     # Kept by `integrity(keep_in=...)` for the restore; `discard_scratch` removes them.
     scratch_dir: Path | None = None
     scratch: dict[str, Scratch] = field(default_factory=dict)
+    # Each seat's carried messages as `check_inboxes` read, hashed and proven them (kept with
+    # `keep_in`), by file (`inbox.jsonl`, each `chan-<channel>.jsonl`): what the import
+    # republishes.
+    inboxes: dict[str, dict[str, list[CarriedMessage]]] = field(default_factory=dict)
 
     def agent(self, name: str) -> Agent:
         return next(a for a in self.inventory.agents if a.name == name)
@@ -220,7 +227,8 @@ def integrity(
                 "copy the checkpoint again from the source host",
             )
     # Before the bundles: reading a few lines is cheaper than unbundling, and as conclusive.
-    check_inboxes(attempt_dir, manifest, by_name)
+    # A restore (`keep_in`) imports the messages read here (`Admission.inboxes`).
+    inboxes = check_inboxes(attempt_dir, manifest, by_name, keep=keep_in is not None)
     dirs = {seat.name: seat.dir for seat in manifest.seats}
     chains: dict[str, list[chain.Link]] = {}
     for name, record in by_name.items():
@@ -261,12 +269,15 @@ def integrity(
         chains=chains,
         scratch_dir=scratch_dir,
         scratch=kept,
+        inboxes=inboxes,
     )
 
 
-@dataclass(frozen=True)
-class _Carried:
-    """Where a carried message id was first seen, to name both messages of a duplicate."""
+class _Carried(msgspec.Struct, frozen=True, gc=False):
+    """Where a carried message id was first seen, to name both messages of a duplicate. One
+    is kept for every message of an attempt, and holds nothing that could make a cycle: the
+    collector need not walk them (tens of thousands of tracked objects cost a full collection
+    in the middle of a restore)."""
 
     seat: str
     file: str
@@ -275,8 +286,12 @@ class _Carried:
 
 
 def check_inboxes(
-    attempt_dir: Path, manifest: AttemptManifest, records: Mapping[str, SeatCheckpoint]
-) -> None:
+    attempt_dir: Path,
+    manifest: AttemptManifest,
+    records: Mapping[str, SeatCheckpoint],
+    *,
+    keep: bool = False,
+) -> dict[str, dict[str, list[CarriedMessage]]]:
     """Every carried message, in seat and line order, is one the import republishes as it
     stands: each subject token non-empty under the seat's own filter (`inbox-subject`), no
     header the broker acts on but the message id, and every header name one it reads as that
@@ -285,79 +300,102 @@ def check_inboxes(
     Ids are compared across seats too: every seat's inbox is republished into the one DM stream
     of the space within its duplicate window, so the broker would keep the first and drop the
     other there as well. Gate 1 already proved each file against its record; it is read once
-    more here, hashed as it is read, so what is judged is exactly the sealed bytes.
+    more here, hashed and proven against its record again as it is read, so what is judged is
+    exactly the sealed bytes. A channel's posts are judged alike, their ids against the other
+    posts only, as they go into the channel stream. With `keep`, each seat's messages as read
+    here are returned by file, for the import to republish exactly those bytes without reading
+    the file a third time; without, no more than a line of a file is held.
     """
     dirs = {seat.name: seat.dir for seat in manifest.seats}
     seen: dict[str, _Carried] = {}
     # The channels' posts go into the space's one channel stream: their ids are judged apart
     # from the inboxes', and across seats for the same reason.
     posted: dict[str, _Carried] = {}
+    kept: dict[str, dict[str, list[CarriedMessage]]] = {}
     for name, record in records.items():
         state = record.space_state
         if state is None:
             continue
         seat_dir = attempt_dir / dirs[name]
         mail = names.dm_filter(manifest.space, names.SEAT_OWNER, name)
-        _check_carried(seat_dir / state.inbox.file, state.inbox, name, mail, seen)
+        kept[name] = {
+            state.inbox.file: _check_carried(
+                seat_dir / state.inbox.file, state.inbox, name, mail, seen, state, keep
+            )
+        }
         for c in state.channels:
             subject = names.chan_subject(manifest.space, c.channel)
-            _check_carried(seat_dir / c.posts.file, c.posts, name, subject, posted)
+            kept[name][c.posts.file] = _check_carried(
+                seat_dir / c.posts.file, c.posts, name, subject, posted, c, keep
+            )
+    return kept if keep else {}
 
 
-class _InboxJudge:
-    """One seat's inbox.jsonl fed a chunk at a time: hashed whole, each line judged as it
-    completes until the first refusal, holding one line at most."""
+class _InboxJudge(InboxReader):
+    """One seat's inbox.jsonl fed a chunk at a time: hashed whole, each line proven against the
+    record (`InboxReader`) and judged as it completes until the first refusal."""
 
-    def __init__(self, path: Path, name: str, filter: str, seen: dict[str, _Carried]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        name: str,
+        filter: str,
+        seen: dict[str, _Carried],
+        state: SpaceRecord | ChannelState,
+        keep: bool,
+    ) -> None:
+        super().__init__(state, keep=keep)
         self.path, self.name, self.filter, self.seen = path, name, filter, seen
         self.digest = hashlib.sha256()
-        self.pending = bytearray()
-        self.lines = 0
         # Raised only once the whole file hashed to its record: bytes that changed since
         # gate 1 are `integrity`, whatever their lines say.
         self.problem: Refusal | None = None
 
-    def feed(self, chunk: bytes) -> None:
+    def take(self, chunk: bytes) -> None:
         self.digest.update(chunk)
-        start = 0
-        while self.problem is None and (nl := chunk.find(b"\n", start)) >= 0:
-            self.pending.extend(chunk[start:nl])
-            self._judge(bytes(self.pending))
-            self.pending.clear()
-            start = nl + 1
         if self.problem is not None:
             return
-        if len(self.pending) + len(chunk) - start > INBOX_LINE_CAP:
-            self.problem = _inbox_changed(self.path, f"line {self.lines + 1} is over its cap")
-        else:
-            self.pending.extend(chunk[start:])
-
-    def _judge(self, line: bytes) -> None:
-        self.lines += 1
         try:
-            m = decode_json(
-                line, CarriedMessage, what=f"{self.path.name} line {self.lines}", cap=INBOX_LINE_CAP
+            self.feed(chunk)
+        except ValueError as exc:
+            # Gate 1 proved these lines against the same record: they changed since. A line
+            # judged before them in this chunk keeps its own refusal.
+            self.problem = self.problem or _inbox_changed(self.path, str(exc))
+
+    def proven(self, line: int, m: CarriedMessage) -> None:
+        if self.problem is None:
+            self.problem = _judge_message(
+                self.name, self.path.name, self.filter, line, m, self.seen
             )
-        except DecodeError as exc:
-            self.problem = _inbox_changed(self.path, exc.message)
-            return
-        self.problem = _judge_message(
-            self.name, self.path.name, self.filter, self.lines, m, self.seen
-        )
+        if self.problem is None:
+            super().proven(line, m)
+
+    def judged(self) -> list[CarriedMessage]:
+        if self.problem is None:
+            try:
+                return self.finish()
+            except ValueError as exc:
+                self.problem = _inbox_changed(self.path, str(exc))
+        raise self.problem
 
 
 def _check_carried(
-    path: Path, ref: FileRef, name: str, filter: str, seen: dict[str, _Carried]
-) -> None:
-    judge = _InboxJudge(path, name, filter, seen)
+    path: Path,
+    ref: FileRef,
+    name: str,
+    filter: str,
+    seen: dict[str, _Carried],
+    state: SpaceRecord | ChannelState,
+    keep: bool,
+) -> list[CarriedMessage]:
+    judge = _InboxJudge(path, name, filter, seen, state, keep)
     try:
-        stream_stable(path, judge.feed, expect_size=ref.bytes)
+        stream_stable(path, judge.take, expect_size=ref.bytes)
     except UnsafeFile as exc:
         raise _inbox_changed(path, exc.detail) from None
     if judge.digest.hexdigest() != ref.sha256:
         raise _inbox_changed(path, f"now hashes to {judge.digest.hexdigest()}")
-    if judge.problem is not None:
-        raise judge.problem
+    return judge.judged()
 
 
 def _addressed(subject: str, filter: str) -> bool:

@@ -23,9 +23,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -99,6 +100,9 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
+A = TypeVar("A")
+B = TypeVar("B")
+
 NO_FENCE_NOTE = (
     "cotal: note: this destination does not share the source's broker, so no fence can stop "
     "another destination from resuming the same checkpoint; resume it in one place only"
@@ -152,13 +156,21 @@ def _read_carried(
 
 
 def _read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:
-    """Each seat's carried messages, re-hashed as they are read (gate 1 hashed them a moment
-    ago; the import must use exactly those bytes) and proven to match their record."""
+    """Each seat's carried messages: as admission's inbox check read them (hashed as they were
+    read and proven against their record, so exactly the sealed bytes), or, for an admission
+    that kept none, re-hashed as they are read here and proven to match their record."""
     dirs = {s.name: s.dir for s in adm.manifest.seats}
     out: dict[str, CarriedSpace] = {}
     for name, record in adm.records.items():
         state = record.space_state
         if state is None:
+            continue
+        kept = adm.inboxes.get(name)
+        if kept is not None:
+            out[name] = CarriedSpace(
+                inbox=kept[state.inbox.file],
+                posts={c.channel: kept[c.posts.file] for c in state.channels},
+            )
             continue
         seat_dir = adm.attempt_dir / dirs[name]
         out[name] = CarriedSpace(
@@ -822,22 +834,26 @@ async def _resume_locked(
     inbox: list[dict[str, Any]] = []
     restored: list[dict[str, Any]] = []
     if not relaunch:
-        # Under custody, before the manager starts: its lifecycle proof needs each durable here.
-        inbox = await _import_inboxes(
-            args,
-            adm,
-            js,
-            broker,
-            inboxes,
-            shared=shared,
-            horizon_s=horizon_s,
-            channels=config.channels,
+        # Both under custody and before the manager starts (its lifecycle proof needs each
+        # durable here, and each seat its tree). The import waits on the broker and the restore
+        # on git, and neither touches what the other does, so each runs beside the other.
+        inbox, restored = await _beside(
+            functools.partial(
+                _import_inboxes,
+                args,
+                adm,
+                js,
+                broker,
+                inboxes,
+                shared=shared,
+                horizon_s=horizon_s,
+                channels=config.channels,
+            ),
+            functools.partial(_restore_all, layout, adm),
         )
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker passes to the manager's mesh record as it runs.
     await conn.aclose()
-    if not relaunch:
-        restored = await _restore_all(layout, adm)
     failpoint.reached("resume.after-trees-restored", layout.root)
     if adopting:
         _say("handing the seats to the running manager (its other seats carry on)")
@@ -881,6 +897,30 @@ async def _resume_locked(
         "consents": [msgspec.to_builtins(c) for c in consents],
         "resumed": resumed,
     }
+
+
+async def _beside(
+    first: Callable[[], Awaitable[A]], second: Callable[[], Awaitable[B]]
+) -> tuple[A, B]:
+    """Both run to their end, whatever the other does: neither is left half done to be taken
+    up again by a rerun. The first's failure is the one raised when both fail, as it would be
+    one after the other."""
+    results: dict[str, Any] = {}
+    failed: dict[str, Exception] = {}
+
+    async def run(key: str, step: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            results[key] = await step()
+        except Exception as exc:
+            failed[key] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "first", first)
+        tg.start_soon(run, "second", second)
+    failure = failed.get("first") or failed.get("second")
+    if failure is not None:
+        raise failure
+    return results["first"], results["second"]
 
 
 async def _import_inboxes(
