@@ -179,3 +179,11 @@ async def dm_messages(
 ) -> list[tuple[dict[str, Any], dict[str, str]]]:
     """Every message the DM stream holds in `to`'s inbox from `sender`: body and headers."""
     return await stream_messages(cli, f"DM_{space}", inbox_subject(to, sender, space))
+
+
+def post_turns_acked(cli: Any, seat: str) -> int:
+    """How many of the seat's turns for channel posts (`cotal logs SEAT --json`) were
+    acknowledged."""
+    events = [json.loads(line) for line in cli.run("logs", seat, "--json").stdout.splitlines()]
+    turns = {e["id"] for e in events if e.get("event") == "delivery.received" and e.get("channel")}
+    return sum(1 for e in events if e.get("event") == "delivery.acked" and e["id"] in turns)

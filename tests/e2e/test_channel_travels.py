@@ -30,8 +30,15 @@ from protocol.checkpoint import (
 from protocol.codec import encode_json
 from protocol.errors import DecodeError, Refusal
 from tests.conftest import Cli
-from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker, broker_at, carry_to_new_host, refused, wait_until
+from tests.gitrepo import committed_repo
+from tests.helpers import (
+    broker,
+    broker_at,
+    carry_to_new_host,
+    post_turns_acked,
+    refused,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -249,24 +256,11 @@ async def test_a_cut_that_cannot_carry_a_frontier_refuses_before_anything_stops(
         assert "its inbox and channels hold 10001 messages by #plan" in caught.value.message
 
 
-def _workspace(repo: Path) -> None:
-    init_repo(repo)
-    write(repo / "README.md", "# demo\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "first")
-
-
-def _post_turns_acked(cli: Cli, seat: str) -> int:
-    events = [json.loads(line) for line in cli.run("logs", seat, "--json").stdout.splitlines()]
-    turns = {e["id"] for e in events if e.get("event") == "delivery.received" and e.get("channel")}
-    return sum(1 for e in events if e.get("event") == "delivery.acked" and e["id"] in turns)
-
-
 async def test_an_unread_post_reaches_its_subscriber_on_a_host_that_shares_nothing(
     tmp_path: Path, cli: Cli
 ) -> None:
     cwd = cli.root / "proj"
-    _workspace(cwd)
+    committed_repo(cwd)
     cli.run("up", "--detach")
     cli.json("spawn", "b", "--cwd", str(cwd), "--subscribe", "plan")
     cli.json("spawn", "a", "--cwd", str(cwd), "--allow-post", "plan")
@@ -318,7 +312,7 @@ async def test_an_unread_post_reaches_its_subscriber_on_a_host_that_shares_nothi
     assert [(c["channel"], c["kept"], c["republished"]) for c in row["channels"]] == [
         ("plan", False, 1)
     ]
-    await wait_until(lambda: _post_turns_acked(cli, "b") == 1, timeout=60)
+    await wait_until(lambda: post_turns_acked(cli, "b") == 1, timeout=60)
     reply = cli.json("send", "b", "what was the phrase?", "--wait")["reply"]
     assert reply == "The phrase is carried-post-9, from a on #plan."
     async with broker(cli.root) as js:

@@ -13,23 +13,10 @@ import pytest
 from manager.broker import channels
 from protocol import meshcall
 from tests.conftest import Cli, SharedBroker
-from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker_at, carry_to_new_host, refused, wait_until
+from tests.gitrepo import committed_repo, write
+from tests.helpers import broker_at, carry_to_new_host, post_turns_acked, refused, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
-
-
-def _workspace(repo: Path) -> None:
-    init_repo(repo)
-    write(repo / "README.md", "# demo\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "first")
-
-
-def _post_turns_acked(cli: Cli, seat: str) -> int:
-    events = [json.loads(line) for line in cli.run("logs", seat, "--json").stdout.splitlines()]
-    turns = {e["id"] for e in events if e.get("event") == "delivery.received" and e.get("channel")}
-    return sum(1 for e in events if e.get("event") == "delivery.acked" and e["id"] in turns)
 
 
 async def test_a_resumed_seat_keeps_its_channels_and_gets_a_post_made_while_cut(
@@ -37,7 +24,7 @@ async def test_a_resumed_seat_keeps_its_channels_and_gets_a_post_made_while_cut(
 ) -> None:
     server = ["--server", shared_broker.url, "--creds", shared_broker.creds]
     cwd = cli.root / "proj"
-    _workspace(cwd)
+    committed_repo(cwd)
     cli.run("up", "--detach", *server)
     cli.json("spawn", "b", "--cwd", str(cwd), "--subscribe", "plan")
     cli.json("spawn", "a", "--cwd", str(cwd), "--allow-post", "plan")
@@ -77,7 +64,7 @@ async def test_a_resumed_seat_keeps_its_channels_and_gets_a_post_made_while_cut(
     rows = {r["name"]: r for r in cli.ps()}
     assert (rows["a"]["allowPost"], rows["b"]["subscribe"]) == (["plan"], ["plan"])
     assert rows["b"]["lifecycleUid"] == uid_b
-    await wait_until(lambda: _post_turns_acked(cli, "b") == 1, timeout=60)
+    await wait_until(lambda: post_turns_acked(cli, "b") == 1, timeout=60)
     reply = cli.json("send", "b", "what was the phrase?", "--wait")["reply"]
     assert reply == "The phrase is posted-while-cut-5, from a on #plan."
     posted = cli.json("send", "a", "Post to #review: widened?", "--wait")["reply"]
