@@ -256,6 +256,12 @@ async def test_a_cut_that_cannot_carry_a_frontier_refuses_before_anything_stops(
         assert "its inbox and channels hold 10001 messages by #plan" in caught.value.message
 
 
+def _received(cli: Cli, seat: str) -> set[str]:
+    """The ids of the messages the seat's bridge has handed it (`cotal logs SEAT --json`)."""
+    lines = cli.run("logs", seat, "--json").stdout.splitlines()
+    return {e["id"] for e in map(json.loads, lines) if e.get("event") == "delivery.received"}
+
+
 async def test_an_unread_post_reaches_its_subscriber_on_a_host_that_shares_nothing(
     tmp_path: Path, cli: Cli
 ) -> None:
@@ -265,15 +271,18 @@ async def test_an_unread_post_reaches_its_subscriber_on_a_host_that_shares_nothi
     cli.json("spawn", "b", "--cwd", str(cwd), "--subscribe", "plan")
     cli.json("spawn", "a", "--cwd", str(cwd), "--allow-post", "plan")
     uid_b = {r["name"]: r for r in cli.ps()}["b"]["lifecycleUid"]
-    # b is held in a slow turn, so a's post is still above its frontier when the cut fences.
-    cli.json("send", "b", "#slow:4000 take your time")
+    # b is held in a slow turn (its bridge takes one message at a time), so a's post is still
+    # above its frontier when the cut fences; the cut's drain aborts the turn, which runs
+    # again, as slowly, at the destination before the post's turn.
+    slow = cli.json("send", "b", "#slow:15000 take your time")
+    await wait_until(lambda: slow["id"] in _received(cli, "b"), timeout=60)
     told = cli.json("send", "a", "Post to #plan: remember the phrase carried-post-9", "--wait")
     assert told["reply"] == "Posted to #plan: delivered."
     async with broker(cli.root) as js:
         durable = names.chathist_durable("local", "b", uid_b, "plan")
         info = await js.consumer_info("CHAN_main", durable)
         assert info.num_pending == 1
-    cut = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
+    cut = json.loads(cli.run("down", "--preserve-state", "--drain-timeout", "2", "--json").stdout)
     assert cut["failures"] == [], cut
     attempt = Path(cut["checkpointDir"])
     record = read_seat_checkpoint(attempt / "b")
