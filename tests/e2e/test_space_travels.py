@@ -4,6 +4,7 @@ broker, on real brokers (embedded, and a real 3-node cluster) and real processes
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ from nats.js import JetStreamContext, api
 
 from manager.broker import custody, embedded, space
 from manager.broker.footprint import ensure_dm_stream
+from manager.broker.retry import riding_elections
 from manager.checkpoint.reader import read_seat_checkpoint
 from manager.cli.restore import NO_FENCE_NOTE
 from protocol import names
@@ -232,7 +234,9 @@ async def _drain(js: JetStreamContext, seat: str, uid: str, n: int) -> list[tupl
     sub = await js.pull_subscribe_bind(names.dm_durable("local", seat, uid), names.dm_stream(SPACE))
     got: list[tuple[bytes, str]] = []
     while len(got) < n:
-        for m in await sub.fetch(1, timeout=5):
+        # A durable just made on a cluster may not have its leader yet (a 503, nothing
+        # delivered): the pull is asked again, as the manager's bridge does.
+        for m in await riding_elections("drain", functools.partial(sub.fetch, 1, timeout=5)):
             got.append((m.data, (m.headers or {}).get("Nats-Msg-Id", "")))
             await m.ack_sync()
     await sub.unsubscribe()

@@ -131,7 +131,11 @@ async def test_seats_killed_before_their_first_turn_still_continue(
         opts = make_opts(root, fake_server, name, **extra)
         seen = len(fake_server.messages())
         async with running_claude(connector, opts, tmp_path) as seat:
+            # Claude Code registers its session during its start, which a loaded machine
+            # stretches: until then its state names none, so the driver's own boot poll is
+            # waited for first.
             with anyio.fail_after(TIMEOUT):
+                await seat.driver.state_known.wait()
                 sid = await seat.driver.get_state()
             assert sid == seat.spec.expected_session_id
             assert read_pointer(opts.session_pointer_path).session_id == sid
