@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -29,13 +28,16 @@ from nats.js.errors import NotFoundError
 
 from manager.broker import channels
 from manager.broker.custody import Held
+from manager.broker.fence import MSG_ID
 from manager.broker.retry import riding_elections
 from manager.broker.space import (
+    Imported,
     _carried,
     _read_from,
     _republish,
     _Totals,
     check_exportable,
+    durable_at,
     durable_record,
     export_space,
     keeps_durable,
@@ -55,17 +57,6 @@ from protocol.inventory import Agent
 from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.space")
-
-MSG_ID = "Nats-Msg-Id"
-
-
-@dataclass(frozen=True)
-class FrontierImported:
-    channel: str
-    kept: bool
-    start_seq: int
-    republished: int = 0
-    duplicates: int = 0
 
 
 async def check_seat_exportable(
@@ -111,14 +102,11 @@ async def export_frontier(
     durable = names.chathist_durable(names.SEAT_OWNER, seat, uid, channel)
     subject = names.chan_subject(space, channel)
     try:
-        info = await riding_elections(
-            f"durable {durable}", lambda: js.consumer_info(stream, durable)
-        )
+        info, state = await durable_at(js, stream, durable)
     except NotFoundError:
         log.info("space.frontier_absent", seat=seat, durable=durable)
         return None
-    sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
-    record = durable_record(info, sinfo.state, filter_subject=subject)
+    record = durable_record(info, state, filter_subject=subject)
     filters = list(info.config.filter_subjects or []) or None
     posts: list[CarriedMessage] = []
     queued = (info.num_pending or 0) + (info.num_ack_pending or 0)
@@ -160,14 +148,14 @@ async def export_frontiers(
 ) -> list[ChannelExport]:
     """Every subscribed channel's frontier, within what the checkpoint carries beside `inbox`."""
     messages = MAX_CARRIED_MESSAGES - len(inbox)
-    payload = MAX_CARRIED_BYTES - sum(len(m.data()) for m in inbox)
+    payload = MAX_CARRIED_BYTES - sum(m.payload_bytes() for m in inbox)
     out: list[ChannelExport] = []
     for channel in subscribed:
         got = await export_frontier(js, space, seat, uid, channel, room=(messages, payload))
         if got is None:
             continue
         messages -= len(got.messages)
-        payload -= sum(len(m.data()) for m in got.messages)
+        payload -= sum(m.payload_bytes() for m in got.messages)
         out.append(got)
     return out
 
@@ -186,7 +174,7 @@ async def import_frontier(
     max_age_s: int,
     replicas: int = 1,
     horizon_s: int | None = None,
-) -> FrontierImported:
+) -> Imported:
     """Rebuild the seat's frontier in one channel here, unless this broker already holds it
     (`space.keeps_durable`: the source's broker, or this attempt's own rebuild)."""
     record = state.durable
@@ -200,7 +188,7 @@ async def import_frontier(
             "resume the checkpoint into the space it was cut from",
         )
     if await keeps_durable(js, stream, durable, seat=seat, attempt_id=attempt_id, shared=shared):
-        return FrontierImported(channel=state.channel, kept=True, start_seq=0)
+        return Imported(kept=True, start_seq=0)
     await channels.ensure_chan_stream(
         js, space, history=history, max_age_s=max_age_s, replicas=replicas, horizon_s=horizon_s
     )
@@ -219,13 +207,7 @@ async def import_frontier(
         republished=len(posts),
         duplicates=duplicates,
     )
-    return FrontierImported(
-        channel=state.channel,
-        kept=False,
-        start_seq=first,
-        republished=len(posts),
-        duplicates=duplicates,
-    )
+    return Imported(kept=False, start_seq=first, republished=len(posts), duplicates=duplicates)
 
 
 async def export_seat_space(

@@ -265,6 +265,16 @@ async def _read_from(
             await js.delete_consumer(stream, name)
 
 
+async def durable_at(
+    js: JetStreamContext, stream: str, durable: str
+) -> tuple[api.ConsumerInfo, api.StreamState]:
+    """A durable the cut writes down and its stream's bounds; NotFoundError where the broker
+    holds no such durable."""
+    info = await riding_elections(f"durable {durable}", lambda: js.consumer_info(stream, durable))
+    sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
+    return info, sinfo.state
+
+
 def durable_record(
     info: api.ConsumerInfo, state: api.StreamState, *, filter_subject: str
 ) -> DurableRecord:
@@ -301,9 +311,7 @@ async def export_inbox(
     stream = names.dm_stream(space)
     durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
     try:
-        info = await riding_elections(
-            f"durable {durable}", lambda: js.consumer_info(stream, durable)
-        )
+        info, state = await durable_at(js, stream, durable)
     except NotFoundError:
         raise Refusal(
             Code.LIFECYCLE_PROOF_FAILED,
@@ -311,10 +319,9 @@ async def export_inbox(
             "inbox cannot be exported",
             "the seat's inbox is gone; resume in place against the broker that holds it",
         ) from None
-    sinfo = await riding_elections(f"stream {stream}", lambda: js.stream_info(stream))
     record = durable_record(
         info,
-        sinfo.state,
+        state,
         filter_subject=info.config.filter_subject or names.dm_filter(space, names.SEAT_OWNER, seat),
     )
     messages: list[CarriedMessage] = []

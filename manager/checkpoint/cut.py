@@ -171,7 +171,7 @@ def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
                 channel=c.channel,
                 durable=c.durable,
                 messages=len(c.messages),
-                message_bytes=sum(len(m.data()) for m in c.messages),
+                message_bytes=sum(m.payload_bytes() for m in c.messages),
                 posts=write_file_exclusive(seat_dir, channel_file(c.channel), lines),
             )
             written.append((lines, state))
@@ -180,7 +180,7 @@ def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
             durable=export.durable,
             custody=export.custody,
             messages=len(export.messages),
-            message_bytes=sum(len(m.data()) for m in export.messages),
+            message_bytes=sum(m.payload_bytes() for m in export.messages),
             inbox=inbox,
             channels=[state for _, state in written],
         )

@@ -40,7 +40,7 @@ from manager.broker.evict import AccountConnz, ConnectionList, MonitorEndpoint, 
 from manager.broker.footprint import default_replicas
 from manager.broker.presence import live_uids
 from manager.broker.retry import phase
-from manager.broker.space import import_inbox, read_broker_identity
+from manager.broker.space import Imported, import_inbox, read_broker_identity
 from manager.checkpoint import admit, chain, clock, relocate
 from manager.checkpoint.confine import place_session_file
 from manager.checkpoint.restore import RestoreResult, restore_repository
@@ -986,26 +986,18 @@ async def _import_inboxes(
                     f"{name}: #{c.channel} frontier rebuilt at sequence {got.start_seq} with "
                     f"{got.republished} unread post(s), on the seat's own subject"
                 )
-            frontiers.append(
-                {
-                    "channel": c.channel,
-                    "kept": got.kept,
-                    "startSeq": got.start_seq,
-                    "republished": got.republished,
-                    "duplicates": got.duplicates,
-                }
-            )
-        out.append(
-            {
-                "name": name,
-                "kept": done.kept,
-                "startSeq": done.start_seq,
-                "republished": done.republished,
-                "duplicates": done.duplicates,
-                "channels": frontiers,
-            }
-        )
+            frontiers.append({"channel": c.channel, **_imported_row(got)})
+        out.append({"name": name, **_imported_row(done), "channels": frontiers})
     return out
+
+
+def _imported_row(done: Imported) -> dict[str, Any]:
+    return {
+        "kept": done.kept,
+        "startSeq": done.start_seq,
+        "republished": done.republished,
+        "duplicates": done.duplicates,
+    }
 
 
 async def _seat_rows(session: ControlSession) -> dict[str, control.SeatRow]:

@@ -8,15 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from nats.js import JetStreamContext
 
-from manager.broker import channels, embedded, frontier
+from manager.broker import channels, frontier
 from manager.broker.footprint import ensure_dm_durable, ensure_dm_stream
+from manager.broker.space import Imported
 from manager.checkpoint.reader import read_seat_checkpoint
 from protocol import meshcall, names
 from protocol.checkpoint import (
@@ -30,10 +29,10 @@ from protocol.checkpoint import (
 from protocol.codec import encode_json
 from protocol.errors import DecodeError, Refusal
 from tests.conftest import Cli
+from tests.e2e.test_space_travels import Broker, js_at, two_brokers  # noqa: F401  (the fixture)
 from tests.gitrepo import committed_repo
 from tests.helpers import (
     broker,
-    broker_at,
     carry_to_new_host,
     post_turns_acked,
     refused,
@@ -44,25 +43,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
 SPACE = "main"
 HISTORY, MAX_AGE_S = 100, 3600
-
-
-@pytest.fixture
-def two_brokers(tmp_path: Path) -> Iterator[tuple[embedded.BrokerInfo, embedded.BrokerInfo]]:
-    started: list[embedded.BrokerInfo] = []
-    try:
-        for name in ("a", "b"):
-            base = tmp_path / f"broker-{name}"
-            started.append(embedded.start_embedded(base / "nats", base / "broker.creds"))
-        yield started[0], started[1]
-    finally:
-        for info in started:
-            embedded.stop_embedded(info.identity)
-
-
-@asynccontextmanager
-async def js_at(info: embedded.BrokerInfo) -> AsyncIterator[JetStreamContext]:
-    async with broker_at(info.url, info.creds) as js:
-        yield js
 
 
 def _post(n: int, text: str) -> meshcall.ChannelPost:
@@ -114,14 +94,14 @@ def _state(export: ChannelExport) -> ChannelState:
         channel=export.channel,
         durable=export.durable,
         messages=len(export.messages),
-        message_bytes=sum(len(m.data()) for m in export.messages),
+        message_bytes=sum(m.payload_bytes() for m in export.messages),
         posts=FileRef(file="chan-plan.jsonl", bytes=0, sha256="0" * 64),
     )
 
 
 async def _import(
     js: JetStreamContext, seat: str, uid: str, export: ChannelExport, attempt: str
-) -> frontier.FrontierImported:
+) -> Imported:
     return await frontier.import_frontier(
         js,
         SPACE,
@@ -137,7 +117,7 @@ async def _import(
 
 
 async def test_a_frontier_is_carried_to_another_broker_on_the_seats_own_subject(
-    two_brokers: tuple[embedded.BrokerInfo, embedded.BrokerInfo],
+    two_brokers: tuple[Broker, Broker],  # noqa: F811
 ) -> None:
     a, b = two_brokers
     uid_b, uid_c = names.mint_lifecycle_uid(), names.mint_lifecycle_uid()
@@ -215,7 +195,7 @@ async def test_a_frontier_is_carried_to_another_broker_on_the_seats_own_subject(
 
 
 async def test_the_frontier_and_the_inbox_share_one_cap(
-    two_brokers: tuple[embedded.BrokerInfo, embedded.BrokerInfo],
+    two_brokers: tuple[Broker, Broker],  # noqa: F811
 ) -> None:
     a, _ = two_brokers
     uid = names.mint_lifecycle_uid()
@@ -233,7 +213,7 @@ async def test_the_frontier_and_the_inbox_share_one_cap(
 
 
 async def test_a_cut_that_cannot_carry_a_frontier_refuses_before_anything_stops(
-    two_brokers: tuple[embedded.BrokerInfo, embedded.BrokerInfo],
+    two_brokers: tuple[Broker, Broker],  # noqa: F811
 ) -> None:
     a, _ = two_brokers
     uid = names.mint_lifecycle_uid()
