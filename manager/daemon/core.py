@@ -38,6 +38,7 @@ from manager.daemon.preserve import Preservation
 from manager.daemon.readopt import Readoption
 from manager.daemon.resume import Resumption
 from manager.daemon.seat import Seat
+from manager.daemon.survivors import SurvivorScan
 from manager.daemon.watchers import Watchers, clear_presence
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
@@ -90,6 +91,7 @@ class Manager:
         self.custody: KeyValue | None = None
         self.started_at = now_iso()
         self.delivery_gate = DeliveryGate()
+        self.survivor_scan = SurvivorScan()
         self.incarnations = Incarnations(self)
         self.watchers = Watchers(self)
         self.mover = Mover(self)

@@ -33,7 +33,6 @@ from manager.daemon.meshsocket import MeshSocket
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.seat import Incarnation, Seat, read_pointer, session_to_reopen
 from manager.daemon.startfault import LaunchFault, StartFailed, decode_fault, next_try
-from manager.procs import processes_with_env
 from manager.workspace.private import ensure_private_dir
 from protocol import names
 from protocol.errors import DecodeError, Refusal
@@ -318,9 +317,7 @@ class Incarnations:
         elif seat.state == "unproven":
             # The reap proves the harness gone, not the rest of its lifecycle: a stop that found
             # survivors stays unproven, and startable never, until no process of it is left.
-            survivors = await anyio.to_thread.run_sync(
-                processes_with_env, "COTAL_LIFECYCLE_UID", seat.uid
-            )
+            survivors = await self.mgr.survivor_scan.survivors(seat.uid)
             if survivors:
                 log.error("seat.survivors_after_reap", seat=seat.name, pids=survivors)
             elif seat.state == "unproven" and seat.handle is handle:
@@ -614,11 +611,9 @@ class Incarnations:
                 f"kill -9 {pid} (it may be stuck in the kernel), then retry; the manager "
                 "reaps it as soon as it dies",
             )
-        # A pass over every process's environment: in a worker thread, so the stops of other
-        # seats (a cut stops them side by side) go on meanwhile.
-        survivors = await anyio.to_thread.run_sync(
-            processes_with_env, "COTAL_LIFECYCLE_UID", seat.uid
-        )
+        # A pass over every process's environment, shared with the stops of other seats that
+        # ask at the same time (a cut stops them side by side): manager/daemon/survivors.py.
+        survivors = await self.mgr.survivor_scan.survivors(seat.uid)
         if survivors:
             seat.apply("unproven")
             raise Refusal(

@@ -419,10 +419,12 @@ class Preservation:
         run = _Run()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
-                # Every seat's drain wait runs at once, as before: only the stop-and-prove after
-                # it takes one of the jobs, so a long turn never holds back another seat's stop.
+                # Every seat's drain wait and stop run at once, so a long turn never holds back
+                # another seat's stop. The stops take no job: each is a kill and the kernel's
+                # teardown of the seat, then its share of one pass over /proc that answers every
+                # stop waiting at the time (manager/daemon/survivors.py).
                 for one in seats.values():
-                    tg.start_soon(self._drain_and_stop_one, one, args.drain_timeout_s, run, jobs)
+                    tg.start_soon(self._drain_and_stop_one, one, args.drain_timeout_s, run)
         t_stop = time.monotonic()
         log.info(
             "cut.stopped",
@@ -623,7 +625,6 @@ class Preservation:
         seat: Seat,
         drain_timeout_s: float,
         run: _Run,
-        jobs: anyio.CapacityLimiter,
     ) -> None:
         # The gate has been shut since the fence, so the turn seen here is the last one this
         # seat runs before the cut; waiting for it is what keeps a tool call from being killed
@@ -654,8 +655,7 @@ class Preservation:
                     seat=seat.name,
                     detail=f"message {turn.message_id} reached its turn boundary",
                 )
-        async with jobs:
-            await self._stop_one(seat, run.failures)
+        await self._stop_one(seat, run.failures)
 
     async def _stop_one(self, seat: Seat, failures: dict[str, str]) -> None:
         # The owner's one stop-and-prove; outside `active` it neither restarts the seat nor

@@ -32,7 +32,7 @@ from manager.broker import custody, footprint
 from manager.broker.retry import TRANSIENT
 from manager.daemon import seatfile
 from manager.daemon.seat import Seat, SeatOwner, session_to_reopen
-from manager.procs import processes_with_env
+from manager.daemon.survivors import SurvivorScan
 from manager.workspace.journal import Journal
 from protocol import names
 from protocol.errors import Refusal
@@ -57,6 +57,9 @@ class Readopter(SeatOwner, Protocol):
 
     @property
     def nc(self) -> Client: ...
+
+    @property
+    def survivor_scan(self) -> SurvivorScan: ...
 
     async def relaunch(
         self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
@@ -224,11 +227,12 @@ class Readoption:
         return True
 
     async def _prove_lifecycle_dead(self, seat: Seat) -> None:
-        survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
+        scan = self.mgr.survivor_scan
+        survivors = await scan.survivors(seat.uid)
         with anyio.move_on_after(SURVIVOR_WAIT_S):
             while survivors:
                 await anyio.sleep(0.1)
-                survivors = processes_with_env("COTAL_LIFECYCLE_UID", seat.uid)
+                survivors = await scan.survivors(seat.uid)
         if survivors:
             raise Refusal(
                 Code.UID_LIVE,
