@@ -148,6 +148,16 @@ class Manager:
         except (OSError, Refusal) as exc:
             log.error("seat.record_write_failed", seat=seat.name, error=str(exc))
 
+    async def persist_off_loop(self, seat: Seat) -> None:
+        """`persist`, written in a worker thread: on disk when it returns, without holding the
+        other seats' work behind its fsyncs (manager/daemon/seatfile.py)."""
+        if self.seats.get(seat.name) is not seat:
+            return
+        try:
+            await seatfile.save_off_loop(self.layout, seat)
+        except (OSError, Refusal) as exc:
+            log.error("seat.record_write_failed", seat=seat.name, error=str(exc))
+
     def refuse(self, seat: Seat, reason: str, *, footprint_owned: bool) -> None:
         """Keep a seat this manager will not relaunch: listed, `failed`, with its reason."""
         if seat.lifecycle.allows("fail"):

@@ -302,7 +302,7 @@ class Incarnations:
         await tg.start(bridge.run)
         tg.start_soon(mgr.watchers.presence_loop, seat, handle)
         seat.apply("ready")
-        mgr.persist(seat)
+        await mgr.persist_off_loop(seat)
 
     async def _reaped(self, seat: Seat, handle: SeatHandle) -> None:
         await handle.reap()
@@ -322,7 +322,7 @@ class Incarnations:
                 log.error("seat.survivors_after_reap", seat=seat.name, pids=survivors)
             elif seat.state == "unproven" and seat.handle is handle:
                 seat.apply("reaped")
-                self.mgr.persist(seat)
+                await self.mgr.persist_off_loop(seat)
 
     async def _watch_exit(self, seat: Seat, handle: SeatHandle, scope: anyio.CancelScope) -> None:
         rc = await handle.wait_for_exit()
@@ -476,7 +476,7 @@ class Incarnations:
                     seat.apply("restart")
                     await self.start(seat, self.opts(seat, continue_session=session_id))
                     seat.restarts += 1
-                    mgr.persist(seat)
+                    await mgr.persist_off_loop(seat)
                     log.info(
                         "seat.restarted",
                         seat=seat.name,
@@ -533,7 +533,7 @@ class Incarnations:
                 delay = min(delay * 2, 30.0)
                 continue
             seat.restarts += 1
-            self.mgr.persist(seat)
+            await self.mgr.persist_off_loop(seat)
             return
 
     async def start_stopped(self, seat: Seat) -> None:
@@ -551,7 +551,7 @@ class Incarnations:
                     failure = exc
                 else:
                     seat.restarts += 1
-                    self.mgr.persist(seat)
+                    await self.mgr.persist_off_loop(seat)
             if failure is not None:
                 # Straight back to `stopped` (from `restarting` or the failed launch's `exited`)
                 # through the one stop-and-prove, never through a crash restart.
@@ -590,13 +590,13 @@ class Incarnations:
                     return
                 if record:
                     # A successor must not relaunch a seat whose stop had begun.
-                    self.mgr.persist(seat)
+                    await self.mgr.persist_off_loop(seat)
                 await self._prove_stopped(seat, graceful=graceful)
                 seat.apply("proven")
                 if seat.handle is not None:
                     seat.last_exit = exit_text(seat.handle.returncode)
                 if record:
-                    self.mgr.persist(seat)
+                    await self.mgr.persist_off_loop(seat)
 
     async def _prove_stopped(self, seat: Seat, *, graceful: bool) -> None:
         handle = seat.handle

@@ -10,6 +10,7 @@ writer (gunicorn's arbiter) and neither of them imports the Manager.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -52,6 +53,17 @@ class Incarnation:
 
 
 @dataclass(eq=False)
+class RecordSlot:
+    """Which of the seat's records is on disk (manager/daemon/seatfile.py): `taken` counts the
+    records asked for, `landed` is the number of the newest one written, or of the last one
+    asked for before a delete."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    taken: int = 0
+    landed: int = 0
+
+
+@dataclass(eq=False)
 class Seat:
     name: str
     agent: str
@@ -81,6 +93,7 @@ class Seat:
     last_exit: str | None = None
     # One stopper at a time: a second waits for the first's proof instead of racing it.
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
+    record_slot: RecordSlot = field(default_factory=RecordSlot)
     # Closed while a cut of some seats holds this one (the manager's gate fences the whole mesh).
     gate: DeliveryGate = field(default_factory=DeliveryGate)
     # The seats this one may send to (`--allow-send`; `*` for every other seat), fixed at spawn
