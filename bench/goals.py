@@ -312,6 +312,9 @@ def fan_out_once(
         row["cutFloorS"] = floor_bench.shell_captures(
             floors, repos, env_a
         ) + floor_bench.inspections(repos, env_a)
+        # What the issue's floor leaves out and no cut that keeps its seats' inboxes can:
+        # nats-server stopping one durable consumer after another (docs/benchmarks.md).
+        row["brokerExitS"] = floor_bench.broker_exit(floors, seats)
         shutil.rmtree(root_a)
 
         def floor() -> None:
@@ -354,6 +357,8 @@ def bench_fan_out(
         return [(p[large][key] - p[1][key]) / added * 1000.0 for p in pairs]
 
     cut_ms, cut_floor = per_seat("cutS"), per_seat("cutFloorS")
+    broker_exit = per_seat("brokerExitS")
+    with_broker = [a + b for a, b in zip(cut_floor, broker_exit, strict=True)]
     res_ms, res_floor = per_seat("resumeS.this"), per_seat("resumeFloorS")
     doc: dict[str, Any] = {
         "seats": large,
@@ -361,6 +366,8 @@ def bench_fan_out(
         "cutPerSeatMs": spread(cut_ms, 1),
         "cutFloorPerSeatMs": spread(cut_floor, 1),
         "cutRatio": spread([a / b for a, b in zip(cut_ms, cut_floor, strict=True)]),
+        "brokerExitPerSeatMs": spread(broker_exit, 1),
+        "cutRatioWithBroker": spread([a / b for a, b in zip(cut_ms, with_broker, strict=True)]),
         "resumePerSeatMs": spread(res_ms, 1),
         "resumeFloorPerSeatMs": spread(res_floor, 1),
         "resumeRatio": spread([a / b for a, b in zip(res_ms, res_floor, strict=True)]),
@@ -611,6 +618,13 @@ def goal_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         f"cut per added seat ({n} vs 1) / floor's",
         fan["cutRatio"],
         f"({fan['cutPerSeatMs']['median']:.1f} / {fan['cutFloorPerSeatMs']['median']:.1f} ms)",
+    )
+    add(
+        "cutPerSeat",
+        "  the same / (floor's + the broker's exit)",
+        fan["cutRatioWithBroker"],
+        f"({fan['cutPerSeatMs']['median']:.1f} / {fan['cutFloorPerSeatMs']['median']:.1f}"
+        f" + {fan['brokerExitPerSeatMs']['median']:.1f} ms)",
     )
     add(
         "resumePerSeat",
