@@ -31,11 +31,11 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
+    NoKeysError,
     NotFoundError,
 )
 from nats.js.kv import KeyValue
 
-from manager.broker.footprint import bucket_keys
 from manager.broker.presence import PRESENCE_CAP
 from manager.broker.retry import riding_elections
 from protocol import names
@@ -103,8 +103,12 @@ async def _values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
     kv = await _existing_kv(js, bucket)
     if kv is None:
         return {}
+    try:
+        keys = await riding_elections(f"{bucket} keys", kv.keys)
+    except NoKeysError:
+        return {}
     out: dict[str, bytes] = {}
-    for key in await bucket_keys(js, bucket):
+    for key in sorted(keys):
         try:
             entry = await riding_elections(f"{bucket} {key}", functools.partial(kv.get, key))
         except (KeyNotFoundError, KeyDeletedError):

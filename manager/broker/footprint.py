@@ -252,26 +252,6 @@ async def ensure_kv(
     return await riding_elections(f"bucket {bucket}", ensure)
 
 
-async def bucket_keys(js: JetStreamContext, bucket: str) -> list[str]:
-    """Every key the bucket's stream holds a message for, live or deleted, from the stream's
-    own subject index in one request; none for a bucket that holds none.
-
-    Not `KeyValue.keys()`: its watcher takes the end of the initial values to be the moment
-    its consumer reports nothing pending while the client has counted nothing received, and
-    on a loaded machine the values can be on their way in that very moment. It then lists no
-    key at all (seen once as `ps --fleet` losing every custody record while the seats ran).
-    A deleted or purged key is listed too, and the read of it says so. The broker names at
-    most 100,000 subjects per answer, beyond any bucket a space holds."""
-    prefix = f"$KV.{bucket}."
-
-    async def read() -> api.StreamInfo:
-        return await js.stream_info(f"KV_{bucket}", subjects_filter=f"{prefix}>")
-
-    info = await riding_elections(f"{bucket} keys", read)
-    subjects = info.state.subjects or {}
-    return sorted(s[len(prefix) :] for s in subjects if s.startswith(prefix))
-
-
 def default_replicas(server: str) -> int:
     """Three copies when the operator names a cluster of three or more, else one."""
     return 3 if len([u for u in server.split(",") if u.strip()]) >= 3 else 1

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyDeletedError, KeyNotFoundError
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
-from manager.broker.footprint import bucket_keys, ensure_kv
+from manager.broker.footprint import ensure_kv
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.codec import decode_json
@@ -39,8 +39,12 @@ async def presence_kv(js: JetStreamContext, space: str) -> KeyValue:
 async def live_uids(js: JetStreamContext, space: str) -> dict[str, LivePresence]:
     """uid -> the presence entry that claims it (and the manager instance that wrote it)."""
     kv = await presence_kv(js, space)
+    try:
+        keys = await riding_elections("presence keys", kv.keys)
+    except NoKeysError:
+        return {}
     live: dict[str, LivePresence] = {}
-    for key in await bucket_keys(js, names.presence_bucket(space)):
+    for key in keys:
 
         async def get(key: str = key) -> KeyValue.Entry:
             return await kv.get(key)
