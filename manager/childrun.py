@@ -40,7 +40,7 @@ class Finished:
 def _pidfd_of(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
-    except (AttributeError, OSError):
+    except OSError:
         return None
 
 
@@ -54,10 +54,6 @@ class _Child:
         self._open: set[int] = set()
         self._input = b""
         self._stdin: int | None = None
-
-    def _maybe_ended(self) -> None:
-        if not self._open:
-            self.ended.set()
 
     def _reader(self, fd: int, into: bytearray) -> None:
         os.set_blocking(fd, False)
@@ -114,7 +110,8 @@ class _Child:
         else:
             self.loop.remove_reader(fd)
         os.close(fd)
-        self._maybe_ended()
+        if not self._open:
+            self.ended.set()
 
     def close_all(self) -> None:
         for fd in list(self._open):

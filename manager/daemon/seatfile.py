@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import structlog
 
-from manager.daemon.seat import RecordSlot, Seat
+from manager.daemon.seat import Seat
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
 from protocol.errors import DecodeError, Refusal
@@ -66,13 +66,14 @@ def record_of(seat: Seat) -> SeatRecord:
     )
 
 
-def _take(seat: Seat) -> tuple[RecordSlot, int, bytes]:
+def _take(seat: Seat) -> tuple[int, bytes]:
     slot = seat.record_slot
     slot.taken += 1
-    return slot, slot.taken, encode_seat_record(record_of(seat))
+    return slot.taken, encode_seat_record(record_of(seat))
 
 
-def _land(layout: Layout, seat: Seat, slot: RecordSlot, number: int, data: bytes) -> None:
+def _land(layout: Layout, seat: Seat, number: int, data: bytes) -> None:
+    slot = seat.record_slot
     with slot.lock:
         if number <= slot.landed:
             return
@@ -87,8 +88,7 @@ def save(layout: Layout, seat: Seat) -> None:
 
 async def save_off_loop(layout: Layout, seat: Seat) -> None:
     """`save`, with the record taken now and written in a worker thread."""
-    slot, number, data = _take(seat)
-    await anyio.to_thread.run_sync(_land, layout, seat, slot, number, data)
+    await anyio.to_thread.run_sync(_land, layout, seat, *_take(seat))
 
 
 def delete(layout: Layout, seat: Seat) -> None:
