@@ -17,6 +17,7 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
+from manager.broker import reader
 from manager.broker.footprint import (
     delete_durable,
     duplicate_window_s,
@@ -153,46 +154,26 @@ async def publish_post(js: JetStreamContext, space: str, post: meshcall.ChannelP
 async def history(
     js: JetStreamContext, space: str, channel: str, limit: int
 ) -> list[meshcall.MeshPost]:
-    """The channel's `limit` most recent posts, oldest first, read by an ephemeral consumer
-    that acknowledges nothing, so no subscriber's frontier moves."""
-    stream = names.chan_stream(space)
-    subject = names.chan_subject(space, channel)
-
-    async def read() -> list[meshcall.MeshPost]:
-        info = await js.stream_info(stream, subjects_filter=subject)
-        held = int((info.state.subjects or {}).get(subject, 0))
-        if held == 0:
-            return []
-        last = info.state.last_seq
-        psub = await js.pull_subscribe(
-            subject,
-            stream=stream,
-            config=api.ConsumerConfig(
-                ack_policy=api.AckPolicy.NONE,
-                deliver_policy=api.DeliverPolicy.ALL,
-                inactive_threshold=30.0,
-                mem_storage=True,
-            ),
-        )
-        seen: list[meshcall.MeshPost] = []
-        try:
-            while len(seen) < held:
-                batch = await psub.fetch(min(held - len(seen), 256), timeout=5.0)
-                for msg in batch:
-                    seq = int(msg.metadata.sequence.stream)
-                    try:
-                        post = meshcall.decode_post(msg.data)
-                    except DecodeError:
-                        continue
-                    seen.append(
-                        meshcall.MeshPost(
-                            seq=seq, sender=post.sender, text=post.text, sent_at=post.sent_at
-                        )
-                    )
-                if not batch or int(batch[-1].metadata.sequence.stream) >= last:
-                    break
-        finally:
-            await psub.unsubscribe()
-        return seen[-limit:]
-
-    return await riding_elections(f"history of #{channel}", read)
+    """The channel's `limit` most recent posts, oldest first, read by a reader of our own
+    (`reader.read`), so no subscriber's frontier moves."""
+    config = api.ConsumerConfig(
+        deliver_policy=api.DeliverPolicy.ALL, filter_subject=names.chan_subject(space, channel)
+    )
+    seen: list[meshcall.MeshPost] = []
+    async with contextlib.aclosing(
+        reader.read(js, names.chan_stream(space), config, what=f"history of #{channel}")
+    ) as messages:
+        async for msg in messages:
+            try:
+                post = meshcall.decode_post(msg.data)
+            except DecodeError:
+                continue
+            seen.append(
+                meshcall.MeshPost(
+                    seq=int(msg.metadata.sequence.stream),
+                    sender=post.sender,
+                    text=post.text,
+                    sent_at=post.sent_at,
+                )
+            )
+    return seen[-limit:]

@@ -31,12 +31,12 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
-    NoKeysError,
     NotFoundError,
 )
 from nats.js.kv import KeyValue
 
 from manager.broker.presence import PRESENCE_CAP
+from manager.broker.reader import bucket_entries
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.codec import decode_json
@@ -100,22 +100,10 @@ async def _existing_kv(js: JetStreamContext, bucket: str) -> KeyValue | None:
 
 
 async def _values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
-    kv = await _existing_kv(js, bucket)
-    if kv is None:
+    if await _existing_kv(js, bucket) is None:
         return {}
-    try:
-        keys = await riding_elections(f"{bucket} keys", kv.keys)
-    except NoKeysError:
-        return {}
-    out: dict[str, bytes] = {}
-    for key in sorted(keys):
-        try:
-            entry = await riding_elections(f"{bucket} {key}", functools.partial(kv.get, key))
-        except (KeyNotFoundError, KeyDeletedError):
-            # Listed, then expired or deleted before its read: it is simply gone.
-            continue
-        out[key] = entry.value or b""
-    return out
+    entries = await bucket_entries(js, bucket)
+    return {key: entries[key].value for key in sorted(entries)}
 
 
 async def _carried(js: JetStreamContext, space: str) -> dict[str, str]:

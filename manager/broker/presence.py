@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyDeletedError, KeyNotFoundError, NoKeysError
 from nats.js.kv import KeyValue
 
 from manager.broker.footprint import ensure_kv
-from manager.broker.retry import riding_elections
+from manager.broker.reader import bucket_entries
 from protocol import names
 from protocol.codec import decode_json
 from protocol.errors import DecodeError
@@ -38,27 +37,16 @@ async def presence_kv(js: JetStreamContext, space: str) -> KeyValue:
 
 async def live_uids(js: JetStreamContext, space: str) -> dict[str, LivePresence]:
     """uid -> the presence entry that claims it (and the manager instance that wrote it)."""
-    kv = await presence_kv(js, space)
-    try:
-        keys = await riding_elections("presence keys", kv.keys)
-    except NoKeysError:
-        return {}
+    bucket = names.presence_bucket(space)
+    await presence_kv(js, space)
     live: dict[str, LivePresence] = {}
-    for key in keys:
-
-        async def get(key: str = key) -> KeyValue.Entry:
-            return await kv.get(key)
-
-        try:
-            entry = await riding_elections(f"presence {key}", get)
-        except (KeyNotFoundError, KeyDeletedError):
-            continue
+    for key, entry in (await bucket_entries(js, bucket)).items():
         try:
             instance = decode_json(
-                entry.value or b"", Presence, what="presence", cap=PRESENCE_CAP
+                entry.value, Presence, what="presence", cap=PRESENCE_CAP
             ).instance_id
         except DecodeError:
             # A presence we cannot read still says "someone may be live": keep it, unknown.
             instance = ""
-        live[key.rsplit(".", 1)[-1]] = LivePresence(instance, key, int(entry.revision or 0))
+        live[key.rsplit(".", 1)[-1]] = LivePresence(instance, key, entry.revision)
     return live

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from manager.broker import retention
+from manager.broker import reader, retention
 from manager.broker.custody import Held, create_exclusive
 from manager.broker.footprint import ensure_dm_stream
 from manager.broker.retry import riding_elections
@@ -68,11 +67,6 @@ ATTEMPT_METADATA = "cotal.rebuilt-by-attempt"
 # Headers the source broker interpreted at publish time; replayed, they would be judged again
 # against a stream they were never written for (an expected last sequence always fails there).
 _DROPPED_HEADER_PREFIX = "nats-expected-"
-# The export reads an inbox in batches by a consumer of its own (one round trip per batch, not per
-# message); a reader left by a dead cut lapses after EXPORT_READER_IDLE_S.
-EXPORT_BATCH = 512
-EXPORT_FETCH_S = 10.0
-EXPORT_READER_IDLE_S = 30.0
 # The import keeps up to a window of acks awaited while it publishes; none for
 # IMPORT_WINDOW_S is trouble, and what was in flight goes again one by one.
 IMPORT_WINDOW = 1024
@@ -219,50 +213,25 @@ def _carried(
 async def _read_from(
     js: JetStreamContext, stream: str, record: DurableRecord, filters: list[str] | None = None
 ) -> AsyncGenerator[tuple[int, str, dict[str, str] | None, bytes], None]:
-    """The inbox's messages from `start_seq` through `last_seq`, in order, read in batches by
-    an ephemeral consumer of our own that acknowledges nothing, so the seat's durable and its
-    frontier are not touched. It is deleted after, and lapses on its own if we die first."""
+    """The inbox's messages from `start_seq` through `last_seq`, in order, read by a reader of
+    our own (`reader.read`), so the seat's durable and its frontier are not touched."""
     if record.start_seq > record.last_seq:
         return
-    name = f"cotal-export-{secrets.token_hex(6)}"
     config = api.ConsumerConfig(
-        name=name,
         deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
         opt_start_seq=record.start_seq,
-        ack_policy=api.AckPolicy.NONE,
         # `filters`: the subjects the durable itself reads, where it reads more than one.
         filter_subject=None if filters else record.filter_subject,
         filter_subjects=filters or None,
-        inactive_threshold=EXPORT_READER_IDLE_S,
-        mem_storage=True,
-        num_replicas=1,
     )
-    info = await riding_elections(
-        f"reader of {record.name}", lambda: js.add_consumer(stream, config)
-    )
-    try:
-        sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
-        try:
-            left = int(info.num_pending or 0)
-            while left > 0:
-                # On a cluster a consumer just made may not have its leader yet (a 503 with no
-                # messages): such a pull is asked again, and nothing was delivered by it.
-                batch = await riding_elections(
-                    f"inbox of {record.name}",
-                    functools.partial(sub.fetch, min(EXPORT_BATCH, left), timeout=EXPORT_FETCH_S),
-                )
-                left -= len(batch)
-                for msg in batch:
-                    seq = msg.metadata.sequence.stream
-                    if seq > record.last_seq:
-                        return
-                    yield seq, msg.subject, msg.headers, msg.data or b""
-        finally:
-            with anyio.CancelScope(shield=True):
-                await sub.unsubscribe()
-    finally:
-        with anyio.CancelScope(shield=True), contextlib.suppress(NatsError):
-            await js.delete_consumer(stream, name)
+    async with contextlib.aclosing(
+        reader.read(js, stream, config, what=f"inbox of {record.name}", prefix="cotal-export")
+    ) as messages:
+        async for msg in messages:
+            seq = msg.metadata.sequence.stream
+            if seq > record.last_seq:
+                return
+            yield seq, msg.subject, msg.headers, msg.data or b""
 
 
 async def durable_at(
