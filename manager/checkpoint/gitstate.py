@@ -217,12 +217,30 @@ async def run_git(
             "install git",
         ) from None
     if proc.returncode not in ok:
-        raise Refusal(
-            code,
-            f"`{_show(args)}` failed in {cwd} (exit {proc.returncode}): {_tail(proc.stderr)}",
-            cure,
-        )
+        raise _git_refusal(code, args, cwd, proc.returncode, proc.stderr, cure)
     return GitResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+KILLED_CURE = (
+    "git was killed from outside, not stopped by what it read (the kernel's log names the OOM "
+    "killer if it was that); find what killed it"
+)
+
+
+def _git_refusal(
+    code: str, args: Sequence[str], cwd: Path, rc: int, stderr: bytes, cure: str
+) -> Refusal:
+    """A git that exited `rc`: its own message where it wrote one; where a signal ended it,
+    which signal, and a cure about the kill rather than about the repository."""
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return Refusal(
+            code, f"`{_show(args)}` was killed by {name} in {cwd} before it finished", KILLED_CURE
+        )
+    return Refusal(code, f"`{_show(args)}` failed in {cwd} (exit {rc}): {_tail(stderr)}", cure)
 
 
 # How long a git told to stop may take to remove its lock files before it is killed.
@@ -316,9 +334,12 @@ async def stream_git_to_file(
                 await _end_git_group(process)
                 raise
         if rc != 0:
-            raise Refusal(
+            raise _git_refusal(
                 Code.GIT_FAILED,
-                f"`{_show(args)}` failed in {cwd} (exit {rc}): {_tail(bytes(stderr))}",
+                args,
+                cwd,
+                rc,
+                bytes(stderr),
                 "read git's message; the seat's repository was not changed",
             )
         return await anyio.to_thread.run_sync(out.finish)

@@ -212,6 +212,28 @@ async def test_a_bundle_fault_surfaces_as_before(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("subcommand", ["bundle", "status"])
+async def test_a_git_killed_by_a_signal_is_named_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, subcommand: str
+) -> None:
+    # The streamed bundle and a collected git (`run_git`) say the same: which signal, and a
+    # cure about the kill, not "read git's message" when git wrote none.
+    repo = make_rich_repo(tmp_path / "repo")
+    shim(tmp_path, monkeypatch, f'[ "$5" = {subcommand} ] && kill -KILL $$')
+    seat = seat_dir_for(tmp_path)
+
+    with pytest.raises(Refusal) as err:
+        await capture_repository(repo, seat)
+
+    assert err.value.code == "git-failed"
+    assert err.value.message.startswith(f"`git {subcommand} ")
+    assert err.value.message.endswith(f" was killed by SIGKILL in {repo} before it finished")
+    assert err.value.cure == gitstate.KILLED_CURE
+    await none_left_in(repo)
+    assert not (seat / BUNDLE_FILE).exists()
+
+
+@pytest.mark.anyio
 async def test_when_both_parts_fail_the_bundles_refusal_wins() -> None:
     # Both fail only when the second's failure lands before the first's cancels it; the
     # first holds on shielded until the second has failed, so both do, every time.
