@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import os
+import select
 import time
 from collections.abc import Iterable
 
@@ -60,15 +61,37 @@ def pid_identity(pid: int) -> ProcIdentity:
     return ProcIdentity(pid=pid, start_time=st, boot_id=boot_id())
 
 
+# How long one wait on a process's pidfd lasts before its identity is read again anyway.
+_PIDFD_WAIT_S = 0.25
+
+
 def prove_gone(identity: ProcIdentity, *, timeout: float) -> bool:
+    """Whether the process `identity` names ends within `timeout`.
+
+    The wait is on a pidfd where the kernel has them, so the answer comes as the process ends,
+    not at the next poll: a cut waits this way for its manager and then its broker. The pidfd
+    is opened before the identity is first read, so a live reading proves it is that process's
+    and not a successor's on a reused pid."""
     deadline = time.monotonic() + timeout
-    while True:
-        reap_if_child(identity.pid)
-        if not alive(identity):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
+    try:
+        pidfd: int | None = os.pidfd_open(identity.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            reap_if_child(identity.pid)
+            if not alive(identity):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if pidfd is None:
+                time.sleep(min(0.02, left))
+            else:
+                select.select([pidfd], [], [], min(left, _PIDFD_WAIT_S))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def reap_if_child(pid: int) -> None:

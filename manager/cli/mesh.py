@@ -337,9 +337,9 @@ async def _run_daemon(
                 if status is not None:
                     answered = True
                     return proc, status
-                # A refused connect to a socket not yet bound costs microseconds; a coarse
-                # poll would add its whole period to every start.
-                await anyio.sleep(0.02)
+                # Until the socket exists a poll is one stat, so a fine one costs nothing
+                # and adds no more than its period to every start.
+                await anyio.sleep(0.005)
     except TimeoutError:
         raise Refusal(
             Code.DAEMON_FAILED,

@@ -11,10 +11,15 @@ from pathlib import Path
 
 from manager.procs import (
     ENV_LAYOUT_PATIENCE_S,
+    alive,
+    boot_id,
+    pid_identity,
     process_environ,
     processes_with_env,
     processes_with_envs,
+    prove_gone,
 )
+from protocol.mesh import ProcRef
 
 NAME = "COTAL_LIFECYCLE_UID"
 
@@ -91,3 +96,56 @@ def test_an_empty_environment_reads_empty_and_a_zombie_reads_as_no_process(
         proc.kill()
         proc.wait()
     assert process_environ(proc.pid) is None
+
+
+# -- prove_gone: the wait a cut makes for its manager and its broker ---------------------------
+
+
+def test_a_process_that_outlives_the_timeout_is_not_proven_gone(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
+    try:
+        identity = pid_identity(proc.pid)
+        assert prove_gone(identity, timeout=0.3) is False
+        assert alive(identity) and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_child_that_ends_is_reaped_and_proven_gone(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "60"], cwd=tmp_path)
+    identity = pid_identity(proc.pid)
+    proc.kill()
+    assert prove_gone(identity, timeout=10) is True
+    # Reaped by the proof itself: no zombie of it is left for anyone.
+    try:
+        os.waitpid(proc.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    else:
+        raise AssertionError(f"pid {proc.pid} was left unreaped")
+
+
+def test_a_process_of_another_parent_is_proven_gone_when_it_ends(tmp_path: Path) -> None:
+    # The manager and the broker are not the cut's children: the proof is their exit, seen
+    # through a pidfd, whoever reaps them.
+    shell = subprocess.run(
+        ["sh", "-c", "sleep 0.5 >/dev/null 2>&1 & echo $!"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    orphan = pid_identity(int(shell.stdout))
+    assert alive(orphan)
+    assert prove_gone(orphan, timeout=10) is True
+    assert not alive(orphan)
+
+
+def test_a_pid_that_names_another_process_now_is_proven_gone_at_once() -> None:
+    # The recorded process ended long ago and its pid was reused: the successor's start time
+    # differs, so it is not waited for.
+    here = pid_identity(os.getpid())
+    stale = ProcRef(pid=here.pid, start_time=here.start_time - 1, boot_id=boot_id())
+    assert prove_gone(stale, timeout=30) is True
+    assert alive(here)
