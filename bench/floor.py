@@ -56,6 +56,23 @@ from manager.checkpoint.gitstate import PROBE_ARGS, REFS_ARGS, STATUS_ARGS  # no
 STATE_QUERY = b'{"type":"get_state","id":"floor"}\n'
 
 
+# What any coordinator written on the design card's stack imports before it can do anything:
+# the async runtime on the backend nats-py needs, the codec and the logger.
+STACK_IMPORTS = "import anyio, anyio._backends._asyncio, msgspec, structlog"
+# A resume's coordinator also checks a signature and talks to the broker before any seat runs.
+RESUME_STACK_IMPORTS = (
+    f"{STACK_IMPORTS}, nats, nats.js, cryptography.hazmat.primitives.asymmetric.ed25519"
+)
+
+
+def stack_start(imports: str = STACK_IMPORTS) -> float:
+    """One interpreter that imports the card's packages and exits: the part of any whole-process
+    figure that no CLI on this stack can avoid."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", imports], check=True, env=dict(os.environ))
+    return time.perf_counter() - t0
+
+
 def harness_starts(scratch: Path, n: int) -> float:
     """N scribe harnesses started at once, until each answered its state query."""
     env = dict(os.environ, PYTHONPATH=str(REPO))

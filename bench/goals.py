@@ -458,6 +458,7 @@ def big_once(
                     lambda: cut_bench.run_shell(cut_bench.SHELL_PROCEDURE, template, out, env_a)
                 )
                 shutil.rmtree(out)
+                row["stackStartS"] = floor_bench.stack_start()
 
             in_order(rep, ours_cut, shell_cut)
         carried: Path = row.pop("carried")
@@ -475,6 +476,7 @@ def big_once(
                 lambda: resume_bench.run_shell(resume_bench.SHELL_PROCEDURE, target, env_a)
             )
             row["harnessStartS"] = floor_bench.harness_starts(fresh_dir(base, "stores"), 1)
+            row["resumeStackStartS"] = floor_bench.stack_start(floor_bench.RESUME_STACK_IMPORTS)
             shell_tree.append(tree_digest(target))
             shutil.rmtree(base / "restore")
 
@@ -520,8 +522,23 @@ def bench_big(
         "pairs": reps,
         "walls": {k: spread([r[k] * 1000.0 for r in runs], 1) for k in runs[0]},
         "cutRatio": spread([r["cutS"] / r["shellCaptureS"] for r in runs]),
+        # The shell's capture plus what the card's stack costs any CLI before it does anything.
+        "cutStackFloor": spread([1 + r["stackStartS"] / r["shellCaptureS"] for r in runs]),
+        "cutRatioWithStack": spread(
+            [r["cutS"] / (r["shellCaptureS"] + r["stackStartS"]) for r in runs]
+        ),
         "resumeRatio": spread(
             [r["resumeS.this"] / (r["shellRestoreS"] + r["harnessStartS"]) for r in runs]
+        ),
+        "resumeStackFloor": spread(
+            [1 + r["resumeStackStartS"] / (r["shellRestoreS"] + r["harnessStartS"]) for r in runs]
+        ),
+        "resumeRatioWithStack": spread(
+            [
+                r["resumeS.this"]
+                / (r["shellRestoreS"] + r["harnessStartS"] + r["resumeStackStartS"])
+                for r in runs
+            ]
         ),
         "runs": runs,
     }
@@ -641,11 +658,35 @@ def goal_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         f"({w['cutS']['median'] / 1000:.2f} / {w['shellCaptureS']['median'] / 1000:.2f} s)",
     )
     add(
+        "cutVsShell",
+        "  the same / (shell capture + the stack's start)",
+        big["cutRatioWithStack"],
+        f"({w['stackStartS']['median']:.0f} ms of the card's imports)",
+    )
+    add(
+        "cutVsShell",
+        "  that floor alone / shell capture",
+        big["cutStackFloor"],
+        "",
+    )
+    add(
         "resumeVsFloor",
         "whole up --restore of it / shell restore + 1 harness",
         big["resumeRatio"],
         f"({w['resumeS.this']['median'] / 1000:.2f} / {w['shellRestoreS']['median'] / 1000:.2f}"
         f" + {w['harnessStartS']['median'] / 1000:.2f} s)",
+    )
+    add(
+        "resumeVsFloor",
+        "  the same / (that floor + the stack's start)",
+        big["resumeRatioWithStack"],
+        f"({w['resumeStackStartS']['median']:.0f} ms of the card's imports, nats, cryptography)",
+    )
+    add(
+        "resumeVsFloor",
+        "  that floor alone / shell restore + 1 harness",
+        big["resumeStackFloor"],
+        "",
     )
     iw = inbox["walls"]
     m = inbox["messages"]
