@@ -81,6 +81,9 @@ def prove_gone(identity: ProcIdentity, *, timeout: float) -> bool:
         while True:
             reap_if_child(identity.pid)
             if not alive(identity):
+                # It may have ended between the reap and the reading: a child of ours is not
+                # left a zombie by its proof.
+                reap_if_child(identity.pid)
                 return True
             left = deadline - time.monotonic()
             if left <= 0:

@@ -900,8 +900,11 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     _e(
         Code.GIT_FAILED,
-        "a git command failed",
-        "read git's message; nothing was changed",
+        "a git command failed; or a signal ended it (`… was killed by SIGKILL in DIR before it "
+        "finished`: the OOM killer, an operator; in a cut, only that seat fails, by name, and "
+        "nothing is sealed)",
+        "read git's message; nothing was changed. Killed: find what killed it (the kernel's log "
+        "names the OOM killer), then rerun the same command, which captures or restores again",
     ),
     _e(
         Code.GIT_MISSING,
