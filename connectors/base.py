@@ -151,6 +151,16 @@ class Driver(Protocol):
         """The session id the running harness reports, or None before it has one."""
         ...
 
+    def launch_prompt_running(self) -> bool:
+        """Whether the launch's own prompt (`LaunchSpec.initial_prompt`, sent by the driver, not
+        through the inbox) is still to be sent or has not reached its turn's end."""
+        ...
+
+    async def launch_prompt_settled(self) -> None:
+        """Returns once the launch's prompt has ended, or at once when there is none: a cut
+        waits here as for an inbox turn, since nothing would bring this prompt back."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -279,6 +279,7 @@ class JsonStdioDriver(Generic[TurnT]):
         self._pointer_path = pointer_path
         self._expected = expected_session_id
         self._initial = initial_prompt
+        self._launch_prompt = initial_prompt is not None
         self._line_cap = line_cap
         self._turn_lock = anyio.Lock()
         self._pending: Waiters[dict[str, Any]] = Waiters()
@@ -414,6 +415,13 @@ class JsonStdioDriver(Generic[TurnT]):
 
     def _initial_ready(self) -> bool:
         return True
+
+    def launch_prompt_running(self) -> bool:
+        return self._launch_prompt and not self.initial_done.is_set()
+
+    async def launch_prompt_settled(self) -> None:
+        if self._launch_prompt:
+            await self.initial_done.wait()
 
     async def _initial_locked(self) -> None:
         # Whoever takes the turn lock first sends the launch's prompt, so it always precedes

@@ -293,9 +293,17 @@ class JcodeDriver(JsonLinesDriver):
     ) -> None:
         super().__init__(stdin, stdout, JcodeCodec(), line_cap=LINE_CAP)
         self._initial = initial_prompt
+        self._launch_prompt = initial_prompt is not None
         self._initial_lock = anyio.Lock()
         self.initial_outcome: TurnOutcome | None = None
         self.initial_done = anyio.Event()
+
+    def launch_prompt_running(self) -> bool:
+        return self._launch_prompt and not self.initial_done.is_set()
+
+    async def launch_prompt_settled(self) -> None:
+        if self._launch_prompt:
+            await self.initial_done.wait()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:

@@ -123,6 +123,14 @@ class JsonLinesDriver:
         self._reader = ReaderState()
         self.protocol_errors: deque[str] = deque(maxlen=PROTOCOL_ERRORS_KEPT)
 
+    def launch_prompt_running(self) -> bool:
+        """A JSON-lines harness takes its launch prompt in argv, or not at all (jcode's driver
+        sends its own and says so)."""
+        return False
+
+    async def launch_prompt_settled(self) -> None:
+        return None
+
     @property
     def session_id(self) -> str | None:
         """The last session id the harness reported (ready line or state reply)."""

@@ -25,6 +25,8 @@ import anyio
 import msgspec
 import structlog
 
+from connectors.base import Driver
+from connectors.driverkit import INITIAL_PROMPT_ID
 from manager import concurrency, failpoint, registry
 from manager.broker import custody, frontier, space
 from manager.broker.retry import phase
@@ -631,6 +633,11 @@ class Preservation:
         # halfway when the operator allowed the time.
         bridge = seat.bridge
         turn = bridge.turn if bridge is not None and seat.state == "running" else None
+        driver = seat.driver if seat.state == "running" else None
+        if turn is None and driver is not None and driver.launch_prompt_running():
+            # The launch's prompt goes from the driver, not through the gate or the inbox: cut
+            # before its turn ends, it would be in neither the session nor the carried inbox.
+            await self._wait_launch_prompt(seat, driver, drain_timeout_s, run)
         if bridge is not None and turn is not None:
             self.progress.add(
                 "turn-wait", seat=seat.name, detail=f"waiting for message {turn.message_id}"
@@ -656,6 +663,26 @@ class Preservation:
                     detail=f"message {turn.message_id} reached its turn boundary",
                 )
         await self._stop_one(seat, run.failures)
+
+    async def _wait_launch_prompt(
+        self, seat: Seat, driver: Driver, drain_timeout_s: float, run: _Run
+    ) -> None:
+        self.progress.add("turn-wait", seat=seat.name, detail="waiting for its launch prompt")
+        with anyio.move_on_after(drain_timeout_s):
+            await driver.launch_prompt_settled()
+        if not driver.launch_prompt_running():
+            self.progress.add(
+                "turn-wait", seat=seat.name, detail="its launch prompt reached its turn boundary"
+            )
+            return
+        run.mid_turn[seat.name] = INITIAL_PROMPT_ID
+        log.warning("cut.mid_turn", seat=seat.name, id=INITIAL_PROMPT_ID, waited_s=drain_timeout_s)
+        self.progress.add(
+            "turn-wait",
+            seat=seat.name,
+            detail=f"cut mid-turn after {drain_timeout_s:g}s in its launch prompt, which is not "
+            "in its inbox and so is not redelivered after the resume: send it again",
+        )
 
     async def _stop_one(self, seat: Seat, failures: dict[str, str]) -> None:
         # The owner's one stop-and-prove; outside `active` it neither restarts the seat nor

@@ -120,6 +120,10 @@ class Seat:
     def bridge(self) -> DeliveryBridge | None:
         return self.current.bridge if self.current is not None else None
 
+    @property
+    def driver(self) -> Driver | None:
+        return self.current.driver if self.current is not None else None
+
     def apply(self, event: SeatEvent) -> SeatState:
         """The Manager's only way to move a seat; an illegal event raises `IllegalTransition`."""
         return self.lifecycle.apply(event)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from manager.workspace.journal import Journal
+from manager.workspace.layout import Layout
 from tests.conftest import AnthropicServer, Cli, SharedBroker
 from tests.gitrepo import git, init_repo, write
 from tests.harness import claude_installed
@@ -122,3 +124,85 @@ async def test_claude_seat_through_the_cut_and_the_resume(
     )
     assert ENV[KEY_VAR].encode() not in blob
     cli.run("down")
+
+
+# -- the launch's prompt and a cut right after the spawn --------------------------------------
+
+SLOW_PHRASE = "kite-9"
+
+
+def _committed(root: Path) -> None:
+    init_repo(root)
+    write(root / "README.md", "# claude\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "first")
+
+
+def _carried_transcript(checkpoint: Path, session_id: str) -> bytes:
+    """The bytes the checkpoint carries for the session's transcript, found by its recorded
+    path in the seat's store."""
+    record = json.loads((checkpoint / "default" / "checkpoint.json").read_text())
+    [entry] = [
+        e for e in record["session"]["store"] if e["relpath"].endswith(f"/{session_id}.jsonl")
+    ]
+    assert "/projects/" in entry["relpath"]
+    return (checkpoint / "default" / entry["file"]["file"]).read_bytes()
+
+
+async def test_a_cut_right_after_the_spawn_waits_for_the_launch_prompt_and_carries_it(
+    tmp_path: Path, cli: Cli, fake_anthropic: AnthropicServer
+) -> None:
+    # The launch's prompt is sent by the driver, not through the inbox: a cut that did not
+    # wait for it sealed a session without it and carried no message that would bring it back.
+    _committed(cli.root)
+    configure(cli.root, fake_anthropic)
+    cli.run("up", "--detach", env=ENV)
+    row = cli.json(
+        "spawn",
+        "default",
+        "--agent",
+        "claude",
+        "--prompt",
+        f"Remember the phrase {SLOW_PHRASE}. fake:slow",
+    )
+    cut = json.loads(cli.run("down", "--preserve-state", "--json", timeout=180).stdout)
+    assert cut["journal"] == "ready" and cut["failures"] == [] and cut["midTurn"] == []
+    transcript = _carried_transcript(Path(cut["checkpointDir"]), row["sessionId"])
+    assert f"Remember the phrase {SLOW_PHRASE}.".encode() in transcript
+    assert f"Noted: {SLOW_PHRASE}.".encode() in transcript
+
+    carried = tmp_path / "carried"
+    shutil.copytree(cut["checkpointDir"], carried, symlinks=True)
+    shutil.rmtree(cli.root)
+    cli.root.mkdir()
+    configure(cli.root, fake_anthropic)
+    cli.run("up", "--restore", str(carried), *trusting(carried), env=ENV)
+    assert (
+        cli.json("send", "default", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {SLOW_PHRASE}."
+    )
+    cli.run("down")
+
+
+async def test_a_launch_prompt_past_the_drain_timeout_is_named_mid_turn(
+    cli: Cli, fake_anthropic: AnthropicServer
+) -> None:
+    _committed(cli.root)
+    configure(cli.root, fake_anthropic)
+    cli.run("up", "--detach", env=ENV)
+    cli.json(
+        "spawn",
+        "default",
+        "--agent",
+        "claude",
+        "--prompt",
+        f"Remember the phrase {SLOW_PHRASE}. fake:slow",
+    )
+    out = cli.run("down", "--preserve-state", "--drain-timeout", "1", timeout=180)
+    # What an operator reads: this prompt, unlike an inbox message, will not come back.
+    assert (
+        "  default was cut mid-turn in its launch prompt, which is not in its inbox and so is "
+        "not redelivered after the resume: send it again\n"
+    ) in out.stdout
+    record = Journal(Layout.at(cli.root)).load()
+    assert record is not None and record.state == "ready"
