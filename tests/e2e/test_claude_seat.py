@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,10 +90,7 @@ async def test_claude_seat_survives_a_crash_and_a_fork_of_another_session_is_rep
 async def test_claude_seat_through_the_cut_and_the_resume(
     tmp_path: Path, cli: Cli, fake_anthropic: AnthropicServer, shared_broker: SharedBroker
 ) -> None:
-    init_repo(cli.root)
-    write(cli.root / "README.md", "# claude\n")
-    git(cli.root, "add", "-A")
-    git(cli.root, "commit", "-q", "-m", "first")
+    _committed(cli.root)
     configure(cli.root, fake_anthropic)
     b = ["--server", shared_broker.url, "--creds", shared_broker.creds]
     cli.run("up", "--detach", *b, env=ENV)
@@ -138,6 +136,23 @@ def _committed(root: Path) -> None:
     git(root, "commit", "-q", "-m", "first")
 
 
+def _spawned_with_a_slow_prompt(cli: Cli, server: AnthropicServer) -> dict[str, Any]:
+    """A mesh with one Claude seat whose launch prompt streams its reply slowly (the fake API's
+    `fake:slow`), returned as soon as the spawn is: the prompt's turn is still running."""
+    _committed(cli.root)
+    configure(cli.root, server)
+    cli.run("up", "--detach", env=ENV)
+    row: dict[str, Any] = cli.json(
+        "spawn",
+        "default",
+        "--agent",
+        "claude",
+        "--prompt",
+        f"Remember the phrase {SLOW_PHRASE}. fake:slow",
+    )
+    return row
+
+
 def _carried_transcript(checkpoint: Path, session_id: str) -> bytes:
     """The bytes the checkpoint carries for the session's transcript, found by its recorded
     path in the seat's store."""
@@ -154,17 +169,7 @@ async def test_a_cut_right_after_the_spawn_waits_for_the_launch_prompt_and_carri
 ) -> None:
     # The launch's prompt is sent by the driver, not through the inbox: a cut that did not
     # wait for it sealed a session without it and carried no message that would bring it back.
-    _committed(cli.root)
-    configure(cli.root, fake_anthropic)
-    cli.run("up", "--detach", env=ENV)
-    row = cli.json(
-        "spawn",
-        "default",
-        "--agent",
-        "claude",
-        "--prompt",
-        f"Remember the phrase {SLOW_PHRASE}. fake:slow",
-    )
+    row = _spawned_with_a_slow_prompt(cli, fake_anthropic)
     cut = json.loads(cli.run("down", "--preserve-state", "--json", timeout=180).stdout)
     assert cut["journal"] == "ready" and cut["failures"] == [] and cut["midTurn"] == []
     transcript = _carried_transcript(Path(cut["checkpointDir"]), row["sessionId"])
@@ -187,17 +192,7 @@ async def test_a_cut_right_after_the_spawn_waits_for_the_launch_prompt_and_carri
 async def test_a_launch_prompt_past_the_drain_timeout_is_named_mid_turn(
     cli: Cli, fake_anthropic: AnthropicServer
 ) -> None:
-    _committed(cli.root)
-    configure(cli.root, fake_anthropic)
-    cli.run("up", "--detach", env=ENV)
-    cli.json(
-        "spawn",
-        "default",
-        "--agent",
-        "claude",
-        "--prompt",
-        f"Remember the phrase {SLOW_PHRASE}. fake:slow",
-    )
+    _spawned_with_a_slow_prompt(cli, fake_anthropic)
     out = cli.run("down", "--preserve-state", "--drain-timeout", "1", timeout=180)
     # What an operator reads: this prompt, unlike an inbox message, will not come back.
     assert (
