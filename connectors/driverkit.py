@@ -29,6 +29,11 @@ T = TypeVar("T")
 # A harness that stops reading its stdin must not wedge a sender forever.
 SEND_TIMEOUT_S = 10.0
 INITIAL_PROMPT_ID = "initial-prompt"
+# What a cut says of a seat it stopped in the middle of that prompt's turn.
+LAUNCH_PROMPT_LOST = (
+    "in its launch prompt, which is not in its inbox and so is not redelivered after the "
+    "resume: send it again"
+)
 # What a failed write to a harness's stdin raises: the pipe is gone or we closed it.
 STDIN_GONE: tuple[type[BaseException], ...] = (
     anyio.BrokenResourceError,
@@ -253,7 +258,23 @@ class Turn:
 TurnT = TypeVar("TurnT", bound=Turn)
 
 
-class JsonStdioDriver(Generic[TurnT]):
+class LaunchPromptWatch:
+    """`Driver.launch_prompt_running` and `launch_prompt_settled` for a driver that sends the
+    launch's prompt itself: `_launch_prompt` says whether the launch had one, and `initial_done`
+    is set once it has ended (or will never be sent)."""
+
+    _launch_prompt: bool
+    initial_done: anyio.Event
+
+    def launch_prompt_running(self) -> bool:
+        return self._launch_prompt and not self.initial_done.is_set()
+
+    async def launch_prompt_settled(self) -> None:
+        if self._launch_prompt:
+            await self.initial_done.wait()
+
+
+class JsonStdioDriver(LaunchPromptWatch, Generic[TurnT]):
     """The driver of a long-lived harness speaking JSON lines, whose pointer we write.
 
     It owns no task: the caller runs `run()` in the seat's task group, ideally with
@@ -415,13 +436,6 @@ class JsonStdioDriver(Generic[TurnT]):
 
     def _initial_ready(self) -> bool:
         return True
-
-    def launch_prompt_running(self) -> bool:
-        return self._launch_prompt and not self.initial_done.is_set()
-
-    async def launch_prompt_settled(self) -> None:
-        if self._launch_prompt:
-            await self.initial_done.wait()
 
     async def _initial_locked(self) -> None:
         # Whoever takes the turn lock first sends the launch's prompt, so it always precedes

@@ -27,7 +27,7 @@ from connectors.base import (
     TurnOutcome,
     framed_prompt,
 )
-from connectors.driverkit import INITIAL_PROMPT_ID, json_line
+from connectors.driverkit import INITIAL_PROMPT_ID, LaunchPromptWatch, json_line
 from connectors.jsonl_driver import (
     DriverEvent,
     JsonLinesDriver,
@@ -284,7 +284,7 @@ def judge_turn_end(event: Mapping[str, Any]) -> TurnOutcome:
     return TurnOutcome("unknown", detail=f"the harness ended the turn with status {status!r}")
 
 
-class JcodeDriver(JsonLinesDriver):
+class JcodeDriver(LaunchPromptWatch, JsonLinesDriver):
     """The generic JSON-lines driver plus the launch's initial prompt, delivered as turn 0 once
     the harness is ready and before any inbox message."""
 
@@ -297,13 +297,6 @@ class JcodeDriver(JsonLinesDriver):
         self._initial_lock = anyio.Lock()
         self.initial_outcome: TurnOutcome | None = None
         self.initial_done = anyio.Event()
-
-    def launch_prompt_running(self) -> bool:
-        return self._launch_prompt and not self.initial_done.is_set()
-
-    async def launch_prompt_settled(self) -> None:
-        if self._launch_prompt:
-            await self.initial_done.wait()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         try:

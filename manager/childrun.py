@@ -27,6 +27,8 @@ from pathlib import Path
 
 import anyio
 
+from manager.procs import pidfd_of
+
 _CHUNK = 1 << 18
 
 
@@ -35,13 +37,6 @@ class Finished:
     returncode: int
     stdout: bytes
     stderr: bytes
-
-
-def _pidfd_of(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except OSError:
-        return None
 
 
 class _Child:
@@ -166,7 +161,7 @@ async def run_collect(
         assert input is not None
         child._writer(in_w, input)
     try:
-        pidfd = _pidfd_of(proc.pid)
+        pidfd = pidfd_of(proc.pid)
         if pidfd is not None:
             child._exit_watch(pidfd)
         await child.ended.wait()

@@ -65,6 +65,14 @@ def pid_identity(pid: int) -> ProcIdentity:
 _PIDFD_WAIT_S = 0.25
 
 
+def pidfd_of(pid: int) -> int | None:
+    """A pidfd for `pid`, or None where the process is gone or the kernel (or `os`) has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def prove_gone(identity: ProcIdentity, *, timeout: float) -> bool:
     """Whether the process `identity` names ends within `timeout`.
 
@@ -73,10 +81,7 @@ def prove_gone(identity: ProcIdentity, *, timeout: float) -> bool:
     is opened before the identity is first read, so a live reading proves it is that process's
     and not a successor's on a reused pid."""
     deadline = time.monotonic() + timeout
-    try:
-        pidfd: int | None = os.pidfd_open(identity.pid)
-    except (AttributeError, OSError):
-        pidfd = None
+    pidfd = pidfd_of(identity.pid)
     try:
         while True:
             reap_if_child(identity.pid)

@@ -38,6 +38,7 @@ async def presence_kv(js: JetStreamContext, space: str) -> KeyValue:
 async def live_uids(js: JetStreamContext, space: str) -> dict[str, LivePresence]:
     """uid -> the presence entry that claims it (and the manager instance that wrote it)."""
     bucket = names.presence_bucket(space)
+    # Made if missing, as before: a space nobody ran yet has an empty roster, not a refusal.
     await presence_kv(js, space)
     live: dict[str, LivePresence] = {}
     for key, entry in (await bucket_entries(js, bucket)).items():

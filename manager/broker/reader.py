@@ -1,9 +1,9 @@
 """Reading a stream through a consumer of our own that acknowledges nothing.
 
 Used where cotal must see a stream's messages without moving anyone's frontier: a cut seat's
-inbox (`space.py`) and a bucket's current entries (`bucket_entries`). The consumer is
-ephemeral, held in memory with one replica, and deleted after; one left by a process that died
-lapses on its own after `idle_s`.
+inbox (`space.py`), a channel's history (`channels.py`) and a bucket's current entries
+(`bucket_entries`). The consumer is ephemeral, held in memory with one replica, and deleted
+after; one left by a process that died lapses on its own after `IDLE_S`.
 
 Why a bucket is read here and not with `KeyValue.keys()` and a `get` per key: the client's key
 listing is a push watcher that takes the end of the initial values to be the moment its consumer
@@ -17,6 +17,7 @@ reports pending is exactly what is still to come.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import secrets
 from collections.abc import AsyncGenerator
@@ -50,12 +51,15 @@ async def read(
     order, in batches. The caller closes it (`contextlib.aclosing`) so that a refusal midway
     deletes the reader while the connection is still open."""
     name = f"{prefix}-{secrets.token_hex(6)}"
-    config.name = name
-    config.ack_policy = api.AckPolicy.NONE
-    config.inactive_threshold = IDLE_S
-    config.mem_storage = True
-    config.num_replicas = 1
-    info = await riding_elections(f"reader of {what}", lambda: js.add_consumer(stream, config))
+    ours = dataclasses.replace(
+        config,
+        name=name,
+        ack_policy=api.AckPolicy.NONE,
+        inactive_threshold=IDLE_S,
+        mem_storage=True,
+        num_replicas=1,
+    )
+    info = await riding_elections(f"reader of {what}", lambda: js.add_consumer(stream, ours))
     try:
         left = int(info.num_pending or 0)
         if left == 0:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from connectors.driverkit import INITIAL_PROMPT_ID
+from connectors.driverkit import INITIAL_PROMPT_ID, LAUNCH_PROMPT_LOST
 from manager import eventloop, failpoint, registry
 from manager.broker import embedded
 from manager.checkpoint.reader import read_manifest
@@ -523,10 +523,7 @@ def _print_sealed(args: argparse.Namespace, sealed: Sealed) -> None:
     mid_turn = result.mid_turn if isinstance(result, control.CommitReply) else []
     for mid in mid_turn:
         if mid.message_id == INITIAL_PROMPT_ID:
-            out(
-                f"  {mid.name} was cut mid-turn in its launch prompt, which is not in its "
-                "inbox and so is not redelivered after the resume: send it again\n"
-            )
+            out(f"  {mid.name} was cut mid-turn {LAUNCH_PROMPT_LOST}\n")
             continue
         out(
             f"  {mid.name} was cut mid-turn (message {mid.message_id}): "

@@ -26,7 +26,7 @@ import msgspec
 import structlog
 
 from connectors.base import Driver
-from connectors.driverkit import INITIAL_PROMPT_ID
+from connectors.driverkit import INITIAL_PROMPT_ID, LAUNCH_PROMPT_LOST
 from manager import concurrency, failpoint, registry
 from manager.broker import custody, frontier, space
 from manager.broker.retry import phase
@@ -680,8 +680,7 @@ class Preservation:
         self.progress.add(
             "turn-wait",
             seat=seat.name,
-            detail=f"cut mid-turn after {drain_timeout_s:g}s in its launch prompt, which is not "
-            "in its inbox and so is not redelivered after the resume: send it again",
+            detail=f"cut mid-turn after {drain_timeout_s:g}s {LAUNCH_PROMPT_LOST}",
         )
 
     async def _stop_one(self, seat: Seat, failures: dict[str, str]) -> None:
