@@ -150,6 +150,8 @@ async def test_seats_killed_before_their_first_turn_still_continue(
             connector, replace(opts, resume=None, continue_session=sid), tmp_path
         ) as seat:
             with anyio.fail_after(TIMEOUT):
+                # As above: the continued start registers its session a moment after it runs.
+                await seat.driver.state_known.wait()
                 assert await seat.driver.get_state() == sid
                 assert await seat.driver.prompt(
                     "what was the phrase?", message_id=f"{name}-1"
