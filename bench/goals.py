@@ -80,7 +80,7 @@ from bench.common import (  # noqa: E402
 from connectors import isolate  # noqa: E402
 from manager import logs  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
-from manager.cli.mesh import control  # noqa: E402
+from manager.coord.mesh import control  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
 from protocol import control as ops  # noqa: E402
 from protocol.mesh import decode_mesh  # noqa: E402

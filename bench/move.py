@@ -855,6 +855,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="4 moves each, 300 commits, 4 MiB blob")
     p.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    p.add_argument(
+        "--keep-logs",
+        metavar="DIR",
+        type=Path,
+        help="copy both managers' logs here at the end (each destination's restore steps are "
+        "its `move.progress` lines, stamped as they were said)",
+    )
     args = p.parse_args(argv)
     args.moves = args.moves or (4 if args.quick else 10)
     commits = args.commits or (300 if args.quick else 2000)
@@ -900,6 +907,11 @@ def main(argv: list[str] | None = None) -> int:
                     a.mesh.spawn(STAY_A)
                     b.mesh.spawn(STAY_B)
                     anyio.run(bench, scratch, env, broker, hosts, args, doc, backend="asyncio")
+                    if args.keep_logs is not None:
+                        args.keep_logs.mkdir(parents=True, exist_ok=True)
+                        for host in hosts:
+                            log = host.cli.root / ".cotal" / "logs" / "manager.log"
+                            shutil.copyfile(log, args.keep_logs / f"manager-{host.name}.log")
             doc["totalS"] = round(time.perf_counter() - t0, 1)
             doc["machine"]["loadAvgAtEnd"] = [round(x, 2) for x in os.getloadavg()]
             doc["summary"] = summary(doc)

@@ -87,7 +87,7 @@ from manager.checkpoint.confine import place_session_file, session_destination  
 from manager.checkpoint.gitstate import STATUS_ARGS, run_git  # noqa: E402
 from manager.checkpoint.reader import read_manifest, verify_file  # noqa: E402
 from manager.checkpoint.restore import restore_repository  # noqa: E402
-from manager.cli.verify import agent_settings  # noqa: E402
+from manager.coord.admission import agent_settings  # noqa: E402
 from manager.workspace.layout import Layout  # noqa: E402
 from protocol.checkpoint import SeatCheckpoint  # noqa: E402
 

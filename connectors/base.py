@@ -5,8 +5,13 @@ harness writes its session pointer and which files make up its session store) an
 running harness over its stdio with a `Driver`. The continuity class is derived from the
 declared capability flags only: never from a connector's name, never from probing a live host.
 
+A connector also owns what is known about its harness: its configuration (`config_type`, the
+`[agents.<name>]` table of cotal.toml as one strict struct) and what `cotal doctor` says of the
+harness on this host (`doctor`).
+
 What the connectors share beyond the contract lives beside it: `launchkit` (launch options and
-the seat's files), `driverkit` (stdio driver plumbing) and `privatefs` (private files).
+the seat's files), `driverkit` (stdio driver plumbing), `doctorkit` (the doctor's probes) and
+`privatefs` (private files).
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import msgspec
 from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
+
+if TYPE_CHECKING:
+    from connectors.doctorkit import Pins
 
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
 Anchor = Literal["cwd", "workspace-root", "home"]
@@ -191,13 +200,45 @@ class ByteReceive(Protocol):
     async def receive(self, max_bytes: int = 65536) -> bytes: ...
 
 
+@dataclass
+class Missing:
+    """One reason a harness is not ready here, with its cure."""
+
+    problem: str
+    cure: str
+    # "program": the harness cannot run at all; "config": it runs, but a seat launch would be
+    # refused until the operator supplies a setting (an endpoint, a key).
+    kind: str = "program"
+
+
+@dataclass
+class HarnessCheck:
+    """What a connector finds of its harness on this host, for `cotal doctor`: where its program
+    is and which version, whether it answers a quick run, and each problem with its cure."""
+
+    installed: bool = False
+    path: str | None = None
+    version: str | None = None
+    usable: bool = False
+    missing: list[Missing] = field(default_factory=list)
+
+
 class Connector(Protocol):
     name: str
     capabilities: Capabilities
+    # The whole `[agents.<name>]` table: a msgspec struct with forbid_unknown_fields, decoded
+    # strictly when cotal.toml is read and again at every launch.
+    config_type: type[msgspec.Struct]
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec: ...
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> Driver: ...
+
+    def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
+        """Whether this host can run the harness with `config`: a quick `--version` run with an
+        empty private home and the harness's offline switches, so the check neither reads nor
+        writes the operator's own harness state; never a secret in what it reports."""
+        ...
 
 
 # -- moving a session to another path -------------------------------------------------------------

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -20,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
     FileMove,
+    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
     Relocation,
@@ -33,15 +36,16 @@ from connectors.base import (
     StoreDecl,
     TurnOutcome,
 )
+from connectors.doctorkit import Pins, config_problem, pinned_or_configured, probe_env, version_run
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.interpreter import own_python
 from connectors.launchkit import (
     UUID_RE,
-    agent_config,
     base_env,
     check_prompt,
     configured_binary,
+    decode_config,
     drop_stale_pointer,
     endpoint_url,
     extra_env_names,
@@ -65,9 +69,6 @@ from protocol.refusals import Code
 
 NAME = "claude"
 KEY_VAR = "ANTHROPIC_API_KEY"
-CONFIG_KEYS = frozenset(
-    {"base_url", "model", "api_key_env", "api_key_file", "permission_mode", "binary", "extra_env"}
-)
 OAUTH_VAR = "CLAUDE_CODE_OAUTH_TOKEN"
 # What `claude --permission-mode` accepts in the pinned version (its --help choices).
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
@@ -248,6 +249,24 @@ def relocate_claude_session(
     return SessionMove(files=moves)
 
 
+# -- the configuration ----------------------------------------------------------------------------
+
+
+class ClaudeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[agents.claude]`: an Anthropic Messages endpoint (default: Claude Code's own), the
+    model, where the key comes from (a variable or a 0600 file; else an OAuth token or the
+    operator's `claude login`), the permission mode, the executable, and variables passed
+    through to the seat. Anything else is refused."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    permission_mode: str | None = None
+    binary: str | None = None
+    extra_env: list[str] = []
+
+
 # -- the connector --------------------------------------------------------------------------------
 
 
@@ -262,6 +281,7 @@ class ClaudeCodeConnector:
         supports_fresh_start=True,
         supports_prompt=True,
     )
+    config_type = ClaudeConfig
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         refuse_resume_with_continuation(NAME, opts)
@@ -362,11 +382,16 @@ class ClaudeCodeConnector:
     def describe(self, opts: LaunchOpts) -> dict[str, str]:
         """What an operator may see about a seat's launch (for `ps --wide`): the permission mode
         and where its credential comes from, never the credential itself. Reads no secret."""
-        config = agent_config(NAME, opts, CONFIG_KEYS)
+        config = decode_config(NAME, opts.config, ClaudeConfig)
         return {
             "permissionMode": _permission_mode(config),
             "credentials": _credential_source(config),
         }
+
+    def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
+        check = HarnessCheck()
+        _doctor(check, decode_config(NAME, config, ClaudeConfig), pins)
+        return pins.noted(check)
 
     def relocate_session(
         self, files: Sequence[str], reloc: Relocation, session_id: str | None
@@ -416,9 +441,23 @@ class _Config:
     passthrough: tuple[str, ...]
 
 
+def _doctor(check: HarnessCheck, cfg: ClaudeConfig, pins: Pins) -> None:
+    program = pinned_or_configured(check, NAME, cfg.binary, pins)
+    if program is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
+        version_run(check, [program], probe_env(tmp, CLAUDE_CONFIG_DIR=tmp, **QUIET_ENV))
+    # A key file, a key variable, an OAuth token or a `claude login` each satisfy Claude Code;
+    # the refusal names only the source, never the secret it would have read.
+    try:
+        resolve_credential(cfg)
+    except Refusal as exc:
+        config_problem(check, exc)
+
+
 def _check_config(opts: LaunchOpts) -> _Config:
-    config = agent_config(NAME, opts, CONFIG_KEYS)
-    base_url = config.get("base_url")
+    config = decode_config(NAME, opts.config, ClaudeConfig)
+    base_url = config.base_url
     if base_url is not None:
         base_url = endpoint_url(
             NAME,
@@ -430,7 +469,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
                 "set agents.claude.base_url in cotal.toml, e.g. http://127.0.0.1:8080, or unset it",
             ),
         )
-    model = opts.model or config.get("model")
+    model = opts.model or config.model
     if model is not None and not names.CLAUDE_MODEL.matches(model):
         raise Refusal(
             Code.BAD_LAUNCH,
@@ -438,7 +477,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "pass --model or set agents.claude.model in cotal.toml",
         )
     permission_mode = _permission_mode(config)
-    extra_env = extra_env_names(NAME, config)
+    extra_env = extra_env_names(NAME, config.extra_env)
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
         raise Refusal(
@@ -447,14 +486,14 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "which the connector sets itself",
             "remove them from agents.claude.extra_env",
         )
-    binary = configured_binary(NAME, config, what="the claude executable")
+    binary = configured_binary(NAME, config.binary, what="the claude executable")
     # Last among the checks: a launch refused for its config never reads a secret.
     credential = resolve_credential(config)
     return _Config(base_url, model, credential, permission_mode, binary, tuple(extra_env))
 
 
-def _permission_mode(config: Mapping[str, Any]) -> str:
-    mode = config.get("permission_mode", DEFAULT_PERMISSION_MODE)
+def _permission_mode(config: ClaudeConfig) -> str:
+    mode = DEFAULT_PERMISSION_MODE if config.permission_mode is None else config.permission_mode
     if mode not in PERMISSION_MODES:
         raise Refusal(
             Code.BAD_LAUNCH,
@@ -485,22 +524,22 @@ def login_credentials_path() -> Path:
     return base / CREDENTIALS_FILE
 
 
-def _key_file_path(config: Mapping[str, Any]) -> Path | None:
-    return key_file_path(NAME, config)
+def _key_file_path(config: ClaudeConfig) -> Path | None:
+    return key_file_path(NAME, config.api_key_file)
 
 
-def _key_env(config: Mapping[str, Any]) -> str:
-    one_key_source(NAME, config)
-    return key_env_name(NAME, config.get("api_key_env") or KEY_VAR, example=KEY_VAR)
+def _key_env(config: ClaudeConfig) -> str:
+    one_key_source(NAME, config.api_key_env, config.api_key_file)
+    return key_env_name(NAME, config.api_key_env or KEY_VAR, example=KEY_VAR)
 
 
-def _credential_source(config: Mapping[str, Any]) -> str:
+def _credential_source(config: ClaudeConfig) -> str:
     """The source `resolve_credential` would use, judged by presence alone."""
     key_file = _key_file_path(config)
     api_key_env = _key_env(config)
     if key_file is not None:
         return f"api_key_file {key_file}"
-    if os.environ.get(api_key_env) or "api_key_env" in config:
+    if os.environ.get(api_key_env) or config.api_key_env is not None:
         return f"api_key_env {api_key_env}"
     if os.environ.get(OAUTH_VAR):
         return OAUTH_VAR
@@ -577,7 +616,7 @@ def _login_token(path: Path) -> Credential:
     return Credential(OAUTH_VAR, token, f"login {path}")
 
 
-def resolve_credential(config: Mapping[str, Any]) -> Credential:
+def resolve_credential(config: ClaudeConfig) -> Credential:
     """The seat's credential, read now (see the module doc for the order)."""
     key_file = _key_file_path(config)
     api_key_env = _key_env(config)
@@ -586,7 +625,7 @@ def resolve_credential(config: Mapping[str, Any]) -> Credential:
     key = os.environ.get(api_key_env)
     if key:
         return Credential(KEY_VAR, key, f"api_key_env {api_key_env}")
-    if "api_key_env" in config:
+    if config.api_key_env is not None:
         raise Refusal(
             Code.NO_CREDENTIALS,
             f"claude connector: agents.claude.api_key_env names {api_key_env}, which is not set "

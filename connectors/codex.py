@@ -13,18 +13,21 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
     FileMove,
+    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
     Relocation,
@@ -32,15 +35,16 @@ from connectors.base import (
     StoreDecl,
     TurnOutcome,
 )
+from connectors.doctorkit import Pins, config_problem, pinned_or_configured, probe_env, version_run
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.harnesses import Native, binary_of, get_pin
 from connectors.launchkit import (
     UUID_RE,
-    agent_config,
     base_env,
     check_prompt,
     configured_binary,
+    decode_config,
     drop_stale_pointer,
     endpoint_url,
     extra_env_names,
@@ -58,18 +62,6 @@ from protocol.errors import Refusal
 from protocol.refusals import Code
 
 NAME = "codex"
-CONFIG_KEYS = frozenset(
-    {
-        "base_url",
-        "model",
-        "api_key_env",
-        "api_key_file",
-        "approval_policy",
-        "sandbox",
-        "binary",
-        "extra_env",
-    }
-)
 # The variable the seat's provider entry names (`env_key`): the key travels in it alone. Not
 # OPENAI_API_KEY, so an operator's own key in the manager's environment never reaches a seat
 # unless `[agents.codex]` names it.
@@ -211,6 +203,22 @@ def relocate_codex_session(
 # -- the connector --------------------------------------------------------------------------------
 
 
+class CodexConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[agents.codex]`: an OpenAI Responses endpoint and model, where the key comes from (a
+    variable or a 0600 file), what Codex may do without asking and its sandbox for the commands
+    it runs, the executable, and variables passed through to the seat. Anything else is
+    refused."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    approval_policy: str | None = None
+    sandbox: str | None = None
+    binary: str | None = None
+    extra_env: list[str] = []
+
+
 class CodexConnector:
     name = NAME
     # Exact continuation is measured on the pinned version (docs/design.md, "Codex"):
@@ -227,6 +235,7 @@ class CodexConnector:
     # CODEX_HOME lies under $TMPDIR, else /tmp), and `.tmp/` its git scratch and
     # `plugins.sync.lock`. Codex makes both again at every start; no thread state lives there.
     store_scratch = ("tmp", ".tmp")
+    config_type = CodexConfig
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         if opts.resume:
@@ -299,11 +308,16 @@ class CodexConnector:
 
     def describe(self, opts: LaunchOpts) -> dict[str, str]:
         """What `ps --wide` may show: approvals and sandbox, and where the key comes from."""
-        config = agent_config(NAME, opts, CONFIG_KEYS)
+        config = decode_config(NAME, opts.config, CodexConfig)
         return {
             "permissionMode": f"approvals={_approval(config)},sandbox={_sandbox(config)}",
             "credentials": _key_source(config),
         }
+
+    def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
+        check = HarnessCheck()
+        _doctor(check, decode_config(NAME, config, CodexConfig), pins)
+        return pins.noted(check)
 
     def relocate_session(
         self, files: Sequence[str], reloc: Relocation, session_id: str | None
@@ -353,8 +367,8 @@ class _Config:
     passthrough: tuple[str, ...]
 
 
-def _choice(config: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
-    value = config.get(key, default)
+def _choice(value: str | None, key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = default if value is None else value
     if value not in allowed:
         raise Refusal(
             Code.BAD_LAUNCH,
@@ -364,28 +378,31 @@ def _choice(config: Mapping[str, Any], key: str, allowed: tuple[str, ...], defau
     return str(value)
 
 
-def _approval(config: Mapping[str, Any]) -> str:
-    return _choice(config, "approval_policy", APPROVAL_POLICIES, DEFAULT_APPROVAL)
+def _approval(config: CodexConfig) -> str:
+    return _choice(config.approval_policy, "approval_policy", APPROVAL_POLICIES, DEFAULT_APPROVAL)
 
 
-def _sandbox(config: Mapping[str, Any]) -> str:
-    return _choice(config, "sandbox", SANDBOX_MODES, DEFAULT_SANDBOX)
+def _sandbox(config: CodexConfig) -> str:
+    return _choice(config.sandbox, "sandbox", SANDBOX_MODES, DEFAULT_SANDBOX)
 
 
-def _key_file(config: Mapping[str, Any]) -> Path | None:
-    one_key_source(NAME, config)
-    return key_file_path(NAME, config)
+def _key_file(config: CodexConfig) -> Path | None:
+    one_key_source(NAME, config.api_key_env, config.api_key_file)
+    return key_file_path(NAME, config.api_key_file)
 
 
-def _key_source(config: Mapping[str, Any]) -> str:
+def _key_var(config: CodexConfig) -> str:
+    return key_env_name(NAME, config.api_key_env or DEFAULT_KEY_ENV, example=DEFAULT_KEY_ENV)
+
+
+def _key_source(config: CodexConfig) -> str:
     path = _key_file(config)
     if path is not None:
         return f"api_key_file {path}"
-    var = key_env_name(NAME, config.get("api_key_env") or DEFAULT_KEY_ENV, example=DEFAULT_KEY_ENV)
-    return f"api_key_env {var}"
+    return f"api_key_env {_key_var(config)}"
 
 
-def resolve_key(config: Mapping[str, Any]) -> Key:
+def resolve_key(config: CodexConfig) -> Key:
     """The provider key, read now (every spawn): the key file, else the named variable of the
     manager's environment. Nothing is stored: a moved seat takes its key from its new host."""
     path = _key_file(config)
@@ -402,7 +419,7 @@ def resolve_key(config: Mapping[str, Any]) -> Key:
                 cure,
             ) from None
         return Key(key_in_file(NAME, path, data), f"api_key_file {path}")
-    var = key_env_name(NAME, config.get("api_key_env") or DEFAULT_KEY_ENV, example=DEFAULT_KEY_ENV)
+    var = _key_var(config)
     value = os.environ.get(var)
     if not value:
         raise Refusal(
@@ -415,19 +432,35 @@ def resolve_key(config: Mapping[str, Any]) -> Key:
     return Key(value, f"api_key_env {var}")
 
 
+def _doctor(check: HarnessCheck, cfg: CodexConfig, pins: Pins) -> None:
+    # The native program the seat runs, not the node stub the package's `bin` names.
+    program = pinned_or_configured(
+        check, NAME, cfg.binary, pins, locate=lambda _pin: pinned_program()
+    )
+    if program is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
+        version_run(check, [program], probe_env(tmp, CODEX_HOME=tmp))
+    # The key file or the key variable, read as a spawn reads it; only its source is shown.
+    try:
+        resolve_key(cfg)
+    except Refusal as exc:
+        config_problem(check, exc)
+
+
 def _check_config(opts: LaunchOpts) -> _Config:
-    config = agent_config(NAME, opts, CONFIG_KEYS)
+    config = decode_config(NAME, opts.config, CodexConfig)
     base_url = endpoint_url(
         NAME,
-        config.get("base_url", DEFAULT_BASE_URL),
+        DEFAULT_BASE_URL if config.base_url is None else config.base_url,
         otherwise=Refusal(
             Code.BAD_LAUNCH,
             "codex connector: base_url must be an http(s) URL of an OpenAI Responses endpoint "
-            f"(got {config.get('base_url')!r})",
+            f"(got {config.base_url!r})",
             "set agents.codex.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1, or unset it",
         ),
     )
-    model = opts.model or config.get("model")
+    model = opts.model or config.model
     if model is not None and not names.HARNESS_MODEL.matches(model):
         raise Refusal(
             Code.BAD_LAUNCH,
@@ -435,7 +468,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "pass --model or set agents.codex.model in cotal.toml",
         )
     approval, sandbox = _approval(config), _sandbox(config)
-    extra_env = extra_env_names(NAME, config)
+    extra_env = extra_env_names(NAME, config.extra_env)
     clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
     if clash:
         raise Refusal(
@@ -443,7 +476,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             f"codex connector: extra_env names {', '.join(clash)}, which the connector sets itself",
             "remove them from agents.codex.extra_env",
         )
-    binary = configured_binary(NAME, config, what="the codex executable")
+    binary = configured_binary(NAME, config.binary, what="the codex executable")
     # Last among the checks: a launch refused for its config never reads a secret.
     key = resolve_key(config)
     return _Config(base_url, model, approval, sandbox, key, binary, tuple(extra_env))

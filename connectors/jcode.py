@@ -16,17 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 
 from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
+    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
+    Missing,
     TurnOutcome,
     framed_prompt,
 )
+from connectors.doctorkit import Pins, probe_env, version_run
 from connectors.driverkit import INITIAL_PROMPT_ID, LaunchPromptWatch, json_line
 from connectors.jsonl_driver import (
     DriverEvent,
@@ -38,7 +42,7 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
-from connectors.launchkit import agent_config, base_env, check_prompt, launch_prompt, seat_cwd
+from connectors.launchkit import base_env, check_prompt, decode_config, launch_prompt, seat_cwd
 from connectors.privatefs import UnsafeDirectory, ensure_private_dirs_below
 from protocol import names
 from protocol.errors import DecodeError, Refusal
@@ -48,7 +52,6 @@ from protocol.refusals import Code
 NAME = "jcode"
 DEFAULT_BINARY = "jcode"
 PROTOCOL_FLAG = "--cotal-jsonl"
-CONFIG_KEYS = frozenset({"binary", "model", "home"})
 SLUG_MAX = 40
 HASH_HEX = 12
 LINE_CAP = 16 * 1024 * 1024
@@ -120,11 +123,46 @@ def private_home(managed_root: Path, relparts: tuple[str, ...]) -> Path:
 # -- the connector --------------------------------------------------------------------------------
 
 
+class JcodeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[agents.jcode]`: the program (a name found on PATH, or a path), the model, and the
+    directory the seats' private homes are made under (relative to the workspace root).
+    Anything else is refused."""
+
+    binary: str | None = None
+    model: str | None = None
+    home: str | None = None
+
+
 class JcodeConnector:
     name = NAME
     # Neither continuity flag, and no fresh start the manager could substitute: drain-only.
     # A launch prompt is supported (delivered by the driver as the seat's first turn).
     capabilities = Capabilities(supports_prompt=True)
+    config_type = JcodeConfig
+
+    def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
+        """jcode is not pinned: its program is `agents.jcode.binary` or `jcode` on PATH."""
+        cfg = decode_config(NAME, config, JcodeConfig, dropped="at launch")
+        check = HarnessCheck()
+        if cfg.binary:
+            found = cfg.binary if os.path.isabs(cfg.binary) else shutil.which(cfg.binary)
+            where = f"agents.jcode.binary ({cfg.binary})"
+        else:
+            found = shutil.which(DEFAULT_BINARY)
+            where = "PATH"
+        if not found or not os.path.isfile(found):
+            check.missing.append(
+                Missing(
+                    f"jcode is not installed (looked for it on {where})",
+                    "install jcode with an adapter for cotal's JSON-lines protocol "
+                    "(connectors/jcode.py) and set agents.jcode.binary",
+                )
+            )
+            return check
+        check.installed = True
+        check.path = found
+        version_run(check, [found], probe_env())
+        return check
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         if opts.continue_session:
@@ -140,27 +178,21 @@ class JcodeConnector:
         check_prompt(NAME, opts.prompt)
         check_space(opts.space)
         check_seat_name(opts.name)
-        config = agent_config(NAME, opts, CONFIG_KEYS, dropped="at launch")
-        model = opts.model or config.get("model")
+        config = decode_config(NAME, opts.config, JcodeConfig, dropped="at launch")
+        model = opts.model or config.model
         if model is not None and not names.HARNESS_MODEL.matches(model):
             raise Refusal(
                 Code.BAD_LAUNCH,
                 f"jcode connector: model {model!r} is not a model name (letters, digits, ._:/@+-)",
                 "pass --model or set agents.jcode.model in cotal.toml",
             )
-        home_cfg = config.get("home")
-        if home_cfg is not None and not isinstance(home_cfg, str):
-            raise Refusal(
-                Code.BAD_LAUNCH,
-                f"jcode connector: home must be a path, got {home_cfg!r}",
-                "fix agents.jcode.home",
-            )
+        home_cfg = config.home
         # A relative home is anchored at the workspace root, like every other seat path.
         managed_root = (
             Path(opts.workspace_root) / home_cfg if home_cfg else Path(opts.workspace_root)
         )
         env = base_env(opts)
-        binary = _program(config.get("binary"), env)
+        binary = _program(config.binary, env)
         cwd = seat_cwd(NAME, opts)
 
         home = private_home(managed_root, home_relparts(opts.space, opts.name))
@@ -183,7 +215,7 @@ class JcodeConnector:
         return JcodeDriver(stdin, stdout, initial_prompt=spec.initial_prompt)
 
 
-def _program(binary: Any, env: Mapping[str, str]) -> str:
+def _program(binary: str | None, env: Mapping[str, str]) -> str:
     if binary is None:
         found = shutil.which(DEFAULT_BINARY, path=env.get("PATH"))
         if found is None:
@@ -194,7 +226,7 @@ def _program(binary: Any, env: Mapping[str, str]) -> str:
                 "absolute path",
             )
         return found
-    if not isinstance(binary, str) or not binary:
+    if not binary:
         raise Refusal(
             Code.BAD_LAUNCH,
             f"jcode connector: binary must be a path, got {binary!r}",

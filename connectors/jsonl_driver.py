@@ -94,7 +94,7 @@ class LineCodec(Protocol):
 
 
 class DriverError(Refusal):
-    """`driver-stopped`: the reader is not running; `harness-refused`: the harness said no."""
+    """`harness-gone`: the reader is not running; `harness-error`: the harness said no."""
 
 
 class JsonLinesDriver:

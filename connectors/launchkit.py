@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from connectors.base import LaunchOpts
 from connectors.harnesses import which
@@ -105,26 +107,44 @@ def seat_cwd(agent: str, opts: LaunchOpts) -> Path:
 
 # -- the operator's per-agent config --------------------------------------------------------------
 
+C = TypeVar("C", bound=msgspec.Struct)
 
-def agent_config(
+
+def config_keys(config_type: type[msgspec.Struct]) -> tuple[str, ...]:
+    """The keys a connector's config struct honours, sorted for messages."""
+    return tuple(sorted(config_type.__struct_fields__))
+
+
+def unknown_keys(config: Mapping[str, Any], config_type: type[msgspec.Struct]) -> list[str]:
+    """Every key of `config` the struct does not declare (msgspec names only the first)."""
+    return sorted(set(config) - set(config_type.__struct_fields__))
+
+
+def decode_config(
     agent: str,
-    opts: LaunchOpts,
-    keys: Collection[str],
+    config: Mapping[str, Any],
+    config_type: type[C],
     *,
     dropped: str = "at launch and on every restart",
-) -> Mapping[str, Any]:
-    """The config, once every key in it is one the connector honours. A key silently dropped
-    would not survive into a crash restart either, so it is refused by name."""
-    config: Mapping[str, Any] = opts.config or {}
-    unknown = sorted(set(config) - set(keys))
+) -> C:
+    """`config` decoded strictly into the connector's one config struct. A key silently dropped
+    would not survive into a crash restart either, so an unknown key is refused by name."""
+    unknown = unknown_keys(config, config_type)
     if unknown:
         raise Refusal(
             Code.BAD_LAUNCH,
             f"{agent} connector: config key(s) {', '.join(unknown)} are not implemented, so they "
             f"would be dropped {dropped}",
-            f"remove them; {agent} honours {', '.join(sorted(keys))}",
+            f"remove them; {agent} honours {', '.join(config_keys(config_type))}",
         )
-    return config
+    try:
+        return msgspec.convert(dict(config), config_type, strict=True)
+    except msgspec.ValidationError as exc:
+        raise Refusal(
+            Code.BAD_LAUNCH,
+            f"{agent} connector: config is malformed: {exc}",
+            f"fix agents.{agent} in cotal.toml",
+        ) from None
 
 
 def endpoint_url(agent: str, value: Any, *, otherwise: Refusal) -> str:
@@ -141,8 +161,8 @@ def endpoint_url(agent: str, value: Any, *, otherwise: Refusal) -> str:
     raise otherwise
 
 
-def key_env_name(agent: str, value: Any, *, example: str) -> str:
-    if not isinstance(value, str) or not ENV_NAME.matches(value):
+def key_env_name(agent: str, value: str, *, example: str) -> str:
+    if not ENV_NAME.matches(value):
         raise Refusal(
             Code.BAD_LAUNCH,
             f"{agent} connector: api_key_env {value!r} is not an environment variable name",
@@ -151,9 +171,9 @@ def key_env_name(agent: str, value: Any, *, example: str) -> str:
     return value
 
 
-def one_key_source(agent: str, config: Mapping[str, Any]) -> None:
+def one_key_source(agent: str, api_key_env: str | None, api_key_file: str | None) -> None:
     """Refuse a configuration naming the key twice (a variable and a file)."""
-    if "api_key_env" in config and "api_key_file" in config:
+    if api_key_env is not None and api_key_file is not None:
         raise Refusal(
             Code.BAD_LAUNCH,
             f"{agent} connector: api_key_env and api_key_file both name the key",
@@ -161,12 +181,11 @@ def one_key_source(agent: str, config: Mapping[str, Any]) -> None:
         )
 
 
-def key_file_path(agent: str, config: Mapping[str, Any]) -> Path | None:
+def key_file_path(agent: str, value: str | None) -> Path | None:
     """`agents.<agent>.api_key_file` as an absolute, normalized path, or None when unset."""
-    value = config.get("api_key_file")
     if value is None:
         return None
-    if not isinstance(value, str) or not os.path.isabs(value):
+    if not os.path.isabs(value):
         raise Refusal(
             Code.BAD_LAUNCH,
             f"{agent} connector: api_key_file must be an absolute path, got {value!r}",
@@ -190,22 +209,20 @@ def key_in_file(agent: str, path: Path, data: bytes) -> str:
     return key
 
 
-def extra_env_names(agent: str, config: Mapping[str, Any]) -> list[str]:
-    extra_env = config.get("extra_env") or []
-    if not isinstance(extra_env, list | tuple) or not all(ENV_NAME.matches(n) for n in extra_env):
+def extra_env_names(agent: str, extra_env: Sequence[str]) -> list[str]:
+    if not all(ENV_NAME.matches(n) for n in extra_env):
         raise Refusal(
             Code.BAD_LAUNCH,
             f"{agent} connector: extra_env must be a list of environment variable names, got "
-            f"{extra_env!r}",
+            f"{list(extra_env)!r}",
             f"fix agents.{agent}.extra_env in cotal.toml",
         )
     return list(extra_env)
 
 
-def configured_binary(agent: str, config: Mapping[str, Any], *, what: str) -> str | None:
+def configured_binary(agent: str, binary: str | None, *, what: str) -> str | None:
     """`binary` from the config, which must be an absolute path to `what`; None when unset."""
-    binary = config.get("binary")
-    if binary is not None and (not isinstance(binary, str) or not os.path.isabs(binary)):
+    if binary is not None and not os.path.isabs(binary):
         raise Refusal(
             Code.BAD_LAUNCH,
             f"{agent} connector: binary must be an absolute path, got {binary!r}",

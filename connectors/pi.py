@@ -11,32 +11,38 @@ import os
 import secrets
 import shutil
 import stat
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
 from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
     FileMove,
+    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
+    Missing,
     Relocation,
     SessionMove,
     StoreDecl,
     TurnOutcome,
 )
+from connectors.doctorkit import Pins, pinned_or_configured, probe_env, version_run
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.launchkit import (
     UUID_RE,
-    agent_config,
     base_env,
     check_prompt,
     configured_binary,
+    decode_config,
     drop_stale_pointer,
     endpoint_url,
     extra_env_names,
@@ -65,9 +71,18 @@ HEADER_CAP = 64 * 1024
 # lives in cotal's own source, which the seat's sandbox grants read-only.
 MESH_EXTENSION = Path(__file__).resolve().parent / "meshtool" / "pi_extension.ts"
 
-# Keys of the operator's per-agent config this connector honours. Anything else is refused,
-# because a setting that is silently dropped would not survive into a crash restart either.
-CONFIG_KEYS = frozenset({"base_url", "model", "provider", "api_key_env", "binary", "extra_env"})
+
+class PiConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[agents.pi]`: the OpenAI-compatible endpoint and model, the provider entry's name, the
+    variable holding the key, pi's cli.js, and variables passed through to the seat. Anything
+    else is refused, because a setting silently dropped would not survive a crash restart."""
+
+    base_url: str | None = None
+    model: str | None = None
+    provider: str | None = None
+    api_key_env: str | None = None
+    binary: str | None = None
+    extra_env: list[str] = []
 
 
 # A full agent_end line carries every message of the run (tool output included), so the line
@@ -218,6 +233,12 @@ class PiConnector:
         supports_fresh_start=True,
         supports_prompt=True,
     )
+    config_type = PiConfig
+
+    def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
+        check = HarnessCheck()
+        _doctor(check, decode_config(NAME, config, PiConfig), pins)
+        return pins.noted(check)
 
     # -- launch -----------------------------------------------------------------------------------
 
@@ -317,33 +338,32 @@ class _Config:
 
 
 def _check_config(opts: LaunchOpts) -> _Config:
-    config = agent_config(NAME, opts, CONFIG_KEYS)
-    base_url = config.get("base_url")
+    config = decode_config(NAME, opts.config, PiConfig)
     base_url = endpoint_url(
         NAME,
-        base_url,
+        config.base_url,
         otherwise=Refusal(
             Code.BAD_LAUNCH,
             "pi connector needs config base_url, an http(s) URL of an OpenAI-compatible endpoint "
-            f"(got {base_url!r})",
+            f"(got {config.base_url!r})",
             "set agents.pi.base_url in cotal.toml, e.g. http://127.0.0.1:8080/v1",
         ),
     )
-    model = opts.model or config.get("model")
+    model = opts.model or config.model
     if not names.HARNESS_MODEL.matches(model):
         raise Refusal(
             Code.BAD_LAUNCH,
             f"pi connector needs a model id (letters, digits, ._:/@+-), got {model!r}",
             "pass --model or set agents.pi.model in cotal.toml",
         )
-    provider = config.get("provider") or DEFAULT_PROVIDER
+    provider = config.provider or DEFAULT_PROVIDER
     if not names.PROVIDER.matches(provider):
         raise Refusal(
             Code.BAD_LAUNCH,
             f"pi connector: provider {provider!r} is not a simple name",
             "use letters, digits, _ and -",
         )
-    api_key_env = config.get("api_key_env")
+    api_key_env = config.api_key_env
     passthrough: list[str] = []
     if api_key_env is not None:
         api_key_env = key_env_name(NAME, api_key_env, example="OPENAI_API_KEY")
@@ -357,9 +377,51 @@ def _check_config(opts: LaunchOpts) -> _Config:
                 f"export {api_key_env} before starting the manager, or drop api_key_env",
             )
         passthrough.append(api_key_env)
-    passthrough += [n for n in extra_env_names(NAME, config) if not n.startswith("PI_")]
-    binary = configured_binary(NAME, config, what="pi's cli.js")
+    passthrough += [n for n in extra_env_names(NAME, config.extra_env) if not n.startswith("PI_")]
+    binary = configured_binary(NAME, config.binary, what="pi's cli.js")
     return _Config(base_url, model, provider, api_key_env, binary, tuple(passthrough))
+
+
+def _doctor(check: HarnessCheck, cfg: PiConfig, pins: Pins) -> None:
+    program = pinned_or_configured(check, NAME, cfg.binary, pins)
+    if program is None:
+        return
+    argv = [program]
+    if program.endswith((".js", ".mjs")):
+        node = shutil.which("node")
+        if node is None:
+            check.missing.append(
+                Missing("node is not on PATH (pi runs on Node.js)", "install Node.js >= 20")
+            )
+            return
+        argv = [node, program]
+    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
+        env = probe_env(
+            tmp,
+            PI_CODING_AGENT_DIR=tmp,
+            PI_OFFLINE="1",
+            PI_SKIP_VERSION_CHECK="1",
+            PI_TELEMETRY="0",
+        )
+        version_run(check, argv, env)
+    if not cfg.base_url:
+        check.missing.append(
+            Missing(
+                "pi has no model endpoint configured (agents.pi.base_url)",
+                "set agents.pi.base_url and agents.pi.model in cotal.toml",
+                "config",
+            )
+        )
+    var = cfg.api_key_env
+    if var and not os.environ.get(var):
+        check.missing.append(
+            Missing(
+                f"{var} (the API key variable) is not set in this environment",
+                f"export {var} before starting the manager, or name another variable with "
+                "agents.pi.api_key_env",
+                "config",
+            )
+        )
 
 
 def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:

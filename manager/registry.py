@@ -30,15 +30,18 @@ MAX_CHANNEL_HISTORY = 100_000
 DEFAULT_CHANNEL_MAX_AGE_S = 7 * 24 * 60 * 60
 
 # Module and class per agent name; imported lazily so a broken optional harness does not stop
-# the daemon from running the others.
+# the daemon from running the others. Every list of harnesses (`cotal doctor`, `spawn --help`,
+# the `[agents.<name>]` tables cotal.toml may hold) is this one, in this order.
 KNOWN: dict[str, tuple[str, str]] = {
     "scribe": ("connectors.scribe.connector", "ScribeConnector"),
-    "scribe-fork": ("connectors.scribe.connector", "ScribeForkConnector"),
     "pi": ("connectors.pi", "PiConnector"),
     "claude": ("connectors.claude_code", "ClaudeCodeConnector"),
     "jcode": ("connectors.jcode", "JcodeConnector"),
     "codex": ("connectors.codex", "CodexConnector"),
+    "scribe-fork": ("connectors.scribe.connector", "ScribeForkConnector"),
 }
+# What `cotal spawn` runs without `--agent` (protocol/control.py's SpawnArgs says the same).
+DEFAULT_AGENT = "scribe"
 
 
 def load_connector(agent: str) -> Connector:
@@ -59,24 +62,6 @@ def load_connector(agent: str) -> Connector:
             "run `cotal doctor` to see which harnesses are usable",
         ) from None
     return connector
-
-
-class AgentConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    binary: str | None = None
-    model: str | None = None
-    base_url: str | None = None
-    provider: str | None = None
-    api_key_env: str | None = None
-    # Claude Code: a key file read at every spawn (0600, no symlink), and the permission mode.
-    api_key_file: str | None = None
-    permission_mode: str | None = None
-    # Codex: what it may do without asking, and its sandbox for the commands it runs.
-    approval_policy: str | None = None
-    sandbox: str | None = None
-    home: str | None = None
-    extra_env: list[str] = []
-    # scribe only, a test aid: the harness ignores SIGTERM so a stop must escalate to SIGKILL.
-    ignore_sigterm: bool = False
 
 
 class CarryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -124,7 +109,9 @@ class ChannelsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    agents: dict[str, AgentConfig] = {}
+    # Each `[agents.<name>]` table as written; `load_config` decodes it through its connector's
+    # own `config_type`, which alone knows the keys that harness honours.
+    agents: dict[str, dict[str, Any]] = {}
     carry: CarryConfig = CarryConfig()
     channels: ChannelsConfig = ChannelsConfig()
     delivery: DeliveryConfig = DeliveryConfig()
@@ -221,15 +208,46 @@ def load_config(root: Path) -> FileConfig:
             f"{path} configures unknown agents: {', '.join(sorted(unknown))}",
             "use one of: " + ", ".join(sorted(KNOWN)),
         )
+    for agent, table in cfg.agents.items():
+        check_agent_table(path, agent, table)
     return cfg
+
+
+def check_agent_table(path: Path, agent: str, table: Mapping[str, Any]) -> None:
+    """`[agents.<agent>]` decoded strictly through its connector's config struct. A connector
+    this build cannot import is left unchecked: its seats are refused `agent-unavailable` at
+    spawn, and the harnesses it does not concern keep running."""
+    try:
+        config_type = load_connector(agent).config_type
+    except Refusal:
+        return
+    honoured = config_type.__struct_fields__
+    unknown = sorted(set(table) - set(honoured))
+    if unknown:
+        # Every unknown key at once (msgspec names only the first), and what the harness takes.
+        raise Refusal(
+            Code.BAD_CONFIG,
+            f"{path} is malformed: [agents.{agent}] has unknown key(s) {', '.join(unknown)}",
+            f"remove them; {agent} honours {', '.join(sorted(honoured))}",
+        )
+    try:
+        msgspec.convert(dict(table), config_type, strict=True)
+    except msgspec.ValidationError as exc:
+        raise Refusal(
+            Code.BAD_CONFIG,
+            f"{path} is malformed: [agents.{agent}]: {exc}",
+            "see docs/cli.md (Configuration)",
+        ) from None
 
 
 def agent_settings(cfg: FileConfig, agent: str) -> Mapping[str, Any]:
     entry = cfg.agents.get(agent)
     if entry is None:
         return {}
-    # Only what the operator set: a connector refuses keys it does not know.
-    return {k: v for k, v in msgspec.structs.asdict(entry).items() if v not in (None, [], False)}
+    # Only what the operator set (strict decoding changed no value, so the table as written is
+    # what the connector's struct proved at load). An unset key and one set to its default
+    # (false, []) are the same setting, and hash the same in the profile digest.
+    return {k: v for k, v in entry.items() if v not in (None, [], False)}
 
 
 # What a seat *is*, as opposed to how this host reaches it. A resumed session must run the same

@@ -1,4 +1,4 @@
-"""Maintenance states: the daemon's fence and the coordinator's journal, as tables.
+"""Maintenance states: the daemon's attempts and the coordinator's journal, as tables.
 
 Two rules, borrowed from h11. Everything that decides whether a maintenance step is legal lives
 in this module; the daemon and the CLI only perform the effects around a transition (stopping a
@@ -8,35 +8,49 @@ state out, so the tables can be driven directly by tests without a daemon.
 Theory of operation
 -------------------
 
-The daemon (one machine per manager):
+The daemon runs one attempt machine, keyed by scope (h11 keys one table by role instead of
+writing a machine per role). A cut is always "cut this set of seats": some seats (`seats`, and
+the manager stays `active`) or every seat (`whole`, after which the daemon exits). A resume is
+always "adopt these seats": into a running mesh (`adopt`), or by a manager started for the
+attempt and fenced to it until finalize (`restore`). The scopes share their rows and differ
+only in the cells `ATTEMPT_TRANSITIONS` gives each:
 
-    active --prepare--> preserving --commit--> preserving --stopped--> preserved
-       ^                    |
-       +------abort---------+   (only while no child has been told to stop)
+    cut      idle --prepare--> preserving --commit--> preserving --stopped--> preserved
+               ^                   |
+               +------abort--------+   (only while no seat has been told to stop)
+    resume   idle | resume-required --resume--> adopting --activated--> adopted
+               --commit-resume--> committed --finalize--> idle
 
-    resume-required --resume--> resuming --commit-resume--> awaiting-finalize --finalize--> active
+A manager holds one cut and one resume at a time (`Maintenance.cut`, `Maintenance.resume`).
+What `status` reports as the manager's state is the attempt of a fencing scope (`whole`,
+`restore`) under its daemon name (`DAEMON_STATE`: preserving, preserved, resume-required,
+resuming, awaiting-finalize), or `active` when none is held.
 
 `prepare` is the fence. The daemon applies it before its first await, which is what makes the
 in-flight counter sound: lifecycle work (spawn, stop-seat, a crash restart, a detached teardown)
 is admitted only by `check_lifecycle`, and the daemon increments its in-flight counter in the
-same synchronous step as that check. So by the time `prepare` has moved the state out of
-`active`, every piece of work that got in has already counted itself, nothing new can get in,
-and the drain (wait until the counter is zero) sees all of it. The counter lives in the daemon,
-because only the daemon knows when a piece of work ends; this machine only answers "may work
-start now?".
+same synchronous step as that check. So by the time `prepare` has fenced the manager (a whole
+cut) or its seats (a cut of some seats: `seat-fenced`, every other seat carries on), every
+piece of work that got in has already counted itself, nothing new can get in, and the drain
+sees all of it. The counter lives in the daemon, because only the daemon knows when a piece of
+work ends; this machine only answers "may work start now?".
 
 `commit` marks the point of no return. Once the daemon has been told to hard-stop children,
-`abort` is illegal: a half-stopped set of seats cannot be handed back as if nothing happened. An
-abort is also refused while preparation or accepted work is still draining, because the plan
-being abandoned would race work that is still finishing. Each `prepare` from `active` and each
-`abort` advances `generation`, so a preparation task that wakes up after its attempt was
-abandoned can tell and stop.
+`abort` is illegal: a half-stopped set of seats cannot be handed back as if nothing happened. A
+whole cut's abort is also refused while accepted work is still draining, because the plan being
+abandoned would race work that is still finishing. Each cut that begins and each `abort`
+advances `generation`, so a preparation task that wakes up after its attempt was abandoned can
+tell and stop.
 
-A daemon started for a resume begins in `resume-required`, bound to one attempt. Only the resume
-operations of that attempt are admitted until `finalize`; ordinary work is fenced the whole
-time. `commit-resume` needs a successful activation first (`activated`), and is idempotent in
-`awaiting-finalize`. Tokens and inventories are the daemon's to compare; the machine binds the
-attempt.
+A restore begins in `resume-required`, bound to its attempt. Only the resume operations of that
+attempt are admitted until its commit; ordinary work is fenced until `finalize`. An adoption
+counts as lifecycle work in a running mesh. Either way `commit-resume` needs a successful
+activation (`adopted`) and is idempotent once committed. Tokens and inventories are the
+daemon's to compare; the machine binds the attempt.
+
+The rules between the two attempts are guards, each written once: a cut does not begin while
+an adoption is under way (its plan would catch seats the adoption has not committed), nor
+while another cut is; a cut or an adoption begins only where the fence admits work.
 
 The coordinator's journal (one record on disk, `JournalRecord`):
 
@@ -53,7 +67,7 @@ no-op, which is what lets a coordinator that crashed continue from what the jour
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal, get_args
+from typing import Annotated, Final, Literal, NamedTuple, TypeVar, get_args
 
 import msgspec
 
@@ -62,6 +76,8 @@ from protocol.errors import DecodeError, Refusal
 from protocol.inventory import INVENTORY_CAP, AbsPath, AttemptId, Digest, Instant, SeatName
 from protocol.names import CommitTokenField, check_attempt_id
 from protocol.refusals import Code
+
+_T = TypeVar("_T")
 
 # -- errors --------------------------------------------------------------------------------------
 
@@ -82,319 +98,371 @@ class IllegalTransition(Refusal):
         super().__init__(Code.ILLEGAL_TRANSITION, message, cure)
 
 
-# -- the daemon's maintenance machine ------------------------------------------------------------
+# -- the daemon's attempt machine -----------------------------------------------------------------
 
+Scope = Literal["whole", "seats", "restore", "adopt"]
+AttemptState = Literal[
+    "idle", "preserving", "preserved", "resume-required", "adopting", "adopted", "committed"
+]
+CutEvent = Literal["prepare", "commit", "stopped", "abort"]
+ResumeEvent = Literal["resume", "activated", "rollback", "commit-resume", "finalize"]
+AttemptEvent = Literal[CutEvent, ResumeEvent]
+# The manager's own state, as `status` reports it.
 MaintenanceState = Literal[
     "active", "preserving", "preserved", "resume-required", "resuming", "awaiting-finalize"
 ]
-MaintenanceEvent = Literal[
-    "prepare", "commit", "stopped", "abort", "resume", "activated", "commit-resume", "finalize"
-]
 
-MAINTENANCE_TRANSITIONS: Final[dict[MaintenanceState, dict[MaintenanceEvent, MaintenanceState]]] = {
-    "active": {"prepare": "preserving"},
+Row = dict[AttemptEvent, AttemptState]
+
+_CUT_ROWS: Final[dict[AttemptState, Row]] = {
+    "idle": {"prepare": "preserving"},
     "preserving": {
         # A repeated prepare by the same attempt joins the one in flight.
         "prepare": "preserving",
-        # Commit has begun: children are being hard-stopped; the state changes only once every
-        # exit is proven (`stopped`), and a failed stop leaves the manager fenced here.
+        # Commit has begun: seats are being hard-stopped; the state changes only once every
+        # exit is proven (`stopped`), and a failed stop leaves the attempt fenced here.
         "commit": "preserving",
         "stopped": "preserved",
-        "abort": "active",
+        # Only while no seat has been told to stop (`commit_started`).
+        "abort": "idle",
     },
-    # Terminal for the cut: the daemon exits; repeats of the same attempt are answered as done.
-    "preserved": {"prepare": "preserved", "commit": "preserved"},
-    "resume-required": {"resume": "resuming"},
-    "resuming": {
-        "resume": "resuming",
-        "activated": "resuming",
-        "commit-resume": "awaiting-finalize",
-    },
-    "awaiting-finalize": {"commit-resume": "awaiting-finalize", "finalize": "active"},
 }
-
-PRESERVATION_EVENTS: Final = frozenset({"prepare", "commit", "stopped", "abort"})
-
-_CURE_FINISH_CUT = "finish the cut (cotal down --preserve-state) or abort it before commit"
-_CURE_RESUME = "finish the resume (cotal up --restore) with the attempt the daemon was started for"
-
-
-# -- adoption into a running mesh ----------------------------------------------------------------
-#
-# `cotal up --restore` at a root whose manager runs: the same three resume ops, answered by a
-# manager in `active` that stays `active` (every seat it already runs carries on, and the
-# adoption is lifecycle work the fence counts). This machine binds the ops to one attempt at a
-# time; a cut is refused while an adoption is between its first op and its finalize, since its
-# plan would catch seats the adoption has not committed.
-
-AdoptionState = Literal["idle", "adopting", "adopted", "committed"]
-AdoptionEvent = Literal["resume", "activated", "rollback", "commit-resume", "finalize"]
-
-ADOPTION_TRANSITIONS: Final[dict[AdoptionState, dict[AdoptionEvent, AdoptionState]]] = {
-    "idle": {"resume": "adopting"},
-    # A failed adoption stops what it launched and lets go of the attempt; a rerun starts over.
-    "adopting": {"activated": "adopted", "rollback": "idle"},
+_RESUME_ROWS: Final[dict[AttemptState, Row]] = {
     # Repeats of an op already answered keep the state (the daemon answers them from its
     # record); a coordinator that died between two ops continues from here.
     "adopted": {"resume": "adopted", "commit-resume": "committed"},
     "committed": {"resume": "committed", "commit-resume": "committed", "finalize": "idle"},
 }
 
-
-class Adoption:
-    """Applies `ADOPTION_TRANSITIONS` for one active manager."""
-
-    def __init__(self) -> None:
-        self.state: AdoptionState = "idle"
-        self.attempt_id: str | None = None
-
-    def apply(self, event: AdoptionEvent, attempt_id: str) -> AdoptionState:
-        check_attempt_id(attempt_id)
-        target = ADOPTION_TRANSITIONS[self.state].get(event)
-        if self.state != "idle" and attempt_id != self.attempt_id:
-            raise Refusal(
-                Code.ADOPTION_BUSY,
-                f"this manager is adopting attempt {self.attempt_id}; refusing attempt "
-                f"{attempt_id} until it is finalized",
-                f"finish that adoption first (`cotal up --restore` of attempt {self.attempt_id})",
-            )
-        if target is None:
-            raise IllegalTransition(
-                "adoption",
-                self.state,
-                event,
-                f"adoption of attempt {attempt_id} is {self.state}",
-                "rerun `cotal up --restore` for the attempt; it continues from its journal",
-            )
-        self.attempt_id = None if target == "idle" else attempt_id
-        self.state = target
-        return target
-
-
-# -- a cut of some seats --------------------------------------------------------------------------
-#
-# `cotal down --preserve-state --seat NAME`: the daemon table's preservation steps for the named
-# seats only, in a manager that stays `active`. The fence is per seat: the named seats take no
-# new turn and no lifecycle work (`seat-fenced`), every other seat carries on, and spawns of new
-# seats are admitted. One cut of some seats at a time: another `prepare` while one is preserving
-# is refused `cut-under-way`; once sealed (`preserved`) the next attempt may begin.
-
-SeatCutState = Literal["idle", "preserving", "preserved"]
-
-SEAT_CUT_TRANSITIONS: Final[dict[SeatCutState, dict[MaintenanceEvent, SeatCutState]]] = {
-    "idle": {"prepare": "preserving"},
-    "preserving": {
-        "prepare": "preserving",
-        "commit": "preserving",
-        "stopped": "preserved",
-        # Only while no seat has been told to stop (`commit_started`), as for the whole mesh.
-        "abort": "idle",
+ATTEMPT_TRANSITIONS: Final[dict[Scope, dict[AttemptState, Row]]] = {
+    # Sealed, the whole mesh is done and the daemon exits: repeats are answered as done.
+    "whole": {**_CUT_ROWS, "preserved": {"prepare": "preserved", "commit": "preserved"}},
+    # Sealed, the mesh runs on without the seats; the next cut begins afresh (`OPEN_STATES`).
+    "seats": {**_CUT_ROWS, "preserved": {"commit": "preserved"}},
+    # Bound from the start and through a failed try, which stops what it launched; the rerun
+    # tries again as the same attempt.
+    "restore": {
+        "idle": {},
+        "resume-required": {"resume": "adopting"},
+        "adopting": {"resume": "adopting", "activated": "adopted", "rollback": "adopting"},
+        **_RESUME_ROWS,
     },
-    # The sealed attempt answers repeats; a new attempt starts from here as from idle.
-    "preserved": {"prepare": "preserving", "commit": "preserved"},
+    # A failed adoption stops what it launched and lets go of the attempt; a rerun starts over.
+    "adopt": {
+        "idle": {"resume": "adopting"},
+        "adopting": {"activated": "adopted", "rollback": "idle"},
+        **_RESUME_ROWS,
+    },
 }
 
+# -- named groups (supervisor's states.py): callers ask these, never list states of their own --
 
-class SeatCut:
-    """Applies `SEAT_CUT_TRANSITIONS` for one active manager."""
+CUT_SCOPES: Final[frozenset[Scope]] = frozenset({"whole", "seats"})
+# An attempt of these scopes fences the whole manager; its state is the manager's.
+FENCING_SCOPES: Final[frozenset[Scope]] = frozenset({"whole", "restore"})
+CUT_EVENTS: Final[frozenset[AttemptEvent]] = frozenset(get_args(CutEvent))
+# Where a new attempt may take the place of the one held: none held, or a sealed cut of some
+# seats (the mesh it left runs on).
+OPEN_STATES: Final[dict[Scope, frozenset[AttemptState]]] = {
+    "whole": frozenset({"idle"}),
+    "seats": frozenset({"idle", "preserved"}),
+    "restore": frozenset({"idle"}),
+    "adopt": frozenset({"idle"}),
+}
+# A restore admits its own ops until its commit; after it, only finalize releases it.
+ADMITS_RESUME_OPS: Final[frozenset[AttemptState]] = frozenset(
+    {"resume-required", "adopting", "adopted"}
+)
+# Every seat of the resume is live under its uid: there is an activation to commit.
+ACTIVATED: Final[frozenset[AttemptState]] = frozenset({"adopted", "committed"})
+# The manager's state while an attempt of a fencing scope is at each state.
+DAEMON_STATE: Final[dict[AttemptState, MaintenanceState]] = {
+    "idle": "active",
+    "preserving": "preserving",
+    "preserved": "preserved",
+    "resume-required": "resume-required",
+    "adopting": "resuming",
+    "adopted": "resuming",
+    "committed": "awaiting-finalize",
+}
+# The name an `IllegalTransition` gives the machine, as each scope's caller knows it.
+MACHINE: Final[dict[Scope, str]] = {
+    "whole": "maintenance",
+    "restore": "maintenance",
+    "seats": "seat cut",
+    "adopt": "adoption",
+}
+# The lifecycle work a resume op does (`Manager.lifecycle`): the one work a manager fenced for
+# its restore admits.
+RESUME_WORK: Final = "adopt"
 
-    def __init__(self) -> None:
-        self.state: SeatCutState = "idle"
-        self.attempt_id: str | None = None
-        self.seats: frozenset[str] = frozenset()
+_CURE_FINISH_CUT = "finish the cut (cotal down --preserve-state) or abort it before commit"
+_CURE_RESUME = "finish the resume (cotal up --restore) with the attempt the daemon was started for"
+_CURE_FINISH_IT = "finish it (cotal down --preserve-state); its seats resume from the checkpoint"
+
+
+class Attempt:
+    """One attempt of one scope: applies `ATTEMPT_TRANSITIONS[scope]`, binds the attempt, and
+    raises `IllegalTransition` for an event its state does not allow."""
+
+    def __init__(
+        self,
+        scope: Scope,
+        attempt_id: str | None = None,
+        *,
+        seats: frozenset[str] = frozenset(),
+        state: AttemptState = "idle",
+    ) -> None:
+        self.scope: Scope = scope
+        self.attempt_id = attempt_id
+        # The seats a cut of some seats fences; empty for every other scope.
+        self.seats = seats
+        self.state: AttemptState = state
         self.commit_started = False
+
+    @property
+    def open(self) -> bool:
+        return self.state in OPEN_STATES[self.scope]
+
+    @property
+    def shown(self) -> str:
+        """The state as this scope's callers name it."""
+        return DAEMON_STATE[self.state] if self.scope in FENCING_SCOPES else self.state
+
+    def holds(self, attempt_id: str) -> bool:
+        return self.state != "idle" and self.attempt_id == attempt_id
 
     def fences(self, seat: str) -> bool:
-        return self.state == "preserving" and seat in self.seats
+        return self.scope == "seats" and self.state == "preserving" and seat in self.seats
 
     def apply(
-        self, event: MaintenanceEvent, attempt_id: str, seats: frozenset[str] = frozenset()
-    ) -> SeatCutState:
-        check_attempt_id(attempt_id)
-        target = SEAT_CUT_TRANSITIONS[self.state].get(event)
-        new_attempt = event == "prepare" and self.state in ("idle", "preserved")
-        if not new_attempt and attempt_id != self.attempt_id:
-            if event == "prepare":
-                raise Refusal(
-                    Code.CUT_UNDER_WAY,
-                    f"a cut of seat(s) {', '.join(sorted(self.seats))} (attempt "
-                    f"{self.attempt_id}) is under way; one cut of some seats at a time",
-                    "let it finish (or `cotal down --preserve-state --abort` it before its "
-                    "commit), then cut again; nothing was fenced",
-                )
-            raise Refusal(
-                Code.ATTEMPT_MISMATCH,
-                f"attempt {attempt_id} is not the cut of some seats this manager holds "
-                f"({self.attempt_id or 'none'})",
-                f"use attempt {self.attempt_id}" if self.attempt_id else "",
-            )
+        self, event: AttemptEvent, attempt_id: str, *, draining: bool = False
+    ) -> AttemptState:
+        if self.attempt_id is not None and attempt_id != self.attempt_id:
+            raise self._other_attempt(event, attempt_id)
+        target = ATTEMPT_TRANSITIONS[self.scope].get(self.state, {}).get(event)
         if target is None:
-            raise IllegalTransition("seat cut", self.state, event)
-        if event == "abort" and self.commit_started:
-            raise IllegalTransition(
-                "seat cut",
-                self.state,
-                event,
-                f"cut {attempt_id} has begun stopping its seats and cannot be aborted",
-                "finish it (cotal down --preserve-state); its seats resume from the checkpoint",
-            )
-        if new_attempt:
-            self.attempt_id, self.seats, self.commit_started = attempt_id, seats, False
-        elif event == "commit":
-            self.commit_started = True
-        elif event == "abort":
-            self.attempt_id, self.seats, self.commit_started = None, frozenset(), False
-        self.state = target
-        return target
-
-
-class Maintenance:
-    """Applies `MAINTENANCE_TRANSITIONS` plus the guards a table cannot express."""
-
-    def __init__(self, *, resume_attempt_id: str | None = None) -> None:
-        self.state: MaintenanceState = "resume-required" if resume_attempt_id else "active"
-        self.attempt_id: str | None = resume_attempt_id
-        self.generation = 0
-        self.commit_started = False
-        self.activated = False
-        self.adoption = Adoption()
-        self.seat_cut = SeatCut()
-
-    def check_lifecycle(self, *, resume_operation: bool = False, seat: str | None = None) -> None:
-        """The fence. Admits work, or raises; the caller counts admitted work synchronously.
-        `seat`: the one seat the work touches, which a cut of some seats may fence alone."""
-        if self.state == "active":
-            if seat is not None and self.seat_cut.fences(seat):
-                raise Refusal(
-                    Code.SEAT_FENCED,
-                    f"seat {seat} is being cut (attempt {self.seat_cut.attempt_id}); it takes no "
-                    "lifecycle work until the cut is sealed or aborted",
-                    "wait for `cotal down --preserve-state --seat` to finish, or abort it",
-                )
-            return
-        if self.state in ("resume-required", "resuming", "awaiting-finalize"):
-            if resume_operation and self.state != "awaiting-finalize":
-                return
-            raise Refusal(
-                Code.FENCED,
-                f"manager is waiting for resume attempt {self.attempt_id}; ordinary "
-                "lifecycle/control work is fenced",
-                _CURE_RESUME,
-            )
-        raise Refusal(
-            Code.FENCED,
-            f"manager is in {self.state} mode; new lifecycle/control work is fenced",
-            _CURE_FINISH_CUT,
-        )
-
-    def apply(
-        self, event: MaintenanceEvent, attempt_id: str, *, draining: bool = False
-    ) -> MaintenanceState:
-        """Apply `event` for `attempt_id`. `draining` says preparation or accepted work is still
-        in flight (the daemon's counter), which only `abort` consults."""
-        check_attempt_id(attempt_id)
-        row = MAINTENANCE_TRANSITIONS[self.state]
-        target = row.get(event)
-        if target is None:
-            raise IllegalTransition(
-                "maintenance", self.state, event, self._reason(event, attempt_id)
-            )
-        self._check_attempt(event, attempt_id)
+            raise self._illegal(event, attempt_id)
         if event == "abort":
-            if draining:
-                raise IllegalTransition(
-                    "maintenance",
-                    self.state,
-                    event,
-                    f"preservation attempt {attempt_id} is still preparing or draining accepted "
-                    "lifecycle work and cannot be aborted",
-                    "retry the abort once the drain has finished",
-                )
-            if self.commit_started:
-                raise IllegalTransition(
-                    "maintenance",
-                    self.state,
-                    event,
-                    f"preservation attempt {attempt_id} has begun stopping children and cannot "
-                    "return to active mode",
-                    "finish the cut (cotal down --preserve-state); its seats resume from the "
-                    "checkpoint",
-                )
-        if event == "commit-resume" and self.state == "resuming" and not self.activated:
-            raise IllegalTransition(
-                "maintenance",
-                self.state,
-                event,
-                f"resume attempt {attempt_id} has no successful activation to commit",
-                "retry resume-preserved until every retained seat is live",
-            )
-
-        if event == "prepare" and self.state == "active" and self.seat_cut.state == "preserving":
-            raise Refusal(
-                Code.CUT_UNDER_WAY,
-                f"a cut of seat(s) {', '.join(sorted(self.seat_cut.seats))} (attempt "
-                f"{self.seat_cut.attempt_id}) is under way",
-                "let it finish (or abort it before its commit), then cut the mesh",
-            )
-        if event == "prepare" and self.state == "active" and self.adoption.state != "idle":
-            raise Refusal(
-                Code.ADOPTION_UNDER_WAY,
-                f"preservation refused: this manager is adopting attempt "
-                f"{self.adoption.attempt_id}, whose seats are not committed yet",
-                "let that `cotal up --restore` finish (or rerun it), then cut; nothing was fenced",
-            )
-        if event == "prepare" and self.state == "active":
-            self.attempt_id = attempt_id
-            self.generation += 1
-            self.commit_started = False
-        elif event == "commit":
+            self._check_abort(attempt_id, draining)
+        if event == "commit":
             self.commit_started = True
-        elif event == "abort":
-            self.generation += 1
-            self.attempt_id = None
-            self.commit_started = False
-        elif event == "activated":
-            self.activated = True
-        elif event == "finalize":
-            self.attempt_id = None
-            self.activated = False
         self.state = target
+        if target == "idle":
+            self.attempt_id, self.seats, self.commit_started = None, frozenset(), False
         return target
 
-    def _check_attempt(self, event: MaintenanceEvent, attempt_id: str) -> None:
+    def _check_abort(self, attempt_id: str, draining: bool) -> None:
+        """A cut is abandoned only before its commit began, and not under work still draining."""
+        if draining:
+            raise IllegalTransition(
+                MACHINE[self.scope],
+                self.shown,
+                "abort",
+                f"preservation attempt {attempt_id} is still preparing or draining accepted "
+                "lifecycle work and cannot be aborted",
+                "retry the abort once the drain has finished",
+            )
+        if self.commit_started:
+            raise IllegalTransition(
+                MACHINE[self.scope], self.shown, "abort", _begun(attempt_id), _CURE_FINISH_IT
+            )
+
+    def _other_attempt(self, event: AttemptEvent, attempt_id: str) -> Refusal:
+        """One attempt per slot: an event for another is refused, naming the one held."""
         bound = self.attempt_id
-        if event == "prepare" and self.state == "active":
-            return
-        if attempt_id == bound:
-            return
-        if event == "prepare":
+        if self.scope == "adopt":
+            return Refusal(
+                Code.ADOPTION_BUSY,
+                f"this manager is adopting attempt {bound}; refusing attempt {attempt_id} until "
+                "it is finalized",
+                f"finish that adoption first (`cotal up --restore` of attempt {bound})",
+            )
+        if self.scope == "seats" and event == "prepare":
+            return Refusal(
+                Code.CUT_UNDER_WAY,
+                f"a cut of seat(s) {', '.join(sorted(self.seats))} (attempt {bound}) is under "
+                "way; one cut at a time",
+                "let it finish (or `cotal down --preserve-state --abort` it before its "
+                "commit), then cut again; nothing was fenced",
+            )
+        if self.scope == "restore":
+            message = f"manager expects resume attempt {bound}, not {attempt_id}"
+        elif event == "prepare":
             message = (
                 f"manager is fenced for preservation attempt {bound}; "
                 f"refusing different attempt {attempt_id}"
             )
-        elif event in ("commit", "stopped"):
-            message = f"preservation attempt {attempt_id} was not prepared by this manager"
-        elif event == "abort":
-            message = f"preservation attempt {attempt_id} is not the active manager attempt"
         else:
-            message = f"manager expects resume attempt {bound or '<none>'}, not {attempt_id}"
-        raise Refusal(Code.ATTEMPT_MISMATCH, message, f"use attempt {bound}" if bound else "")
-
-    def _reason(self, event: MaintenanceEvent, attempt_id: str) -> str:
-        if event == "abort" and self.state == "preserved":
-            return (
-                f"preservation attempt {attempt_id} has begun stopping children and cannot return "
-                "to active mode"
+            message = (
+                f"preservation attempt {attempt_id} is not the cut this manager holds ({bound})"
             )
-        if event in PRESERVATION_EVENTS and self.state in (
-            "resume-required",
-            "resuming",
-            "awaiting-finalize",
-        ):
-            return f"manager is waiting for resume attempt {self.attempt_id}"
-        if event not in PRESERVATION_EVENTS and self.state in ("active", "preserving", "preserved"):
-            return "this manager was not started for a resume"
-        return ""
+        return Refusal(Code.ATTEMPT_MISMATCH, message, f"use attempt {bound}")
+
+    def _illegal(self, event: AttemptEvent, attempt_id: str) -> IllegalTransition:
+        reason, cure = "", ""
+        if event == "abort" and self.state == "preserved":
+            reason, cure = _begun(attempt_id), _CURE_FINISH_IT
+        elif self.scope == "adopt":
+            reason = f"adoption of attempt {attempt_id} is {self.state}"
+            cure = "rerun `cotal up --restore` for the attempt; it continues from its journal"
+        elif event == "commit-resume" and self.state not in ACTIVATED:
+            reason = f"resume attempt {attempt_id} has no successful activation to commit"
+            cure = "retry resume-preserved until every retained seat is live"
+        return IllegalTransition(MACHINE[self.scope], self.shown, event, reason, cure)
+
+
+def _begun(attempt_id: str) -> str:
+    return f"cut {attempt_id} has begun stopping its seats and cannot be aborted"
+
+
+class Maintenance:
+    """The manager's cut and resume attempts, and the rules between them."""
+
+    def __init__(self, *, resume_attempt_id: str | None = None) -> None:
+        self.cut = Attempt("whole")
+        self.resume = (
+            Attempt("restore", resume_attempt_id, state="resume-required")
+            if resume_attempt_id
+            else Attempt("adopt")
+        )
+        self.generation = 0
+
+    # -- what callers read ----------------------------------------------------------------------
+
+    @property
+    def fencing(self) -> Attempt | None:
+        """The attempt that fences the whole manager, if one is held."""
+        for held in (self.cut, self.resume):
+            if held.scope in FENCING_SCOPES and held.state != "idle":
+                return held
+        return None
+
+    @property
+    def state(self) -> MaintenanceState:
+        held = self.fencing
+        return "active" if held is None else DAEMON_STATE[held.state]
+
+    @property
+    def attempt_id(self) -> str | None:
+        held = self.fencing
+        return None if held is None else held.attempt_id
+
+    @property
+    def commit_started(self) -> bool:
+        return self.cut.scope == "whole" and self.cut.commit_started
+
+    @property
+    def activated(self) -> bool:
+        return self.resume.scope == "restore" and self.resume.state in ACTIVATED
+
+    @property
+    def adoption(self) -> Attempt:
+        """The adoption into this running mesh; an idle one when none is under way."""
+        return self.resume if self.resume.scope == "adopt" else Attempt("adopt")
+
+    @property
+    def seat_cut(self) -> Attempt:
+        """The cut of some seats; an idle one when none is held."""
+        return self.cut if self.cut.scope == "seats" else Attempt("seats")
+
+    # -- the fence ------------------------------------------------------------------------------
+
+    def check_lifecycle(
+        self, *, resume_operation: bool = False, seat: str | None = None, work: str = ""
+    ) -> None:
+        """The fence. Admits work, or raises; the caller counts admitted work synchronously.
+        `seat`: the one seat the work touches, which a cut of some seats may fence alone.
+        `resume_operation` (or `work` named `RESUME_WORK`): a resume op, which a manager fenced
+        for its restore admits until the commit."""
+        held = self.fencing
+        if held is not None and held.scope == "restore":
+            if (resume_operation or work == RESUME_WORK) and held.state in ADMITS_RESUME_OPS:
+                return
+            raise Refusal(
+                Code.FENCED,
+                f"manager is waiting for resume attempt {held.attempt_id}; ordinary "
+                "lifecycle/control work is fenced",
+                _CURE_RESUME,
+            )
+        if held is not None:
+            raise Refusal(
+                Code.FENCED,
+                f"manager is in {held.shown} mode; new lifecycle/control work is fenced",
+                _CURE_FINISH_CUT,
+            )
+        if seat is not None and self.cut.fences(seat):
+            raise Refusal(
+                Code.SEAT_FENCED,
+                f"seat {seat} is being cut (attempt {self.cut.attempt_id}); it takes no "
+                "lifecycle work until the cut is sealed or aborted",
+                "wait for `cotal down --preserve-state --seat` to finish, or abort it",
+            )
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def apply(
+        self,
+        event: AttemptEvent,
+        attempt_id: str,
+        *,
+        seats: frozenset[str] = frozenset(),
+        draining: bool = False,
+    ) -> AttemptState:
+        """Apply `event` for `attempt_id` to the attempt it concerns. A `prepare` that begins a
+        cut names its `seats` (none: every seat). `draining` says accepted work is still in
+        flight, which only a cut's `abort` consults."""
+        check_attempt_id(attempt_id)
+        if event in CUT_EVENTS:
+            return self._cut_event(event, attempt_id, seats, draining)
+        if event == "resume" and self.resume.open:
+            self._admit_new()
+            self.resume = Attempt("adopt", attempt_id)
+        state = self.resume.apply(event, attempt_id)
+        if state == "idle":
+            # A finalized restore leaves an ordinary manager: its next resume is an adoption.
+            self.resume = Attempt("adopt")
+        return state
+
+    def _cut_event(
+        self, event: AttemptEvent, attempt_id: str, seats: frozenset[str], draining: bool
+    ) -> AttemptState:
+        self._not_during_restore(event)
+        if event == "prepare" and self.cut.open:
+            self._admit_new()
+            self._no_adoption_under_way()
+            self.cut = Attempt("seats" if seats else "whole", attempt_id, seats=seats)
+            self.generation += 1
+        state = self.cut.apply(event, attempt_id, draining=draining)
+        if event == "abort":
+            self.generation += 1
+        return state
+
+    def _admit_new(self) -> None:
+        """A new attempt begins only where the fence admits work."""
+        self.check_lifecycle()
+
+    def _not_during_restore(self, event: AttemptEvent) -> None:
+        """A manager started for a resume takes no cut until it is finalized."""
+        held = self.fencing
+        if held is not None and held.scope == "restore":
+            raise IllegalTransition(
+                "maintenance",
+                held.shown,
+                event,
+                f"manager is waiting for resume attempt {held.attempt_id}",
+            )
+
+    def _no_adoption_under_way(self) -> None:
+        """A cut's plan would catch seats an adoption has not committed yet."""
+        held = self.resume
+        if held.scope == "adopt" and held.state != "idle":
+            raise Refusal(
+                Code.ADOPTION_UNDER_WAY,
+                f"preservation refused: this manager is adopting attempt {held.attempt_id}, "
+                "whose seats are not committed yet",
+                "let that `cotal up --restore` finish (or rerun it), then cut; nothing was fenced",
+            )
 
 
 # -- the coordinator's journal -------------------------------------------------------------------
@@ -565,66 +633,98 @@ def next_record(
     """
     state = prev.state if prev is not None else ABSENT
     event = EVENT_FOR[to_state]
-    if (
-        prev is not None
-        and prev.attempt_id != attempt_id
-        and not (event == "begin-resume" and state == "ready")
-    ):
-        raise Refusal(
-            Code.ATTEMPT_MISMATCH,
-            f"maintenance journal belongs to attempt {prev.attempt_id} (state {prev.state}); "
-            f"refusing attempt {attempt_id}",
-            _CURE_JOURNAL,
-        )
-    given = {
-        "resume": resume,
-        "checkpointDir": checkpoint_dir,
-        "durableCommitToken": durable_commit_token,
-        "consents": consents,
-        "degraded": degraded,
-    }
+    _check_journal_attempt(prev, attempt_id, state, event)
+    given = _Facts(resume, checkpoint_dir, durable_commit_token, consents, degraded)
     if prev is not None and prev.state == to_state:
-        current = {
-            "resume": prev.resume,
-            "checkpointDir": prev.checkpoint_dir,
-            "durableCommitToken": prev.durable_commit_token,
-            "consents": prev.consents,
-            "degraded": prev.degraded,
-        }
-        for name, value in given.items():
-            if value is not None and value != current[name]:
-                raise Refusal(
-                    Code.JOURNAL_MISMATCH,
-                    f"maintenance journal already records {to_state} for attempt {attempt_id} "
-                    f"with a different {name}",
-                    _CURE_JOURNAL,
-                )
-        return prev
+        return _retried(prev, attempt_id, given)
     if event not in JOURNAL_TRANSITIONS[state]:
         raise IllegalTransition("maintenance journal", state, event)
+    _check_facts(prev, attempt_id, to_state, given)
+    return _advanced(prev, attempt_id, to_state, now, given)
 
-    def keep(name: str, old: object, new: object) -> None:
-        if old not in (None, []) and new is not None and new != old:
+
+class _Facts(NamedTuple):
+    """What a step may record beside its state; None carries the recorded value forward."""
+
+    resume: ResumeDescriptor | None
+    checkpoint_dir: str | None
+    durable_commit_token: str | None
+    consents: list[Consent] | None
+    degraded: Degraded | None
+
+    def named(self) -> dict[str, object]:
+        """By the name the record spells on disk, which is the one a refusal names."""
+        return {_CAMEL.get(field, field): value for field, value in self._asdict().items()}
+
+
+_CAMEL: Final = {"checkpoint_dir": "checkpointDir", "durable_commit_token": "durableCommitToken"}
+_NONE: Final = _Facts(None, None, None, None, None)
+
+
+def _recorded(record: JournalRecord | None) -> _Facts:
+    if record is None:
+        return _NONE
+    return _Facts(
+        record.resume,
+        record.checkpoint_dir,
+        record.durable_commit_token,
+        record.consents,
+        record.degraded,
+    )
+
+
+def _check_journal_attempt(
+    prev: JournalRecord | None, attempt_id: str, state: str, event: JournalEvent
+) -> None:
+    # A same-root resume of a sealed cut may run under its own attempt id.
+    if prev is None or prev.attempt_id == attempt_id:
+        return
+    if event == "begin-resume" and state == READY:
+        return
+    raise Refusal(
+        Code.ATTEMPT_MISMATCH,
+        f"maintenance journal belongs to attempt {prev.attempt_id} (state {prev.state}); "
+        f"refusing attempt {attempt_id}",
+        _CURE_JOURNAL,
+    )
+
+
+def _retried(prev: JournalRecord, attempt_id: str, given: _Facts) -> JournalRecord:
+    """A step already recorded: a no-op when every fact given is the one recorded."""
+    current = _recorded(prev).named()
+    for name, value in given.named().items():
+        if value is not None and value != current[name]:
+            raise Refusal(
+                Code.JOURNAL_MISMATCH,
+                f"maintenance journal already records {prev.state} for attempt {attempt_id} "
+                f"with a different {name}",
+                _CURE_JOURNAL,
+            )
+    return prev
+
+
+def _check_facts(
+    prev: JournalRecord | None, attempt_id: str, to_state: JournalState, given: _Facts
+) -> None:
+    """No recorded fact is replaced, and each fact is given only at the state that holds it."""
+    state, event = (prev.state if prev else ABSENT), EVENT_FOR[to_state]
+    current, new = _recorded(prev).named(), given.named()
+    for name in ("resume", "checkpointDir", "durableCommitToken", "consents"):
+        if current[name] not in (None, []) and new[name] is not None and new[name] != current[name]:
             raise Refusal(
                 Code.JOURNAL_MISMATCH,
                 f"maintenance journal for attempt {attempt_id} already records its {name}; "
                 "refusing to replace it",
                 _CURE_JOURNAL,
             )
-
-    if prev is not None:
-        keep("resume", prev.resume, resume)
-        keep("checkpointDir", prev.checkpoint_dir, checkpoint_dir)
-        keep("durableCommitToken", prev.durable_commit_token, durable_commit_token)
-        keep("consents", prev.consents, consents)
-    if durable_commit_token is not None and to_state not in ("resume-committed", "retired"):
+    if given.durable_commit_token is not None and to_state not in (RESUME_COMMITTED, RETIRED):
         raise IllegalTransition(
             "maintenance journal",
             state,
             event,
             "a durable commit token is recorded only at resume-committed",
         )
-    if (degraded is not None) != (to_state == "degraded"):
+    if (given.degraded is not None) != (to_state == DEGRADED):
         raise IllegalTransition(
             "maintenance journal",
             state,
@@ -632,13 +732,17 @@ def next_record(
             "a reason and a recourse are recorded exactly when degrading",
         )
 
-    if to_state == "cut-intent":
-        kind: Literal["cut", "resume"] = "cut"
-    elif to_state == "resume-intent":
-        kind = "resume"
+
+def _advanced(
+    prev: JournalRecord | None, attempt_id: str, to_state: JournalState, now: str, given: _Facts
+) -> JournalRecord:
+    """The next record, each fact not given carried forward, checked as a reader will check it."""
+    state, event = (prev.state if prev else ABSENT), EVENT_FOR[to_state]
+    if prev is None or to_state in (CUT_INTENT, RESUME_INTENT):
+        kind: Literal["cut", "resume"] = "cut" if to_state == CUT_INTENT else "resume"
     else:
-        assert prev is not None  # only begin-* leave ABSENT
         kind = prev.kind
+    old = _recorded(prev)
     try:
         record = JournalRecord(
             version=1,
@@ -647,15 +751,11 @@ def next_record(
             kind=kind,
             state=to_state,
             updated_at=now,
-            resume=resume if resume is not None else (prev.resume if prev else None),
-            consents=list(consents if consents is not None else (prev.consents if prev else [])),
-            checkpoint_dir=checkpoint_dir
-            if checkpoint_dir is not None
-            else (prev.checkpoint_dir if prev else None),
-            durable_commit_token=durable_commit_token
-            if durable_commit_token is not None
-            else (prev.durable_commit_token if prev else None),
-            degraded=degraded,
+            resume=_or(given.resume, old.resume),
+            consents=list(given.consents if given.consents is not None else old.consents or []),
+            checkpoint_dir=_or(given.checkpoint_dir, old.checkpoint_dir),
+            durable_commit_token=_or(given.durable_commit_token, old.durable_commit_token),
+            degraded=given.degraded,
         )
     except ValueError as exc:  # the record's own consistency rules (__post_init__)
         raise IllegalTransition("maintenance journal", state, event, str(exc)) from None
@@ -665,6 +765,10 @@ def next_record(
         return decode_journal(encode_journal(record), what="new maintenance journal record")
     except DecodeError as exc:
         raise IllegalTransition("maintenance journal", state, event, exc.message) from None
+
+
+def _or(new: _T, old: _T) -> _T:
+    return new if new is not None else old
 
 
 # -- reruns: what each command does with the journal it finds -------------------------------------

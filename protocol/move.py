@@ -75,7 +75,8 @@ class MoveAnswer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     # A refused offer whose destination had claimed custody (its journal holds the attempt):
     # the destination owns the seats from here and a rerun finishes the move there.
     claimed: bool = False
-    # The destination's `up --restore --json` document, as it printed it (`null` if none).
+    # The destination's restore result (what `up --restore --json` prints; the source decodes
+    # it strictly as `manager/coord/records.py`'s RestoreResult), or `null`.
     result: msgspec.Raw = msgspec.Raw(b"null")
 
 

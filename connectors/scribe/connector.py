@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -20,12 +22,15 @@ from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
+    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
     MeshPort,
+    Missing,
     StoreDecl,
     TurnOutcome,
 )
+from connectors.doctorkit import Pins, probe
 from connectors.interpreter import own_python
 from connectors.jsonl_driver import (
     DriverEvent,
@@ -38,7 +43,12 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
-from connectors.launchkit import base_env, check_prompt, refuse_resume_with_continuation
+from connectors.launchkit import (
+    base_env,
+    check_prompt,
+    decode_config,
+    refuse_resume_with_continuation,
+)
 from connectors.scribe.harness import (
     LINE_CAP,
     DeltaOut,
@@ -107,8 +117,20 @@ class ScribeCodec:
         return None
 
 
-def store_path(opts: LaunchOpts, connector: str = "scribe") -> Path:
-    configured = opts.config.get("store")
+class ScribeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[agents.scribe]`: the model a seat records (scribe calls no model, but the manager
+    records it and the launch profile names it), the store directory (relative to the workspace
+    root; default one per seat under `.cotal/sessions/scribe/`), and `ignore_sigterm`, a test
+    aid: the harness ignores SIGTERM so a stop must escalate to SIGKILL. Anything else is
+    refused."""
+
+    model: str | None = None
+    store: str | None = None
+    ignore_sigterm: bool = False
+
+
+def store_path(opts: LaunchOpts, config: ScribeConfig, connector: str = "scribe") -> Path:
+    configured = config.store
     if configured:
         # A relative store is anchored at the workspace root, like every other seat path.
         return opts.workspace_root / Path(configured)
@@ -140,10 +162,13 @@ class ScribeConnector:
         supports_prompt=True,
     )
 
+    config_type = ScribeConfig
+
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         refuse_resume_with_continuation(self.name, opts)
         check_prompt(self.name, opts.prompt)
-        store = store_path(opts, self.name)
+        config = decode_config(self.name, opts.config, ScribeConfig)
+        store = store_path(opts, config, self.name)
         argv = [
             # Isolated: the seat's cwd, which the seat writes, must not stand in for cotal.
             *own_python("connectors.scribe"),
@@ -158,7 +183,7 @@ class ScribeConnector:
             argv += ["--fork", opts.resume]
         if opts.prompt is not None:
             argv += ["--prompt", opts.prompt]
-        if opts.config.get("ignore_sigterm"):
+        if config.ignore_sigterm:
             argv.append("--ignore-sigterm")
         env = base_env(opts)
         relpath = _relative_to_root(store, opts.workspace_root)
@@ -173,6 +198,28 @@ class ScribeConnector:
 
     def make_driver(self, stdin: ByteSend, stdout: ByteReceive, spec: LaunchSpec) -> ScribeDriver:
         return ScribeDriver(stdin, stdout, ScribeCodec())
+
+    def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
+        """Built in: the program is this interpreter running the package's own module, isolated
+        as a launch runs it, so the probe finds cotal where a seat will."""
+        decode_config(self.name, config, ScribeConfig)
+        program = own_python("connectors.scribe")
+        check = HarnessCheck(installed=True, path=" ".join(program), version=_cotal_version())
+        check.usable, detail = probe([*program, "--help"], {"PATH": os.environ.get("PATH", "")})
+        if not check.usable:
+            check.missing.append(
+                Missing(f"scribe does not start: {detail}", "reinstall cotal (`pip install .`)")
+            )
+        return check
+
+
+def _cotal_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"cotal {version('cotal')}"
+    except Exception:
+        return "built-in"
 
 
 class ScribeDriver(JsonLinesDriver):

@@ -192,6 +192,38 @@ def integrity(
     keys = frozenset(trusted_keys) if trusted_keys is not None else frozenset()
     records = verify_integrity(attempt_dir, trusted_keys=keys)
     manifest = read_manifest(attempt_dir, trusted_keys=keys)
+    doc = _read_resume_document(attempt_dir, manifest)
+    inventory = parse_resume_args(manifest.attempt_id, doc, space=manifest.space)
+    by_name = {r.name: r for r in records}
+    _match_seats(attempt_dir, inventory, by_name)
+    # Before the bundles: reading a few lines is cheaper than unbundling, and as conclusive.
+    # A restore (`keep_in`) imports the messages read here (`Admission.inboxes`).
+    inboxes = check_inboxes(attempt_dir, manifest, by_name, keep=keep_in is not None)
+    dirs = {seat.name: seat.dir for seat in manifest.seats}
+    chains = _resolve_chains(attempt_dir, manifest, by_name, keys, search)
+    if keep_in is None:
+        _check_repositories(attempt_dir, dirs, by_name, chains, None)
+        return Admission(attempt_dir, manifest, inventory, doc, by_name, chains=chains)
+    scratch_dir = _open_admission_scratch(keep_in)
+    try:
+        kept = _check_repositories(attempt_dir, dirs, by_name, chains, scratch_dir)
+    except BaseException:
+        shutil.rmtree(scratch_dir, ignore_errors=True)
+        raise
+    return Admission(
+        attempt_dir,
+        manifest,
+        inventory,
+        doc,
+        by_name,
+        chains=chains,
+        scratch_dir=scratch_dir,
+        scratch=kept,
+        inboxes=inboxes,
+    )
+
+
+def _read_resume_document(attempt_dir: Path, manifest: AttemptManifest) -> bytes:
     doc = read_stable(
         attempt_dir / manifest.resume.file, cap=INVENTORY_CAP, what="resume document"
     ).data
@@ -202,8 +234,14 @@ def integrity(
             f"{attempt_dir / manifest.resume.file} changed after it was verified",
             "copy the checkpoint again and retry",
         )
-    inventory = parse_resume_args(manifest.attempt_id, doc, space=manifest.space)
-    by_name = {r.name: r for r in records}
+    return doc
+
+
+def _match_seats(
+    attempt_dir: Path, inventory: Inventory, by_name: dict[str, SeatCheckpoint]
+) -> None:
+    """Refuse unless every retained seat has a checkpoint and each checkpoint agrees with the
+    resume document's entry for its seat."""
     missing = [a.name for a in inventory.agents if a.name not in by_name]
     if missing:
         raise _refuse(
@@ -226,10 +264,16 @@ def integrity(
                 f"seat {name}: its checkpoint and the resume document disagree",
                 "copy the checkpoint again from the source host",
             )
-    # Before the bundles: reading a few lines is cheaper than unbundling, and as conclusive.
-    # A restore (`keep_in`) imports the messages read here (`Admission.inboxes`).
-    inboxes = check_inboxes(attempt_dir, manifest, by_name, keep=keep_in is not None)
-    dirs = {seat.name: seat.dir for seat in manifest.seats}
+
+
+def _resolve_chains(
+    attempt_dir: Path,
+    manifest: AttemptManifest,
+    by_name: dict[str, SeatCheckpoint],
+    keys: frozenset[str],
+    search: Sequence[Path],
+) -> dict[str, list[chain.Link]]:
+    """Each seat's proven predecessors, oldest first (`chain.resolve`)."""
     chains: dict[str, list[chain.Link]] = {}
     for name, record in by_name.items():
         try:
@@ -243,11 +287,12 @@ def integrity(
             )
         except Refusal as exc:
             raise _refuse("integrity", exc.code, exc.message, exc.cure) from None
-    if keep_in is None:
-        _check_repositories(attempt_dir, dirs, by_name, chains, None)
-        return Admission(attempt_dir, manifest, inventory, doc, by_name, chains=chains)
+    return chains
+
+
+def _open_admission_scratch(keep_in: Path) -> Path:
     try:
-        scratch_dir = open_scratch(keep_in)
+        return open_scratch(keep_in)
     except OSError as exc:
         raise Refusal(
             Code.SCRATCH_UNAVAILABLE,
@@ -255,22 +300,6 @@ def integrity(
             f"{exc.strerror or exc} ({exc.filename or keep_in})",
             "make the root's .cotal a directory this user owns and can write, then retry",
         ) from None
-    try:
-        kept = _check_repositories(attempt_dir, dirs, by_name, chains, scratch_dir)
-    except BaseException:
-        shutil.rmtree(scratch_dir, ignore_errors=True)
-        raise
-    return Admission(
-        attempt_dir,
-        manifest,
-        inventory,
-        doc,
-        by_name,
-        chains=chains,
-        scratch_dir=scratch_dir,
-        scratch=kept,
-        inboxes=inboxes,
-    )
 
 
 class _Carried(msgspec.Struct, frozen=True, gc=False):
@@ -611,6 +640,17 @@ def check_repository(
             + ", which was not proven",
             "copy that attempt directory beside this one and retry",
         )
+    refs = _admitted_refs(name, seat_dir, record)
+    if keep is not None:
+        _prove_objects(name, seat_dir, record, links, refs, bundle, keep)
+        return Scratch(keep, frozenset(os.listdir(keep / "objects" / "pack")))
+    with tempfile.TemporaryDirectory(prefix="cotal-admit-") as tmp:
+        _prove_objects(name, seat_dir, record, links, refs, bundle, Path(tmp) / "bundle.git")
+    return None
+
+
+def _admitted_refs(name: str, seat_dir: Path, record: RepositoryRecord) -> dict[str, str]:
+    """The recorded refs list, which must put the branch HEAD was on at the base."""
     refs: dict[str, str] = {}
     if record.refs is not None:
         try:
@@ -630,12 +670,7 @@ def check_repository(
             f"branch at {refs.get(record.head, 'nothing')}, not the base {record.base}",
             "the record and its refs do not belong together; cut the seat again",
         )
-    if keep is not None:
-        _prove_objects(name, seat_dir, record, links, refs, bundle, keep)
-        return Scratch(keep, frozenset(os.listdir(keep / "objects" / "pack")))
-    with tempfile.TemporaryDirectory(prefix="cotal-admit-") as tmp:
-        _prove_objects(name, seat_dir, record, links, refs, bundle, Path(tmp) / "bundle.git")
-    return None
+    return refs
 
 
 def _prove_objects(
@@ -651,6 +686,14 @@ def _prove_objects(
     new bare repository at `scratch`, it holds the base, every ref and every prerequisite."""
     # A TemporaryDirectory, or the private directory `open_scratch` made for this run.
     tmp = scratch.parent
+    _check_bundle_heads(name, tmp, record, refs, bundle)
+    _unbundle_chain(name, seat_dir, links, bundle, scratch)
+    _check_objects_present(name, seat_dir, record, refs, bundle, scratch)
+
+
+def _check_bundle_heads(
+    name: str, tmp: Path, record: RepositoryRecord, refs: dict[str, str], bundle: Path | None
+) -> None:
     heads: dict[str, str] = {}
     if bundle is not None:
         listed = _git(tmp, "bundle", "list-heads", os.fspath(bundle))
@@ -667,7 +710,17 @@ def _prove_objects(
             "the bundle and the record do not belong together; copy the checkpoint again "
             "from the source host, or cut the seat again",
         )
-    made = _git(tmp, "init", "--quiet", "--bare", "--template=", os.fspath(scratch))
+
+
+def _unbundle_chain(
+    name: str,
+    seat_dir: Path,
+    links: Sequence[chain.Link],
+    bundle: Path | None,
+    scratch: Path,
+) -> None:
+    """A new bare repository at `scratch` holding the predecessors' objects, then the bundle's."""
+    made = _git(scratch.parent, "init", "--quiet", "--bare", "--template=", os.fspath(scratch))
     if made.returncode != 0:
         raise _bundle_invalid(name, bundle or seat_dir, made)
     for link in links:
@@ -687,6 +740,17 @@ def _prove_objects(
         unpacked = _git(scratch, "bundle", "unbundle", os.fspath(path))
         if unpacked.returncode != 0:
             raise _bundle_invalid(name, path, unpacked)
+
+
+def _check_objects_present(
+    name: str,
+    seat_dir: Path,
+    record: RepositoryRecord,
+    refs: dict[str, str],
+    bundle: Path | None,
+    scratch: Path,
+) -> None:
+    """The base, every recorded ref and every prerequisite are objects in `scratch`."""
     prerequisites = record.prerequisites
     wanted = [
         f"{record.base}^{{commit}}",
@@ -758,68 +822,14 @@ def identity(
         raise _refuse("identity", exc.code, exc.message, exc.cure) from None
     relocations: dict[str, Relocation] = {}
     for name, record in adm.records.items():
-        if record.workspace_root is None or record.custody_revision is None:
-            raise _refuse(
-                "identity",
-                Code.OLD_CHECKPOINT,
-                f"seat {name}: the checkpoint records no workspace root or custody revision",
-                "cut the seat again with this version of cotal",
-            )
-        try:
-            reloc = relocation(
-                Path(record.workspace_root),
-                root,
-                user_maps,
-                old_cwd=Path(os.path.normpath(adm.agent(name).launch.cwd)),
-            )
-        except Refusal as exc:
-            raise _refuse("identity", exc.code, f"seat {name}: {exc.message}", exc.cure) from None
+        reloc = _seat_relocation(adm, name, record, root, user_maps)
         adm.confined[name] = confine(
             adm, name, root=root, home=home if home is not None else _home(), reloc=reloc
         )
         _check_landing(adm, name, user_maps, root=root)
         relocations[name] = reloc
-        uid = record.lifecycle_uid
-        if uid in held_uids:
-            raise _refuse(
-                "identity",
-                Code.UID_HELD,
-                f"seat {name} (uid {uid}) is already held by this root's manager",
-                "this seat is live here; do not resume it twice",
-            )
-        if uid in live_uids:
-            raise _refuse(
-                "identity",
-                Code.UID_LIVE,
-                f"retained principal {name} (uid {uid}) is already live at the broker and this "
-                "runtime "
-                "cannot authoritatively adopt it",
-                "stop the running incarnation first (presence expires 6 s after it stops), or "
-                "pass --monitor "
-                "so cotal can verify its predecessor is gone",
-            )
-        agent = adm.agent(name)
-        # The permission is the entry's own: this root's `[seats.NAME] allow_send` is not asked.
-        expected = registry.profile_digest(
-            agent.launch.connector,
-            agent.launch.model,
-            settings_for.get(agent.launch.connector, {}),
-            agent.launch.allow_send,
-            agent.launch.subscribe,
-            agent.launch.allow_post,
-        )
-        if expected != record.profile:
-            raise _refuse(
-                "identity",
-                Code.PROFILE_DRIFT,
-                f"seat {name}: this host's launch profile for {agent.launch.connector} has "
-                "revision "
-                f"{expected}, the checkpoint recorded {record.profile}",
-                "make cotal.toml here match the source's settings for that agent; a resumed "
-                "session never runs under a different profile (its --allow-send is part of it, "
-                "and only the checkpoint's own entry gives it: an entry altered since the cut "
-                "cannot be admitted)",
-            )
+        _check_uid_free(name, record.lifecycle_uid, live_uids, held_uids)
+        _check_profile(adm, name, record, settings_for)
     adm.confine_to = (root, *(new for new in user_maps.values()))
     adm.maps = user_maps
     adm.inventory = relocate_inventory(
@@ -829,6 +839,83 @@ def identity(
             for name, reloc in relocations.items()
         },
     )
+
+
+def _seat_relocation(
+    adm: Admission, name: str, record: SeatCheckpoint, root: Path, user_maps: dict[Path, Path]
+) -> Relocation:
+    """How the seat's recorded paths carry onto this root (`relocation`)."""
+    if record.workspace_root is None or record.custody_revision is None:
+        raise _refuse(
+            "identity",
+            Code.OLD_CHECKPOINT,
+            f"seat {name}: the checkpoint records no workspace root or custody revision",
+            "cut the seat again with this version of cotal",
+        )
+    try:
+        return relocation(
+            Path(record.workspace_root),
+            root,
+            user_maps,
+            old_cwd=Path(os.path.normpath(adm.agent(name).launch.cwd)),
+        )
+    except Refusal as exc:
+        raise _refuse("identity", exc.code, f"seat {name}: {exc.message}", exc.cure) from None
+
+
+def _check_uid_free(
+    name: str, uid: str, live_uids: Collection[str], held_uids: Collection[str]
+) -> None:
+    """Refuse a seat whose uid this root's manager holds or the broker sees live."""
+    if uid in held_uids:
+        raise _refuse(
+            "identity",
+            Code.UID_HELD,
+            f"seat {name} (uid {uid}) is already held by this root's manager",
+            "this seat is live here; do not resume it twice",
+        )
+    if uid in live_uids:
+        raise _refuse(
+            "identity",
+            Code.UID_LIVE,
+            f"retained principal {name} (uid {uid}) is already live at the broker and this "
+            "runtime "
+            "cannot authoritatively adopt it",
+            "stop the running incarnation first (presence expires 6 s after it stops), or "
+            "pass --monitor "
+            "so cotal can verify its predecessor is gone",
+        )
+
+
+def _check_profile(
+    adm: Admission,
+    name: str,
+    record: SeatCheckpoint,
+    settings_for: Mapping[str, Mapping[str, Any]],
+) -> None:
+    """Refuse a seat whose launch profile here is not the revision the checkpoint recorded."""
+    agent = adm.agent(name)
+    # The permission is the entry's own: this root's `[seats.NAME] allow_send` is not asked.
+    expected = registry.profile_digest(
+        agent.launch.connector,
+        agent.launch.model,
+        settings_for.get(agent.launch.connector, {}),
+        agent.launch.allow_send,
+        agent.launch.subscribe,
+        agent.launch.allow_post,
+    )
+    if expected != record.profile:
+        raise _refuse(
+            "identity",
+            Code.PROFILE_DRIFT,
+            f"seat {name}: this host's launch profile for {agent.launch.connector} has "
+            "revision "
+            f"{expected}, the checkpoint recorded {record.profile}",
+            "make cotal.toml here match the source's settings for that agent; a resumed "
+            "session never runs under a different profile (its --allow-send is part of it, "
+            "and only the checkpoint's own entry gives it: an entry altered since the cut "
+            "cannot be admitted)",
+        )
 
 
 def _check_landing(adm: Admission, name: str, maps: Mapping[Path, Path], *, root: Path) -> None:
@@ -986,44 +1073,53 @@ def recency(
         )
     consents: list[Consent] = []
     for name, record in adm.records.items():
-        try:
-            captured = parse_instant(record.captured_at)
-        except ValueError:
-            raise _refuse(
-                "recency",
-                Code.UNREADABLE_TIME,
-                f"seat {name}: capturedAt {record.captured_at!r} is unreadable",
-                "no override exists: cut the seat again",
-            ) from None
-        age_ms = int((now - captured).total_seconds() * 1000)
-        if age_ms < -skew_ms:
-            raise _refuse(
-                "recency",
-                Code.FUTURE_CHECKPOINT,
-                f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this "
-                "host's clock "
-                f"({now.isoformat()}), beyond the {skew_ms} ms skew allowed",
-                "fix this host's clock (or the source's) and retry, or widen `[recency] skew_s` "
-                "in this root's cotal.toml if the two clocks are known to differ; no override "
-                "exists",
-            )
-        if age_ms > record.recency_horizon_ms:
-            if not accept_stale:
-                raise _refuse(
-                    "recency",
-                    Code.STALE_CHECKPOINT,
-                    f"seat {name}: capturedAt {record.captured_at} is {age_ms} ms old at this "
-                    "host's clock "
-                    f"({now.isoformat()}), beyond its horizon of {record.recency_horizon_ms} ms",
-                    "pass --accept-stale-checkpoint to resume it anyway (the consent is journaled)",
-                )
-            consents.append(
-                Consent(
-                    seat=name,
-                    captured_at=record.captured_at,
-                    age_ms=age_ms,
-                    horizon_ms=record.recency_horizon_ms,
-                )
-            )
+        consent = _judge_age(name, record, now=now, accept_stale=accept_stale, skew_ms=skew_ms)
+        if consent is not None:
+            consents.append(consent)
     adm.consents = consents
     return consents
+
+
+def _judge_age(
+    name: str, record: SeatCheckpoint, *, now: datetime, accept_stale: bool, skew_ms: int
+) -> Consent | None:
+    """Refuse a seat captured in the future or, without `accept_stale`, beyond its horizon;
+    the consent that admits a stale one."""
+    try:
+        captured = parse_instant(record.captured_at)
+    except ValueError:
+        raise _refuse(
+            "recency",
+            Code.UNREADABLE_TIME,
+            f"seat {name}: capturedAt {record.captured_at!r} is unreadable",
+            "no override exists: cut the seat again",
+        ) from None
+    age_ms = int((now - captured).total_seconds() * 1000)
+    if age_ms < -skew_ms:
+        raise _refuse(
+            "recency",
+            Code.FUTURE_CHECKPOINT,
+            f"seat {name}: capturedAt {record.captured_at} is {-age_ms} ms later than this "
+            "host's clock "
+            f"({now.isoformat()}), beyond the {skew_ms} ms skew allowed",
+            "fix this host's clock (or the source's) and retry, or widen `[recency] skew_s` "
+            "in this root's cotal.toml if the two clocks are known to differ; no override "
+            "exists",
+        )
+    if age_ms <= record.recency_horizon_ms:
+        return None
+    if not accept_stale:
+        raise _refuse(
+            "recency",
+            Code.STALE_CHECKPOINT,
+            f"seat {name}: capturedAt {record.captured_at} is {age_ms} ms old at this "
+            "host's clock "
+            f"({now.isoformat()}), beyond its horizon of {record.recency_horizon_ms} ms",
+            "pass --accept-stale-checkpoint to resume it anyway (the consent is journaled)",
+        )
+    return Consent(
+        seat=name,
+        captured_at=record.captured_at,
+        age_ms=age_ms,
+        horizon_ms=record.recency_horizon_ms,
+    )

@@ -5,7 +5,7 @@ directory, written by the source (`write_archive`), and unpacked by the destinat
 sizes the file itself holds, zero padding). A pack sealed to one root (`--to KEY`) is the same
 archive encrypted in chunks (`sealed`): only the root holding that box key opens it, into an
 unnamed file in its private staging, and the plaintext is then read as any unsealed pack. The
-hand-off a pack records and what the CLI prints are `manager/cli/checkpoints.py`'s.
+hand-off a pack records and what the CLI prints are `manager/coord/checkpoints.py`'s.
 """
 
 from __future__ import annotations

@@ -365,51 +365,75 @@ def resolve(
                 "cut the seat again without --since",
             )
         seen.add(at)
-        found = _locate(at, places)
-        if found is None:
-            where = ", ".join(str(p) for p in places)
-            raise Refusal(
-                Code.PREDECESSOR_MISSING,
-                f"seat {seat}: attempt {successor} carries only what is new since attempt {at}, "
-                f"and attempt {at} is in none of {where}",
-                f"copy the attempt directory {at} from the source host (its "
-                f".cotal/maintenance/v1/checkpoints/{at}) beside {attempt_dir}, and retry; "
-                f"{CURE_CUT_FULL}",
-            )
-        got = read_sealed_seat(found, seat, trusted_keys=trusted_keys)
-        if got is None:
-            raise Refusal(
-                Code.CHAIN_BROKEN,
-                f"seat {seat}: attempt {successor} builds on attempt {at}, which holds no seat "
-                f"{seat}",
-                f"copy the right attempt {at} from the source host, {CURE_CUT_FULL}",
-            )
-        manifest, prev, digest = got
-        if manifest.attempt_id != at or manifest.space != space:
-            raise Refusal(
-                Code.INTEGRITY,
-                f"checkpoint integrity: {found} holds attempt {manifest.attempt_id} of space "
-                f"{manifest.space}, not the predecessor {at} of space {space}",
-                f"copy the attempt directory {at} again from the source host",
-            )
-        bundle = prev.repository.bundle
-        bundle_sha = bundle.sha256 if bundle is not None else None
-        if digest != link.checkpoint_sha256 or bundle_sha != link.bundle_sha256:
-            raise Refusal(
-                Code.INTEGRITY,
-                f"checkpoint integrity: seat {seat}: attempt {successor} builds on the seat "
-                f"record of attempt {at} hashing to {link.checkpoint_sha256} (bundle "
-                f"{link.bundle_sha256}), but {found / seat} holds one hashing to {digest} "
-                f"(bundle {bundle_sha})",
-                f"copy the attempt directory {at} again from the source host; {CURE_CUT_FULL}",
-            )
-        if bundle is not None:
-            verify_file(found / seat, bundle)
-        links.append(Link(attempt_id=at, seat_dir=found / seat, bundle=bundle))
+        found = _find_predecessor(attempt_dir, seat, at, successor, places)
+        proven, link = _prove_predecessor(
+            found, seat, link, successor, space=space, trusted_keys=trusted_keys
+        )
+        links.append(proven)
         successor = at
-        link = prev.repository.since
     links.reverse()
     return links
+
+
+def _find_predecessor(
+    attempt_dir: Path, seat: str, at: str, successor: str, places: Sequence[Path]
+) -> Path:
+    found = _locate(at, places)
+    if found is None:
+        where = ", ".join(str(p) for p in places)
+        raise Refusal(
+            Code.PREDECESSOR_MISSING,
+            f"seat {seat}: attempt {successor} carries only what is new since attempt {at}, "
+            f"and attempt {at} is in none of {where}",
+            f"copy the attempt directory {at} from the source host (its "
+            f".cotal/maintenance/v1/checkpoints/{at}) beside {attempt_dir}, and retry; "
+            f"{CURE_CUT_FULL}",
+        )
+    return found
+
+
+def _prove_predecessor(
+    found: Path,
+    seat: str,
+    link: IncrementalLink,
+    successor: str,
+    *,
+    space: str,
+    trusted_keys: Collection[str],
+) -> tuple[Link, IncrementalLink | None]:
+    """The predecessor `link` pins, proven in `found` (its sealed seat record by digest, its
+    bundle by digest), and the link that predecessor builds on in turn."""
+    at = link.attempt_id
+    got = read_sealed_seat(found, seat, trusted_keys=trusted_keys)
+    if got is None:
+        raise Refusal(
+            Code.CHAIN_BROKEN,
+            f"seat {seat}: attempt {successor} builds on attempt {at}, which holds no seat {seat}",
+            f"copy the right attempt {at} from the source host, {CURE_CUT_FULL}",
+        )
+    manifest, prev, digest = got
+    if manifest.attempt_id != at or manifest.space != space:
+        raise Refusal(
+            Code.INTEGRITY,
+            f"checkpoint integrity: {found} holds attempt {manifest.attempt_id} of space "
+            f"{manifest.space}, not the predecessor {at} of space {space}",
+            f"copy the attempt directory {at} again from the source host",
+        )
+    bundle = prev.repository.bundle
+    bundle_sha = bundle.sha256 if bundle is not None else None
+    if digest != link.checkpoint_sha256 or bundle_sha != link.bundle_sha256:
+        raise Refusal(
+            Code.INTEGRITY,
+            f"checkpoint integrity: seat {seat}: attempt {successor} builds on the seat "
+            f"record of attempt {at} hashing to {link.checkpoint_sha256} (bundle "
+            f"{link.bundle_sha256}), but {found / seat} holds one hashing to {digest} "
+            f"(bundle {bundle_sha})",
+            f"copy the attempt directory {at} again from the source host; {CURE_CUT_FULL}",
+        )
+    if bundle is not None:
+        verify_file(found / seat, bundle)
+    proven = Link(attempt_id=at, seat_dir=found / seat, bundle=bundle)
+    return proven, prev.repository.since
 
 
 def _precopied(attempt_dir: Path, seat: str, link: PrecopyLink, places: Sequence[Path]) -> Link:

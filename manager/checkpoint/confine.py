@@ -394,6 +394,58 @@ def _relocated_chunks(
             yield chunk, chunk
 
 
+def _as_target(dest: Path | SessionTarget) -> SessionTarget:
+    """A plain absolute path as the target walked from `/`."""
+    if isinstance(dest, SessionTarget):
+        return dest
+    dest = lexical(dest)
+    if not dest.is_absolute() or dest == Path("/"):
+        raise Refusal(
+            Code.UNSAFE_SESSION_PATH,
+            f"session destination {dest} is not an absolute file path",
+            "pass the absolute path session_destination returned",
+        )
+    return SessionTarget(Path("/"), dest.relative_to("/").as_posix())
+
+
+def _placed_digest(src_file: Path, target: SessionTarget, src_digest: str) -> str:
+    # What lands is the checkpoint's bytes, or those bytes with the first line rewritten for the
+    # new path; a retried restore finds exactly that file and accepts it.
+    placed_digest = src_digest
+    if target.head is not None:
+        placed = hashlib.sha256()
+        for _, out in _relocated_chunks(src_file, target.head):
+            placed.update(out)
+        placed_digest = placed.hexdigest()
+    return placed_digest
+
+
+def _place_or_hash(target: SessionTarget, copied: Callable[[], Iterator[bytes]]) -> str | None:
+    """Create the file at `target` from `copied()` unless one is there: None when placed, else
+    the digest of the file found."""
+    base_fd = os.open(target.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            parent, leaf = open_parent_below(
+                base_fd, target.relpath, create_mode=DIR_MODE, root=target.base
+            )
+        except UnsafeDirectory as exc:
+            raise _unsafe_walk(target, exc) from None
+        try:
+            try:
+                os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+                present = True
+            except FileNotFoundError:
+                present = False
+            if not present and _create_exclusive_at(parent, leaf, copied()):
+                return None
+            return _hash_at(parent, leaf, target.path)
+        finally:
+            os.close(parent)
+    finally:
+        os.close(base_fd)
+
+
 def place_session_file(
     src_file: Path, dest: Path | SessionTarget, *, expected_sha256: str | None = None
 ) -> Literal["placed", "present"]:
@@ -404,17 +456,7 @@ def place_session_file(
     refused naming both digests, because overwriting a transcript is how a seat loses history.
     """
     src_file = Path(src_file)
-    if isinstance(dest, SessionTarget):
-        target = dest
-    else:
-        dest = lexical(dest)
-        if not dest.is_absolute() or dest == Path("/"):
-            raise Refusal(
-                Code.UNSAFE_SESSION_PATH,
-                f"session destination {dest} is not an absolute file path",
-                "pass the absolute path session_destination returned",
-            )
-        target = SessionTarget(Path("/"), dest.relative_to("/").as_posix())
+    target = _as_target(dest)
     src_digest = _hash_nofollow(src_file, "session file")
     if expected_sha256 is not None and src_digest != expected_sha256:
         raise Refusal(
@@ -435,36 +477,10 @@ def place_session_file(
                 Code.UNSTABLE, f"session file {src_file} changed while it was copied", "retry"
             )
 
-    # What lands is the checkpoint's bytes, or those bytes with the first line rewritten for the
-    # new path; a retried restore finds exactly that file and accepts it.
-    placed_digest = src_digest
-    if target.head is not None:
-        placed = hashlib.sha256()
-        for _, out in _relocated_chunks(src_file, target.head):
-            placed.update(out)
-        placed_digest = placed.hexdigest()
-
-    base_fd = os.open(target.base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            parent, leaf = open_parent_below(
-                base_fd, target.relpath, create_mode=DIR_MODE, root=target.base
-            )
-        except UnsafeDirectory as exc:
-            raise _unsafe_walk(target, exc) from None
-        try:
-            try:
-                os.stat(leaf, dir_fd=parent, follow_symlinks=False)
-                present = True
-            except FileNotFoundError:
-                present = False
-            if not present and _create_exclusive_at(parent, leaf, copied()):
-                return "placed"
-            existing = _hash_at(parent, leaf, target.path)
-        finally:
-            os.close(parent)
-    finally:
-        os.close(base_fd)
+    placed_digest = _placed_digest(src_file, target, src_digest)
+    existing = _place_or_hash(target, copied)
+    if existing is None:
+        return "placed"
     if existing != placed_digest:
         raise Refusal(
             Code.SESSION_CONFLICT,

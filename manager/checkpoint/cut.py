@@ -43,6 +43,7 @@ from protocol.checkpoint import (
     AttemptManifest,
     ChannelState,
     FileRef,
+    IncrementalLink,
     ManifestSeat,
     PrecopyLink,
     RepositoryRecord,
@@ -255,6 +256,128 @@ def _capture_session(
     return pointer, store, space_state
 
 
+async def _predecessors(
+    layout: Layout,
+    agent: Agent,
+    cwd: Path,
+    *,
+    space: str,
+    since: str | None,
+    precopy: PrecopyLink | None,
+) -> tuple[IncrementalLink | None, PrecopyLink | None]:
+    """What the bundle builds on: the sealed attempt `since` names, else the pre-copied history
+    this repository still holds, else nothing (a full bundle)."""
+    link = None
+    if since is not None:
+        link = await chain.link_for(layout, since, agent.name, cwd, space=space)
+    shipped = await chain.precopy_link(cwd, precopy) if precopy is not None else None
+    return link, shipped
+
+
+async def _capture_history(
+    layout: Layout,
+    cwd: Path,
+    seat_dir: Path,
+    link: IncrementalLink | None,
+    shipped: PrecopyLink | None,
+    *,
+    progress: Progress | None,
+    include: Sequence[str],
+) -> RepositoryRecord:
+    return await capture_repository(
+        cwd,
+        seat_dir,
+        progress=progress,
+        include=registry.carry_includes(registry.load_config(layout.root), include),
+        prerequisites=(
+            link.prerequisites
+            if link is not None
+            else shipped.prerequisites
+            if shipped is not None
+            else ()
+        ),
+        since=link,
+        precopy=shipped if link is None else None,
+    )
+
+
+def _session_record(
+    agent: Agent,
+    continuity: ContinuityClass,
+    pointer: SessionFile | None,
+    store: list[SessionFile],
+) -> SessionRecord:
+    return SessionRecord(
+        continuity=continuity,
+        session_id=agent.launch.session_id if continuity in ("exact", "fork") else None,
+        pointer=pointer,
+        store=store,
+    )
+
+
+def _seat_record(
+    layout: Layout,
+    agent: Agent,
+    space: str,
+    repository: RepositoryRecord,
+    session: SessionRecord,
+    space_state: SpaceRecord | None,
+    horizon_ms: int,
+    custody_revision: int | None,
+) -> SeatCheckpoint:
+    return SeatCheckpoint(
+        format=SEAT_CHECKPOINT_FORMAT,
+        entry=msgspec.to_builtins(agent),
+        space=space,
+        name=agent.name,
+        lifecycle_uid=agent.identity.lifecycle_uid,
+        generation=agent.generation,
+        captured_at=format_instant(datetime.now(UTC)),
+        profile=agent.launch.profile_sha256,
+        repository=repository,
+        session=session,
+        recency_horizon_ms=horizon_ms,
+        workspace_root=str(layout.root),
+        custody_revision=custody_revision,
+        space_state=space_state,
+    )
+
+
+def _seat_summary(
+    agent: Agent, record: SeatCheckpoint, ref: FileRef, times: tuple[float, float, float, float]
+) -> SeatSummary:
+    """What the cut reports of a sealed seat; `times` are when the capture began and when its
+    repository, its session and its seal were done."""
+    repository, session, space_state = record.repository, record.session, record.space_state
+    t0, t_repo, t_session, t_seal = times
+    timings_ms = {
+        "repository": int((t_repo - t0) * 1000),
+        "session": int((t_session - t_repo) * 1000),
+        "seal": int((t_seal - t_session) * 1000),
+    }
+    return SeatSummary(
+        name=agent.name,
+        continuity=session.continuity,
+        session_id=session.session_id,
+        lifecycle_uid=agent.identity.lifecycle_uid,
+        bytes=_refs_bytes(repository)
+        + sum(s.file.bytes for s in session.store)
+        + (session.pointer.file.bytes if session.pointer else 0)
+        + (space_state.inbox.bytes if space_state else 0)
+        + (sum(c.posts.bytes for c in space_state.channels) if space_state else 0),
+        timings_ms=timings_ms,
+        checkpoint=ref,
+        since=(
+            repository.since.attempt_id
+            if repository.since is not None
+            else chain.PRECOPY_LABEL
+            if repository.precopy is not None
+            else None
+        ),
+        bundle_bytes=repository.bundle.bytes if repository.bundle is not None else 0,
+    )
+
+
 async def capture_seat(
     layout: Layout,
     attempt: Path,
@@ -285,92 +408,30 @@ async def capture_seat(
     """
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
-    link = None
-    if since is not None:
-        link = await chain.link_for(layout, since, agent.name, cwd, space=space)
-    shipped = await chain.precopy_link(cwd, precopy) if precopy is not None else None
+    link, shipped = await _predecessors(
+        layout, agent, cwd, space=space, since=since, precopy=precopy
+    )
     # Every file below is created, written and fsynced in a worker thread: a create or an fsync
     # can wait on the file system's journal for as long as another seat's fsync takes, and
     # every seat's capture shares the manager's event loop (docs/design.md decision 24).
     seat_dir = await anyio.to_thread.run_sync(create_seat_dir, attempt, agent.name)
-    repository = await capture_repository(
-        cwd,
-        seat_dir,
-        progress=progress,
-        include=registry.carry_includes(registry.load_config(layout.root), include),
-        prerequisites=(
-            link.prerequisites
-            if link is not None
-            else shipped.prerequisites
-            if shipped is not None
-            else ()
-        ),
-        since=link,
-        precopy=shipped if link is None else None,
+    repository = await _capture_history(
+        layout, cwd, seat_dir, link, shipped, progress=progress, include=include
     )
     t_repo = time.monotonic()
     pointer, store, space_state = await anyio.to_thread.run_sync(
-        _capture_session,
-        layout,
-        agent,
-        seat_dir,
-        pointer_path,
-        extra_stores,
-        space_export,
+        _capture_session, layout, agent, seat_dir, pointer_path, extra_stores, space_export
     )
     t_session = time.monotonic()
-
     continuity = continuity_capped(declared, pointer is not None, len(store), supports_fresh_start)
-    record = SeatCheckpoint(
-        format=SEAT_CHECKPOINT_FORMAT,
-        entry=msgspec.to_builtins(agent),
-        space=space,
-        name=agent.name,
-        lifecycle_uid=agent.identity.lifecycle_uid,
-        generation=agent.generation,
-        captured_at=format_instant(datetime.now(UTC)),
-        profile=agent.launch.profile_sha256,
-        repository=repository,
-        session=SessionRecord(
-            continuity=continuity,
-            session_id=agent.launch.session_id if continuity in ("exact", "fork") else None,
-            pointer=pointer,
-            store=store,
-        ),
-        recency_horizon_ms=horizon_ms,
-        workspace_root=str(layout.root),
-        custody_revision=custody_revision,
-        space_state=space_state,
+    session = _session_record(agent, continuity, pointer, store)
+    record = _seat_record(
+        layout, agent, space, repository, session, space_state, horizon_ms, custody_revision
     )
     ref = await anyio.to_thread.run_sync(
         seal_seat, seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id
     )
-    t_seal = time.monotonic()
-    summary = SeatSummary(
-        name=agent.name,
-        continuity=continuity,
-        session_id=record.session.session_id,
-        lifecycle_uid=agent.identity.lifecycle_uid,
-        bytes=_refs_bytes(repository)
-        + sum(s.file.bytes for s in store)
-        + (pointer.file.bytes if pointer else 0)
-        + (space_state.inbox.bytes if space_state else 0)
-        + (sum(c.posts.bytes for c in space_state.channels) if space_state else 0),
-        timings_ms={
-            "repository": int((t_repo - t0) * 1000),
-            "session": int((t_session - t_repo) * 1000),
-            "seal": int((t_seal - t_session) * 1000),
-        },
-        checkpoint=ref,
-        since=(
-            repository.since.attempt_id
-            if repository.since is not None
-            else chain.PRECOPY_LABEL
-            if repository.precopy is not None
-            else None
-        ),
-        bundle_bytes=repository.bundle.bytes if repository.bundle is not None else 0,
-    )
+    summary = _seat_summary(agent, record, ref, (t0, t_repo, t_session, time.monotonic()))
     log.info(
         "cut.sealed", seat=agent.name, continuity=continuity, bytes=summary.bytes, dir=str(seat_dir)
     )

@@ -42,7 +42,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -272,6 +272,54 @@ async def _end_git_group(process: anyio.abc.Process) -> None:
         _signal_group(process.pid, signal.SIGKILL)
 
 
+async def _open_git_group(cwd: Path, args: Sequence[str], background: bool) -> anyio.abc.Process:
+    try:
+        # A group of its own: `git bundle` writes through a `git pack-objects` child, which
+        # must end with it when the capture is cancelled (_end_git_group). Shielded, because
+        # a cancel while the pipes connect would kill git alone and orphan that child.
+        with anyio.CancelScope(shield=True):
+            process = await anyio.open_process(
+                [*(BACKGROUND if background else ()), GIT, *SAFE_CONFIG, *args],
+                cwd=cwd,
+                env=git_env(),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+    except FileNotFoundError:
+        raise Refusal(Code.GIT_MISSING, f"cannot run git in {cwd}", "install git") from None
+    return process
+
+
+async def _keep_stderr(stream: anyio.abc.ByteReceiveStream, stderr: bytearray) -> None:
+    # Read stderr concurrently so a chatty git cannot block on a full pipe.
+    async for chunk in stream:
+        if len(stderr) < _STDERR_KEEP:
+            stderr.extend(chunk[: _STDERR_KEEP - len(stderr)])
+
+
+async def _write_stdout(
+    stream: anyio.abc.ByteReceiveStream,
+    out: ExclusiveFile,
+    progress: Progress | None,
+    phase: str,
+) -> None:
+    done = 0
+    # A pipe hands over at most 64 KiB at a time, and a thread hop per piece
+    # is the daemon's CPU on a cut bound by it (docs/design.md decision 19).
+    batch = bytearray()
+    async for chunk in stream:
+        batch += chunk
+        if len(batch) >= _WRITE_BATCH:
+            done += await anyio.to_thread.run_sync(out.write, batch)
+            batch = bytearray()
+            if progress is not None:
+                progress(phase, done)
+    if batch:
+        done += await anyio.to_thread.run_sync(out.write, batch)
+        if progress is not None:
+            progress(phase, done)
+
+
 async def stream_git_to_file(
     cwd: Path,
     args: Sequence[str],
@@ -287,48 +335,13 @@ async def stream_git_to_file(
     out = await anyio.to_thread.run_sync(ExclusiveFile, directory, name)
     try:
         stderr = bytearray()
-        done = 0
-        try:
-            # A group of its own: `git bundle` writes through a `git pack-objects` child, which
-            # must end with it when the capture is cancelled (_end_git_group). Shielded, because
-            # a cancel while the pipes connect would kill git alone and orphan that child.
-            with anyio.CancelScope(shield=True):
-                process = await anyio.open_process(
-                    [*(BACKGROUND if background else ()), GIT, *SAFE_CONFIG, *args],
-                    cwd=cwd,
-                    env=git_env(),
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-        except FileNotFoundError:
-            raise Refusal(Code.GIT_MISSING, f"cannot run git in {cwd}", "install git") from None
+        process = await _open_git_group(cwd, args, background)
         async with process:
             assert process.stdout is not None and process.stderr is not None
-            err_stream, out_stream = process.stderr, process.stdout
-
-            async def drain_stderr() -> None:
-                # Read stderr concurrently so a chatty git cannot block on a full pipe.
-                async for chunk in err_stream:
-                    if len(stderr) < _STDERR_KEEP:
-                        stderr.extend(chunk[: _STDERR_KEEP - len(stderr)])
-
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(drain_stderr)
-                    # A pipe hands over at most 64 KiB at a time, and a thread hop per piece
-                    # is the daemon's CPU on a cut bound by it (docs/design.md decision 19).
-                    batch = bytearray()
-                    async for chunk in out_stream:
-                        batch += chunk
-                        if len(batch) >= _WRITE_BATCH:
-                            done += await anyio.to_thread.run_sync(out.write, batch)
-                            batch = bytearray()
-                            if progress is not None:
-                                progress(phase, done)
-                    if batch:
-                        done += await anyio.to_thread.run_sync(out.write, batch)
-                        if progress is not None:
-                            progress(phase, done)
+                    tg.start_soon(_keep_stderr, process.stderr, stderr)
+                    await _write_stdout(process.stdout, out, progress, phase)
                 rc = await process.wait()
             except BaseException:
                 await _end_git_group(process)
@@ -659,21 +672,8 @@ PROBE_ARGS: tuple[str, ...] = (
 REFS_ARGS: tuple[str, ...] = ("for-each-ref", "--format=%(HEAD)%(objectname) %(refname)")
 
 
-async def _probe(cwd: Path) -> _Probe:
-    """Where the repository is, whether it can be captured at all, and what its refs say.
-
-    One `git rev-parse` answers the top level, the git dirs, shallowness, the operation
-    markers and the HEAD commit; one `git for-each-ref` every ref and the branch HEAD is on.
-    """
-    if not cwd.is_dir():
-        raise Refusal(
-            Code.NOT_A_REPOSITORY,
-            f"seat cwd {cwd} is not a directory",
-            "run the seat in a directory that is a git repository",
-        )
-    real = cwd.resolve()
-    probe = await run_git(cwd, *PROBE_ARGS, ok=(0, 1, 128))
-    lines = probe.stdout.decode("utf-8", "surrogateescape").splitlines()
+def _check_top_level(cwd: Path, real: Path, probe: GitResult, lines: list[str]) -> None:
+    """Refuse a cwd that is not the top level of a repository's working tree."""
     if probe.rc == 128 or not lines or lines[0] != "true":
         raise Refusal(
             Code.NOT_A_REPOSITORY,
@@ -699,6 +699,9 @@ async def _probe(cwd: Path) -> _Probe:
             "rebuilds the repository at the seat's cwd",
             f"run the seat at {top}, or run `git init` in {cwd} to give it a repository of its own",
         )
+
+
+def _refuse_operation_in_progress(cwd: Path, lines: list[str]) -> None:
     markers = lines[_PROBE_FIXED : _PROBE_FIXED + len(_IN_PROGRESS)]
     for (_name, what, cure), rel in zip(_IN_PROGRESS, markers, strict=True):
         if os.path.lexists(cwd / rel):
@@ -708,16 +711,38 @@ async def _probe(cwd: Path) -> _Probe:
                 "checkpoint does not carry",
                 cure + ", then cut again",
             )
-    if probe.rc != 0:
-        # Only a refusal needs the unborn branch's name; a capturable HEAD gets it from the refs.
-        head_ref = await run_git(cwd, "symbolic-ref", "-q", "HEAD", ok=(0, 1))
-        unborn = head_ref.stdout.decode().strip() if head_ref.rc == 0 else None
+
+
+async def _refuse_unborn(cwd: Path) -> NoReturn:
+    # Only a refusal needs the unborn branch's name; a capturable HEAD gets it from the refs.
+    head_ref = await run_git(cwd, "symbolic-ref", "-q", "HEAD", ok=(0, 1))
+    unborn = head_ref.stdout.decode().strip() if head_ref.rc == 0 else None
+    raise Refusal(
+        Code.UNBORN_HEAD,
+        f"{cwd} has no commit yet ({unborn or 'HEAD'} is unborn), so there is no history to bundle",
+        "make a first commit (`git add -A && git commit`), then cut again",
+    )
+
+
+async def _probe(cwd: Path) -> _Probe:
+    """Where the repository is, whether it can be captured at all, and what its refs say.
+
+    One `git rev-parse` answers the top level, the git dirs, shallowness, the operation
+    markers and the HEAD commit; one `git for-each-ref` every ref and the branch HEAD is on.
+    """
+    if not cwd.is_dir():
         raise Refusal(
-            Code.UNBORN_HEAD,
-            f"{cwd} has no commit yet ({unborn or 'HEAD'} is unborn), so there is no history to "
-            "bundle",
-            "make a first commit (`git add -A && git commit`), then cut again",
+            Code.NOT_A_REPOSITORY,
+            f"seat cwd {cwd} is not a directory",
+            "run the seat in a directory that is a git repository",
         )
+    real = cwd.resolve()
+    probe = await run_git(cwd, *PROBE_ARGS, ok=(0, 1, 128))
+    lines = probe.stdout.decode("utf-8", "surrogateescape").splitlines()
+    _check_top_level(cwd, real, probe, lines)
+    _refuse_operation_in_progress(cwd, lines)
+    if probe.rc != 0:
+        await _refuse_unborn(cwd)
     if lines[3] == "true":
         raise Refusal(
             Code.SHALLOW,
@@ -768,21 +793,43 @@ async def _facts(
     """
     cwd = Path(cwd)
     probe = await _probe(cwd)
+    index = await _index_scan(cwd, probe.index, earlier)
+    # The status lists every untracked file (`--untracked-files=all`) with the same pathspec the
+    # untracked archive uses, so one git run answers both.
+    raw_status = (await run_git(cwd, *STATUS_ARGS)).stdout
+    untracked = await _untracked_paths(cwd, raw_status, include)
+    _check_untracked(cwd, untracked)
+    status = _decode_status(cwd, raw_status)
+    gitdir = await _gitdir_facts(cwd, probe.common, earlier.config if earlier else None)
+    entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
+    return RepoFacts(
+        top=probe.top,
+        base=probe.base,
+        head=probe.head,
+        status=status,
+        untracked=untracked,
+        gitdir=gitdir,
+        refs=probe.refs,
+        index=index,
+        stash=entries,
+    )
 
-    stamp = index_stamp(probe.index)
+
+async def _index_scan(cwd: Path, index_path: Path, earlier: Reusable | None) -> IndexScan:
+    """The earlier inspection's index scan when the index is proven unchanged, else a new one."""
+    stamp = index_stamp(index_path)
     if (
         earlier is not None
         and stamp is not None
         and stamp.reusable
         and earlier.index.stamp == stamp
     ):
-        index = earlier.index
-    else:
-        index = await _scan_index(cwd, stamp)
+        return earlier.index
+    return await _scan_index(cwd, stamp)
 
-    # The status lists every untracked file (`--untracked-files=all`) with the same pathspec the
-    # untracked archive uses, so one git run answers both.
-    raw_status = (await run_git(cwd, *STATUS_ARGS)).stdout
+
+async def _untracked_paths(cwd: Path, raw_status: bytes, include: Sequence[str]) -> list[bytes]:
+    """The untracked paths the status lists, then the declared ignored ones (`include`)."""
     untracked = [
         entry[3:]
         for entry in _split_z(raw_status)
@@ -806,6 +853,12 @@ async def _facts(
         untracked += [
             p for p in _split_z(declared.stdout) if p not in seen and not _in_control_dir(p)
         ]
+    return untracked
+
+
+def _check_untracked(cwd: Path, untracked: list[bytes]) -> None:
+    """Refuse untracked entries the archive cannot carry: nested repositories, and anything
+    that is not a regular file or a symlink."""
     nested = [p for p in untracked if p.endswith(b"/")]
     if nested:
         raise Refusal(
@@ -831,8 +884,10 @@ async def _facts(
             ".gitignore",
         )
 
+
+def _decode_status(cwd: Path, raw_status: bytes) -> str:
     try:
-        status = raw_status.decode("utf-8")
+        return raw_status.decode("utf-8")
     except UnicodeDecodeError:
         bad = [e for e in raw_status.split(b"\0") if not _utf8(e)]
         raise Refusal(
@@ -841,19 +896,6 @@ async def _facts(
             "record is JSON",
             "rename them to UTF-8 names, then cut again",
         ) from None
-    gitdir = await _gitdir_facts(cwd, probe.common, earlier.config if earlier else None)
-    entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
-    return RepoFacts(
-        top=probe.top,
-        base=probe.base,
-        head=probe.head,
-        status=status,
-        untracked=untracked,
-        gitdir=gitdir,
-        refs=probe.refs,
-        index=index,
-        stash=entries,
-    )
 
 
 def _utf8(data: bytes) -> bool:
@@ -906,6 +948,69 @@ async def read_stash(cwd: Path) -> list[StashEntry]:
     return await _read_stash_reflog(cwd)
 
 
+class _TarSink:
+    """The file object tarfile streams into; reports progress every few MiB, not per block."""
+
+    def __init__(self, out: ExclusiveFile, report: Callable[[int], None]) -> None:
+        self._out = out
+        self._report = report
+        self.done = 0
+        self.reported = 0
+
+    def write(self, data: bytes) -> int:
+        n = self._out.write(data)
+        self.done += n
+        if self.done - self.reported >= _PROGRESS_STEP:
+            self.reported = self.done
+            self._report(self.done)
+        return n
+
+
+def _open_member_parent(top_fd: int, rel: str) -> tuple[int, str]:
+    try:
+        return open_parent_below(top_fd, rel)
+    except (OSError, UnsafeDirectory) as exc:
+        why = exc.reason if isinstance(exc, UnsafeDirectory) else exc.strerror
+        raise Refusal(
+            Code.CHANGED_DURING_CAPTURE,
+            f"untracked file {rel} is no longer beneath a plain directory ({why})",
+            "make sure nothing writes to the seat's tree, then cut again",
+        ) from None
+
+
+def _archive_member(tar: tarfile.TarFile, parent: int, leaf: str, rel: str) -> None:
+    """Add one untracked file or symlink, opened beneath `parent` without following links."""
+    st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+    info = tarfile.TarInfo(rel)
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = int(st.st_mtime)
+    if stat.S_ISLNK(st.st_mode):
+        info.type = tarfile.SYMTYPE
+        info.linkname = os.readlink(leaf, dir_fd=parent)
+        info.mode = 0o777
+        tar.addfile(info)
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise Refusal(
+            Code.UNTRACKED_UNSUPPORTED,
+            f"untracked entry {rel} is not a regular file or symlink",
+            "remove it or list it in .gitignore",
+        )
+    fd, before = open_regular(Path(leaf), dir_fd=parent)
+    with os.fdopen(fd, "rb") as stream:
+        info.size = before.st_size
+        info.mode = stat.S_IMODE(before.st_mode) & 0o777
+        tar.addfile(info, stream)
+        after = os.fstat(fd)
+    if file_identity(before) != file_identity(after) or before.st_ino != st.st_ino:
+        raise Refusal(
+            Code.CHANGED_DURING_CAPTURE,
+            f"untracked file {rel} changed while it was archived",
+            "make sure nothing writes to the seat's tree, then cut again",
+        )
+
+
 def _write_untracked_tar(
     top: Path, paths: Sequence[bytes], out: ExclusiveFile, report: Callable[[int], None]
 ) -> None:
@@ -914,66 +1019,15 @@ def _write_untracked_tar(
     Owners are zeroed (a user name is not the destination's business), set-id bits dropped, and
     a file that changes while it is archived refuses the capture rather than sealing torn bytes.
     """
-
-    class Sink:
-        """The file object tarfile streams into; reports progress every few MiB, not per block."""
-
-        def __init__(self) -> None:
-            self.done = 0
-            self.reported = 0
-
-        def write(self, data: bytes) -> int:
-            n = out.write(data)
-            self.done += n
-            if self.done - self.reported >= _PROGRESS_STEP:
-                self.reported = self.done
-                report(self.done)
-            return n
-
     top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with tarfile.open(fileobj=Sink(), mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        sink = _TarSink(out, report)
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
             for raw in paths:
                 rel = os.fsdecode(raw)
+                parent, leaf = _open_member_parent(top_fd, rel)
                 try:
-                    parent, leaf = open_parent_below(top_fd, rel)
-                except (OSError, UnsafeDirectory) as exc:
-                    why = exc.reason if isinstance(exc, UnsafeDirectory) else exc.strerror
-                    raise Refusal(
-                        Code.CHANGED_DURING_CAPTURE,
-                        f"untracked file {rel} is no longer beneath a plain directory ({why})",
-                        "make sure nothing writes to the seat's tree, then cut again",
-                    ) from None
-                try:
-                    st = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
-                    info = tarfile.TarInfo(rel)
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    info.mtime = int(st.st_mtime)
-                    if stat.S_ISLNK(st.st_mode):
-                        info.type = tarfile.SYMTYPE
-                        info.linkname = os.readlink(leaf, dir_fd=parent)
-                        info.mode = 0o777
-                        tar.addfile(info)
-                        continue
-                    if not stat.S_ISREG(st.st_mode):
-                        raise Refusal(
-                            Code.UNTRACKED_UNSUPPORTED,
-                            f"untracked entry {rel} is not a regular file or symlink",
-                            "remove it or list it in .gitignore",
-                        )
-                    fd, before = open_regular(Path(leaf), dir_fd=parent)
-                    with os.fdopen(fd, "rb") as stream:
-                        info.size = before.st_size
-                        info.mode = stat.S_IMODE(before.st_mode) & 0o777
-                        tar.addfile(info, stream)
-                        after = os.fstat(fd)
-                    if file_identity(before) != file_identity(after) or before.st_ino != st.st_ino:
-                        raise Refusal(
-                            Code.CHANGED_DURING_CAPTURE,
-                            f"untracked file {rel} changed while it was archived",
-                            "make sure nothing writes to the seat's tree, then cut again",
-                        )
+                    _archive_member(tar, parent, leaf, rel)
                 except (OSError, UnsafeFile) as exc:
                     why = exc.detail if isinstance(exc, UnsafeFile) else exc.strerror
                     raise Refusal(
@@ -1476,8 +1530,22 @@ async def capture_repository(
     seat_dir = Path(seat_dir)
     declared = check_includes(include)
     facts = await _facts(cwd, declared, _INSPECTIONS.take(cwd.resolve()))
-    refs = facts.refs
-    stash = facts.stash
+    _check_stash_head(cwd, facts.refs, facts.stash)
+    bundle, tree = await _capture_artifacts(cwd, seat_dir, facts, prerequisites, progress)
+    after = await _facts(cwd, declared, facts.reusable())
+    _verify_unmoved(cwd, facts, after)
+    return _repository_record(
+        cwd,
+        facts,
+        bundle,
+        tree,
+        declared=declared,
+        since=since if prerequisites else None,
+        precopy=precopy if prerequisites else None,
+    )
+
+
+def _check_stash_head(cwd: Path, refs: dict[str, str], stash: list[StashEntry]) -> None:
     if stash and refs.get("refs/stash") != stash[0].oid:
         raise Refusal(
             Code.CHANGED_DURING_CAPTURE,
@@ -1485,9 +1553,19 @@ async def capture_repository(
             "make sure nothing changes the repository during the cut, then cut again",
         )
 
+
+async def _capture_artifacts(
+    cwd: Path,
+    seat_dir: Path,
+    facts: RepoFacts,
+    prerequisites: Sequence[str],
+    progress: Progress | None,
+) -> tuple[FileRef | None, _TreeArtifacts]:
+    """The bundle, its refs proven, and every other artifact of the tree."""
+    refs = facts.refs
     # Older stash entries live only in the reflog; naming their commits puts them in the pack
     # without adding a ref to the bundle's header.
-    stash_revs = list(dict.fromkeys(entry.oid for entry in stash))
+    stash_revs = list(dict.fromkeys(entry.oid for entry in facts.stash))
     # The bundle is the long pole and nothing between it and the after-capture facts reads it,
     # so it runs beside the rest (docs/design.md decision 19). The after-capture facts wait for
     # both: they are the proof that nothing moved while any artifact was being written.
@@ -1502,16 +1580,18 @@ async def capture_repository(
     async def tree_part() -> _TreeArtifacts:
         return await _capture_tree(cwd, seat_dir, facts, None if progress is None else order.report)
 
-    bundle, tree = await _side_by_side(bundle_part, tree_part)
+    return await _side_by_side(bundle_part, tree_part)
 
-    after = await _facts(cwd, declared, facts.reusable())
+
+def _verify_unmoved(cwd: Path, facts: RepoFacts, after: RepoFacts) -> None:
+    """Refuse a repository whose after-capture facts differ from those it was captured by."""
     moved = [
         what
         for what, same in (
             ("HEAD", (after.base, after.head) == (facts.base, facts.head)),
             ("status", after.status == facts.status),
-            ("refs", after.refs == refs),
-            ("stash", after.stash == stash),
+            ("refs", after.refs == facts.refs),
+            ("stash", after.stash == facts.stash),
             # A flag or an intent-to-add entry can change without changing the status.
             ("index", after.index.entries == facts.index.entries),
         )
@@ -1525,6 +1605,17 @@ async def capture_repository(
             "make sure the seat is stopped and nothing else writes to its tree, then cut again",
         )
 
+
+def _repository_record(
+    cwd: Path,
+    facts: RepoFacts,
+    bundle: FileRef | None,
+    tree: _TreeArtifacts,
+    *,
+    declared: list[str],
+    since: IncrementalLink | None,
+    precopy: PrecopyLink | None,
+) -> RepositoryRecord:
     try:
         record = RepositoryRecord(
             base=facts.base,
@@ -1543,10 +1634,10 @@ async def capture_repository(
             config_redacted=tree.redacted,
             hooks=tree.hooks,
             info_exclude=tree.exclude,
-            stash=stash,
+            stash=facts.stash,
             include=declared,
-            since=since if prerequisites else None,
-            precopy=precopy if prerequisites else None,
+            since=since,
+            precopy=precopy,
         )
         # Round-trip through the strict decoder so the capture never returns a record the
         # reader would refuse (the constructor does not check field patterns).

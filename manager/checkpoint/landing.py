@@ -174,6 +174,17 @@ def check_map_target(
     path = lexical(tree) if tree is not None else new
     if not path.is_relative_to(new):
         raise ValueError(f"{path} is not at or beneath {new}")
+    _check_place(old, new, path, root=root, store=store)
+    if not _walk_to(old, new, path, root=root):
+        return "absent"
+    if tree is None or store:
+        return "present"
+    return _occupancy(old, new, path, root=root, base=base)
+
+
+def _check_place(old: Path, new: Path, path: Path, *, root: Path, store: bool) -> None:
+    """Refuse, by the names alone, a NEW no map may land on and a `path` beneath it that is
+    inside a control or .git directory."""
     where = _map(old, new)
     problem = _forbidden(new, root)
     if problem is not None:
@@ -192,6 +203,11 @@ def check_map_target(
                 _cure_elsewhere(old, root),
             )
 
+
+def _walk_to(old: Path, new: Path, path: Path, *, root: Path) -> bool:
+    """Walk from / to `path` without following a symlink, judging each directory on the way;
+    False when the walk meets a missing directory it may create."""
+    where = _map(old, new)
     euid = os.geteuid()
     mounts: set[str] | None = None
     in_root = new.is_relative_to(root)
@@ -199,50 +215,11 @@ def check_map_target(
     cur = _TOP
     for part in path.parts[1:]:
         cur = cur / part
-        try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            if not cur.is_relative_to(new) or cur == new:
-                if not in_root:
-                    raise Refusal(
-                        Code.BAD_MAP,
-                        f"{where}: {new} is missing and not under the destination root {root}",
-                        f"create {new} first (an empty directory you own), or map {old} under "
-                        f"{root}",
-                    ) from None
-            return "absent"
-        except OSError as exc:
-            raise _unreadable(old, new, cur, exc) from None
-        if stat.S_ISLNK(st.st_mode):
-            raise Refusal(
-                Code.MAP_SYMLINK,
-                f"{where}: {cur} is a symlink; no map is followed through one",
-                f"pass the directory it points to ({os.path.realpath(cur)}) as NEW, which is "
-                "then checked itself, or replace the symlink with a directory",
-            )
-        if not stat.S_ISDIR(st.st_mode):
-            raise Refusal(
-                Code.BAD_MAP,
-                f"{where}: {cur} is not a directory",
-                f"map {old} onto a directory, or move {cur} aside",
-            )
+        st = _lstat_step(old, new, cur, root=root, in_root=in_root)
+        if st is None:
+            return False
         below = cur.is_relative_to(new)
-        # A tree beneath this root is the root's own: only roots nested inside it are others'.
-        judged = cur != root and (not in_root or cur.is_relative_to(root))
-        if judged and _holds_control(cur):
-            raise Refusal(
-                Code.MAP_OTHER_ROOT,
-                f"{where}: {cur} is another cotal root (it holds {CONTROL_DIR})"
-                + (f", and {path} lies beneath it" if cur != path else ""),
-                "another root's tree and secrets are its own: " + _cure_elsewhere(old, root),
-            )
-        if below and st.st_uid != euid:
-            raise Refusal(
-                Code.MAP_NOT_OWNED,
-                f"{where}: {cur} is owned by uid {st.st_uid}, not by this operator (uid {euid})",
-                f"map {old} onto a directory you own, or `chown` {cur} to uid {euid} if it is "
-                "yours for this work",
-            )
+        _check_owner(old, new, path, cur, st, root=root, in_root=in_root, euid=euid)
         if below and cur != root:
             if mounts is None:
                 mounts = mount_points()
@@ -254,9 +231,75 @@ def check_map_target(
                     f"map {old} onto a directory inside the mount instead, e.g. {cur / old.name}",
                 )
         parent = st
-    if tree is None or store:
-        return "present"
-    return _occupancy(old, new, path, root=root, base=base)
+    return True
+
+
+def _lstat_step(
+    old: Path, new: Path, cur: Path, *, root: Path, in_root: bool
+) -> os.stat_result | None:
+    """One directory on the walk: its lstat, or None when it is missing and may be created;
+    a symlink or a non-directory refuses."""
+    where = _map(old, new)
+    try:
+        st = os.lstat(cur)
+    except FileNotFoundError:
+        if not cur.is_relative_to(new) or cur == new:
+            if not in_root:
+                raise Refusal(
+                    Code.BAD_MAP,
+                    f"{where}: {new} is missing and not under the destination root {root}",
+                    f"create {new} first (an empty directory you own), or map {old} under {root}",
+                ) from None
+        return None
+    except OSError as exc:
+        raise _unreadable(old, new, cur, exc) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise Refusal(
+            Code.MAP_SYMLINK,
+            f"{where}: {cur} is a symlink; no map is followed through one",
+            f"pass the directory it points to ({os.path.realpath(cur)}) as NEW, which is "
+            "then checked itself, or replace the symlink with a directory",
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refusal(
+            Code.BAD_MAP,
+            f"{where}: {cur} is not a directory",
+            f"map {old} onto a directory, or move {cur} aside",
+        )
+    return st
+
+
+def _check_owner(
+    old: Path,
+    new: Path,
+    path: Path,
+    cur: Path,
+    st: os.stat_result,
+    *,
+    root: Path,
+    in_root: bool,
+    euid: int,
+) -> None:
+    """Refuse a directory on the walk that is another root's, or one at or beneath NEW that
+    this operator does not own."""
+    where = _map(old, new)
+    below = cur.is_relative_to(new)
+    # A tree beneath this root is the root's own: only roots nested inside it are others'.
+    judged = cur != root and (not in_root or cur.is_relative_to(root))
+    if judged and _holds_control(cur):
+        raise Refusal(
+            Code.MAP_OTHER_ROOT,
+            f"{where}: {cur} is another cotal root (it holds {CONTROL_DIR})"
+            + (f", and {path} lies beneath it" if cur != path else ""),
+            "another root's tree and secrets are its own: " + _cure_elsewhere(old, root),
+        )
+    if below and st.st_uid != euid:
+        raise Refusal(
+            Code.MAP_NOT_OWNED,
+            f"{where}: {cur} is owned by uid {st.st_uid}, not by this operator (uid {euid})",
+            f"map {old} onto a directory you own, or `chown` {cur} to uid {euid} if it is "
+            "yours for this work",
+        )
 
 
 def _occupancy(old: Path, new: Path, tree: Path, *, root: Path, base: str | None) -> Landing:

@@ -425,15 +425,12 @@ async def _apply(staging: Path, diff: Path, size: int, *flags: str, cure: str) -
         )
 
 
-async def _build(
+async def _stage_objects(
     staging: Path,
     seat_dir: Path,
     record: RepositoryRecord,
-    refs: dict[str, str],
-    status: str,
-    intent_to_add: list[str],
     links: Sequence[chain.Link],
-    scratch: Scratch | None = None,
+    scratch: Scratch | None,
 ) -> None:
     # Not a clone: an incremental bundle needs its predecessors' objects first, so every
     # bundle of the chain is unbundled oldest first (git proves each one's prerequisites are
@@ -474,6 +471,9 @@ async def _build(
             cure="the bundle cannot be unbundled on its predecessors; copy the checkpoint "
             "again from the source host",
         )
+
+
+async def _checkout_base(staging: Path, record: RepositoryRecord) -> None:
     found = await run_git(
         staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128)
     )
@@ -494,10 +494,8 @@ async def _build(
     await anyio.to_thread.run_sync(settle_stat_data, staging)
     await run_git(staging, "update-index", "-q", "--refresh", ok=(0, 1), code=Code.RESTORE_FAILED)
 
-    # The carried config, written next, replaces the one `init` made, so the remotes are the
-    # source's; it and info/exclude go in before the applies and the status comparison, which
-    # read them as the source did.
-    await anyio.to_thread.run_sync(_restore_gitdir, staging, seat_dir, record)
+
+async def _restore_refs(staging: Path, record: RepositoryRecord, refs: dict[str, str]) -> None:
     present = await read_refs(staging)
     # With the stash recorded entry by entry, refs/stash is rebuilt from it below instead.
     plain = {n: o for n, o in refs.items() if not (record.stash and n == "refs/stash")}
@@ -532,6 +530,10 @@ async def _build(
             "copy the checkpoint again from the source host",
         )
 
+
+async def _apply_changes(
+    staging: Path, seat_dir: Path, record: RepositoryRecord, status: str, intent_to_add: list[str]
+) -> None:
     await _apply(
         staging,
         seat_dir / record.index_diff.file,
@@ -556,9 +558,9 @@ async def _build(
     )
     # The rest were created as new files by the worktree diff; mark them as the cut had them.
     await _mark_intent_to_add(staging, [p for p in intent_to_add if p not in gone])
-    await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
-    await _prove_selection(staging, record)
 
+
+async def _reattach_head(staging: Path, record: RepositoryRecord, refs: dict[str, str]) -> None:
     if record.head is not None:
         if refs.get(record.head) != record.base:
             raise Refusal(
@@ -569,6 +571,8 @@ async def _build(
             )
         await run_git(staging, "symbolic-ref", "HEAD", record.head, code=Code.RESTORE_FAILED)
 
+
+async def _verify_staged_status(staging: Path, status: str) -> None:
     # Every file was just written, so the index's stat data are stale and each status below
     # (run without optional locks, so it never writes the index) would hash every file again:
     # 0.28 s a run on issue 13's repository against 8 ms refreshed. The staging repository is
@@ -584,6 +588,30 @@ async def _build(
             f"{_show_status(status)}",
             "the checkpoint does not reproduce its own tree; cut a new one",
         )
+
+
+async def _build(
+    staging: Path,
+    seat_dir: Path,
+    record: RepositoryRecord,
+    refs: dict[str, str],
+    status: str,
+    intent_to_add: list[str],
+    links: Sequence[chain.Link],
+    scratch: Scratch | None = None,
+) -> None:
+    await _stage_objects(staging, seat_dir, record, links, scratch)
+    await _checkout_base(staging, record)
+    # The carried config, written next, replaces the one `init` made, so the remotes are the
+    # source's; it and info/exclude go in before the applies and the status comparison, which
+    # read them as the source did.
+    await anyio.to_thread.run_sync(_restore_gitdir, staging, seat_dir, record)
+    await _restore_refs(staging, record, refs)
+    await _apply_changes(staging, seat_dir, record, status, intent_to_add)
+    await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
+    await _prove_selection(staging, record)
+    await _reattach_head(staging, record, refs)
+    await _verify_staged_status(staging, status)
 
 
 # -- promotion ----------------------------------------------------------------------------------
@@ -747,6 +775,158 @@ def _check_target(
         )
 
 
+async def _verify_carried(
+    seat_dir: Path, record: RepositoryRecord, links: Sequence[chain.Link]
+) -> None:
+    # Every digest is proven before the first write anywhere.
+    for ref in record.files():
+        await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
+    if record.incremental and not links:
+        raise Refusal(
+            Code.PREDECESSOR_MISSING,
+            f"the bundle in {seat_dir} builds on "
+            + (
+                f"attempt {record.since.attempt_id}"
+                if record.since is not None
+                else "the history a move pre-copied"
+            )
+            + ", and no proven predecessor was given",
+            "resume through `cotal up --restore`, which finds and proves the chain",
+        )
+    for link in links:
+        if link.bundle is not None:
+            await anyio.to_thread.run_sync(verify_file, link.seat_dir, link.bundle)
+
+
+def _read_lists(seat_dir: Path, record: RepositoryRecord) -> tuple[str, list[str]]:
+    status, intent_to_add = record.status, record.intent_to_add
+    if record.status_file is not None and record.intent_to_add_file is not None:
+        try:
+            status = _carried_bytes(seat_dir, record.status_file).decode("utf-8")
+            intent_to_add = parse_intent_to_add(_carried_bytes(seat_dir, record.intent_to_add_file))
+            check_repository_lists(status, intent_to_add)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise Refusal(
+                Code.BAD_RECORD,
+                f"the status and intent-to-add files in {seat_dir} do not form a valid list: {exc}",
+                "cut a new checkpoint",
+            ) from None
+    return status, intent_to_add
+
+
+def _read_recorded_refs(seat_dir: Path, record: RepositoryRecord) -> dict[str, str]:
+    refs: dict[str, str] = {}
+    if record.refs is not None:
+        try:
+            refs = parse_refs_list((seat_dir / record.refs.file).read_bytes())
+        except ValueError as exc:
+            raise Refusal(
+                Code.REFS_MISMATCH, f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint"
+            ) from None
+    return refs
+
+
+async def _verify_bundle_refs(
+    seat_dir: Path, record: RepositoryRecord, refs: dict[str, str]
+) -> None:
+    heads: dict[str, str] = {}
+    if record.bundle is not None:
+        # The ceiling keeps git from discovering the destination's own repository above the
+        # checkpoint: listing a bundle needs none, and that repository is not ours to read.
+        listed = await run_git(
+            seat_dir,
+            "bundle",
+            "list-heads",
+            str(seat_dir / record.bundle.file),
+            env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
+            code=Code.RESTORE_FAILED,
+        )
+        heads = bundle_heads(listed.stdout)
+    # The restored refs are compared with the whole recorded list after the build.
+    differ = heads_differing(heads, refs, incremental=record.incremental)
+    if differ:
+        raise Refusal(
+            Code.REFS_MISMATCH,
+            "the bundle's refs differ from the refs the checkpoint recorded "
+            f"({', '.join(differ[:5])})",
+            "the bundle and the record do not belong together; copy the checkpoint again from the "
+            "source host",
+        )
+
+
+def _staging_path(target: Path, stamp: str, *, in_place: bool) -> Path:
+    if in_place:
+        return target / f"{INCOMING_PREFIX}{stamp}"
+    return target.with_name(target.name + ".incoming")
+
+
+def _claim_staging(target: Path, staging: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(staging)
+    except FileExistsError:
+        raise Refusal(
+            Code.STAGING_EXISTS,
+            f"refusing: {staging} already exists; it is the evidence of an earlier failed restore "
+            "— inspect and remove it by hand",
+            f"inspect {staging}, remove it by hand, then restore again",
+        ) from None
+
+
+async def _stage(
+    staging: Path,
+    seat_dir: Path,
+    record: RepositoryRecord,
+    refs: dict[str, str],
+    status: str,
+    intent_to_add: list[str],
+    links: Sequence[chain.Link],
+    scratch: Scratch | None,
+    *,
+    keep_paths: tuple[str, ...],
+    unchanged: str,
+) -> None:
+    """Build the staged tree; any refusal names the untouched target and the staging left as
+    evidence."""
+    try:
+        await _build(staging, seat_dir, record, refs, status, intent_to_add, links, scratch)
+        clash = [name for name in keep_paths if os.path.lexists(staging / name)]
+        if clash:
+            raise Refusal(
+                Code.RESTORE_FAILED,
+                f"the restored tree holds {', '.join(clash)}, which the destination keeps in place",
+                "the checkpoint carries a control directory it never should; cut a new one",
+            )
+    except Refusal as exc:
+        raise Refusal(
+            exc.code,
+            f"{exc.message}; {unchanged} and {staging} is left as the evidence",
+            f"{exc.cure}; inspect {staging} and remove it by hand before restoring again",
+        ) from None
+    except OSError as exc:
+        raise Refusal(
+            Code.RESTORE_FAILED,
+            f"restoring into {staging} failed ({exc}); {unchanged} and {staging} is left as "
+            "the evidence",
+            f"inspect {staging} and remove it by hand before restoring again",
+        ) from None
+
+
+async def _verify_promoted(target: Path, status: str, aside: Path | None) -> str:
+    final = (await run_git(target, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
+    if final != status:
+        where = f"; the previous tree is at {aside}" if aside else ""
+        raise Refusal(
+            Code.RESTORE_MISMATCH,
+            f"after promotion {target} reports git status {_show_status(final)}, the checkpoint "
+            "recorded "
+            f"{_show_status(status)}{where}",
+            f"inspect {target} before starting the seat; something other than the checkpoint is "
+            "in the tree",
+        )
+    return final
+
+
 async def restore_repository(
     seat_dir: Path,
     record: RepositoryRecord,
@@ -781,120 +961,27 @@ async def restore_repository(
             functools.partial(check_tree, target, maps, dest_root=dest_root, base=record.base)
         )
     in_place = _is_mount_point(target)
-    if in_place:
-        staging = target / f"{INCOMING_PREFIX}{stamp}"
-    else:
-        staging = target.with_name(target.name + ".incoming")
+    staging = _staging_path(target, stamp, in_place=in_place)
+    await _verify_carried(seat_dir, record, links)
+    status, intent_to_add = _read_lists(seat_dir, record)
+    refs = _read_recorded_refs(seat_dir, record)
+    await _verify_bundle_refs(seat_dir, record, refs)
 
-    # Every digest is proven before the first write anywhere.
-    for ref in record.files():
-        await anyio.to_thread.run_sync(verify_file, seat_dir, ref)
-    if record.incremental and not links:
-        raise Refusal(
-            Code.PREDECESSOR_MISSING,
-            f"the bundle in {seat_dir} builds on "
-            + (
-                f"attempt {record.since.attempt_id}"
-                if record.since is not None
-                else "the history a move pre-copied"
-            )
-            + ", and no proven predecessor was given",
-            "resume through `cotal up --restore`, which finds and proves the chain",
-        )
-    for link in links:
-        if link.bundle is not None:
-            await anyio.to_thread.run_sync(verify_file, link.seat_dir, link.bundle)
-    status, intent_to_add = record.status, record.intent_to_add
-    if record.status_file is not None and record.intent_to_add_file is not None:
-        try:
-            status = _carried_bytes(seat_dir, record.status_file).decode("utf-8")
-            intent_to_add = parse_intent_to_add(_carried_bytes(seat_dir, record.intent_to_add_file))
-            check_repository_lists(status, intent_to_add)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise Refusal(
-                Code.BAD_RECORD,
-                f"the status and intent-to-add files in {seat_dir} do not form a valid list: {exc}",
-                "cut a new checkpoint",
-            ) from None
-    refs: dict[str, str] = {}
-    if record.refs is not None:
-        try:
-            refs = parse_refs_list((seat_dir / record.refs.file).read_bytes())
-        except ValueError as exc:
-            raise Refusal(
-                Code.REFS_MISMATCH, f"{seat_dir / record.refs.file}: {exc}", "cut a new checkpoint"
-            ) from None
-    heads: dict[str, str] = {}
-    if record.bundle is not None:
-        # The ceiling keeps git from discovering the destination's own repository above the
-        # checkpoint: listing a bundle needs none, and that repository is not ours to read.
-        listed = await run_git(
-            seat_dir,
-            "bundle",
-            "list-heads",
-            str(seat_dir / record.bundle.file),
-            env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
-            code=Code.RESTORE_FAILED,
-        )
-        heads = bundle_heads(listed.stdout)
-    # The restored refs are compared with the whole recorded list after the build.
-    differ = heads_differing(heads, refs, incremental=record.incremental)
-    if differ:
-        raise Refusal(
-            Code.REFS_MISMATCH,
-            "the bundle's refs differ from the refs the checkpoint recorded "
-            f"({', '.join(differ[:5])})",
-            "the bundle and the record do not belong together; copy the checkpoint again from the "
-            "source host",
-        )
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.mkdir(staging)
-    except FileExistsError:
-        raise Refusal(
-            Code.STAGING_EXISTS,
-            f"refusing: {staging} already exists; it is the evidence of an earlier failed restore "
-            "— inspect and remove it by hand",
-            f"inspect {staging}, remove it by hand, then restore again",
-        ) from None
+    _claim_staging(target, staging)
     unchanged = f"{target} is unchanged" + (f" apart from {staging}" if in_place else "")
-    try:
-        await _build(staging, seat_dir, record, refs, status, intent_to_add, links, scratch)
-        clash = [name for name in keep_paths if os.path.lexists(staging / name)]
-        if clash:
-            raise Refusal(
-                Code.RESTORE_FAILED,
-                f"the restored tree holds {', '.join(clash)}, which the destination keeps in place",
-                "the checkpoint carries a control directory it never should; cut a new one",
-            )
-    except Refusal as exc:
-        raise Refusal(
-            exc.code,
-            f"{exc.message}; {unchanged} and {staging} is left as the evidence",
-            f"{exc.cure}; inspect {staging} and remove it by hand before restoring again",
-        ) from None
-    except OSError as exc:
-        raise Refusal(
-            Code.RESTORE_FAILED,
-            f"restoring into {staging} failed ({exc}); {unchanged} and {staging} is left as "
-            "the evidence",
-            f"inspect {staging} and remove it by hand before restoring again",
-        ) from None
-
-    if in_place:
-        aside = _promote_in_place(staging, target, stamp, keep_paths)
-    else:
-        aside = _promote(staging, target, stamp, keep_paths)
-    final = (await run_git(target, *STATUS_ARGS)).stdout.decode("utf-8", "replace")
-    if final != status:
-        where = f"; the previous tree is at {aside}" if aside else ""
-        raise Refusal(
-            Code.RESTORE_MISMATCH,
-            f"after promotion {target} reports git status {_show_status(final)}, the checkpoint "
-            "recorded "
-            f"{_show_status(status)}{where}",
-            f"inspect {target} before starting the seat; something other than the checkpoint is "
-            "in the tree",
-        )
+    await _stage(
+        staging,
+        seat_dir,
+        record,
+        refs,
+        status,
+        intent_to_add,
+        links,
+        scratch,
+        keep_paths=keep_paths,
+        unchanged=unchanged,
+    )
+    promote = _promote_in_place if in_place else _promote
+    aside = promote(staging, target, stamp, keep_paths)
+    final = await _verify_promoted(target, status, aside)
     return RestoreResult(target=target, superseded=aside, head=record.head, status=final)

@@ -1,5 +1,6 @@
 """`cotal checkpoint verify|pack|list|discard`: sealed checkpoints. The admission gates are
-`verify.py`; packing, listing and discarding are `checkpoints.py`.
+`manager/coord/verify.py`; packing, listing and discarding are `manager/coord/checkpoints.py`;
+what each prints is `results.py`.
 
 `main` imports every command module to build its parser, so those coordinators (the broker
 client, the signing and admission code) are imported by the handler that runs one."""
@@ -29,6 +30,12 @@ def register(sub: Subcommands) -> None:
         common_flags=False,
     )
     ckpt_sub = subcommands(ckpt, "checkpoint_command")
+    _register_verify(ckpt_sub)
+    _register_pack(ckpt_sub)
+    _register_list_and_discard(ckpt_sub)
+
+
+def _register_verify(ckpt_sub: Subcommands) -> None:
     verify = command(
         ckpt_sub,
         "verify",
@@ -50,6 +57,9 @@ def register(sub: Subcommands) -> None:
     verify.add_argument("--creds", help=CREDS_HELP)
     verify.add_argument("--map", action="append", metavar="OLD=NEW", help=MAP_HELP)
     verify.set_defaults(run=run_verify)
+
+
+def _register_pack(ckpt_sub: Subcommands) -> None:
     pack = command(
         ckpt_sub,
         "pack",
@@ -89,6 +99,9 @@ def register(sub: Subcommands) -> None:
         help="the space whose instance key pins this root's own cut (default: %(default)s)",
     )
     pack.set_defaults(run=run_pack)
+
+
+def _register_list_and_discard(ckpt_sub: Subcommands) -> None:
     clist = command(
         ckpt_sub,
         "list",
@@ -114,24 +127,53 @@ def register(sub: Subcommands) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from manager.cli import verify
+    from manager import eventloop
+    from manager.cli import results
+    from manager.coord import verify
+    from manager.coord.requests import VerifyRequest
 
-    return int(verify.run_verify(args, root_of(args)))
+    req = VerifyRequest(
+        dir=args.dir,
+        space=args.space,
+        server=args.server,
+        creds=args.creds,
+        map=tuple(args.map or ()),
+        trust_signer=tuple(args.trust_signer or ()),
+        accept_stale_checkpoint=args.accept_stale_checkpoint,
+    )
+    results.verified(args.json, eventloop.run(verify.verify, req, root_of(args)))
+    return 0
 
 
 def run_pack(args: argparse.Namespace) -> int:
-    from manager.cli import checkpoints
+    from manager import eventloop
+    from manager.cli import results
+    from manager.coord import checkpoints
+    from manager.coord.requests import PackRequest
 
-    return checkpoints.run_pack(args, root_of(args))
+    req = PackRequest(
+        dir=args.dir,
+        output=args.output,
+        to=args.to,
+        space=args.space,
+        server=args.server,
+        creds=args.creds,
+    )
+    results.packed(args.json, eventloop.run(checkpoints.pack, req, root_of(args)))
+    return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from manager.cli import checkpoints
+    from manager.cli import results
+    from manager.coord import checkpoints
 
-    return checkpoints.run_list(args, root_of(args))
+    results.listed(args.json, checkpoints.gather(root_of(args)))
+    return 0
 
 
 def run_discard(args: argparse.Namespace) -> int:
-    from manager.cli import checkpoints
+    from manager.cli import results
+    from manager.coord import checkpoints
 
-    return checkpoints.run_discard(args, root_of(args))
+    results.discarded(args.json, checkpoints.discard(root_of(args), args.attempt))
+    return 0

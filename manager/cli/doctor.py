@@ -1,6 +1,6 @@
 """`cotal doctor`: which harnesses this host can run seats with, and what is missing.
 
-For each harness (scribe, pi, claude, jcode, codex) it reports:
+For each harness `manager.registry.KNOWN` names, its connector's own `doctor` reports:
 
 * installed: where its program is (the pinned install under the tools directory,
   `agents.<name>.binary` from cotal.toml, or PATH for jcode) and which version it holds;
@@ -30,39 +30,23 @@ read is a refusal (status 2, on stderr), as for every other command.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from connectors import sandbox
-from connectors.base import continuity_class
-from connectors.interpreter import own_python
+from connectors.base import HarnessCheck, Missing, continuity_class
+from connectors.doctorkit import Pins
 from manager import registry
 from manager.checkpoint import clock
-from manager.cli import tools
 from manager.workspace import roots
 from manager.workspace.layout import Layout
 from protocol import control
 from protocol.errors import Refusal
 
-HARNESSES = ("scribe", "pi", "claude", "jcode", "codex")
-VERSION_TIMEOUT_S = 15.0
 PS_TIMEOUT_S = 5.0
 UNUSED_ABSENT = "not installed (not used by this root)"
-
-
-@dataclass
-class Missing:
-    problem: str
-    cure: str
-    # "program": the harness cannot run at all; "config": it runs, but a seat launch would be
-    # refused until the operator supplies a setting (an endpoint, a key).
-    kind: str = "program"
 
 
 @dataclass
@@ -120,11 +104,7 @@ class Report:
 def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
     cfg = registry.load_config(root)
     seats = running_seats(root)
-    try:
-        pins = tools.load_pins()
-        pin_problem: Missing | None = None
-    except Refusal as exc:
-        pins, pin_problem = {}, Missing(exc.message, exc.cure)
+    pins = Pins.load()
     reports = [
         check(
             name,
@@ -133,12 +113,8 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
             configured=name in cfg.agents,
             used_by=used_by(name, cfg, seats),
         )
-        for name in HARNESSES
+        for name in registry.KNOWN
     ]
-    if pin_problem is not None:
-        for report in reports:
-            if report.name in ("pi", "claude", "codex"):
-                report.missing.append(pin_problem)
     isolation = isolation_row()
     time_row = clock_row()
     if as_json:
@@ -154,7 +130,7 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
 
 def used_by(name: str, cfg: registry.FileConfig, seats: Mapping[str, str]) -> list[str]:
     """Why this root needs the harness: the reasons, in a stable order; empty when it does not."""
-    reasons = ["default agent"] if name == "scribe" else []
+    reasons = ["default agent"] if name == registry.DEFAULT_AGENT else []
     if name in cfg.agents:
         reasons.append("cotal.toml")
     reasons += [f"seat {seat}" for seat, agent in sorted(seats.items()) if agent == name]
@@ -164,7 +140,7 @@ def used_by(name: str, cfg: registry.FileConfig, seats: Mapping[str, str]) -> li
 def running_seats(root: Path) -> dict[str, str]:
     """Seat name -> agent of the seats the root's manager holds, or nothing when no manager
     answers: a doctor run must work on a machine where nothing is up."""
-    from manager.cli import mesh
+    from manager.coord import mesh
 
     layout = Layout.at(root)
     if not (layout.mesh.exists() and layout.control_token.exists() and layout.socket.exists()):
@@ -273,262 +249,30 @@ def render_isolation(row: Mapping[str, Any]) -> list[str]:
 def check(
     name: str,
     settings: Mapping[str, Any],
-    pins: Mapping[str, tools.Pin],
+    pins: Pins,
     *,
     configured: bool,
     used_by: list[str] | None = None,
 ) -> Report:
-    try:
-        continuity: str = continuity_class(registry.load_connector(name).capabilities)
-    except Refusal:
-        continuity = "unavailable"
+    """One harness's row: its connector's own check, under what this root makes of it."""
     report = Report(
-        name=name,
-        continuity=continuity,
-        configured=configured,
-        used_by=list(used_by or []),
+        name=name, continuity="unavailable", configured=configured, used_by=list(used_by or [])
     )
-    if continuity == "unavailable":
+    try:
+        connector = registry.load_connector(name)
+    except Refusal:
         report.missing.append(
             Missing(f"the {name} connector cannot be imported in this build", "reinstall cotal")
         )
-    checker = {
-        "scribe": _check_scribe,
-        "pi": _check_pi,
-        "claude": _check_claude,
-        "jcode": _check_jcode,
-        "codex": _check_codex,
-    }[name]
-    checker(report, settings, pins.get(name))
+        return report
+    report.continuity = continuity_class(connector.capabilities)
+    try:
+        found = connector.doctor(settings, pins)
+    except Refusal as exc:
+        # cotal.toml was decoded by this connector's struct already; a refusal here is a
+        # setting the connector itself cannot take.
+        found = HarnessCheck(missing=[Missing(exc.message, exc.cure, "config")])
+    report.installed, report.path, report.version = found.installed, found.path, found.version
+    report.usable = found.usable
+    report.missing += found.missing
     return report
-
-
-# -- per harness ----------------------------------------------------------------------------------
-
-
-def _check_scribe(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
-    # Built in: the program is this interpreter running the package's own module, isolated as
-    # the connector launches it, so the probe finds cotal where a seat will.
-    program = own_python("connectors.scribe")
-    report.installed = True
-    report.path = " ".join(program)
-    try:
-        from importlib.metadata import version
-
-        report.version = f"cotal {version('cotal')}"
-    except Exception:
-        report.version = "built-in"
-    ok, detail = _probe([*program, "--help"], {"PATH": os.environ.get("PATH", "")})
-    report.usable = ok
-    if not ok:
-        report.missing.append(
-            Missing(f"scribe does not start: {detail}", "reinstall cotal (`pip install .`)")
-        )
-
-
-def _check_pi(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
-    program = _pinned_or_configured(report, settings, pin)
-    if program is None:
-        return
-    node = shutil.which("node")
-    if program.endswith((".js", ".mjs")):
-        if node is None:
-            report.missing.append(
-                Missing("node is not on PATH (pi runs on Node.js)", "install Node.js >= 20")
-            )
-            return
-        argv = [node, program]
-    else:
-        argv = [program]
-    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
-        env = _base_env(
-            PI_CODING_AGENT_DIR=tmp, PI_OFFLINE="1", PI_SKIP_VERSION_CHECK="1", PI_TELEMETRY="0"
-        )
-        _version_run(report, argv, env)
-    if not settings.get("base_url"):
-        report.missing.append(
-            Missing(
-                "pi has no model endpoint configured (agents.pi.base_url)",
-                "set agents.pi.base_url and agents.pi.model in cotal.toml",
-                "config",
-            )
-        )
-    _key_check(report, settings, default=None)
-
-
-def _check_claude(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
-    program = _pinned_or_configured(report, settings, pin)
-    if program is None:
-        return
-    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
-        env = _base_env(
-            CLAUDE_CONFIG_DIR=tmp,
-            DISABLE_TELEMETRY="1",
-            DISABLE_ERROR_REPORTING="1",
-            DISABLE_AUTOUPDATER="1",
-            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-        )
-        _version_run(report, [program], env)
-    _claude_credential_check(report, settings)
-
-
-def _check_codex(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
-    from connectors.codex import pinned_program
-
-    # The native program the seat runs, not the node stub the package's `bin` names.
-    program = _pinned_or_configured(report, settings, pin, locate=lambda _pin: pinned_program())
-    if program is None:
-        return
-    with tempfile.TemporaryDirectory(prefix="cotal-doctor-") as tmp:
-        _version_run(report, [program], _base_env(CODEX_HOME=tmp))
-    _codex_key_check(report, settings)
-
-
-def _check_jcode(report: Report, settings: Mapping[str, Any], pin: tools.Pin | None) -> None:
-    binary = settings.get("binary")
-    if binary:
-        found = binary if os.path.isabs(binary) else shutil.which(binary)
-        where = f"agents.jcode.binary ({binary})"
-    else:
-        found = shutil.which("jcode")
-        where = "PATH"
-    if not found or not os.path.isfile(found):
-        report.missing.append(
-            Missing(
-                f"jcode is not installed (looked for it on {where})",
-                "install jcode with an adapter for cotal's JSON-lines protocol "
-                "(connectors/jcode.py) and set agents.jcode.binary",
-            )
-        )
-        return
-    report.installed = True
-    report.path = found
-    _version_run(report, [found], _base_env())
-
-
-# -- helpers --------------------------------------------------------------------------------------
-
-
-def _pinned_or_configured(
-    report: Report,
-    settings: Mapping[str, Any],
-    pin: tools.Pin | None,
-    *,
-    locate: Callable[[tools.Pin], Path] = tools.binary_of,
-) -> str | None:
-    binary = settings.get("binary")
-    if binary:
-        if not os.path.isfile(binary):
-            report.missing.append(
-                Missing(
-                    f"agents.{report.name}.binary {binary} does not exist",
-                    f"fix agents.{report.name}.binary in cotal.toml or remove it to use the "
-                    "pinned install",
-                )
-            )
-            return None
-        report.installed = True
-        report.path = binary
-        return str(binary)
-    if pin is None:
-        report.missing.append(
-            Missing(
-                f"{report.name} is not pinned in {tools.pin_file()}",
-                "reinstall cotal (the pins ship inside it)",
-            )
-        )
-        return None
-    try:
-        path = locate(pin)
-    except Refusal as exc:
-        report.missing.append(
-            Missing(exc.message, "run `cotal tools install` (`make harnesses` in a checkout)")
-        )
-        return None
-    report.installed = True
-    report.path = str(path)
-    report.version = tools.installed_version(pin)
-    return str(path)
-
-
-def _version_run(report: Report, argv: list[str], env: dict[str, str]) -> None:
-    ok, detail = _probe([*argv, "--version"], env)
-    report.usable = ok
-    if ok:
-        # The install's own record wins; the program's answer fills in for a configured binary.
-        report.version = report.version or detail.splitlines()[0].strip()[:60] or None
-    else:
-        report.missing.append(
-            Missing(
-                f"`{report.path} --version` failed: {detail}",
-                "reinstall it (`make harnesses` for pinned harnesses) or fix the configured binary",
-            )
-        )
-
-
-def _probe(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=VERSION_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=tempfile.gettempdir(),
-        )
-    except subprocess.TimeoutExpired:
-        return False, f"no answer within {VERSION_TIMEOUT_S:.0f}s"
-    except OSError as exc:
-        return False, exc.strerror or str(exc)
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()
-        return False, f"exit code {proc.returncode}" + (f": {tail[-1][:200]}" if tail else "")
-    return True, proc.stdout.strip()
-
-
-def _base_env(**extra: str) -> dict[str, str]:
-    # Only what a version check needs: no tokens or keys of the operator's environment.
-    env = {k: v for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if (v := os.environ.get(k))}
-    env["HOME"] = (
-        extra.get("CLAUDE_CONFIG_DIR")
-        or extra.get("PI_CODING_AGENT_DIR")
-        or extra.get("CODEX_HOME")
-        or tempfile.gettempdir()
-    )
-    env.update(extra)
-    return env
-
-
-def _claude_credential_check(report: Report, settings: Mapping[str, Any]) -> None:
-    """A key file, a key variable, an OAuth token or a `claude login` each satisfy Claude Code;
-    only the source's name is shown, never the secret the connector resolved."""
-    from connectors.claude_code import resolve_credential
-
-    try:
-        resolve_credential(settings)
-    except Refusal as exc:
-        report.missing.append(Missing(exc.message, exc.cure, "config"))
-
-
-def _codex_key_check(report: Report, settings: Mapping[str, Any]) -> None:
-    """The key file or the key variable, read as a spawn reads it; only its source is shown."""
-    from connectors.codex import resolve_key
-
-    try:
-        resolve_key(settings)
-    except Refusal as exc:
-        report.missing.append(Missing(exc.message, exc.cure, "config"))
-
-
-def _key_check(report: Report, settings: Mapping[str, Any], *, default: str | None) -> None:
-    var = settings.get("api_key_env") or default
-    if var and not os.environ.get(var):
-        report.missing.append(
-            Missing(
-                f"{var} (the API key variable) is not set in this environment",
-                f"export {var} before starting the manager, or name another variable with "
-                f"agents.{report.name}.api_key_env",
-                "config",
-            )
-        )

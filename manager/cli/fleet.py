@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -38,7 +38,7 @@ FLEET_COLUMNS = [
 
 
 def _broker_of(layout: Layout) -> MeshRecord:
-    from manager.cli import mesh
+    from manager.coord import mesh
     from manager.procs import alive
 
     record = mesh.read_mesh(layout)
@@ -73,15 +73,14 @@ async def _roster(record: MeshRecord) -> list[FleetRow]:
 
 def run_fleet(args: argparse.Namespace) -> int:
     found = eventloop.run(_roster, _broker_of(Layout.at(root_of(args))))
-    rows: list[dict[str, Any]] = [msgspec.to_builtins(row) for row in found]
     if args.json:
-        emit_json(rows)
+        emit_json(found)
         return 0
-    if not rows:
+    if not found:
         say("no seats at this broker")
         return 0
-    say(format_table(rows, FLEET_COLUMNS))
-    for row in rows:
-        for error in row["errors"]:
-            say(f"{row['name']} ({row['lifecycleUid']}): {error}")
+    say(format_table([msgspec.to_builtins(row) for row in found], FLEET_COLUMNS))
+    for row in found:
+        for error in row.errors:
+            say(f"{row.name} ({row.lifecycle_uid}): {error}")
     return 0

@@ -67,7 +67,7 @@ def dead_letter_id(text: str) -> int:
 
 
 def _request(root: Path, op: control.Op[A, R], args: A) -> R:
-    from manager.cli import mesh
+    from manager.coord import mesh
 
     return mesh.run_request(root, op, args)
 

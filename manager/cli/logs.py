@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
-from typing import Any, BinaryIO, TextIO
+from typing import BinaryIO, TextIO
 
 from manager.cli.args import Subcommands, command, root_of
 from manager.cli.output import EX_OK, EX_PIPE_CLOSED, detach_stdout, stdout_gone
@@ -124,7 +124,12 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     )
 
 
-def event_time(obj: dict[str, Any]) -> datetime | None:
+# One structlog line: its keys are whatever the event said, so each value is read as an
+# object and narrowed where it is used.
+Event = dict[str, object]
+
+
+def event_time(obj: Event) -> datetime | None:
     stamp = obj.get("timestamp")
     if not isinstance(stamp, str):
         return None
@@ -135,13 +140,13 @@ def event_time(obj: dict[str, Any]) -> datetime | None:
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     if isinstance(value, str) and _BARE.fullmatch(value):
         return value
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def render_event(obj: dict[str, Any]) -> str:
+def render_event(obj: Event) -> str:
     when = event_time(obj)
     clock = when.astimezone(UTC).strftime("%H:%M:%S.%f")[:12] if when else "-"
     level = str(obj.get("level") or "-")
@@ -154,7 +159,7 @@ def render_event(obj: dict[str, Any]) -> str:
     return line.rstrip()
 
 
-def decode_line(line: str) -> dict[str, Any] | None:
+def decode_line(line: str) -> Event | None:
     """The event of one log line, or None when it is not a JSON object."""
     try:
         obj = json.loads(line)
@@ -174,7 +179,7 @@ class Filter:
     def __post_init__(self) -> None:
         self.reached = self.since is None
 
-    def admits(self, obj: dict[str, Any] | None, raw: str) -> bool:
+    def admits(self, obj: Event | None, raw: str) -> bool:
         if obj is not None and self.since is not None:
             when = event_time(obj)
             if when is not None:
@@ -217,7 +222,7 @@ class Printer:
         else:
             self._write(f"stderr  {raw}")
 
-    def _write(self, item: str | dict[str, Any]) -> None:
+    def _write(self, item: str | Event) -> None:
         if isinstance(item, dict):
             item = json.dumps(item, sort_keys=True)
         self.out.write(item + "\n")

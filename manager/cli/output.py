@@ -7,7 +7,7 @@ import json
 import os
 import select
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -96,7 +96,7 @@ def detach_stdout() -> None:
         os.close(devnull)
 
 
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[tuple[str, str]]) -> str:
     """Columns padded to their widest cell, `-` for a missing value, no trailing blanks."""
     cells = [[h for h, _ in columns]] + [
         ["-" if r.get(k) is None else str(r.get(k)) for _, k in columns] for r in rows

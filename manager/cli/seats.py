@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import msgspec
 
-from manager import eventloop
+from manager import eventloop, registry
 from manager.cli.args import CREDS_HELP, SPACE_HELP, Subcommands, command, root_of
 from manager.cli.output import emit_json, format_table, progress, say
 from protocol import control
@@ -26,6 +26,11 @@ R = TypeVar("R")
 
 
 def register(sub: Subcommands) -> None:
+    for add in (_spawn, _ps, _send, _stop, _start, _restart, _rm):
+        add(sub)
+
+
+def _spawn(sub: Subcommands) -> None:
     spawn = command(
         sub,
         "spawn",
@@ -39,9 +44,8 @@ def register(sub: Subcommands) -> None:
     spawn.add_argument("name", help="the seat's name: letters, digits and _")
     spawn.add_argument(
         "--agent",
-        default="scribe",
-        help="the harness: pi | claude | codex | jcode | scribe | scribe-fork "
-        "(default: %(default)s)",
+        default=registry.DEFAULT_AGENT,
+        help=f"the harness: {' | '.join(registry.KNOWN)} (default: %(default)s)",
     )
     spawn.add_argument(
         "--prompt",
@@ -52,6 +56,12 @@ def register(sub: Subcommands) -> None:
         "--cwd", metavar="DIR", help="the seat's working directory (default: the root)"
     )
     spawn.add_argument("--resume", metavar="SESSION", help="fork from an existing harness session")
+    _spawn_permissions(spawn)
+    spawn.set_defaults(run=run_spawn)
+
+
+def _spawn_permissions(spawn: argparse.ArgumentParser) -> None:
+    """Whom the seat may send to, and which channels it hears and may post to."""
     spawn.add_argument(
         "--allow-send",
         action="append",
@@ -74,8 +84,9 @@ def register(sub: Subcommands) -> None:
         metavar="CHANNEL",
         help="a channel this seat may post to (repeatable; default: none)",
     )
-    spawn.set_defaults(run=run_spawn)
 
+
+def _ps(sub: Subcommands) -> None:
     ps = command(
         sub,
         "ps",
@@ -99,6 +110,8 @@ def register(sub: Subcommands) -> None:
     )
     ps.set_defaults(run=run_ps)
 
+
+def _send(sub: Subcommands) -> None:
     send = command(
         sub,
         "send",
@@ -124,6 +137,8 @@ def register(sub: Subcommands) -> None:
     send.add_argument("--space", default="main", help="with --server: " + SPACE_HELP)
     send.set_defaults(run=run_send)
 
+
+def _stop(sub: Subcommands) -> None:
     stop = command(
         sub,
         "stop",
@@ -134,6 +149,8 @@ def register(sub: Subcommands) -> None:
     stop.add_argument("name", help="the seat to stop")
     stop.set_defaults(run=run_stop)
 
+
+def _start(sub: Subcommands) -> None:
     start = command(
         sub,
         "start",
@@ -143,6 +160,8 @@ def register(sub: Subcommands) -> None:
     start.add_argument("name", help="the stopped seat to start")
     start.set_defaults(run=run_start)
 
+
+def _restart(sub: Subcommands) -> None:
     restart = command(
         sub,
         "restart",
@@ -152,6 +171,8 @@ def register(sub: Subcommands) -> None:
     restart.add_argument("name", help="the seat to restart")
     restart.set_defaults(run=run_restart)
 
+
+def _rm(sub: Subcommands) -> None:
     rm = command(
         sub,
         "rm",
@@ -163,7 +184,7 @@ def register(sub: Subcommands) -> None:
 
 
 def _request(root: Path, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
-    from manager.cli import mesh
+    from manager.coord import mesh
 
     return mesh.run_request(root, op, args, timeout)
 
@@ -343,7 +364,7 @@ def _uptime(started_at: str | None, now: datetime) -> str | None:
 
 def run_send(args: argparse.Namespace) -> int:
     if args.server:
-        from manager.cli import mesh
+        from manager.coord import mesh
 
         if args.wait:
             raise Refusal(

@@ -23,6 +23,11 @@ from protocol import names
 
 
 def register(sub: Subcommands) -> None:
+    _register_manager(sub)
+    _register_broker(sub)
+
+
+def _register_manager(sub: Subcommands) -> None:
     mgr = command(
         sub,
         "manager",
@@ -63,6 +68,8 @@ def register(sub: Subcommands) -> None:
     )
     warm.set_defaults(run=run_manager_warm)
 
+
+def _register_broker(sub: Subcommands) -> None:
     broker = command(
         sub,
         "broker",
@@ -121,11 +128,11 @@ def run_manager_serve(args: argparse.Namespace) -> int:
 
 def run_manager_warm(args: argparse.Namespace) -> int:
     """A manager's interpreter with its imports done, waiting for the coordinator that started
-    it to say what to serve (manager/cli/warm.py)."""
+    it to say what to serve (manager/coord/warm.py)."""
     from connectors import sandbox
 
     sandbox.begin_probe()
-    from manager.cli import warm
+    from manager.coord import warm
     from manager.daemon import serve  # noqa: F401 - importing it now is the point
 
     try:
@@ -150,7 +157,7 @@ def run_manager_warm(args: argparse.Namespace) -> int:
 
 
 def run_broker_serve(args: argparse.Namespace) -> int:
-    from manager.cli import mesh
+    from manager.coord import mesh
 
     return mesh.broker_serve(
         Path(args.store_dir).resolve(), port=args.port, as_json=args.json, say=say

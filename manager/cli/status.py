@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import msgspec
 
-from manager.cli import mesh
+from manager.coord import mesh
 from manager.procs import alive
 from manager.workspace import identity, trust
 from manager.workspace.journal import Journal
@@ -38,8 +38,78 @@ from protocol.refusals import Code
 
 _IDENTITY_FILE = re.compile(r"^manager-instance\.([0-9a-f]+)\.json\Z")
 
+# The report's sections, typed as the JSON document `cotal status --json` prints: a report read
+# from many places, each section as its source has it, so dictionaries of known keys rather than
+# records (the manager section is the manager's own status under its wire keys, plus what this
+# root's files say of it).
+Section = dict[str, object]
 
-def gather(root: Path) -> dict[str, Any]:
+
+class Broker(TypedDict):
+    url: str | None
+    embedded: bool | None
+    pid: int | None
+    alive: bool | None
+    error: NotRequired[str | None]
+
+
+class Seats(TypedDict):
+    count: int
+    byState: dict[str, int]
+    source: str
+
+
+class Waiting(TypedDict):
+    what: str
+    detail: str
+    next: list[str]
+    attemptId: NotRequired[str]
+    journalState: NotRequired[str]
+    checkpointDir: NotRequired[str | None]
+    updatedAt: NotRequired[str]
+
+
+class HandedOff(TypedDict):
+    attemptId: str
+    packedAt: str
+    sha256: str
+    seats: list[str]
+
+
+class Custody(TypedDict):
+    holder: object
+
+
+class PartialCut(TypedDict):
+    attemptId: str
+    state: str
+    seats: list[str]
+    commitStarted: bool
+
+
+class Status(TypedDict):
+    root: str
+    up: bool
+    manager: Section
+    broker: Broker
+    seats: Seats
+    custody: Custody
+    waiting: list[Waiting]
+    handedOff: list[HandedOff]
+    boxKey: str | None
+    boxKeyError: NotRequired[str]
+    partialCut: PartialCut | None
+    # The keys `cotal status --json` always had, at the top for scripts that read them.
+    state: object
+    pid: object
+    space: object
+    instanceId: object
+    startedAt: object
+    server: object
+    seatCount: int
+
+
+def gather(root: Path) -> Status:
     layout = Layout.at(root)
     try:
         # Read first: a root without a token never had a manager, and anything else wrong with
@@ -57,29 +127,42 @@ def gather(root: Path) -> dict[str, Any]:
     )
     manager.update(_identity(layout, space))
     broker = _broker(record, record_error)
-    doc: dict[str, Any] = {
+    seats = _seats(layout, answered)
+    box_key, box_error = _box_key(layout)
+    doc: Status = {
         "root": str(layout.root),
         "up": manager["state"] not in ("down", "unresponsive"),
         "manager": manager,
         "broker": broker,
-        "seats": _seats(layout, answered),
+        "seats": seats,
         "custody": {"holder": manager.get("instanceId")},
         "waiting": waiting(layout),
         "handedOff": handed_off(layout),
-        "boxKey": None,
-        "partialCut": msgspec.to_builtins(answered.partial_cut)
-        if answered is not None and answered.partial_cut is not None
-        else None,
+        "boxKey": box_key,
+        "partialCut": _partial_cut(answered),
+        "state": manager.get("state"),
+        "pid": manager.get("pid"),
+        "space": manager.get("space"),
+        "instanceId": manager.get("instanceId"),
+        "startedAt": manager.get("startedAt"),
+        "server": manager.get("server") or broker.get("url"),
+        "seatCount": seats["count"],
     }
-    doc["boxKey"], box_error = _box_key(layout)
     if box_error is not None:
         doc["boxKeyError"] = box_error
-    # The keys `cotal status --json` always had, at the top for scripts that read them.
-    for key in ("state", "pid", "space", "instanceId", "startedAt"):
-        doc.setdefault(key, manager.get(key))
-    doc["server"] = manager.get("server") or broker.get("url")
-    doc["seatCount"] = doc["seats"]["count"]
     return doc
+
+
+def _partial_cut(answered: StatusReply | None) -> PartialCut | None:
+    some = answered.partial_cut if answered is not None else None
+    if some is None:
+        return None
+    return {
+        "attemptId": some.attempt_id,
+        "state": some.state,
+        "seats": some.seats,
+        "commitStarted": some.commit_started,
+    }
 
 
 def _mesh_record(layout: Layout) -> tuple[MeshRecord | None, str | None]:
@@ -91,7 +174,7 @@ def _mesh_record(layout: Layout) -> tuple[MeshRecord | None, str | None]:
 
 def _manager(
     layout: Layout, record: MeshRecord | None, has_token: bool
-) -> tuple[StatusReply | None, dict[str, Any]]:
+) -> tuple[StatusReply | None, Section]:
     """The manager's own status when it answers, and the report's `manager` section: that
     status under its wire keys, or what the mesh record says of a manager that does not."""
     answered: StatusReply | None = None
@@ -114,7 +197,7 @@ def _manager(
     return None, {"state": "down", "pid": None, "answering": False}
 
 
-def _identity(layout: Layout, space: str | None) -> dict[str, Any]:
+def _identity(layout: Layout, space: str | None) -> Section:
     """The instance id and its signing public key: what a destination pins with `cotal trust
     add`. Read from the file, never minted: a status that created one would invent an
     authority."""
@@ -166,7 +249,7 @@ def _identity_spaces(layout: Layout) -> list[str]:
     return spaces
 
 
-def _broker(record: MeshRecord | None, error: str | None) -> dict[str, Any]:
+def _broker(record: MeshRecord | None, error: str | None) -> Broker:
     if record is None:
         return {"url": None, "embedded": None, "pid": None, "alive": None, "error": error}
     ref = record.embedded_broker
@@ -179,16 +262,16 @@ def _broker(record: MeshRecord | None, error: str | None) -> dict[str, Any]:
     }
 
 
-def _seats(layout: Layout, answered: StatusReply | None) -> dict[str, Any]:
+def _seats(layout: Layout, answered: StatusReply | None) -> Seats:
     """By state: the manager's table when it answers, else the records on disk, which are the
     seats the next `cotal up` takes back (running ones relaunched, stopped ones kept)."""
     if answered is not None:
-        states = dict(answered.seat_states)
+        table = dict(answered.seat_states)
         count = answered.seats
-        if not states and count:
-            states = {"unknown": count}
-        return {"count": count, "byState": states, "source": "manager"}
-    states = {}
+        if not table and count:
+            table = {"unknown": count}
+        return {"count": count, "byState": table, "source": "manager"}
+    states: dict[str, int] = {}
     unreadable = 0
     directory = layout.seats
     files = sorted(directory.glob("*.json")) if directory.is_dir() else []
@@ -205,7 +288,7 @@ def _seats(layout: Layout, answered: StatusReply | None) -> dict[str, Any]:
     return {"count": len(files), "byState": dict(sorted(states.items())), "source": "records"}
 
 
-def waiting(layout: Layout) -> list[dict[str, Any]]:
+def waiting(layout: Layout) -> list[Waiting]:
     """What a plain `cotal up` does not finish, each with the exact command that does."""
     try:
         record = Journal(layout).load()
@@ -222,10 +305,10 @@ def waiting(layout: Layout) -> list[dict[str, Any]]:
     return [item] if (item := _waiting_on(record, layout)) is not None else []
 
 
-def handed_off(layout: Layout) -> list[dict[str, Any]]:
+def handed_off(layout: Layout) -> list[HandedOff]:
     """Attempts this root packed and handed off, not taken back: their seats are not this
     root's to resume."""
-    from manager.cli.checkpoints import standing_handoffs
+    from manager.coord.checkpoints import standing_handoffs
 
     return [
         {
@@ -238,16 +321,27 @@ def handed_off(layout: Layout) -> list[dict[str, Any]]:
     ]
 
 
-def _waiting_on(record: JournalRecord, layout: Layout) -> dict[str, Any] | None:
+def _waiting_on(record: JournalRecord, layout: Layout) -> Waiting | None:
     """The attempt a plain `cotal up` warns of, with the command that finishes it."""
     if not rerun(record.state, "up").warns:
         return None
-    base = {
+    found = _finishing(record, layout)
+    if found is None:
+        return None
+    what, detail, steps = found
+    return {
         "attemptId": record.attempt_id,
         "journalState": record.state,
         "checkpointDir": record.checkpoint_dir,
         "updatedAt": record.updated_at,
+        "what": what,
+        "detail": detail,
+        "next": steps,
     }
+
+
+def _finishing(record: JournalRecord, layout: Layout) -> tuple[str, str, list[str]] | None:
+    """What waits, in words, and the commands that finish it, first the one to run."""
     restore = f"cotal up --restore {record.checkpoint_dir or 'DIR'}"
     discard = f"cotal checkpoint discard {record.attempt_id}"
     if record.state == READY and any(
@@ -255,44 +349,39 @@ def _waiting_on(record: JournalRecord, layout: Layout) -> dict[str, Any] | None:
     ):
         # Packed and carried away: resuming here would run the seats twice; what is left is
         # tidying up, or an explicit take-back.
-        return {
-            **base,
-            "what": "handed-off",
-            "detail": f"cut {record.attempt_id} was packed and handed off; its seats run "
+        return (
+            "handed-off",
+            f"cut {record.attempt_id} was packed and handed off; its seats run "
             "wherever the packed copy is resumed",
-            "next": [discard, f"{restore} --take-back"],
-        }
+            [discard, f"{restore} --take-back"],
+        )
     if record.state == READY:
-        return {
-            **base,
-            "what": "sealed-cut",
-            "detail": f"cut {record.attempt_id} is sealed and not restored",
-            "next": [restore, discard],
-        }
+        return (
+            "sealed-cut",
+            f"cut {record.attempt_id} is sealed and not restored",
+            [restore, discard],
+        )
     if record.state in CUT_UNDER_WAY:
-        return {
-            **base,
-            "what": "cut-under-way",
-            "detail": f"cut {record.attempt_id} stopped at {record.state}",
-            "next": ["cotal down --preserve-state"],
-        }
+        return (
+            "cut-under-way",
+            f"cut {record.attempt_id} stopped at {record.state}",
+            ["cotal down --preserve-state"],
+        )
     if record.state in RESUME_UNDER_WAY:
-        return {
-            **base,
-            "what": "resume-under-way",
-            "detail": f"resume {record.attempt_id} stopped at {record.state}",
-            "next": [restore],
-        }
+        return (
+            "resume-under-way",
+            f"resume {record.attempt_id} stopped at {record.state}",
+            [restore],
+        )
     if record.state == DEGRADED:
         degraded = record.degraded
-        return {
-            **base,
-            # The waiting item is named for the journal state it reports.
-            "what": DEGRADED,
-            "detail": f"attempt {record.attempt_id} is degraded"
+        # The waiting item is named for the journal state it reports.
+        return (
+            DEGRADED,
+            f"attempt {record.attempt_id} is degraded"
             + (f": {degraded.reason}" if degraded is not None else ""),
-            "next": ([degraded.recourse] if degraded is not None else []) + [discard],
-        }
+            ([degraded.recourse] if degraded is not None else []) + [discard],
+        )
     return None
 
 
@@ -303,7 +392,7 @@ _NEXT_LABELS = {
 }
 
 
-def warning_lines(items: list[dict[str, Any]]) -> list[str]:
+def warning_lines(items: list[Waiting]) -> list[str]:
     """What `cotal up` says on stderr about an attempt it will not finish itself."""
     lines: list[str] = []
     for item in items:
@@ -321,7 +410,7 @@ def warning_lines(items: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
+def print_human(doc: Status, say: Callable[[str], None]) -> None:
     manager, broker, seats = doc["manager"], doc["broker"], doc["seats"]
     say(f"root      {doc['root']}")
     if manager["state"] == "down":
@@ -340,8 +429,8 @@ def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
         say(f"          fingerprint {manager['fingerprint']}")
     if manager.get("identityError"):
         say(f"signer    unreadable: {manager['identityError']}")
-    if doc.get("partialCut"):
-        some = doc["partialCut"]
+    some = doc["partialCut"]
+    if some is not None:
         say(
             f"cutting   seat(s) {', '.join(some['seats'])} (attempt {some['attemptId']}, "
             f"{some['state']}); the rest of the mesh runs on"
@@ -363,6 +452,7 @@ def print_human(doc: dict[str, Any], say: Callable[[str], None]) -> None:
     if seats["source"] == "manager":
         # Each seat's dead letters (`cotal inbox SEAT`), as the manager counts them.
         dead = manager.get("deadLetters") or {}
+        assert isinstance(dead, dict)
         listed = ", ".join(f"{name} {n}" for name, n in dead.items())
         say(f"dead      {listed} (see cotal inbox SEAT)" if dead else "dead      none")
     if doc["custody"]["holder"]:

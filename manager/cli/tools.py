@@ -37,7 +37,8 @@ from connectors.harnesses import (
 from protocol.errors import Refusal
 from protocol.refusals import Code
 
-# Callers (doctor, tests) reach the pins through this module too.
+# Callers (the tools command, tests) reach the pins through this module too; a connector's
+# doctor reads them through connectors/doctorkit.py.
 __all__ = [
     "PACKAGES_ROOT",
     "TOOLS_ENV",

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 
 
 def register(sub: Subcommands) -> None:
+    _register_up(sub)
+    _register_down(sub)
+
+
+def _register_up(sub: Subcommands) -> None:
     up = command(
         sub,
         "up",
@@ -57,6 +62,18 @@ def register(sub: Subcommands) -> None:
         help="the broker's monitoring URL(s), comma-separated: eviction evidence for a resume",
     )
     up.add_argument("--detach", action="store_true", help="return once the manager answers")
+    _restore_flags(up)
+    up.add_argument(
+        "--jobs",
+        action=concurrency.JobsAction,
+        metavar="N",
+        help="how many seats the restore and this manager's cuts and adoptions work on at once "
+        "(sets COTAL_JOBS; default twice the cores, 2 to 16)",
+    )
+    up.set_defaults(run=run_up)
+
+
+def _restore_flags(up: argparse.ArgumentParser) -> None:
     up.add_argument(
         "--restore",
         metavar="DIR|FILE",
@@ -75,15 +92,9 @@ def register(sub: Subcommands) -> None:
     )
     up.add_argument("--accept-stale-checkpoint", action="store_true", help=STALE_HELP)
     up.add_argument("--map", action="append", metavar="OLD=NEW", help="with --restore: " + MAP_HELP)
-    up.add_argument(
-        "--jobs",
-        action=concurrency.JobsAction,
-        metavar="N",
-        help="how many seats the restore and this manager's cuts and adoptions work on at once "
-        "(sets COTAL_JOBS; default twice the cores, 2 to 16)",
-    )
-    up.set_defaults(run=run_up)
 
+
+def _register_down(sub: Subcommands) -> None:
     down = command(
         sub,
         "down",
@@ -100,6 +111,11 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="cut: keep durables, capture and seal checkpoints",
     )
+    _cut_flags(down)
+    down.set_defaults(run=run_down)
+
+
+def _cut_flags(down: argparse.ArgumentParser) -> None:
     down.add_argument(
         "--session-store",
         action="append",
@@ -145,18 +161,15 @@ def register(sub: Subcommands) -> None:
         "began (lifts the manager's fence, discards its cut-intent journal; every seat keeps "
         "running)",
     )
-    down.set_defaults(run=run_down)
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from manager.cli import mesh
+    from manager.coord import mesh
 
     root = root_of(args)
     mesh.check_root(root)
     if args.restore:
-        from manager.cli import restore
-
-        return int(restore.run_restore(args, root))
+        return _run_restore(args, root)
     _warn_waiting(root)
     result = mesh.up(
         root,
@@ -178,6 +191,52 @@ def run_up(args: argparse.Namespace) -> int:
         say(f"  manager   pid {result['pid']}  instance {result['instanceId']}")
         say(f"  socket    {result['socket']}")
         say("next: cotal spawn NAME --agent scribe")
+    return 0
+
+
+def _run_restore(args: argparse.Namespace, root: Path) -> int:
+    from manager import eventloop
+    from manager.cli import results
+    from manager.coord import restore
+    from manager.coord.requests import RestoreRequest
+
+    req = RestoreRequest(
+        restore=args.restore,
+        space=args.space,
+        server=args.server,
+        creds=args.creds,
+        replicas=args.replicas,
+        monitor=args.monitor,
+        map=tuple(args.map or ()),
+        trust_signer=tuple(args.trust_signer or ()),
+        accept_stale_checkpoint=args.accept_stale_checkpoint,
+        take_back=args.take_back,
+    )
+    results.restored(args.json, eventloop.run(restore.restore, req, root))
+    return 0
+
+
+def _run_cut(args: argparse.Namespace, root: Path) -> int:
+    from manager import eventloop
+    from manager.cli import results
+    from manager.coord import cut
+    from manager.coord.requests import CutRequest
+
+    req = CutRequest(
+        session_store=tuple(args.session_store or ()),
+        drain_timeout=args.drain_timeout,
+        include=tuple(args.include or ()),
+        since=args.since,
+        abort=args.abort,
+        seat=tuple(args.seat or ()),
+    )
+    done = eventloop.run(cut.cut, req, root)
+    if isinstance(done, cut.Sealed):
+        results.cut_sealed(args.json, done)
+    elif isinstance(done, cut.AlreadySealed):
+        results.cut_already(args.json, done)
+    else:
+        results.cut_aborted(args.json, done)
     return 0
 
 
@@ -217,10 +276,8 @@ def run_down(args: argparse.Namespace) -> int:
         )
     root = root_of(args)
     if args.preserve_state:
-        from manager.cli import cut
-
-        return int(cut.run_cut(args, root))
-    from manager.cli import mesh
+        return _run_cut(args, root)
+    from manager.coord import mesh
 
     try:
         result = mesh.down(root, report=progress)

@@ -202,7 +202,7 @@ class Manager:
                 Code.FENCED, f"{what} refused: the manager is stopping", "wait for it to exit"
             )
         try:
-            self.maintenance.check_lifecycle(seat=seat)
+            self.maintenance.check_lifecycle(seat=seat, work=what)
         except Refusal as exc:
             raise Refusal(exc.code, f"{what} refused: {exc.message}", exc.cure) from None
         self.in_flight += 1

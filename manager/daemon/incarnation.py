@@ -14,12 +14,14 @@ restart budget; `StartFailed`, `LaunchFault` and `decode_fault` are re-exported 
 from __future__ import annotations
 
 import time
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup, TaskStatus
+from nats.js.kv import KeyValue
 
 from connectors.base import Driver, LaunchOpts, LaunchSpec, attach_mesh
 from connectors.meshclient import MESH_DIR_ENV
@@ -27,21 +29,22 @@ from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import teardown, watchers
-from manager.daemon.delivery import DeliveryBridge, SeatGate
-from manager.daemon.meshsend import MeshSends
+from manager.daemon.delivery import DeliveryBridge, DeliveryGate, SeatGate, Waiter
+from manager.daemon.meshsend import MeshOwner, MeshSends
 from manager.daemon.meshsocket import MeshSocket
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.seat import Incarnation, Seat, read_pointer, session_to_reopen
 from manager.daemon.startfault import LaunchFault, StartFailed, decode_fault, next_try
+from manager.daemon.survivors import SurvivorScan
+from manager.daemon.watchers import Watchers
+from manager.registry import FileConfig
+from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
 from protocol import names
 from protocol.errors import DecodeError, Refusal
 from protocol.lifecycle import exit_text
 from protocol.refusals import Code
 from protocol.session import SessionPointer
-
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
 
 __all__ = ["Incarnations", "LaunchFault", "StartFailed", "decode_fault", "READINESS_TIMEOUT_S"]
 
@@ -63,10 +66,48 @@ def exited_before_ready(seat: Seat, handle: SeatHandle) -> Refusal:
     )
 
 
+class IncarnationOwner(teardown.TeardownOwner, MeshOwner, Protocol):
+    """What a seat's incarnations ask of the Manager beyond a teardown's and the mesh's: the
+    task group they run in, what a launch and a bridge are given, the fence each crash restart
+    passes, and the owner's record of the seat. The table itself stays the owner's."""
+
+    @property
+    def tg(self) -> TaskGroup | None: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def config(self) -> FileConfig: ...
+
+    @property
+    def waiters(self) -> dict[str, Waiter]: ...
+
+    @property
+    def delivery_gate(self) -> DeliveryGate: ...
+
+    @property
+    def survivor_scan(self) -> SurvivorScan: ...
+
+    @property
+    def watchers(self) -> Watchers: ...
+
+    @property
+    def active(self) -> bool: ...
+
+    def custody_bucket(self) -> KeyValue: ...
+
+    def lifecycle(
+        self, what: str, seat: str | None = None
+    ) -> AbstractAsyncContextManager[None]: ...
+
+    async def persist_off_loop(self, seat: Seat) -> None: ...
+
+
 class Incarnations:
     """The Manager's seats' processes, from launch to proven stop."""
 
-    def __init__(self, mgr: Manager) -> None:
+    def __init__(self, mgr: IncarnationOwner) -> None:
         self.mgr = mgr
         self.mesh = MeshSends(mgr)
 

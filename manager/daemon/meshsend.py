@@ -24,9 +24,11 @@ horizon (`manager.broker.footprint.dm_stream_config`), drops each copy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 import structlog
+from nats.js import JetStreamContext
 
 from connectors.base import MeshPort
 from manager.broker import channels
@@ -39,16 +41,27 @@ from protocol.instant import now_iso
 from protocol.messages import DirectMessage
 from protocol.refusals import Code
 
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
-
 log = structlog.get_logger("cotal.mesh")
+
+
+class MeshOwner(Protocol):
+    """What a seat's sends read of the Manager: its space at the broker and its table, to
+    know a recipient; a send never changes the table."""
+
+    @property
+    def space(self) -> str: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def seats(self) -> Mapping[str, Seat]: ...
 
 
 class MeshSends:
     """The ports of the Manager's seats."""
 
-    def __init__(self, mgr: Manager) -> None:
+    def __init__(self, mgr: MeshOwner) -> None:
         self.mgr = mgr
 
     def port(self, seat: Seat, incarnation: Incarnation) -> MeshPort:

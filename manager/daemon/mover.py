@@ -5,9 +5,11 @@
 `precopy` keeps a seat's history, shipped while it still runs, by digest in this root's
 pre-copy directory, where the adoption's chain finds it (docs/design.md, "Pre-copy"). `offer`
 fetches the checkpoint the source put in the move bucket (its digest checked by the Object
-Store chunk by chunk and by us as a whole), and hands it to this root's own `cotal up --restore`
-as a child process: the same admission, journal, custody claim, restore and adoption as an
-operator's, so a move is never a second path to a seat. Offers are answered one at a time.
+Store chunk by chunk and by us as a whole), and runs this root's restore coordinator on it in
+this process (`manager/coord/restore.py`, the one `cotal up --restore` runs), its manager port
+this daemon's own handlers: the same admission, journal, custody claim, restore and adoption as
+an operator's, so a move is never a second path to a seat, and no interpreter starts inside the
+seat's downtime. Offers are answered one at a time.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import json
 import os
 import secrets
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, TypeVar, cast
 
 import anyio
 import msgspec
@@ -29,25 +30,33 @@ import nats.errors
 import structlog
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from connectors.interpreter import own_python
 from manager.broker import carry
 from manager.broker.precopyfetch import decode_fetched, size_and_digest
 from manager.checkpoint.chain import grow_seed, precopy_file, precopy_seed, sweep_precopies
 from manager.checkpoint.gitstate import BACKGROUND
+from manager.coord import restore
+from manager.coord.report import reporting
+from manager.coord.requests import RestoreRequest
+from manager.daemon.seat import Seat
+from manager.workspace.identity import InstanceIdentity
 from manager.workspace.journal import Journal
+from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, fsync_dir
 from manager.workspace.trust import read_trusted
-from protocol import move, names
+from protocol import control, move, names
 from protocol.errors import DecodeError, Refusal
-from protocol.maintenance import RESUME_UNDER_WAY
+from protocol.maintenance import RESUME_UNDER_WAY, Maintenance
 from protocol.refusals import Code
 
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
-
 log = structlog.get_logger("cotal.move")
+
+A = TypeVar("A")
+R = TypeVar("R")
 
 # The whole adoption of a carried checkpoint by this root's own coordinator.
 ADOPT_TIMEOUT_S = 300.0
@@ -55,8 +64,44 @@ ADOPT_TIMEOUT_S = 300.0
 PRECOPY_FETCH_S = 300.0
 
 
+class MoverOwner(Protocol):
+    """What a move's destination asks of the Manager: who it is and where, its seat table and
+    maintenance state to answer a probe, its broker clients for the bucket, and its own control
+    handlers, through which the restore coordinator adopts the seats (`OwnHandlers`)."""
+
+    @property
+    def identity(self) -> InstanceIdentity: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def space(self) -> str: ...
+
+    @property
+    def nc(self) -> Client: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def seats(self) -> Mapping[str, Seat]: ...
+
+    @property
+    def maintenance(self) -> Maintenance: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def handle(self) -> Callable[[str, Any], Awaitable[Any]]: ...
+
+
 class Mover:
-    def __init__(self, mgr: Manager) -> None:
+    def __init__(self, mgr: MoverOwner) -> None:
         self.mgr = mgr
         self._offers = anyio.Lock()
         self._precopies = anyio.Lock()
@@ -287,61 +332,56 @@ class Mover:
         return anyio.Path(path)
 
     async def _adopt(self, offer: move.MoveOffer, path: anyio.Path) -> move.MoveAnswer:
+        """This root's restore coordinator, run here: the admission with this root's trust
+        store, the journal, the custody claim, the restore and the adoption into this running
+        mesh are exactly `cotal up --restore`'s, and so are its crash-only reruns."""
         mgr = self.mgr
-        argv = [
-            *own_python("manager.cli"),
-            "up",
-            "--restore",
-            str(path),
-            "--space",
-            mgr.space,
-            "--json",
-            "--root",
-            str(mgr.layout.root),
-        ]
-        log.info("move.adopting", attempt=offer.attempt_id, source=offer.source)
-        with anyio.fail_after(ADOPT_TIMEOUT_S):
-            done = await anyio.run_process(argv, check=False)
-        if done.returncode == 0:
-            log.info("move.adopted", attempt=offer.attempt_id, seats=offer.seats)
-            return move.MoveAnswer(ok=True, result=msgspec_raw(done.stdout))
-        code, message = _refusal_of(done.stderr)
+        attempt = offer.attempt_id
+        req = RestoreRequest(restore=str(path), space=mgr.space)
+        log.info("move.adopting", attempt=attempt, source=offer.source)
+
+        def said(text: str) -> None:
+            log.info("move.progress", attempt=attempt, line=text)
+
+        try:
+            with anyio.fail_after(ADOPT_TIMEOUT_S), reporting(said):
+                out = await restore.restore(req, mgr.layout.root, port=OwnHandlers(mgr.handle))
+        except Refusal as exc:
+            code, message = exc.code, exc.text
+        except Exception as exc:
+            # A move that fails here is that move's failure, never the manager's: whatever the
+            # coordinator raised ends this offer, and the manager's other seats run on.
+            log.exception("move.adopt_failed", attempt=attempt)
+            code, message = Code.MOVE_FAILED, f"the destination's restore failed: {exc!r}"
+        else:
+            log.info("move.adopted", attempt=attempt, seats=offer.seats)
+            return move.MoveAnswer(ok=True, result=msgspec.Raw(msgspec.json.encode(out)))
         journal = Journal(mgr.layout).load() if mgr.layout.journal.exists() else None
         claimed = (
             journal is not None
-            and journal.attempt_id == offer.attempt_id
+            and journal.attempt_id == attempt
             and journal.state in RESUME_UNDER_WAY
         )
-        log.warning("move.refused", attempt=offer.attempt_id, code=code, claimed=claimed)
+        log.warning("move.refused", attempt=attempt, code=code, claimed=claimed)
         return move.MoveAnswer(ok=False, code=code, message=message, claimed=claimed)
+
+
+class OwnHandlers:
+    """This daemon's control handlers as the restore coordinator's manager port
+    (`manager/coord/port.py`): the same op records the control socket carries, handed to the
+    same handlers, without a socket between a process and itself."""
+
+    def __init__(self, dispatch: Callable[[str, Any], Awaitable[Any]]) -> None:
+        self._dispatch = dispatch
+
+    async def status(self) -> control.StatusReply | None:
+        return await self.request(control.STATUS, control.NoArgs(), timeout=5.0)
+
+    async def request(self, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
+        with anyio.fail_after(timeout):
+            return cast(R, await self._dispatch(op.name, args))
 
 
 def _promote(part: Path, final: Path) -> None:
     os.rename(part, final)
     fsync_dir(final.parent)
-
-
-def msgspec_raw(stdout: bytes) -> msgspec.Raw:
-    """The child's `--json` document (its last line on stdout), checked to be JSON."""
-    lines = [line for line in stdout.decode(errors="replace").splitlines() if line.strip()]
-    try:
-        return msgspec.Raw(msgspec.json.encode(json.loads(lines[-1]))) if lines else NULL
-    except ValueError:
-        return NULL
-
-
-NULL = msgspec.Raw(b"null")
-
-
-def _refusal_of(stderr: bytes) -> tuple[str, str]:
-    """The code and message of the child's refusal (its last stderr line, as `--json` prints
-    it), or what it printed when it died some other way."""
-    lines = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
-    for line in reversed(lines):
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and isinstance(doc.get("code"), str):
-            return doc["code"], str(doc.get("error", ""))
-    return Code.MOVE_FAILED, " | ".join(lines[-3:])[:4000] or "the destination's restore died"

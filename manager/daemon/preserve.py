@@ -33,6 +33,7 @@ from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.checkpoint.references import reference_errors
+from manager.daemon.delivery import DeliveryGate
 from manager.daemon.progress import ProgressLog
 from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
@@ -51,7 +52,7 @@ from protocol.inventory import (
     parse_resume_args,
     reference_rule_errors,
 )
-from protocol.maintenance import ResumeDescriptor
+from protocol.maintenance import Attempt, ResumeDescriptor
 from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.preserve")
@@ -72,58 +73,12 @@ class Preservation:
     # -- prepare --------------------------------------------------------------------------------
 
     async def prepare(self, args: control.PrepareArgs) -> control.PrepareReply:
+        """Fence, drain and plan the cut of the named seats, or of every seat when none is named
+        (after which the daemon exits). A repeat of the attempt joins it. Stops nothing: a plan
+        that cannot resume fails here, and the fence is lifted again."""
         attempt = names.check_attempt_id(args.attempt_id)
-        m = self.mgr.maintenance
-        if args.seats or self._some(attempt):
-            return await self._prepare_some(attempt, frozenset(args.seats))
-        if (
-            m.state in ("preserving", "preserved")
-            and m.attempt_id == attempt
-            and self.plan is not None
-        ):
-            return self._plan_result(attempt)
-        if self.mgr.stopping:
-            raise Refusal(
-                Code.FENCED,
-                "prepare-preservation refused: the manager is stopping",
-                "wait for it to exit",
-            )
-        # The fence lands before any await, so accepted work has already counted itself, and
-        # no bridge can start a turn after it.
-        m.apply("prepare", attempt)
-        self.mgr.delivery_gate.close()
-        self.progress.begin(attempt)
-        self.progress.add("fenced")
-        failpoint.reached("preserve.after-fence", self.mgr.layout.root)
-        try:
-            await self.mgr.drain()
-            self.progress.add("drained")
-            failpoint.reached("preserve.after-drain", self.mgr.layout.root)
-            inventory, descriptor = await self._plan(attempt)
-        except BaseException as exc:
-            # Nothing was stopped, so the fence is lifted again and the seats carry on.
-            m.apply("abort", attempt)
-            self.mgr.delivery_gate.open()
-            log.info("cut.prepare_failed", attempt=attempt)
-            self.progress.add("failed", detail=exc.text if isinstance(exc, Refusal) else repr(exc))
-            self.progress.done = True
-            raise
-        self.plan, self.descriptor, self.result = inventory, descriptor, None
-        self.progress.add("planned", detail=f"{len(inventory.agents)} seat(s)")
-        log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents))
-        return self._plan_result(attempt)
-
-    def _some(self, attempt: str) -> bool:
-        """Whether `attempt` is a cut of some seats this manager holds."""
-        cut_some = self.mgr.maintenance.seat_cut
-        return cut_some.state != "idle" and cut_some.attempt_id == attempt
-
-    async def _prepare_some(self, attempt: str, named: frozenset[str]) -> control.PrepareReply:
-        """The fence, drain and plan for the named seats only; the manager stays `active`, the
-        other seats take turns and lifecycle work throughout, and new seats may be spawned."""
-        mgr = self.mgr
-        m, cut_some = mgr.maintenance, mgr.maintenance.seat_cut
-        if self._some(attempt) and self.plan is not None and self.plan.attempt_id == attempt:
+        mgr, m = self.mgr, self.mgr.maintenance
+        if m.cut.holds(attempt) and self.plan is not None and self.plan.attempt_id == attempt:
             return self._plan_result(attempt)
         if mgr.stopping:
             raise Refusal(
@@ -131,45 +86,52 @@ class Preservation:
                 "prepare-preservation refused: the manager is stopping",
                 "wait for it to exit",
             )
-        m.check_lifecycle()
-        if m.adoption.state != "idle":
-            raise Refusal(
-                Code.ADOPTION_UNDER_WAY,
-                f"preservation refused: this manager is adopting attempt "
-                f"{m.adoption.attempt_id}, whose seats are not committed yet",
-                "let that `cotal up --restore` finish (or rerun it), then cut; nothing was fenced",
-            )
-        # The fence of these seats lands before any await, as the whole mesh's does.
-        cut_some.apply("prepare", attempt, named)
-        for name in named:
-            mgr.seats[name].gate.close()
+        # The fence lands before any await, so accepted work has already counted itself, and
+        # no bridge can start a turn after it.
+        m.apply("prepare", attempt, seats=frozenset(args.seats))
+        held = m.cut
+        for gate in self._gates(held):
+            gate.close()
         self.progress.begin(attempt)
-        self.progress.add("fenced", detail=", ".join(sorted(named)))
+        self.progress.add("fenced", detail=", ".join(sorted(held.seats)) or None)
         failpoint.reached("preserve.after-fence", mgr.layout.root)
         try:
-            await mgr.drain_seats(named)
+            await self._drain(held)
             self.progress.add("drained")
             failpoint.reached("preserve.after-drain", mgr.layout.root)
-            inventory, descriptor = await self._plan(attempt, only=named)
+            inventory, descriptor = await self._plan(attempt, only=held.seats)
         except BaseException as exc:
-            self._lift_some(attempt)
-            log.info("cut.prepare_failed", attempt=attempt, seats=sorted(named))
+            # Nothing was stopped, so the fence is lifted again and the seats carry on.
+            self._lift(attempt)
+            log.info("cut.prepare_failed", attempt=attempt, seats=sorted(held.seats))
             self.progress.add("failed", detail=exc.text if isinstance(exc, Refusal) else repr(exc))
             self.progress.done = True
             raise
         self.plan, self.descriptor, self.result = inventory, descriptor, None
         self.progress.add("planned", detail=f"{len(inventory.agents)} seat(s)")
-        log.info("cut.prepared", attempt=attempt, seats=sorted(named), partial=True)
+        log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents), scope=held.scope)
         return self._plan_result(attempt)
 
-    def _lift_some(self, attempt: str) -> None:
-        cut_some = self.mgr.maintenance.seat_cut
-        fenced = cut_some.seats
-        cut_some.apply("abort", attempt)
-        for name in fenced:
-            seat = self.mgr.seats.get(name)
-            if seat is not None:
-                seat.gate.open()
+    def _gates(self, held: Attempt) -> list[DeliveryGate]:
+        """What the cut's fence closes: the manager's gate for every seat, or each cut seat's."""
+        if held.scope == "whole":
+            return [self.mgr.delivery_gate]
+        return [seat.gate for name in held.seats if (seat := self.mgr.seats.get(name)) is not None]
+
+    async def _drain(self, held: Attempt) -> None:
+        # Every seat's cut waits for all admitted work (a spawn names no seat yet); a cut of some
+        # seats only for the work on them, while the other seats carry on.
+        if held.scope == "whole":
+            await self.mgr.drain()
+        else:
+            await self.mgr.drain_seats(held.seats)
+
+    def _lift(self, attempt: str, *, draining: bool = False) -> None:
+        """Abandon the cut before its commit: the fence is lifted and its seats carry on."""
+        gates = self._gates(self.mgr.maintenance.cut)
+        self.mgr.maintenance.apply("abort", attempt, draining=draining)
+        for gate in gates:
+            gate.open()
         self.plan = self.descriptor = None
 
     async def _plan(
@@ -350,29 +312,25 @@ class Preservation:
         attempt = names.check_attempt_id(args.attempt_id)
         m, mgr = self.mgr.maintenance, self.mgr
         in_flight = self._commit_in_flight
-        if in_flight is not None and m.attempt_id == attempt:
+        if in_flight is not None and m.cut.holds(attempt):
             # A rerun whose coordinator found the commit still running (its first coordinator
             # died): two commits would stop, capture and move aside each other's directory, so
             # the second waits for the first and answers with its outcome.
             await in_flight.wait()
             if self._joined is not None:
                 return self._joined
-        some = self._some(attempt)
-        if some and m.seat_cut.state == "preserved" and self.result is not None:
+        held = m.cut
+        if held.holds(attempt) and held.state == "preserved" and self.result is not None:
             return self.result
-        if m.state == "preserved" and m.attempt_id == attempt and self.result is not None:
-            return self.result
-        if some and (self.plan is None or self.plan.attempt_id != attempt):
+        if (
+            self.plan is None
+            or self.plan.attempt_id != attempt
+            or not held.holds(attempt)
+            or held.state != "preserving"
+        ):
             raise Refusal(
                 Code.NOT_PREPARED,
-                f"the cut of seat(s) {', '.join(sorted(m.seat_cut.seats))} (attempt {attempt}) "
-                "has no plan in this manager",
-                "rerun `cotal down --preserve-state` for it: it prepares again first",
-            )
-        if not some and (self.plan is None or m.attempt_id != attempt or m.state != "preserving"):
-            raise Refusal(
-                Code.NOT_PREPARED,
-                f"preservation attempt {attempt} is not the prepared attempt (state {m.state})",
+                f"preservation attempt {attempt} is not the prepared attempt (state {held.shown})",
                 "run prepare-preservation for this attempt first "
                 "(cotal down --preserve-state does)",
             )
@@ -390,10 +348,7 @@ class Preservation:
                 cut.anchor_of(d, root=mgr.layout.root, cwd=Path(agent.launch.cwd), home=home)
         # Read before the point of no return: a COTAL_JOBS that does not parse refuses here.
         jobs = concurrency.limiter()
-        if some:
-            m.seat_cut.apply("commit", attempt)
-        else:
-            m.apply("commit", attempt)
+        m.apply("commit", attempt)
         done = self._commit_in_flight = anyio.Event()
         self._joined = None
         try:
@@ -412,9 +367,8 @@ class Preservation:
     ) -> control.CommitReply:
         m, mgr = self.mgr.maintenance, self.mgr
         assert self.plan is not None
-        some = self._some(attempt)
         planned = {agent.name for agent in self.plan.agents}
-        seats = {n: s for n, s in mgr.seats.items() if not some or n in planned}
+        seats = {n: s for n, s in mgr.seats.items() if n in planned}
         self.progress.begin(attempt)
         self.progress.add("stopping", detail=f"{len(seats)} seat(s)")
         t0 = time.monotonic()
@@ -444,17 +398,15 @@ class Preservation:
             self.progress.add("failed", seat=name, detail=error)
         if run.failures:
             return self._failed(attempt, attempt_path, run)
-        if some:
-            m.seat_cut.apply("stopped", attempt)
+        m.apply("stopped", attempt)
+        if m.state == "active":
             # Sealed: the checkpoint carries them from here, and the mesh runs on without them.
             for seat in seats.values():
                 mgr.remove(seat)
-        else:
-            m.apply("stopped", attempt)
         self.result = control.CommitReply(
             attempt_id=attempt,
-            state=m.seat_cut.state if some else m.state,
-            partial=True if some else msgspec.UNSET,
+            state=m.cut.shown,
+            partial=True if m.cut.scope == "seats" else msgspec.UNSET,
             checkpoint_dir=str(attempt_path),
             sealed=sealed,
             seats=[_cut_seat(s, run.mid_turn.get(s.name)) for s in summaries],
@@ -701,26 +653,20 @@ class Preservation:
 
     async def abort(self, args: control.AttemptArgs) -> control.AttemptState:
         attempt = names.check_attempt_id(args.attempt_id)
-        m = self.mgr.maintenance
-        if self._some(attempt) and m.seat_cut.state == "preserving":
-            if any(
-                name in self.mgr.seats and self.mgr.seats[name].state == "stopping"
-                for name in m.seat_cut.seats
-            ):
-                raise Refusal(
-                    Code.COMMIT_BEGUN,
-                    f"cut {attempt} is stopping its seats and cannot be aborted",
-                    "rerun `cotal down --preserve-state` to finish it",
-                )
-            self._lift_some(attempt)
-            log.info("cut.aborted", attempt=attempt, partial=True)
+        mgr, m = self.mgr, self.mgr.maintenance
+        held = m.cut
+        if m.state == "active" and not (held.holds(attempt) and held.state == "preserving"):
+            # No cut of this attempt is fencing anything here (none, or one already sealed).
             return control.AttemptState(attempt_id=attempt, state="active")
-        if m.state == "active":
-            return control.AttemptState(attempt_id=attempt, state="active")
-        if m.apply("abort", attempt, draining=self.mgr.in_flight > 0) == "active":
-            self.mgr.delivery_gate.open()
-        self.plan = self.descriptor = None
-        log.info("cut.aborted", attempt=attempt)
+        if any(mgr.seats[n].state == "stopping" for n in held.seats if n in mgr.seats):
+            raise Refusal(
+                Code.COMMIT_BEGUN,
+                f"cut {attempt} is stopping its seats and cannot be aborted",
+                "rerun `cotal down --preserve-state` to finish it",
+            )
+        # Work the whole mesh's fence admitted before it would race the plan being abandoned.
+        self._lift(attempt, draining=held.scope == "whole" and mgr.in_flight > 0)
+        log.info("cut.aborted", attempt=attempt, scope=held.scope)
         return control.AttemptState(attempt_id=attempt, state=m.state)
 
 

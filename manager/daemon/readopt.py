@@ -19,6 +19,7 @@ negatively acknowledged on the predecessor's behalf and comes back at once.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -26,14 +27,18 @@ import anyio
 import structlog
 from anyio.abc import TaskStatus
 from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from manager import concurrency, registry
 from manager.broker import custody, footprint
 from manager.broker.retry import TRANSIENT
 from manager.daemon import seatfile
-from manager.daemon.seat import Seat, SeatOwner, session_to_reopen
+from manager.daemon.seat import Seat, session_to_reopen
 from manager.daemon.survivors import SurvivorScan
+from manager.workspace.identity import InstanceIdentity
 from manager.workspace.journal import Journal
+from manager.workspace.layout import Layout
 from protocol import names
 from protocol.errors import Refusal
 from protocol.lifecycle import SeatLifecycle, SeatRecord
@@ -51,23 +56,44 @@ LIVE_STATES = frozenset({"starting", "running", "exited", "restarting"})
 KEPT_STATES = frozenset({"stopping", "stopped", "unproven"})
 
 
-class Readopter(SeatOwner, Protocol):
-    """What re-adoption needs beyond the cut's view: counting itself as lifecycle work,
-    relaunching a seat, and keeping one it refuses."""
+class Readopter(Protocol):
+    """What re-adoption asks of the Manager: the records and the broker it reads, the fence
+    that counts each re-adoption as lifecycle work, and the owner's own moves (adopt, relaunch,
+    stop and prove, refuse), so the table keeps its one writer."""
+
+    @property
+    def space(self) -> str: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def identity(self) -> InstanceIdentity: ...
 
     @property
     def nc(self) -> Client: ...
 
     @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
     def survivor_scan(self) -> SurvivorScan: ...
+
+    def custody_bucket(self) -> KeyValue: ...
+
+    def lifecycle(
+        self, what: str, seat: str | None = None
+    ) -> AbstractAsyncContextManager[None]: ...
+
+    def adopt(self, seat: Seat) -> None: ...
 
     async def relaunch(
         self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
     ) -> None: ...
 
-    def refuse(self, seat: Seat, reason: str, *, footprint_owned: bool) -> None: ...
+    async def stop_and_prove(self, seat: Seat, *, graceful: bool) -> None: ...
 
-    def persist(self, seat: Seat) -> None: ...
+    def refuse(self, seat: Seat, reason: str, *, footprint_owned: bool) -> None: ...
 
 
 class Readoption:

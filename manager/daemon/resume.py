@@ -1,17 +1,18 @@
 """The resume handshake, daemon side (record 2.1, 3.3 step 5-6, 5.4; docs/cli.md the resume).
 
-A daemon started for a resume is fenced to that attempt: only `resume-preserved`,
-`commit-resume` and `finalize-resume` for it are admitted. `resume-preserved` runs the checks in
-the record's order, then re-adopts each seat under its recorded lifecycle uid (its `dm_` durable
-must already be at the broker: that is the lifecycle proof) and proves continuity per class.
-`commit-resume` is an idempotent validation barrier returning a 64-hex token; only
-`finalize-resume` with that exact token releases cleanup suppression and returns to `active`.
+A resume is always an adoption (`protocol/maintenance.py`, the attempt table): the checkpoint's
+seats join this manager's table. A manager started for the resume (`restore`) is fenced to that
+attempt, so only its `resume-preserved`, `commit-resume` and `finalize-resume` are admitted; a
+manager already `active` (`adopt`) adopts them beside the seats it runs, which are never
+touched, and stays `active` throughout. Either way the adoption is lifecycle work the fence
+counts, so a cut's drain waits for it, and one path serves both.
 
-A manager already in `active` answers the same three ops as an adoption into its running mesh
-(`protocol/maintenance.py`, the adoption table): the checkpoint's seats join the table beside
-the ones it runs, which are never touched; the adoption counts as lifecycle work, so a cut's
-fence drains it, and it stays `active` throughout. A repeat after this manager restarted finds
-the seats its re-adoption took back and adopts only what is missing.
+`resume-preserved` runs the checks in the record's order, then adopts each seat under its
+recorded lifecycle uid (its `dm_` durable must already be at the broker: that is the lifecycle
+proof) and proves continuity per class. `commit-resume` is an idempotent validation barrier
+returning a 64-hex token; only `finalize-resume` with that exact token releases the attempt (a
+restore's cleanup suppression with it). A repeat after this manager restarted finds the seats
+its re-adoption took back and adopts only what is missing.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from protocol.inventory import (
     parse_resume_args,
     reference_rule_errors,
 )
+from protocol.maintenance import RESUME_WORK
 from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.resume")
@@ -66,61 +68,50 @@ class Resumption:
     # -- resume-preserved -----------------------------------------------------------------------
 
     async def resume(self, args: control.ResumeArgs) -> control.ResumeReply:
+        """Adopt the checkpoint's seats: into this running mesh, or into the empty one of a
+        manager started for the attempt. A repeat is answered from the record."""
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
-        if m.state == "active":
-            return await self._adopt_into_mesh(attempt, args)
         if (
-            m.state in ("resuming", "awaiting-finalize")
-            and m.attempt_id == attempt
+            m.resume.holds(attempt)
             and self.result is not None
+            and self.result.attempt_id == attempt
         ):
+            m.apply("resume", attempt)
             return self.result
-        m.check_lifecycle(resume_operation=True)
-        inventory = parse_resume_args(attempt, bytes(args.inventory), space=mgr.space)
-        self._check_inventory(inventory)
-        jobs = concurrency.limiter()
-        await self._roster_liveness(inventory, jobs)
-        m.apply("resume", attempt)
-        observations = await self._adopt_all(inventory, attempt, jobs)
-        m.apply("activated", attempt)
-        self.inventory = inventory
-        self.result = control.ResumeReply(attempt_id=attempt, state="resumed", seats=observations)
-        log.info("resume.activated", attempt=attempt, seats=len(observations))
-        return self.result
-
-    async def _adopt_into_mesh(self, attempt: str, args: control.ResumeArgs) -> control.ResumeReply:
-        mgr, adoption = self.mgr, self.mgr.maintenance.adoption
-        if adoption.state != "idle" and adoption.attempt_id == attempt and self.result is not None:
-            adoption.apply("resume", attempt)
-            return self.result
-        inventory = parse_resume_args(attempt, bytes(args.inventory), space=mgr.space)
-        # After this manager restarted, its re-adoption took back the seats it had adopted:
-        # those stand as they are, and only the rest are adopted now.
-        kept = {
-            a.name: mgr.seats[a.name]
-            for a in inventory.agents
-            if a.name in mgr.seats and mgr.seats[a.name].uid == a.identity.lifecycle_uid
-        }
-        rest = msgspec.structs.replace(
-            inventory, agents=[a for a in inventory.agents if a.name not in kept]
-        )
-        async with mgr.lifecycle("adopt"):
+        async with mgr.lifecycle(RESUME_WORK):
+            inventory = parse_resume_args(attempt, bytes(args.inventory), space=mgr.space)
+            # After this manager restarted, its re-adoption took back the seats it had adopted:
+            # those stand as they are, and only the rest are adopted now.
+            kept = {
+                a.name: mgr.seats[a.name]
+                for a in inventory.agents
+                if a.name in mgr.seats and mgr.seats[a.name].uid == a.identity.lifecycle_uid
+            }
+            rest = msgspec.structs.replace(
+                inventory, agents=[a for a in inventory.agents if a.name not in kept]
+            )
             self._check_inventory(rest)
             jobs = concurrency.limiter()
             await self._roster_liveness(rest, jobs)
-            adoption.apply("resume", attempt)
+            m.apply("resume", attempt)
             try:
                 adopted = await self._adopt_all(rest, attempt, jobs)
             except BaseException:
-                adoption.apply("rollback", attempt)
+                m.apply("rollback", attempt)
                 raise
-            adoption.apply("activated", attempt)
+            m.apply("activated", attempt)
         by_name = {o.name: o for o in adopted}
         observations = [by_name.get(a.name) or _kept_row(a, kept[a.name]) for a in inventory.agents]
         self.inventory, self.token = inventory, None
         self.result = control.ResumeReply(attempt_id=attempt, state="resumed", seats=observations)
-        log.info("adopt.activated", attempt=attempt, seats=len(adopted), kept=len(kept))
+        log.info(
+            "resume.activated",
+            attempt=attempt,
+            scope=m.resume.scope,
+            seats=len(adopted),
+            kept=len(kept),
+        )
         return self.result
 
     def _check_inventory(self, inventory: Inventory) -> None:
@@ -175,8 +166,8 @@ class Resumption:
             adopted = await concurrency.ordered_map(adopt, inventory.agents, jobs)
             return [outcome.unwrap() for outcome in adopted]
         except BaseException:
-            # Roll back to a clean resume-required daemon: stop what this attempt started and
-            # keep every footprint; the attempt can be retried.
+            # Roll back: stop what this attempt started and keep every footprint; the attempt
+            # can be retried.
             with anyio.CancelScope(shield=True):
                 for seat in launched:
                     try:
@@ -310,10 +301,11 @@ class Resumption:
     async def commit(self, args: control.AttemptArgs) -> control.CommitResumeReply:
         mgr, m = self.mgr, self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
-        adopting = m.state == "active"
-        if adopting and m.adoption.attempt_id != attempt:
-            self.inventory = None
-        if self.inventory is None:
+        if (
+            not m.resume.holds(attempt)
+            or self.inventory is None
+            or self.inventory.attempt_id != attempt
+        ):
             raise Refusal(
                 Code.NOT_RESUMED,
                 f"resume attempt {attempt} has no successful activation to commit",
@@ -331,10 +323,7 @@ class Resumption:
             await footprint.confirm_dm_durable(
                 mgr.js, mgr.space, names.SEAT_OWNER, agent.name, seat.uid
             )
-        if adopting:
-            m.adoption.apply("commit-resume", attempt)
-        else:
-            m.apply("commit-resume", attempt)
+        m.apply("commit-resume", attempt)
         self.token = self._expected_token(attempt)
         failpoint.reached("resume.daemon.after-commit-resume", mgr.layout.root)
         return control.CommitResumeReply(
@@ -344,12 +333,11 @@ class Resumption:
     async def finalize(self, args: control.FinalizeArgs) -> control.AttemptState:
         m = self.mgr.maintenance
         attempt = names.check_attempt_id(args.attempt_id)
-        adoption = m.adoption
         matches = self.token is not None and hmac.compare_digest(
             args.durable_commit_token, self.token
         )
-        adopting = adoption.state == "committed" and adoption.attempt_id == attempt
-        if m.state == "active" and matches and not adopting:
+        if matches and not (m.resume.holds(attempt) and m.resume.state == "committed"):
+            # Finalized already: a coordinator that died after it asks again.
             return control.AttemptState(attempt_id=attempt, state="active")
         if not matches:
             raise Refusal(
@@ -357,13 +345,10 @@ class Resumption:
                 f"finalize-resume for {attempt}: the durable commit token does not match",
                 "pass the token commit-resume returned (the journal records it)",
             )
-        if m.state == "active":
-            adoption.apply("finalize", attempt)
-            log.info("adopt.finalized", attempt=attempt)
-            return control.AttemptState(attempt_id=attempt, state="active")
+        scope = m.resume.scope
         m.apply("finalize", attempt)
         failpoint.reached("resume.daemon.after-finalize", self.mgr.layout.root)
-        log.info("resume.finalized", attempt=attempt)
+        log.info("resume.finalized", attempt=attempt, scope=scope)
         return control.AttemptState(attempt_id=attempt, state="active")
 
 

@@ -7,24 +7,50 @@ never come here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import nats.errors
 import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from manager.broker import channels, custody, deadletter, footprint
 from manager.daemon import watchers
 from manager.daemon.seat import Seat
+from manager.workspace.identity import InstanceIdentity
 from protocol import names
-
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
 
 log = structlog.get_logger("cotal.manager")
 
 
-async def free(mgr: Manager, seat: Seat) -> None:
+class TeardownOwner(watchers.PresenceOwner, Protocol):
+    """What a teardown needs: the broker it deletes at, the dead-letter counts it keeps, and
+    the owner's removal of the seat from the table."""
+
+    @property
+    def space(self) -> str: ...
+
+    @property
+    def nc(self) -> Client: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def identity(self) -> InstanceIdentity: ...
+
+    @property
+    def custody(self) -> KeyValue | None: ...
+
+    @property
+    def dead_counts(self) -> dict[str, int]: ...
+
+    def remove(self, seat: Seat) -> None: ...
+
+
+async def free(mgr: TeardownOwner, seat: Seat) -> None:
     mgr.remove(seat)
     if seat.footprint_owned:
         await deprovision(mgr, seat)
@@ -36,7 +62,7 @@ RECONNECT_GRACE_S = 2.0
 JS_INFO = "$JS.API.INFO"
 
 
-async def _connected(mgr: Manager) -> bool:
+async def _connected(mgr: TeardownOwner) -> bool:
     """Whether the broker answers the manager within the grace: a JetStream API request (one
     the manager may always make) answered, even by "no responders", proves a live broker; a
     client that lost its connection answers once it has another. Without an answer, every
@@ -52,7 +78,7 @@ async def _connected(mgr: Manager) -> bool:
     return True
 
 
-async def deprovision(mgr: Manager, seat: Seat) -> str | None:
+async def deprovision(mgr: TeardownOwner, seat: Seat) -> str | None:
     """Exactly this seat's durable, its dead letters, its presence and its pointer. Returns why
     the durable could not be deleted, or None once it is gone."""
     durable_error: str | None = None
@@ -93,7 +119,7 @@ async def deprovision(mgr: Manager, seat: Seat) -> str | None:
     return durable_error
 
 
-async def _release_custody(mgr: Manager, seat: Seat) -> None:
+async def _release_custody(mgr: TeardownOwner, seat: Seat) -> None:
     if mgr.custody is None:
         return
     try:

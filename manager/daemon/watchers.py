@@ -9,28 +9,63 @@ table, nothing deprovisioned, since the durable and the custody record are the n
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import anyio
 import structlog
+from anyio.abc import TaskGroup
 from nats.js.kv import KeyValue
 
 from manager.daemon.process import SeatHandle
 from manager.daemon.seat import Seat
+from manager.workspace.identity import InstanceIdentity
+from manager.workspace.layout import Layout
 from protocol import names
 from protocol.custody import decode_custody
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.messages import ManagerLease, Presence, encode
 
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
-
 log = structlog.get_logger("cotal.manager")
 
 
-async def clear_presence(mgr: Manager, seat: Seat) -> None:
+class PresenceOwner(Protocol):
+    """What a presence delete needs: the bucket, if the manager has made it yet."""
+
+    @property
+    def presence(self) -> KeyValue | None: ...
+
+
+class WatchOwner(Protocol):
+    """What the watchers may ask of the Manager: they read the table and its buckets, and an
+    eviction is the owner's stop and removal, so the watchers never write the table."""
+
+    @property
+    def identity(self) -> InstanceIdentity: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def started_at(self) -> str: ...
+
+    @property
+    def seats(self) -> Mapping[str, Seat]: ...
+
+    @property
+    def tg(self) -> TaskGroup | None: ...
+
+    def presence_bucket(self) -> KeyValue: ...
+
+    def custody_bucket(self) -> KeyValue: ...
+
+    async def stop_and_prove(self, seat: Seat, *, graceful: bool) -> None: ...
+
+    def remove(self, seat: Seat) -> None: ...
+
+
+async def clear_presence(mgr: PresenceOwner, seat: Seat) -> None:
     bucket = mgr.presence
     if bucket is None:
         return
@@ -62,7 +97,7 @@ async def _keep_putting(
 
 
 class Watchers:
-    def __init__(self, mgr: Manager) -> None:
+    def __init__(self, mgr: WatchOwner) -> None:
         self.mgr = mgr
 
     async def lease_loop(self, leases: KeyValue) -> None:

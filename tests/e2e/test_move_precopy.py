@@ -148,15 +148,20 @@ async def test_a_destination_indexes_only_history_a_trusted_source_signed(
 async def test_a_refusal_after_the_precopy_takes_the_seat_back_on_its_own_bundle(
     two_roots: tuple[Cli, Cli],  # noqa: F811
 ) -> None:
-    """B's resume of the offer dies before its custody claim: A takes the seat back, restored
-    on the bundle it pre-copied, in its own session; the next move, to a healthy B, goes."""
+    """B's admission of the offer refuses before its custody claim (its launch profile for the
+    harness changed since the probe): A takes the seat back, restored on the bundle it
+    pre-copied, in its own session; the next move, once B's profile is back, goes."""
     a, b = two_roots
     repo, seat = spawn_heavy(a)
     want = tree_digest(repo)
-    to_b, server = failing_destination(b, a, "resume.after-admission")
+    to_b = b.json("status")["instanceId"]
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    # Read by B's restore coordinator at admission, in B's manager: the identity gate refuses.
+    write(b.root / "cotal.toml", '[agents.scribe]\nmodel = "other"\n')
 
     refused_move = a.run("move", "heavy", "--to", to_b, "--json", check=False, timeout=180)
-    assert "the seats run here again" in refused(refused_move, "move-failed")
+    message = refused(refused_move, "profile-drift")
+    assert "launch profile for scribe" in message and "the seats run here again" in message
     home = {r["name"]: r for r in a.ps()}
     assert (home["heavy"]["lifecycleUid"], home["heavy"]["sessionId"]) == (
         seat["lifecycleUid"],
@@ -170,9 +175,33 @@ async def test_a_refusal_after_the_precopy_takes_the_seat_back_on_its_own_bundle
     assert reply["reply"] == f"The phrase is {PHRASE}.", reply
     assert precopied(a) == []
 
-    b.run("down")
-    b.run("up", "--detach", "--server", *server)
+    (b.root / "cotal.toml").unlink()
     moved = a.json("move", "heavy", "--to", to_b)
     assert [s["lifecycleUid"] for s in moved["seats"]] == [seat["lifecycleUid"]]
     assert tree_digest(Path({r["name"]: r for r in b.ps()}["heavy"]["cwd"])) == want
     assert precopied(a) == [] and precopied(b) == []
+
+
+async def test_a_destination_that_dies_in_its_restore_before_the_claim_leaves_the_seat_sealed(
+    two_roots: tuple[Cli, Cli],  # noqa: F811
+) -> None:
+    """B runs the restore coordinator in its own manager, so a death in it is the manager's:
+    A cannot tell whether B claimed, so the seat waits sealed, never started twice; once B
+    runs again, the same `cotal move` offers it again and B, which never claimed, adopts it."""
+    a, b = two_roots
+    repo, seat = spawn_heavy(a)
+    want = tree_digest(repo)
+    to_b, server = failing_destination(b, a, "resume.after-admission")
+
+    died = a.run("move", "heavy", "--to", to_b, "--json", check=False, timeout=180)
+    assert "wait sealed" in refused(died, "move-incomplete")
+    assert processes_mentioning(seat["lifecycleUid"]) == []
+    assert [r["name"] for r in a.ps()] == []
+
+    b.run("up", "--detach", "--server", *server)
+    moved = a.json("move", "heavy", "--to", to_b)
+    assert [s["lifecycleUid"] for s in moved["seats"]] == [seat["lifecycleUid"]]
+    at_b = {r["name"]: r for r in b.ps()}
+    assert at_b["heavy"]["sessionId"] == seat["sessionId"]
+    assert tree_digest(Path(at_b["heavy"]["cwd"])) == want
+    assert processes_mentioning(seat["lifecycleUid"]) == [at_b["heavy"]["pid"]]

@@ -24,7 +24,7 @@ from manager.broker import custody, embedded, space
 from manager.broker.footprint import ensure_dm_stream
 from manager.broker.retry import riding_elections
 from manager.checkpoint.reader import read_seat_checkpoint
-from manager.cli.restore import NO_FENCE_NOTE
+from manager.coord.restore import NO_FENCE_NOTE
 from protocol import names
 from protocol.checkpoint import (
     CHECKPOINT_FILE,

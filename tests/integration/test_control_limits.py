@@ -177,7 +177,7 @@ def test_nul_bearing_and_oversized_strings_are_refused_by_field_name(mesh: Cli) 
             "pass a shorter cwd",
         }
         reply = _call(s, "stop-seat", {"name": "x" * 900})
-        assert (reply["error"] or {})["code"] != "internal"  # type: ignore[index]
+        assert (reply["error"] or {})["code"] != "internal-error"  # type: ignore[index]
         # Free text is bounded by the op's frame cap, not by the path cap.
         reply = _call(s, "send", {"name": "nobody", "text": "t" * 5000})
         assert (reply["error"] or {})["code"] != "bad-text"  # type: ignore[index]

@@ -250,7 +250,7 @@ async def test_capture_refuses_an_existing_artifact_and_never_overwrites(tmp_pat
     (seat / "repo.bundle").write_bytes(b"earlier capture")
     with pytest.raises(Refusal) as err:
         await capture_repository(repo, seat)
-    assert err.value.code == "exists"
+    assert err.value.code == "checkpoint-exists"
     assert (seat / "repo.bundle").read_bytes() == b"earlier capture"
 
 

@@ -446,7 +446,7 @@ _RESTORE_READ = (
     "import json, sys\n"
     "from pathlib import Path\n"
     "from manager.checkpoint import admit\n"
-    "from manager.cli.restore import _read_inboxes\n"
+    "from manager.coord.admission import read_inboxes as _read_inboxes\n"
     "from protocol.errors import Refusal\n"
     "try:\n"
     "    adm = admit.integrity(Path(sys.argv[1]), trusted_keys=[sys.argv[2]])\n"

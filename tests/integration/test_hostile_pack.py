@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from manager.checkpoint import archive, packfile
-from manager.cli import checkpoints
+from manager.coord import checkpoints
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
 from tests.ckpt import snapshot

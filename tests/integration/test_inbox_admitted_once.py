@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from manager.checkpoint import admit
-from manager.cli.restore import CarriedSpace, _read_inboxes
+from manager.coord.admission import CarriedSpace, read_inboxes
 from protocol import names
 from protocol.checkpoint import (
     INBOX_FILE,
@@ -84,7 +84,7 @@ def test_the_restore_imports_what_admission_read_and_proved(
         assert [m.msg_id for m in kept] == [f"{i:032x}" if i != 2 else None for i in range(5)]
         # Whatever the file holds after admission, the import republishes the sealed bytes.
         path.write_bytes(b"")
-        assert _read_inboxes(adm) == {SEAT: CarriedSpace(inbox=kept, posts={})}
+        assert read_inboxes(adm) == {SEAT: CarriedSpace(inbox=kept, posts={})}
     finally:
         admit.discard_scratch(adm)
 
@@ -92,6 +92,6 @@ def test_the_restore_imports_what_admission_read_and_proved(
     verified = admit.integrity(ckpt, trusted_keys=keys)
     assert verified.inboxes == {}
     # An admission that kept none is read, re-hashed and proven here instead.
-    assert _read_inboxes(verified) == {
+    assert read_inboxes(verified) == {
         SEAT: CarriedSpace(inbox=decode_inbox(sealed, state), posts={})
     }

@@ -95,7 +95,16 @@ def test_doctor_reports_the_configured_standin_as_drain_only(root: Path, binary:
     )
     rows = {r["name"]: r for r in map(json.loads, proc.stdout.splitlines())}
     # One row per harness, and the seat isolation in force on this machine.
-    assert set(rows) == {"scribe", "pi", "claude", "codex", "jcode", "isolation", "clock"}
+    assert set(rows) == {
+        "scribe",
+        "pi",
+        "claude",
+        "codex",
+        "jcode",
+        "scribe-fork",
+        "isolation",
+        "clock",
+    }
     jcode = rows["jcode"]
     assert (
         jcode["continuity"],

@@ -140,9 +140,15 @@ async def test_a_rerun_finishes_the_cut_a_dead_coordinator_began(cli: Cli) -> No
     assert [s["lifecycleUid"] for s in done["seats"]] == [seats["b"]["lifecycleUid"]]
     after = pids(cli)
     assert after == {n: before[n] for n in ("a", "c")}
-    # The same command again reports the sealed cut, not a new one.
-    again = cli.run("down", "--preserve-state", "--json")
-    assert json.loads(again.stdout)["attemptId"] == done["attemptId"], again.stdout
+    # The cut of b again reports the sealed cut, not a new one.
+    again = cli.run("down", "--preserve-state", "--seat", "b", "--json")
+    doc = json.loads(again.stdout)
+    assert (doc["attemptId"], doc["alreadyComplete"]) == (done["attemptId"], True), doc
+    # A whole cut now would capture neither a nor c: it refuses, naming the sealed cut, and
+    # changes nothing (it never reports success over seats it did not capture).
+    whole = cli.run("down", "--preserve-state", "--json", check=False)
+    assert done["attemptId"] in refused(whole, "sealed-cut-waiting")
+    assert pids(cli) == after
     # A cut of another seat meets the sealed one waiting in this root.
     other = cli.run("down", "--preserve-state", "--seat", "a", "--json", check=False)
     refused(other, "sealed-cut-waiting")

@@ -322,7 +322,9 @@ async def test_base_absent_from_bundle_refuses(
     git(other, "add", "x")
     git(other, "commit", "-q", "-m", "unrelated")
     foreign = git(other, "rev-parse", "HEAD").decode().strip()
-    err = await _refused(seat, msgspec.structs.replace(record, base=foreign), target, "base-absent")
+    err = await _refused(
+        seat, msgspec.structs.replace(record, base=foreign), target, "base-missing"
+    )
     staging = Path(f"{target}.incoming")
     assert str(staging) in err.message and staging.is_dir()
 

@@ -331,7 +331,7 @@ async def test_the_writer_never_reuses_a_directory_or_a_record(attempt: Attempt)
     assert "manifest.json" in err.message
     other = attempt.dir.parent / "att-2"
     create_seat_dir(other, "default")
-    err = expect_refusal("exists", lambda: create_seat_dir(other, "default"))
+    err = expect_refusal("checkpoint-exists", lambda: create_seat_dir(other, "default"))
     assert err.message == (
         f"checkpoint directory {other / 'default'} already exists; "
         "a sealed checkpoint is never overwritten"
@@ -375,7 +375,7 @@ def test_write_file_exclusive_records_the_bytes_written(tmp_path: Path) -> None:
     ref = write_file_exclusive(tmp_path, "a.bin", [b"one", b"two"])
     assert (ref.file, ref.bytes, ref.sha256) == ("a.bin", 6, hashlib.sha256(b"onetwo").hexdigest())
     assert stat.S_IMODE(os.lstat(tmp_path / "a.bin").st_mode) == 0o600
-    expect_refusal("exists", lambda: write_file_exclusive(tmp_path, "a.bin", b"again"))
+    expect_refusal("checkpoint-exists", lambda: write_file_exclusive(tmp_path, "a.bin", b"again"))
     expect_refusal("bad-file-name", lambda: write_file_exclusive(tmp_path, "../x", b""))
     expect_refusal("bad-file-name", lambda: write_file_exclusive(tmp_path, "checkpoint.json", b""))
     os.symlink(tmp_path / "a.bin", tmp_path / "link")

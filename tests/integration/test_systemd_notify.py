@@ -21,7 +21,7 @@ import anyio
 import pytest
 from anyio.abc import Process, SocketAttribute, UNIXDatagramSocket
 
-from manager.cli.mesh import probe_status, request
+from manager.coord.mesh import probe_status, request
 from manager.daemon.notify import sd_notify
 from manager.workspace.layout import Layout
 from protocol import control

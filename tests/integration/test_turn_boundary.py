@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 from manager.checkpoint import admit
-from manager.cli.restore import _read_inboxes
 from manager.control.client import ControlClient
+from manager.coord.admission import read_inboxes as _read_inboxes
 from manager.workspace.layout import Layout
 from tests.conftest import PI_CLI, Cli, FakeServer, SharedBroker
 from tests.gitrepo import git, init_repo, write

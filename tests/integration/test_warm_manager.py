@@ -1,4 +1,4 @@
-"""The warm manager (manager/cli/warm.py): an interpreter a coordinator starts early, which
+"""The warm manager (manager/coord/warm.py): an interpreter a coordinator starts early, which
 becomes the manager only when it is handed the arguments, and otherwise leaves nothing behind.
 
 Real processes throughout: the warm child is `python -m manager.cli manager warm`, the

@@ -1,6 +1,8 @@
 """The CLI registers its commands: every command module adds its own parser and handler, `main`
-only collects them, and no module under manager/cli imports another in a circle (read with
-`ast`, imports inside functions included) or reaches up into `main`."""
+only collects them, and no module under manager/cli or manager/coord imports another in a
+circle (read with `ast`, imports inside functions included) or reaches up into `main`. The
+coordinators sit below the CLI and the daemon: they import neither, and the daemon never names
+the CLI, not even as a child process's module (`python -m manager.cli`)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from manager.cli.args import top
 # The package re-exports main(), which shadows the module of the same name.
 cli_main = importlib.import_module("manager.cli.main")
 
-CLI = Path(__file__).resolve().parents[2] / "manager" / "cli"
+MANAGER = Path(__file__).resolve().parents[2] / "manager"
+CLI = MANAGER / "cli"
+COORD = MANAGER / "coord"
 # The entry points: they import main, and nothing under manager/cli imports them.
 ENTRY = {"manager.cli", "manager.cli.__main__"}
 
@@ -85,26 +89,26 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _cli_imports(path: Path) -> set[str]:
-    """The manager.cli modules `path` imports anywhere in it (a function's import counts: it is
-    the same dependency, taken later)."""
+def _imports(path: Path, packages: tuple[str, ...] = ("manager.cli", "manager.coord")) -> set[str]:
+    """The modules of `packages` that `path` imports anywhere in it (a function's import counts:
+    it is the same dependency, taken later)."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("manager.cli")}
+            out |= {a.name for a in node.names if a.name.startswith(packages)}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "manager.cli":
-                out |= {f"manager.cli.{a.name}" for a in node.names}
-            elif node.module.startswith("manager.cli."):
+            if node.module in packages:
+                out |= {f"{node.module}.{a.name}" for a in node.names}
+            elif node.module.startswith(tuple(f"{p}." for p in packages)):
                 out.add(node.module)
     return out
 
 
 def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(p): p for p in CLI.glob("*.py")}
+    modules = {_module_name(p): p for p in [*CLI.glob("*.py"), *COORD.glob("*.py")]}
     # `from manager.cli import main` names the function the package re-exports, from main.
     return {
-        name: {m for m in _cli_imports(path) if m in modules and m != name}
+        name: {m for m in _imports(path) if m in modules and m != name}
         for name, path in modules.items()
     }
 
@@ -136,4 +140,24 @@ def test_only_the_entry_points_import_main() -> None:
 
 def test_the_scan_sees_a_function_level_import() -> None:
     # cut.py takes offline.py only on the recovery path, inside a function.
-    assert "manager.cli.offline" in _graph()["manager.cli.cut"]
+    assert "manager.coord.offline" in _graph()["manager.coord.cut"]
+
+
+def test_the_coordinators_import_neither_the_cli_nor_the_daemon() -> None:
+    upward = {
+        p.name: sorted(_imports(p, ("manager.cli", "manager.daemon")))
+        for p in COORD.glob("*.py")
+        if _imports(p, ("manager.cli", "manager.daemon"))
+    }
+    assert upward == {}
+
+
+def test_the_daemon_never_calls_the_cli() -> None:
+    # Neither an import nor a child process: `python -m manager.cli` named in a string is the
+    # daemon calling the top floor as surely as an import is.
+    named = sorted(
+        str(p.relative_to(MANAGER))
+        for p in (MANAGER / "daemon").rglob("*.py")
+        if "manager.cli" in p.read_text()
+    )
+    assert named == []

@@ -242,11 +242,11 @@ def test_unsupported_version_named() -> None:
 
 def test_space_mismatch_with_callers_space() -> None:
     err = refused(inventory_doc(), space="other")
-    assert err.code == "space-mismatch"
+    assert err.code == "wrong-space"
     assert '"main"' in err.message and '"other"' in err.message
     seat_other = agent_doc()
     seat_other["space"] = "elsewhere"
-    assert refused(inventory_doc([seat_other])).code == "space-mismatch"
+    assert refused(inventory_doc([seat_other])).code == "wrong-space"
 
 
 def test_bad_attempt_refused() -> None:

@@ -10,19 +10,26 @@ import pytest
 from protocol.errors import Refusal
 from protocol.maintenance import (
     ABSENT,
+    ATTEMPT_TRANSITIONS,
+    CUT_EVENTS,
+    CUT_SCOPES,
     DISCARDABLE_STATES,
     EVENT_FOR,
     JOURNAL_TRANSITIONS,
-    MAINTENANCE_TRANSITIONS,
+    MACHINE,
+    OPEN_STATES,
+    RESUME_WORK,
+    Attempt,
+    AttemptEvent,
+    AttemptState,
     Consent,
     Degraded,
     IllegalTransition,
     JournalRecord,
     JournalState,
     Maintenance,
-    MaintenanceEvent,
-    MaintenanceState,
     ResumeDescriptor,
+    Scope,
     decode_journal,
     encode_journal,
     next_record,
@@ -36,64 +43,112 @@ DESC = ResumeDescriptor(
 )
 NOW = "2025-01-01T00:00:00Z"
 
-# -- the daemon machine ----------------------------------------------------------------------------
+# -- the daemon's attempt machine -----------------------------------------------------------------
 
-# A path of events from a fresh machine to each state, so every table row can be set up for real.
-PATHS: dict[MaintenanceState, tuple[bool, list[MaintenanceEvent]]] = {
-    "active": (False, []),
-    "preserving": (False, ["prepare"]),
-    "preserved": (False, ["prepare", "commit", "stopped"]),
-    "resume-required": (True, []),
-    "resuming": (True, ["resume", "activated"]),
-    "awaiting-finalize": (True, ["resume", "activated", "commit-resume"]),
+SEATS = frozenset({"w1", "w2"})
+
+# A path of events from a fresh manager to each (scope, state), so every table cell is set up for
+# real: (started for a restore, events).
+PATHS: dict[tuple[Scope, AttemptState], tuple[bool, list[AttemptEvent]]] = {
+    ("whole", "idle"): (False, []),
+    ("whole", "preserving"): (False, ["prepare"]),
+    ("whole", "preserved"): (False, ["prepare", "commit", "stopped"]),
+    ("seats", "idle"): (False, []),
+    ("seats", "preserving"): (False, ["prepare"]),
+    ("seats", "preserved"): (False, ["prepare", "commit", "stopped"]),
+    ("restore", "resume-required"): (True, []),
+    ("restore", "adopting"): (True, ["resume"]),
+    ("restore", "adopted"): (True, ["resume", "activated"]),
+    ("restore", "committed"): (True, ["resume", "activated", "commit-resume"]),
+    ("adopt", "idle"): (False, []),
+    ("adopt", "adopting"): (False, ["resume"]),
+    ("adopt", "adopted"): (False, ["resume", "activated"]),
+    ("adopt", "committed"): (False, ["resume", "activated", "commit-resume"]),
 }
 
 
-def machine_in(state: MaintenanceState) -> Maintenance:
-    resume, events = PATHS[state]
-    m = Maintenance(resume_attempt_id=A if resume else None)
+def machine_in(scope: Scope, state: AttemptState) -> tuple[Maintenance, Attempt]:
+    restore, events = PATHS[(scope, state)]
+    m = Maintenance(resume_attempt_id=A if restore else None)
     for event in events:
-        m.apply(event, A)
-    assert m.state == state
-    return m
+        m.apply(event, A, seats=SEATS if scope == "seats" else frozenset())
+    held = m.cut if scope in CUT_SCOPES else m.resume
+    if state != "idle":
+        assert (held.scope, held.state) == (scope, state)
+    return m, held
 
 
-def test_every_state_is_in_the_table() -> None:
-    assert set(MAINTENANCE_TRANSITIONS) == set(get_args(MaintenanceState))
+REACHABLE = [(scope, state) for scope, state in PATHS if state in ATTEMPT_TRANSITIONS[scope]]
 
 
-@pytest.mark.parametrize(
-    ("state", "event", "target"),
-    [(s, e, t) for s, row in MAINTENANCE_TRANSITIONS.items() for e, t in row.items()],
-)
-def test_every_legal_maintenance_transition(
-    state: MaintenanceState, event: MaintenanceEvent, target: str
-) -> None:
-    m = machine_in(state)
-    assert m.apply(event, A) == target
-    assert m.state == target
+def test_every_scope_and_state_is_reachable() -> None:
+    assert set(ATTEMPT_TRANSITIONS) == set(get_args(Scope))
+    cells = {(scope, state) for scope, rows in ATTEMPT_TRANSITIONS.items() for state in rows}
+    # A finalized restore leaves an idle adoption, never an idle restore.
+    assert cells - {("restore", "idle")} == set(PATHS)
 
 
 @pytest.mark.parametrize(
-    ("state", "event"),
+    ("scope", "state", "event", "target"),
     [
-        (s, e)
-        for s in get_args(MaintenanceState)
-        for e in get_args(MaintenanceEvent)
-        if e not in MAINTENANCE_TRANSITIONS[s]
+        (scope, s, e, t)
+        for scope, rows in ATTEMPT_TRANSITIONS.items()
+        for s, row in rows.items()
+        for e, t in row.items()
     ],
 )
-def test_every_illegal_maintenance_transition_names_state_and_event(
-    state: MaintenanceState, event: MaintenanceEvent
+def test_every_legal_transition(
+    scope: Scope, state: AttemptState, event: AttemptEvent, target: AttemptState
 ) -> None:
-    m = machine_in(state)
+    m, _ = machine_in(scope, state)
+    seats = SEATS if scope == "seats" else frozenset()
+    assert m.apply(event, A, seats=seats) == target
+    held = m.cut if scope in CUT_SCOPES else m.resume
+    assert held.state == target
+
+
+@pytest.mark.parametrize(
+    ("scope", "state", "event"),
+    [
+        (scope, s, e)
+        for scope, s in REACHABLE
+        for e in get_args(AttemptEvent)
+        if e not in ATTEMPT_TRANSITIONS[scope][s]
+        and (e in CUT_EVENTS) == (scope in CUT_SCOPES)
+        and s not in OPEN_STATES[scope]
+    ],
+)
+def test_every_illegal_transition_names_state_and_event(
+    scope: Scope, state: AttemptState, event: AttemptEvent
+) -> None:
+    m, held = machine_in(scope, state)
     with pytest.raises(IllegalTransition) as info:
         m.apply(event, A)
     err = info.value
-    assert (err.state, err.event) == (state, event)
-    assert f'state "{state}"' in err.message and f'event "{event}"' in err.message
+    assert (err.machine, err.state, err.event) == (MACHINE[scope], held.shown, event)
+    assert f'state "{held.shown}"' in err.message and f'event "{event}"' in err.message
     assert err.code == "illegal-transition"
-    assert m.state == state  # an illegal event changes nothing
+    assert held.state == state  # an illegal event changes nothing
+
+
+def test_the_manager_state_is_its_fencing_attempt_under_the_daemon_names() -> None:
+    shown = {cell: machine_in(*cell)[0].state for cell in PATHS}
+    assert shown == {
+        ("whole", "idle"): "active",
+        ("whole", "preserving"): "preserving",
+        ("whole", "preserved"): "preserved",
+        ("seats", "idle"): "active",
+        ("seats", "preserving"): "active",
+        ("seats", "preserved"): "active",
+        ("restore", "resume-required"): "resume-required",
+        ("restore", "adopting"): "resuming",
+        ("restore", "adopted"): "resuming",
+        ("restore", "committed"): "awaiting-finalize",
+        ("adopt", "idle"): "active",
+        ("adopt", "adopting"): "active",
+        ("adopt", "adopted"): "active",
+        ("adopt", "committed"): "active",
+    }
 
 
 def test_abort_before_commit_returns_to_active_and_advances_generation() -> None:
@@ -109,56 +164,108 @@ def test_abort_before_commit_returns_to_active_and_advances_generation() -> None
     assert m.attempt_id == B and m.generation == 3
 
 
-def test_no_way_back_after_commit_began() -> None:
-    m = machine_in("preserving")
+@pytest.mark.parametrize("seats", [frozenset(), SEATS])
+def test_no_way_back_after_commit_began(seats: frozenset[str]) -> None:
+    m = Maintenance()
+    m.apply("prepare", A, seats=seats)
     m.apply("commit", A)
-    assert m.commit_started
-    with pytest.raises(
-        IllegalTransition, match="has begun stopping children and cannot return to active mode"
-    ):
+    assert m.cut.commit_started and m.commit_started == (not seats)
+    with pytest.raises(IllegalTransition, match="has begun stopping its seats and cannot be"):
         m.apply("abort", A)
-    assert m.state == "preserving"
+    assert m.cut.state == "preserving"
     m.apply("stopped", A)
-    with pytest.raises(IllegalTransition, match="cannot return to active mode"):
+    with pytest.raises(IllegalTransition, match="cannot be aborted"):
         m.apply("abort", A)
 
 
 def test_abort_refused_while_draining() -> None:
-    m = machine_in("preserving")
+    m, _ = machine_in("whole", "preserving")
     with pytest.raises(IllegalTransition, match="still preparing or draining"):
         m.apply("abort", A, draining=True)
     assert m.state == "preserving"
 
 
 def test_attempt_binding_texts() -> None:
-    m = machine_in("preserving")
+    m, _ = machine_in("whole", "preserving")
     with pytest.raises(
         Refusal, match=f"fenced for preservation attempt {A}; refusing different attempt {B}"
     ):
         m.apply("prepare", B)
-    with pytest.raises(Refusal, match=f"preservation attempt {B} was not prepared by this manager"):
-        m.apply("commit", B)
-    with pytest.raises(
-        Refusal, match=f"preservation attempt {B} is not the active manager attempt"
-    ):
-        m.apply("abort", B)
-    r = machine_in("resume-required")
+    for event in ("commit", "abort"):
+        with pytest.raises(Refusal, match=f"attempt {B} is not the cut this manager holds"):
+            m.apply(event, B)
+    r, _ = machine_in("restore", "resume-required")
     with pytest.raises(Refusal, match=f"manager expects resume attempt {A}, not {B}"):
         r.apply("resume", B)
 
 
-def test_commit_resume_needs_a_successful_activation() -> None:
+def test_one_cut_at_a_time_and_none_while_an_adoption_is_under_way() -> None:
+    m, _ = machine_in("seats", "preserving")
+    for seats in (frozenset(), frozenset({"w3"})):
+        with pytest.raises(Refusal, match="is under way; one cut at a time") as info:
+            m.apply("prepare", B, seats=seats)
+        assert info.value.code == "cut-under-way"
+    m.apply("commit", A)
+    m.apply("stopped", A)
+    # Sealed, the mesh runs on without them: the next cut begins, of any scope.
+    m.apply("prepare", B)
+    assert (m.cut.scope, m.state) == ("whole", "preserving")
+
+    a, _ = machine_in("adopt", "adopted")
+    for seats in (frozenset(), SEATS):
+        with pytest.raises(Refusal) as info:
+            a.apply("prepare", B, seats=seats)
+        assert info.value.code == "adoption-under-way"
+    with pytest.raises(Refusal) as info:
+        a.apply("resume", B)
+    assert info.value.code == "adoption-busy"
+    a.apply("commit-resume", A)
+    a.apply("finalize", A)
+    a.apply("prepare", B)
+    assert a.state == "preserving"
+
+
+def test_a_cut_of_some_seats_fences_only_them() -> None:
+    m, _ = machine_in("seats", "preserving")
+    m.check_lifecycle(seat="other")
+    m.check_lifecycle()
+    with pytest.raises(Refusal, match="seat w1 is being cut") as info:
+        m.check_lifecycle(seat="w1")
+    assert info.value.code == "seat-fenced"
+    assert (m.seat_cut.attempt_id, m.seat_cut.seats) == (A, SEATS)
+    assert m.adoption.state == "idle" and m.attempt_id is None
+
+
+def test_a_restore_binds_its_attempt_through_a_failed_try() -> None:
     m = Maintenance(resume_attempt_id=A)
     m.apply("resume", A)
     with pytest.raises(
         IllegalTransition, match=f"resume attempt {A} has no successful activation to commit"
     ):
         m.apply("commit-resume", A)
+    m.apply("rollback", A)
+    assert (m.state, m.attempt_id) == ("resuming", A)
+    m.apply("resume", A)
     m.apply("activated", A)
-    assert m.apply("commit-resume", A) == "awaiting-finalize"
-    assert m.apply("commit-resume", A) == "awaiting-finalize"  # idempotent barrier
-    assert m.apply("finalize", A) == "active"
+    assert m.activated
+    assert m.apply("commit-resume", A) == "committed"
+    assert m.apply("commit-resume", A) == "committed"  # idempotent barrier
+    assert m.state == "awaiting-finalize"
+    assert m.apply("finalize", A) == "idle"
+    assert (m.state, m.resume.scope) == ("active", "adopt")
     m.check_lifecycle()
+    with pytest.raises(IllegalTransition, match=f"waiting for resume attempt {B}"):
+        Maintenance(resume_attempt_id=B).apply("prepare", A)
+
+
+def test_a_failed_adoption_lets_go_of_its_attempt() -> None:
+    m = Maintenance()
+    m.apply("resume", A)
+    assert m.adoption.attempt_id == A and m.state == "active"
+    m.apply("rollback", A)
+    assert m.adoption.state == "idle"
+    m.apply("resume", B)
+    assert m.adoption.attempt_id == B
 
 
 def test_fence_admits_only_what_the_state_allows() -> None:
@@ -169,8 +276,11 @@ def test_fence_admits_only_what_the_state_allows() -> None:
         Refusal, match="manager is in preserving mode; new lifecycle/control work is fenced"
     ):
         m.check_lifecycle()
+    with pytest.raises(Refusal, match="fenced"):
+        m.apply("resume", B)  # no adoption begins under a fence
     r = Maintenance(resume_attempt_id=A)
     r.check_lifecycle(resume_operation=True)
+    r.check_lifecycle(work=RESUME_WORK)
     with pytest.raises(
         Refusal, match=f"waiting for resume attempt {A}; ordinary lifecycle/control work is fenced"
     ):

@@ -7,11 +7,14 @@ subclass's `__init__` hands to `super().__init__`, the `code=` of `ErrorBody`, a
 of a dict literal, and, transitively, any parameter of a function that reaches one of those
 (`_refuse(gate, code, ...)`, `error_reply(id, code, ...)`, `run_git(..., code="git-failed")`).
 A slot is resolved through literals, conditional expressions, `or`, parameter defaults, module
-constants (`BUSY = Code.CONTROL_BUSY`), local assignments and a module table of `(code, cure)`
-tuples read with `.get`. A slot that hands on another refusal's code (`exc.code`,
-`failure.get("code")`) is counted where that refusal was made.
+constants (`BUSY = Code.CONTROL_BUSY`), local assignments, a module table of `(code, cure)`
+tuples read with `.get`, and `canonical(...)` (a peer's older spelling made current). A slot
+that hands on another refusal's code (`exc.code`, `failure.get("code")`) is counted where that
+refusal was made.
 
-A code is spelled once, as a member of `protocol.refusals.Code`: a string literal in a code slot,
+A code is written once, as a member of `protocol.refusals.Code` that carries its spelling,
+meaning and cure; a merged code's old name is an alias of that member, and its old spelling
+still decodes (`MERGED` below pins the merges). A string literal in a code slot,
 or compared with a refusal's `.code`, is a finding of `test_no_code_is_spelled_outside_the_
 catalogue` (the one dynamic family, `bad-<argument>`, is KNOWN_UNRESOLVED below).
 """
@@ -26,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from bench import refusal_table
 from protocol import control
-from protocol.refusals import CATALOGUE, ENTRIES, Code
+from protocol.errors import Refusal
+from protocol.refusals import CATALOGUE, ENTRIES, OLD_SPELLINGS, Code, canonical
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("protocol", "connectors", "manager")
@@ -286,6 +291,8 @@ class Scanner:
         elif isinstance(expr, ast.Attribute) and expr.attr in self.consts:
             found(self.consts[expr.attr])
             scan.literals.update(self.spelled_at.get(expr.attr, {}))
+        elif isinstance(expr, ast.Call) and _name(expr.func) == "canonical" and expr.args:
+            again(expr.args[0])  # an older spelling read from a peer, made current
         elif isinstance(expr, ast.Call) and _name(expr.func) in ("get", "pop"):
             # `failure.get("code", "capture-failed")`, `codes.pop()`: codes handed on, and the
             # default, which is this site's own.
@@ -501,15 +508,15 @@ def test_the_scan_follows_each_way_a_code_travels() -> None:
         "git-failed": "manager/checkpoint/gitstate.py",  # run_git's default code=
         "apply-failed": "manager/checkpoint/restore.py",  # run_git(..., code="...")
         "future-checkpoint": "manager/checkpoint/admit.py",  # _refuse(gate, "...", ...)
-        "internal": "manager/control/server.py",  # error_reply(id, "...") -> ErrorBody(code=)
+        "internal-error": "manager/control/server.py",  # error_reply(id, ...) -> ErrorBody(code=)
         "control-busy": "manager/control/client.py",  # Refusal(Code.CONTROL_BUSY, ...)
         "illegal-transition": "protocol/maintenance.py",  # super().__init__("...")
         "malformed": "protocol/errors.py",  # DecodeError's super().__init__
         "fenced-out": "manager/broker/fence.py",
-        "harness-refused": "connectors/jsonl_driver.py",  # DriverError("...")
+        "harness-error": "connectors/jsonl_driver.py",  # DriverError(...)
         "error": "manager/control/client.py",  # ControlError(a if b else "...")
         "capture-failed": "manager/daemon/preserve.py",  # {"code": codes.get(n, "...")}
-        "cut-incomplete": "manager/cli/cut.py",  # x.pop() if ... else "..."
+        "cut-incomplete": "manager/coord/cut.py",  # x.pop() if ... else "..."
         "unstable": "connectors/privatefs.py",  # code, cure = _READ_CURES.get(...)
     }
     codes = source_scan().codes
@@ -539,6 +546,7 @@ def test_the_scan_finds_a_new_code_by_any_route(tmp_path: Path) -> None:
         "    Refusal(BUSY, 'm')\n"
         "    Refusal(f'bad-{name}', 'm')\n"
         "    Refusal(Code.NO_SUCH_SEAT, 'm')\n"
+        "    Refusal(canonical(exc.code), 'm')\n"
     )
     found = scan_source(tmp_path)
     assert sorted(found.codes) == [
@@ -572,6 +580,68 @@ def test_entries_are_well_formed() -> None:
             # One table cell each: no pipe, no newline, no leading or trailing space.
             assert text and text == text.strip(), entry.code
             assert "|" not in text and "\n" not in text, entry.code
+
+
+# -- merged codes ----------------------------------------------------------------------------------
+
+
+# The merged codes, older spelling -> the code it was merged into. A merge is a decision, so it is
+# written here as well as in protocol/refusals.py: two members spelled alike by mistake become an
+# alias silently, and this is what notices.
+MERGED = {
+    "base-absent": "base-missing",
+    "driver-stopped": "harness-gone",
+    "exists": "checkpoint-exists",
+    "harness-refused": "harness-error",
+    "internal": "internal-error",
+    "principal-live": "uid-live",
+    "space-mismatch": "wrong-space",
+    "uid-held": "duplicate-principal",
+}
+
+
+def test_every_code_has_its_meaning_and_cure() -> None:
+    """Each member carries its spelling, meaning and cure, as one table cell each."""
+    for member in Code:
+        assert isinstance(member, str) and member == member.value, member.name
+        assert CODE_SHAPE.match(member.value), member.name
+        for text in (member.meaning, member.cure):
+            assert isinstance(text, str) and text and text == text.strip(), member.name
+            assert "|" not in text and "\n" not in text, member.name
+        entry = CATALOGUE[member.value]
+        assert entry.meaning.startswith(member.meaning) and entry.cure == member.cure
+
+
+def test_the_merged_codes_are_the_decided_ones() -> None:
+    assert {old: member.value for old, member in OLD_SPELLINGS.items()} == MERGED
+
+
+def test_each_alias_resolves_to_its_canonical_member() -> None:
+    aliases = {name: m for name, m in Code.__members__.items() if name != m.name}
+    assert sorted(aliases) == sorted(old.upper().replace("-", "_") for old in MERGED)
+    for name, member in aliases.items():
+        old = name.lower().replace("_", "-")
+        assert member is Code[MERGED[old].upper().replace("-", "_")], name
+        assert member.value == MERGED[old] and member.name != name
+        # A raise site that names the alias raises, prints and encodes the canonical spelling.
+        refusal = Refusal(getattr(Code, name), "m", "c")
+        assert refusal.code == MERGED[old] and f"{refusal.code}" == MERGED[old]
+        assert msgspec.json.encode(refusal.code) == msgspec.json.encode(MERGED[old])
+
+
+def test_old_spellings_decode() -> None:
+    for old, new in MERGED.items():
+        assert Code(old) is Code(new), old
+        assert canonical(old) == new
+        # Never printed, never a row of its own, but named in its code's row.
+        assert old not in CATALOGUE
+        assert f"`{old}`" in CATALOGUE[new].meaning
+    # Anything else comes through as it was: a current code, a bad-<argument>, a newer peer's.
+    for code in ("no-such-seat", "bad-text", "some-newer-code"):
+        assert canonical(code) == code
+    for spelling in ("bad-text", "some-newer-code", "BASE_ABSENT", "base_absent", ""):
+        with pytest.raises(ValueError):
+            Code(spelling)
 
 
 # -- docs/cli.md -----------------------------------------------------------------------------------
@@ -648,5 +718,10 @@ def test_command_sections_name_only_catalogued_codes() -> None:
             if CODE_SHAPE.match(code):  # not a flag such as `--since ATTEMPT:`
                 named.setdefault(code, number)
     assert named, "no refusal table found above the catalogue"
-    unknown = {code: line for code, line in named.items() if code not in CATALOGUE}
+    # An older spelling is still named in its code's row; the prose should move to the new one.
+    unknown = {
+        code: line
+        for code, line in named.items()
+        if code not in CATALOGUE and code not in OLD_SPELLINGS
+    }
     assert unknown == {}, "docs/cli.md names codes the code does not raise (code: line)"

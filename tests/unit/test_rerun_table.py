@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from manager.cli import checkpoints, status
+from manager.cli import status
+from manager.coord import checkpoints
+from manager.coord.records import Discarded
 from manager.workspace.journal import Journal, write_resume_document
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
@@ -249,10 +251,8 @@ def test_discard_follows_the_table(tmp_path: Path, state: JournalState) -> None:
     layout = Layout.at(tmp_path)
     journal_at(layout, state)
     (layout.checkpoints / A).mkdir(parents=True)
-    listed = checkpoints.gather(tmp_path)["checkpoints"]
-    assert [(c["attemptId"], c["journalNeedsIt"]) for c in listed] == [
-        (A, state in NEEDS_CHECKPOINT)
-    ]
+    listed = checkpoints.gather(tmp_path).checkpoints
+    assert [(c.attempt_id, c.journal_needs_it) for c in listed] == [(A, state in NEEDS_CHECKPOINT)]
     action = rerun(state, "discard")
     if action.kind == "refuse":
         with pytest.raises(Refusal) as info:
@@ -265,11 +265,9 @@ def test_discard_follows_the_table(tmp_path: Path, state: JournalState) -> None:
         assert (layout.checkpoints / A).is_dir() and layout.journal.exists()
         return
     out = checkpoints.discard(tmp_path, A)
-    assert out == {
-        "attemptId": A,
-        "removed": str(layout.checkpoints / A),
-        "journalDiscarded": state,
-    }
+    assert out == Discarded(
+        attempt_id=A, removed=str(layout.checkpoints / A), journal_discarded=state
+    )
     assert not (layout.checkpoints / A).exists() and not layout.journal.exists()
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-
+import msgspec
 import pytest
 
-from manager.cli import restore
+from manager.cli import results
+from manager.coord.records import RestoreResult
 
 
 def _seat(name: str) -> dict[str, object]:
@@ -23,6 +23,27 @@ def _seat(name: str) -> dict[str, object]:
     }
 
 
+def _result(doc: dict[str, object]) -> RestoreResult:
+    """The record a restore returns, from the JSON document it prints: the same strict decode a
+    move's source applies to its destination's answer."""
+    signer = {
+        "instanceId": "i1",
+        "publicKey": "k",
+        "fingerprint": "f",
+        "pinned": False,
+        "trustedAs": "own",
+    }
+    full = {
+        "continued": False,
+        "claims": [],
+        "consents": [],
+        "evictionEvidence": [],
+        "signer": signer,
+        **doc,
+    }
+    return msgspec.convert(full, RestoreResult)
+
+
 def test_a_superseded_tree_is_named_in_the_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     out = {
         "attemptId": "a1",
@@ -35,7 +56,7 @@ def test_a_superseded_tree_is_named_in_the_human_output(capsys: pytest.CaptureFi
             {"name": "w2", "cwd": "/r", "superseded": "/r.superseded.x", "sessionFiles": 1},
         ],
     }
-    restore._print(argparse.Namespace(json=False), out)
+    results.restored(False, _result(out))
     lines = capsys.readouterr().out.splitlines()
     assert (
         lines.count(
@@ -54,5 +75,5 @@ def test_no_line_when_nothing_was_moved_aside(capsys: pytest.CaptureFixture[str]
         "seats": [_seat("w1")],
         "restored": [{"name": "w1", "cwd": "/r", "superseded": None, "sessionFiles": 1}],
     }
-    restore._print(argparse.Namespace(json=False), out)
+    results.restored(False, _result(out))
     assert "kept the tree" not in capsys.readouterr().out

@@ -345,7 +345,7 @@ async def test_driver_eof_mid_turn_is_unknown_and_state_fails_cleanly() -> None:
     )
     with pytest.raises(DriverError) as stopped:
         await driver.get_state()
-    assert stopped.value.code == "driver-stopped"
+    assert stopped.value.code == "harness-gone"
     with pytest.raises(DriverError, match="never reported ready"):
         await driver.wait_ready(1)
 

@@ -17,6 +17,9 @@ from protocol.errors import Refusal
 from protocol.refusals import Code
 
 if TYPE_CHECKING:
+    # Only for `preservation.PreservationHandlers`, which still takes the whole Manager (issue
+    # 37): the seat and mail handlers take their views (`SeatOpsOwner`, `MailOwner`), and once
+    # that one takes a view too, `build` takes the three and this import goes.
     from manager.daemon.core import Manager
 
 Dispatch = Callable[[str, Any], Awaitable[Any]]

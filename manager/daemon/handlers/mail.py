@@ -3,14 +3,17 @@ drop one."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 import anyio
 import structlog
+from nats.js import JetStreamContext
 
 from manager.broker import deadletter
 from manager.broker.dm import new_message_id, publish_dm
-from manager.daemon.delivery import Waiter
+from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.handlers.table import Table
 from manager.daemon.seat import Seat
 from protocol import control, meshcall, names
@@ -19,15 +22,59 @@ from protocol.instant import now_iso
 from protocol.messages import DirectMessage, decode_dm
 from protocol.refusals import Code
 
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
-
 log = structlog.get_logger("cotal.manager")
 
 HEAD_CHARS = 80
 
 
-def dead_by_seat(mgr: Manager) -> dict[str, int]:
+class DeadLetterBook(Protocol):
+    """The table and the dead-letter counts the Manager keeps for it, read without the broker."""
+
+    @property
+    def seats(self) -> Mapping[str, Seat]: ...
+
+    @property
+    def dead_counts(self) -> dict[str, int]: ...
+
+
+class DeadLetterCheckOwner(DeadLetterBook, Protocol):
+    """What the cut's dead-letter check reads: the counts at the broker, taken while the
+    delivery gate shows no move to dead letters under way."""
+
+    @property
+    def space(self) -> str: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def delivery_gate(self) -> DeliveryGate: ...
+
+
+class MailOwner(Protocol):
+    """What the mail ops ask of the Manager: a seat by name, the broker, the waiters a delivery
+    answers, the dead-letter counts, and the fence each change to an inbox passes."""
+
+    @property
+    def space(self) -> str: ...
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def waiters(self) -> dict[str, Waiter]: ...
+
+    @property
+    def dead_counts(self) -> dict[str, int]: ...
+
+    def seat(self, name: str) -> Seat: ...
+
+    def lifecycle(
+        self, what: str, seat: str | None = None
+    ) -> AbstractAsyncContextManager[None]: ...
+
+
+def dead_by_seat(mgr: DeadLetterBook) -> dict[str, int]:
     """Each seat's dead letters, for the seats that have any."""
     found = {s.name: mgr.dead_counts.get(s.uid, 0) for s in mgr.seats.values()}
     return {name: n for name, n in sorted(found.items()) if n}
@@ -62,7 +109,7 @@ def _message_id(letter: deadletter.DeadLetter) -> str | None:
 
 
 class MailHandlers:
-    def __init__(self, mgr: Manager) -> None:
+    def __init__(self, mgr: MailOwner) -> None:
         self.mgr = mgr
 
     def register(self, table: Table) -> None:
@@ -176,7 +223,9 @@ class MailHandlers:
         self.mgr.dead_counts[seat.uid] = max(0, self.mgr.dead_counts.get(seat.uid, 0) - 1)
 
 
-async def refuse_dead_letters(mgr: Manager, *, only: frozenset[str] = frozenset()) -> None:
+async def refuse_dead_letters(
+    mgr: DeadLetterCheckOwner, *, only: frozenset[str] = frozenset()
+) -> None:
     """A cut carries each seat's inbox, not its dead letters: refused while any seat holds
     one, before the fence, so nothing stops. The read is retried until no move to dead letters
     was under way across it, so none lands unseen between the read and the fence (the fence,

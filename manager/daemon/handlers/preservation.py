@@ -36,7 +36,7 @@ class PreservationHandlers:
     async def prepare(self, args: control.PrepareArgs) -> control.PrepareReply:
         mgr = self.mgr
         named = frozenset(args.seats)
-        joining = mgr.maintenance.seat_cut.attempt_id == args.attempt_id
+        joining = mgr.maintenance.cut.holds(args.attempt_id)
         if mgr.maintenance.state == "active" and not joining:
             for name in sorted(named):
                 mgr.seat(name)

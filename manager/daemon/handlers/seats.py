@@ -8,34 +8,87 @@ two in one; `remove-seat` stops if needed and deprovisions.
 from __future__ import annotations
 
 import os
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import msgspec
 import structlog
+from nats.js.kv import KeyValue
 
 from connectors.base import continuity_class
 from manager import registry
 from manager.broker import channels, custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import seatfile, teardown
-from manager.daemon.handlers.mail import dead_by_seat
+from manager.daemon.handlers.mail import DeadLetterBook, dead_by_seat
 from manager.daemon.handlers.table import Table
+from manager.daemon.incarnation import Incarnations
 from manager.daemon.seat import Seat
+from manager.registry import FileConfig
+from manager.workspace.layout import Layout
 from protocol import control, names
 from protocol.errors import Refusal
 from protocol.instant import now_iso
+from protocol.maintenance import Maintenance
 from protocol.refusals import Code
-
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
 
 log = structlog.get_logger("cotal.manager")
 
 
+class SeatOpsOwner(teardown.TeardownOwner, DeadLetterBook, Protocol):
+    """What the seat ops ask of the Manager beyond a teardown's: what `status` reports, the
+    fence each op passes, the owner's moves (adopt, stop and prove, launch through its
+    incarnations) and the daemon's own stop."""
+
+    # Set by `shutdown` inside its admitted lifecycle work: nothing is admitted after it.
+    stopping: bool
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def config(self) -> FileConfig: ...
+
+    @property
+    def maintenance(self) -> Maintenance: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def server_url(self) -> str: ...
+
+    @property
+    def started_at(self) -> str: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def incarnations(self) -> Incarnations: ...
+
+    @property
+    def shutdown_requested(self) -> anyio.Event: ...
+
+    def custody_bucket(self) -> KeyValue: ...
+
+    def seat(self, name: str) -> Seat: ...
+
+    def lifecycle(
+        self, what: str, seat: str | None = None
+    ) -> AbstractAsyncContextManager[None]: ...
+
+    def adopt(self, seat: Seat) -> None: ...
+
+    async def stop_and_prove(self, seat: Seat, *, graceful: bool) -> None: ...
+
+    async def stop_all_keep_footprint(self) -> None: ...
+
+
 class SeatHandlers:
-    def __init__(self, mgr: Manager) -> None:
+    def __init__(self, mgr: SeatOpsOwner) -> None:
         self.mgr = mgr
 
     def register(self, table: Table) -> None:

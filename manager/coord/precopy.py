@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from manager.cli.output import progress
+from manager.coord.report import say as progress
 from protocol.control import PrecopyBase
 from protocol.errors import Refusal
 from protocol.refusals import Code

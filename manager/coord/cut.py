@@ -12,10 +12,7 @@ capture offline, over one connection.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +21,16 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 
-from connectors.driverkit import INITIAL_PROMPT_ID, LAUNCH_PROMPT_LOST
-from manager import eventloop, failpoint, registry
+from manager import failpoint, registry
 from manager.broker import embedded
 from manager.checkpoint.reader import read_manifest
-from manager.cli import mesh
-from manager.cli.cutplan import CutOptions, OfflineCut, prove_no_seat_processes
-from manager.cli.progress import ProgressView, follow_commit
 from manager.control.client import ControlSession
+from manager.coord import mesh
+from manager.coord.cutplan import CutOptions, OfflineCut, prove_no_seat_processes
+from manager.coord.progress import ProgressView, follow_commit
+from manager.coord.records import Aborted
+from manager.coord.report import say as _say
+from manager.coord.requests import CutRequest
 from manager.procs import alive, prove_gone
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
@@ -60,6 +59,21 @@ Committed = control.CommitReply | OfflineCut
 
 
 @dataclass(frozen=True)
+class AlreadySealed:
+    """A rerun of a cut the journal holds sealed and ready: nothing to do."""
+
+    record: JournalRecord
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "attemptId": self.record.attempt_id,
+            "journal": self.record.state,
+            "checkpointDir": self.record.checkpoint_dir,
+            "alreadyComplete": True,
+        }
+
+
+@dataclass(frozen=True)
 class Sealed:
     """A cut sealed and journaled `ready`, and its wall time."""
 
@@ -70,11 +84,6 @@ class Sealed:
         """`--json`: the commit's own record, with the wall time and the journal state."""
         doc: dict[str, Any] = msgspec.to_builtins(self.result)
         return {**doc, "wallMs": self.wall_ms, "journal": READY}
-
-
-def _say(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
 
 
 async def _commit(session: ControlSession, attempt: str, opts: CutOptions) -> control.CommitReply:
@@ -169,7 +178,7 @@ async def _finish(
     return Sealed(result, int((time.monotonic() - t0) * 1000))
 
 
-def _given(value: T | msgspec.UnsetType, default: T) -> T:
+def given(value: T | msgspec.UnsetType, default: T) -> T:
     return default if isinstance(value, msgspec.UnsetType) else value
 
 
@@ -178,9 +187,9 @@ def _incomplete(attempt: str, result: Committed) -> Refusal:
     its own code (`capture-failed`, `stop-unproven`, ...); several are `cut-incomplete`."""
     failures = result.failures
     failed = "; ".join(f"{f.name}: {f.error}" for f in failures) or "it was not sealed"
-    codes = {_given(f.code, "") or "cut-incomplete" for f in failures}
+    codes = {given(f.code, "") or "cut-incomplete" for f in failures}
     kept = result.evidence if isinstance(result, control.CommitReply) else msgspec.UNSET
-    evidence = _given(kept, "") or result.checkpoint_dir
+    evidence = given(kept, "") or result.checkpoint_dir
     return Refusal(
         codes.pop() if len(codes) == 1 else Code.CUT_INCOMPLETE,
         f"cut {attempt} is incomplete: {failed}",
@@ -235,29 +244,21 @@ async def _continue(
         )
     # The offline capture is recovery after a manager died: its module, and the git, broker and
     # signing code it brings, load only on that path, not at every cut's start.
-    from manager.cli import offline
+    from manager.coord import offline
 
     return await offline.finish(layout, journal, attempt, opts)
 
 
-async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] | None:
-    """The cut, `--abort`'s outcome, or None when the journal says it is already complete
-    (printed here)."""
+async def cut(req: CutRequest, root: Path) -> Sealed | AlreadySealed | Aborted:
+    """The cut; `--abort`'s outcome; or `AlreadySealed` when the journal says this cut
+    is already complete."""
     t0 = time.monotonic()
     layout = Layout.at(root)
     journal = Journal(layout)
     record = journal.load() if layout.journal.exists() else None
     action = rerun(record.state if record is not None else None, "cut")
-    opts = CutOptions(
-        stores=[str(Path(s).resolve()) for s in args.session_store],
-        drain_timeout=args.drain_timeout,
-        # Refused here, before anything is fenced, rather than after the seats were stopped.
-        include=registry.carry_includes(registry.FileConfig(), args.include),
-        since=getattr(args, "since", None),
-        seats=tuple(dict.fromkeys(getattr(args, "seat", None) or [])),
-        precopy=getattr(args, "precopy", None) or {},
-    )
-    if args.abort:
+    opts = _options(req)
+    if req.abort:
         return await _abort(layout, journal, record)
     if opts.since is not None:
         # Proven before anything is fenced: a predecessor that is not sealed, trusted and
@@ -268,21 +269,7 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
         seats = await anyio.to_thread.run_sync(chain.check_predecessor, layout, opts.since)
         _say(f"incremental since attempt {opts.since} ({len(seats)} seat(s) recorded there)")
     if record is not None and action.finished:
-        # A manager that answers after a sealed cut was started by a plain `cotal up`: its seats
-        # are a new mesh the sealed attempt does not hold, so "already sealed" would leave them
-        # neither captured nor stopped.
-        status = await mesh.probe_status(layout)
-        sealed_here = (
-            status is not None
-            and status.partial_cut is not None
-            and status.partial_cut.attempt_id == record.attempt_id
-            # A cut of other seats meets the sealed one waiting, as any new cut does.
-            and (not opts.seats or sorted(opts.seats) == status.partial_cut.seats)
-        )
-        if status is not None and status.seats and not sealed_here:
-            raise sealed_cut_waiting(record.attempt_id, status.seats)
-        _print_already(args, record)
-        return None
+        return await _already_sealed(layout, record, opts)
     if record is not None and action.kind == "refuse":
         raise action.refusal(attempt=record.attempt_id, state=record.state)
     continuing = record is not None and action.kind == "continue"
@@ -307,48 +294,92 @@ async def _cut(args: argparse.Namespace, root: Path) -> Sealed | dict[str, Any] 
             if record is not None and action.drops:
                 journal.discard(record.attempt_id)
             if not continuing:
-                if status is None:
-                    raise Refusal(
-                        Code.NOT_UP,
-                        f"no manager answers in {layout.root}",
-                        "start it with `cotal up --detach`",
-                    )
-                if joined is not None:
-                    _say(f"joining cut {attempt}, prepared by a coordinator that did not finish")
-                elif opts.seats:
-                    _say(
-                        f"cut {attempt}: fencing, draining and planning seat(s) "
-                        f"{', '.join(opts.seats)}; the other {status.seats - len(opts.seats)} "
-                        "run on"
-                    )
-                else:
-                    _say(f"cut {attempt}: fencing, draining and planning {status.seats} seat(s)")
-                plan = await session.request(
-                    control.PREPARE_PRESERVATION,
-                    control.PrepareArgs(attempt_id=attempt, seats=list(opts.seats)),
-                    timeout=PREPARE_TIMEOUT_S,
+                result, descriptor = await _begin(
+                    layout, session, journal, attempt, status, joined is not None, opts
                 )
-                failpoint.reached("cut.after-prepare", layout.root)
-                descriptor = decode_json(
-                    bytes(plan.resume),
-                    ResumeDescriptor,
-                    what="prepare result",
-                    cap=control.FRAME_CAP,
-                )
-                journal.advance(attempt, CUT_INTENT, resume=descriptor)
-                failpoint.reached("cut.after-cut-intent", layout.root)
-                _say(
-                    "stopping the cut seat(s), proving each exit, capturing and sealing"
-                    if opts.seats
-                    else "stopping every seat, proving each exit, capturing and sealing"
-                )
-                result: Committed = await _commit(session, attempt, opts)
             else:
                 assert record is not None and record.resume is not None
                 descriptor = record.resume
                 _say(f"continuing cut {attempt} from journal state {record.state}")
                 result = await _continue(layout, session, journal, record, status, opts)
             return await _finish(layout, session, journal, attempt, result, descriptor, t0)
+
+
+def _options(req: CutRequest) -> CutOptions:
+    return CutOptions(
+        stores=[str(Path(s).resolve()) for s in req.session_store],
+        drain_timeout=req.drain_timeout,
+        # Refused here, before anything is fenced, rather than after the seats were stopped.
+        include=registry.carry_includes(registry.FileConfig(), list(req.include)),
+        since=req.since,
+        seats=tuple(dict.fromkeys(req.seat)),
+        precopy=dict(req.precopy),
+    )
+
+
+async def _already_sealed(layout: Layout, record: JournalRecord, opts: CutOptions) -> AlreadySealed:
+    """A rerun of a cut the journal holds sealed: nothing to do, unless a manager answers with
+    seats that cut does not hold. A manager that answers after a sealed cut was started by a
+    plain `cotal up`, or runs on beside a cut of some seats: "already sealed" would then leave
+    its seats neither captured nor stopped."""
+    status = await mesh.probe_status(layout)
+    # "Already sealed" only for a rerun of that very cut of some seats: a whole cut (no --seat)
+    # after it would report success while the seats it never cut run on uncaptured, and a cut
+    # of other seats meets the sealed one waiting, as any new cut does.
+    sealed_here = (
+        status is not None
+        and status.partial_cut is not None
+        and status.partial_cut.attempt_id == record.attempt_id
+        and bool(opts.seats)
+        and sorted(opts.seats) == status.partial_cut.seats
+    )
+    if status is not None and status.seats and not sealed_here:
+        raise sealed_cut_waiting(record.attempt_id, status.seats)
+    return AlreadySealed(record)
+
+
+async def _begin(
+    layout: Layout,
+    session: ControlSession,
+    journal: Journal,
+    attempt: str,
+    status: control.StatusReply | None,
+    joined: bool,
+    opts: CutOptions,
+) -> tuple[Committed, ResumeDescriptor]:
+    """Fence, drain and plan (`prepare-preservation`), journal `cut-intent`, then commit."""
+    if status is None:
+        raise Refusal(
+            Code.NOT_UP,
+            f"no manager answers in {layout.root}",
+            "start it with `cotal up --detach`",
+        )
+    if joined:
+        _say(f"joining cut {attempt}, prepared by a coordinator that did not finish")
+    elif opts.seats:
+        _say(
+            f"cut {attempt}: fencing, draining and planning seat(s) {', '.join(opts.seats)}; "
+            f"the other {status.seats - len(opts.seats)} run on"
+        )
+    else:
+        _say(f"cut {attempt}: fencing, draining and planning {status.seats} seat(s)")
+    plan = await session.request(
+        control.PREPARE_PRESERVATION,
+        control.PrepareArgs(attempt_id=attempt, seats=list(opts.seats)),
+        timeout=PREPARE_TIMEOUT_S,
+    )
+    failpoint.reached("cut.after-prepare", layout.root)
+    descriptor = decode_json(
+        bytes(plan.resume), ResumeDescriptor, what="prepare result", cap=control.FRAME_CAP
+    )
+    journal.advance(attempt, CUT_INTENT, resume=descriptor)
+    failpoint.reached("cut.after-cut-intent", layout.root)
+    _say(
+        "stopping the cut seat(s), proving each exit, capturing and sealing"
+        if opts.seats
+        else "stopping every seat, proving each exit, capturing and sealing"
+    )
+    return await _commit(session, attempt, opts), descriptor
 
 
 def sealed_cut_waiting(attempt: str, seats: int) -> Refusal:
@@ -379,7 +410,7 @@ def _orphaned_attempt(status: control.StatusReply | None) -> str | None:
 _CURE_FINISH = "rerun `cotal down --preserve-state` to finish the cut"
 
 
-async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None) -> dict[str, Any]:
+async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None) -> Aborted:
     """`--abort`: lift a fence a dead coordinator left, before its commit began, and drop its
     `cut-intent`. Every seat keeps running; once the commit began only finishing is safe."""
     action = rerun(record.state if record is not None else None, "abort")
@@ -392,7 +423,7 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
         fenced = _orphaned_attempt(status)
         if status is None:
             if intent is None:
-                return {"aborted": False, "nothing": True}
+                return Aborted(aborted=False, nothing=True)
             raise Refusal(
                 Code.ABORT_UNSAFE,
                 f"cut {intent.attempt_id} is journaled but no manager answers, so whether its "
@@ -415,7 +446,7 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
             )
         attempt = fenced or (intent.attempt_id if intent is not None else None)
         if attempt is None:
-            return {"aborted": False, "nothing": True, "state": status.state}
+            return Aborted(aborted=False, nothing=True, state=status.state)
         with MaintenanceLock(layout, attempt):
             if fenced is not None:
                 await session.request(
@@ -427,13 +458,13 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
                 await _prove_untouched(session, journal, intent)
             if intent is not None and action.drops:
                 journal.discard(intent.attempt_id)
-        return {
-            "attemptId": attempt,
-            "aborted": True,
-            "fenceLifted": fenced is not None,
-            "journalDiscarded": intent is not None,
-            "state": "active",
-        }
+        return Aborted(
+            attempt_id=attempt,
+            aborted=True,
+            fence_lifted=fenced is not None,
+            journal_discarded=intent is not None,
+            state="active",
+        )
 
 
 async def _prove_untouched(
@@ -456,82 +487,3 @@ async def _prove_untouched(
             "longer run here, so its commit may have begun",
             _CURE_FINISH,
         )
-
-
-def run_cut(args: argparse.Namespace, root: Path) -> int:
-    result = eventloop.run(_cut, args, root)
-    if isinstance(result, Sealed):
-        _print_sealed(args, result)
-    elif result is not None:
-        _print_abort(args, result)
-    return 0
-
-
-def _print_abort(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    if args.json:
-        sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
-        return
-    if not result["aborted"]:
-        sys.stdout.write("no cut to abort: the manager is not fenced and no cut is journaled\n")
-        return
-    done = []
-    if result["fenceLifted"]:
-        done.append("the manager's fence is lifted")
-    if result["journalDiscarded"]:
-        done.append("its cut-intent journal is discarded")
-    sys.stdout.write(
-        f"cut {result['attemptId']} aborted: {' and '.join(done)}; every seat keeps running\n"
-    )
-
-
-def _print_already(args: argparse.Namespace, record: JournalRecord) -> None:
-    if args.json:
-        doc = {
-            "attemptId": record.attempt_id,
-            "journal": record.state,
-            "checkpointDir": record.checkpoint_dir,
-            "alreadyComplete": True,
-        }
-        sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
-        return
-    sys.stdout.write(
-        f"cut {record.attempt_id} is already sealed and ready at {record.checkpoint_dir}\n"
-    )
-
-
-def _print_sealed(args: argparse.Namespace, sealed: Sealed) -> None:
-    if args.json:
-        sys.stdout.write(json.dumps(sealed.document(), sort_keys=True) + "\n")
-        return
-    out = sys.stdout.write
-    result = sealed.result
-    out(f"cut {result.attempt_id} sealed; journal ready\n")
-    out(f"checkpoint  {result.checkpoint_dir}\n")
-    for seat in result.seats:
-        t = _given(seat.timings_ms, {})
-        out(
-            f"  {seat.name:<16} {_given(seat.continuity, '?'):<10} "
-            f"{_given(seat.bytes, 0):>10} bytes  repo {t.get('repository', '-')}ms  "
-            f"session {t.get('session', '-')}ms  seal {t.get('seal', '-')}ms\n"
-        )
-        since = _given(seat.since, None)
-        if since:
-            out(
-                f"    incremental since {since}: bundle {_given(seat.bundle_bytes, 0)} "
-                "bytes (the destination needs that attempt beside this one)\n"
-            )
-    mid_turn = result.mid_turn if isinstance(result, control.CommitReply) else []
-    for mid in mid_turn:
-        if mid.message_id == INITIAL_PROMPT_ID:
-            out(f"  {mid.name} was cut mid-turn {LAUNCH_PROMPT_LOST}\n")
-            continue
-        out(
-            f"  {mid.name} was cut mid-turn (message {mid.message_id}): "
-            "it is redelivered after the resume\n"
-        )
-    tm = _given(result.timings_ms, {})
-    out(
-        f"phases: stop {tm.get('stop', '-')}ms, capture {tm.get('capture', '-')}ms; "
-        f"wall {sealed.wall_ms}ms\n"
-    )
-    out(f"next: copy {result.checkpoint_dir} to the destination, then `cotal up --restore DIR`\n")

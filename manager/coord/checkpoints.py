@@ -15,15 +15,12 @@ carried one: the integrity gate is the same.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
-import json
 import os
 import secrets
 import shutil
-import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,17 +28,26 @@ from typing import Any
 
 import anyio
 import msgspec
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from connectors.privatefs import ensure_private_dir, fsync_dir, read_stable, write_private_atomic
-from manager import eventloop
 from manager.broker import custody, embedded
 from manager.broker.connection import LazyConnection
 from manager.broker.space import read_broker_identity
 from manager.checkpoint import admit, chain
 from manager.checkpoint.archive import unpack, write_archive
 from manager.checkpoint.reader import read_manifest
-from manager.cli import mesh
-from manager.cli.verify import admit_integrity, trusted_keys
+from manager.coord import mesh
+from manager.coord.admission import admit_integrity, trusted_keys
+from manager.coord.records import (
+    CheckpointEntry,
+    CheckpointList,
+    Discarded,
+    HandedOff,
+    PackResult,
+)
+from manager.coord.report import say as _say
+from manager.coord.requests import PackRequest, RestoreRequest
 from manager.procs import alive
 from manager.workspace import boxkey, identity
 from manager.workspace.journal import Journal
@@ -78,11 +84,6 @@ TAKE_BACK_RISK = (
     "only if the packed copy was destroyed or never resumed elsewhere; otherwise two hosts will "
     "run the same seat"
 )
-
-
-def _say(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
 
 
 def checkpoints_dir(layout: Layout) -> Path:
@@ -149,11 +150,11 @@ class _Broker:
     started: embedded.BrokerInfo | None
 
 
-async def _source_broker(args: argparse.Namespace, layout: Layout) -> _Broker:
+async def _source_broker(req: PackRequest, layout: Layout) -> _Broker:
     """`--server`, else the broker this root's mesh record names; an embedded one stopped by the
     cut is started from this root's store for as long as the pack needs it."""
-    if args.server:
-        return _Broker(args.server, Path(args.creds).resolve() if args.creds else None, None)
+    if req.server:
+        return _Broker(req.server, Path(req.creds).resolve() if req.creds else None, None)
     record = mesh.read_mesh(layout)
     if record is not None and record.embedded_broker is None:
         return _Broker(record.server, Path(record.creds) if record.creds else None, None)
@@ -197,11 +198,50 @@ def _own_instance(layout: Layout, space: str) -> str | None:
     return identity._load(path, space).instance_id
 
 
-async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+async def pack(req: PackRequest, root: Path) -> PackResult:
     layout = Layout.at(root)
-    to = boxkey.recipient_key(args.to) if args.to else None
-    src = Path(args.dir).resolve()
-    out = Path(args.output).resolve()
+    to = boxkey.recipient_key(req.to) if req.to else None
+    src = Path(req.dir).resolve()
+    out = Path(req.output).resolve()
+    _check_output(out)
+    adm = await admit_integrity(src, trusted_keys(layout, req.space, ()), chain.search_dirs(layout))
+    attempt = adm.manifest.attempt_id
+    _check_packable(layout, adm)
+    with MaintenanceLock(layout, attempt):
+        _check_journal_ready(layout, attempt)
+        broker = await _source_broker(req, layout)
+        try:
+            async with LazyConnection(broker.server, broker.creds, name="cotal-pack") as conn:
+                try:
+                    js = await conn.jetstream()
+                except Refusal as exc:
+                    raise Refusal(
+                        Code.BROKER_UNAVAILABLE,
+                        f"the hand-off must be recorded at the source's broker: {exc.message}",
+                        "start that broker, or pass --server URL --creds FILE for it; nothing "
+                        "was packed",
+                    ) from None
+                await _check_custody_unmoved(js, adm)
+                digest, size, standing = await _write_and_hand_off(layout, js, adm, src, out, to)
+        finally:
+            await _stop(broker)
+    if to is None:
+        # Sealed to one root, the file has one possible destination; unsealed, it has as many
+        # as there are roots trusting this signer, and no broker sees them all.
+        _say(NO_FENCE_AT_PACK)
+    return PackResult(
+        attempt_id=attempt,
+        file=str(out),
+        sha256=digest,
+        bytes=size,
+        seats=sorted(adm.records),
+        hand_off=standing,
+        broker=broker.server,
+        sealed_to=None if to is None else boxkey.printable(to),
+    )
+
+
+def _check_output(out: Path) -> None:
     if out.exists() or out.is_symlink():
         raise Refusal(
             Code.OUTPUT_EXISTS,
@@ -214,13 +254,15 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             f"{out.parent} is not a directory",
             "create it first, or name a file in an existing directory",
         )
-    adm = await admit_integrity(src, trusted_keys(args, layout), chain.search_dirs(layout))
-    attempt = adm.manifest.attempt_id
-    space = adm.manifest.space
+
+
+def _check_packable(layout: Layout, adm: admit.Admission) -> None:
+    """A packed file is resumed on its own, and only the root that cut it can hand it off."""
+    attempt, space = adm.manifest.attempt_id, adm.manifest.space
     incremental = sorted(name for name, links in adm.chains.items() if links)
     if incremental:
-        # A packed file is resumed on its own; the predecessors its bundles build on are not in
-        # it, so the hand-off would carry a checkpoint no destination can restore by itself.
+        # The predecessors its bundles build on are not in it, so the hand-off would carry a
+        # checkpoint no destination can restore by itself.
         since = adm.records[incremental[0]].repository.since
         base = (
             f"attempt {since.attempt_id}" if since is not None else "the history a move pre-copied"
@@ -243,63 +285,45 @@ async def _pack(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             f"root's ({mine or 'none in space ' + space})",
             "pack on the root that cut the checkpoint: only its broker can record the hand-off",
         )
-    with MaintenanceLock(layout, attempt):
-        _check_journal_ready(layout, attempt)
-        broker = await _source_broker(args, layout)
-        try:
-            async with LazyConnection(broker.server, broker.creds, name="cotal-pack") as conn:
-                try:
-                    js = await conn.jetstream()
-                except Refusal as exc:
-                    raise Refusal(
-                        Code.BROKER_UNAVAILABLE,
-                        f"the hand-off must be recorded at the source's broker: {exc.message}",
-                        "start that broker, or pass --server URL --creds FILE for it; nothing "
-                        "was packed",
-                    ) from None
-                await _check_custody_unmoved(js, adm)
-                tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
-                try:
-                    digest, size = await anyio.to_thread.run_sync(
-                        functools.partial(write_archive, src, tmp, to=to)
-                    )
-                    record = HandOffRecord(
-                        attempt_id=attempt,
-                        source_instance=sealed_by.instance_id,
-                        source_root=str(layout.root),
-                        packed_at=now_iso(),
-                        sha256=digest,
-                        seats=[
-                            HandedOffSeat(
-                                name=name, lifecycle_uid=r.lifecycle_uid, generation=r.generation
-                            )
-                            for name, r in adm.records.items()
-                        ],
-                    )
-                    kv = await custody.custody_kv(js, space)
-                    standing = await custody.record_handoff(kv, record)
-                    _write_local_handoff(layout, standing)
-                    os.rename(tmp, out)
-                    fsync_dir(out.parent)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
-        finally:
-            await _stop(broker)
-    if to is None:
-        # Sealed to one root, the file has one possible destination; unsealed, it has as many
-        # as there are roots trusting this signer, and no broker sees them all.
-        _say(NO_FENCE_AT_PACK)
-    return {
-        "attemptId": attempt,
-        "file": str(out),
-        "sha256": digest,
-        "bytes": size,
-        "seats": sorted(adm.records),
-        "handOff": msgspec.to_builtins(standing),
-        "broker": broker.server,
-        "sealedTo": None if to is None else boxkey.printable(to),
-    }
+
+
+async def _write_and_hand_off(
+    layout: Layout,
+    js: Any,
+    adm: admit.Admission,
+    src: Path,
+    out: Path,
+    to: X25519PublicKey | None,
+) -> tuple[str, int, HandOffRecord]:
+    """The archive written beside `out`, the hand-off recorded at the broker and here, and only
+    then the archive renamed into place: a file at `out` is always a handed-off one."""
+    sealed_by = adm.manifest.signer
+    assert sealed_by is not None
+    tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        digest, size = await anyio.to_thread.run_sync(
+            functools.partial(write_archive, src, tmp, to=to)
+        )
+        record = HandOffRecord(
+            attempt_id=adm.manifest.attempt_id,
+            source_instance=sealed_by.instance_id,
+            source_root=str(layout.root),
+            packed_at=now_iso(),
+            sha256=digest,
+            seats=[
+                HandedOffSeat(name=name, lifecycle_uid=r.lifecycle_uid, generation=r.generation)
+                for name, r in adm.records.items()
+            ],
+        )
+        kv = await custody.custody_kv(js, adm.manifest.space)
+        standing = await custody.record_handoff(kv, record)
+        _write_local_handoff(layout, standing)
+        os.rename(tmp, out)
+        fsync_dir(out.parent)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return digest, size, standing
 
 
 def _check_journal_ready(layout: Layout, attempt: str) -> None:
@@ -348,52 +372,37 @@ async def _check_custody_unmoved(js: Any, adm: admit.Admission) -> None:
             )
 
 
-def run_pack(args: argparse.Namespace, root: Path) -> int:
-    out = eventloop.run(_pack, args, root)
-    if args.json:
-        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
-        return 0
-    w = sys.stdout.write
-    w(f"{out['sha256']}  {out['file']}\n")
-    w(f"packed attempt {out['attemptId']}: {out['bytes']} bytes, seats {', '.join(out['seats'])}\n")
-    sealed_to = out["sealedTo"]
-    w((UNSEALED_AT_PACK if sealed_to is None else SEALED_AT_PACK.format(key=sealed_to)) + "\n")
-    w(
-        f"handed off at {out['handOff']['packedAt']} (recorded at {out['broker']}); this root "
-        "will not resume these seats from it\n"
-    )
-    w(f"next, on the destination: cotal up --restore {Path(out['file']).name}\n")
-    return 0
-
-
 # -- resume from a packed file (the destination) ------------------------------------------------
 
 
-@contextlib.contextmanager
-def packed_source(args: argparse.Namespace, root: Path) -> Iterator[None]:
+@contextlib.asynccontextmanager
+async def packed_source(source: str, root: Path) -> AsyncIterator[str]:
     """`--restore FILE`: the resume runs from the unpacked staging directory. A refusal before
     the resume journaled anything removes what this unpacking wrote (all of `.cotal` when the
-    root had none); a resume that got further keeps it, as the evidence its rerun needs."""
-    src = Path(args.restore)
+    root had none); a resume that got further keeps it, as the evidence its rerun needs. The
+    unpacking and the clean-up run beside the event loop: in a daemon that restores a move's
+    checkpoint, its other seats' deliveries must not wait on a tar of the whole attempt."""
+    src = Path(source)
     if not src.is_file():
-        yield
+        yield source
         return
     layout = Layout.at(root)
     fresh = not layout.control.exists()
     try:
-        staged = unpack(src.resolve(), layout)
+        staged = await anyio.to_thread.run_sync(unpack, src.resolve(), layout)
     except BaseException:
-        _clean(layout, None, fresh)
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_clean, layout, None, fresh)
         raise
     _say(f"unpacked {src} into {staged}")
-    args.restore = str(staged)
     try:
-        yield
+        yield str(staged)
     except BaseException:
-        if not _resume_under_way(layout, staged.name):
-            _clean(layout, staged, fresh)
+        with anyio.CancelScope(shield=True):
+            if not _resume_under_way(layout, staged.name):
+                await anyio.to_thread.run_sync(_clean, layout, staged, fresh)
         raise
-    shutil.rmtree(staged, ignore_errors=True)
+    await anyio.to_thread.run_sync(functools.partial(shutil.rmtree, staged, ignore_errors=True))
 
 
 def _resume_under_way(layout: Layout, attempt: str) -> bool:
@@ -419,7 +428,7 @@ def _clean(layout: Layout, staged: Path | None, fresh: bool) -> None:
 
 
 async def check_handed_off(
-    args: argparse.Namespace, layout: Layout, adm: admit.Admission, conn: LazyConnection
+    req: RestoreRequest, layout: Layout, adm: admit.Admission, conn: LazyConnection
 ) -> None:
     """Refuse `handed-off` when this root packed this attempt to carry it away, unless the
     operator takes it back (`--take-back`). Only the source root is refused: a destination that
@@ -435,17 +444,17 @@ async def check_handed_off(
     at_broker = found[0] if found is not None and found[0].source_instance == mine else None
     standing = [r for r in (at_broker, local) if r is not None and r.taken_back_at is None]
     if not standing:
-        if getattr(args, "take_back", False):
+        if req.take_back:
             _say(f"cotal: note: attempt {attempt} was not handed off; nothing to take back")
         return
     record = standing[0]
-    if not getattr(args, "take_back", False):
+    if not req.take_back:
         raise Refusal(
             Code.HANDED_OFF,
             f"attempt {attempt} was packed and handed off at {record.packed_at} (sha256 "
             f"{record.sha256}); its seats belong to whichever host resumes the packed copy",
             "do not resume them here; if the packed copy was destroyed or never resumed "
-            f"elsewhere, take them back: cotal up --restore {args.restore} --take-back",
+            f"elsewhere, take them back: cotal up --restore {req.restore} --take-back",
         )
     when = now_iso()
     _say(
@@ -477,7 +486,7 @@ def _load_journal(layout: Layout) -> tuple[JournalRecord | None, str | None]:
         return None, exc.text
 
 
-def _entry(layout: Layout, path: Path, journal: JournalRecord | None) -> dict[str, Any]:
+def _entry(layout: Layout, path: Path, journal: JournalRecord | None) -> CheckpointEntry:
     attempt = _attempt_of(path.name)
     aside = path.name != attempt
     seats: list[str]
@@ -517,28 +526,28 @@ def _entry(layout: Layout, path: Path, journal: JournalRecord | None) -> dict[st
         else None
     )
     handoff = read_local_handoff(layout, attempt) if not aside else None
-    return {
-        "name": path.name,
-        "attemptId": attempt,
-        "path": str(path),
-        "state": state,
-        "detail": detail,
-        "seats": seats,
-        "bytes": _size(path),
-        "createdAt": created,
-        "handedOff": None
+    return CheckpointEntry(
+        name=path.name,
+        attempt_id=attempt,
+        path=str(path),
+        state=state,
+        detail=detail,
+        seats=seats,
+        bytes=_size(path),
+        created_at=created,
+        handed_off=None
         if handoff is None
-        else {
-            "packedAt": handoff.packed_at,
-            "sha256": handoff.sha256,
-            "takenBackAt": handoff.taken_back_at,
-        },
-        "journalState": journal_state,
-        "journalNeedsIt": journal_state in NEEDS_CHECKPOINT,
-    }
+        else HandedOff(
+            packed_at=handoff.packed_at,
+            sha256=handoff.sha256,
+            taken_back_at=handoff.taken_back_at,
+        ),
+        journal_state=journal_state,
+        journal_needs_it=journal_state in NEEDS_CHECKPOINT,
+    )
 
 
-def gather(root: Path) -> dict[str, Any]:
+def gather(root: Path) -> CheckpointList:
     layout = Layout.at(root)
     journal, error = _load_journal(layout)
     directory = layout.checkpoints
@@ -547,42 +556,14 @@ def gather(root: Path) -> dict[str, Any]:
         if directory.is_dir()
         else []
     )
-    return {
-        "root": str(layout.root),
-        "journalError": error,
-        "checkpoints": [_entry(layout, p, journal) for p in paths],
-    }
+    return CheckpointList(
+        root=str(layout.root),
+        journal_error=error,
+        checkpoints=[_entry(layout, p, journal) for p in paths],
+    )
 
 
-def run_list(args: argparse.Namespace, root: Path) -> int:
-    doc = gather(root)
-    if args.json:
-        sys.stdout.write(json.dumps(doc, sort_keys=True) + "\n")
-        return 0
-    w = sys.stdout.write
-    if doc["journalError"]:
-        w(f"journal unreadable: {doc['journalError']}\n")
-    if not doc["checkpoints"]:
-        w(f"no checkpoints in {doc['root']}\n")
-        return 0
-    for c in doc["checkpoints"]:
-        flags = []
-        if c["journalState"]:
-            flags.append(f"journal {c['journalState']}")
-        if c["handedOff"] and not c["handedOff"]["takenBackAt"]:
-            flags.append(f"handed off {c['handedOff']['packedAt']}")
-        elif c["handedOff"]:
-            flags.append(f"taken back {c['handedOff']['takenBackAt']}")
-        w(
-            f"{c['name']:<44} {c['state']:<8} {c['bytes']:>12} B  {c['createdAt']}  "
-            f"seats {','.join(c['seats']) or '-'}"
-            + (f"  ({'; '.join(flags)})" if flags else "")
-            + "\n"
-        )
-    return 0
-
-
-def discard(root: Path, name: str) -> dict[str, Any]:
+def discard(root: Path, name: str) -> Discarded:
     layout = Layout.at(root)
     attempt = _attempt_of(name)
     if not ATTEMPT_ID.matches(attempt) or "/" in name or name.startswith("."):
@@ -623,19 +604,4 @@ def discard(root: Path, name: str) -> dict[str, Any]:
                 os.unlink(layout.journal)
             fsync_dir(layout.maintenance)
             journal_discarded = journal.state
-    return {"attemptId": attempt, "removed": removed, "journalDiscarded": journal_discarded}
-
-
-def run_discard(args: argparse.Namespace, root: Path) -> int:
-    out = discard(root, args.attempt)
-    if args.json:
-        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
-        return 0
-    if out["removed"]:
-        sys.stdout.write(f"removed {out['removed']}\n")
-    if out["journalDiscarded"]:
-        sys.stdout.write(
-            f"discarded the maintenance journal (it was {out['journalDiscarded']} for attempt "
-            f"{out['attemptId']}); its seats will not be resumed here\n"
-        )
-    return 0
+    return Discarded(attempt_id=attempt, removed=removed, journal_discarded=journal_discarded)

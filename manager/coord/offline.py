@@ -22,9 +22,9 @@ from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.reader import read_manifest
-from manager.cli import mesh
-from manager.cli.cutplan import CutOptions, OfflineCut, OfflineSeat, prove_no_seat_processes
-from manager.cli.output import progress
+from manager.coord import mesh
+from manager.coord.cutplan import CutOptions, OfflineCut, OfflineSeat, prove_no_seat_processes
+from manager.coord.report import say as progress
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
@@ -174,6 +174,12 @@ async def _capture(
         encode_inventory(inventory),
         identity,
     )
+    return _sealed_offline(attempt, attempt_path, summaries)
+
+
+def _sealed_offline(
+    attempt: str, attempt_path: Path, summaries: list[cut.SeatSummary]
+) -> OfflineCut:
     return OfflineCut(
         attempt_id=attempt,
         state="preserved",

@@ -21,8 +21,8 @@ import msgspec
 from connectors.interpreter import own_python
 from manager import eventloop
 from manager.broker import embedded
-from manager.cli.warm import WarmManager, warm_manager
 from manager.control.client import ControlSession
+from manager.coord.warm import WarmManager, warm_manager
 from manager.procs import alive, pid_identity, prove_gone
 from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
@@ -128,14 +128,7 @@ async def _provision(
     """Everything before the manager runs: the refusal if one already answers, a fresh control
     token, the broker (embedded unless `server`), the mesh record and the manager's argv."""
     check_space(space)
-    ensure_private_dir(layout.control)
-    # Nothing under .cotal is ever the operator's to commit (tokens, the broker store, logs), so
-    # a root that is a git work tree does not list it as untracked.
-    ignore = layout.control / ".gitignore"
-    if not ignore.exists():
-        write_private_atomic(ignore, b"*\n")
-    ensure_private_dir(layout.auth)
-    ensure_private_dir(layout.logs)
+    _control_dirs(layout)
     existing = read_mesh(layout)
     if existing is not None and layout.control_token.exists():
         status = await session.status()
@@ -148,35 +141,9 @@ async def _provision(
     await session.forget()
     token = secrets.token_hex(32)
     write_private_atomic(layout.control_token, token.encode() + b"\n")
-    broker_ref: ProcRef | None = None
-    started: ProcRef | None = None
-    creds_path: Path | None
-    reused = _live_embedded_broker(layout, existing) if server is None else None
-    if broker is not None:
-        # The caller started this root's broker itself moments ago (a resume imports the
-        # inboxes into it first): the manager is its client from here on, not a second start.
-        server, creds_path, broker_ref = broker.url, Path(broker.creds), broker.identity
-    elif reused is not None:
-        # The manager died and left its broker running: a second broker on the same store
-        # is exactly what must never happen, so the new manager joins this one.
-        assert existing is not None
-        report(f"reusing the embedded broker left running (pid {reused.pid})")
-        server, broker_ref = existing.server, reused
-        creds_path = Path(existing.creds) if existing.creds else None
-    elif server is None:
-        report("starting the embedded broker")
-        info = await anyio.to_thread.run_sync(
-            functools.partial(
-                embedded.start_embedded,
-                layout.nats_store,
-                layout.broker_creds,
-                log_path=layout.logs / "nats.log",
-            )
-        )
-        server, creds_path, broker_ref = info.url, layout.broker_creds, info.identity
-        started = info.identity
-    else:
-        creds_path = Path(creds).resolve() if creds else None
+    server, creds_path, broker_ref, started = await _broker_for_launch(
+        layout, existing, server, creds, broker, report
+    )
     try:
         record = MeshRecord(
             version=1,
@@ -190,16 +157,71 @@ async def _provision(
     except BaseException:
         await stop_started_broker(started)
         raise
-    serve_args = [
-        "manager",
-        "serve",
-        "--root",
-        str(layout.root),
-        "--space",
-        space,
-        "--server",
-        server,
-    ]
+    serve_args = _serve_args(layout, space, server, creds_path, resume_attempt, replicas)
+    return _Launch(layout, record, serve_args, token, started)
+
+
+def _control_dirs(layout: Layout) -> None:
+    ensure_private_dir(layout.control)
+    # Nothing under .cotal is ever the operator's to commit (tokens, the broker store, logs), so
+    # a root that is a git work tree does not list it as untracked.
+    ignore = layout.control / ".gitignore"
+    if not ignore.exists():
+        write_private_atomic(ignore, b"*\n")
+    ensure_private_dir(layout.auth)
+    ensure_private_dir(layout.logs)
+
+
+async def _broker_for_launch(
+    layout: Layout,
+    existing: MeshRecord | None,
+    server: str | None,
+    creds: str | None,
+    broker: embedded.BrokerInfo | None,
+    report: Report,
+) -> tuple[str, Path | None, ProcRef | None, ProcRef | None]:
+    """The broker the manager will run on: its URL, credential, identity when embedded, and
+    the identity of one this command started (which a refusal must stop)."""
+    reused = _live_embedded_broker(layout, existing) if server is None else None
+    if broker is not None:
+        # The caller started this root's broker itself moments ago (a resume imports the
+        # inboxes into it first): the manager is its client from here on, not a second start.
+        return broker.url, Path(broker.creds), broker.identity, None
+    if reused is not None:
+        # The manager died and left its broker running: a second broker on the same store
+        # is exactly what must never happen, so the new manager joins this one.
+        assert existing is not None
+        report(f"reusing the embedded broker left running (pid {reused.pid})")
+        return (
+            existing.server,
+            Path(existing.creds) if existing.creds else None,
+            reused,
+            None,
+        )
+    if server is None:
+        report("starting the embedded broker")
+        info = await anyio.to_thread.run_sync(
+            functools.partial(
+                embedded.start_embedded,
+                layout.nats_store,
+                layout.broker_creds,
+                log_path=layout.logs / "nats.log",
+            )
+        )
+        return info.url, layout.broker_creds, info.identity, info.identity
+    return server, Path(creds).resolve() if creds else None, None, None
+
+
+def _serve_args(
+    layout: Layout,
+    space: str,
+    server: str,
+    creds_path: Path | None,
+    resume_attempt: str | None,
+    replicas: int | None,
+) -> list[str]:
+    serve_args = ["manager", "serve", "--root", str(layout.root), "--space", space]
+    serve_args += ["--server", server]
     if creds_path:
         serve_args += ["--creds", str(creds_path)]
     if resume_attempt:
@@ -210,8 +232,7 @@ async def _provision(
         from manager.broker.footprint import default_replicas
 
         replicas = default_replicas(server)
-    serve_args += ["--replicas", str(replicas)]
-    return _Launch(layout, record, serve_args, token, started)
+    return [*serve_args, "--replicas", str(replicas)]
 
 
 async def stop_started_broker(started: ProcRef | None) -> None:
@@ -288,7 +309,7 @@ async def start(
     """Start a detached manager and return once it answers on `session`, which stays connected
     to it: the caller's next op needs no second handshake. `broker` is this root's embedded
     broker when the caller already started it; `warm`, a manager interpreter it started early
-    (manager/cli/warm.py), which becomes this manager instead of a cold start."""
+    (manager/coord/warm.py), which becomes this manager instead of a cold start."""
     layout = Layout.at(root)
     launch = await _provision(
         layout,
