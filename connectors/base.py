@@ -26,7 +26,8 @@ from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
 
 if TYPE_CHECKING:
-    from connectors.doctorkit import Pins
+    # The doctor's report and pins live with its probes; only named here, in a signature.
+    from connectors.doctorkit import HarnessCheck, Pins
 
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
 Anchor = Literal["cwd", "workspace-root", "home"]
@@ -198,29 +199,6 @@ class ByteSend(Protocol):
 
 class ByteReceive(Protocol):
     async def receive(self, max_bytes: int = 65536) -> bytes: ...
-
-
-@dataclass
-class Missing:
-    """One reason a harness is not ready here, with its cure."""
-
-    problem: str
-    cure: str
-    # "program": the harness cannot run at all; "config": it runs, but a seat launch would be
-    # refused until the operator supplies a setting (an endpoint, a key).
-    kind: str = "program"
-
-
-@dataclass
-class HarnessCheck:
-    """What a connector finds of its harness on this host, for `cotal doctor`: where its program
-    is and which version, whether it answers a quick run, and each problem with its cure."""
-
-    installed: bool = False
-    path: str | None = None
-    version: str | None = None
-    usable: bool = False
-    missing: list[Missing] = field(default_factory=list)
 
 
 class Connector(Protocol):

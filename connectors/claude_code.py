@@ -28,7 +28,6 @@ from connectors.base import (
     ByteSend,
     Capabilities,
     FileMove,
-    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
     Relocation,
@@ -36,7 +35,14 @@ from connectors.base import (
     StoreDecl,
     TurnOutcome,
 )
-from connectors.doctorkit import Pins, config_problem, pinned_or_configured, probe_env, version_run
+from connectors.doctorkit import (
+    HarnessCheck,
+    Pins,
+    config_problem,
+    pinned_or_configured,
+    probe_env,
+    version_run,
+)
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.interpreter import own_python

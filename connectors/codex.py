@@ -27,7 +27,6 @@ from connectors.base import (
     ByteSend,
     Capabilities,
     FileMove,
-    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
     Relocation,
@@ -35,7 +34,14 @@ from connectors.base import (
     StoreDecl,
     TurnOutcome,
 )
-from connectors.doctorkit import Pins, config_problem, pinned_or_configured, probe_env, version_run
+from connectors.doctorkit import (
+    HarnessCheck,
+    Pins,
+    config_problem,
+    pinned_or_configured,
+    probe_env,
+    version_run,
+)
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.harnesses import Native, binary_of, get_pin

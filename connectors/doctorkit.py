@@ -15,9 +15,32 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.base import HarnessCheck, Missing
 from connectors.harnesses import Pin, binary_of, installed_version, load_pins, pin_file
 from protocol.errors import Refusal
+
+
+@dataclass
+class Missing:
+    """One reason a harness is not ready here, with its cure."""
+
+    problem: str
+    cure: str
+    # "program": the harness cannot run at all; "config": it runs, but a seat launch would be
+    # refused until the operator supplies a setting (an endpoint, a key).
+    kind: str = "program"
+
+
+@dataclass
+class HarnessCheck:
+    """What a connector finds of its harness on this host, for `cotal doctor`: where its program
+    is and which version, whether it answers a quick run, and each problem with its cure."""
+
+    installed: bool = False
+    path: str | None = None
+    version: str | None = None
+    usable: bool = False
+    missing: list[Missing] = field(default_factory=list)
+
 
 VERSION_TIMEOUT_S = 15.0
 

@@ -23,14 +23,12 @@ from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
-    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
-    Missing,
     TurnOutcome,
     framed_prompt,
 )
-from connectors.doctorkit import Pins, probe_env, version_run
+from connectors.doctorkit import HarnessCheck, Missing, Pins, probe_env, version_run
 from connectors.driverkit import INITIAL_PROMPT_ID, LaunchPromptWatch, json_line
 from connectors.jsonl_driver import (
     DriverEvent,

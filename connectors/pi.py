@@ -25,16 +25,21 @@ from connectors.base import (
     ByteSend,
     Capabilities,
     FileMove,
-    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
-    Missing,
     Relocation,
     SessionMove,
     StoreDecl,
     TurnOutcome,
 )
-from connectors.doctorkit import Pins, pinned_or_configured, probe_env, version_run
+from connectors.doctorkit import (
+    HarnessCheck,
+    Missing,
+    Pins,
+    pinned_or_configured,
+    probe_env,
+    version_run,
+)
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.launchkit import (

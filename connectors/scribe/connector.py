@@ -22,15 +22,13 @@ from connectors.base import (
     ByteReceive,
     ByteSend,
     Capabilities,
-    HarnessCheck,
     LaunchOpts,
     LaunchSpec,
     MeshPort,
-    Missing,
     StoreDecl,
     TurnOutcome,
 )
-from connectors.doctorkit import Pins, probe
+from connectors.doctorkit import HarnessCheck, Missing, Pins, probe
 from connectors.interpreter import own_python
 from connectors.jsonl_driver import (
     DriverEvent,

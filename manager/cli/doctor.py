@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from connectors import sandbox
-from connectors.base import HarnessCheck, Missing, continuity_class
-from connectors.doctorkit import Pins
+from connectors.base import continuity_class
+from connectors.doctorkit import HarnessCheck, Missing, Pins
 from manager import registry
 from manager.checkpoint import clock
 from manager.workspace import roots

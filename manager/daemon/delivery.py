@@ -103,25 +103,51 @@ def reply_id(message_id: str) -> str:
 
 
 class DeliveryGate:
-    """Whether any seat may start a turn or move a message to its dead letters. One per manager;
-    the cut closes it at the fence.
+    """Whether a seat may start a turn or move a message to its dead letters: the manager's one
+    gate. A cut's fence closes it for every seat (a whole cut) or for the seats it cuts (a cut
+    of some seats); each bridge asks it for its own seat through a `SeatGate`.
 
     It also counts the moves to dead letters under way, so the cut's check that no seat holds a
     dead letter (made before the fence) cannot miss one that lands between its read and the
     fence: `quiet` waits until none is under way and reports how many ever began."""
 
     def __init__(self) -> None:
-        self._open = True
-        self._reopened = anyio.Event()
-        self._reopened.set()
+        self._all_closed = False
+        self._closed: set[str] = set()
+        # Replaced at every opening, after the old one is set: a waiter holds the event of the
+        # moment it began waiting, so a later close can never strand it.
+        self._opened = anyio.Event()
         self._burying = 0
         self.burials_begun = 0
         self._quiet = anyio.Event()
         self._quiet.set()
 
-    def begin_burial(self) -> bool:
+    def is_open(self, seat: str) -> bool:
+        return not self._all_closed and seat not in self._closed
+
+    def close(self, seats: frozenset[str] | None = None) -> None:
+        """Closed for these seats, or for every seat (None)."""
+        if seats is None:
+            self._all_closed = True
+        else:
+            self._closed |= seats
+
+    def open(self, seats: frozenset[str] | None = None) -> None:
+        """Open again for these seats, or for every seat (None): what one close shut."""
+        if seats is None:
+            self._all_closed = False
+        else:
+            self._closed -= seats
+        opened, self._opened = self._opened, anyio.Event()
+        opened.set()
+
+    async def wait_open(self, seat: str) -> None:
+        while not self.is_open(seat):
+            await self._opened.wait()
+
+    def begin_burial(self, seat: str) -> bool:
         """Checked and counted in one synchronous step; False once the gate is closed."""
-        if not self._open:
+        if not self.is_open(seat):
             return False
         self._burying += 1
         self.burials_begun += 1
@@ -143,48 +169,27 @@ class DeliveryGate:
             await self._quiet.wait()
         return self.burials_begun
 
-    @property
-    def is_open(self) -> bool:
-        return self._open
-
-    def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._reopened = anyio.Event()
-
-    def open(self) -> None:
-        if not self._open:
-            self._open = True
-            self._reopened.set()
-
-    async def wait_open(self) -> None:
-        while not self._open:
-            await self._reopened.wait()
-
 
 class SeatGate:
-    """One seat's view of delivery: the manager's gate (the whole mesh's fence) and the seat's
-    own (a cut of some seats fences it alone); a turn starts, and a message moves to the dead
-    letters, only while both are open."""
+    """One seat's view of the manager's gate: a turn starts, and a message moves to the dead
+    letters, only while it is open for this seat."""
 
-    def __init__(self, mesh: DeliveryGate, own: DeliveryGate) -> None:
-        self.mesh = mesh
-        self.own = own
+    def __init__(self, gate: DeliveryGate, seat: str) -> None:
+        self.gate = gate
+        self.seat = seat
 
     @property
     def is_open(self) -> bool:
-        return self.mesh.is_open and self.own.is_open
+        return self.gate.is_open(self.seat)
 
     async def wait_open(self) -> None:
-        while not self.is_open:
-            await self.mesh.wait_open()
-            await self.own.wait_open()
+        await self.gate.wait_open(self.seat)
 
     def begin_burial(self) -> bool:
-        return self.own.is_open and self.mesh.begin_burial()
+        return self.gate.begin_burial(self.seat)
 
     def end_burial(self) -> None:
-        self.mesh.end_burial()
+        self.gate.end_burial()
 
 
 @dataclass(frozen=True)

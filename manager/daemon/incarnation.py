@@ -332,7 +332,7 @@ class Incarnations:
             on_fenced=lambda: mgr.watchers.schedule_evict(
                 seat, holder_now=None, reason="a publish was refused by the broker"
             ),
-            gate=SeatGate(mgr.delivery_gate, seat.gate),
+            gate=SeatGate(mgr.delivery_gate, seat.name),
             max_deliveries=mgr.config.delivery.max_deliveries,
             on_ambiguous=lambda detail: self.restart_after_turn(seat, handle, detail),
             deliberate=lambda: seat.lifecycle.deliberate,

@@ -33,7 +33,6 @@ from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.checkpoint.references import reference_errors
-from manager.daemon.delivery import DeliveryGate
 from manager.daemon.progress import ProgressLog
 from manager.daemon.seat import Seat, SeatOwner, read_pointer
 from manager.workspace.generation import current_generation
@@ -90,8 +89,7 @@ class Preservation:
         # no bridge can start a turn after it.
         m.apply("prepare", attempt, seats=frozenset(args.seats))
         held = m.cut
-        for gate in self._gates(held):
-            gate.close()
+        self.mgr.delivery_gate.close(self._fenced(held))
         self.progress.begin(attempt)
         self.progress.add("fenced", detail=", ".join(sorted(held.seats)) or None)
         failpoint.reached("preserve.after-fence", mgr.layout.root)
@@ -112,11 +110,10 @@ class Preservation:
         log.info("cut.prepared", attempt=attempt, seats=len(inventory.agents), scope=held.scope)
         return self._plan_result(attempt)
 
-    def _gates(self, held: Attempt) -> list[DeliveryGate]:
-        """What the cut's fence closes: the manager's gate for every seat, or each cut seat's."""
-        if held.scope == "whole":
-            return [self.mgr.delivery_gate]
-        return [seat.gate for name in held.seats if (seat := self.mgr.seats.get(name)) is not None]
+    @staticmethod
+    def _fenced(held: Attempt) -> frozenset[str] | None:
+        """Whom the cut's fence closes the delivery gate for: every seat, or the cut seats."""
+        return None if held.scope == "whole" else held.seats
 
     async def _drain(self, held: Attempt) -> None:
         # Every seat's cut waits for all admitted work (a spawn names no seat yet); a cut of some
@@ -128,10 +125,9 @@ class Preservation:
 
     def _lift(self, attempt: str, *, draining: bool = False) -> None:
         """Abandon the cut before its commit: the fence is lifted and its seats carry on."""
-        gates = self._gates(self.mgr.maintenance.cut)
+        fenced = self._fenced(self.mgr.maintenance.cut)
         self.mgr.maintenance.apply("abort", attempt, draining=draining)
-        for gate in gates:
-            gate.open()
+        self.mgr.delivery_gate.open(fenced)
         self.plan = self.descriptor = None
 
     async def _plan(
@@ -401,8 +397,11 @@ class Preservation:
         m.apply("stopped", attempt)
         if m.state == "active":
             # Sealed: the checkpoint carries them from here, and the mesh runs on without them.
+            # Their names open again, so a seat adopted under one later (taken back, or moved
+            # back) is not born fenced.
             for seat in seats.values():
                 mgr.remove(seat)
+            mgr.delivery_gate.open(frozenset(seats))
         self.result = control.CommitReply(
             attempt_id=attempt,
             state=m.cut.shown,

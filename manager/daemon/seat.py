@@ -94,8 +94,6 @@ class Seat:
     # One stopper at a time: a second waits for the first's proof instead of racing it.
     stop_lock: anyio.Lock = field(default_factory=anyio.Lock)
     record_slot: RecordSlot = field(default_factory=RecordSlot)
-    # Closed while a cut of some seats holds this one (the manager's gate fences the whole mesh).
-    gate: DeliveryGate = field(default_factory=DeliveryGate)
     # The seats this one may send to (`--allow-send`; `*` for every other seat), fixed at spawn
     # and kept by its seat record and its resume entry, never read from `cotal.toml` again.
     allow_send: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ reply are the op's types; the table is checked against OPS before the daemon ser
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from manager.daemon.handlers import mail, preservation, seats
 from manager.daemon.handlers.table import Handler, Table
@@ -16,16 +16,14 @@ from protocol import control
 from protocol.errors import Refusal
 from protocol.refusals import Code
 
-if TYPE_CHECKING:
-    # Only for `preservation.PreservationHandlers`, which still takes the whole Manager (issue
-    # 37): the seat and mail handlers take their views (`SeatOpsOwner`, `MailOwner`), and once
-    # that one takes a view too, `build` takes the three and this import goes.
-    from manager.daemon.core import Manager
-
 Dispatch = Callable[[str, Any], Awaitable[Any]]
 
 
-def build(mgr: Manager) -> dict[str, Handler]:
+class HandlerOwner(seats.SeatOpsOwner, mail.MailOwner, preservation.PreservationOpsOwner, Protocol):
+    """Everything the control ops ask of the Manager: the three handler groups' views."""
+
+
+def build(mgr: HandlerOwner) -> dict[str, Handler]:
     table = Table()
     seats.SeatHandlers(mgr).register(table)
     mail.MailHandlers(mgr).register(table)

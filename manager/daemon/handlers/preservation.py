@@ -4,20 +4,38 @@ resume-preserved, commit-resume and finalize-resume. The work is `Preservation`'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from manager.daemon.handlers.mail import refuse_dead_letters
+from manager.daemon.handlers.mail import DeadLetterCheckOwner, refuse_dead_letters
 from manager.daemon.handlers.table import Table
+from manager.daemon.preserve import Preservation
+from manager.daemon.resume import Resumption
+from manager.daemon.seat import Seat
 from protocol import control
 from protocol.errors import Refusal
+from protocol.maintenance import Maintenance
 from protocol.refusals import Code
 
-if TYPE_CHECKING:
-    from manager.daemon.core import Manager
+
+class PreservationOpsOwner(DeadLetterCheckOwner, Protocol):
+    """What the maintenance ops ask of the Manager: the cut's and the resume's work, the
+    maintenance state that decides what may begin, a seat by name (refused when unknown), and
+    the dead-letter check a cut passes before its fence."""
+
+    @property
+    def preservation(self) -> Preservation: ...
+
+    @property
+    def resumption(self) -> Resumption: ...
+
+    @property
+    def maintenance(self) -> Maintenance: ...
+
+    def seat(self, name: str) -> Seat: ...
 
 
 class PreservationHandlers:
-    def __init__(self, mgr: Manager) -> None:
+    def __init__(self, mgr: PreservationOpsOwner) -> None:
         self.mgr = mgr
 
     def register(self, table: Table) -> None:
