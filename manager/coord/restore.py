@@ -1,14 +1,17 @@
-"""`cotal up --restore DIR`: the destination's coordinator.
+"""`cotal up --restore DIR`, and a move's destination: the restore coordinator.
 
 admit (integrity, identity, recency; all-or-nothing) -> journal `resume-intent` -> claim custody
 (writer generation N+1, in this root and at the broker, before any tree is touched) -> restore
-every repository and place the session files -> start the manager fenced to this attempt ->
-`resume-preserved` -> journal `resume-active` -> `commit-resume` -> journal the token ->
+every repository and place the session files -> hand the seats to the manager (one started now,
+fenced to this attempt, or the one already running this root, which adopts them beside its own)
+-> `resume-preserved` -> journal `resume-active` -> `commit-resume` -> journal the token ->
 `finalize-resume` -> journal `retired`. Then the continuity observations of record 6 step 9.
 
-The whole resume is one async run. It holds one broker connection from the roster read through
-the custody claim (closed before the manager starts: the manager is the broker's client from
-then on), and one control session, connected when the manager it starts first answers.
+Whether it starts a manager or hands the seats to a running one is decided once, at gate 1
+(`_Destination`); from there it is one path. The whole resume is one async run. It holds one
+broker connection from the roster read through the custody claim (closed before the seats
+launch: the manager is the broker's client from then on), and one manager port: the control
+socket, or, when the daemon itself runs it for a move, that daemon's own handlers.
 """
 
 from __future__ import annotations
