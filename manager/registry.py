@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
@@ -78,6 +78,26 @@ class RecencyConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
     horizon_s: Annotated[int, msgspec.Meta(ge=1, le=MAX_HORIZON_S)] = DEFAULT_HORIZON_S
     skew_s: Annotated[int, msgspec.Meta(ge=0, le=MAX_SKEW_S)] = DEFAULT_SKEW_S
+    # Who vouches for this host's clock: the kernel (a time daemon keeps it in step), or the
+    # operator, for a host that cannot run one (a container), with why in `clock_reason`. A
+    # declaration is never silent: every admission it decides journals it and prints it, and
+    # `status` and `doctor` show it.
+    clock: Literal["kernel", "trusted"] = "kernel"
+    clock_reason: Annotated[str, msgspec.Meta(max_length=500)] = ""
+
+    def __post_init__(self) -> None:
+        if self.clock == "trusted" and not self.clock_reason.strip():
+            raise ValueError(
+                '[recency] clock = "trusted" needs clock_reason: why this host\'s clock may be '
+                "trusted without a time daemon (it is printed and journaled with every admission)"
+            )
+        if self.clock == "kernel" and self.clock_reason:
+            raise ValueError('[recency] clock_reason is only read with clock = "trusted"')
+
+
+def trusted_clock_reason(recency: RecencyConfig) -> str | None:
+    """The operator's reason for trusting this host's clock, when `[recency]` declares it."""
+    return recency.clock_reason if recency.clock == "trusted" else None
 
 
 class DeliveryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -556,6 +556,14 @@ class ResumeDescriptor(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     sha256: Digest
 
 
+class ClockNote(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """Who vouched for the destination's clock when its recency gate admitted an attempt, kept
+    as evidence when it was not the kernel: the operator's declaration or the test hook."""
+
+    source: Annotated[str, msgspec.Meta(max_length=128)]
+    detail: Annotated[str, msgspec.Meta(max_length=2048)]
+
+
 class Consent(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """An operator's exercised override of the recency gate, kept as evidence."""
 
@@ -589,6 +597,8 @@ class JournalRecord(
     checkpoint_dir: AbsPath | None = None
     durable_commit_token: CommitToken | None = None
     degraded: Degraded | None = None
+    # Recorded at resume-intent when the recency gate trusted something other than the kernel.
+    clock: ClockNote | None = None
 
     def __post_init__(self) -> None:
         if self.state in CUT_STATES and self.kind != "cut":
@@ -625,6 +635,7 @@ def next_record(
     durable_commit_token: str | None = None,
     consents: list[Consent] | None = None,
     degraded: Degraded | None = None,
+    clock: ClockNote | None = None,
 ) -> JournalRecord:
     """The record after advancing `prev` to `to_state`, or `prev` itself for an identical retry.
 
@@ -634,7 +645,7 @@ def next_record(
     state = prev.state if prev is not None else ABSENT
     event = EVENT_FOR[to_state]
     _check_journal_attempt(prev, attempt_id, state, event)
-    given = _Facts(resume, checkpoint_dir, durable_commit_token, consents, degraded)
+    given = _Facts(resume, checkpoint_dir, durable_commit_token, consents, degraded, clock)
     if prev is not None and prev.state == to_state:
         return _retried(prev, attempt_id, given)
     if event not in JOURNAL_TRANSITIONS[state]:
@@ -651,6 +662,7 @@ class _Facts(NamedTuple):
     durable_commit_token: str | None
     consents: list[Consent] | None
     degraded: Degraded | None
+    clock: ClockNote | None
 
     def named(self) -> dict[str, object]:
         """By the name the record spells on disk, which is the one a refusal names."""
@@ -658,7 +670,7 @@ class _Facts(NamedTuple):
 
 
 _CAMEL: Final = {"checkpoint_dir": "checkpointDir", "durable_commit_token": "durableCommitToken"}
-_NONE: Final = _Facts(None, None, None, None, None)
+_NONE: Final = _Facts(None, None, None, None, None, None)
 
 
 def _recorded(record: JournalRecord | None) -> _Facts:
@@ -670,6 +682,7 @@ def _recorded(record: JournalRecord | None) -> _Facts:
         record.durable_commit_token,
         record.consents,
         record.degraded,
+        record.clock,
     )
 
 
@@ -709,7 +722,7 @@ def _check_facts(
     """No recorded fact is replaced, and each fact is given only at the state that holds it."""
     state, event = (prev.state if prev else ABSENT), EVENT_FOR[to_state]
     current, new = _recorded(prev).named(), given.named()
-    for name in ("resume", "checkpointDir", "durableCommitToken", "consents"):
+    for name in ("resume", "checkpointDir", "durableCommitToken", "consents", "clock"):
         if current[name] not in (None, []) and new[name] is not None and new[name] != current[name]:
             raise Refusal(
                 Code.JOURNAL_MISMATCH,
@@ -756,6 +769,7 @@ def _advanced(
             checkpoint_dir=_or(given.checkpoint_dir, old.checkpoint_dir),
             durable_commit_token=_or(given.durable_commit_token, old.durable_commit_token),
             degraded=given.degraded,
+            clock=_or(given.clock, old.clock),
         )
     except ValueError as exc:  # the record's own consistency rules (__post_init__)
         raise IllegalTransition("maintenance journal", state, event, str(exc)) from None

@@ -381,7 +381,8 @@ class Code(StrEnum):
     CLOCK_UNSYNCHRONIZED = (
         "clock-unsynchronized",
         "this host's kernel says its clock is not synchronized, so no checkpoint age can be judged",
-        "start chrony, ntpd or systemd-timesyncd and retry (`cotal doctor` shows the reading)",
+        "start chrony, ntpd or systemd-timesyncd and retry (`cotal doctor` shows the reading); "
+        'where none can run, declare [recency] clock = "trusted" with clock_reason',
     )
     COMMIT_BEGUN = (
         "commit-begun",

@@ -1068,8 +1068,10 @@ def recency(
             f"this host's clock is not synchronized ({clock.detail}), so no checkpoint's age can "
             "be judged against it",
             "synchronize the clock (start chrony, ntpd or systemd-timesyncd and wait until "
-            "`timedatectl` or `chronyc tracking` reports it synchronized), then retry; no "
-            "override exists",
+            "`timedatectl` or `chronyc tracking` reports it synchronized), then retry; on a host "
+            "that cannot run a time daemon (a container whose clock its host keeps), declare it "
+            'in cotal.toml: [recency] clock = "trusted" with clock_reason (journaled and '
+            "printed with every admission it decides); no per-run override exists",
         )
     consents: list[Consent] = []
     for name, record in adm.records.items():

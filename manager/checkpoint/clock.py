@@ -6,9 +6,15 @@ be off by any amount, so a freshness gate that read it anyway would fail open. T
 systemd-timesyncd) has disciplined the clock within its error bound, and that reading, not a
 daemon's own claim, is what admission trusts.
 
+A host that cannot run a time daemon (a container, whose clock the host keeps) gets the
+operator's declaration instead: `[recency] clock = "trusted"` with `clock_reason` in
+`cotal.toml`. It counts only when the kernel says unsynchronized, and never quietly: the reading
+names it as its source with the reason, and every admission it decides journals and prints it.
+
 Tests have no time daemon to start, so `COTAL_TEST_CLOCK_STATUS` (`synchronized` or
 `unsynchronized`) stands in for the kernel's answer. It is a test hook, never an operator's
-setting: the reading names it as its source, admission prints that, and `cotal doctor` warns.
+setting: the reading names it as its source, and admission journals and prints it as it does a
+declaration; `cotal doctor` warns.
 """
 
 from __future__ import annotations
@@ -54,17 +60,37 @@ class _Timex(ctypes.Structure):
     ]
 
 
+DECLARED = "cotal.toml [recency] clock"
+
+
 @dataclass(frozen=True)
 class ClockReading:
     synchronized: bool
-    # `kernel`, or the test hook's variable name when it stood in for the kernel.
+    # `kernel`; the operator's declaration (DECLARED) when it vouched for an unsynchronized
+    # kernel clock; or the test hook's variable name when it stood in for the kernel.
     source: str
     # What the reading was, for a refusal to quote: the kernel's state and status bits and its
     # maximum error, or the hook's value.
     detail: str
 
 
-def read_clock() -> ClockReading:
+def read_clock(declared_reason: str | None = None) -> ClockReading:
+    """The clock's trust for a recency gate: the kernel's own reading; or, where the kernel says
+    unsynchronized and the operator declared the clock trusted (`declared_reason`), that
+    declaration, named with its reason and the kernel's reading beside it."""
+    # The test hook stands in for the kernel's answer, so a declaration layers over it alike.
+    kernel = _read_clock()
+    if kernel.synchronized or not declared_reason:
+        return kernel
+    return ClockReading(
+        True,
+        DECLARED,
+        f"trusted by the operator's declaration ({declared_reason}); the kernel reads "
+        f"{kernel.detail}",
+    )
+
+
+def _read_clock() -> ClockReading:
     hook = os.environ.get(TEST_HOOK_ENV)
     if hook is not None:
         if hook not in ("synchronized", "unsynchronized"):

@@ -116,7 +116,7 @@ def run(root: Path, *, as_json: bool, say: Callable[[str], None]) -> int:
         for name in registry.KNOWN
     ]
     isolation = isolation_row()
-    time_row = clock_row()
+    time_row = clock_row(cfg.recency)
     if as_json:
         for report in reports:
             say(json.dumps(report.as_dict(), sort_keys=True))
@@ -202,10 +202,11 @@ def isolation_row() -> dict[str, Any]:
     return row
 
 
-def clock_row() -> dict[str, Any]:
+def clock_row(recency: registry.RecencyConfig) -> dict[str, Any]:
     """Whether a resume here can judge a checkpoint's age: never a failure of the check, since
-    a host that only cuts needs no synchronized clock."""
-    reading = clock.read_clock()
+    a host that only cuts needs no synchronized clock. An operator's declaration is shown with
+    its reason beside the kernel's own reading, as every admission it decides prints it."""
+    reading = clock.read_clock(registry.trusted_clock_reason(recency))
     row: dict[str, Any] = {
         "name": "clock",
         "synchronized": reading.synchronized,
@@ -213,15 +214,21 @@ def clock_row() -> dict[str, Any]:
         "detail": reading.detail,
         "warning": None,
     }
-    if reading.source != "kernel":
+    if reading.source == clock.TEST_HOOK_ENV:
         row["warning"] = (
             f"{clock.TEST_HOOK_ENV} stands in for the kernel's reading: a test hook, never "
             "for a real destination; unset it"
         )
+    elif reading.source == clock.DECLARED:
+        row["warning"] = (
+            'the kernel says unsynchronized and cotal.toml [recency] clock = "trusted" vouches '
+            "for this clock instead: every admission here journals and prints that"
+        )
     elif not reading.synchronized:
         row["warning"] = (
             "a resume or `checkpoint verify` here refuses clock-unsynchronized; start chrony, "
-            "ntpd or systemd-timesyncd"
+            "ntpd or systemd-timesyncd, or, where no time daemon can run (a container), declare "
+            '[recency] clock = "trusted" with clock_reason in cotal.toml'
         )
     return row
 

@@ -108,6 +108,8 @@ def restored(as_json: bool, out: RestoreResult) -> None:
         f"resumed attempt {out.attempt_id}: manager {out.state}, "
         f"journal {out.journal} ({out.wall_ms} ms)\n"
     )
+    if out.clock:
+        w(f"  clock    {out.clock.detail} ({out.clock.source}; journaled)\n")
     for s in out.seats:
         w(f"  {s.name:<16} {s.continuity:<10} {s.observation}\n")
         w(
@@ -136,6 +138,8 @@ def verified(as_json: bool, out: VerifyResult) -> None:
     for gate, verdict in msgspec.structs.asdict(out.gates).items():
         w(f"  {gate:<10} {verdict}\n")
     w(f"  signer     {signer_line(out.signer)}\n")
+    if out.clock:
+        w(f"  clock      {out.clock.detail} ({out.clock.source})\n")
     for s in out.seats:
         w(
             f"  seat {s.name:<16} {s.continuity:<10} uid {s.lifecycle_uid} "
@@ -219,4 +223,7 @@ def moved(as_json: bool, out: MoveResult) -> None:
             f"moved {seat.name} to {out.to}: uid {seat.lifecycle_uid}, session "
             f"{seat.session}, generation {seat.generation}\n"
         )
+    if out.destination_clock:
+        clock = out.destination_clock
+        sys.stdout.write(f"destination clock: {clock.detail} ({clock.source})\n")
     sys.stdout.write(f"downtime {out.downtime_ms} ms, total {out.total_ms} ms\n")

@@ -87,6 +87,13 @@ class PartialCut(TypedDict):
     commitStarted: bool
 
 
+class Clock(TypedDict):
+    synchronized: bool
+    # `kernel`, the operator's declaration in cotal.toml, or the test hook.
+    source: str
+    detail: str
+
+
 class Status(TypedDict):
     root: str
     up: bool
@@ -99,6 +106,7 @@ class Status(TypedDict):
     boxKey: str | None
     boxKeyError: NotRequired[str]
     partialCut: PartialCut | None
+    clock: Clock
     # The keys `cotal status --json` always had, at the top for scripts that read them.
     state: object
     pid: object
@@ -140,6 +148,7 @@ def gather(root: Path) -> Status:
         "handedOff": handed_off(layout),
         "boxKey": box_key,
         "partialCut": _partial_cut(answered),
+        "clock": _clock(layout),
         "state": manager.get("state"),
         "pid": manager.get("pid"),
         "space": manager.get("space"),
@@ -151,6 +160,24 @@ def gather(root: Path) -> Status:
     if box_error is not None:
         doc["boxKeyError"] = box_error
     return doc
+
+
+def _clock(layout: Layout) -> Clock:
+    """Whether a resume here could judge a checkpoint's age, and who vouches for the clock."""
+    from manager import registry
+    from manager.checkpoint import clock
+
+    try:
+        declared = registry.trusted_clock_reason(registry.load_config(layout.root).recency)
+    except Refusal:
+        # A cotal.toml that does not parse declares nothing; `up` and `doctor` name the fault.
+        declared = None
+    reading = clock.read_clock(declared)
+    return {
+        "synchronized": reading.synchronized,
+        "source": reading.source,
+        "detail": reading.detail,
+    }
 
 
 def _partial_cut(answered: StatusReply | None) -> PartialCut | None:
@@ -411,8 +438,12 @@ def warning_lines(items: list[Waiting]) -> list[str]:
 
 
 def print_human(doc: Status, say: Callable[[str], None]) -> None:
-    manager, broker, seats = doc["manager"], doc["broker"], doc["seats"]
     say(f"root      {doc['root']}")
+    _print_manager(doc["manager"], say)
+    _print_rest(doc, say)
+
+
+def _print_manager(manager: Section, say: Callable[[str], None]) -> None:
     if manager["state"] == "down":
         say("manager   not running")
     else:
@@ -429,12 +460,20 @@ def print_human(doc: Status, say: Callable[[str], None]) -> None:
         say(f"          fingerprint {manager['fingerprint']}")
     if manager.get("identityError"):
         say(f"signer    unreadable: {manager['identityError']}")
+
+
+def _print_rest(doc: Status, say: Callable[[str], None]) -> None:
+    manager, broker, seats = doc["manager"], doc["broker"], doc["seats"]
     some = doc["partialCut"]
     if some is not None:
         say(
             f"cutting   seat(s) {', '.join(some['seats'])} (attempt {some['attemptId']}, "
             f"{some['state']}); the rest of the mesh runs on"
         )
+    time = doc["clock"]
+    trusted = "synchronized" if time["synchronized"] else "NOT synchronized (a resume here refuses)"
+    source = "" if time["source"] == "kernel" else f", by {time['source']}"
+    say(f"clock     {trusted}{source}: {time['detail']}")
     if doc.get("boxKey"):
         say(f"box key   {doc['boxKey']}  (seal a pack to this root: checkpoint pack --to KEY)")
     elif doc.get("boxKeyError"):

@@ -43,6 +43,7 @@ from protocol import control
 from protocol.checkpoint import CarriedMessage, ChannelState, FileRef, SpaceRecord, decode_inbox
 from protocol.errors import Refusal
 from protocol.maintenance import (
+    ClockNote,
     Consent,
 )
 from protocol.refusals import Code
@@ -255,14 +256,8 @@ def read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:
 async def start_embedded(layout: Layout) -> embedded.BrokerInfo:
     for directory in (layout.control, layout.auth, layout.logs):
         ensure_private_dir(directory)
-    start = functools.partial(
-        embedded.start_embedded,
-        layout.nats_store,
-        layout.broker_creds,
-        log_path=layout.logs / "nats.log",
-    )
     try:
-        return await anyio.to_thread.run_sync(start)
+        return await mesh.start_root_broker(layout)
     except Refusal as exc:
         if exc.code != Code.BROKER_RUNNING:
             raise
@@ -280,7 +275,7 @@ async def start_embedded(layout: Layout) -> embedded.BrokerInfo:
     deadline = time.monotonic() + 10
     while True:
         try:
-            return await anyio.to_thread.run_sync(start)
+            return await mesh.start_root_broker(layout)
         except Refusal as exc:
             if exc.code != Code.BROKER_RUNNING or time.monotonic() > deadline:
                 raise
@@ -421,7 +416,7 @@ async def admit_at_broker(
     conn: LazyConnection,
     monitors: list[str],
     embedded_broker: bool,
-) -> tuple[list[EvictionProof], list[Consent]]:
+) -> tuple[list[EvictionProof], list[Consent], ClockNote | None]:
     """Gates 2 and 3, with the roster read and any eviction evidence they need: the `--monitor`
     endpoints, and the embedded broker's own answer over this connection (it has no HTTP
     monitor for seats to read)."""
@@ -453,17 +448,38 @@ async def admit_at_broker(
         home=Path(os.path.expanduser("~")),
         maps=relocate.parse_maps(list(req.map)),
     )
-    reading = clock.read_clock()
-    if reading.source != "kernel":
-        _say(f"clock: {reading.detail} stands in for the kernel's reading (a test hook)")
+    consents, note = recency_gate(adm, layout, accept_stale=req.accept_stale_checkpoint)
+    return evidence, consents, note
+
+
+def recency_gate(
+    adm: admit.Admission, layout: Layout, *, accept_stale: bool
+) -> tuple[list[Consent], ClockNote | None]:
+    """Gate 3 against this host's clock and this root's `[recency]`: the consents it took,
+    and who vouched for the clock when not the kernel."""
+    recency = registry.load_config(layout.root).recency
+    reading, note = read_clock(recency)
     consents = admit.recency(
         adm,
         now=datetime.now(UTC),
         clock=reading,
-        accept_stale=req.accept_stale_checkpoint,
-        skew_ms=registry.load_config(layout.root).recency.skew_s * 1000,
+        accept_stale=accept_stale,
+        skew_ms=recency.skew_s * 1000,
     )
-    return evidence, consents
+    return consents, note
+
+
+def read_clock(recency: registry.RecencyConfig) -> tuple[clock.ClockReading, ClockNote | None]:
+    """The recency gate's clock, and the note the admission journals and prints when something
+    other than the kernel vouched for it: the operator's declaration or the test hook."""
+    reading = clock.read_clock(registry.trusted_clock_reason(recency))
+    if reading.source == "kernel":
+        return reading, None
+    if reading.source == clock.TEST_HOOK_ENV:
+        _say(f"clock: {reading.detail} stands in for the kernel's reading (a test hook)")
+    else:
+        _say(f"clock: {reading.detail} ({reading.source})")
+    return reading, ClockNote(source=reading.source, detail=reading.detail[:2048])
 
 
 def refuse_taken(

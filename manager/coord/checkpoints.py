@@ -171,14 +171,7 @@ async def _source_broker(req: PackRequest, layout: Layout) -> _Broker:
             "nothing was packed",
         )
     _say("starting this root's embedded broker to record the hand-off")
-    info = await anyio.to_thread.run_sync(
-        functools.partial(
-            embedded.start_embedded,
-            layout.nats_store,
-            layout.broker_creds,
-            log_path=layout.logs / "nats.log",
-        )
-    )
+    info = await mesh.start_root_broker(layout)
     return _Broker(info.url, layout.broker_creds, info)
 
 

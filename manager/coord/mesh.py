@@ -200,14 +200,7 @@ async def _broker_for_launch(
         )
     if server is None:
         report("starting the embedded broker")
-        info = await anyio.to_thread.run_sync(
-            functools.partial(
-                embedded.start_embedded,
-                layout.nats_store,
-                layout.broker_creds,
-                log_path=layout.logs / "nats.log",
-            )
-        )
+        info = await start_root_broker(layout)
         return info.url, layout.broker_creds, info.identity, info.identity
     return server, Path(creds).resolve() if creds else None, None, None
 
@@ -233,6 +226,18 @@ def _serve_args(
 
         replicas = default_replicas(server)
     return [*serve_args, "--replicas", str(replicas)]
+
+
+async def start_root_broker(layout: Layout) -> embedded.BrokerInfo:
+    """This root's embedded broker, started on its own store, beside the event loop."""
+    return await anyio.to_thread.run_sync(
+        functools.partial(
+            embedded.start_embedded,
+            layout.nats_store,
+            layout.broker_creds,
+            log_path=layout.logs / "nats.log",
+        )
+    )
 
 
 async def stop_started_broker(started: ProcRef | None) -> None:

@@ -295,6 +295,7 @@ def _report(
         seats=seats,
         downtime_ms=downtime,
         total_ms=int((time.monotonic() - t0) * 1000),
+        destination_clock=result.clock if result is not None else UNSET,
     )
 
 

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from protocol.custody import HandOffRecord
-from protocol.maintenance import Consent
+from protocol.maintenance import ClockNote, Consent
 
 
 class _Record(
@@ -139,6 +139,9 @@ class RestoreResult(_Sparse, frozen=True):
     inbox: list[InboxImported] | UnsetType = UNSET
     # Present (true) when a running manager adopted the seats beside its own.
     adopted: bool | UnsetType = UNSET
+    # Who vouched for this host's clock when the recency gate admitted the attempt, when it was
+    # not the kernel: the operator's declaration in cotal.toml, or the test hook. Journaled too.
+    clock: ClockNote | UnsetType = UNSET
 
 
 # -- the verification ---------------------------------------------------------------------
@@ -162,7 +165,7 @@ class VerifiedSeat(_Sparse, frozen=True):
     map_landing: str | UnsetType = UNSET
 
 
-class VerifyResult(_Record, frozen=True):
+class VerifyResult(_Sparse, frozen=True):
     """`cotal checkpoint verify`: the three gates passed, nothing changed."""
 
     src: str
@@ -173,6 +176,8 @@ class VerifyResult(_Record, frozen=True):
     signer: Signer
     consents: list[Consent]
     admitted: bool
+    # As in RestoreResult: who vouched for the clock, when not the kernel.
+    clock: ClockNote | UnsetType = UNSET
 
 
 # -- pack, list, discard ------------------------------------------------------------------
@@ -254,9 +259,11 @@ class MovedSeat(_Sparse, frozen=True):
     bundle_bytes: int | UnsetType = UNSET
 
 
-class MoveResult(_Record, frozen=True):
+class MoveResult(_Sparse, frozen=True):
     attempt_id: str
     to: str
     seats: list[MovedSeat]
     downtime_ms: int
     total_ms: int
+    # Who vouched for the destination's clock when it admitted the seats, when not its kernel.
+    destination_clock: ClockNote | UnsetType = UNSET

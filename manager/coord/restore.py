@@ -76,6 +76,7 @@ from protocol.maintenance import (
     RESUME_INTENT,
     RESUME_UNDER_WAY,
     RETIRED,
+    ClockNote,
     Consent,
     Degraded,
     JournalRecord,
@@ -257,7 +258,7 @@ async def _admit_and_resume(
     name = "cotal-adopt" if dest.running is not None else "cotal-resume"
     async with LazyConnection(dest.broker.server, dest.broker.creds, name=name) as conn:
         try:
-            evidence, consents = await admit_at_broker(
+            evidence, consents, clock_note = await admit_at_broker(
                 req, layout, adm, conn, monitors, dest.broker.embedded
             )
             await checkpoints.check_handed_off(req, layout, adm, conn)
@@ -275,7 +276,7 @@ async def _admit_and_resume(
         try:
             with MaintenanceLock(layout, adm.manifest.attempt_id):
                 done = await _resume_locked(
-                    req, layout, adm, session, conn, dest, consents, admitted.inboxes
+                    req, layout, adm, session, conn, dest, (consents, clock_note), admitted.inboxes
                 )
         except BaseException:
             await release_broker(layout, dest.started)
@@ -294,6 +295,7 @@ async def _admit_and_resume(
         shared_broker=done.shared,
         inbox=done.inbox,
         adopted=True if dest.running is not None else UNSET,
+        clock=done.clock if done.clock is not None else UNSET,
     )
 
 
@@ -351,6 +353,7 @@ async def _rejoin(
         seats=observations(adm, resumed, await seat_rows(session)),
         eviction_evidence=[],
         signer=sig,
+        clock=record.clock if record.clock is not None else UNSET,
     )
 
 
@@ -414,7 +417,7 @@ async def _resume_locked(
     session: ManagerPort,
     conn: LazyConnection,
     dest: _Destination,
-    consents: list[Consent],
+    admitted_at: tuple[list[Consent], ClockNote | None],
     inboxes: dict[str, CarriedSpace],
 ) -> _Done:
     """Journal, custody, inboxes and trees, the hand-over to the manager, then its three resume
@@ -422,7 +425,7 @@ async def _resume_locked(
     attempt = adm.manifest.attempt_id
     # Read before anything is journaled or claimed, as the recency gate read it.
     config = registry.load_config(layout.root)
-    plan = _journal_intent(layout, adm, consents)
+    plan = _journal_intent(layout, adm, *admitted_at)
     identity = load_or_create_identity(layout, req.space)
     claims, shared, js = await _claim_custody(
         req, layout, adm, conn, dest, plan, identity.instance_id
@@ -449,7 +452,16 @@ async def _resume_locked(
     )
     final = await finalize(session, plan.journal, attempt, plan.descriptor, plan.consents, token)
     return _Done(
-        attempt, final.state, plan.relaunch, claims, shared, inbox, restored, plan.consents, resumed
+        attempt,
+        final.state,
+        plan.relaunch,
+        claims,
+        shared,
+        inbox,
+        restored,
+        plan.consents,
+        resumed,
+        plan.clock,
     )
 
 
@@ -466,6 +478,7 @@ class _Done:
     restored: list[RestoredTree]
     consents: list[Consent]
     resumed: list[Resumed]
+    clock: ClockNote | None
 
 
 async def _put_in_place(
@@ -508,9 +521,13 @@ class _Plan:
     descriptor: ResumeDescriptor
     consents: list[Consent]
     relaunch: bool
+    # Who vouched for this host's clock at the first admission, when not the kernel.
+    clock: ClockNote | None
 
 
-def _journal_intent(layout: Layout, adm: admit.Admission, consents: list[Consent]) -> _Plan:
+def _journal_intent(
+    layout: Layout, adm: admit.Admission, consents: list[Consent], clock: ClockNote | None
+) -> _Plan:
     """`resume-intent`, or the journal's own record of this attempt when a rerun continues it."""
     attempt = adm.manifest.attempt_id
     inventory = adm.inventory
@@ -544,6 +561,9 @@ def _journal_intent(layout: Layout, adm: admit.Admission, consents: list[Consent
         # A rerun of an admitted attempt: the operator's consent was journaled at its first
         # admission and stands; a fresh age reading must not contradict the record.
         consents = list(record.consents)
+    if record is not None and record.kind == "resume":
+        # Likewise who vouched for the clock then: the record is the evidence, not a re-read.
+        clock = record.clock
     # Past `resume-active` the trees were restored, the inboxes imported and the manager ran
     # the seats, which may have worked since: a rerun after that manager died restarts a
     # manager fenced to the attempt over what is there now and never restores again.
@@ -554,9 +574,9 @@ def _journal_intent(layout: Layout, adm: admit.Admission, consents: list[Consent
             "the trees and inboxes stay as the seats left them"
         )
     else:
-        journal.advance(attempt, RESUME_INTENT, resume=descriptor, consents=consents)
+        journal.advance(attempt, RESUME_INTENT, resume=descriptor, consents=consents, clock=clock)
     failpoint.reached("resume.after-resume-intent", layout.root)
-    return _Plan(journal, descriptor, consents, relaunch)
+    return _Plan(journal, descriptor, consents, relaunch, clock)
 
 
 async def _claim_custody(

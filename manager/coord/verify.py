@@ -7,22 +7,21 @@ The verification is one async run with one broker connection (the identity gate'
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime
 from pathlib import Path
 
 from msgspec import UNSET
 
-from manager import registry
 from manager.broker import presence
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
-from manager.checkpoint import admit, chain, clock, relocate
+from manager.checkpoint import admit, chain, relocate
 from manager.coord import mesh
 from manager.coord.admission import (
     BrokerRef,
     admit_integrity,
     agent_settings,
     chain_of,
+    recency_gate,
     relocation_of,
     signer,
     trusted_keys,
@@ -68,13 +67,7 @@ async def verify(req: VerifyRequest, root: Path) -> VerifyResult:
         home=Path(os.path.expanduser("~")),
         maps=relocate.parse_maps(list(req.map)),
     )
-    consents = admit.recency(
-        adm,
-        now=datetime.now(UTC),
-        clock=clock.read_clock(),
-        accept_stale=req.accept_stale_checkpoint,
-        skew_ms=registry.load_config(layout.root).recency.skew_s * 1000,
-    )
+    consents, note = recency_gate(adm, layout, accept_stale=req.accept_stale_checkpoint)
     recency = "pass" if not consents else "stale, accepted by --accept-stale-checkpoint"
     return VerifyResult(
         src=str(src),
@@ -85,6 +78,7 @@ async def verify(req: VerifyRequest, root: Path) -> VerifyResult:
         signer=signer(adm, layout, req.space, pins),
         consents=consents,
         admitted=True,
+        clock=note if note is not None else UNSET,
     )
 
 

@@ -38,6 +38,7 @@ from protocol.maintenance import (
     DISCARDABLE_STATES,
     JOURNAL_CAP,
     RESUME_FILE,
+    ClockNote,
     Consent,
     Degraded,
     IllegalTransition,
@@ -250,6 +251,7 @@ class Journal:
         durable_commit_token: str | None = None,
         consents: list[Consent] | None = None,
         degraded: Degraded | None = None,
+        clock: ClockNote | None = None,
     ) -> JournalRecord:
         """Apply the journal table, bump the revision and publish atomically (fsync'd).
 
@@ -268,6 +270,7 @@ class Journal:
             durable_commit_token=durable_commit_token,
             consents=consents,
             degraded=degraded,
+            clock=clock,
         )
         if record is prev:
             return record

@@ -79,6 +79,12 @@ async def test_move_refuses_untrusted_then_moves_there_and_back(
         mover["sessionId"],
     )
     assert moved["downtimeMs"] > 0 and moved["totalMs"] >= moved["downtimeMs"]
+    # The test hook stood in for B's kernel clock when B admitted the seat: the move says so,
+    # as an operator's declaration would be said (the destination journaled it too).
+    assert moved["destinationClock"] == {
+        "source": "COTAL_TEST_CLOCK_STATUS",
+        "detail": "COTAL_TEST_CLOCK_STATUS=synchronized",
+    }
     # Exactly one process carries the uid, and it is B's seat.
     at_b = {r["name"]: r for r in b.ps()}
     assert sorted(at_b) == ["mover", "stay_b"]
@@ -97,8 +103,11 @@ async def test_move_refuses_untrusted_then_moves_there_and_back(
 
     # And back, the same way (A trusts B's signer for it).
     a.run("trust", "add", signer_key(b.root), "--name", "host-b")
-    back = b.json("move", "mover", "--to", stay_a["instanceId"])
-    assert [s["lifecycleUid"] for s in back["seats"]] == [mover["lifecycleUid"]]
+    back_text = b.run("move", "mover", "--to", stay_a["instanceId"]).stdout
+    assert "destination clock: COTAL_TEST_CLOCK_STATUS=synchronized (COTAL_TEST_CLOCK_STATUS)" in (
+        back_text
+    )
+    assert f"moved mover to {stay_a['instanceId']}: uid {mover['lifecycleUid']}" in back_text
     assert [r["name"] for r in b.ps()] == ["stay_b"]
     home = {r["name"]: r for r in a.ps()}
     assert sorted(home) == ["mover", "stay_a"]

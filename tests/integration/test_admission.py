@@ -624,7 +624,7 @@ async def test_an_unsynchronized_clock_refuses_before_any_age_with_no_override(c
             "(adjtimex state 5 (TIME_ERROR), status 0x40 (STA_UNSYNC), maximum error 16 s), so no "
             "checkpoint's age can be judged against it"
         )
-        assert "no override exists" in err.value.cure
+        assert "no per-run override exists" in err.value.cure
     assert adm.consents == []
 
 
@@ -986,6 +986,11 @@ async def test_checkpoint_verify_runs_the_gates_and_changes_nothing(
     }
     assert out == {
         "admitted": True,
+        # The suite's test hook stood in for the kernel's clock reading, and verify says so.
+        "clock": {
+            "source": "COTAL_TEST_CLOCK_STATUS",
+            "detail": "COTAL_TEST_CLOCK_STATUS=synchronized",
+        },
         "attemptId": cut.attempt_id,
         "space": "main",
         "consents": [],

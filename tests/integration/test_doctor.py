@@ -130,3 +130,26 @@ def test_the_clock_row_says_whether_a_resume_here_can_judge_age(root: Path) -> N
         assert kernel["warning"] is None
     else:
         assert "refuses clock-unsynchronized" in kernel["warning"]
+
+
+def test_the_clock_row_shows_an_operators_declaration_and_its_reason(root: Path) -> None:
+    (root / "cotal.toml").write_text(
+        '[recency]\nclock = "trusted"\nclock_reason = "the host keeps this container\'s clock"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "manager.cli", "doctor", "--json", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # The hook stands in for the kernel's unsynchronized answer, which the declaration meets.
+        env=cotal_env({"COTAL_TEST_CLOCK_STATUS": "unsynchronized"}),
+        cwd=root,
+    )
+    declared = rows(proc)["clock"]
+    assert (declared["synchronized"], declared["source"], declared["detail"]) == (
+        True,
+        "cotal.toml [recency] clock",
+        "trusted by the operator's declaration (the host keeps this container's clock); the "
+        "kernel reads COTAL_TEST_CLOCK_STATUS=unsynchronized",
+    )
+    assert "every admission here journals and prints that" in declared["warning"]

@@ -70,9 +70,85 @@ def test_an_unsynchronized_destination_clock_refuses_and_changes_nothing(
         "admission refused at the recency gate: this host's clock is not synchronized "
         f"({clock.TEST_HOOK_ENV}=unsynchronized), so no checkpoint's age can be judged"
     )
-    assert "no override exists" in doc["error"]
+    assert "no per-run override exists" in doc["error"]
+    assert '[recency] clock = "trusted" with clock_reason' in doc["error"]
     assert _listing(cli.root) == before
     assert Journal(Layout.at(cli.root)).load() is None
+
+
+REASON = "the VM's clock is kept by its hypervisor; no time daemon in this container"
+DECLARED = (
+    f"trusted by the operator's declaration ({REASON}); the kernel reads "
+    f"{clock.TEST_HOOK_ENV}=unsynchronized"
+)
+
+
+def test_a_declared_clock_admits_and_says_so_everywhere(cli: Cli, tmp_path: Path) -> None:
+    """A host that cannot run a time daemon: the operator's declaration in cotal.toml lets its
+    clock judge ages (the test hook standing in for the kernel's unsynchronized answer), and
+    the admission prints it, returns it and journals it, and `status` shows it."""
+    ckpt = _cut_with_horizon(cli, 3600)
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    copy = carry_to_new_host(cli.root, ckpt, carried, trust=False)
+    write(
+        cli.root / "cotal.toml",
+        f'[recency]\nhorizon_s = 3600\nclock = "trusted"\nclock_reason = "{REASON}"\n',
+    )
+    unsynced = {clock.TEST_HOOK_ENV: "unsynchronized"}
+    proc = cli.run(
+        "up", "--restore", str(copy), *trusting(copy), "--json", env=unsynced
+    )  # fmt: skip
+    note = {"source": clock.DECLARED, "detail": DECLARED}
+    assert json.loads(proc.stdout)["clock"] == note
+    assert f"clock: {DECLARED} ({clock.DECLARED})" in proc.stderr
+    record = Journal(Layout.at(cli.root)).load()
+    assert record is not None and record.state == "retired"
+    assert (record.clock.source, record.clock.detail) == (clock.DECLARED, DECLARED)
+    # The restored tree carries the cotal.toml the cut committed, without the declaration:
+    # this host's own is kept aside, and `status` reads what the manager now reads.
+    write(
+        cli.root / "cotal.toml",
+        f'[recency]\nhorizon_s = 3600\nclock = "trusted"\nclock_reason = "{REASON}"\n',
+    )
+    shown = cli.run("status", env=unsynced).stdout
+    assert f"clock     synchronized, by {clock.DECLARED}: {DECLARED}" in shown
+    status = json.loads(cli.run("status", "--json", env=unsynced).stdout)
+    assert status["clock"] == {"synchronized": True, **note}
+    cli.run("down")
+
+
+def test_the_test_hook_is_journaled_where_it_stands_in(cli: Cli, tmp_path: Path) -> None:
+    ckpt = _cut_with_horizon(cli, 3600)
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    copy = carry_to_new_host(cli.root, ckpt, carried, trust=False)
+    proc = cli.run("up", "--restore", str(copy), *trusting(copy), "--json")
+    hooked = {"source": clock.TEST_HOOK_ENV, "detail": f"{clock.TEST_HOOK_ENV}=synchronized"}
+    assert json.loads(proc.stdout)["clock"] == hooked
+    record = Journal(Layout.at(cli.root)).load()
+    assert record is not None and record.clock is not None
+    assert (record.clock.source, record.clock.detail) == (hooked["source"], hooked["detail"])
+    cli.run("down")
+
+
+@pytest.mark.parametrize(
+    ("table", "fault"),
+    [
+        ('clock = "trusted"\n', '[recency] clock = "trusted" needs clock_reason'),
+        ('clock_reason = "why"\n', '[recency] clock_reason is only read with clock = "trusted"'),
+        ('clock = "sometimes"\n', "Invalid enum value 'sometimes' - at `$.recency.clock`"),
+    ],
+)
+def test_a_clock_declaration_is_strict(tmp_path: Path, table: str, fault: str) -> None:
+    from manager import registry
+    from protocol.errors import Refusal
+
+    write(tmp_path / "cotal.toml", "[recency]\n" + table)
+    with pytest.raises(Refusal) as err:
+        registry.load_config(tmp_path)
+    assert err.value.code == "bad-config"
+    assert fault in err.value.message, err.value.message
 
 
 def test_the_real_reading_is_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
