@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 
 from connectors.base import (
     ByteReceive,
@@ -48,6 +47,7 @@ from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.interpreter import own_python
 from connectors.launchkit import (
     UUID_RE,
+    KeyedEndpointConfig,
     base_env,
     check_prompt,
     configured_binary,
@@ -258,19 +258,13 @@ def relocate_claude_session(
 # -- the configuration ----------------------------------------------------------------------------
 
 
-class ClaudeConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class ClaudeConfig(KeyedEndpointConfig, frozen=True):
     """`[agents.claude]`: an Anthropic Messages endpoint (default: Claude Code's own), the
     model, where the key comes from (a variable or a 0600 file; else an OAuth token or the
     operator's `claude login`), the permission mode, the executable, and variables passed
     through to the seat. Anything else is refused."""
 
-    base_url: str | None = None
-    model: str | None = None
-    api_key_env: str | None = None
-    api_key_file: str | None = None
     permission_mode: str | None = None
-    binary: str | None = None
-    extra_env: list[str] = []
 
 
 # -- the connector --------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 
 from connectors.base import (
     ByteReceive,
@@ -47,6 +46,7 @@ from connectors.driverkit import JsonStdioDriver, Turn
 from connectors.harnesses import Native, binary_of, get_pin
 from connectors.launchkit import (
     UUID_RE,
+    KeyedEndpointConfig,
     base_env,
     check_prompt,
     configured_binary,
@@ -209,20 +209,14 @@ def relocate_codex_session(
 # -- the connector --------------------------------------------------------------------------------
 
 
-class CodexConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+class CodexConfig(KeyedEndpointConfig, frozen=True):
     """`[agents.codex]`: an OpenAI Responses endpoint and model, where the key comes from (a
     variable or a 0600 file), what Codex may do without asking and its sandbox for the commands
     it runs, the executable, and variables passed through to the seat. Anything else is
     refused."""
 
-    base_url: str | None = None
-    model: str | None = None
-    api_key_env: str | None = None
-    api_key_file: str | None = None
     approval_policy: str | None = None
     sandbox: str | None = None
-    binary: str | None = None
-    extra_env: list[str] = []
 
 
 class CodexConnector:

@@ -120,6 +120,19 @@ def unknown_keys(config: Mapping[str, Any], config_type: type[msgspec.Struct]) -
     return sorted(set(config) - set(config_type.__struct_fields__))
 
 
+class KeyedEndpointConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """The settings every harness that calls a provider with a key shares: the endpoint, the
+    model, where the key comes from (the NAME of a variable, or a 0600 file), the executable,
+    and the variables passed through to the seat. A connector's own record adds its own."""
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    api_key_file: str | None = None
+    binary: str | None = None
+    extra_env: list[str] = []
+
+
 def decode_config(
     agent: str,
     config: Mapping[str, Any],
