@@ -335,6 +335,19 @@ async def _already_sealed(layout: Layout, record: JournalRecord, opts: CutOption
     )
     if status is not None and status.seats and not sealed_here:
         raise sealed_cut_waiting(record.attempt_id, status.seats)
+    # Nothing runs here now: the sealed cut answers only for seats it holds. Named seats it
+    # does not hold were never captured by it, so "already sealed" would report a cut that
+    # captured nothing of them.
+    held = {a.name for a in Journal(layout).resume_document(record).agents}
+    missing = sorted(set(opts.seats) - held)
+    if missing:
+        raise Refusal(
+            Code.NO_SUCH_SEAT,
+            f"cut {record.attempt_id} is sealed here with seat(s) {', '.join(sorted(held))}; "
+            f"{', '.join(missing)} is not among them and no manager runs here to cut it",
+            f"resume, pack or discard cut {record.attempt_id} first (`cotal checkpoint list`); "
+            "nothing was fenced or stopped",
+        )
     return AlreadySealed(record)
 
 

@@ -332,3 +332,26 @@ async def test_a_seats_message_sent_while_the_move_holds_its_recipient_arrives_t
         if line.startswith("{") and '"delivery.received"' in line
     ]
     assert [e["sender"] for e in received].count("teller") == 1, received
+
+
+async def test_a_move_after_a_sealed_cut_of_another_seat_refuses_before_the_fence(
+    two_roots: tuple[Cli, Cli],
+) -> None:
+    """Some, then a move: the sealed cut waiting in A is not the move's, so the move refuses by
+    name before anything is fenced, and the seat runs on as it was."""
+    a, b = two_roots
+    mover = a.json(
+        "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    a.json("spawn", "kept", "--agent", "scribe", "--cwd", str(seat_repo(a, "kept")))
+    sealed = a.json("down", "--preserve-state", "--seat", "kept")
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    to_b = b.json("status")["instanceId"]
+    out = a.run("move", "mover", "--to", to_b, "--json", check=False, timeout=120)
+    assert f"cut {sealed['attemptId']} is sealed and waiting" in refused(out, "sealed-cut-waiting")
+    [row] = a.ps()
+    assert (row["name"], row["pid"], row["state"]) == ("mover", mover["pid"], "running")
+    assert b.ps() == []
+    reply = a.json("send", "mover", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply

@@ -15,6 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
+from manager.workspace.journal import Journal
+from manager.workspace.layout import Layout
 from tests.conftest import Cli
 from tests.gitrepo import committed_repo
 from tests.helpers import refused, wait_until
@@ -154,3 +156,23 @@ async def test_a_rerun_finishes_the_cut_a_dead_coordinator_began(cli: Cli) -> No
     refused(other, "sealed-cut-waiting")
     assert pids(cli) == after
     cli.run("down")
+
+
+async def test_a_cut_after_a_whole_cut_is_answered_only_for_the_seats_it_sealed(cli: Cli) -> None:
+    """Whole, then some: the sealed whole cut answers a cut of seats it holds, and refuses, by
+    name and changing nothing, one that names a seat it never captured."""
+    seats = mesh_of_three(cli)
+    whole = cli.json("down", "--preserve-state")
+    assert (whole["journal"], sorted(s["name"] for s in whole["seats"])) == (
+        "ready",
+        ["a", "b", "c"],
+    )
+    again = cli.json("down", "--preserve-state", "--seat", "b")
+    assert (again["attemptId"], again["alreadyComplete"]) == (whole["attemptId"], True)
+    stranger = cli.run("down", "--preserve-state", "--seat", "zed", "--json", check=False)
+    message = refused(stranger, "no-such-seat")
+    assert f"cut {whole['attemptId']} is sealed here with seat(s) a, b, c; zed" in message
+    record = Journal(Layout.at(cli.root)).load()
+    assert record is not None
+    assert (record.attempt_id, record.state) == (whole["attemptId"], "ready")
+    assert seats["b"]["lifecycleUid"] in {s["lifecycleUid"] for s in whole["seats"]}
