@@ -151,6 +151,10 @@ class SeatRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     allow_send: AllowSend = []
     subscribe: Channels = []
     allow_post: Channels = []
+    # The launch profile revision the seat was spawned or adopted under (`registry.profile_
+    # digest`): every relaunch re-derives it from `cotal.toml` and refuses one that changed. A
+    # record written before the field existed names none, and takes the first relaunch's.
+    profile: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
 
 
 def exit_text(returncode: int | None) -> str | None:

@@ -989,9 +989,10 @@ class Code(StrEnum):
         "profile-drift",
         "this host's `cotal.toml` settings for the agent differ from the source's, or the seat's "
         "resume entry carries an `--allow-send` its signed record does not pin (altered since "
-        "the cut)",
-        "make cotal.toml here match the source's settings for that agent (an altered entry: "
-        "copy the checkpoint again from the source); no override",
+        "the cut), or, at a relaunch (a crash restart, `cotal start`, a manager's restart), "
+        "from those the seat was spawned or adopted under",
+        "make cotal.toml here match the settings the seat was cut or started under for that "
+        "agent (an altered entry: copy the checkpoint again from the source); no override",
     )
     PROTOCOL = ("protocol", "the manager's reply does not match the request", "report this")
     PUBLISH_FAILED = (

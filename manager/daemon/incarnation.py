@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import structlog
@@ -103,6 +103,8 @@ class IncarnationOwner(teardown.TeardownOwner, MeshOwner, Protocol):
 
     async def persist_off_loop(self, seat: Seat) -> None: ...
 
+    def refuse(self, seat: Seat, reason: str, *, footprint_owned: bool) -> None: ...
+
 
 class Incarnations:
     """The Manager's seats' processes, from launch to proven stop."""
@@ -127,7 +129,7 @@ class Incarnations:
         resume: str | None = None,
     ) -> LaunchOpts:
         mgr = self.mgr
-        settings = dict(registry.agent_settings(mgr.config, seat.agent))
+        settings = self._profiled_settings(seat)
         return LaunchOpts(
             space=mgr.space,
             name=seat.name,
@@ -142,6 +144,32 @@ class Incarnations:
             config=settings,
             mesh_dir=mgr.layout.seat_mesh_dir(seat.name, seat.uid),
         )
+
+    def _profiled_settings(self, seat: Seat) -> dict[str, Any]:
+        """This root's settings for the seat's agent, read from `cotal.toml` now, once they
+        prove to be the launch profile the seat was spawned or adopted under: a relaunch
+        (after a crash, a stop, or this manager's own restart) never runs a seat under an
+        edited profile, which would be a different seat wearing a recovered transcript."""
+        settings = dict(
+            registry.agent_settings(registry.load_config(self.mgr.layout.root), seat.agent)
+        )
+        model = seat.model or settings.get("model")
+        now = registry.profile_digest(
+            seat.agent, model, settings, seat.allow_send, seat.subscribe, seat.allow_post
+        )
+        if seat.profile is None:
+            seat.profile = now
+        elif seat.profile != now:
+            raise Refusal(
+                Code.PROFILE_DRIFT,
+                f"seat {seat.name}: this root's launch profile for {seat.agent} is now revision "
+                f"{now}, not the {seat.profile} the seat was started under (cotal.toml changed)",
+                f"put cotal.toml's [agents.{seat.agent}] back as it was (its model, permission "
+                f"and sandbox settings), then `cotal start {seat.name}` (after `cotal stop "
+                f"{seat.name}` if it shows failed), or `cotal rm {seat.name}` and spawn it again "
+                "under the new profile; its inbox and session are kept",
+            )
+        return settings
 
     async def launch(
         self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None
@@ -547,6 +575,11 @@ class Incarnations:
     async def _recovery_refused(self, seat: Seat, exc: Refusal) -> None:
         if exc.code == Code.CUSTODY_NOT_HELD:
             await self.mgr.watchers.evict(seat, None, exc.message)
+            return
+        if exc.code == Code.PROFILE_DRIFT:
+            # The operator's edit, not the seat's fault: kept `failed` with its footprint and
+            # the reason, to start again once the profile is back (or to remove).
+            self.mgr.refuse(seat, exc.text, footprint_owned=True)
             return
         log.error("seat.recovery_failed", seat=seat.name, error=exc.text)
         if self.mgr.active:

@@ -135,6 +135,7 @@ class Readoption:
                 allow_send=tuple(record.allow_send),
                 subscribe=tuple(record.subscribe),
                 allow_post=tuple(record.allow_post),
+                profile=record.profile,
             )
             try:
                 mgr.adopt(seat)

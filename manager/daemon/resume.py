@@ -288,6 +288,8 @@ class Resumption:
             allow_send=tuple(agent.launch.allow_send),
             subscribe=tuple(agent.launch.subscribe),
             allow_post=tuple(agent.launch.allow_post),
+            # The revision admission proved this root's settings reproduce.
+            profile=agent.launch.profile_sha256,
         )
 
     # -- commit-resume / finalize-resume -----------------------------------------------------

@@ -101,6 +101,9 @@ class Seat:
     # fixed at spawn and kept as `allow_send` is.
     subscribe: tuple[str, ...] = ()
     allow_post: tuple[str, ...] = ()
+    # The launch profile revision it was spawned or adopted under; every launch re-derives it
+    # from `cotal.toml` and refuses `profile-drift` when it changed (`Incarnations.opts`).
+    profile: str | None = None
 
     @property
     def state(self) -> SeatState:

@@ -63,6 +63,7 @@ def record_of(seat: Seat) -> SeatRecord:
         allow_send=list(seat.allow_send),
         subscribe=list(seat.subscribe),
         allow_post=list(seat.allow_post),
+        profile=seat.profile,
     )
 
 

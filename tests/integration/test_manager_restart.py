@@ -16,7 +16,7 @@ from manager.daemon.delivery import reply_id
 from protocol.lifecycle import decode_seat_record
 from tests.conftest import Cli
 from tests.harness import mode
-from tests.helpers import broker, pid_alive, wait_gone, wait_until
+from tests.helpers import broker, pid_alive, refused, wait_gone, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -179,3 +179,48 @@ async def test_a_seat_whose_custody_moved_is_listed_failed_and_never_relaunched(
         assert not record_file.exists()
     finally:
         mesh.run("down", check=False)
+
+
+async def test_a_seat_never_runs_again_under_an_edited_profile(mesh: Cli) -> None:
+    """The manager re-derives a seat's launch profile at every relaunch: a seat re-adopted
+    after its manager died, with `cotal.toml` edited meanwhile, is refused by name and kept
+    (inbox, session, record), and runs again once the profile is back."""
+    (mesh.root / "cotal.toml").write_text('[agents.scribe]\nmodel = "first"\n')
+    spawned = mesh.json("spawn", "drifter", "--agent", "scribe")
+    reply = mesh.json("send", "drifter", "remember the phrase drift-9", "--wait")
+    assert reply["reply"] == "Noted: drift-9."
+    record = decode_seat_record(
+        (mesh.root / ".cotal" / "seats" / f"drifter-{spawned['lifecycleUid']}.json").read_bytes(),
+        where="test",
+    )
+    assert record.profile is not None
+    daemon = mesh.json("status")["pid"]
+    os.kill(daemon, signal.SIGKILL)
+    await wait_gone([daemon, spawned["pid"]], timeout=20)
+
+    (mesh.root / "cotal.toml").write_text('[agents.scribe]\nmodel = "second"\n')
+    mesh.run("up", "--detach")
+    # ps is another process's view: polled under a deadline.
+    await wait_until(lambda: [r["state"] for r in mesh.ps()] == ["failed"], timeout=60, every=0.2)
+    [row] = mesh.ps()
+    assert row["lifecycleUid"] == spawned["lifecycleUid"]
+    assert "seat drifter: this root's launch profile for scribe is now revision" in row["reason"], (
+        row
+    )
+    assert f"not the {record.profile} the seat was started under" in row["reason"], row
+
+    assert (
+        "then `cotal start drifter` (after `cotal stop drifter` if it shows failed)"
+        in (row["reason"])
+    )
+    # Starting it under the edited profile is refused too, and leaves it stopped.
+    mesh.run("stop", "drifter")
+    again = mesh.run("start", "drifter", "--json", check=False)
+    assert "launch profile for scribe is now revision" in refused(again, "profile-drift")
+    assert mesh.ps()[0]["state"] == "stopped"
+    (mesh.root / "cotal.toml").write_text('[agents.scribe]\nmodel = "first"\n')
+    restarted = mesh.json("start", "drifter")
+    assert restarted["lifecycleUid"] == spawned["lifecycleUid"]
+    assert restarted["sessionId"] == spawned["sessionId"]
+    reply = mesh.json("send", "drifter", "What was the phrase?", "--wait")
+    assert reply["reply"] == "The phrase is drift-9."

@@ -217,15 +217,15 @@ class SeatHandlers:
             )
         held = await custody.establish(mgr.custody_bucket(), seat.name, seat.uid, me)
         seat.custody_revision, seat.generation_at_broker = held.revision, held.record.generation
+        # The launch's settings fix the seat's profile revision, so the record names it.
+        incarnations = mgr.incarnations
+        opts = incarnations.opts(seat, prompt=args.prompt, resume=args.resume)
         # On disk before the launch: a manager that dies from here on leaves a record its
         # successor re-adopts, not an orphaned durable and custody key.
         seatfile.save(mgr.layout, seat)
         seat.fence = WriterFence(mgr.js, mgr.space, seat.name, me, 0)
         await seat.fence.establish()
-        incarnations = mgr.incarnations
-        await incarnations.start(
-            seat, incarnations.opts(seat, prompt=args.prompt, resume=args.resume)
-        )
+        await incarnations.start(seat, opts)
 
     # -- the seat verbs -------------------------------------------------------------------------
 
