@@ -279,6 +279,9 @@ async def _admit_and_resume(
                     req, layout, adm, session, conn, dest, (consents, clock_note), admitted.inboxes
                 )
         except BaseException:
+            # The client goes first: a broker stopped under an open client sets it
+            # reconnecting, and its close then races that reconnect.
+            await conn.aclose()
             await release_broker(layout, dest.started)
             raise
     return RestoreResult(
