@@ -35,8 +35,10 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from connectors.interpreter import own_python
+from manager import registry
 from manager.broker import carry
 from manager.broker.precopyfetch import decode_fetched, size_and_digest
+from manager.checkpoint import clock
 from manager.checkpoint.chain import grow_seed, precopy_file, precopy_seed, sweep_precopies
 from manager.checkpoint.gitstate import BACKGROUND
 from manager.coord import restore
@@ -185,7 +187,24 @@ class Mover:
                 f"on the destination: `cotal trust add {probe.signer} --name NAME` after "
                 "checking the key out of band; nothing was fenced",
             )
+        self._check_clock()
         return move.MoveAnswer(ok=True)
+
+    def _check_clock(self) -> None:
+        """The recency gate this root's admission will pass, asked before the source fences
+        anything: a clock nobody vouches for refuses here, not after the seats stopped."""
+        mgr = self.mgr
+        declared = registry.trusted_clock_reason(registry.load_config(mgr.layout.root).recency)
+        reading = clock.read_clock(declared)
+        if not reading.synchronized:
+            raise Refusal(
+                Code.CLOCK_UNSYNCHRONIZED,
+                f"destination {mgr.identity.instance_id}'s clock is not synchronized "
+                f"({reading.detail}), so its admission could judge no checkpoint's age",
+                "synchronize the destination's clock (chrony, ntpd, systemd-timesyncd), or, "
+                'where none can run, declare [recency] clock = "trusted" with clock_reason '
+                "in its cotal.toml; nothing was fenced",
+            )
 
     async def _precopy(self, data: bytes) -> move.MoveAnswer:
         """Keep one seat's pre-copied history, indexed once now, outside any seat's downtime:

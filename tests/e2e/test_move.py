@@ -355,3 +355,25 @@ async def test_a_move_after_a_sealed_cut_of_another_seat_refuses_before_the_fenc
     assert b.ps() == []
     reply = a.json("send", "mover", "What was the phrase?", "--wait")
     assert reply["reply"] == f"The phrase is {PHRASE}.", reply
+
+
+async def test_a_destination_whose_clock_nobody_vouches_for_refuses_at_the_probe(
+    two_roots: tuple[Cli, Cli],
+) -> None:
+    """B's clock would refuse its admission (`clock-unsynchronized`): asked at the probe, so
+    the seat is never stopped for a move that could not land."""
+    a, b = two_roots
+    mover = a.json("spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")))
+    server = server_of(b)
+    b.run("down")
+    # The test hook stands in for B's kernel saying its clock is not kept in step.
+    b.run("up", "--detach", "--server", *server, env={"COTAL_TEST_CLOCK_STATUS": "unsynchronized"})
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    to_b = b.json("status")["instanceId"]
+    out = a.run("move", "mover", "--to", to_b, "--json", check=False, timeout=120)
+    message = refused(out, "clock-unsynchronized")
+    assert f"destination {to_b}'s clock is not synchronized" in message
+    assert "nothing was fenced" in message
+    [row] = a.ps()
+    assert (row["name"], row["pid"], row["state"]) == ("mover", mover["pid"], "running")
+    assert b.ps() == []
