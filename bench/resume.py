@@ -78,7 +78,7 @@ from bench.common import (  # noqa: E402
     timed,
     tree_digest,
 )
-from manager import logs  # noqa: E402
+from manager import logs, registry  # noqa: E402
 from manager.broker.connection import LazyConnection  # noqa: E402
 from manager.broker.presence import live_uids as read_live_uids  # noqa: E402
 from manager.checkpoint import admit  # noqa: E402
@@ -359,7 +359,7 @@ def bench_restore(
             root=recorded_root,
             live_uids=set(),
             held_uids=set(),
-            settings_for=agent_settings(settings_root),
+            settings_for=agent_settings(registry.load_config(settings_root.root)),
         )
         t2 = time.perf_counter()
         admit.recency(adm, now=datetime.now(UTC), clock=SHARED_CLOCK, accept_stale=False)

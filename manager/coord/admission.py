@@ -56,9 +56,8 @@ class BrokerRef:
     embedded: bool
 
 
-def agent_settings(layout: Layout) -> dict[str, Mapping[str, Any]]:
+def agent_settings(cfg: registry.FileConfig) -> dict[str, Mapping[str, Any]]:
     """This host's settings per known agent: the identity gate compares the recorded profile."""
-    cfg = registry.load_config(layout.root)
     return {agent: registry.agent_settings(cfg, agent) for agent in registry.KNOWN}
 
 
@@ -409,6 +408,17 @@ class BrokerFootprint:
                     path.unlink()
 
 
+@dataclass(frozen=True)
+class AtBroker:
+    """What gates 2 and 3 found: the eviction evidence, the consents taken, who vouched for the
+    clock (when not the kernel), and this root's `cotal.toml` as the gates read it."""
+
+    evidence: list[EvictionProof]
+    consents: list[Consent]
+    clock: ClockNote | None
+    config: registry.FileConfig
+
+
 async def admit_at_broker(
     req: RestoreRequest,
     layout: Layout,
@@ -416,11 +426,13 @@ async def admit_at_broker(
     conn: LazyConnection,
     monitors: list[str],
     embedded_broker: bool,
-) -> tuple[list[EvictionProof], list[Consent], ClockNote | None]:
+) -> AtBroker:
     """Gates 2 and 3, with the roster read and any eviction evidence they need: the `--monitor`
     endpoints, and the embedded broker's own answer over this connection (it has no HTTP
-    monitor for seats to read)."""
+    monitor for seats to read). `cotal.toml` is read once, here, and what the gates read is
+    what the rest of the resume uses."""
     space = req.space
+    config = registry.load_config(layout.root)
     js = await conn.jetstream()
     sources: list[ConnectionList] = [MonitorEndpoint(m) for m in monitors]
     if embedded_broker:
@@ -444,20 +456,19 @@ async def admit_at_broker(
         root=layout.root,
         live_uids=set(eviction.live),
         held_uids=set(),
-        settings_for=agent_settings(layout),
+        settings_for=agent_settings(config),
         home=Path(os.path.expanduser("~")),
         maps=relocate.parse_maps(list(req.map)),
     )
-    consents, note = recency_gate(adm, layout, accept_stale=req.accept_stale_checkpoint)
-    return evidence, consents, note
+    consents, note = recency_gate(adm, config.recency, accept_stale=req.accept_stale_checkpoint)
+    return AtBroker(evidence, consents, note, config)
 
 
 def recency_gate(
-    adm: admit.Admission, layout: Layout, *, accept_stale: bool
+    adm: admit.Admission, recency: registry.RecencyConfig, *, accept_stale: bool
 ) -> tuple[list[Consent], ClockNote | None]:
     """Gate 3 against this host's clock and this root's `[recency]`: the consents it took,
     and who vouched for the clock when not the kernel."""
-    recency = registry.load_config(layout.root).recency
     reading, note = read_clock(recency)
     consents = admit.recency(
         adm,

@@ -38,6 +38,7 @@ from manager.control.client import ControlSession
 from manager.coord import checkpoints, mesh
 from manager.coord.admission import (
     Admitted,
+    AtBroker,
     BrokerFootprint,
     BrokerRef,
     CarriedSpace,
@@ -258,15 +259,13 @@ async def _admit_and_resume(
     name = "cotal-adopt" if dest.running is not None else "cotal-resume"
     async with LazyConnection(dest.broker.server, dest.broker.creds, name=name) as conn:
         try:
-            evidence, consents, clock_note = await admit_at_broker(
-                req, layout, adm, conn, monitors, dest.broker.embedded
-            )
+            found = await admit_at_broker(req, layout, adm, conn, monitors, dest.broker.embedded)
             await checkpoints.check_handed_off(req, layout, adm, conn)
         except BaseException:
             await conn.aclose()
             await dest.undo()
             raise
-        for c in consents:
+        for c in found.consents:
             _say(
                 f"CONSENT: seat {c.seat} captured {c.captured_at} is {c.age_ms} ms old, beyond "
                 f"its {c.horizon_ms} ms horizon; admitted by --accept-stale-checkpoint"
@@ -276,7 +275,7 @@ async def _admit_and_resume(
         try:
             with MaintenanceLock(layout, adm.manifest.attempt_id):
                 done = await _resume_locked(
-                    req, layout, adm, session, conn, dest, (consents, clock_note), admitted.inboxes
+                    req, layout, adm, session, conn, dest, found, admitted.inboxes
                 )
         except BaseException:
             # The client goes first: a broker stopped under an open client sets it
@@ -293,7 +292,7 @@ async def _admit_and_resume(
         restored=done.restored,
         consents=done.consents,
         seats=observations(adm, done.resumed, await seat_rows(session)),
-        eviction_evidence=evidence,
+        eviction_evidence=found.evidence,
         signer=admitted.signer,
         shared_broker=done.shared,
         inbox=done.inbox,
@@ -420,15 +419,13 @@ async def _resume_locked(
     session: ManagerPort,
     conn: LazyConnection,
     dest: _Destination,
-    admitted_at: tuple[list[Consent], ClockNote | None],
+    found: AtBroker,
     inboxes: dict[str, CarriedSpace],
 ) -> _Done:
     """Journal, custody, inboxes and trees, the hand-over to the manager, then its three resume
     ops, under the lock."""
     attempt = adm.manifest.attempt_id
-    # Read before anything is journaled or claimed, as the recency gate read it.
-    config = registry.load_config(layout.root)
-    plan = _journal_intent(layout, adm, *admitted_at)
+    plan = _journal_intent(layout, adm, found.consents, found.clock)
     identity = load_or_create_identity(layout, req.space)
     claims, shared, js = await _claim_custody(
         req, layout, adm, conn, dest, plan, identity.instance_id
@@ -437,7 +434,10 @@ async def _resume_locked(
     inbox: list[InboxImported] = []
     restored: list[RestoredTree] = []
     if not plan.relaunch:
-        inbox, restored = await _put_in_place(req, layout, adm, js, dest, inboxes, shared, config)
+        # `cotal.toml` as the gates read it, before anything was journaled or claimed.
+        inbox, restored = await _put_in_place(
+            req, layout, adm, js, dest, inboxes, shared, found.config
+        )
     # The broker's last use by this coordinator: the manager is its client from here on, and
     # an embedded broker passes to the manager's mesh record as it runs.
     await conn.aclose()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from msgspec import UNSET
 
+from manager import registry
 from manager.broker import presence
 from manager.broker.connection import LazyConnection
 from manager.broker.retry import phase
@@ -57,17 +58,18 @@ async def verify(req: VerifyRequest, root: Path) -> VerifyResult:
     async with LazyConnection(broker.server, broker.creds, name="cotal-admission") as conn:
         with phase("admission (presence)"):
             live = await presence.live_uids(await conn.jetstream(), adm.manifest.space)
+    config = registry.load_config(layout.root)
     admit.identity(
         adm,
         space=adm.manifest.space,
         root=layout.root,
         live_uids=set(live),
         held_uids=set(),
-        settings_for=agent_settings(layout),
+        settings_for=agent_settings(config),
         home=Path(os.path.expanduser("~")),
         maps=relocate.parse_maps(list(req.map)),
     )
-    consents, note = recency_gate(adm, layout, accept_stale=req.accept_stale_checkpoint)
+    consents, note = recency_gate(adm, config.recency, accept_stale=req.accept_stale_checkpoint)
     recency = "pass" if not consents else "stale, accepted by --accept-stale-checkpoint"
     return VerifyResult(
         src=str(src),

@@ -17,9 +17,8 @@ registered from `protocol.control.OPS` and checked against it before the daemon 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 import structlog
@@ -102,9 +101,6 @@ class Manager:
         self.handle = handlers.serving(handlers.build(self))
 
     # -- the narrow view the cut and the resume get (SeatOwner) -----------------------------------
-
-    def agent_settings(self, agent: str) -> Mapping[str, Any]:
-        return registry.agent_settings(self.config, agent)
 
     def custody_bucket(self) -> KeyValue:
         if self.custody is None:

@@ -33,7 +33,13 @@ from manager.daemon.delivery import DeliveryBridge, DeliveryGate, SeatGate, Wait
 from manager.daemon.meshsend import MeshOwner, MeshSends
 from manager.daemon.meshsocket import MeshSocket
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
-from manager.daemon.seat import Incarnation, Seat, read_pointer, session_to_reopen
+from manager.daemon.seat import (
+    Incarnation,
+    Seat,
+    profiled_settings,
+    read_pointer,
+    session_to_reopen,
+)
 from manager.daemon.startfault import LaunchFault, StartFailed, decode_fault, next_try
 from manager.daemon.survivors import SurvivorScan
 from manager.daemon.watchers import Watchers
@@ -146,30 +152,7 @@ class Incarnations:
         )
 
     def _profiled_settings(self, seat: Seat) -> dict[str, Any]:
-        """This root's settings for the seat's agent, read from `cotal.toml` now, once they
-        prove to be the launch profile the seat was spawned or adopted under: a relaunch
-        (after a crash, a stop, or this manager's own restart) never runs a seat under an
-        edited profile, which would be a different seat wearing a recovered transcript."""
-        settings = dict(
-            registry.agent_settings(registry.load_config(self.mgr.layout.root), seat.agent)
-        )
-        model = seat.model or settings.get("model")
-        now = registry.profile_digest(
-            seat.agent, model, settings, seat.allow_send, seat.subscribe, seat.allow_post
-        )
-        if seat.profile is None:
-            seat.profile = now
-        elif seat.profile != now:
-            raise Refusal(
-                Code.PROFILE_DRIFT,
-                f"seat {seat.name}: this root's launch profile for {seat.agent} is now revision "
-                f"{now}, not the {seat.profile} the seat was started under (cotal.toml changed)",
-                f"put cotal.toml's [agents.{seat.agent}] back as it was (its model, permission "
-                f"and sandbox settings), then `cotal start {seat.name}` (after `cotal stop "
-                f"{seat.name}` if it shows failed), or `cotal rm {seat.name}` and spawn it again "
-                "under the new profile; its inbox and session are kept",
-            )
-        return settings
+        return profiled_settings(seat, registry.load_config(self.mgr.layout.root))[0]
 
     async def launch(
         self, seat: Seat, *, continue_session: str | None = None, resume: str | None = None

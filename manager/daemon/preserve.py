@@ -34,7 +34,8 @@ from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.checkpoint.references import reference_errors
 from manager.daemon.progress import ProgressLog
-from manager.daemon.seat import Seat, SeatOwner, read_pointer
+from manager.daemon.seat import Seat, SeatOwner, profiled_settings, read_pointer
+from manager.registry import FileConfig
 from manager.workspace.generation import current_generation
 from manager.workspace.journal import read_resume_document, write_resume_document
 from protocol import control, names
@@ -228,8 +229,11 @@ class Preservation:
 
     def _build_inventory(self, attempt: str, only: frozenset[str] = frozenset()) -> Inventory:
         mgr = self.mgr
+        # Read once for the plan: each entry records the profile its seat runs under, proven
+        # against the file now (a cut of a seat whose profile was edited since refuses).
+        config = registry.load_config(mgr.layout.root)
         agents = [
-            self._entry(seat)
+            self._entry(seat, config)
             for seat in sorted(mgr.seats.values(), key=lambda s: s.name)
             if not only or seat.name in only
         ]
@@ -242,10 +246,9 @@ class Preservation:
             agents=agents,
         )
 
-    def _entry(self, seat: Seat) -> Agent:
+    def _entry(self, seat: Seat, config: FileConfig) -> Agent:
         mgr = self.mgr
-        settings = mgr.agent_settings(seat.agent)
-        model = seat.model or settings.get("model")
+        settings, model = profiled_settings(seat, config)
         stores: list[str] = []
         if seat.spec is not None:
             home = Path(os.path.expanduser("~"))

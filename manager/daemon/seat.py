@@ -22,6 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from connectors.base import Connector, ContinuityClass, Driver, LaunchSpec
+from manager import registry
 from manager.broker.fence import WriterFence
 from manager.daemon.delivery import DeliveryBridge, DeliveryGate
 from manager.daemon.process import SeatHandle
@@ -238,8 +239,6 @@ class SeatOwner(Protocol):
     @property
     def delivery_gate(self) -> DeliveryGate: ...
 
-    def agent_settings(self, agent: str) -> Mapping[str, Any]: ...
-
     def custody_bucket(self) -> KeyValue: ...
 
     def presence_bucket(self) -> KeyValue: ...
@@ -280,3 +279,30 @@ class SeatOwner(Protocol):
         """The seat is stopped and a cut carries it from here: forget its record on disk, so a
         later manager of this root does not relaunch it behind the checkpoint's back."""
         ...
+
+
+def profiled_settings(seat: Seat, config: FileConfig) -> tuple[dict[str, Any], str | None]:
+    """This root's settings for the seat's agent in `config` (read from `cotal.toml` when it
+    is asked: a launch or a cut's plan), and the model they resolve, once they prove to be the
+    launch profile the seat was spawned or adopted under. A relaunch (after a crash, a stop,
+    or this manager's own restart) never runs a seat under an edited profile, which would be a
+    different seat wearing a recovered transcript; and a cut never records a profile the seat
+    did not run under. A seat not yet launched takes the revision these settings make."""
+    settings = dict(registry.agent_settings(config, seat.agent))
+    model = seat.model or settings.get("model")
+    now = registry.profile_digest(
+        seat.agent, model, settings, seat.allow_send, seat.subscribe, seat.allow_post
+    )
+    if seat.profile is None:
+        seat.profile = now
+    elif seat.profile != now:
+        raise Refusal(
+            Code.PROFILE_DRIFT,
+            f"seat {seat.name}: this root's launch profile for {seat.agent} is now revision "
+            f"{now}, not the {seat.profile} the seat was started under (cotal.toml changed)",
+            f"put cotal.toml's [agents.{seat.agent}] back as it was (its model, permission "
+            f"and sandbox settings), then `cotal start {seat.name}` (after `cotal stop "
+            f"{seat.name}` if it shows failed), or `cotal rm {seat.name}` and spawn it again "
+            "under the new profile; its inbox and session are kept",
+        )
+    return settings, model

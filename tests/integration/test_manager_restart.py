@@ -15,6 +15,7 @@ import pytest
 from manager.daemon.delivery import reply_id
 from protocol.lifecycle import decode_seat_record
 from tests.conftest import Cli
+from tests.gitrepo import committed_repo
 from tests.harness import mode
 from tests.helpers import broker, pid_alive, refused, wait_gone, wait_until
 
@@ -224,3 +225,21 @@ async def test_a_seat_never_runs_again_under_an_edited_profile(mesh: Cli) -> Non
     assert restarted["sessionId"] == spawned["sessionId"]
     reply = mesh.json("send", "drifter", "What was the phrase?", "--wait")
     assert reply["reply"] == "The phrase is drift-9."
+
+
+async def test_a_cut_never_records_a_profile_its_seat_did_not_run_under(mesh: Cli) -> None:
+    """The cut's plan proves each seat's profile against `cotal.toml` as a relaunch does: with
+    the file edited since the seat started, the cut refuses by name and stops nothing."""
+    (mesh.root / "cotal.toml").write_text('[agents.scribe]\nmodel = "first"\n')
+    cwd = committed_repo(mesh.root / "steady")
+    spawned = mesh.json("spawn", "steady", "--agent", "scribe", "--cwd", str(cwd))
+    (mesh.root / "cotal.toml").write_text('[agents.scribe]\nmodel = "second"\n')
+    cut = mesh.run("down", "--preserve-state", "--json", check=False)
+    assert "seat steady: this root's launch profile for scribe is now revision" in refused(
+        cut, "profile-drift"
+    )
+    [row] = mesh.ps()
+    assert (row["pid"], row["state"]) == (spawned["pid"], "running")
+    (mesh.root / "cotal.toml").write_text('[agents.scribe]\nmodel = "first"\n')
+    sealed = mesh.json("down", "--preserve-state")
+    assert [s["lifecycleUid"] for s in sealed["seats"]] == [spawned["lifecycleUid"]]
