@@ -34,6 +34,7 @@ from manager.broker.retry import riding_elections
 BATCH = 512
 FETCH_S = 10.0
 IDLE_S = 30.0
+FORGET_S = 2.0
 # The operations a bucket writes as a marker on a key's subject that mean "no value now".
 _GONE = frozenset({"DEL", "PURGE"})
 _GONE_REASONS = frozenset({"MaxAge", "Purge", "Remove"})
@@ -50,16 +51,31 @@ async def read(
     """Every message `config` selects that the stream holds when the reader is made, in
     order, in batches. The caller closes it (`contextlib.aclosing`) so that a refusal midway
     deletes the reader while the connection is still open."""
-    name = f"{prefix}-{secrets.token_hex(6)}"
-    ours = dataclasses.replace(
+    base = dataclasses.replace(
         config,
-        name=name,
         ack_policy=api.AckPolicy.NONE,
         inactive_threshold=IDLE_S,
         mem_storage=True,
         num_replicas=1,
     )
-    info = await riding_elections(f"reader of {what}", lambda: js.add_consumer(stream, ours))
+    made: list[str] = []
+
+    async def make() -> api.ConsumerInfo:
+        # A fresh name each attempt: the broker places a one-replica reader on one of the
+        # stream's peers, and for some seconds after a node dies it still counts that node as
+        # a peer. A reader placed there never answers, and asking again under the same name
+        # only finds that same reader; a new name is placed anew.
+        name = f"{prefix}-{secrets.token_hex(6)}"
+        made.append(name)
+        return await js.add_consumer(stream, dataclasses.replace(base, name=name))
+
+    try:
+        info = await riding_elections(f"reader of {what}", make)
+    except BaseException:
+        await _forget(js, stream, made)
+        raise
+    name = made[-1]
+    stale = made[:-1]
     try:
         left = int(info.num_pending or 0)
         if left == 0:
@@ -79,8 +95,16 @@ async def read(
             with anyio.CancelScope(shield=True):
                 await sub.unsubscribe()
     finally:
-        with anyio.CancelScope(shield=True), contextlib.suppress(NatsError):
-            await js.delete_consumer(stream, name)
+        await _forget(js, stream, [*stale, name])
+
+
+async def _forget(js: JetStreamContext, stream: str, names: list[str]) -> None:
+    """Delete the readers we made, each briefly: one placed on a node that died is removed by
+    the broker once it lapses (`IDLE_S`), so waiting on it longer gains nothing."""
+    with anyio.CancelScope(shield=True):
+        for name in names:
+            with anyio.move_on_after(FORGET_S), contextlib.suppress(NatsError, TimeoutError):
+                await js.delete_consumer(stream, name)
 
 
 async def _pull(

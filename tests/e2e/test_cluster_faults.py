@@ -562,10 +562,11 @@ async def test_resume_completes_when_a_follower_node_dies_while_it_restores(
     every later call go to the two nodes that remain, and they carry the rest of the resume.
 
     The resume is held (SIGSTOP) across the kill so that none of its connections is open to the
-    node as it dies: a request in flight on a connection to a dying node is lost and times out,
-    and an ephemeral consumer created in the next ~7 s (`kv.keys()` in admission) is placed on
-    the dead node about one time in three and times out too; cotal retries neither (see the
-    report). Those are not deterministic, so this test does not cover them."""
+    node as it dies: a request in flight on a connection to a dying node is lost and times out
+    (a retried call rides that out), and a reader created in the next ~7 s is placed on the dead
+    node about one time in three (each attempt now asks for a reader under a new name, which the
+    broker places anew: `test_reader_faults.py`). Neither is deterministic, so this test does
+    not cover them."""
     cluster = nats_cluster
     row, copy = cut_and_carry(cli, cluster, tmp_path)
     uid = row["lifecycleUid"]
