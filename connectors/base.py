@@ -31,7 +31,10 @@ if TYPE_CHECKING:
 
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
 Anchor = Literal["cwd", "workspace-root", "home"]
-TurnStatus = Literal["ok", "error", "aborted", "unknown"]
+TurnStatus = Literal["ok", "error", "aborted", "unknown", "provider-unavailable"]
+# The status of a turn that reached no answer because the harness's model provider could not be
+# reached or would not serve (`TurnOutcome` says what it promises).
+PROVIDER_UNAVAILABLE: TurnStatus = "provider-unavailable"
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,16 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class TurnOutcome:
-    """How one delivered prompt ended. Only `ok` is a clean terminal boundary worth an ack."""
+    """How one delivered prompt ended. Only `ok` is a clean terminal boundary worth an ack.
+
+    `provider-unavailable` is a terminal boundary too, with no reply: the harness's model
+    provider was unreachable (connection refused, reset, timed out) or would not serve for now
+    (rate limited, overloaded, a gateway down: HTTP 408, 429, 502, 503, 504, 529), after the
+    harness's own retries if it has any. The turn did not fail by itself and no provider call of
+    it is live, so the harness needs no restart and the manager hands it the same message again
+    after a backoff, without counting it against the message's delivery cap. A driver reports
+    it only for an end its harness attributes to the provider (`driverkit.unavailable_outcome`);
+    any other failure stays `error`, which does count."""
 
     status: TurnStatus
     reply: str = ""

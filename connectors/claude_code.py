@@ -43,7 +43,7 @@ from connectors.doctorkit import (
     version_run,
 )
 from connectors.driverkit import HarnessGone as HarnessGone
-from connectors.driverkit import JsonStdioDriver, Turn
+from connectors.driverkit import JsonStdioDriver, Turn, unavailable_outcome
 from connectors.interpreter import own_python
 from connectors.launchkit import (
     UUID_RE,
@@ -1183,7 +1183,11 @@ def judge_result(result: Mapping[str, Any], *, interrupted: bool = False) -> Tur
     text = text if isinstance(text, str) else ""
     if subtype == "success":
         if result.get("is_error") is True:
-            return TurnOutcome("error", detail=text or "claude reported an error")
+            # An unreachable or overloaded API (`API Error: 529 ...`, after Claude Code's own
+            # retries) is the provider's, not the turn's: `provider-unavailable`.
+            return unavailable_outcome(
+                TurnOutcome("error", detail=text or "claude reported an error")
+            )
         if result.get("is_error") is not False:
             return TurnOutcome(
                 "unknown", detail="claude's result does not say whether it is an error"

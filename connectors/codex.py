@@ -42,7 +42,7 @@ from connectors.doctorkit import (
     version_run,
 )
 from connectors.driverkit import HarnessGone as HarnessGone
-from connectors.driverkit import JsonStdioDriver, Turn
+from connectors.driverkit import JsonStdioDriver, Turn, unavailable_outcome
 from connectors.harnesses import Native, binary_of, get_pin
 from connectors.launchkit import (
     UUID_RE,
@@ -755,7 +755,10 @@ def judge_turn(done: Mapping[str, Any], *, reply: str, error: str) -> TurnOutcom
             return TurnOutcome("unknown", detail="the model produced no output")
         return TurnOutcome("ok", reply=reply)
     if status == "failed":
-        return TurnOutcome("error", detail=detail or "codex reported the turn failed")
+        # A provider down or rate limited (after Codex's own retries) is not the turn's fault.
+        return unavailable_outcome(
+            TurnOutcome("error", detail=detail or "codex reported the turn failed")
+        )
     if status == "interrupted":
         return TurnOutcome("aborted", detail="turn interrupted")
     return TurnOutcome("unknown", detail=f"codex ended the turn with status {status!r}")

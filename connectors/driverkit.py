@@ -12,6 +12,7 @@ protocol: what a line means, how a turn is sent and how its end is judged.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,13 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 import anyio
 from anyio.abc import TaskStatus
 
-from connectors.base import ByteReceive, ByteSend, TurnOutcome, framed_prompt
+from connectors.base import (
+    PROVIDER_UNAVAILABLE,
+    ByteReceive,
+    ByteSend,
+    TurnOutcome,
+    framed_prompt,
+)
 from connectors.privatefs import write_pointer
 from protocol.errors import Refusal
 from protocol.refusals import Code
@@ -47,6 +54,38 @@ def json_line(obj: dict[str, Any]) -> bytes:
     """One JSON object as a line without its newline. ensure_ascii keeps U+2028/U+2029 escaped,
     so no line-splitting reader can misframe it."""
     return json.dumps(obj, ensure_ascii=True).encode()
+
+
+# How the harnesses word a provider that could not serve a turn: the HTTP status leading the
+# error (pi `503 ...`, Claude Code `API Error: 529 ...`, Codex's `... status 429 ...`), or the
+# transport's own words for an endpoint that never answered. 500 is not among them: an internal
+# error can be the request's own doing, so it counts against the message as any failure does.
+_UNAVAILABLE_STATUS = re.compile(
+    r"^(?:API Error:\s*)?(?:408|429|502|503|504|529)\b"
+    r"|\bstatus(?: code)?:? (?:408|429|502|503|504|529)\b",
+    re.IGNORECASE,
+)
+_UNREACHABLE = re.compile(
+    r"\bconnection error\b|\bECONNREFUSED\b|\bECONNRESET\b|\bETIMEDOUT\b|\bENOTFOUND\b|"
+    r"\bEAI_AGAIN\b|\bfetch failed\b|\bconnection refused\b|\boverloaded_error\b|"
+    r"\brate_limit_error\b|\btoo many requests\b",
+    re.IGNORECASE,
+)
+
+
+def provider_unavailable(detail: str) -> bool:
+    """Whether a failed turn's error text says the model provider did not serve it (down,
+    unreachable, rate limited, overloaded), rather than the turn failing by itself."""
+    text = detail.strip()
+    return bool(_UNAVAILABLE_STATUS.search(text) or _UNREACHABLE.search(text))
+
+
+def unavailable_outcome(outcome: TurnOutcome) -> TurnOutcome:
+    """An `error` end the provider caused, reported as `provider-unavailable` (the connector
+    contract's kind for it, `connectors.base.TurnOutcome`); every other outcome as it is."""
+    if outcome.status == "error" and provider_unavailable(outcome.detail):
+        return TurnOutcome(PROVIDER_UNAVAILABLE, outcome.reply, outcome.detail)
+    return outcome
 
 
 class HarnessGone(Refusal):

@@ -41,7 +41,7 @@ from connectors.doctorkit import (
     version_run,
 )
 from connectors.driverkit import HarnessGone as HarnessGone
-from connectors.driverkit import JsonStdioDriver, Turn
+from connectors.driverkit import JsonStdioDriver, Turn, unavailable_outcome
 from connectors.launchkit import (
     UUID_RE,
     base_env,
@@ -783,7 +783,12 @@ def judge_turn(sent: str, agent_end: Mapping[str, Any]) -> TurnOutcome:
     final = assistants[-1]
     reason = final.get("stopReason")
     if reason == "error":
-        return TurnOutcome("error", detail=str(final.get("errorMessage") or "provider error"))
+        # pi runs with its own retries off (see `_write_agent_config`), so a provider that is
+        # down or rate limited ends the turn here, worded `503 ...`, `429 ...` or `Connection
+        # error.`: the manager's backoff, not the delivery cap, rides that out.
+        return unavailable_outcome(
+            TurnOutcome("error", detail=str(final.get("errorMessage") or "provider error"))
+        )
     if reason == "aborted":
         return TurnOutcome("aborted", detail=str(final.get("errorMessage") or "aborted"))
     if reason not in ("stop", "length"):

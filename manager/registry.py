@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
+from protocol import deadletter as dl
 from protocol import meshcall, names
 from protocol.checkpoint import check_carry_pattern
 from protocol.deadletter import DEFAULT_MAX_DELIVERIES, MAX_DELIVERIES_LIMIT
@@ -102,11 +103,29 @@ def trusted_clock_reason(recency: RecencyConfig) -> str | None:
 
 class DeliveryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """`[delivery]`: how many times one message is handed to a seat before it moves to the
-    seat's dead letters (docs/operations.md, "Dead letters")."""
+    seat's dead letters, and the backoff for a turn its model provider did not serve, which
+    counts toward no cap (docs/operations.md, "Dead letters")."""
 
     max_deliveries: Annotated[int, msgspec.Meta(ge=1, le=MAX_DELIVERIES_LIMIT)] = (
         DEFAULT_MAX_DELIVERIES
     )
+    backoff_initial_s: Annotated[
+        float, msgspec.Meta(ge=dl.BACKOFF_MIN_S, le=dl.BACKOFF_LIMIT_S)
+    ] = dl.DEFAULT_BACKOFF_INITIAL_S
+    backoff_coefficient: Annotated[float, msgspec.Meta(ge=1.0, le=dl.BACKOFF_COEFFICIENT_LIMIT)] = (
+        dl.DEFAULT_BACKOFF_COEFFICIENT
+    )
+    backoff_max_s: Annotated[float, msgspec.Meta(ge=dl.BACKOFF_MIN_S, le=dl.BACKOFF_LIMIT_S)] = (
+        dl.DEFAULT_BACKOFF_MAX_S
+    )
+    backoff_jitter: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = dl.DEFAULT_BACKOFF_JITTER
+
+    def __post_init__(self) -> None:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError(
+                f"[delivery] backoff_max_s ({self.backoff_max_s:g}) is below backoff_initial_s "
+                f"({self.backoff_initial_s:g}): raise backoff_max_s or lower backoff_initial_s"
+            )
 
 
 class SeatConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

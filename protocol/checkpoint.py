@@ -73,6 +73,11 @@ INBOX_FILE = "inbox.jsonl"
 # A subscribed channel's posts above the seat's ack floor in it, one file per channel.
 CHANNEL_FILE_PREFIX = "chan-"
 MAX_CARRIED_CHANNELS = 64
+# A seat's dead letters, carried beside its inbox so a cut or a move never waits on the operator
+# (protocol/deadletter.py). At most what the dead-letter stream keeps for one seat, bounded in
+# bytes as the inbox is, apart from it: they are never delivered, so they do not share its cap.
+DEAD_LETTER_FILE = "dead-letters.jsonl"
+MAX_CARRIED_DEAD_LETTERS = 10_000
 
 # A checkpoint carries an inbox, not a mailbox archive: past these the cut refuses by name.
 MAX_CARRIED_MESSAGES = 10_000
@@ -612,6 +617,21 @@ class ChannelState(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
         _check_window(f"posts of #{self.channel}", self.messages, self.durable)
 
 
+class DeadLetterState(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A seat's dead letters at the cut: how many, their payload bytes, and the file holding
+    them (`dead-letters.jsonl`, one `CarriedMessage` per line: its id at the source as `seq`,
+    the seat's dead-letter subject, its `Cotal-Dead-*` headers and the message's own bytes).
+    A destination puts them back into its own dead-letter stream, still dead letters."""
+
+    letters: Annotated[int, msgspec.Meta(ge=1, le=MAX_CARRIED_DEAD_LETTERS)]
+    letter_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_CARRIED_BYTES)]
+    file: FileRef
+
+    def __post_init__(self) -> None:
+        if self.file.file != DEAD_LETTER_FILE:
+            raise ValueError(f"dead letters must be {DEAD_LETTER_FILE!r}, not {self.file.file!r}")
+
+
 class SpaceRecord(
     msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True
 ):
@@ -630,6 +650,8 @@ class SpaceRecord(
     channels: Annotated[list[ChannelState], msgspec.Meta(max_length=MAX_CARRIED_CHANNELS)] = (
         msgspec.field(default_factory=list)
     )
+    # Omitted when the seat held none, for the same reason.
+    dead_letters: DeadLetterState | None = None
 
     def __post_init__(self) -> None:
         if self.inbox.file != INBOX_FILE:
@@ -709,6 +731,8 @@ class SpaceExport(msgspec.Struct, frozen=True):
     custody: CustodyAtCut
     messages: list[CarriedMessage]
     channels: list[ChannelExport] = msgspec.field(default_factory=list)
+    # The seat's dead letters (`DeadLetterState`), oldest first.
+    dead_letters: list[CarriedMessage] = msgspec.field(default_factory=list)
 
 
 class ChannelExport(msgspec.Struct, frozen=True):
@@ -994,6 +1018,8 @@ def checkpoint_files(record: SeatCheckpoint) -> list[FileRef]:
     if record.space_state is not None:
         files.append(record.space_state.inbox)
         files.extend(c.posts for c in record.space_state.channels)
+        if record.space_state.dead_letters is not None:
+            files.append(record.space_state.dead_letters.file)
     return files
 
 

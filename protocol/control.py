@@ -109,6 +109,12 @@ class DeadLettersArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
     name: str
 
 
+class RedeliverAllArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`redeliver-all-dead-letters`: put every dead letter of one seat back into its inbox."""
+
+    name: str
+
+
 # A dead letter's id is its sequence in the space's dead-letter stream.
 DeadLetterId = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
 
@@ -424,6 +430,22 @@ class RedeliverDeadLetterReply(
     delivery: int
 
 
+class RedeliverAllReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`redeliver-all-dead-letters`: every dead letter of the seat put back into its inbox, in
+    dead-letter order; `count` is all of them, `letters` the first `REDELIVER_ALL_LISTED`."""
+
+    name: str
+    lifecycle_uid: str
+    count: int
+    letters: list[RedeliverDeadLetterReply]
+    truncated: bool
+
+
+# What one `redeliver-all-dead-letters` reply lists of the letters it put back: a seat holds up
+# to 10,000, more than a control frame carries.
+REDELIVER_ALL_LISTED = 1000
+
+
 class TeardownRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     name: str
     lifecycle_uid: str
@@ -546,6 +568,9 @@ REDELIVER_DEAD_LETTER = Op(
     "redeliver-dead-letter", DeadLetterArgs, RedeliverDeadLetterReply, 1 * _KIB
 )
 DROP_DEAD_LETTER = Op("drop-dead-letter", DeadLetterArgs, DropDeadLetterReply, 1 * _KIB)
+REDELIVER_ALL_DEAD_LETTERS = Op(
+    "redeliver-all-dead-letters", RedeliverAllArgs, RedeliverAllReply, 1 * _KIB
+)
 SHUTDOWN = Op("shutdown", NoArgs, ShutdownReply, 1 * _KIB)
 PREPARE_PRESERVATION = Op("prepare-preservation", PrepareArgs, PrepareReply, 32 * _KIB)
 COMMIT_PRESERVATION = Op("commit-preservation", CommitPreservationArgs, CommitReply, 64 * _KIB)
@@ -569,6 +594,7 @@ OPS: dict[str, Op[Any, Any]] = {
         DEAD_LETTERS,
         REDELIVER_DEAD_LETTER,
         DROP_DEAD_LETTER,
+        REDELIVER_ALL_DEAD_LETTERS,
         SHUTDOWN,
         PREPARE_PRESERVATION,
         COMMIT_PRESERVATION,

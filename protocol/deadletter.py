@@ -15,6 +15,12 @@ from typing import Annotated
 
 import msgspec
 
+from protocol.checkpoint import (
+    INBOX_LINE_CAP,
+    CarriedMessage,
+    DeadLetterState,
+)
+from protocol.codec import decode_json
 from protocol.errors import DecodeError
 
 # How many times one message is handed to a seat before it moves to the seat's dead letters. The
@@ -22,6 +28,19 @@ from protocol.errors import DecodeError
 # every time is set aside at its third delivery, before a fourth crash retires the seat.
 DEFAULT_MAX_DELIVERIES = 3
 MAX_DELIVERIES_LIMIT = 100
+
+# A turn its model provider did not serve (`provider-unavailable`: down, unreachable, rate
+# limited) is tried again after a backoff and never counts toward the cap: an outage is not
+# poison. The policy is Temporal's: the first wait, each next one `coefficient` times the last,
+# none above the maximum, each drawn at random from its last `jitter` fraction so a fleet of
+# seats that met the same outage does not come back in step (`[delivery]` in cotal.toml).
+DEFAULT_BACKOFF_INITIAL_S = 2.0
+DEFAULT_BACKOFF_COEFFICIENT = 2.0
+DEFAULT_BACKOFF_MAX_S = 60.0
+DEFAULT_BACKOFF_JITTER = 0.2
+BACKOFF_MIN_S = 0.05
+BACKOFF_LIMIT_S = 3600.0
+BACKOFF_COEFFICIENT_LIMIT = 10.0
 
 # On a message put back into an inbox: the deliveries it had before.
 PRIOR_DELIVERIES = "Cotal-Prior-Deliveries"
@@ -94,6 +113,45 @@ def meta_of(headers: Mapping[str, str] | None) -> DeadLetterMeta:
         )
     except msgspec.ValidationError as exc:
         raise DecodeError("dead letter", str(exc)) from None
+
+
+def carried_headers(meta: DeadLetterMeta) -> dict[str, str]:
+    """What a dead letter carries through a cut: its `Cotal-Dead-*` headers and nothing else (no
+    message id: the destination's import is idempotent by the letter's own source sequence and
+    instant, which a rerun finds already there)."""
+    return headers_of(meta)
+
+
+def decode_dead_letters(data: bytes, state: DeadLetterState, subject: str) -> list[CarriedMessage]:
+    """`dead-letters.jsonl`, proven to be exactly what its record names: one `CarriedMessage`
+    a line under `INBOX_LINE_CAP`, each on the seat's own dead-letter `subject`, strictly
+    increasing ids, headers that are a dead letter's, and the count and payload bytes the
+    record says. A ValueError names the first line that is not."""
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    out: list[CarriedMessage] = []
+    payload = 0
+    for at, line in enumerate(lines, 1):
+        try:
+            letter = decode_json(
+                line, CarriedMessage, what="carried dead letter", cap=INBOX_LINE_CAP
+            )
+            meta_of(letter.headers)
+        except DecodeError as exc:
+            raise ValueError(f"dead letter line {at}: {exc.message}") from None
+        if letter.subject != subject:
+            raise ValueError(f"dead letter line {at} is on {letter.subject!r}, not {subject!r}")
+        if out and letter.seq <= out[-1].seq:
+            raise ValueError(f"dead letter line {at}: id {letter.seq} is not after {out[-1].seq}")
+        payload += letter.payload_bytes()
+        out.append(letter)
+    if len(out) != state.letters or payload != state.letter_bytes:
+        raise ValueError(
+            f"{len(out)} dead letters of {payload} bytes, where the record says "
+            f"{state.letters} of {state.letter_bytes}"
+        )
+    return out
 
 
 def prior_deliveries(headers: Mapping[str, str] | None) -> int:

@@ -9,14 +9,18 @@ store, adopt it). Each is answered by a `MoveAnswer`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 import msgspec
 
 from protocol.codec import decode_json, encode_json
 from protocol.inventory import AttemptId, SeatName
+from protocol.meshcall import AllowSend, Channels
 
 MOVE_CAP = 64 * 1024
+# A probe names each seat's launch profile and permission lists: up to 256 seats of them.
+PROBE_CAP = 1024 * 1024
 # What a carried checkpoint may weigh in the bucket (the repository of 2,000 commits with a
 # 32 MiB blob packs to about 40 MiB).
 OBJECT_CAP = 4 * 1024 * 1024 * 1024
@@ -25,11 +29,35 @@ Digest = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
 Uid = Annotated[str, msgspec.Meta(pattern="^[a-z0-9]{26,32}$")]
 
 
+class ProbedSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """What the destination must have for one seat, asked before the source fences anything:
+    the launch profile its admission will compare (the connector, the model the source
+    resolved, the permission lists and the digest they make with the source's settings), the
+    harness version the seat runs at the source (None when the source's check could not tell),
+    and how many bytes its history and carried files take (the pre-copy and the checkpoint
+    land in the destination's root)."""
+
+    name: SeatName
+    agent: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z")]
+    model: Annotated[str, msgspec.Meta(min_length=1, max_length=1024)] | None
+    profile: Digest
+    harness_version: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    # An estimate, not an object's size: a tree may hold more than one object can carry.
+    bytes: Annotated[int, msgspec.Meta(ge=0, le=1 << 62)] = 0
+    allow_send: AllowSend = []
+    subscribe: Channels = []
+    allow_post: Channels = []
+
+
 class MoveProbe(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     source: str
     signer: Annotated[str, msgspec.Meta(max_length=128)]
     seats: Annotated[list[SeatName], msgspec.Meta(min_length=1, max_length=256)]
     uids: Annotated[list[Uid], msgspec.Meta(min_length=1, max_length=256)]
+    # Each seat's profile, harness and size, for the destination's checks before the fence. A
+    # rerun whose source manager died sends none, and the destination then checks none of them
+    # (its admission still does, after the cut).
+    needs: Annotated[list[ProbedSeat], msgspec.Meta(max_length=256)] = []
 
 
 class MoveOffer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -80,12 +108,23 @@ class MoveAnswer(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     result: msgspec.Raw = msgspec.Raw(b"null")
 
 
+_VERSION = re.compile(r"\d+(?:\.\d+)+(?:[-+.]?[0-9A-Za-z][0-9A-Za-z.+-]*)?")
+
+
+def harness_version_key(text: str) -> str:
+    """What of a harness's version two hosts must agree on: the version number it names (`pi
+    0.73.1` and `0.73.1` are one version), or the whole text when it names none (scribe's
+    `built-in`)."""
+    found = _VERSION.search(text)
+    return found.group(0) if found else text.strip()
+
+
 def encode(record: MoveProbe | MoveOffer | MovePrecopy | MoveAnswer) -> bytes:
     return encode_json(record)
 
 
 def decode_probe(data: bytes) -> MoveProbe:
-    return decode_json(data, MoveProbe, what="move probe", cap=MOVE_CAP)
+    return decode_json(data, MoveProbe, what="move probe", cap=PROBE_CAP)
 
 
 def decode_offer(data: bytes) -> MoveOffer:

@@ -494,8 +494,10 @@ class Code(StrEnum):
     )
     DEAD_LETTERS_WAITING = (
         "dead-letters-waiting",
-        "a seat holds dead letters, which a cut does not carry",
-        "`cotal inbox NAME`, then `--redeliver ID` or `--drop ID` each; nothing was stopped",
+        "a seat's dead letters are more than a checkpoint carries beside its inbox (a cut "
+        "carries them, up to 64 MiB a seat)",
+        "`cotal inbox NAME`, then `--drop ID` what need not travel or `--redeliver-all`; "
+        "nothing was stopped",
     )
     DELIBERATE_QUIT = (
         "deliberate-quit",
@@ -632,6 +634,14 @@ class Code(StrEnum):
         "the driver can no longer talk to the harness: its output ended (it exited, or never "
         "reported ready)",
         "read the seat's log for why the harness exited, then restart the seat",
+    )
+    HARNESS_VERSION = (
+        "harness-version",
+        "the destination of a move has the seat's harness at another version than the one the "
+        "seat runs at the source; a session is resumed only by the version it was measured "
+        "with",
+        "install the source's version at the destination (`cotal tools install`, or "
+        "`agents.NAME.binary` in its cotal.toml), or move to a manager that has it",
     )
     HISTORY_NOT_ALLOWED = (
         "history-not-allowed",
@@ -844,6 +854,12 @@ class Code(StrEnum):
         "no-session",
         "the session to open has no transcript in the seat's store",
         "restore the seat's session store, or start the seat fresh",
+    )
+    NO_SPACE = (
+        "no-space",
+        "the destination of a move has too little free disk for the seats' pre-copied history "
+        "and checkpoint",
+        "free space in the destination's root (or move fewer seats), then rerun `cotal move`",
     )
     NO_SUCH_CHECKPOINT = (
         "no-such-checkpoint",

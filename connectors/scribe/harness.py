@@ -39,6 +39,9 @@ _ERROR_ONCE = re.compile(r"#error-once:([A-Za-z0-9_-]{1,64})")
 # Test aids for poison mail: every delivery fails, or each delivery up to the N-th does.
 _ERROR_ALWAYS = re.compile(r"#error-always\b")
 _ERROR_UNTIL = re.compile(r"#error-until:(\d{1,4})\b")
+# ... and a provider outage: the first N attempts of a message in this process end as though
+# its model provider were down (`provider-unavailable`), which is not the message's fault.
+_UNAVAILABLE = re.compile(r"#unavailable:(\d{1,4})\b")
 _CRASH = re.compile(r"#crash\b")
 _SLOW = re.compile(r"#slow:(\d{1,9})")
 # The mesh: each "Tell SEAT: TEXT" line is relayed as a direct message from this seat.
@@ -107,7 +110,8 @@ class DeltaOut(_Wire, tag="delta"):
 
 class TurnEndOut(_Wire, tag="turn_end"):
     id: str
-    status: Literal["ok", "error", "aborted"]
+    # `provider-unavailable`: the turn reached no model (connectors.base.TurnOutcome).
+    status: Literal["ok", "error", "aborted", "provider-unavailable"]
     reply: str
     detail: str
 
@@ -293,6 +297,7 @@ class Directives:
     forge_sender: str | None = None
     die_after_tell: str | None = None
     slow_after_tell_ms: int = 0
+    unavailable: int = 0
 
 
 def parse_directives(text: str) -> Directives:
@@ -302,7 +307,9 @@ def parse_directives(text: str) -> Directives:
     forge = _FORGE.search(text)
     die = _DIE_AFTER_TELL.search(text)
     slow_after = _SLOW_AFTER_TELL.search(text)
+    unavailable = _UNAVAILABLE.search(text)
     return Directives(
+        unavailable=int(unavailable.group(1)) if unavailable else 0,
         error_once=error_once.group(1) if error_once else None,
         crash=_CRASH.search(text) is not None,
         slow_ms=min(int(slow.group(1)), SLOW_CAP_MS) if slow else 0,
@@ -509,6 +516,8 @@ class Harness:
         self._in_turn = False
         self._abortable = False
         self._abort_requested = False
+        # `#unavailable:N` attempts seen per message id, in this process only.
+        self._outages: dict[str, int] = {}
         # The driver's lines, shared by the serving loop and a turn waiting on a mesh answer.
         self.lines: Iterator[bytes | None] | None = None
 
@@ -536,6 +545,16 @@ class Harness:
                 time.sleep(slow_ms / 1000)
         finally:
             self._abortable = False
+
+    def _provider_down(self, message_id: str, times: int) -> bool:
+        """The `#unavailable:N` aid: True for the first N attempts of this message here."""
+        if not times:
+            return False
+        seen = self._outages.get(message_id, 0)
+        if seen >= times:
+            return False
+        self._outages[message_id] = seen + 1
+        return True
 
     def run_turn(self, message_id: str, text: str, delivery: int = 1) -> None:
         self._in_turn, self._abort_requested = True, False
@@ -566,6 +585,12 @@ class Harness:
         if directives.error_once and self.store.claim_fault(directives.error_once):
             detail = f"injected fault error-once:{directives.error_once}"
             self.emit(TurnEndOut(id=message_id, status="error", reply="", detail=detail))
+            return
+        if self._provider_down(message_id, directives.unavailable):
+            detail = f"injected outage unavailable:{directives.unavailable} (503)"
+            self.emit(
+                TurnEndOut(id=message_id, status="provider-unavailable", reply="", detail=detail)
+            )
             return
         if directives.error_always or delivery <= directives.error_until:
             which = "always" if directives.error_always else f"until:{directives.error_until}"

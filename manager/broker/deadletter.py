@@ -95,10 +95,15 @@ async def bury(
     *,
     data: bytes,
     meta: DeadLetterMeta,
+    msg_id: str | None = "",
 ) -> int:
     """Keep one inbox message as a dead letter; its id. A retry of the same message (its
-    settlement lost, so it came back) is deduplicated by its inbox sequence: one dead letter."""
-    headers = {**headers_of(meta), "Nats-Msg-Id": f"dead-{uid}-{meta.source_seq}"}
+    settlement lost, so it came back) is deduplicated by its inbox sequence: one dead letter.
+    `msg_id=None` publishes with no id, for a letter carried from another broker, whose inbox
+    sequence is that broker's and may meet one of this broker's own."""
+    headers = headers_of(meta)
+    if msg_id is not None:
+        headers["Nats-Msg-Id"] = msg_id or f"dead-{uid}-{meta.source_seq}"
     subject = dead_subject(space, owner, actor, uid)
     ack = await riding_elections(
         f"dead letter of {actor}",

@@ -9,9 +9,10 @@ connection of its own, and says what it wrote; the manager's loop only waits for
 
     python -m manager.broker.precopyfetch ROOT SPACE OBJECT PATH
 
-It connects as the root's manager does (the mesh record's server and credential), writes the
-object to PATH (0600, never followed, synced; the store checks each chunk's digest as it
-reads) and prints one line, `{"bytes": N, "sha256": "..."}`. Any failure is one line on stderr
+It connects as the root's manager does (the mesh record's server and credential), writes the object
+to PATH chunk by chunk in bounded memory (0600, never followed, synced; the store checks the
+object's digest as it reads, and the child hashes each chunk as it writes it, so the file is never
+read again) and prints one line, `{"bytes": N, "sha256": "..."}`. Any failure is one line on stderr
 and exit status 1; the caller refuses by name. A child whose manager died is ended by the
 parent-death signal, and what it wrote is a `.part` file the next pre-copy sweeps.
 """
@@ -19,7 +20,6 @@ parent-death signal, and what it wrote is a `.part` file the next pre-copy sweep
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import signal
 import sys
@@ -50,22 +50,12 @@ def decode_fetched(stdout: bytes) -> Fetched:
     return decode_json(lines[-1] if lines else b"", Fetched, what="pre-copy fetch", cap=4096)
 
 
-def size_and_digest(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 async def _fetch(root: Path, space: str, name: str, path: Path) -> Fetched:
     layout = Layout.at(root)
     record = decode_mesh(read_stable(layout.mesh, cap=16 * 1024, what="mesh record").data)
     creds = Path(record.creds) if record.creds else None
     async with LazyConnection(record.server, creds, name="cotal-precopy-fetch") as broker:
-        await carry.get_into(await broker.jetstream(), space, name, path)
-    size, digest = size_and_digest(path)
+        size, digest = await carry.get_into(await broker.jetstream(), space, name, path)
     return Fetched(bytes=size, sha256=digest)
 
 

@@ -38,13 +38,14 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from manager.broker import reader, retention
+from manager.broker import deadletter, reader, retention
 from manager.broker.custody import Held, create_exclusive
 from manager.broker.footprint import ensure_dm_stream
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.checkpoint import (
     MAX_CARRIED_BYTES,
+    MAX_CARRIED_DEAD_LETTERS,
     MAX_CARRIED_HEADER_BYTES,
     MAX_CARRIED_MESSAGES,
     MAX_MESSAGE_HEADER_BYTES,
@@ -55,6 +56,7 @@ from protocol.checkpoint import (
     first_undelivered,
     header_bytes,
 )
+from protocol.deadletter import carried_headers, meta_of
 from protocol.errors import Refusal
 from protocol.inventory import Agent
 from protocol.refusals import Code
@@ -324,6 +326,7 @@ async def export_space(
 ) -> SpaceExport:
     """The seat's inbox and custody for its checkpoint, read after its stop was proven."""
     durable, messages = await export_inbox(js, space, agent.name, agent.identity.lifecycle_uid)
+    dead = await export_dead_letters(js, space, agent.name, agent.identity.lifecycle_uid)
     return SpaceExport(
         broker_id=broker_id,
         durable=durable,
@@ -331,7 +334,85 @@ async def export_space(
             holder=held.record.holder, generation=held.record.generation, revision=held.revision
         ),
         messages=messages,
+        dead_letters=dead,
     )
+
+
+# -- dead letters -------------------------------------------------------------------------------
+
+
+async def export_dead_letters(
+    js: JetStreamContext, space: str, seat: str, uid: str
+) -> list[CarriedMessage]:
+    """The seat's dead letters, oldest first, as the cut carries them: each its id at this
+    broker (`seq`), its dead-letter subject, its `Cotal-Dead-*` headers and the message's own
+    bytes. They travel with the inbox, so a cut or a move never waits for the operator to empty
+    them first; the destination keeps them as dead letters (`import_dead_letters`)."""
+    letters = await deadletter.listing(
+        js, space, names.SEAT_OWNER, seat, uid, limit=MAX_CARRIED_DEAD_LETTERS
+    )
+    subject = deadletter.dead_subject(space, names.SEAT_OWNER, seat, uid)
+    carried: list[CarriedMessage] = []
+    total = 0
+    for letter in letters:
+        total += len(letter.data)
+        if total > MAX_CARRIED_BYTES:
+            raise Refusal(
+                Code.INBOX_TOO_LARGE,
+                f"seat {seat}: its dead letters hold more than the {MAX_CARRIED_BYTES} bytes a "
+                "checkpoint carries",
+                f"resume the seat in place (its dead letters stay at this broker), drop "
+                f"(`cotal inbox {seat} --drop ID`) or put back (`--redeliver-all`) what need "
+                "not travel, and cut again",
+            )
+        carried.append(
+            CarriedMessage(
+                seq=letter.id,
+                subject=subject,
+                headers=carried_headers(letter.meta),
+                payload=base64.b64encode(letter.data).decode(),
+            )
+        )
+    log.info("space.dead_letters_exported", seat=seat, letters=len(carried), bytes=total)
+    return carried
+
+
+async def import_dead_letters(
+    js: JetStreamContext,
+    space: str,
+    seat: str,
+    uid: str,
+    letters: list[CarriedMessage],
+    *,
+    shared: bool,
+    replicas: int = 1,
+) -> tuple[int, int]:
+    """Put a seat's carried dead letters into this broker's dead-letter stream, in order, on
+    the seat's own dead-letter subject: still dead letters, never delivered. Returns (put here,
+    already here).
+
+    On the broker the checkpoint was cut from they never left (the subject is keyed by the
+    lifecycle uid, which the resume keeps): nothing is published. Elsewhere a letter already
+    under the subject with the same source sequence and instant is one an earlier run of this
+    import put there, so a rerun adds none twice."""
+    if shared or not letters:
+        return 0, len(letters) if shared else 0
+    await deadletter.ensure_dead_stream(js, space, replicas=replicas)
+    here = await deadletter.listing(
+        js, space, names.SEAT_OWNER, seat, uid, limit=MAX_CARRIED_DEAD_LETTERS
+    )
+    seen = {(d.meta.source_seq, d.meta.dead_at) for d in here}
+    put = 0
+    for letter in letters:
+        meta = meta_of(letter.headers)
+        if (meta.source_seq, meta.dead_at) in seen:
+            continue
+        await deadletter.bury(
+            js, space, names.SEAT_OWNER, seat, uid, data=letter.data(), meta=meta, msg_id=None
+        )
+        put += 1
+    log.info("space.dead_letters_imported", seat=seat, put=put, already=len(letters) - put)
+    return put, len(letters) - put
 
 
 # -- import -------------------------------------------------------------------------------------

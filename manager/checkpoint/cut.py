@@ -36,12 +36,14 @@ from manager.checkpoint.seal import (
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
 from protocol.checkpoint import (
+    DEAD_LETTER_FILE,
     INBOX_FILE,
     MANIFEST_FORMAT,
     RESUME_FILE,
     SEAT_CHECKPOINT_FORMAT,
     AttemptManifest,
     ChannelState,
+    DeadLetterState,
     FileRef,
     IncrementalLink,
     ManifestSeat,
@@ -57,6 +59,7 @@ from protocol.checkpoint import (
     decode_inbox,
     encode_inbox,
 )
+from protocol.deadletter import decode_dead_letters
 from protocol.errors import Refusal
 from protocol.instant import file_stamp, format_instant
 from protocol.inventory import Agent
@@ -161,6 +164,18 @@ def has_files(directory: Path, *, scratch: Collection[str] = ()) -> bool:
     return bool(_regular_files(directory, scratch))
 
 
+def _write_dead_letters(seat_dir: Path, export: SpaceExport) -> DeadLetterState | None:
+    """The seat's dead letters beside its inbox (`dead-letters.jsonl`), when it holds any."""
+    if not export.dead_letters:
+        return None
+    lines = encode_inbox(export.dead_letters)
+    return DeadLetterState(
+        letters=len(export.dead_letters),
+        letter_bytes=sum(m.payload_bytes() for m in export.dead_letters),
+        file=write_file_exclusive(seat_dir, DEAD_LETTER_FILE, lines),
+    )
+
+
 def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
     data = encode_inbox(export.messages)
     inbox = write_file_exclusive(seat_dir, INBOX_FILE, data)
@@ -184,12 +199,19 @@ def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
             message_bytes=sum(m.payload_bytes() for m in export.messages),
             inbox=inbox,
             channels=[state for _, state in written],
+            dead_letters=_write_dead_letters(seat_dir, export),
         )
         # What is sealed must be what a destination admits: the record through the seal's own
         # decode, the carried lines here.
         decode_inbox(data, record)
         for lines, state in written:
             decode_inbox(lines, state)
+        if record.dead_letters is not None:
+            decode_dead_letters(
+                encode_inbox(export.dead_letters),
+                record.dead_letters,
+                export.dead_letters[0].subject,
+            )
     except ValueError as exc:
         raise Refusal(
             Code.INBOX_UNEXPORTABLE,

@@ -1,7 +1,8 @@
 """`cotal inbox SEAT`: a seat's dead letters. List them, put one back into the seat's inbox
-(`--redeliver ID`: it arrives marked as a redelivery, with its delivery count), or delete one
-(`--drop ID`). The manager does the work (the `dead-letters`, `redeliver-dead-letter` and
-`drop-dead-letter` ops); this module only asks and prints.
+(`--redeliver ID`: it arrives marked as a redelivery, with its delivery count), put every one
+back in order (`--redeliver-all`), or delete one (`--drop ID`). The manager does the work (the
+`dead-letters`, `redeliver-dead-letter`, `redeliver-all-dead-letters` and `drop-dead-letter`
+ops); this module only asks and prints.
 
 `main` imports every command module to build its parser, so the mesh (the control client, the
 broker's code) is imported when a dead letter is asked for, not at this module's top."""
@@ -28,6 +29,7 @@ def register(sub: Subcommands) -> None:
         "a seat's dead letters: list them, put one back into its inbox, or drop one",
         "cotal inbox alice",
         "cotal inbox alice --redeliver 7",
+        "cotal inbox alice --redeliver-all",
         "cotal inbox alice --drop 7 --json",
     )
     inbox.add_argument("name", help="the seat whose dead letters to show")
@@ -38,6 +40,12 @@ def register(sub: Subcommands) -> None:
         metavar="ID",
         help="publish dead letter ID into the seat's inbox again (it arrives marked as a "
         "redelivery, with its delivery count), then remove it from the dead letters",
+    )
+    which.add_argument(
+        "--redeliver-all",
+        action="store_true",
+        help="publish every dead letter of the seat into its inbox again, oldest first, then "
+        "remove each from the dead letters",
     )
     which.add_argument(
         "--drop", type=dead_letter_id, metavar="ID", help="delete dead letter ID for good"
@@ -51,6 +59,7 @@ def run_inbox(args: argparse.Namespace) -> int:
         args.name,
         redeliver=args.redeliver,
         drop=args.drop,
+        redeliver_all=args.redeliver_all,
         as_json=args.json,
         say=say,
         emit=emit_json,
@@ -81,7 +90,10 @@ def run(
     as_json: bool,
     say: Callable[[str], None],
     emit: Callable[[Any], None],
+    redeliver_all: bool = False,
 ) -> int:
+    if redeliver_all:
+        return _redeliver_all(root, name, as_json=as_json, say=say, emit=emit)
     if redeliver is not None:
         back = control.DeadLetterArgs(name=name, id=redeliver)
         redelivered = _request(root, control.REDELIVER_DEAD_LETTER, back)
@@ -119,6 +131,27 @@ def run(
         f"next: cotal inbox {listed.name} --redeliver ID (back into its inbox, marked as a "
         f"redelivery), or cotal inbox {listed.name} --drop ID"
     )
+    return 0
+
+
+def _redeliver_all(
+    root: Path, name: str, *, as_json: bool, say: Callable[[str], None], emit: Callable[[Any], None]
+) -> int:
+    back = _request(root, control.REDELIVER_ALL_DEAD_LETTERS, control.RedeliverAllArgs(name=name))
+    if as_json:
+        emit(back)
+        return 0
+    if not back.count:
+        say(f"{back.name} has no dead letters")
+        return 0
+    for row in back.letters:
+        say(
+            f"redelivered dead letter {row.id} (message {row.message_id}) into {row.name}'s "
+            f"inbox (stream seq {row.seq}); it arrives marked as delivery {row.delivery}"
+        )
+    if back.truncated:
+        say(f"(the first {len(back.letters)} shown)")
+    say(f"{back.name}: {back.count} dead letter(s) put back into its inbox, oldest first")
     return 0
 
 

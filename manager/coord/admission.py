@@ -27,6 +27,7 @@ from connectors.privatefs import ensure_private_dir, read_stable
 from manager import registry
 from manager.broker import embedded
 from manager.broker.connection import LazyConnection
+from manager.broker.deadletter import dead_subject
 from manager.broker.evict import AccountConnz, ConnectionList, MonitorEndpoint, evict_ghosts
 from manager.broker.footprint import default_replicas
 from manager.broker.presence import live_uids
@@ -39,8 +40,17 @@ from manager.coord.requests import RestoreRequest
 from manager.procs import pid_identity
 from manager.workspace import trust
 from manager.workspace.layout import Layout
-from protocol import control
-from protocol.checkpoint import CarriedMessage, ChannelState, FileRef, SpaceRecord, decode_inbox
+from protocol import control, names
+from protocol.checkpoint import (
+    INBOX_FILE_CAP,
+    CarriedMessage,
+    ChannelState,
+    DeadLetterState,
+    FileRef,
+    SpaceRecord,
+    decode_inbox,
+)
+from protocol.deadletter import decode_dead_letters
 from protocol.errors import Refusal
 from protocol.maintenance import (
     ClockNote,
@@ -190,6 +200,8 @@ class CarriedSpace:
 
     inbox: list[CarriedMessage]
     posts: dict[str, list[CarriedMessage]]
+    # Its dead letters, which the import keeps as dead letters (`space.import_dead_letters`).
+    dead: list[CarriedMessage] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,8 +214,21 @@ class Admitted:
 
 
 def _read_carried(
-    path: Path, ref: FileRef, part: SpaceRecord | ChannelState, name: str
+    path: Path,
+    ref: FileRef,
+    part: SpaceRecord | ChannelState | DeadLetterState,
+    name: str,
+    *,
+    dead_subject: str = "",
 ) -> list[CarriedMessage]:
+    if ref.bytes > INBOX_FILE_CAP:
+        raise Refusal(
+            Code.INTEGRITY,
+            f"checkpoint integrity: {path} is named at {ref.bytes} bytes, more than the "
+            f"{INBOX_FILE_CAP} a checkpoint's carried messages can be",
+            "copy the attempt directory again from the source host, or cut a new checkpoint; "
+            "nothing was changed",
+        )
     data = read_stable(path, cap=ref.bytes, what="carried inbox").data
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != ref.bytes or digest != ref.sha256:
@@ -214,6 +239,8 @@ def _read_carried(
             "retry once nothing writes to the checkpoint; nothing was changed",
         )
     try:
+        if isinstance(part, DeadLetterState):
+            return decode_dead_letters(data, part, dead_subject)
         return decode_inbox(data, part)
     except ValueError as exc:
         raise Refusal(
@@ -222,6 +249,18 @@ def _read_carried(
             "copy the attempt directory again from the source host, or cut a new checkpoint; "
             "nothing was changed",
         ) from None
+
+
+def _read_dead(adm: admit.Admission, seat_dir: Path, name: str) -> list[CarriedMessage]:
+    """A seat's carried dead letters, hashed as they are read and proven against their record,
+    each on the seat's own dead-letter subject."""
+    record = adm.records[name]
+    state = record.space_state
+    if state is None or state.dead_letters is None:
+        return []
+    subject = dead_subject(adm.manifest.space, names.SEAT_OWNER, name, record.lifecycle_uid)
+    ref = state.dead_letters.file
+    return _read_carried(seat_dir / ref.file, ref, state.dead_letters, name, dead_subject=subject)
 
 
 def read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:
@@ -235,14 +274,16 @@ def read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:
         if state is None:
             continue
         kept = adm.inboxes.get(name)
+        seat_dir = adm.attempt_dir / dirs[name]
         if kept is not None:
             out[name] = CarriedSpace(
                 inbox=kept[state.inbox.file],
                 posts={c.channel: kept[c.posts.file] for c in state.channels},
+                dead=_read_dead(adm, seat_dir, name),
             )
             continue
-        seat_dir = adm.attempt_dir / dirs[name]
         out[name] = CarriedSpace(
+            dead=_read_dead(adm, seat_dir, name),
             inbox=_read_carried(seat_dir / state.inbox.file, state.inbox, state, name),
             posts={
                 c.channel: _read_carried(seat_dir / c.posts.file, c.posts, c, name)

@@ -1,15 +1,17 @@
 """`cotal move NAME... --to INSTANCE`: move seats to another manager on the same broker.
 
 One command at the source. The destination is asked first (`probe`: is it active, are the names
-free, does it trust this root's signer?), so a refusal it can give before anything happens
-leaves the seats running as they were. Then the seats are cut while the rest of the mesh runs
-(`down --preserve-state --seat`), the sealed attempt is packed and put in the space's move
-bucket (a JetStream Object Store, chunked and digest-checked), and the destination is offered
-it: it fetches it, checks the whole digest, and runs its own `up --restore` on it, which admits
-it with its own trust store and adopts the seats into its running mesh. The object is removed
-once the destination answered. A refusal from the destination before its custody claim brings
-the seats back here (adopted from the same checkpoint, in their own sessions); after its claim
-the destination owns them, and a rerun of the same command finishes the move there.
+free, does it trust this root's signer, is its clock trusted, is there room in its table, and would
+its admission and launch take each seat: its launch profile, its harness at the version the seat
+runs, the disk its history needs? `moveneeds.py` says what), so a refusal it can give before
+anything happens leaves the seats running as they were. Then the seats are cut while the rest of the
+mesh runs (`down --preserve-state --seat`), the sealed attempt is packed and streamed into the
+space's move bucket (a JetStream Object Store, chunked and digest-checked, never read whole into
+memory), and the destination is offered it: it fetches it, checks the whole digest, and runs its own
+`up --restore` on it, which admits it with its own trust store and adopts the seats into its running
+mesh. The object is removed once the destination answered. A refusal from the destination before its
+custody claim brings the seats back here (adopted from the same checkpoint, in their own sessions);
+after its claim the destination owns them, and a rerun of the same command finishes the move there.
 
 `downtimeMs` runs from the source's fence (the cut's prepare) to the destination's answer,
 which comes once each moved seat is running there.
@@ -28,7 +30,7 @@ import anyio
 import msgspec
 from msgspec import UNSET
 
-from manager.coord import precopy
+from manager.coord import moveneeds, precopy
 from manager.coord.records import MovedSeat, MoveResult, RestoreResult
 from manager.coord.report import say as progress
 from manager.coord.requests import CutRequest, MoveRequest, RestoreRequest
@@ -38,7 +40,8 @@ from protocol.refusals import Code
 
 # The destination's whole resume of the moved seats (its own admission, restore and adoption).
 OFFER_TIMEOUT_S = 330.0
-PROBE_TIMEOUT_S = 10.0
+# The destination's probe runs each agent's harness check (a `--version` run of up to 15 s).
+PROBE_TIMEOUT_S = 45.0
 PRESENCE_POLL_S = 0.5
 
 
@@ -56,12 +59,15 @@ async def move(req: MoveRequest, root: Path) -> MoveResult:
         rows = {r.name: r for r in await _ps(layout)} if here.answered else {}
         uids = _uids_asked(names_asked, rows, here.pending)
         status, pending = here.status, here.pending
+        # What the destination must have for each seat; a rerun past its fence has no seat
+        # running here to describe, and the destination's admission checks it after the offer.
+        needs = await moveneeds.needs_of(layout, rows, names_asked) if pending is None else []
         probed = await _ask(
             nc,
             status.space,
             req.to,
             "probe",
-            _probe(layout, status, names_asked, uids),
+            _probe(layout, status, names_asked, uids, needs),
             PROBE_TIMEOUT_S,
         )
         if probed.already and pending is not None:
@@ -363,12 +369,14 @@ async def _ps(layout: Any) -> list[Any]:
         return await session.request(control.PS, control.NoArgs())
 
 
-def _probe(layout: Any, status: Any, seats: list[str], uids: list[str]) -> Any:
+def _probe(layout: Any, status: Any, seats: list[str], uids: list[str], needs: list[Any]) -> Any:
     from manager.workspace import identity
     from protocol import move
 
     signer = identity._load(layout.instance_identity(status.space), status.space).public_key_b64
-    return move.MoveProbe(source=status.instance_id, signer=signer, seats=seats, uids=uids)
+    return move.MoveProbe(
+        source=status.instance_id, signer=signer, seats=seats, uids=uids, needs=needs
+    )
 
 
 class _Refused(Refusal):
@@ -466,18 +474,40 @@ async def _cut_some(req: MoveRequest, root: Path, seats: list[str], shipped: dic
 async def _put(
     js: Any, space: str, attempt: str, attempt_dir: Path, layout: Any, *, to: str | None = None
 ) -> tuple[str, str, int]:
-    from manager.broker import carry
     from manager.checkpoint.archive import write_archive
-    from manager.workspace import identity
-    from manager.workspace.journal import Journal
-    from protocol import move
 
     tmp = layout.control / f".move-{attempt}.{secrets.token_hex(4)}.tar"
     try:
         digest, size = await anyio.to_thread.run_sync(write_archive, attempt_dir, tmp)
-        blob = await anyio.to_thread.run_sync(tmp.read_bytes)
+        meta = await _carried_meta(layout, space, attempt, to)
+        await _put_archive(js, space, attempt, tmp, (size, digest), meta)
     finally:
         tmp.unlink(missing_ok=True)
+    return attempt, digest, size
+
+
+async def _put_archive(
+    js: Any, space: str, attempt: str, tmp: Path, want: tuple[int, str], meta: Any
+) -> None:
+    """The packed attempt streamed from its file into the bucket in bounded memory, hashed as
+    it is read: what was put is the archive the offer names, byte for byte."""
+    from manager.broker import carry
+
+    put = await carry.put(js, space, attempt, tmp, meta=meta)
+    if put != want:
+        raise Refusal(
+            Code.INTEGRITY,
+            f"the packed attempt {tmp.name} changed while it was put ({put[0]} bytes hashing "
+            f"to {put[1]}, not {want[0]} bytes hashing to {want[1]})",
+            "rerun the same `cotal move`: it packs the sealed cut again",
+        )
+
+
+async def _carried_meta(layout: Any, space: str, attempt: str, to: str | None) -> Any:
+    from manager.workspace import identity
+    from manager.workspace.journal import Journal
+    from protocol import move
+
     # The object names what it carries, so `cotal ps --fleet` shows the seats in transit (to
     # `to`) while it is in the bucket: the seats and generations of the plan this attempt cut.
     # Only a roster reads it, so a plan that cannot be read carries the object undescribed.
@@ -500,8 +530,7 @@ async def _put(
             )
     except (Refusal, OSError, ValueError) as exc:
         progress(f"note: the carried copy does not name its seats ({exc})")
-    await carry.put(js, space, attempt, blob, meta=meta)
-    return attempt, digest, size
+    return meta
 
 
 def _forget_here(layout: Any, attempt: str) -> None:

@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 from manager import concurrency, registry
 from manager.broker import frontier
 from manager.broker.retry import phase
-from manager.broker.space import import_inbox, read_broker_identity
+from manager.broker.space import import_dead_letters, import_inbox, read_broker_identity
 from manager.checkpoint import admit
 from manager.checkpoint.confine import place_session_file
 from manager.checkpoint.restore import RestoreResult, restore_repository
@@ -108,6 +108,7 @@ async def import_inboxes(
                 f"{name}: inbox rebuilt at sequence {done.start_seq} with {done.republished} "
                 f"carried message(s) ({done.duplicates} already here)"
             )
+        await _import_dead(req, adm, js, broker, inboxes, name, shared=shared)
         frontiers = [
             await _import_frontier(
                 req, adm, js, broker, inboxes, name, c, shared, horizon_s, channels
@@ -125,6 +126,39 @@ async def import_inboxes(
             )
         )
     return out
+
+
+async def _import_dead(
+    req: RestoreRequest,
+    adm: admit.Admission,
+    js: JetStreamContext,
+    broker: BrokerRef,
+    inboxes: dict[str, CarriedSpace],
+    name: str,
+    *,
+    shared: bool,
+) -> None:
+    """The seat's carried dead letters kept as dead letters here (`import_dead_letters`)."""
+    letters = inboxes[name].dead
+    if not letters:
+        return
+    with phase(f"dead letters ({name})"):
+        put, here = await import_dead_letters(
+            js,
+            adm.manifest.space,
+            name,
+            adm.records[name].lifecycle_uid,
+            letters,
+            shared=shared,
+            replicas=replicas(req, broker),
+        )
+    if shared:
+        _say(f"{name}: {len(letters)} dead letter(s) already at this broker; kept")
+    else:
+        _say(
+            f"{name}: {put} dead letter(s) carried into this broker's dead letters "
+            f"({here} already here); `cotal inbox {name}` lists them"
+        )
 
 
 async def _import_frontier(

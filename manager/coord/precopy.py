@@ -69,7 +69,6 @@ async def _ship_one(
         run_git,
         stream_git_to_file,
     )
-    from manager.workspace import identity
     from manager.workspace.private import ensure_private_dir, fsync_dir
     from protocol import move
     from protocol.checkpoint import MAX_PREREQUISITES
@@ -97,26 +96,36 @@ async def _ship_one(
     listed = await run_git(cwd, "bundle", "list-heads", str(final))
     tips = list(dict.fromkeys(bundle_heads(listed.stdout).values()))[:MAX_PREREQUISITES]
     obj = f"precopy-{ref.sha256}"
-    blob = await anyio.to_thread.run_sync(final.read_bytes)
-    await carry.put(js, space, obj, blob)
     try:
-        ident = identity._load(layout.instance_identity(space), space)
-        unsigned = move.MovePrecopy(
-            source=source,
-            seat=name,
-            uid=uid,
-            object=obj,
-            sha256=ref.sha256,
-            bytes=ref.bytes,
-            signer=ident.public_key_b64,
-            signature="",
-        )
-        signature = ident.sign(move.precopy_payload(space, unsigned))
-        record = msgspec.structs.replace(unsigned, signature=base64.b64encode(signature).decode())
+        # Streamed from the file in bounded memory, hashed as it is read: a bundle of a few
+        # GiB never sits in this process whole.
+        put = await carry.put(js, space, obj, final)
+        if put != (ref.bytes, ref.sha256):
+            raise Refusal(
+                Code.INTEGRITY,
+                f"the bundle {final.name} changed while it was put ({put[0]} bytes hashing to "
+                f"{put[1]}, not {ref.bytes} bytes hashing to {ref.sha256})",
+                "rerun `cotal move`; nothing was fenced",
+            )
+        record = _signed(layout, space, move.MovePrecopy(
+            source=source, seat=name, uid=uid, object=obj, sha256=ref.sha256, bytes=ref.bytes,
+            signer="", signature="",
+        ))  # fmt: skip
         await ask("precopy", record, PRECOPY_TIMEOUT_S)
     finally:
         await carry.drop(js, space, obj)
     return PrecopyBase(bundle_sha256=ref.sha256, bundle_bytes=ref.bytes, tips=tips)
+
+
+def _signed(layout: Any, space: str, unsigned: Any) -> Any:
+    """The pre-copy record signed by this root's instance key, which it names as its signer."""
+    from manager.workspace import identity
+    from protocol import move
+
+    ident = identity._load(layout.instance_identity(space), space)
+    unsigned = msgspec.structs.replace(unsigned, signer=ident.public_key_b64)
+    signature = ident.sign(move.precopy_payload(space, unsigned))
+    return msgspec.structs.replace(unsigned, signature=base64.b64encode(signature).decode())
 
 
 def forget(layout: Any, shipped: dict[str, PrecopyBase]) -> None:

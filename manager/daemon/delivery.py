@@ -8,6 +8,13 @@ is a restart, which ends that call: the manager relaunches the harness into its 
 process is reaped, so the call cannot race its own redelivery. A harness the manager will not
 restart (budget spent, or a session it cannot reopen) gets `UNRESTARTED_RETRY_S` instead.
 
+A turn whose model provider did not serve it (the driver's `provider-unavailable` end: down,
+unreachable, rate limited) failed through no fault of its own and ended no live call, so it is
+neither held against its message nor a reason to restart the harness: the bridge keeps the
+message and hands it to the same harness again after a backoff (`Backoff`, `[delivery]` in
+`cotal.toml`), for as long as the outage lasts. The inbox waits behind it, in order, as it would
+for a long turn.
+
 Each message is run at most `max_deliveries` times (`[delivery]` in `cotal.toml`): one whose
 delivery at the cap ends badly, or that comes back past it, or that does not decode, moves to the
 seat's dead letters (`manager/broker/deadletter.py`) and is terminated in the inbox, so the
@@ -15,12 +22,13 @@ inbox moves on; it is kept, never lost. A message delivered again is handed to t
 its delivery count, so the agent is told an earlier delivery may have acted already.
 
 The cut's fence closes the `DeliveryGate`: from then on no bridge starts a turn or a pull, and
-nothing moves to dead letters (a cut carries the inbox, not dead letters). A message fetched but
-not yet handed to the harness is released at once (it comes back after the resume, or after an
-abort reopens the gate), and the turn already in flight runs to its boundary, which commit waits
-for before it stops the seat. A reply's id is derived from the message it answers, so a turn
-redelivered after its reply was published (the ack was lost with a dead manager) is answered
-once: the broker drops the second reply as a duplicate.
+nothing moves to dead letters (the cut reads the dead letters it carries beside the inbox once
+the seat is stopped, and a turn the cut ends is not held against its message). A message
+fetched but not yet handed to the harness is released at once (it comes back after the resume,
+or after an abort reopens the gate), and the turn already in flight runs to its boundary, which
+commit waits for before it stops the seat. A reply's id is derived from the message it answers,
+so a turn redelivered after its reply was published (the ack was lost with a dead manager) is
+answered once: the broker drops the second reply as a duplicate.
 
 A message another seat sent (a manager's publish of that seat's call, which alone carries the
 `Cotal-Sender` header naming it: `protocol.meshcall.seat_sender`) is handed to the harness
@@ -48,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -59,13 +68,15 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from connectors.base import Driver, TurnOutcome
+from connectors.base import PROVIDER_UNAVAILABLE, Driver, TurnOutcome
 from manager.broker import channels as chan
 from manager.broker import deadletter
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
 from manager.daemon.process import SeatHandle
+from manager.registry import DeliveryConfig
+from protocol import deadletter as dlp
 from protocol import meshcall, names
 from protocol.deadletter import DEFAULT_MAX_DELIVERIES, DeadLetterMeta, prior_deliveries
 from protocol.errors import DecodeError, Refusal
@@ -89,6 +100,38 @@ ACK_S = 5.0
 UNRESTARTED_RETRY_S = 5.0
 # How long a settlement waits for a harness that is being ended to be reaped.
 EXIT_WAIT_S = 15.0
+# How often a backoff looks whether a cut's fence or a stop has ended it: a cut must not wait
+# out a minute's backoff to find the seat idle.
+BACKOFF_POLL_S = 0.1
+# Past this many doublings the wait is at its maximum anyway; the bound keeps the power finite.
+BACKOFF_STEPS_MAX = 64
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Temporal's retry policy for a turn its provider did not serve: the first wait
+    `initial_s`, each next one `coefficient` times the last, never above `max_s`, each drawn
+    from its last `jitter` fraction, so seats that met the same outage do not return in step."""
+
+    initial_s: float = dlp.DEFAULT_BACKOFF_INITIAL_S
+    coefficient: float = dlp.DEFAULT_BACKOFF_COEFFICIENT
+    max_s: float = dlp.DEFAULT_BACKOFF_MAX_S
+    jitter: float = dlp.DEFAULT_BACKOFF_JITTER
+
+    @classmethod
+    def of(cls, config: DeliveryConfig) -> Backoff:
+        return cls(
+            config.backoff_initial_s,
+            config.backoff_coefficient,
+            config.backoff_max_s,
+            config.backoff_jitter,
+        )
+
+    def delay(self, attempt: int, draw: Callable[[], float] = random.random) -> float:
+        """The wait before try `attempt + 2` (`attempt` 0 is the wait after the first)."""
+        steps = min(max(0, attempt), BACKOFF_STEPS_MAX)
+        base = min(self.max_s, self.initial_s * self.coefficient**steps)
+        return base * (1.0 - self.jitter * draw())
 
 
 @dataclass
@@ -222,6 +265,7 @@ class DeliveryBridge:
         on_fenced: Callable[[], None],
         gate: SeatGate,
         max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+        backoff: Backoff = Backoff(),
         on_ambiguous: Callable[[str], bool] = lambda _detail: False,
         deliberate: Callable[[], bool] = lambda: False,
         dead_counts: dict[str, int] | None = None,
@@ -240,6 +284,7 @@ class DeliveryBridge:
         self.on_fenced = on_fenced
         self.gate = gate
         self.max_deliveries = max_deliveries
+        self.backoff = backoff
         # The manager's decision: end this harness and relaunch it into its session (True), or
         # not (budget spent, a session it cannot reopen, the seat not running).
         self.on_ambiguous = on_ambiguous
@@ -285,6 +330,7 @@ class DeliveryBridge:
             for name in self.channels:
                 sources.append((name, await self._bind_channel(name)))
             task_status.started()
+            await self._count_dead_letters()
             # Once the harness is gone, a further pull would hand a redelivered message to a
             # subscription nobody reads, stranding it until ack_wait expires.
             wait = FETCH_WAIT_FIRST_S
@@ -317,6 +363,19 @@ class DeliveryBridge:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                 for _channel, sub in sources:
                     await sub.unsubscribe()
+
+    async def _count_dead_letters(self) -> None:
+        """This incarnation's dead letters as the broker holds them now: a resume or a move may
+        have carried some in (`space.import_dead_letters`) since the manager counted at its
+        start. Only a count, for `ps` and `status`: a broker that does not answer leaves the
+        last one, and an election is not waited out for it (its inbox waits behind it)."""
+        try:
+            with anyio.fail_after(ACK_S):
+                self.dead_counts[self.uid] = await deadletter.count_of(
+                    self.js, self.space, names.SEAT_OWNER, self.seat, self.uid
+                )
+        except Exception as exc:
+            log.warning("delivery.dead_count_failed", seat=self.seat, error=type(exc).__name__)
 
     async def _bind_channel(self, channel: str) -> JetStreamContext.PullSubscription:
         """The seat's frontier in `channel`: the durable its spawn made, or, where this broker
@@ -431,10 +490,7 @@ class DeliveryBridge:
         else:
             text = dm.text
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._keep_in_progress, msg)
-                outcome = await self.driver.prompt(text, message_id=dm.id, delivery=total)
-                tg.cancel_scope.cancel()
+            outcome = await self._run_turn(msg, dm.id, text, total)
         finally:
             # The seat may be stopping while the turn ends: settle in every case, shielded,
             # or a finished turn is neither acked nor released and waits out ack_wait.
@@ -443,10 +499,72 @@ class DeliveryBridge:
                     if await self._settle(msg, dm, outcome) and waiter is not None:
                         waiter.outcome = outcome
                         waiter.done.set()
+                elif outcome is not None and outcome.status == PROVIDER_UNAVAILABLE:
+                    await self._release_unserved(msg, dm.id)
                 else:
                     await self._conclude_failed(msg, dm.id, (this, total), outcome)
                 self.turn = None
                 self._settled.set()
+
+    async def _run_turn(self, msg: Msg, dm_id: str, text: str, total: int) -> TurnOutcome | None:
+        """Hand the message to the harness until a turn ends by itself. A turn its provider did
+        not serve is tried again in the same harness after a backoff: `provider-unavailable` is
+        returned only when a cut's fence or a stop ended the backoff first.
+
+        Waited out here, holding the message (kept in progress), rather than released with
+        `msg.nak(delay=...)`: JetStream counts every redelivery in the message's delivery count,
+        which is what the cap reads and which nothing can lower again, so a nak per outage
+        attempt would dead-letter a message for the provider's downtime. Held, the count is one
+        however long the outage, also across a manager restart (the broker redelivers it as its
+        second delivery, as for any turn a dead manager left); and the inbox stays in order,
+        the next message waiting behind this one as it would behind any long turn."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._keep_in_progress, msg)
+            tries = 0
+            while True:
+                # A try runs the turn again from its start: its sends make the same ids again.
+                self.sends = 0
+                outcome = await self.driver.prompt(text, message_id=dm_id, delivery=total)
+                if outcome.status != PROVIDER_UNAVAILABLE:
+                    break
+                if not await self._back_off(dm_id, tries, outcome):
+                    break
+                tries += 1
+            tg.cancel_scope.cancel()
+        return outcome
+
+    def _may_retry(self) -> bool:
+        return self.gate.is_open and not self.deliberate() and not self.handle.reaped
+
+    async def _back_off(self, dm_id: str, tries: int, outcome: TurnOutcome) -> bool:
+        """Wait out one step of the backoff: True to try again, False when a cut's fence, a
+        stop or the harness's exit came first (polled, so a cut never waits the backoff out)."""
+        delay = self.backoff.delay(tries)
+        log.warning(
+            "delivery.provider_unavailable",
+            seat=self.seat,
+            id=dm_id,
+            tries=tries + 1,
+            retry_in_s=round(delay, 3),
+            detail=outcome.detail,
+        )
+        deadline = anyio.current_time() + delay
+        while (left := deadline - anyio.current_time()) > 0:
+            if not self._may_retry():
+                return False
+            await anyio.sleep(min(BACKOFF_POLL_S, left))
+        return self._may_retry()
+
+    async def _release_unserved(self, msg: Msg, dm_id: str) -> None:
+        """A message whose backoff a cut or a stop ended: the harness is idle and no call of it
+        is live, so it is released at once, to travel with the inbox or wait in it."""
+        log.info(
+            "delivery.released",
+            seat=self.seat,
+            id=dm_id,
+            reason="its provider was unavailable and the seat is being stopped or cut",
+        )
+        await self._nak(msg, dm_id, 0)
 
     async def _conclude_failed(
         self, msg: Msg, dm_id: str, counted_as: tuple[int, int], outcome: TurnOutcome | None

@@ -29,7 +29,7 @@ from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import teardown, watchers
-from manager.daemon.delivery import DeliveryBridge, DeliveryGate, SeatGate, Waiter
+from manager.daemon.delivery import Backoff, DeliveryBridge, DeliveryGate, SeatGate, Waiter
 from manager.daemon.meshsend import MeshOwner, MeshSends
 from manager.daemon.meshsocket import MeshSocket
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
@@ -345,6 +345,7 @@ class Incarnations:
             ),
             gate=SeatGate(mgr.delivery_gate, seat.name),
             max_deliveries=mgr.config.delivery.max_deliveries,
+            backoff=Backoff.of(mgr.config.delivery),
             on_ambiguous=lambda detail: self.restart_after_turn(seat, handle, detail),
             deliberate=lambda: seat.lifecycle.deliberate,
             dead_counts=mgr.dead_counts,

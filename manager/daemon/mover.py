@@ -1,7 +1,9 @@
 """The destination side of `cotal move`: this manager answers on subjects of its own instance.
 
 `probe` says, before the source fences anything, whether this manager would take the seats
-(active, no adoption under way, the names free, the signer in this root's trust store).
+(active, no adoption under way, the names free, the signer in this root's trust store, a clock
+its recency gate trusts, room in its table, and, through `movecheck.py`, each seat's launch
+profile, its harness and version, and the disk its history needs).
 `precopy` keeps a seat's history, shipped while it still runs, by digest in this root's
 pre-copy directory, where the adoption's chain finds it (docs/design.md, "Pre-copy"). `offer`
 fetches the checkpoint the source put in the move bucket (its digest checked by the Object
@@ -37,13 +39,14 @@ from nats.js import JetStreamContext
 from connectors.interpreter import own_python
 from manager import registry
 from manager.broker import carry
-from manager.broker.precopyfetch import decode_fetched, size_and_digest
+from manager.broker.precopyfetch import decode_fetched
 from manager.checkpoint import clock
 from manager.checkpoint.chain import grow_seed, precopy_file, precopy_seed, sweep_precopies
 from manager.checkpoint.gitstate import BACKGROUND
 from manager.coord import restore
 from manager.coord.report import reporting
 from manager.coord.requests import RestoreRequest
+from manager.daemon import movecheck
 from manager.daemon.seat import Seat
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.journal import Journal
@@ -188,6 +191,17 @@ class Mover:
                 "checking the key out of band; nothing was fenced",
             )
         self._check_clock()
+        if len(mgr.seats) + len(probe.seats) > names.MAX_SEATS:
+            raise Refusal(
+                Code.CAPACITY,
+                f"destination {mgr.identity.instance_id} runs {len(mgr.seats)} seats and "
+                f"would hold more than its {names.MAX_SEATS} with {len(probe.seats)} more",
+                "remove a seat there first (`cotal rm NAME`), or move fewer seats; nothing was "
+                "fenced",
+            )
+        # What this root's admission and launch would refuse after the cut: its profile for
+        # each agent, the harness installed here and its version, the disk for the history.
+        await movecheck.check_needs(mgr.layout.root, mgr.identity.instance_id, probe.needs)
         return move.MoveAnswer(ok=True)
 
     def _check_clock(self) -> None:
@@ -336,10 +350,10 @@ class Mover:
         mgr = self.mgr
         ensure_private_dir(mgr.layout.incoming)
         path = mgr.layout.incoming / f"{offer.attempt_id}.move.tar"
-        # Chunk by chunk into the file, the whole hashed beside the event loop: a big seat's
-        # fetch must not stall this manager's other seats.
-        await carry.get_into(mgr.js, mgr.space, offer.object, path)
-        size, digest = await anyio.to_thread.run_sync(size_and_digest, path)
+        # Chunk by chunk into the file, each chunk written and hashed beside the event loop as
+        # it arrives: a big seat's fetch neither stalls this manager's other seats nor holds
+        # the checkpoint in memory, and the file is not read again for its digest.
+        size, digest = await carry.get_into(mgr.js, mgr.space, offer.object, path)
         if size != offer.bytes or digest != offer.sha256:
             path.unlink(missing_ok=True)
             raise Refusal(

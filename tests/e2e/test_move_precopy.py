@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
+from anyio.streams.text import TextReceiveStream
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import move, names
 from tests.ckpt import source_identity
-from tests.conftest import Cli, SharedBroker
+from tests.conftest import Cli, SharedBroker, cotal_env
 from tests.e2e.test_move import failing_destination, server_of, two_roots  # noqa: F401  (the fixture)
 from tests.gitrepo import git, init_repo, tree_digest, write
 from tests.helpers import processes_mentioning, refused, signer_key
@@ -145,21 +152,58 @@ async def test_a_destination_indexes_only_history_a_trusted_source_signed(
     assert precopied(b) == []
 
 
+async def move_editing_between_probe_and_offer(
+    a: Cli, to: str, name: str, edit: Callable[[], None]
+) -> subprocess.CompletedProcess[str]:
+    """`cotal move` at A, with `edit` made once its probe passed and its pre-copy was shipped,
+    before its offer: A's command is held (SIGSTOP) from the line that says the history went
+    until the edit is made, so whatever B's admission reads after the offer is the edited
+    state, which no probe could have seen."""
+    argv = [sys.executable, "-m", "manager.cli", "move", name, "--to", to, "--json"]
+    shipped = f"pre-copied {name}'s history"
+    async with await anyio.open_process(
+        [*argv, "--root", str(a.root)], env=cotal_env(a.env), cwd=a.root
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        err = TextReceiveStream(proc.stderr)
+        said = ""
+        with anyio.fail_after(180):
+            while shipped not in said:
+                try:
+                    said += await err.receive()
+                except anyio.EndOfStream:
+                    raise AssertionError(f"cotal move ended before its pre-copy: {said}") from None
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                edit()
+            finally:
+                os.kill(proc.pid, signal.SIGCONT)
+            out = "".join([chunk async for chunk in TextReceiveStream(proc.stdout)])
+            said += "".join([chunk async for chunk in err])
+            code = await proc.wait()
+    return subprocess.CompletedProcess(argv, code, out, said)
+
+
 async def test_a_refusal_after_the_precopy_takes_the_seat_back_on_its_own_bundle(
     two_roots: tuple[Cli, Cli],  # noqa: F811
 ) -> None:
     """B's admission of the offer refuses before its custody claim (its launch profile for the
-    harness changed since the probe): A takes the seat back, restored on the bundle it
-    pre-copied, in its own session; the next move, once B's profile is back, goes."""
+    harness changed after the probe, which checked it, and before the offer): A takes the seat
+    back, restored on the bundle it pre-copied, in its own session; the next move, once B's
+    profile is back, goes."""
     a, b = two_roots
     repo, seat = spawn_heavy(a)
     want = tree_digest(repo)
     to_b = b.json("status")["instanceId"]
     b.run("trust", "add", signer_key(a.root), "--name", "host-a")
-    # Read by B's restore coordinator at admission, in B's manager: the identity gate refuses.
-    write(b.root / "cotal.toml", '[agents.scribe]\nmodel = "other"\n')
 
-    refused_move = a.run("move", "heavy", "--to", to_b, "--json", check=False, timeout=180)
+    def edit_b() -> None:
+        # Read by B's restore coordinator at admission, in B's manager: the identity gate
+        # refuses.
+        write(b.root / "cotal.toml", '[agents.scribe]\nmodel = "other"\n')
+
+    refused_move = await move_editing_between_probe_and_offer(a, to_b, "heavy", edit_b)
+    assert "pre-copied heavy's history" in refused_move.stderr
     message = refused(refused_move, "profile-drift")
     assert "launch profile for scribe" in message and "the seats run here again" in message
     home = {r["name"]: r for r in a.ps()}

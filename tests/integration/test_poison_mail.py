@@ -120,13 +120,6 @@ async def test_poison_mail_is_set_aside_listed_redelivered_and_dropped(capped: C
         durable = await js.consumer_info("DM_main", f"dm_local-alice-{uid}")
         assert durable.num_ack_pending == 0 and durable.num_pending == 0
 
-    # A cut does not carry dead letters: it refuses, and nothing stops.
-    cut = mesh.run("down", "--preserve-state", check=False)
-    assert cut.returncode == 2, cut.stderr
-    assert "preservation refused: seat(s) hold dead letters (alice 1)" in cut.stderr
-    assert "`cotal inbox alice` lists them" in cut.stderr
-    assert _row(mesh, "alice")["pid"] == row["pid"] and mesh.json("status")["state"] == "active"
-
     # Put back: delivered again, told so, and answered (the third delivery succeeds).
     back = mesh.json("inbox", "alice", "--redeliver", str(letter["id"]))
     assert back["id"] == letter["id"] and back["messageId"] == poison["id"]

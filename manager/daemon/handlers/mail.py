@@ -1,5 +1,5 @@
 """The mail ops: send (and wait for the reply), and a seat's dead letters: list, put one back,
-drop one."""
+put every one back in order, drop one."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.handlers.table import Table
 from manager.daemon.seat import Seat
 from protocol import control, meshcall, names
+from protocol.checkpoint import MAX_CARRIED_BYTES, MAX_CARRIED_DEAD_LETTERS
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.messages import DirectMessage, decode_dm
@@ -117,6 +118,7 @@ class MailHandlers:
         table.add(control.DEAD_LETTERS, self.dead_letters)
         table.add(control.REDELIVER_DEAD_LETTER, self.redeliver)
         table.add(control.DROP_DEAD_LETTER, self.drop)
+        table.add(control.REDELIVER_ALL_DEAD_LETTERS, self.redeliver_all)
 
     async def send(self, args: control.SendArgs) -> control.SendReply:
         mgr = self.mgr
@@ -191,18 +193,54 @@ class MailHandlers:
             seat = mgr.seat(args.name)
             owner = names.SEAT_OWNER
             letter = await deadletter.fetch(mgr.js, mgr.space, owner, seat.name, seat.uid, args.id)
-            seq = await deadletter.put_back(mgr.js, mgr.space, owner, seat.name, letter)
-            await deadletter.remove(mgr.js, mgr.space, letter.id)
-            self._count_removed(seat)
-            log.info("deadletter.redelivered", seat=seat.name, id=letter.id, seq=seq)
-            return control.RedeliverDeadLetterReply(
+            return await self._put_back(seat, letter)
+
+    async def _put_back(
+        self, seat: Seat, letter: deadletter.DeadLetter
+    ) -> control.RedeliverDeadLetterReply:
+        mgr = self.mgr
+        seq = await deadletter.put_back(mgr.js, mgr.space, names.SEAT_OWNER, seat.name, letter)
+        await deadletter.remove(mgr.js, mgr.space, letter.id)
+        self._count_removed(seat)
+        log.info("deadletter.redelivered", seat=seat.name, id=letter.id, seq=seq)
+        return control.RedeliverDeadLetterReply(
+            name=seat.name,
+            lifecycle_uid=seat.uid,
+            id=letter.id,
+            message_id=_message_id(letter),
+            seq=seq,
+            # What the harness is told: its next delivery's number.
+            delivery=letter.meta.deliveries + 1,
+        )
+
+    async def redeliver_all(self, args: control.RedeliverAllArgs) -> control.RedeliverAllReply:
+        """Every dead letter of the seat back into its inbox, oldest first, each published
+        before the next, so the inbox holds them in the order they died. Read a batch at a time
+        from the oldest: each one put back is removed, so the next read starts past it, and a
+        letter cotal did not write (which the listing skips) never loops it."""
+        mgr = self.mgr
+        async with mgr.lifecycle("redeliver", seat=args.name):
+            seat = mgr.seat(args.name)
+            rows: list[control.RedeliverDeadLetterReply] = []
+            count = 0
+            for _ in range(deadletter.DEAD_PER_SEAT // deadletter.LIST_MAX + 1):
+                batch = await deadletter.listing(
+                    mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid
+                )
+                if not batch:
+                    break
+                for letter in batch:
+                    row = await self._put_back(seat, letter)
+                    count += 1
+                    if len(rows) < control.REDELIVER_ALL_LISTED:
+                        rows.append(row)
+            log.info("deadletter.redelivered_all", seat=seat.name, count=count)
+            return control.RedeliverAllReply(
                 name=seat.name,
                 lifecycle_uid=seat.uid,
-                id=letter.id,
-                message_id=_message_id(letter),
-                seq=seq,
-                # What the harness is told: its next delivery's number.
-                delivery=letter.meta.deliveries + 1,
+                count=count,
+                letters=rows,
+                truncated=count > len(rows),
             )
 
     async def drop(self, args: control.DeadLetterArgs) -> control.DropDeadLetterReply:
@@ -226,10 +264,12 @@ class MailHandlers:
 async def refuse_dead_letters(
     mgr: DeadLetterCheckOwner, *, only: frozenset[str] = frozenset()
 ) -> None:
-    """A cut carries each seat's inbox, not its dead letters: refused while any seat holds
-    one, before the fence, so nothing stops. The read is retried until no move to dead letters
-    was under way across it, so none lands unseen between the read and the fence (the fence,
-    which follows with no await, ends them)."""
+    """A cut carries each seat's dead letters beside its inbox (`space.export_dead_letters`,
+    read once the seat is proven stopped), so dead letters no longer hold a cut up: it is
+    refused, before the fence so that nothing stops, only for a seat whose dead letters are
+    more than a checkpoint carries. The read is retried until no move to dead letters was under
+    way across it, so none lands unseen between the read and the fence (the fence, which
+    follows with no await, ends them)."""
     gate = mgr.delivery_gate
     while True:
         begun = await gate.quiet()
@@ -239,14 +279,23 @@ async def refuse_dead_letters(
     mgr.dead_counts.clear()
     mgr.dead_counts.update(found)
     held = {n: c for n, c in dead_by_seat(mgr).items() if not only or n in only}
-    if held:
-        listed = ", ".join(f"{name} {n}" for name, n in held.items())
-        first = next(iter(held))
+    uids = {s.name: s.uid for s in mgr.seats.values()}
+    over: dict[str, int] = {}
+    for name in held:
+        letters = await deadletter.listing(
+            mgr.js, mgr.space, names.SEAT_OWNER, name, uids[name], limit=MAX_CARRIED_DEAD_LETTERS
+        )
+        size = sum(len(letter.data) for letter in letters)
+        if size > MAX_CARRIED_BYTES:
+            over[name] = size
+    if over:
+        listed = ", ".join(f"{name} {size} bytes" for name, size in over.items())
+        first = next(iter(over))
         raise Refusal(
             Code.DEAD_LETTERS_WAITING,
-            f"preservation refused: seat(s) hold dead letters ({listed}); a cut carries "
-            "each seat's inbox, not its dead letters",
-            f"`cotal inbox {first}` lists them; put each back (`cotal inbox {first} "
-            "--redeliver ID`) or drop it (`--drop ID`), for every seat named, then cut "
-            "again; nothing was stopped",
+            f"preservation refused: the dead letters of seat(s) {listed} are more than the "
+            f"{MAX_CARRIED_BYTES} bytes a checkpoint carries beside an inbox",
+            f"`cotal inbox {first}` lists them; drop what need not travel (`--drop ID`) or put "
+            f"them back (`cotal inbox {first} --redeliver-all`), for every seat named, then "
+            "cut again; nothing was stopped",
         )
