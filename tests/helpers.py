@@ -140,6 +140,19 @@ def ask(cli: Any, seat: str, text: str, timeout: float = 90) -> str:
     return reply
 
 
+def ps_row(cli: Any, name: str) -> dict[str, Any]:
+    """The seat's row of `cotal ps --json`."""
+    [row] = [r for r in cli.ps() if r["name"] == name]
+    return dict(row)
+
+
+def manager_log_events(cli: Any, event: str, seat: str) -> list[dict[str, Any]]:
+    """The manager log's events named `event` of `seat`, read straight from the file."""
+    log = (cli.root / ".cotal" / "logs" / "manager.log").read_text()
+    found = [json.loads(line) for line in log.splitlines() if f'"{event}"' in line]
+    return [e for e in found if e["event"] == event and e.get("seat") == seat]
+
+
 def seat_events(cli: Any, seat: str, event: str) -> list[dict[str, Any]]:
     """The manager's events of `seat` named `event`, as `cotal logs SEAT --json` shows them."""
     found = []

@@ -22,7 +22,7 @@ from connectors.pi import PiConnector, PiDriver
 from protocol.messages import decode_dm
 from tests.conftest import PI_CLI, Cli, FakeServer
 from tests.harness import Seat, running_seat, seat_opts
-from tests.helpers import broker, wait_until
+from tests.helpers import broker, manager_log_events, ps_row, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -40,17 +40,6 @@ def capped(cli: Cli, request: pytest.FixtureRequest) -> Iterator[Cli]:
     yield cli
     if (cli.root / ".cotal" / "mesh.json").exists():
         cli.run("down", check=False)
-
-
-def _row(cli: Cli, name: str) -> dict[str, Any]:
-    [row] = [r for r in cli.ps() if r["name"] == name]
-    return row
-
-
-def _events(cli: Cli, event: str, seat: str) -> list[dict[str, Any]]:
-    log = (cli.root / ".cotal" / "logs" / "manager.log").read_text()
-    found = [json.loads(line) for line in log.splitlines() if f'"{event}"' in line]
-    return [e for e in found if e["event"] == event and e.get("seat") == seat]
 
 
 def _transcript(cli: Cli, row: dict[str, Any]) -> list[bytes]:
@@ -77,13 +66,13 @@ async def test_poison_mail_is_set_aside_listed_redelivered_and_dropped(capped: C
     after = mesh.json("send", "alice", "hello after", "--wait", "--timeout", "60")
     assert after["reply"] == "ack: hello after" and after["attempts"] == 1
 
-    row = _row(mesh, "alice")
+    row = ps_row(mesh, "alice")
     # Each failed turn restarted the harness into its own session, under the same uid.
     assert row["restarts"] == 2 and row["state"] == "running"
     assert row["lifecycleUid"] == uid and row["sessionId"] == session
     assert row["pid"] != first["pid"]
     assert row["deadLetters"] == 1
-    restarts = _events(mesh, "seat.turn_restart", "alice")
+    restarts = manager_log_events(mesh, "seat.turn_restart", "alice")
     assert [e["turn"] for e in restarts] == [
         "error: injected fault error-until:2 (delivery 1)",
         "error: injected fault error-until:2 (delivery 2)",
@@ -159,7 +148,7 @@ async def test_poison_mail_is_set_aside_listed_redelivered_and_dropped(capped: C
                 assert reply.in_reply_to == after["id"], reply
                 await anyio.sleep(0.1)
     assert reply.text == "Noted: amber-owl-7."
-    after_redelivery = _row(mesh, "alice")
+    after_redelivery = ps_row(mesh, "alice")
     assert after_redelivery["deadLetters"] == 0 and after_redelivery["restarts"] == 2
     assert mesh.json("inbox", "alice") == {
         "name": "alice",
@@ -175,10 +164,10 @@ async def test_poison_mail_is_set_aside_listed_redelivered_and_dropped(capped: C
     # A second poison message spends the restart budget (3 in 120 s): its first failure is
     # the third restart, its second, at the cap, is set aside without a fourth.
     second = mesh.json("send", "alice", "#error-always bye")
-    await wait_until(lambda: _row(mesh, "alice")["deadLetters"] == 1, timeout=60, every=0.2)
-    now = _row(mesh, "alice")
+    await wait_until(lambda: ps_row(mesh, "alice")["deadLetters"] == 1, timeout=60, every=0.2)
+    now = ps_row(mesh, "alice")
     assert now["restarts"] == 3 and now["state"] == "running" and now["sessionId"] == session
-    [refused] = _events(mesh, "seat.turn_restart_refused", "alice")
+    [refused] = manager_log_events(mesh, "seat.turn_restart_refused", "alice")
     assert refused["why"] == "its restart budget is spent (3 restarts within 120s)"
     [dead] = mesh.json("inbox", "alice")["letters"]
     assert dead["messageId"] == second["id"] and dead["deliveries"] == 2
@@ -194,7 +183,7 @@ async def test_poison_mail_is_set_aside_listed_redelivered_and_dropped(capped: C
     async with broker(mesh.root) as js:
         info = await js.stream_info("DEAD_main", subjects_filter="cotal.main.dead.>")
         assert not info.state.subjects
-    assert _row(mesh, "alice")["deadLetters"] == 0
+    assert ps_row(mesh, "alice")["deadLetters"] == 0
     twice = mesh.run("inbox", "alice", "--drop", str(dead["id"]), check=False)
     assert (
         twice.returncode == 2
@@ -214,11 +203,11 @@ async def test_restarts_stop_at_the_budget_and_the_cap_still_applies(capped: Cli
     poison = mesh.json("send", "bob", "#error-always")
     nxt = mesh.json("send", "bob", "then this", "--wait", "--timeout", "90")
     assert nxt["reply"] == "ack: then this"
-    row = _row(mesh, "bob")
+    row = ps_row(mesh, "bob")
     # Deliveries 1-3 restarted the harness; 4 and 5 found the budget spent and ran in the same
     # process, each after a pause for a call that might still be live.
     assert row["restarts"] == 3 and row["deadLetters"] == 1
-    refused = _events(mesh, "seat.turn_restart_refused", "bob")
+    refused = manager_log_events(mesh, "seat.turn_restart_refused", "bob")
     assert [e["turn"] for e in refused] == [
         "error: injected fault error-always (delivery 4)",
         "error: injected fault error-always (delivery 5)",
@@ -241,7 +230,7 @@ async def test_a_message_redelivered_by_the_broker_reaches_the_harness_with_its_
     first = mesh.json("spawn", "cy", "--agent", "scribe")
     sent = mesh.json("send", "cy", "#error-until:1 hi", "--wait", "--timeout", "60")
     assert sent["attempts"] == 2 and sent["reply"] == "ack: #error-until:1 hi"
-    row = _row(mesh, "cy")
+    row = ps_row(mesh, "cy")
     assert row["restarts"] == 1 and row["deadLetters"] == 0 and row["pid"] != first["pid"]
     line = json.loads(_user_line(_transcript(mesh, row), sent["id"]))
     assert line["delivery"] == 2 and line["text"] == "#error-until:1 hi"

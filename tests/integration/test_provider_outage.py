@@ -10,15 +10,13 @@ fails by itself still goes to the dead letters at the cap.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import PI_CLI, Cli, FakeServer
 from tests.fixtures.fake_openai import latest_user_text
-from tests.helpers import broker, wait_until
+from tests.helpers import broker, manager_log_events, ps_row, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -35,17 +33,6 @@ OUTAGES = (
     ("429", "429 fake outage (429)"),
     ("drop", "Connection error."),
 )
-
-
-def _row(cli: Cli, name: str) -> dict[str, Any]:
-    [row] = [r for r in cli.ps() if r["name"] == name]
-    return row
-
-
-def _events(cli: Cli, event: str, seat: str) -> list[dict[str, Any]]:
-    log = (cli.root / ".cotal" / "logs" / "manager.log").read_text()
-    found = [json.loads(line) for line in log.splitlines() if f'"{event}"' in line]
-    return [e for e in found if e["event"] == event and e.get("seat") == seat]
 
 
 def _refusals(server: FakeServer) -> int:
@@ -86,7 +73,8 @@ async def test_an_outage_backs_off_and_a_queue_behind_it_is_answered_once_in_ord
             outage.write_text(mode)
             await wait_until(
                 lambda d=detail: any(
-                    e["detail"] == d for e in _events(cli, "delivery.provider_unavailable", "p1")
+                    e["detail"] == d
+                    for e in manager_log_events(cli, "delivery.provider_unavailable", "p1")
                 ),
                 timeout=60,
                 every=0.1,
@@ -101,23 +89,23 @@ async def test_an_outage_backs_off_and_a_queue_behind_it_is_answered_once_in_ord
             "what was the phrase"
         ]
         assert await _replies(cli.root, "p1") == QUEUED + 1
-        row = _row(cli, "p1")
+        row = ps_row(cli, "p1")
         assert row["deadLetters"] == 0 and row["restarts"] == 0 and row["pid"] == first["pid"]
         # Only the head of the queue met the outage; its tries were not deliveries.
-        waits = _events(cli, "delivery.provider_unavailable", "p1")
+        waits = manager_log_events(cli, "delivery.provider_unavailable", "p1")
         assert {e["id"] for e in waits} == {sent[0]["id"]}
         # pi's HTTP client retries a refused request itself before it ends the turn, so a
         # wait here stands for one or more of the fake's refusals.
         assert 3 <= len(waits) <= _refusals(fake_openai)
         assert {e["detail"] for e in waits} == {detail for _, detail in OUTAGES}
         assert all(0 < e["retry_in_s"] <= 0.5 for e in waits)
-        received = _events(cli, "delivery.received", "p1")
+        received = manager_log_events(cli, "delivery.received", "p1")
         assert [e["delivery"] for e in received if e["id"] == sent[0]["id"]] == [1]
 
         # A turn that fails by itself (a 500 is the request's, not an outage) still counts:
         # at the cap of 2 it is a dead letter.
         poison = cli.json("send", "p1", "fake:http-500 no good")
-        await wait_until(lambda: _row(cli, "p1")["deadLetters"] == 1, timeout=90, every=0.2)
+        await wait_until(lambda: ps_row(cli, "p1")["deadLetters"] == 1, timeout=90, every=0.2)
         [dead] = cli.json("inbox", "p1")["letters"]
         assert dead["messageId"] == poison["id"] and dead["deliveries"] == 2
         assert dead["reason"] == "error: 500 fake server error (fake:http-500)"
@@ -134,14 +122,14 @@ async def test_a_scribe_turn_its_provider_did_not_serve_is_not_counted(cli: Cli,
         # Three tries end `provider-unavailable`, the fourth is served; the cap is one delivery.
         sent = cli.json("send", "s1", "#unavailable:3 hello", "--wait", "--timeout", "60")
         assert sent["reply"] == "ack: #unavailable:3 hello" and sent["attempts"] == 1
-        row = _row(cli, "s1")
+        row = ps_row(cli, "s1")
         assert row["deadLetters"] == 0 and row["restarts"] == 0 and row["pid"] == first["pid"]
-        waits = _events(cli, "delivery.provider_unavailable", "s1")
+        waits = manager_log_events(cli, "delivery.provider_unavailable", "s1")
         assert [e["tries"] for e in waits] == [1, 2, 3]
         assert [e["detail"] for e in waits] == ["injected outage unavailable:3 (503)"] * 3
         # A turn that fails by itself, at a cap of one, is a dead letter at once.
         bad = cli.json("send", "s1", "#error-always")
-        await wait_until(lambda: _row(cli, "s1")["deadLetters"] == 1, timeout=60, every=0.1)
+        await wait_until(lambda: ps_row(cli, "s1")["deadLetters"] == 1, timeout=60, every=0.1)
         [dead] = cli.json("inbox", "s1")["letters"]
         assert dead["messageId"] == bad["id"] and dead["deliveries"] == 1
     finally:
