@@ -286,6 +286,13 @@ def chan_carried_subject(space: str, channel: str, uid: str) -> str:
     return f"{chan_subject(space, channel)}.carried.{check_lifecycle_uid(uid)}"
 
 
+def chan_fence_subject(space: str, owner: str, actor: str) -> str:
+    """The seat's post fence in the channel stream: the marker its holder writes on winning
+    custody, which every post of the seat names as the expected last write. A `-` is never in
+    a channel name, so no channel's posts land here."""
+    return f"{subject_prefix(space)}.chan.-fence.{owner}.{check_seat_name(actor)}"
+
+
 def chathist_durable(owner: str, actor: str, uid: str, channel: str) -> str:
     """A subscribed seat's frontier in one channel, keyed by its lifecycle uid as its inbox is."""
     return f"chathist_{owner}-{actor}-{check_lifecycle_uid(uid)}-{check_seat_name(channel)}"

@@ -12,6 +12,7 @@ start what was posted meanwhile (within the bound).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import structlog
 from nats.js import JetStreamContext, api
@@ -58,6 +59,8 @@ def chan_stream_config(
         max_age=float(max_age_s),
         duplicate_window=chan_duplicate_window_s(horizon_s, max_age_s),
         num_replicas=replicas,
+        # Each seat's post marker (`fence.WriterFence.establish_posts`) must outlive max_age.
+        allow_msg_ttl=True,
     )
 
 
@@ -67,6 +70,7 @@ def _bounds(config: api.StreamConfig) -> tuple[object, ...]:
         config.max_msgs_per_subject,
         float(config.max_age or 0.0),
         float(config.duplicate_window or 0.0),
+        bool(config.allow_msg_ttl),
     )
 
 
@@ -100,6 +104,7 @@ async def ensure_chan_stream(
         config.discard = wanted.discard
         config.max_msgs_per_subject = wanted.max_msgs_per_subject
         config.max_age = wanted.max_age
+        config.allow_msg_ttl = True
         config.duplicate_window = min(
             max(float(config.duplicate_window or 0.0), float(wanted.duplicate_window or 0.0)),
             float(max_age_s),
@@ -140,11 +145,19 @@ async def delete_chathist_durable(
         )
 
 
-async def publish_post(js: JetStreamContext, space: str, post: meshcall.ChannelPost) -> int:
-    """Store a post; a publish retried after a lost answer is a duplicate, not a second post."""
+async def publish_post(
+    js: JetStreamContext,
+    space: str,
+    post: meshcall.ChannelPost,
+    publish: Callable[[str, bytes, dict[str, str]], Awaitable[int]] | None = None,
+) -> int:
+    """Store a post; `publish` is the writer fence when the poster is a seat. A publish retried
+    after a lost answer is a duplicate, not a second post."""
     subject = names.chan_subject(space, post.channel)
     headers = {"Nats-Msg-Id": post.id, meshcall.SENDER_HEADER: post.sender}
     payload = encode_json(post)
+    if publish is not None:
+        return await publish(subject, payload, headers)
     ack = await riding_elections(
         f"post to #{post.channel}", lambda: js.publish(subject, payload, headers=headers)
     )

@@ -35,6 +35,8 @@ HOLDER = "Cotal-Holder"
 # only this token tells a write this very writer made from one a successor made as the same root.
 WRITER = "Cotal-Writer"
 MSG_ID = "Nats-Msg-Id"
+# A marker that outlives the channel stream's age bound (the stream allows per-message TTLs).
+TTL = "Nats-TTL"
 CALL_S = 5.0
 FENCE_ATTEMPTS = 8
 
@@ -68,6 +70,8 @@ class WriterFence:
     holder: str
     generation: int
     last_seq: int = 0
+    # The sequence of this holder's post marker in the channel stream; 0 until it is written.
+    post_seq: int = 0
     owner: str = names.SEAT_OWNER
     writer: str = field(default_factory=lambda: secrets.token_hex(8))
     lock: anyio.Lock = field(default_factory=anyio.Lock)
@@ -137,6 +141,89 @@ class WriterFence:
             f"could not fence {self.seat}: its outbound subject kept moving",
             "another writer is still publishing as this seat; find and stop it",
         )
+
+    @property
+    def post_subject(self) -> str:
+        return names.chan_fence_subject(self.space, self.owner, self.seat)
+
+    async def _last_post_marker(self) -> int:
+        stream = names.chan_stream(self.space)
+        try:
+            msg = await riding_elections(
+                f"post fence {self.seat}",
+                lambda: self.js.get_last_msg(stream, self.post_subject),
+            )
+        except NotFoundError:
+            return 0
+        return int(msg.seq or 0)
+
+    async def establish_posts(self) -> int:
+        """Write this holder's post marker in the channel stream. Every post names it as the
+        last write on the marker's subject, so once a successor writes its own marker the
+        broker refuses the stale holder's posts, whichever id they carry. Called by the manager
+        after `establish`, where the channel stream exists."""
+        for _ in range(FENCE_ATTEMPTS):
+            last = await self._last_post_marker()
+            headers = {
+                EXPECT_SEQ: str(last),
+                TTL: "never",
+                HOLDER: self.holder,
+                WRITER: self.writer,
+            }
+            try:
+                ack = await riding_elections(
+                    f"post fence {self.seat}",
+                    functools.partial(self.js.publish, self.post_subject, b"", headers=headers),
+                )
+            except APIError as exc:
+                if _wrong_sequence(exc):
+                    continue
+                raise
+            self.post_seq = int(ack.seq)
+            log.info("fence.posts_established", seat=self.seat, seq=self.post_seq)
+            return self.post_seq
+        raise Refusal(
+            Code.FENCE_CONTENDED,
+            f"could not fence {self.seat}'s posts: its post marker kept moving",
+            "another manager is taking custody of this seat; find and stop it",
+        )
+
+    def _require_posts(self) -> None:
+        if not self.post_seq:
+            raise Refusal(Code.NOT_READY, f"seat {self.seat} is not fenced yet", "retry")
+
+    async def post(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
+        """Store a post on the seat's behalf, refused by the broker once a successor fenced."""
+        self._require_posts()
+        fenced = {
+            **headers,
+            EXPECT_SEQ: str(self.post_seq),
+            EXPECT_SUBJECT: self.post_subject,
+            HOLDER: self.holder,
+            WRITER: self.writer,
+        }
+        try:
+            # A retry after a lost answer is the broker's duplicate, not a second post.
+            ack = await riding_elections(
+                f"post as {self.seat}",
+                functools.partial(self.js.publish, subject, payload, headers=fenced),
+            )
+        except APIError as exc:
+            if not _wrong_sequence(exc):
+                raise
+            log.error("fence.post_refused", seat=self.seat, expected=self.post_seq)
+            raise FencedOut(self.seat, str(getattr(exc, "description", exc))) from None
+        return int(ack.seq)
+
+    async def confirm(self) -> None:
+        """A read on the seat's behalf (a channel's history, the roster) goes on only while the
+        broker still holds this holder's post marker as the last one."""
+        self._require_posts()
+        last = await self._last_post_marker()
+        if last != self.post_seq:
+            raise FencedOut(
+                self.seat, f"its post marker is {last}, this holder wrote {self.post_seq}"
+            )
 
     async def publish(
         self, subject: str, payload: bytes, headers: dict[str, str] | None = None

@@ -164,6 +164,7 @@ class Incarnations:
                 mgr.js, mgr.space, seat.name, mgr.identity.instance_id, seat.generation_at_broker
             )
             await seat.fence.establish()
+            await seat.fence.establish_posts()
         await self.start(seat, self.opts(seat, continue_session=continue_session, resume=resume))
 
     async def start(self, seat: Seat, opts: LaunchOpts) -> None:

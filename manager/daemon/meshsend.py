@@ -11,10 +11,13 @@ the seat's name; nothing is dropped unsaid.
 
 A post (`post`) goes to the space's channel stream under the channel's subject, refused unless
 the seat's `--allow-post` names the channel; its id is derived as a send's is, apart from it
-(`protocol.meshcall.post_message_id`). The channel stream has no per-seat subject, so a post
-does not pass the writer fence: it is published by the manager that runs the seat's process,
-whose custody the watchers keep proving. `history` reads a channel's recent posts for a seat
-subscribed to it or allowed to post there.
+(`protocol.meshcall.post_message_id`). A post passes the writer fence too: it names the seat's
+post marker in the channel stream as the last write there, so once a successor has written its
+own marker the broker refuses the stale holder's post, and it is never stored to shadow the
+holder's (`fence.WriterFence.post`). `history` reads a channel's recent posts for a seat
+subscribed to it or allowed to post there, and it and the roster read answer only while the
+broker still holds this holder's marker. A send or post the fence refuses fences the seat, as
+a refused reply does: its process is stopped and never relaunched here.
 
 The message id is derived from the sender's uid, the message its turn answers and the send's
 ordinal in that turn, so a turn run again (a crash, a cut, a redelivery) publishes the same ids
@@ -33,6 +36,7 @@ from nats.js import JetStreamContext
 from connectors.base import MeshPort
 from manager.broker import channels
 from manager.broker.dm import publish_dm
+from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import riding_elections
 from manager.daemon.seat import Incarnation, Seat
 from protocol import meshcall, names
@@ -78,12 +82,21 @@ class MeshSends:
         try:
             call = meshcall.decode_call(body)
             if isinstance(call, meshcall.SeatsCall):
+                await _fence_of(seat).confirm()
                 return await self._seats(seat)
             if isinstance(call, meshcall.PostCall):
                 return await self._post(seat, incarnation, call)
             if isinstance(call, meshcall.HistoryCall):
                 return await self._history(seat, call)
             return await self._send(seat, incarnation, call)
+        except FencedOut as exc:
+            # The broker refused a write (or the post marker moved): a successor holds the seat.
+            # Fenced as a refused reply is, so this process is stopped, never relaunched here.
+            log.error("mesh.fenced_out", seat=seat.name, error=exc.message)
+            bridge = incarnation.bridge
+            if bridge is not None:
+                bridge.on_fenced()
+            return meshcall.refused(exc)
         except Refusal as exc:
             log.warning("mesh.send_refused", seat=seat.name, code=str(exc.code), error=exc.message)
             return meshcall.refused(exc)
@@ -129,9 +142,7 @@ class MeshSends:
             text=call.text,
             sent_at=now_iso(),
         )
-        fence = seat.fence
-        if fence is None:
-            raise Refusal(Code.NOT_READY, f"seat {seat.name} is not fenced yet", "retry")
+        fence = _fence_of(seat)
         seq = await publish_dm(
             self.mgr.js,
             self.mgr.space,
@@ -174,7 +185,9 @@ class MeshSends:
             text=call.text,
             sent_at=now_iso(),
         )
-        seq = await channels.publish_post(self.mgr.js, self.mgr.space, post)
+        seq = await channels.publish_post(
+            self.mgr.js, self.mgr.space, post, publish=_fence_of(seat).post
+        )
         log.info(
             "mesh.posted",
             seat=seat.name,
@@ -194,6 +207,7 @@ class MeshSends:
                 "may post there",
                 f"spawn {seat.name} with `--subscribe {call.channel}` if it should",
             )
+        await _fence_of(seat).confirm()
         posts = await channels.history(self.mgr.js, self.mgr.space, call.channel, call.limit)
         return meshcall.MeshResult(status="history", channel=call.channel, posts=posts)
 
@@ -226,6 +240,13 @@ class MeshSends:
             if durable.startswith(prefix) and dash and names.SEAT_NAME.matches(name):
                 found.add(name)
         return found
+
+
+def _fence_of(seat: Seat) -> WriterFence:
+    fence = seat.fence
+    if fence is None:
+        raise Refusal(Code.NOT_READY, f"seat {seat.name} is not fenced yet", "retry")
+    return fence
 
 
 def _claim_turn(seat: Seat, incarnation: Incarnation, did: str, verb: str) -> tuple[str, int]:

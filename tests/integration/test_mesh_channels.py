@@ -136,12 +136,13 @@ async def test_history_is_bounded_and_never_refuses_a_post(mesh: Cli) -> None:
                     sent_at="2026-12-03T18:00:00.000Z",
                 )
                 assert await channels.publish_post(js, "main", post) > 0
+        # The channel's 100, and the post marker of each of the two seats (its writer fence).
         info = await js.stream_info(STREAM)
-        assert info.state.messages == 100
+        assert info.state.messages == 100 + 2
         # A seat's own post is still taken after all that, and the history read shows the end.
         assert ask(mesh, "a", "Post to #plan: the last word") == "Posted to #plan: delivered."
         info = await js.stream_info(STREAM)
-        assert info.state.messages == 100
+        assert info.state.messages == 100 + 2
         recent = await channels.history(js, "main", "plan", 3)
         assert [p.text for p in recent] == ["post 9998", "post 9999", "the last word"]
         assert recent[-1].sender == "a"

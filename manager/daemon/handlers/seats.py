@@ -225,6 +225,7 @@ class SeatHandlers:
         seatfile.save(mgr.layout, seat)
         seat.fence = WriterFence(mgr.js, mgr.space, seat.name, me, 0)
         await seat.fence.establish()
+        await seat.fence.establish_posts()
         await incarnations.start(seat, opts)
 
     # -- the seat verbs -------------------------------------------------------------------------
