@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -80,19 +81,49 @@ class WriterFence:
     def filter(self) -> str:
         return outbound_filter(self.space, self.owner, self.seat)
 
-    async def _last_msg(self) -> api.RawStreamMsg | None:
-        """The newest write on the seat's outbound filter, whoever made it."""
+    async def _last_msg(
+        self, stream: str | None = None, subject: str | None = None
+    ) -> api.RawStreamMsg | None:
+        """The newest write on `subject` of `stream` (the seat's outbound filter in the DM
+        stream unless told), whoever made it."""
+        where = (stream or names.dm_stream(self.space), subject or self.filter)
         try:
             return await riding_elections(
-                f"fence {self.seat}",
-                lambda: self.js.get_last_msg(names.dm_stream(self.space), self.filter),
+                f"fence {self.seat}", lambda: self.js.get_last_msg(*where)
             )
         except NotFoundError:
             return None
 
-    async def _last_on_filter(self) -> int:
-        msg = await self._last_msg()
+    async def _last_seq(self, stream: str | None = None, subject: str | None = None) -> int:
+        msg = await self._last_msg(stream, subject)
         return int(msg.seq or 0) if msg is not None else 0
+
+    async def _mark(
+        self,
+        subject: str,
+        read_last: Callable[[], Awaitable[int]],
+        headers: dict[str, str],
+        room: Callable[[Callable[[], Awaitable[api.PubAck]]], Awaitable[api.PubAck]],
+    ) -> int | None:
+        """Write a marker at `subject` expecting the last write `read_last` finds, read again
+        and retried while another write beats it; its sequence, or None if it never landed."""
+        for _ in range(FENCE_ATTEMPTS):
+            sent = {
+                EXPECT_SEQ: str(await read_last()),
+                **headers,
+                HOLDER: self.holder,
+                WRITER: self.writer,
+            }
+            publish = functools.partial(self.js.publish, subject, b"", headers=sent)
+            ridden = functools.partial(riding_elections, f"fence {self.seat}", publish)
+            try:
+                ack = await room(ridden)
+            except APIError as exc:
+                if _wrong_sequence(exc):
+                    continue
+                raise
+            return int(ack.seq)
+        return None
 
     async def establish(self) -> int:
         """Write this holder's fence marker; from its sequence on, earlier holders are refused.
@@ -101,41 +132,21 @@ class WriterFence:
         between our read and our marker; then the marker's expectation fails and we read again,
         so the marker always lands after every write that beat it.
         """
+        subject = marker_subject(self.space, self.owner, self.seat, self.generation)
         async with self.lock:
-            for _ in range(FENCE_ATTEMPTS):
-                last = await self._last_on_filter()
-                subject = marker_subject(self.space, self.owner, self.seat, self.generation)
-                headers = {
-                    EXPECT_SEQ: str(last),
-                    EXPECT_SUBJECT: self.filter,
-                    HOLDER: self.holder,
-                    WRITER: self.writer,
-                }
-
-                async def publish(
-                    subject: str = subject, headers: dict[str, str] = headers
-                ) -> api.PubAck:
-                    return await self.js.publish(subject, b"", headers=headers)
-
-                try:
-                    # A stream full of acknowledged mail is trimmed first (the trim keeps every
-                    # subject's last message, so `last` still holds); one full of mail not yet
-                    # acknowledged refuses `dm-stream-full`.
-                    ack = await retention.with_room(
-                        self.js, self.space, lambda: riding_elections(f"fence {self.seat}", publish)
-                    )
-                except APIError as exc:
-                    if _wrong_sequence(exc):
-                        continue
-                    raise
-                self.last_seq = int(ack.seq)
-                log.info(
-                    "fence.established",
-                    seat=self.seat,
-                    generation=self.generation,
-                    seq=self.last_seq,
-                )
-                return self.last_seq
+            # A stream full of acknowledged mail is trimmed first (the trim keeps every
+            # subject's last message, so the expectation still holds); one full of mail not yet
+            # acknowledged refuses `dm-stream-full`.
+            seq = await self._mark(
+                subject,
+                self._last_seq,
+                {EXPECT_SUBJECT: self.filter},
+                lambda publish: retention.with_room(self.js, self.space, publish),
+            )
+            if seq is not None:
+                self.last_seq = seq
+                log.info("fence.established", seat=self.seat, generation=self.generation, seq=seq)
+                return seq
         raise Refusal(
             Code.FENCE_CONTENDED,
             f"could not fence {self.seat}: its outbound subject kept moving",
@@ -147,41 +158,22 @@ class WriterFence:
         return names.chan_fence_subject(self.space, self.owner, self.seat)
 
     async def _last_post_marker(self) -> int:
-        stream = names.chan_stream(self.space)
-        try:
-            msg = await riding_elections(
-                f"post fence {self.seat}",
-                lambda: self.js.get_last_msg(stream, self.post_subject),
-            )
-        except NotFoundError:
-            return 0
-        return int(msg.seq or 0)
+        return await self._last_seq(names.chan_stream(self.space), self.post_subject)
 
     async def establish_posts(self) -> int:
         """Write this holder's post marker in the channel stream. Every post names it as the
         last write on the marker's subject, so once a successor writes its own marker the
         broker refuses the stale holder's posts, whichever id they carry. Called by the manager
         after `establish`, where the channel stream exists."""
-        for _ in range(FENCE_ATTEMPTS):
-            last = await self._last_post_marker()
-            headers = {
-                EXPECT_SEQ: str(last),
-                TTL: "never",
-                HOLDER: self.holder,
-                WRITER: self.writer,
-            }
-            try:
-                ack = await riding_elections(
-                    f"post fence {self.seat}",
-                    functools.partial(self.js.publish, self.post_subject, b"", headers=headers),
-                )
-            except APIError as exc:
-                if _wrong_sequence(exc):
-                    continue
-                raise
-            self.post_seq = int(ack.seq)
-            log.info("fence.posts_established", seat=self.seat, seq=self.post_seq)
-            return self.post_seq
+
+        async def as_is(publish: Callable[[], Awaitable[api.PubAck]]) -> api.PubAck:
+            return await publish()
+
+        seq = await self._mark(self.post_subject, self._last_post_marker, {TTL: "never"}, as_is)
+        if seq is not None:
+            self.post_seq = seq
+            log.info("fence.posts_established", seat=self.seat, seq=seq)
+            return seq
         raise Refusal(
             Code.FENCE_CONTENDED,
             f"could not fence {self.seat}'s posts: its post marker kept moving",
