@@ -78,6 +78,11 @@ MAX_CARRIED_CHANNELS = 64
 # bytes as the inbox is, apart from it: they are never delivered, so they do not share its cap.
 DEAD_LETTER_FILE = "dead-letters.jsonl"
 MAX_CARRIED_DEAD_LETTERS = 10_000
+# The seat's sent ledger: the ids of what it sent and posted inside the recency horizon, so a
+# turn that runs again at the destination has those sends dropped there as well
+# (manager/broker/sent.py). Bounded as a busy seat's horizon of sends, apart from the inbox.
+SENT_FILE = "sent.jsonl"
+MAX_CARRIED_SENT = 100_000
 
 # A checkpoint carries an inbox, not a mailbox archive: past these the cut refuses by name.
 MAX_CARRIED_MESSAGES = 10_000
@@ -632,6 +637,32 @@ class DeadLetterState(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
             raise ValueError(f"dead letters must be {DEAD_LETTER_FILE!r}, not {self.file.file!r}")
 
 
+MessageId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
+
+
+class SentEntry(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, gc=False):
+    """One send or post of a seat as its sent ledger remembers it: the id derived from the turn
+    (`protocol.meshcall.send_message_id`, `post_message_id`), which it was, and the sequence the
+    broker that stored it gave it. The same record is the ledger's value and a `sent.jsonl`
+    line."""
+
+    id: MessageId
+    kind: Literal["send", "post"]
+    seq: Sequence
+
+
+class SentState(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A seat's sent ledger at the cut: how many ids, and the file holding them (`sent.jsonl`,
+    one `SentEntry` per line, ids in increasing order)."""
+
+    entries: Annotated[int, msgspec.Meta(ge=1, le=MAX_CARRIED_SENT)]
+    file: FileRef
+
+    def __post_init__(self) -> None:
+        if self.file.file != SENT_FILE:
+            raise ValueError(f"the sent ledger must be {SENT_FILE!r}, not {self.file.file!r}")
+
+
 class SpaceRecord(
     msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True, omit_defaults=True
 ):
@@ -652,6 +683,8 @@ class SpaceRecord(
     )
     # Omitted when the seat held none, for the same reason.
     dead_letters: DeadLetterState | None = None
+    # Omitted when the seat sent nothing inside the horizon, for the same reason.
+    sent: SentState | None = None
 
     def __post_init__(self) -> None:
         if self.inbox.file != INBOX_FILE:
@@ -733,6 +766,8 @@ class SpaceExport(msgspec.Struct, frozen=True):
     channels: list[ChannelExport] = msgspec.field(default_factory=list)
     # The seat's dead letters (`DeadLetterState`), oldest first.
     dead_letters: list[CarriedMessage] = msgspec.field(default_factory=list)
+    # The seat's sent ledger (`SentState`), ids in increasing order.
+    sent: list[SentEntry] = msgspec.field(default_factory=list)
 
 
 class ChannelExport(msgspec.Struct, frozen=True):
@@ -1020,6 +1055,8 @@ def checkpoint_files(record: SeatCheckpoint) -> list[FileRef]:
         files.extend(c.posts for c in record.space_state.channels)
         if record.space_state.dead_letters is not None:
             files.append(record.space_state.dead_letters.file)
+        if record.space_state.sent is not None:
+            files.append(record.space_state.sent.file)
     return files
 
 

@@ -310,6 +310,11 @@ def custody_bucket(space: str) -> str:
     return f"cotal_custody_{check_space(space)}"
 
 
+def sent_bucket(space: str) -> str:
+    """The space's sent ledger (manager/broker/sent.py): the ids its seats sent and posted."""
+    return f"cotal_sent_{check_space(space)}"
+
+
 def presence_key(owner: str, actor: str, uid: str) -> str:
     return f"{owner}.{actor}.{check_lifecycle_uid(uid)}"
 

@@ -134,14 +134,16 @@ class BucketEntry:
     revision: int
 
 
-async def bucket_entries(js: JetStreamContext, bucket: str) -> dict[str, BucketEntry]:
-    """Each key of `bucket` that holds a value, with that value and its revision, as of the
-    read's start: one reader delivering the last message of every key, in batches, rather than
-    a listing and a read per key. A deleted or purged key (its marker is its last message) and
-    an expired one are absent."""
+async def bucket_entries(
+    js: JetStreamContext, bucket: str, keys: str = ">"
+) -> dict[str, BucketEntry]:
+    """Each key of `bucket` matching `keys` (a subject pattern) that holds a value, with that
+    value and its revision, as of the read's start: one reader delivering the last message of
+    every key, in batches, rather than a listing and a read per key. A deleted or purged key
+    (its marker is its last message) and an expired one are absent."""
     prefix = f"$KV.{bucket}."
     config = api.ConsumerConfig(
-        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, filter_subject=f"{prefix}>"
+        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT, filter_subject=f"{prefix}{keys}"
     )
     entries: dict[str, BucketEntry] = {}
     async with contextlib.aclosing(

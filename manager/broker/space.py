@@ -38,7 +38,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from manager.broker import deadletter, reader, retention
+from manager.broker import deadletter, reader, retention, sent
 from manager.broker.custody import Held, create_exclusive
 from manager.broker.footprint import ensure_dm_stream
 from manager.broker.retry import riding_elections
@@ -327,6 +327,7 @@ async def export_space(
     """The seat's inbox and custody for its checkpoint, read after its stop was proven."""
     durable, messages = await export_inbox(js, space, agent.name, agent.identity.lifecycle_uid)
     dead = await export_dead_letters(js, space, agent.name, agent.identity.lifecycle_uid)
+    made = await sent.export_entries(js, space, agent.identity.lifecycle_uid)
     return SpaceExport(
         broker_id=broker_id,
         durable=durable,
@@ -335,6 +336,7 @@ async def export_space(
         ),
         messages=messages,
         dead_letters=dead,
+        sent=made,
     )
 
 

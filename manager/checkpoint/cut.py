@@ -41,6 +41,7 @@ from protocol.checkpoint import (
     MANIFEST_FORMAT,
     RESUME_FILE,
     SEAT_CHECKPOINT_FORMAT,
+    SENT_FILE,
     AttemptManifest,
     ChannelState,
     DeadLetterState,
@@ -50,6 +51,7 @@ from protocol.checkpoint import (
     PrecopyLink,
     RepositoryRecord,
     SeatCheckpoint,
+    SentState,
     SessionFile,
     SessionRecord,
     SpaceExport,
@@ -64,6 +66,7 @@ from protocol.errors import Refusal
 from protocol.instant import file_stamp, format_instant
 from protocol.inventory import Agent
 from protocol.refusals import Code
+from protocol.sentledger import decode_sent, encode_sent
 
 log = structlog.get_logger("cotal.cut")
 
@@ -176,6 +179,16 @@ def _write_dead_letters(seat_dir: Path, export: SpaceExport) -> DeadLetterState 
     )
 
 
+def _write_sent(seat_dir: Path, export: SpaceExport) -> SentState | None:
+    """The seat's sent ledger (`sent.jsonl`), when it sent anything inside the horizon."""
+    if not export.sent:
+        return None
+    return SentState(
+        entries=len(export.sent),
+        file=write_file_exclusive(seat_dir, SENT_FILE, encode_sent(export.sent)),
+    )
+
+
 def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
     data = encode_inbox(export.messages)
     inbox = write_file_exclusive(seat_dir, INBOX_FILE, data)
@@ -200,6 +213,7 @@ def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
             inbox=inbox,
             channels=[state for _, state in written],
             dead_letters=_write_dead_letters(seat_dir, export),
+            sent=_write_sent(seat_dir, export),
         )
         # What is sealed must be what a destination admits: the record through the seal's own
         # decode, the carried lines here.
@@ -212,6 +226,8 @@ def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
                 record.dead_letters,
                 export.dead_letters[0].subject,
             )
+        if record.sent is not None:
+            decode_sent(encode_sent(export.sent), record.sent)
     except ValueError as exc:
         raise Refusal(
             Code.INBOX_UNEXPORTABLE,

@@ -47,6 +47,7 @@ from protocol.checkpoint import (
     ChannelState,
     DeadLetterState,
     FileRef,
+    SentEntry,
     SpaceRecord,
     decode_inbox,
 )
@@ -57,6 +58,7 @@ from protocol.maintenance import (
     Consent,
 )
 from protocol.refusals import Code
+from protocol.sentledger import SENT_LINE_CAP, decode_sent
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,8 @@ class CarriedSpace:
     posts: dict[str, list[CarriedMessage]]
     # Its dead letters, which the import keeps as dead letters (`space.import_dead_letters`).
     dead: list[CarriedMessage] = dataclasses.field(default_factory=list)
+    # Its sent ledger, which the import writes into this broker's (`sent.import_entries`).
+    sent: list[SentEntry] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,19 +217,14 @@ class Admitted:
     inboxes: dict[str, CarriedSpace]
 
 
-def _read_carried(
-    path: Path,
-    ref: FileRef,
-    part: SpaceRecord | ChannelState | DeadLetterState,
-    name: str,
-    *,
-    dead_subject: str = "",
-) -> list[CarriedMessage]:
-    if ref.bytes > INBOX_FILE_CAP:
+def _read_proven(path: Path, ref: FileRef, *, cap: int) -> bytes:
+    """A carried file's bytes, exactly as its record names them (size and digest), refused by
+    name past `cap` before a byte is read."""
+    if ref.bytes > cap:
         raise Refusal(
             Code.INTEGRITY,
             f"checkpoint integrity: {path} is named at {ref.bytes} bytes, more than the "
-            f"{INBOX_FILE_CAP} a checkpoint's carried messages can be",
+            f"{cap} it can be",
             "copy the attempt directory again from the source host, or cut a new checkpoint; "
             "nothing was changed",
         )
@@ -238,6 +237,18 @@ def _read_carried(
             f"hashing to {digest})",
             "retry once nothing writes to the checkpoint; nothing was changed",
         )
+    return data
+
+
+def _read_carried(
+    path: Path,
+    ref: FileRef,
+    part: SpaceRecord | ChannelState | DeadLetterState,
+    name: str,
+    *,
+    dead_subject: str = "",
+) -> list[CarriedMessage]:
+    data = _read_proven(path, ref, cap=INBOX_FILE_CAP)
     try:
         if isinstance(part, DeadLetterState):
             return decode_dead_letters(data, part, dead_subject)
@@ -263,6 +274,25 @@ def _read_dead(adm: admit.Admission, seat_dir: Path, name: str) -> list[CarriedM
     return _read_carried(seat_dir / ref.file, ref, state.dead_letters, name, dead_subject=subject)
 
 
+def _read_sent(adm: admit.Admission, seat_dir: Path, name: str) -> list[SentEntry]:
+    """A seat's carried sent ledger, hashed as it is read and proven against its record."""
+    state = adm.records[name].space_state
+    if state is None or state.sent is None:
+        return []
+    ref = state.sent.file
+    path = seat_dir / ref.file
+    data = _read_proven(path, ref, cap=state.sent.entries * (SENT_LINE_CAP + 1))
+    try:
+        return decode_sent(data, state.sent)
+    except ValueError as exc:
+        raise Refusal(
+            Code.INTEGRITY,
+            f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
+            "copy the attempt directory again from the source host, or cut a new checkpoint; "
+            "nothing was changed",
+        ) from None
+
+
 def read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:
     """Each seat's carried messages: as admission's inbox check read them (hashed as they were
     read and proven against their record, so exactly the sealed bytes), or, for an admission
@@ -280,10 +310,12 @@ def read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:
                 inbox=kept[state.inbox.file],
                 posts={c.channel: kept[c.posts.file] for c in state.channels},
                 dead=_read_dead(adm, seat_dir, name),
+                sent=_read_sent(adm, seat_dir, name),
             )
             continue
         out[name] = CarriedSpace(
             dead=_read_dead(adm, seat_dir, name),
+            sent=_read_sent(adm, seat_dir, name),
             inbox=_read_carried(seat_dir / state.inbox.file, state.inbox, state, name),
             posts={
                 c.channel: _read_carried(seat_dir / c.posts.file, c.posts, c, name)

@@ -15,7 +15,7 @@ import anyio
 from nats.js import JetStreamContext
 
 from manager import concurrency, registry
-from manager.broker import frontier
+from manager.broker import frontier, sent
 from manager.broker.retry import phase
 from manager.broker.space import import_dead_letters, import_inbox, read_broker_identity
 from manager.checkpoint import admit
@@ -109,6 +109,7 @@ async def import_inboxes(
                 f"carried message(s) ({done.duplicates} already here)"
             )
         await _import_dead(req, adm, js, broker, inboxes, name, shared=shared)
+        await _import_sent(req, adm, js, broker, inboxes, name, shared=shared, horizon_s=horizon_s)
         frontiers = [
             await _import_frontier(
                 req, adm, js, broker, inboxes, name, c, shared, horizon_s, channels
@@ -159,6 +160,31 @@ async def _import_dead(
             f"{name}: {put} dead letter(s) carried into this broker's dead letters "
             f"({here} already here); `cotal inbox {name}` lists them"
         )
+
+
+async def _import_sent(
+    req: RestoreRequest,
+    adm: admit.Admission,
+    js: JetStreamContext,
+    broker: BrokerRef,
+    inboxes: dict[str, CarriedSpace],
+    name: str,
+    *,
+    shared: bool,
+    horizon_s: int,
+) -> None:
+    """The seat's carried sent ledger written into this broker's, before the seat runs, so a
+    turn it runs again here has its sends and posts dropped as it would at the source. The
+    broker the checkpoint was cut from still holds them."""
+    entries = inboxes[name].sent
+    if shared or not entries:
+        return
+    with phase(f"sent ledger ({name})"):
+        kv = await sent.ensure_ledger(
+            js, adm.manifest.space, replicas=replicas(req, broker), horizon_s=horizon_s
+        )
+        await sent.import_entries(kv, adm.records[name].lifecycle_uid, entries)
+    _say(f"{name}: {len(entries)} sent id(s) carried into this broker's sent ledger")
 
 
 async def _import_frontier(

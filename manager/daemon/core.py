@@ -28,7 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from manager import registry
-from manager.broker import channels, deadletter, footprint
+from manager.broker import channels, deadletter, footprint, sent
 from manager.daemon import handlers, seatfile
 from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.incarnation import Incarnations
@@ -88,6 +88,7 @@ class Manager:
         self.tg: TaskGroup | None = None
         self.presence: KeyValue | None = None
         self.custody: KeyValue | None = None
+        self.sent: KeyValue | None = None
         self.started_at = now_iso()
         self.delivery_gate = DeliveryGate()
         self.survivor_scan = SurvivorScan()
@@ -106,6 +107,11 @@ class Manager:
         if self.custody is None:
             raise Refusal(Code.NOT_READY, "the manager has no custody bucket yet", "retry")
         return self.custody
+
+    def sent_ledger(self) -> KeyValue:
+        if self.sent is None:
+            raise Refusal(Code.NOT_READY, "the manager has no sent ledger yet", "retry")
+        return self.sent
 
     def presence_bucket(self) -> KeyValue:
         if self.presence is None:
@@ -243,6 +249,10 @@ class Manager:
             max_age_s=self.config.channels.max_age_s,
             replicas=r,
             horizon_s=self.config.recency.horizon_s,
+        )
+        # What its seats sent inside the horizon, which outlives a broker restart (sent.py).
+        self.sent = await sent.ensure_ledger(
+            self.js, self.space, replicas=r, horizon_s=self.config.recency.horizon_s
         )
         self.dead_counts.update(await deadletter.counts(self.js, self.space))
         self.presence = await footprint.ensure_kv(

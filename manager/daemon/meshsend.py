@@ -20,9 +20,12 @@ broker still holds this holder's marker. A send or post the fence refuses fences
 a refused reply does: its process is stopped and never relaunched here.
 
 The message id is derived from the sender's uid, the message its turn answers and the send's
-ordinal in that turn, so a turn run again (a crash, a cut, a redelivery) publishes the same ids
-and the broker's duplicate window, which the DM stream is given to cover the checkpoint recency
-horizon (`manager.broker.footprint.dm_stream_config`), drops each copy.
+ordinal in that turn, so a turn run again (a crash, a cut, a redelivery) makes the same ids.
+Each send and post the broker stores is written to the space's sent ledger
+(`manager.broker.sent`), and one whose id is there is answered as made and not published again:
+the ledger keeps ids for the recency horizon across a broker restart, and a checkpoint carries
+the seat's to another broker. The streams' own duplicate windows
+(`manager.broker.footprint.dm_stream_config`) cover a send made but not yet written down.
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ from typing import Protocol
 
 import structlog
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from connectors.base import MeshPort
-from manager.broker import channels
+from manager.broker import channels, sent
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import riding_elections
 from manager.daemon.seat import Incarnation, Seat
 from protocol import meshcall, names
+from protocol.checkpoint import SentEntry
 from protocol.errors import Refusal
 from protocol.instant import now_iso
 from protocol.messages import DirectMessage
@@ -60,6 +65,8 @@ class MeshOwner(Protocol):
 
     @property
     def seats(self) -> Mapping[str, Seat]: ...
+
+    def sent_ledger(self) -> KeyValue: ...
 
 
 class MeshSends:
@@ -143,6 +150,11 @@ class MeshSends:
             sent_at=now_iso(),
         )
         fence = _fence_of(seat)
+        ledger = self.mgr.sent_ledger()
+        made = await sent.recall(ledger, seat.uid, dm.id)
+        if made is not None:
+            _dropped(seat, made, inbound, ordinal)
+            return meshcall.MeshResult(status="delivered", id=dm.id, to=call.to, seq=made.seq)
         seq = await publish_dm(
             self.mgr.js,
             self.mgr.space,
@@ -150,6 +162,7 @@ class MeshSends:
             publish=fence.publish,
             headers={meshcall.SENDER_HEADER: seat.name},
         )
+        await sent.remember(ledger, seat.uid, SentEntry(id=dm.id, kind="send", seq=seq))
         log.info(
             "mesh.sent",
             seat=seat.name,
@@ -185,9 +198,16 @@ class MeshSends:
             text=call.text,
             sent_at=now_iso(),
         )
-        seq = await channels.publish_post(
-            self.mgr.js, self.mgr.space, post, publish=_fence_of(seat).post
-        )
+        fence = _fence_of(seat)
+        ledger = self.mgr.sent_ledger()
+        made = await sent.recall(ledger, seat.uid, post.id)
+        if made is not None:
+            _dropped(seat, made, inbound, ordinal)
+            return meshcall.MeshResult(
+                status="posted", id=post.id, channel=call.channel, seq=made.seq
+            )
+        seq = await channels.publish_post(self.mgr.js, self.mgr.space, post, publish=fence.post)
+        await sent.remember(ledger, seat.uid, SentEntry(id=post.id, kind="post", seq=seq))
         log.info(
             "mesh.posted",
             seat=seat.name,
@@ -240,6 +260,20 @@ class MeshSends:
             if durable.startswith(prefix) and dash and names.SEAT_NAME.matches(name):
                 found.add(name)
         return found
+
+
+def _dropped(seat: Seat, made: SentEntry, inbound: str, ordinal: int) -> None:
+    """A send or post of a turn run again, already made inside the horizon: answered as made,
+    with the sequence the broker that stored it gave it, and not published again."""
+    log.info(
+        "mesh.duplicate_dropped",
+        seat=seat.name,
+        id=made.id,
+        kind=made.kind,
+        seq=made.seq,
+        turn=inbound,
+        ordinal=ordinal,
+    )
 
 
 def _fence_of(seat: Seat) -> WriterFence:

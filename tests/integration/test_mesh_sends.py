@@ -107,9 +107,12 @@ async def test_a_turn_run_again_sends_each_message_once(mesh: Cli) -> None:
     assert done["reply"] == "Told b: delivered.\nTold b: delivered."
     assert done["attempts"] == 2
 
+    # The second run's sends are in the sent ledger: answered as made, not published again.
     sends = seat_events(mesh, "a", "mesh.sent")
-    assert len(sends) == 4
-    assert [s["id"] for s in sends[:2]] == [s["id"] for s in sends[2:]]
+    dropped = seat_events(mesh, "a", "mesh.duplicate_dropped")
+    assert len(sends) == 2
+    assert [s["id"] for s in sends] == [d["id"] for d in dropped]
+    assert [s["seq"] for s in sends] == [d["seq"] for d in dropped]
     held = await dm_messages(mesh, "b", "a")
     assert [body["text"] for body, _ in held] == [
         "remember the phrase first-copy-1",
@@ -212,7 +215,7 @@ async def test_a_seats_permission_survives_its_managers_death(mesh: Cli) -> None
 async def test_a_turn_cut_after_its_sends_sends_each_once_after_the_resume(cli: Cli) -> None:
     """The cut lands after the turn's two sends and before its end: the message is carried
     as mid-turn, the resume delivers it again, the turn sends both again under the same ids,
-    and the broker keeps one copy of each."""
+    which the sent ledger answers as made, and the broker keeps one copy of each."""
     repo = committed_repo(cli.root / "repo")
     cli.run("up", "--detach")
     try:
@@ -233,9 +236,12 @@ async def test_a_turn_cut_after_its_sends_sends_each_once_after_the_resume(cli: 
         assert [m["name"] for m in cut["midTurn"]] == ["a"], cut
         cli.json("up", "--restore", cut["checkpointDir"])
 
-        await wait_until(lambda: len(seat_events(cli, "a", "mesh.sent")) == 4, timeout=60)
+        await wait_until(
+            lambda: len(seat_events(cli, "a", "mesh.duplicate_dropped")) == 2, timeout=60
+        )
         sends = seat_events(cli, "a", "mesh.sent")
-        assert [s["id"] for s in sends[:2]] == [s["id"] for s in sends[2:]]
+        dropped = seat_events(cli, "a", "mesh.duplicate_dropped")
+        assert [s["id"] for s in sends] == [d["id"] for d in dropped]
         held = await dm_messages(cli, "b", "a")
         assert [body["text"] for body, _ in held] == [
             "remember the phrase cut-copy-1",
