@@ -16,8 +16,9 @@ attempt and fenced to it until finalize (`restore`). The scopes share their rows
 only in the cells `ATTEMPT_TRANSITIONS` gives each:
 
     cut      idle --prepare--> preserving --commit--> preserving --stopped--> preserved
-               ^                   |
-               +------abort--------+   (only while no seat has been told to stop)
+               ^                   |   ^                 |
+               |                   |   +----failed-------+   (the commit ended unsealed)
+               +------abort--------+   (before the commit, or after a failed one)
     resume   idle | resume-required --resume--> adopting --activated--> adopted
                --commit-resume--> committed --finalize--> idle
 
@@ -35,10 +36,15 @@ piece of work that got in has already counted itself, nothing new can get in, an
 sees all of it. The counter lives in the daemon, because only the daemon knows when a piece of
 work ends; this machine only answers "may work start now?".
 
-`commit` marks the point of no return. Once the daemon has been told to hard-stop children,
-`abort` is illegal: a half-stopped set of seats cannot be handed back as if nothing happened. A
-whole cut's abort is also refused while accepted work is still draining, because the plan being
-abandoned would race work that is still finishing. Each cut that begins and each `abort`
+`commit` marks the point of no return for a commit that runs: while the daemon is hard-stopping
+children and capturing them, `abort` is illegal, because a half-stopped set of seats cannot be
+handed back as if nothing happened. A commit that ends without a seal (`failed`: every seat is
+stopped and proven, nothing runs, the evidence is kept) makes `abort` legal again: the daemon
+starts the stopped seats again under their uids, in their own sessions and trees (the capture
+only read them), and only then applies it. A new `commit` of the attempt closes that door again,
+and a sealed cut (`preserved`) is never aborted. A whole cut's abort is also refused while
+accepted work is still draining, because the plan being abandoned would race work that is still
+finishing. Each cut that begins and each `abort`
 advances `generation`, so a preparation task that wakes up after its attempt was abandoned can
 tell and stop.
 
@@ -104,7 +110,7 @@ Scope = Literal["whole", "seats", "restore", "adopt"]
 AttemptState = Literal[
     "idle", "preserving", "preserved", "resume-required", "adopting", "adopted", "committed"
 ]
-CutEvent = Literal["prepare", "commit", "stopped", "abort"]
+CutEvent = Literal["prepare", "commit", "stopped", "failed", "abort"]
 ResumeEvent = Literal["resume", "activated", "rollback", "commit-resume", "finalize"]
 AttemptEvent = Literal[CutEvent, ResumeEvent]
 # The manager's own state, as `status` reports it.
@@ -123,7 +129,11 @@ _CUT_ROWS: Final[dict[AttemptState, Row]] = {
         # exit is proven (`stopped`), and a failed stop leaves the attempt fenced here.
         "commit": "preserving",
         "stopped": "preserved",
-        # Only while no seat has been told to stop (`commit_started`).
+        # The commit ended without a seal: its seats are stopped and proven, no capture runs,
+        # and the next commit of the attempt captures again (or an abort restarts them).
+        "failed": "preserving",
+        # Before the commit began (`commit_started`), or after it failed (`commit_failed`) once
+        # the daemon has started the stopped seats again.
         "abort": "idle",
     },
 }
@@ -219,6 +229,8 @@ class Attempt:
         self.seats = seats
         self.state: AttemptState = state
         self.commit_started = False
+        # The last commit ended unsealed and none runs now: an abort may start the seats again.
+        self.commit_failed = False
 
     @property
     def open(self) -> bool:
@@ -245,12 +257,19 @@ class Attempt:
             raise self._illegal(event, attempt_id)
         if event == "abort":
             self._check_abort(attempt_id, draining)
-        if event == "commit":
-            self.commit_started = True
+        if event in ("commit", "failed"):
+            self.commit_started, self.commit_failed = True, event == "failed"
         self.state = target
         if target == "idle":
-            self.attempt_id, self.seats, self.commit_started = None, frozenset(), False
+            self.attempt_id, self.seats = None, frozenset()
+            self.commit_started = self.commit_failed = False
         return target
+
+    @property
+    def abandonable(self) -> bool:
+        """A cut whose commit ended unsealed: its seats are stopped, none is being captured,
+        and an abort that starts them again first is legal."""
+        return self.state == "preserving" and self.commit_started and self.commit_failed
 
     def _check_abort(self, attempt_id: str, draining: bool) -> None:
         """A cut is abandoned only before its commit began, and not under work still draining."""
@@ -263,7 +282,7 @@ class Attempt:
                 "lifecycle work and cannot be aborted",
                 "retry the abort once the drain has finished",
             )
-        if self.commit_started:
+        if self.commit_started and not self.commit_failed:
             raise IllegalTransition(
                 MACHINE[self.scope], self.shown, "abort", _begun(attempt_id), _CURE_FINISH_IT
             )
@@ -913,7 +932,8 @@ RERUN: Final[dict[str, dict[Command, Action]]] = {
     CUT_INTENT: {
         # Through the manager when it still holds the attempt, offline when it died.
         "cut": Action(kind="continue", revive_broker=True),
-        # Before the commit began only (the manager's `commitStarted` decides at run time).
+        # Before the commit began, or after a commit that failed to seal: the manager's
+        # attempt machine decides at run time, and starts the stopped seats again first.
         "abort": Action(kind="continue", drops=True),
         "restore": _RESTORE_MID_CUT,
         "discard": _DISCARD_MID_CUT,

@@ -58,6 +58,12 @@ class Code(StrEnum):
             return cls.__members__.get(value.upper().replace("-", "_"))
         return None
 
+    ABORT_UNDER_WAY = (
+        "abort-under-way",
+        "a commit or another abort was asked while `--abort` starts again the seats a failed "
+        "commit stopped",
+        "let the abort finish, then cut again",
+    )
     ABORT_UNSAFE = (
         "abort-unsafe",
         "`--abort` cannot tell that no seat was stopped (no manager answers, or a planned seat "
@@ -386,8 +392,10 @@ class Code(StrEnum):
     )
     COMMIT_BEGUN = (
         "commit-begun",
-        "`--abort` after the cut's commit began (or the journal records `cut-committed`)",
-        "the seats are stopped; rerun `cotal down --preserve-state` to finish the cut",
+        "`--abort` while the cut's commit runs, once it is sealed (the journal records "
+        "`cut-committed` or `ready`), or with a seat that cannot be started again",
+        "rerun `cotal down --preserve-state` to finish the cut; after a commit that failed, "
+        "`--abort` restarts the stopped seats once none is left unproven",
     )
     CONFIG_REDACTION = (
         "config-redaction",
@@ -740,6 +748,13 @@ class Code(StrEnum):
         "lifecycle-proof-failed",
         "a seat's inbox durable is not at the broker, so its lifecycle cannot be proven",
         "resume with the uid the checkpoint recorded, against the broker holding its inbox",
+    )
+    LINKED_WORKTREE = (
+        "linked-worktree",
+        "a seat's repository is a linked worktree (`git worktree add`) or has linked worktrees; "
+        "a checkpoint carries one worktree's repository, not a shared one",
+        "run the seat in a clone of its own (`git clone`), or remove the other worktrees "
+        "(`git worktree remove`, `git worktree prune`), then cut again; nothing was stopped",
     )
     LIVENESS_UNKNOWN = (
         "liveness-unknown",

@@ -653,7 +653,7 @@ class _Probe:
     refs: dict[str, str]
 
 
-_PROBE_FIXED = 5  # is-inside-work-tree, toplevel, common dir, shallow, index path
+_PROBE_FIXED = 6  # is-inside-work-tree, toplevel, common dir, shallow, index path, git dir
 # One `git rev-parse` for where the repository is and whether it can be captured (`_probe`).
 PROBE_ARGS: tuple[str, ...] = (
     "rev-parse",
@@ -663,6 +663,7 @@ PROBE_ARGS: tuple[str, ...] = (
     "--is-shallow-repository",
     "--git-path",
     "index",
+    "--absolute-git-dir",
     *(arg for name, _, _ in _IN_PROGRESS for arg in ("--git-path", name)),
     "--verify",
     "-q",
@@ -699,6 +700,50 @@ def _check_top_level(cwd: Path, real: Path, probe: GitResult, lines: list[str]) 
             "rebuilds the repository at the seat's cwd",
             f"run the seat at {top}, or run `git init` in {cwd} to give it a repository of its own",
         )
+
+
+def _refuse_linked_worktrees(cwd: Path, lines: list[str]) -> None:
+    """Refuse a repository whose worktree is not its only one: a linked worktree (its git dir
+    is not the common dir), or a main worktree with linked worktrees registered. The bundle's
+    `--all` names every worktree's HEAD (`main-worktree/HEAD`, `worktrees/<id>/HEAD`), which no
+    ref of this worktree matches, so the capture could only refuse it after the seat stopped;
+    and a restore rebuilds one repository at the seat's cwd, not a shared one."""
+    common = (cwd / lines[2]).resolve()
+    git_dir = Path(lines[5]).resolve()
+    if git_dir != common:
+        main = common.parent if common.name == ".git" else common
+        raise Refusal(
+            Code.LINKED_WORKTREE,
+            f"seat cwd {cwd} is a linked worktree (`git worktree add`) of the repository at "
+            f"{main}; a checkpoint carries a repository of its own, not a worktree sharing "
+            "another's",
+            f"run the seat in a clone of its own (`git clone {main} DIR`, then spawn it with "
+            "`--cwd DIR`), then cut again",
+        )
+    registered = common / "worktrees"
+    try:
+        ids = sorted(os.listdir(registered)) if registered.is_dir() else []
+    except OSError:
+        ids = []
+    if ids:
+        where = [_worktree_path(registered / i) for i in ids[:5]]
+        raise Refusal(
+            Code.LINKED_WORKTREE,
+            f"the repository at {cwd} has linked worktree(s) ({', '.join(where)}"
+            f"{', ...' if len(ids) > 5 else ''}); a checkpoint carries one worktree's "
+            "repository, and the others' HEADs would travel in its bundle",
+            "remove them (`git worktree remove PATH`; `git worktree prune` for one whose "
+            "directory is gone), or run the seat in a clone of its own, then cut again",
+        )
+
+
+def _worktree_path(admin: Path) -> str:
+    """Where a registered worktree lives, as its `gitdir` file names it (its `.git`)."""
+    try:
+        named = (admin / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return admin.name
+    return str(Path(named).parent) if named else admin.name
 
 
 def _refuse_operation_in_progress(cwd: Path, lines: list[str]) -> None:
@@ -740,6 +785,7 @@ async def _probe(cwd: Path) -> _Probe:
     probe = await run_git(cwd, *PROBE_ARGS, ok=(0, 1, 128))
     lines = probe.stdout.decode("utf-8", "surrogateescape").splitlines()
     _check_top_level(cwd, real, probe, lines)
+    _refuse_linked_worktrees(cwd, lines)
     _refuse_operation_in_progress(cwd, lines)
     if probe.rc != 0:
         await _refuse_unborn(cwd)

@@ -425,7 +425,10 @@ _CURE_FINISH = "rerun `cotal down --preserve-state` to finish the cut"
 
 async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None) -> Aborted:
     """`--abort`: lift a fence a dead coordinator left, before its commit began, and drop its
-    `cut-intent`. Every seat keeps running; once the commit began only finishing is safe."""
+    `cut-intent`; every seat keeps running. After a commit that failed to seal, the manager
+    first starts the seats it stopped again, in their own sessions and trees, under their uids
+    (the evidence directory stays). While a commit runs, or once it sealed, only finishing is
+    safe: the manager's attempt machine decides and refuses `commit-begun`."""
     action = rerun(record.state if record is not None else None, "abort")
     if record is not None and action.kind == "refuse":
         raise action.refusal(attempt=record.attempt_id, state=record.state)
@@ -444,11 +447,11 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
                 _CURE_FINISH + " offline",
             )
         assert status is not None
-        if fenced is not None and (status.commit_started or status.state == "preserved"):
+        if fenced is not None and status.state == "preserved":
             raise Refusal(
                 Code.COMMIT_BEGUN,
-                f"cut {fenced} has begun its commit: its seats are being stopped and captured, so "
-                "it can no longer be aborted",
+                f"cut {fenced} is sealed: its seats were stopped and captured, so it can no "
+                "longer be aborted",
                 _CURE_FINISH,
             )
         if intent is not None and fenced is not None and fenced != intent.attempt_id:
@@ -461,14 +464,22 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
         if attempt is None:
             return Aborted(aborted=False, nothing=True, state=status.state)
         with MaintenanceLock(layout, attempt):
+            failpoint.reached("cut.abort.after-lock", layout.root)
+            if fenced is not None and _commit_began(status):
+                _say(
+                    f"cut {fenced}: its commit began; if it failed, the manager starts the seats "
+                    "it stopped again before it lifts the fence"
+                )
             if fenced is not None:
                 await session.request(
                     control.ABORT_PRESERVATION,
                     control.AttemptArgs(attempt_id=fenced),
-                    timeout=PREPARE_TIMEOUT_S,
+                    # Starting the stopped seats again takes each one's launch and readiness.
+                    timeout=COMMIT_TIMEOUT_S if _commit_began(status) else PREPARE_TIMEOUT_S,
                 )
             elif intent is not None:
                 await _prove_untouched(session, journal, intent)
+            failpoint.reached("cut.abort.after-fence-lifted", layout.root)
             if intent is not None and action.drops:
                 journal.discard(intent.attempt_id)
         return Aborted(
@@ -478,6 +489,13 @@ async def _abort(layout: Layout, journal: Journal, record: JournalRecord | None)
             journal_discarded=intent is not None,
             state="active",
         )
+
+
+def _commit_began(status: control.StatusReply) -> bool:
+    some = status.partial_cut
+    if some is not None and some.state == "preserving":
+        return some.commit_started
+    return status.commit_started
 
 
 async def _prove_untouched(

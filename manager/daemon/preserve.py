@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,8 @@ class Preservation:
         self.custody_held: dict[str, custody.Held] = {}
         self._commit_in_flight: anyio.Event | None = None
         self._joined: control.CommitReply | None = None
+        # An abort after a failed commit is starting the stopped seats again.
+        self._abandoning = False
 
     # -- prepare --------------------------------------------------------------------------------
 
@@ -146,7 +149,11 @@ class Preservation:
         # A cut that cannot resume must fail here, before any child stops.
         parse_resume_args(attempt, encode_inventory(inventory), space=self.mgr.space)
         jobs = concurrency.limiter()
-        await self._preflight(inventory, jobs)
+        # The root's declared ignored paths travel in every capture, so the preflight checks
+        # them too (a nested repository or a fifo among them would refuse only at the capture);
+        # an operator's `--include` reaches the manager only with the commit.
+        include = registry.carry_includes(registry.load_config(self.mgr.layout.root))
+        await self._preflight(inventory, jobs, include)
         await self._read_custody(inventory, jobs)
         exportable = await concurrency.ordered_map(
             lambda agent: frontier.check_seat_exportable(
@@ -167,11 +174,15 @@ class Preservation:
         return inventory, descriptor
 
     @staticmethod
-    async def _preflight(inventory: Inventory, jobs: anyio.CapacityLimiter) -> None:
+    async def _preflight(
+        inventory: Inventory, jobs: anyio.CapacityLimiter, include: list[str]
+    ) -> None:
         # Each check runs for every seat, a few at once; the refusal is the first failing seat
         # in seat order, the one a loop would have stopped at.
         checked = await concurrency.ordered_map(
-            lambda agent: preflight_repository(Path(agent.launch.cwd)), inventory.agents, jobs
+            lambda agent: preflight_repository(Path(agent.launch.cwd), include=include),
+            inventory.agents,
+            jobs,
         )
         for agent, outcome in zip(inventory.agents, checked, strict=True):
             if isinstance(outcome.error, Refusal):
@@ -334,6 +345,12 @@ class Preservation:
                 "(cotal down --preserve-state does)",
             )
         assert self.plan is not None
+        if self._abandoning:
+            raise Refusal(
+                Code.ABORT_UNDER_WAY,
+                f"cut {attempt} is being aborted: its stopped seats are being started again",
+                "let `cotal down --preserve-state --abort` finish, then cut again",
+            )
         home = Path(os.path.expanduser("~"))
         extra = [Path(os.path.normpath(p)) for p in args.session_stores]
         for agent in self.plan.agents:
@@ -559,6 +576,8 @@ class Preservation:
             log.error("cut.evidence_move_failed", attempt=attempt, error=str(exc))
             evidence = attempt_path
         self.result = None
+        # Nothing runs any more: a rerun captures again, or an abort starts the seats again.
+        self.mgr.maintenance.apply("failed", attempt)
         self.progress.done = True
         log.error("cut.commit_failed", attempt=attempt, failures=sorted(run.failures))
         return control.CommitReply(
@@ -653,23 +672,102 @@ class Preservation:
 
     # -- abort ----------------------------------------------------------------------------------
 
-    async def abort(self, args: control.AttemptArgs) -> control.AttemptState:
+    async def abort(
+        self, args: control.AttemptArgs, start: Callable[[Seat], Awaitable[None]] | None = None
+    ) -> control.AttemptState:
+        """Abandon the cut: before its commit, by lifting the fence; after a commit that ended
+        unsealed (`Attempt.abandonable`), by first starting every seat it stopped again, under
+        its uid in its own session and tree (`start`: the owner's start of a stopped seat),
+        then lifting the fence. The evidence the failed commit kept is left where it is. A
+        repeat after a partial try starts only the seats still stopped."""
         attempt = names.check_attempt_id(args.attempt_id)
         mgr, m = self.mgr, self.mgr.maintenance
         held = m.cut
         if m.state == "active" and not (held.holds(attempt) and held.state == "preserving"):
             # No cut of this attempt is fencing anything here (none, or one already sealed).
             return control.AttemptState(attempt_id=attempt, state="active")
+        if held.holds(attempt) and held.state == "preserved":
+            raise Refusal(
+                Code.COMMIT_BEGUN,
+                f"cut {attempt} is sealed; its seats are captured and it cannot be aborted",
+                "finish it (`cotal down --preserve-state`); its seats resume from the checkpoint "
+                "(`cotal up --restore`)",
+            )
+        if self._abandoning:
+            raise Refusal(
+                Code.ABORT_UNDER_WAY,
+                f"cut {attempt} is being aborted already: its stopped seats are being started "
+                "again",
+                "let that abort finish; `cotal status` shows the manager active once it has",
+            )
+        running = self._commit_in_flight is not None
+        if held.holds(attempt) and held.commit_started and (running or not held.abandonable):
+            raise Refusal(
+                Code.COMMIT_BEGUN,
+                f"cut {attempt} is stopping and capturing its seats now and cannot be aborted "
+                "while it runs",
+                "wait for the commit to end: rerun `cotal down --preserve-state` to finish the "
+                "cut, or, if the commit fails, `cotal down --preserve-state --abort` then",
+            )
         if any(mgr.seats[n].state == "stopping" for n in held.seats if n in mgr.seats):
             raise Refusal(
                 Code.COMMIT_BEGUN,
                 f"cut {attempt} is stopping its seats and cannot be aborted",
                 "rerun `cotal down --preserve-state` to finish it",
             )
+        restarted: list[str] = []
+        if held.holds(attempt) and held.abandonable:
+            if start is None:
+                raise Refusal(
+                    Code.COMMIT_BEGUN,
+                    f"cut {attempt} stopped its seats, and this abort cannot start them again",
+                    "rerun `cotal down --preserve-state --abort` through the manager",
+                )
+            restarted = await self._start_again(attempt, start)
         # Work the whole mesh's fence admitted before it would race the plan being abandoned.
         self._lift(attempt, draining=held.scope == "whole" and mgr.in_flight > 0)
-        log.info("cut.aborted", attempt=attempt, scope=held.scope)
+        log.info("cut.aborted", attempt=attempt, scope=held.scope, restarted=restarted)
         return control.AttemptState(attempt_id=attempt, state=m.state)
+
+    async def _start_again(
+        self, attempt: str, start: Callable[[Seat], Awaitable[None]]
+    ) -> list[str]:
+        """Start every seat of the failed commit's plan that it stopped, a few at once; the
+        names of those started. Refuses, fenced still, when one cannot be started: a seat whose
+        stop is not proven, or whose start failed (it is left stopped, proven)."""
+        mgr = self.mgr
+        assert self.plan is not None and self.plan.attempt_id == attempt
+        seats = [mgr.seats[a.name] for a in self.plan.agents if a.name in mgr.seats]
+        stuck = [f"{s.name} ({s.state})" for s in seats if s.state not in ("stopped", "running")]
+        if stuck:
+            raise Refusal(
+                Code.COMMIT_BEGUN,
+                f"cut {attempt} failed, and seat(s) {', '.join(stuck)} are not proven stopped, so "
+                "they cannot be started again and the cut cannot be aborted yet",
+                "let the stop be proven (the seat's reap; `cotal ps` shows it stopped), then "
+                "rerun `cotal down --preserve-state --abort`; or rerun `cotal down "
+                "--preserve-state` to capture again",
+            )
+        stopped = [s for s in seats if s.state == "stopped"]
+        self._abandoning = True
+        try:
+            started = await concurrency.ordered_map(start, stopped, concurrency.limiter())
+        finally:
+            self._abandoning = False
+        for seat, outcome in zip(stopped, started, strict=True):
+            if isinstance(outcome.error, Refusal):
+                exc = outcome.error
+                raise Refusal(
+                    exc.code,
+                    f"cut {attempt} cannot be aborted: seat {seat.name} did not start again: "
+                    f"{exc.message}",
+                    f"{exc.cure}; the cut stays fenced with its seats stopped: rerun `cotal "
+                    "down --preserve-state --abort` (it starts the seats still stopped), or "
+                    "`cotal down --preserve-state` to capture again",
+                ) from None
+            outcome.unwrap()
+            failpoint.reached("preserve.abort.after-seat-started", mgr.layout.root)
+        return [s.name for s in stopped]
 
 
 @dataclass

@@ -244,3 +244,67 @@ async def test_kill_point(
     answers(cli)
     assert snapshot(repo) == before
     cli.run("down")
+
+
+# -- a capture that fails deterministically after the commit, then the abort ----------------------
+
+# SIGKILL of the abort's coordinator at each of its step boundaries (None: no kill), after a cut
+# whose capture failed with its seat stopped; the recovery is always the rerun of `--abort`.
+ABORT_POINTS: list[str | None] = [None, "cut.abort.after-lock", "cut.abort.after-fence-lifted"]
+
+
+@pytest.mark.parametrize("point", ABORT_POINTS, ids=lambda p: p or "no-kill")
+async def test_abort_after_a_failed_capture(
+    cli: Cli, isolated_home: Path, point: str | None
+) -> None:
+    repo = cli.root / "repo"
+    make_repo(repo)
+    # A session store with a symlink in it: the capture refuses it (`unsafe-store`) every time,
+    # after the commit stopped the seat, and no rerun cures it while the link is there.
+    store = isolated_home / "odd-store"
+    write(store / "real.jsonl", "{}\n")
+    (store / "link.jsonl").symlink_to(store / "real.jsonl")
+    cli.run("up", "--detach")
+    seat = cli.json(
+        "spawn", "scribe", "--agent", "scribe", "--cwd", str(repo),
+        "--prompt", f"Remember the phrase {PHRASE}.",
+    )  # fmt: skip
+    before = snapshot(repo)
+    cli.json("send", "scribe", f"#slow:1000 {NOTE}")
+    checkpoints = cli.root / ".cotal/maintenance/v1/checkpoints"
+    for _ in range(2):
+        cut = cli.run(
+            "down", "--preserve-state", "--session-store", str(store), "--json", check=False,
+            timeout=90,
+        )  # fmt: skip
+        assert cut.returncode == 2 and '"code": "unsafe-store"' in cut.stderr, cut.stderr
+        assert [r["state"] for r in cli.ps()] == ["stopped"]
+    # Two tries, two directories of evidence: the first moved aside as `.failed-`; the second
+    # too, unless it failed within the same second (the evidence's name is then taken, and it
+    # keeps the attempt's name, unsealed).
+    evidence = sorted(checkpoints.iterdir())
+    assert len(evidence) == 2 and any(".failed-" in p.name for p in evidence), evidence
+    assert not any((p / "manifest.json").exists() for p in evidence)
+    no_partial_admitted(cli, checkpoints, None)
+    if point is not None:
+        killed(
+            cli.run(
+                "down",
+                "--preserve-state",
+                "--abort",
+                "--json",
+                check=False,
+                env={"COTAL_FAILPOINT": point},
+            )  # fmt: skip
+        )
+    aborted = cli.json("down", "--preserve-state", "--abort")
+    assert aborted["aborted"] is True and aborted["journalDiscarded"] is True, aborted
+    assert not (cli.root / ".cotal/maintenance/v1/journal.json").exists()
+    [row] = cli.ps()
+    assert row["state"] == "running" and row["pid"] != seat["pid"]
+    assert (row["lifecycleUid"], row["sessionId"]) == (seat["lifecycleUid"], seat["sessionId"])
+    answers(cli)
+    assert snapshot(repo) == before
+    assert sorted(checkpoints.iterdir()) == evidence
+    no_partial_admitted(cli, checkpoints, None)
+    cli.run("down")

@@ -139,7 +139,7 @@ async def test_abort_lifts_a_dead_coordinators_fence_and_keeps_every_seat(
 # -- a failed capture is released, not cached -----------------------------------------------------
 
 
-async def test_failed_capture_keeps_evidence_refuses_abort_and_a_rerun_captures_again(
+async def test_failed_capture_keeps_evidence_and_a_rerun_captures_again(
     cli: Cli, shared_broker: SharedBroker, isolated_home: Path
 ) -> None:
     repo = committed_repo(cli.root / "repo")
@@ -158,12 +158,12 @@ async def test_failed_capture_keeps_evidence_refuses_abort_and_a_rerun_captures_
     [evidence] = [p for p in attempts_dir(cli).iterdir() if p.name.startswith(f"{attempt}.failed-")]
     assert str(evidence) in out.stderr and not (evidence / "manifest.json").exists()
     assert not (attempts_dir(cli) / attempt).exists()
-    # The seats were stopped, so the cut can only be finished.
+    # The seats were stopped; the operator finishes the cut (or aborts it, which starts them
+    # again: tests/integration/test_cut_never_wedges.py).
     status = cli.json("status")["manager"]
     assert status["state"] == "preserving" and status["commitStarted"] is True
-    abort = cli.run("down", "--preserve-state", "--abort", "--json", check=False)
-    refused(abort, "commit-begun")
-    assert "rerun `cotal down --preserve-state` to finish the cut" in abort.stderr
+    [row] = cli.ps()
+    assert row["state"] == "stopped" and row["lifecycleUid"] == seat["lifecycleUid"]
     # The cause fixed, the rerun captures afresh from the stopped seats and seals.
     os.unlink(store / "link.jsonl")
     result = json.loads(
@@ -308,6 +308,10 @@ async def test_rerun_while_the_commit_runs_joins_it(cli: Cli, shared_broker: Sha
         await wait_until(lambda: '"event": "cut.stopped"' in log.read_text(), timeout=60)
         first.kill()
         await first.wait()
+    # The commit the dead coordinator began still runs (or has sealed): no abort now.
+    abort = cli.run("down", "--preserve-state", "--abort", "--json", check=False)
+    refused(abort, "commit-begun")
+    assert "can no longer be aborted" in abort.stderr or "while it runs" in abort.stderr
     out = cli.run("down", "--preserve-state", "--json", timeout=300)
     result = json.loads(out.stdout)
     assert result["journal"] == "ready"

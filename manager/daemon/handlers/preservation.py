@@ -8,6 +8,7 @@ from typing import Protocol
 
 from manager.daemon.handlers.mail import DeadLetterCheckOwner, refuse_dead_letters
 from manager.daemon.handlers.table import Table
+from manager.daemon.incarnation import Incarnations
 from manager.daemon.preserve import Preservation
 from manager.daemon.resume import Resumption
 from manager.daemon.seat import Seat
@@ -31,6 +32,11 @@ class PreservationOpsOwner(DeadLetterCheckOwner, Protocol):
     @property
     def maintenance(self) -> Maintenance: ...
 
+    @property
+    def incarnations(self) -> Incarnations:
+        """Whose start of a stopped seat an abort after a failed commit uses."""
+        ...
+
     def seat(self, name: str) -> Seat: ...
 
 
@@ -43,10 +49,17 @@ class PreservationHandlers:
         table.add(control.PROGRESS, self.progress)
         table.add(control.PREPARE_PRESERVATION, self.prepare)
         table.add(control.COMMIT_PRESERVATION, cut.commit)
-        table.add(control.ABORT_PRESERVATION, cut.abort)
+        table.add(control.ABORT_PRESERVATION, self.abort)
         table.add(control.RESUME_PRESERVED, resume.resume)
         table.add(control.COMMIT_RESUME, resume.commit)
         table.add(control.FINALIZE_RESUME, resume.finalize)
+
+    async def abort(self, args: control.AttemptArgs) -> control.AttemptState:
+        """A cut whose commit failed is abandoned by starting its stopped seats again, as
+        `cotal start` would: under the uid, into the session, in the tree the capture only
+        read."""
+        mgr = self.mgr
+        return await mgr.preservation.abort(args, start=mgr.incarnations.start_stopped)
 
     async def progress(self, args: control.ProgressArgs) -> control.ProgressResult:
         return self.mgr.preservation.progress.read(args)
