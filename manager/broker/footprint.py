@@ -14,6 +14,7 @@ from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from manager.broker import retention
+from manager.broker.bounds import default_replicas as default_replicas
 from manager.broker.retention import DM_MAX_BYTES as DM_MAX_BYTES  # the defaults, kept here too
 from manager.broker.retention import DM_MAX_MSGS as DM_MAX_MSGS
 from manager.broker.retry import riding_elections
@@ -250,8 +251,3 @@ async def ensure_kv(
         )
 
     return await riding_elections(f"bucket {bucket}", ensure)
-
-
-def default_replicas(server: str) -> int:
-    """Three copies when the operator names a cluster of three or more, else one."""
-    return 3 if len([u for u in server.split(",") if u.strip()]) >= 3 else 1

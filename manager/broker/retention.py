@@ -28,9 +28,7 @@ full; a publish still refused after it is `dm-stream-full`.
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -39,6 +37,11 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
+from manager.broker.bounds import DM_MAX_BYTES as DM_MAX_BYTES
+from manager.broker.bounds import DM_MAX_MSGS as DM_MAX_MSGS
+from manager.broker.bounds import MAX_BYTES_ENV, MAX_MSGS_ENV
+from manager.broker.bounds import DmLimits as DmLimits
+from manager.broker.bounds import dm_limits as dm_limits
 from manager.broker.retry import STORE_REFUSED, riding_elections
 from protocol import names
 from protocol.errors import Refusal
@@ -48,16 +51,6 @@ log = structlog.get_logger("cotal.broker")
 
 T = TypeVar("T")
 
-# A seat's inbox is the one place a message waits for its reader, so the stream refuses a
-# publish it cannot hold (the sender sees the error) rather than drop the oldest (which is
-# silent, and the oldest is the next unread message). These bound the whole stream, which holds
-# little but unacknowledged mail (above), so a space's broker disk stays finite.
-DM_MAX_MSGS: Final = 1_000_000
-DM_MAX_BYTES: Final = 4 * 1024 * 1024 * 1024
-MAX_MSGS_ENV: Final = "COTAL_DM_MAX_MSGS"
-MAX_BYTES_ENV: Final = "COTAL_DM_MAX_BYTES"
-_LIMIT = re.compile(r"[1-9][0-9]{0,17}")
-
 # Of the store's refusals (STORE_REFUSED), only these two texts mean "full".
 _FULL = ("maximum messages exceeded", "maximum bytes exceeded")
 # The broker lists at most this many consumers per request.
@@ -66,46 +59,12 @@ _LIST_PAGE: Final = 256
 MARKER_TOKEN: Final = "_custody"
 
 
-@dataclass(frozen=True)
-class DmLimits:
-    msgs: int
-    bytes: int
-
-    @property
-    def cadence(self) -> int:
-        """How many sequences apart the publish path looks at the stream's fill."""
-        return max(1, self.msgs // 8)
-
-
 def trim_due(info: api.StreamInfo) -> bool:
     """A quarter of either of the stream's own bounds is used."""
     config, state = info.config, info.state
     return any(
         bound is not None and bound > 0 and used * 4 >= bound
         for used, bound in ((state.messages, config.max_msgs), (state.bytes, config.max_bytes))
-    )
-
-
-def _parse(environ: Mapping[str, str], key: str, default: int) -> int:
-    raw = environ.get(key)
-    if raw is None or raw == "":
-        return default
-    if _LIMIT.fullmatch(raw) is None:
-        raise Refusal(
-            Code.BAD_DM_LIMIT,
-            f"{key}={raw[:40]!r} is not a whole number from 1 to 10^18",
-            f"set {key} to a positive whole number (messages for COTAL_DM_MAX_MSGS, bytes for "
-            f"COTAL_DM_MAX_BYTES) or unset it for the default ({default}); nothing was started",
-        )
-    return int(raw)
-
-
-def dm_limits(environ: Mapping[str, str] = os.environ) -> DmLimits:
-    """The DM stream's bounds: the defaults, or COTAL_DM_MAX_MSGS / COTAL_DM_MAX_BYTES (a test
-    and operations knob, read where the stream is declared, so a manager's start applies it)."""
-    return DmLimits(
-        msgs=_parse(environ, MAX_MSGS_ENV, DM_MAX_MSGS),
-        bytes=_parse(environ, MAX_BYTES_ENV, DM_MAX_BYTES),
     )
 
 

@@ -76,9 +76,9 @@ def dead_letter_id(text: str) -> int:
 
 
 def _request(root: Path, op: control.Op[A, R], args: A) -> R:
-    from manager.coord import mesh
+    from manager.control.oneshot import run_request
 
-    return mesh.run_request(root, op, args)
+    return run_request(root, op, args)
 
 
 def run(

@@ -33,7 +33,6 @@ from typing import BinaryIO, TextIO
 
 from manager.cli.args import Subcommands, command, root_of
 from manager.cli.output import EX_OK, EX_PIPE_CLOSED, detach_stdout, stdout_gone
-from manager.logs import BACKUPS, rotated_files
 from manager.workspace.layout import Layout
 from protocol import names
 from protocol.errors import DecodeError, Refusal
@@ -360,6 +359,9 @@ def run(
             f"{layout.root} has no .cotal directory, so no manager has logged here",
             "pass the workspace root with --root, or run `cotal up --detach` there",
         )
+    # Here, not at the top: `manager.logs` brings structlog, which every command would pay for.
+    from manager.logs import BACKUPS, rotated_files
+
     printer = Printer(stream, as_json=as_json, flt=Filter(seat=seat, since=since))
     for path in rotated_files(layout.manager_log, BACKUPS):
         if path == layout.manager_log or _older_than(path, since):

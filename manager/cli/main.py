@@ -10,12 +10,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from manager import logs
 from manager.cli import (
     checkpoint_cmd,
     health,
     inbox,
     move,
+    quiet,
     seats,
     serve,
     tools_cmd,
@@ -116,7 +116,7 @@ def _main(argv: Sequence[str] | None) -> int:
         # --help, --version and usage errors: returned, so the flush in main() covers them too.
         return exc.code if isinstance(exc.code, int) else EX_USAGE
     if not (args.command == "manager"):
-        logs.quiet()
+        quiet.when_loaded()
     as_json = bool(getattr(args, "json", False))
     try:
         return int(args.run(args))

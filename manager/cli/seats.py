@@ -184,9 +184,9 @@ def _rm(sub: Subcommands) -> None:
 
 
 def _request(root: Path, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
-    from manager.coord import mesh
+    from manager.control.oneshot import run_request
 
-    return mesh.run_request(root, op, args, timeout)
+    return run_request(root, op, args, timeout)
 
 
 # -- spawn --------------------------------------------------------------------------------------

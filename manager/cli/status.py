@@ -335,6 +335,9 @@ def waiting(layout: Layout) -> list[Waiting]:
 def handed_off(layout: Layout) -> list[HandedOff]:
     """Attempts this root packed and handed off, not taken back: their seats are not this
     root's to resume."""
+    if not layout.handoffs.is_dir():
+        # Most roots never packed anything: `up` asks here, and need not import the packing.
+        return []
     from manager.coord.checkpoints import standing_handoffs
 
     return [

@@ -26,10 +26,10 @@ from msgspec import UNSET, UnsetType
 from connectors.privatefs import ensure_private_dir, read_stable
 from manager import registry
 from manager.broker import embedded
+from manager.broker.bounds import default_replicas
 from manager.broker.connection import LazyConnection
 from manager.broker.deadletter import dead_subject
 from manager.broker.evict import AccountConnz, ConnectionList, MonitorEndpoint, evict_ghosts
-from manager.broker.footprint import default_replicas
 from manager.broker.presence import live_uids
 from manager.broker.retry import phase
 from manager.checkpoint import admit, chain, clock, relocate

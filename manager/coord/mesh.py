@@ -22,6 +22,10 @@ from connectors.interpreter import own_python
 from manager import eventloop
 from manager.broker import embedded
 from manager.control.client import ControlSession
+from manager.control.oneshot import control as control
+from manager.control.oneshot import read_token as read_token
+from manager.control.oneshot import request as request
+from manager.control.oneshot import run_request as run_request
 from manager.coord.warm import WarmManager, warm_manager
 from manager.procs import alive, pid_identity, prove_gone
 from manager.workspace.layout import Layout
@@ -51,39 +55,6 @@ def read_mesh(layout: Layout) -> MeshRecord | None:
 
 def write_mesh(layout: Layout, record: MeshRecord) -> None:
     write_private_atomic(layout.mesh, encode_mesh(record))
-
-
-def read_token(layout: Layout) -> str:
-    try:
-        return (
-            read_stable(layout.control_token, cap=1024, what="control token", require_private=True)
-            .data.decode()
-            .strip()
-        )
-    except Refusal as exc:
-        if exc.code == Code.MISSING:
-            raise Refusal(
-                Code.NOT_UP,
-                f"no manager has been started in {layout.root}",
-                "run `cotal up --detach` there",
-            ) from None
-        raise
-
-
-def control(layout: Layout) -> ControlSession:
-    """The control session a command holds for its whole run."""
-    return ControlSession(layout.socket, lambda: read_token(layout))
-
-
-async def request(root: Path, op: ops.Op[A, R], args: A, timeout: float = 60.0) -> R:
-    """One op on a session of its own: for commands that make a single request."""
-    async with control(Layout.at(root)) as session:
-        return await session.request(op, args, timeout=timeout)
-
-
-def run_request(root: Path, op: ops.Op[A, R], args: A, timeout: float = 60.0) -> R:
-    """`request` from a command's synchronous handler, in an event loop of its own."""
-    return eventloop.run(request, root, op, args, timeout)
 
 
 async def probe_status(layout: Layout) -> ops.StatusReply | None:
@@ -220,9 +191,7 @@ def _serve_args(
     if resume_attempt:
         serve_args += ["--resume-attempt", resume_attempt]
     if replicas is None:
-        # Here, not at the top: `cotal down` imports this module and never talks to the broker
-        # itself, and the footprint's import brings nats-py, a tenth of a second of CPU.
-        from manager.broker.footprint import default_replicas
+        from manager.broker.bounds import default_replicas
 
         replicas = default_replicas(server)
     return [*serve_args, "--replicas", str(replicas)]
@@ -472,7 +441,7 @@ def check_root(root: Path) -> None:
     registry.load_config(root)
     # Read again where the manager declares the DM stream; a bad one is refused here, before
     # anything starts, rather than as the manager's failed start.
-    from manager.broker.retention import dm_limits
+    from manager.broker.bounds import dm_limits
 
     dm_limits()
 
