@@ -217,6 +217,15 @@ class Admitted:
     inboxes: dict[str, CarriedSpace]
 
 
+def _not_its_record(path: Path, name: str, exc: ValueError) -> Refusal:
+    return Refusal(
+        Code.INTEGRITY,
+        f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
+        "copy the attempt directory again from the source host, or cut a new checkpoint; "
+        "nothing was changed",
+    )
+
+
 def _read_proven(path: Path, ref: FileRef, *, cap: int) -> bytes:
     """A carried file's bytes, exactly as its record names them (size and digest), refused by
     name past `cap` before a byte is read."""
@@ -254,12 +263,7 @@ def _read_carried(
             return decode_dead_letters(data, part, dead_subject)
         return decode_inbox(data, part)
     except ValueError as exc:
-        raise Refusal(
-            Code.INTEGRITY,
-            f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
-            "copy the attempt directory again from the source host, or cut a new checkpoint; "
-            "nothing was changed",
-        ) from None
+        raise _not_its_record(path, name, exc) from None
 
 
 def _read_dead(adm: admit.Admission, seat_dir: Path, name: str) -> list[CarriedMessage]:
@@ -285,12 +289,7 @@ def _read_sent(adm: admit.Admission, seat_dir: Path, name: str) -> list[SentEntr
     try:
         return decode_sent(data, state.sent)
     except ValueError as exc:
-        raise Refusal(
-            Code.INTEGRITY,
-            f"checkpoint integrity: {path} does not match seat {name}'s record: {exc}",
-            "copy the attempt directory again from the source host, or cut a new checkpoint; "
-            "nothing was changed",
-        ) from None
+        raise _not_its_record(path, name, exc) from None
 
 
 def read_inboxes(adm: admit.Admission) -> dict[str, CarriedSpace]:

@@ -6,6 +6,7 @@ restore on git, and neither touches what the other does, so each runs beside the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -69,6 +70,34 @@ async def beside(
     return results["first"], results["second"]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Import:
+    """What every step of one seat's import into this broker reads."""
+
+    req: RestoreRequest
+    adm: admit.Admission
+    js: JetStreamContext
+    broker: BrokerRef
+    carried: CarriedSpace
+    name: str
+    # This is the broker the checkpoint was cut from (`shares_source_broker`).
+    shared: bool
+    horizon_s: int
+    channels: registry.ChannelsConfig
+
+    @property
+    def space(self) -> str:
+        return self.adm.manifest.space
+
+    @property
+    def uid(self) -> str:
+        return self.adm.records[self.name].lifecycle_uid
+
+    @property
+    def replicas(self) -> int:
+        return replicas(self.req, self.broker)
+
+
 async def import_inboxes(
     req: RestoreRequest,
     adm: admit.Admission,
@@ -85,37 +114,33 @@ async def import_inboxes(
         state = record.space_state
         if state is None:
             continue
+        seat = _Import(req, adm, js, broker, inboxes[name], name, shared, horizon_s, channels)
         with phase(f"inbox import ({name})"):
             done = await import_inbox(
                 js,
-                adm.manifest.space,
+                seat.space,
                 name,
-                record.lifecycle_uid,
+                seat.uid,
                 state.durable,
-                inboxes[name].inbox,
+                seat.carried.inbox,
                 attempt_id=adm.manifest.attempt_id,
                 shared=shared,
-                replicas=replicas(req, broker),
+                replicas=seat.replicas,
                 # A stream made here is the one this root's manager runs on: made with the
                 # duplicate window that manager keeps, so a rerun's republish and a resumed
                 # turn's sends are dropped inside the same horizon.
                 horizon_s=horizon_s,
             )
         if done.kept:
-            _say(f"{name}: inbox durable already at this broker; kept with its frontier")
+            _say(f"{name}: inbox durable already at this broker; kept")
         else:
             _say(
                 f"{name}: inbox rebuilt at sequence {done.start_seq} with {done.republished} "
                 f"carried message(s) ({done.duplicates} already here)"
             )
-        await _import_dead(req, adm, js, broker, inboxes, name, shared=shared)
-        await _import_sent(req, adm, js, broker, inboxes, name, shared=shared, horizon_s=horizon_s)
-        frontiers = [
-            await _import_frontier(
-                req, adm, js, broker, inboxes, name, c, shared, horizon_s, channels
-            )
-            for c in state.channels
-        ]
+        await _import_dead(seat)
+        await _import_sent(seat)
+        frontiers = [await _import_frontier(seat, c) for c in state.channels]
         out.append(
             InboxImported(
                 name=name,
@@ -129,31 +154,16 @@ async def import_inboxes(
     return out
 
 
-async def _import_dead(
-    req: RestoreRequest,
-    adm: admit.Admission,
-    js: JetStreamContext,
-    broker: BrokerRef,
-    inboxes: dict[str, CarriedSpace],
-    name: str,
-    *,
-    shared: bool,
-) -> None:
+async def _import_dead(seat: _Import) -> None:
     """The seat's carried dead letters kept as dead letters here (`import_dead_letters`)."""
-    letters = inboxes[name].dead
+    letters, name = seat.carried.dead, seat.name
     if not letters:
         return
     with phase(f"dead letters ({name})"):
         put, here = await import_dead_letters(
-            js,
-            adm.manifest.space,
-            name,
-            adm.records[name].lifecycle_uid,
-            letters,
-            shared=shared,
-            replicas=replicas(req, broker),
+            seat.js, seat.space, name, seat.uid, letters, shared=seat.shared, replicas=seat.replicas
         )
-    if shared:
+    if seat.shared:
         _say(f"{name}: {len(letters)} dead letter(s) already at this broker; kept")
     else:
         _say(
@@ -162,58 +172,38 @@ async def _import_dead(
         )
 
 
-async def _import_sent(
-    req: RestoreRequest,
-    adm: admit.Admission,
-    js: JetStreamContext,
-    broker: BrokerRef,
-    inboxes: dict[str, CarriedSpace],
-    name: str,
-    *,
-    shared: bool,
-    horizon_s: int,
-) -> None:
+async def _import_sent(seat: _Import) -> None:
     """The seat's carried sent ledger written into this broker's, before the seat runs, so a
     turn it runs again here has its sends and posts dropped as it would at the source. The
     broker the checkpoint was cut from still holds them."""
-    entries = inboxes[name].sent
-    if shared or not entries:
+    entries = seat.carried.sent
+    if seat.shared or not entries:
         return
-    with phase(f"sent ledger ({name})"):
+    with phase(f"sent ledger ({seat.name})"):
         kv = await sent.ensure_ledger(
-            js, adm.manifest.space, replicas=replicas(req, broker), horizon_s=horizon_s
+            seat.js, seat.space, replicas=seat.replicas, horizon_s=seat.horizon_s
         )
-        await sent.import_entries(kv, adm.records[name].lifecycle_uid, entries)
-    _say(f"{name}: {len(entries)} sent id(s) carried into this broker's sent ledger")
+        await sent.import_entries(kv, seat.uid, entries)
+    _say(f"{seat.name}: {len(entries)} sent id(s) carried into this broker's sent ledger")
 
 
-async def _import_frontier(
-    req: RestoreRequest,
-    adm: admit.Admission,
-    js: JetStreamContext,
-    broker: BrokerRef,
-    inboxes: dict[str, CarriedSpace],
-    name: str,
-    c: ChannelState,
-    shared: bool,
-    horizon_s: int,
-    channels: registry.ChannelsConfig,
-) -> ChannelImported:
+async def _import_frontier(seat: _Import, c: ChannelState) -> ChannelImported:
     """One subscribed channel's unread posts, onto a subject of the seat's own."""
+    name = seat.name
     with phase(f"channel import ({name} #{c.channel})"):
         got = await frontier.import_frontier(
-            js,
-            adm.manifest.space,
+            seat.js,
+            seat.space,
             name,
-            adm.records[name].lifecycle_uid,
+            seat.uid,
             c,
-            inboxes[name].posts[c.channel],
-            attempt_id=adm.manifest.attempt_id,
-            shared=shared,
-            history=channels.history,
-            max_age_s=channels.max_age_s,
-            replicas=replicas(req, broker),
-            horizon_s=horizon_s,
+            seat.carried.posts[c.channel],
+            attempt_id=seat.adm.manifest.attempt_id,
+            shared=seat.shared,
+            history=seat.channels.history,
+            max_age_s=seat.channels.max_age_s,
+            replicas=seat.replicas,
+            horizon_s=seat.horizon_s,
         )
     if got.kept:
         _say(f"{name}: #{c.channel} frontier already at this broker; kept")

@@ -89,6 +89,17 @@ async def test_a_seat_in_a_linked_worktree_is_refused_before_it_stops(cli: Cli) 
     assert result["journal"] == "ready" and result["failures"] == []
 
 
+def _answering_seat(cli: Cli, home: Path) -> tuple[dict[str, Any], Path]:
+    """A mesh running seat `kept` in a repository, answering its phrase, and a session store
+    no capture carries: the seat's `ps` row and the store."""
+    repo = committed_repo(cli.root / "repo")
+    store = _unsafe_store(home)
+    cli.run("up", "--detach")
+    seat = spawn(cli, "kept", repo)
+    answers(cli, "kept")
+    return seat, store
+
+
 async def _failed_cut(cli: Cli, store: Path) -> tuple[str, Path]:
     """A cut whose capture fails deterministically after its commit stopped the seat: a
     `--session-store` holding a symlink, which no capture carries. The attempt and its
@@ -116,11 +127,7 @@ def _unsafe_store(home: Path) -> Path:
 async def test_abort_after_a_failed_capture_starts_the_seat_again_and_keeps_the_evidence(
     cli: Cli, isolated_home: Path
 ) -> None:
-    repo = committed_repo(cli.root / "repo")
-    store = _unsafe_store(isolated_home)
-    cli.run("up", "--detach")
-    seat = spawn(cli, "kept", repo)
-    answers(cli, "kept")
+    seat, store = _answering_seat(cli, isolated_home)
     [before] = cli.ps()
     attempt, evidence = await _failed_cut(cli, store)
     [stopped] = cli.ps()
@@ -158,11 +165,7 @@ async def test_abort_after_a_failed_capture_starts_the_seat_again_and_keeps_the_
 async def test_a_new_cut_after_the_abort_seals_and_resumes_the_seat(
     cli: Cli, isolated_home: Path
 ) -> None:
-    repo = committed_repo(cli.root / "repo")
-    store = _unsafe_store(isolated_home)
-    cli.run("up", "--detach")
-    seat = spawn(cli, "kept", repo)
-    answers(cli, "kept")
+    seat, store = _answering_seat(cli, isolated_home)
     attempt, _ = await _failed_cut(cli, store)
     # Killed after the manager lifted the fence, before the journal was discarded: the rerun
     # finds every planned seat running under its uid and finishes the abort.
@@ -191,11 +194,7 @@ async def test_a_new_cut_after_the_abort_seals_and_resumes_the_seat(
 async def test_abort_is_refused_while_a_seat_of_the_failed_cut_cannot_start(
     cli: Cli, isolated_home: Path
 ) -> None:
-    repo = committed_repo(cli.root / "repo")
-    store = _unsafe_store(isolated_home)
-    cli.run("up", "--detach")
-    seat = spawn(cli, "kept", repo)
-    answers(cli, "kept")
+    seat, store = _answering_seat(cli, isolated_home)
     attempt, evidence = await _failed_cut(cli, store)
     # The session pointer gone, the seat cannot be started into its session: the abort names
     # the seat and the cause, and the cut stays fenced with the seat stopped.
