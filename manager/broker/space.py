@@ -19,8 +19,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import secrets
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import msgspec
@@ -42,6 +43,7 @@ from manager.broker import deadletter, reader, retention, sent
 from manager.broker.custody import Held, create_exclusive
 from manager.broker.footprint import ensure_dm_stream
 from manager.broker.retry import riding_elections
+from manager.concurrency import ordered_map
 from protocol import names
 from protocol.checkpoint import (
     MAX_CARRIED_BYTES,
@@ -325,9 +327,17 @@ async def export_space(
     js: JetStreamContext, space: str, agent: Agent, held: Held, broker_id: str
 ) -> SpaceExport:
     """The seat's inbox and custody for its checkpoint, read after its stop was proven."""
-    durable, messages = await export_inbox(js, space, agent.name, agent.identity.lifecycle_uid)
-    dead = await export_dead_letters(js, space, agent.name, agent.identity.lifecycle_uid)
-    made = await sent.export_entries(js, space, agent.identity.lifecycle_uid)
+    seat, uid = agent.name, agent.identity.lifecycle_uid
+    # Three reads of three streams, each by its own reader, side by side: each is inside the
+    # cut's window (the seat is stopped) and none waits on another. The failure raised is the
+    # first in this order, as one after the other would raise it.
+    steps: list[Callable[[], Awaitable[Any]]] = [
+        lambda: export_inbox(js, space, seat, uid),
+        lambda: export_dead_letters(js, space, seat, uid),
+        lambda: sent.export_entries(js, space, uid),
+    ]
+    outcomes = await ordered_map(lambda step: step(), steps, anyio.CapacityLimiter(len(steps)))
+    (durable, messages), dead, made = (o.unwrap() for o in outcomes)
     return SpaceExport(
         broker_id=broker_id,
         durable=durable,

@@ -52,22 +52,9 @@ async def beside(
     """Both run to their end, whatever the other does: neither is left half done to be taken
     up again by a rerun. The first's failure is the one raised when both fail, as it would be
     one after the other."""
-    results: dict[str, Any] = {}
-    failed: dict[str, Exception] = {}
-
-    async def run(key: str, step: Callable[[], Awaitable[Any]]) -> None:
-        try:
-            results[key] = await step()
-        except Exception as exc:
-            failed[key] = exc
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, "first", first)
-        tg.start_soon(run, "second", second)
-    failure = failed.get("first") or failed.get("second")
-    if failure is not None:
-        raise failure
-    return results["first"], results["second"]
+    steps: list[Callable[[], Awaitable[Any]]] = [first, second]
+    done = await concurrency.ordered_map(lambda step: step(), steps, anyio.CapacityLimiter(2))
+    return done[0].unwrap(), done[1].unwrap()
 
 
 @dataclasses.dataclass(frozen=True)
