@@ -147,6 +147,39 @@ class ChannelsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_age_s: Annotated[int, msgspec.Meta(ge=1, le=MAX_HORIZON_S)] = DEFAULT_CHANNEL_MAX_AGE_S
 
 
+class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[metrics]`: `listen = "127.0.0.1:PORT"` serves this root's Prometheus metrics over HTTP
+    at `GET /metrics` on that loopback address, for the operator's scraper; off when absent
+    (`cotal metrics` prints the same text either way). `load_config` refuses an address that
+    is not loopback (docs/operations.md, "Monitoring")."""
+
+    listen: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` (`[::1]:PORT` for IPv6) as (host, port): the host an IP literal on loopback
+    (127.0.0.0/8 or ::1), the port 1 to 65535. Raises ValueError saying which part is wrong."""
+    import ipaddress
+
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"write the IPv6 address in brackets, [{host}]:{port_text}")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{host!r} is not an IP address") from None
+    if not address.is_loopback:
+        raise ValueError(f"{host} is not a loopback address")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is not between 1 and 65535")
+    return str(address), port
+
+
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Each `[agents.<name>]` table as written; `load_config` decodes it through its connector's
     # own `config_type`, which alone knows the keys that harness honours.
@@ -154,6 +187,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     carry: CarryConfig = CarryConfig()
     channels: ChannelsConfig = ChannelsConfig()
     delivery: DeliveryConfig = DeliveryConfig()
+    metrics: MetricsConfig = MetricsConfig()
     recency: RecencyConfig = RecencyConfig()
     seats: dict[str, SeatConfig] = {}
 
@@ -226,6 +260,18 @@ def load_config(root: Path) -> FileConfig:
                 Code.BAD_CONFIG,
                 f"{path} [carry] include: {exc}",
                 "list relative paths or simple globs under the repository, such as .env",
+            ) from None
+    if cfg.metrics.listen is not None:
+        try:
+            parse_listen(cfg.metrics.listen)
+        except ValueError as exc:
+            raise Refusal(
+                Code.BAD_CONFIG,
+                f"{path} [metrics] listen = {cfg.metrics.listen!r}: {exc}; the metrics are "
+                "served on loopback only, for a scraper on this host",
+                'listen on a loopback address and a free port, such as listen = "127.0.0.1:9464" '
+                'or "[::1]:9464", and scrape it from this host (or remove [metrics] listen; '
+                "`cotal metrics` prints the same text)",
             ) from None
     for name, seat in cfg.seats.items():
         try:

@@ -65,6 +65,20 @@ INTENT_TO_ADD_FILE = "intent-to-add.z"
 GIT_CONFIG_FILE = "git-config"
 INFO_EXCLUDE_FILE = "git-info-exclude"
 HOOK_FILE_PREFIX = "hook-"
+# A shallow clone's boundary (`.git/shallow`, one commit id a line), carried as it is.
+SHALLOW_FILE = "git-shallow"
+# 100,000 commits of the longer hash: a boundary that wide is not a shallow clone any more.
+SHALLOW_CAP = 65 * 100_000
+# A sparse checkout: its patterns (`.git/info/sparse-checkout`) as they are, and the index
+# entries marked skip-worktree, each path NUL-ended in index order.
+SPARSE_PATTERNS_FILE = "git-sparse-checkout"
+SKIP_WORKTREE_FILE = "skip-worktree.z"
+SPARSE_PATTERNS_CAP = 1 << 20
+SKIP_WORKTREE_CAP = 64 << 20
+MAX_SKIP_WORKTREE = 1_000_000
+# `.git/config.worktree`, which `git sparse-checkout` writes its settings into (with
+# `extensions.worktreeConfig` in the config): carried byte for byte, never with a credential.
+WORKTREE_CONFIG_FILE = "git-config-worktree"
 # Above this many bytes the porcelain status and intent-to-add list leave checkpoint.json (whose
 # cap is 256 KiB) for files of their own; below it they stay inline, as older records have them.
 LISTS_INLINE_CAP = 64 * 1024
@@ -283,6 +297,57 @@ def parse_refs_list(data: bytes) -> dict[str, str]:
     return refs
 
 
+def parse_shallow_list(data: bytes) -> list[str]:
+    """`.git/shallow` as git writes it: one commit id a line, each once, newline-ended, not
+    empty (git deletes the file when the boundary is gone) and at most `SHALLOW_CAP` bytes. A
+    malformed file is a ValueError naming what is wrong."""
+    if not data:
+        raise ValueError("the shallow list is empty; git removes .git/shallow instead")
+    if len(data) > SHALLOW_CAP:
+        raise ValueError(f"the shallow list holds {len(data)} bytes, over its {SHALLOW_CAP} cap")
+    if not data.endswith(b"\n"):
+        raise ValueError("the shallow list does not end with a newline")
+    try:
+        lines = data.decode("ascii").split("\n")[:-1]
+    except UnicodeDecodeError:
+        raise ValueError("the shallow list is not ASCII commit ids") from None
+    seen: set[str] = set()
+    for line in lines:
+        if not _OBJECT_ID.regex.fullmatch(line):
+            raise ValueError(f"shallow list line {line[:80]!r} is not a commit id")
+        if line in seen:
+            raise ValueError(f"the shallow list names {line} twice")
+        seen.add(line)
+    return lines
+
+
+def parse_skip_worktree(data: bytes) -> list[str]:
+    """The carried skip-worktree list: UTF-8 relative paths, each NUL-ended and named once,
+    none in `.git/` or the control directory. A malformed list is a ValueError naming why."""
+    if not data:
+        raise ValueError("the skip-worktree list is empty; an empty list is not carried")
+    if len(data) > SKIP_WORKTREE_CAP:
+        raise ValueError(
+            f"the skip-worktree list holds {len(data)} bytes, over its {SKIP_WORKTREE_CAP} cap"
+        )
+    if not data.endswith(b"\0"):
+        raise ValueError("the skip-worktree list is not NUL-terminated")
+    try:
+        paths = data.decode("utf-8").split("\0")[:-1]
+    except UnicodeDecodeError:
+        raise ValueError("the skip-worktree list is not UTF-8") from None
+    if len(paths) > MAX_SKIP_WORKTREE:
+        raise ValueError(f"the skip-worktree list names more than {MAX_SKIP_WORKTREE} paths")
+    for path in paths:
+        check_relpath("skip-worktree entry", path)
+        first = path.split("/")[0].casefold()
+        if first in (".git", CONTROL_DIR):
+            raise ValueError(f"skip-worktree entry {path!r} is inside .git/ or {CONTROL_DIR}/")
+    if len(set(paths)) != len(paths):
+        raise ValueError("the skip-worktree list names a path twice")
+    return paths
+
+
 # -- records ------------------------------------------------------------------------------------
 
 
@@ -370,6 +435,48 @@ class PrecopyLink(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
             raise ValueError("precopy.prerequisites names a commit twice")
 
 
+class SparseRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """A sparse checkout (or any index entries marked skip-worktree): `skipWorktree` lists every
+    such entry (`skip-worktree.z`, `entries` paths), none of them present in the worktree at the
+    cut, None when there were none; `patterns` is `.git/info/sparse-checkout` byte for byte
+    (`git-sparse-checkout`), None when the repository had none. Cone or not, and a sparse index
+    or not, are the config's (`core.sparseCheckout`, `core.sparseCheckoutCone`, `index.sparse`),
+    which travels with the config and `worktreeConfig`."""
+
+    skip_worktree: FileRef | None = None
+    entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_SKIP_WORKTREE)] = 0
+    patterns: FileRef | None = None
+
+    def __post_init__(self) -> None:
+        if self.skip_worktree is None and self.patterns is None:
+            raise ValueError("sparse carries skipWorktree, patterns or both, never neither")
+        if (self.skip_worktree is None) != (self.entries == 0):
+            raise ValueError("sparse.entries counts the skipWorktree list, and only it")
+        if self.skip_worktree is None:
+            pass
+        elif self.skip_worktree.file != SKIP_WORKTREE_FILE:
+            raise ValueError(
+                f"sparse.skipWorktree must be stored as {SKIP_WORKTREE_FILE!r}, not "
+                f"{self.skip_worktree.file!r}"
+            )
+        elif not 0 < self.skip_worktree.bytes <= SKIP_WORKTREE_CAP:
+            raise ValueError(
+                f"sparse.skipWorktree names {self.skip_worktree.bytes} bytes; the list is 1 to "
+                f"{SKIP_WORKTREE_CAP} bytes"
+            )
+        if self.patterns is not None:
+            if self.patterns.file != SPARSE_PATTERNS_FILE:
+                raise ValueError(
+                    f"sparse.patterns must be stored as {SPARSE_PATTERNS_FILE!r}, not "
+                    f"{self.patterns.file!r}"
+                )
+            if self.patterns.bytes > SPARSE_PATTERNS_CAP:
+                raise ValueError(
+                    f"sparse.patterns names {self.patterns.bytes} bytes, over its "
+                    f"{SPARSE_PATTERNS_CAP} cap"
+                )
+
+
 class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
 
@@ -391,6 +498,16 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     the predecessor attempt it names, and refs whose tips the predecessor already carried are
     in `refs` but not in the bundle's header. `bundle` is None only there, when nothing at all
     was new (git refuses to write an empty bundle).
+
+    `shallow` is a shallow clone's boundary, `.git/shallow` byte for byte (`git-shallow`): the
+    bundle of a shallow history holds the boundary commits but not their parents, so the
+    restore writes it back before anything reads the history. A shallow record's bundle is
+    always a full one (docs/design.md decision 17). `sparse` is a sparse checkout's patterns
+    and skip-worktree entries (`SparseRecord`), and `worktreeConfig` is `.git/config.worktree`
+    (`git-config-worktree`), where `git sparse-checkout` keeps its settings. Each of the three is
+    `UNSET`, and so absent from the encoding, where the repository has no such thing, so a
+    record sealed before these shapes travelled encodes, and so verifies, exactly as it was
+    signed.
     """
 
     base: ObjectId
@@ -413,10 +530,33 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     include: list[str] = []
     since: IncrementalLink | None = None
     precopy: PrecopyLink | None = None
+    shallow: FileRef | msgspec.UnsetType = msgspec.UNSET
+    sparse: SparseRecord | msgspec.UnsetType = msgspec.UNSET
+    worktree_config: FileRef | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         if self.since is not None and self.precopy is not None:
             raise ValueError("a record builds on a predecessor (since) or a pre-copy, not both")
+        if self.shallow is not msgspec.UNSET:
+            if self.shallow.file != SHALLOW_FILE:
+                raise ValueError(
+                    f"shallow must be stored as {SHALLOW_FILE!r}, not {self.shallow.file!r}"
+                )
+            if not 0 < self.shallow.bytes <= SHALLOW_CAP:
+                raise ValueError(
+                    f"shallow names {self.shallow.bytes} bytes; a shallow list is 1 to "
+                    f"{SHALLOW_CAP} bytes"
+                )
+            if self.incremental:
+                raise ValueError("a shallow record carries a full bundle, never since or precopy")
+        if self.worktree_config is not msgspec.UNSET:
+            if self.worktree_config.file != WORKTREE_CONFIG_FILE:
+                raise ValueError(
+                    f"worktreeConfig must be stored as {WORKTREE_CONFIG_FILE!r}, not "
+                    f"{self.worktree_config.file!r}"
+                )
+            if self.worktree_config.bytes > 1 << 20:
+                raise ValueError("worktreeConfig names more than 1 MiB; a config is smaller")
         if self.bundle is None and not self.incremental:
             raise ValueError(
                 "bundle may be absent only from an incremental record (since or precopy)"
@@ -470,6 +610,14 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
         )
         files.extend(ref for ref in optional if ref is not None)
         files.extend(hook.file for hook in self.hooks)
+        if self.shallow is not msgspec.UNSET:
+            files.append(self.shallow)
+        if self.sparse is not msgspec.UNSET:
+            files.extend(
+                ref for ref in (self.sparse.skip_worktree, self.sparse.patterns) if ref is not None
+            )
+        if self.worktree_config is not msgspec.UNSET:
+            files.append(self.worktree_config)
         return files
 
 

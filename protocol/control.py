@@ -538,6 +538,14 @@ class CommitResumeReply(msgspec.Struct, forbid_unknown_fields=True, rename="came
     durable_commit_token: str
 
 
+class MetricsReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`metrics`: this manager's metrics in the Prometheus text exposition format (0.0.4),
+    the same text `[metrics] listen` serves at `GET /metrics` (docs/operations.md,
+    "Monitoring")."""
+
+    text: str
+
+
 # -- the op table ----------------------------------------------------------------------------------
 
 A = TypeVar("A")
@@ -579,6 +587,7 @@ RESUME_PRESERVED = Op("resume-preserved", ResumeArgs, ResumeReply, 512 * _KIB)
 COMMIT_RESUME = Op("commit-resume", AttemptArgs, CommitResumeReply, 1 * _KIB)
 FINALIZE_RESUME = Op("finalize-resume", FinalizeArgs, AttemptState, 1 * _KIB)
 PROGRESS = Op("progress", ProgressArgs, ProgressResult, 1 * _KIB)
+METRICS = Op("metrics", NoArgs, MetricsReply, 1 * _KIB)
 
 OPS: dict[str, Op[Any, Any]] = {
     op.name: op
@@ -603,6 +612,7 @@ OPS: dict[str, Op[Any, Any]] = {
         COMMIT_RESUME,
         FINALIZE_RESUME,
         PROGRESS,
+        METRICS,
     )
 }
 

@@ -534,6 +534,12 @@ class Code(StrEnum):
         "`DM_<space>` exists with a retention other than limits (cotal never makes one)",
         "remove it (`nats stream rm DM_<space>`, which drops its mail) and start again",
     )
+    DRAINING = (
+        "draining",
+        "this root's manager is being drained (`cotal drain`): its seats are moving away, so it "
+        "takes no new one",
+        "spawn the seat on another manager, or stop the drain (`cotal drain --cancel`) first",
+    )
     DUPLICATE_NAME = (
         "duplicate-name",
         "a seat of that name exists already (a stopped one too), or an inventory names it twice",
@@ -704,8 +710,10 @@ class Code(StrEnum):
     )
     INDEX_FLAGS = (
         "index-flags",
-        "a repository's index marks entries skip-worktree or assume-unchanged, which do not travel",
-        "clear them (`git update-index --no-skip-worktree --no-assume-unchanged`), then cut again",
+        "a repository's index marks entries assume-unchanged, or skip-worktree entries whose files "
+        "are present anyway; neither travels",
+        "clear the bit (`git update-index --no-assume-unchanged` or `--no-skip-worktree`), or "
+        "`git sparse-checkout reapply`, then cut again",
     )
     INSTALL_FAILED = (
         "install-failed",
@@ -1199,15 +1207,22 @@ class Code(StrEnum):
         "the capture found a session the plan made at prepare did not record",
         "rerun without the `--session-store` the plan did not name (the seat resumes fresh)",
     )
-    SHALLOW = (
-        "shallow",
-        "a repository is a shallow clone; its bundle would need history it lacks",
-        "run `git fetch --unshallow`, then cut again",
+    SHALLOW_MISMATCH = (
+        "shallow-mismatch",
+        "a shallow clone's carried boundary (`git-shallow`) is malformed or does not fit its "
+        "bundle, or the bundle names history beyond the boundary",
+        "copy the checkpoint again from the source host, or cut the seat again",
     )
     SINCE_UNKNOWN = (
         "since-unknown",
         "no sealed attempt of that id in this root's checkpoint directory",
         "name one `cotal checkpoint list` shows as sealed, or cut without `--since`",
+    )
+    SPARSE_MISMATCH = (
+        "sparse-mismatch",
+        "a sparse checkout's carried patterns or skip-worktree list is malformed, or the restored "
+        "tree does not mark exactly those entries",
+        "copy the checkpoint again from the source host, or cut the seat again",
     )
     STAGING_EXISTS = (
         "staging-exists",

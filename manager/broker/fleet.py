@@ -388,6 +388,15 @@ def _state(seat: _Seat, holder_live: bool, handed_off: bool, moving: bool = Fals
     return HELD
 
 
+def load(snap: Snapshot) -> dict[str, int]:
+    """Each manager with a live, readable lease, and how many seat lifecycles it holds."""
+    held = {instance: 0 for instance, lease in _leases(snap).items() if lease.error is None}
+    for row in join(snap):
+        if row.instance in held:
+            held[row.instance] += 1
+    return held
+
+
 def join(snap: Snapshot) -> list[FleetRow]:
     """One row per (seat, lifecycle uid) that has a custody record or a presence entry, sorted
     by name then uid."""

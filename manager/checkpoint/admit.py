@@ -58,7 +58,14 @@ from manager.checkpoint.confine import (
     seat_paths,
     session_target,
 )
-from manager.checkpoint.gitstate import GIT, SAFE_CONFIG, bundle_heads, git_env, heads_differing
+from manager.checkpoint.gitstate import (
+    GIT,
+    SAFE_CONFIG,
+    bundle_heads,
+    bundle_prerequisites,
+    git_env,
+    heads_differing,
+)
 from manager.checkpoint.landing import Landing, check_store, check_tree
 from manager.checkpoint.reader import read_manifest, verify_integrity
 from manager.checkpoint.relocate import check_maps, map_store, relocate_inventory, relocation
@@ -66,6 +73,8 @@ from manager.procs import process_start_time
 from manager.workspace.private import read_stable
 from protocol import names
 from protocol.checkpoint import (
+    SHALLOW_CAP,
+    SKIP_WORKTREE_CAP,
     AttemptManifest,
     CarriedMessage,
     ChannelState,
@@ -77,6 +86,8 @@ from protocol.checkpoint import (
     SessionRecord,
     SpaceRecord,
     parse_refs_list,
+    parse_shallow_list,
+    parse_skip_worktree,
 )
 from protocol.errors import Refusal
 from protocol.instant import parse_instant
@@ -689,6 +700,80 @@ def _prove_objects(
     _check_bundle_heads(name, tmp, record, refs, bundle)
     _unbundle_chain(name, seat_dir, links, bundle, scratch)
     _check_objects_present(name, seat_dir, record, refs, bundle, scratch)
+    _check_shallow(name, seat_dir, record, bundle, scratch)
+    _check_sparse(name, seat_dir, record)
+
+
+def _check_sparse(name: str, seat_dir: Path, record: RepositoryRecord) -> None:
+    """A sparse record's skip-worktree list is the list the capture writes (safe relative
+    paths, each once) and names as many entries as the record says."""
+    if record.sparse is msgspec.UNSET or record.sparse.skip_worktree is None:
+        return
+    where = seat_dir / record.sparse.skip_worktree.file
+    cure = "copy the checkpoint again from the source host, or cut the seat again"
+    try:
+        paths = parse_skip_worktree(
+            read_stable(where, cap=SKIP_WORKTREE_CAP, what="skip-worktree list").data
+        )
+    except (ValueError, Refusal) as exc:
+        detail = exc.message if isinstance(exc, Refusal) else str(exc)
+        raise _refuse(
+            "integrity", Code.SPARSE_MISMATCH, f"seat {name}: {where}: {detail}", cure
+        ) from None
+    if len(paths) != record.sparse.entries:
+        raise _refuse(
+            "integrity",
+            Code.SPARSE_MISMATCH,
+            f"seat {name}: {where} names {len(paths)} skip-worktree entries, the record "
+            f"{record.sparse.entries}",
+            cure,
+        )
+
+
+def _check_shallow(
+    name: str, seat_dir: Path, record: RepositoryRecord, bundle: Path | None, scratch: Path
+) -> None:
+    """A shallow record's boundary is the list git writes, every commit it names is a commit
+    its bundle carried, and the bundle names no prerequisite (its history ends at the
+    boundary, not at commits the destination would need)."""
+    if record.shallow is msgspec.UNSET:
+        return
+    where = seat_dir / record.shallow.file
+    cure = "copy the checkpoint again from the source host, or cut the seat again"
+    try:
+        commits = parse_shallow_list(read_stable(where, cap=SHALLOW_CAP, what="shallow").data)
+    except (ValueError, Refusal) as exc:
+        detail = exc.message if isinstance(exc, Refusal) else str(exc)
+        raise _refuse(
+            "integrity", Code.SHALLOW_MISMATCH, f"seat {name}: {where}: {detail}", cure
+        ) from None
+    named = bundle_prerequisites(bundle) if bundle is not None else None
+    if named:
+        raise _refuse(
+            "integrity",
+            Code.SHALLOW_MISMATCH,
+            f"seat {name}: the bundle {bundle} of a shallow clone names prerequisites "
+            f"({', '.join(named[:5])}), history beyond the carried boundary",
+            cure,
+        )
+    found = _git(
+        scratch,
+        "cat-file",
+        "--batch-check=%(objecttype)",
+        stdin="".join(c + "\n" for c in commits).encode(),
+    )
+    kinds = found.stdout.decode("ascii", "replace").splitlines()
+    if found.returncode != 0 or len(kinds) != len(commits):
+        raise _bundle_invalid(name, bundle or seat_dir, found)
+    absent = [c for c, kind in zip(commits, kinds, strict=True) if kind != "commit"]
+    if absent:
+        raise _refuse(
+            "integrity",
+            Code.SHALLOW_MISMATCH,
+            f"seat {name}: the carried shallow boundary {where} names commits the bundle "
+            f"{bundle} does not carry ({', '.join(absent[:5])})",
+            cure,
+        )
 
 
 def _check_bundle_heads(

@@ -11,9 +11,16 @@ that are not samples and `info/exclude` travel; every stash entry travels by its
 bundle and its reflog subject in the record. Declared ignored paths join the untracked set.
 
 States the procedure cannot reproduce are refused by name before anything is written: no
-repository, an unborn HEAD, a shallow history, an unmerged index or an operation in progress,
-submodules (record open point 9), index flags such as skip-worktree, a tracked or nested
+repository, an unborn HEAD, an unmerged index or an operation in progress,
+submodules (record open point 9), assume-unchanged entries and skip-worktree entries whose
+file is present anyway, a tracked or nested
 `.cotal`, and untracked entries that are not files or symlinks. Preflight changes nothing.
+
+A shallow clone travels shallow: its boundary (`.git/shallow`) is carried byte for byte as
+`git-shallow`, and its bundle is always a full one with no prerequisites. A sparse checkout
+travels sparse: its patterns (`info/sparse-checkout`) and `config.worktree` (where `git
+sparse-checkout` keeps its settings) byte for byte, and the skip-worktree entries by name
+(docs/design.md decision 17 says why).
 
 An inspection is few git runs, each answering what it can at once (docs/design.md decision 17):
 one `rev-parse`, one `for-each-ref`, one `ls-files --debug`, one `status`, one `config --list`.
@@ -48,6 +55,7 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
+import msgspec
 import structlog
 
 from connectors.privatefs import (
@@ -74,18 +82,26 @@ from protocol.checkpoint import (
     INTENT_TO_ADD_FILE,
     LISTS_INLINE_CAP,
     REFS_FILE,
+    SHALLOW_CAP,
+    SHALLOW_FILE,
+    SKIP_WORKTREE_FILE,
+    SPARSE_PATTERNS_CAP,
+    SPARSE_PATTERNS_FILE,
     STATUS_FILE,
     SUPERSEDED_PREFIX,
     UNTRACKED_FILE,
+    WORKTREE_CONFIG_FILE,
     WORKTREE_DIFF_FILE,
     CarriedHook,
     FileRef,
     IncrementalLink,
     PrecopyLink,
     RepositoryRecord,
+    SparseRecord,
     StashEntry,
     format_refs_list,
     parse_porcelain_z,
+    parse_shallow_list,
     selection_rule,
 )
 from protocol.codec import decode_json, encode_json
@@ -381,6 +397,9 @@ class GitDirFacts:
     hooks: list[tuple[str, Path]]
     info_exclude: Path | None
     listing: ConfigListing | None = None
+    # `config.worktree` and `info/sparse-checkout`, byte for byte, when the repository has them.
+    worktree_config: bytes | None = None
+    sparse_patterns: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -389,6 +408,8 @@ class IndexScan:
 
     stamp: IndexStamp | None
     intent_to_add: list[str]
+    # Every stage-0 entry marked skip-worktree, in index order.
+    skip_worktree: tuple[bytes, ...] = ()
     # The digest of every entry's mode, object, stage, path and meaningful flags, without the
     # stat data: `git diff` rewrites the index to refresh that (GIT_OPTIONAL_LOCKS=0 does not
     # stop it), which changes the stamp but not what the index says.
@@ -414,6 +435,8 @@ class RepoFacts:
     refs: dict[str, str]
     index: IndexScan
     stash: list[StashEntry]
+    # `.git/shallow` byte for byte, or None for a repository with its whole history.
+    shallow: bytes | None = None
 
     def reusable(self) -> Reusable:
         return Reusable(index=self.index, config=self.gitdir.listing)
@@ -535,7 +558,55 @@ async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) 
         "info/exclude",
         "replace it with a regular file, then cut again",
     )
-    return GitDirFacts(config=config, hooks=hooks, info_exclude=exclude, listing=listing)
+    worktree_config = await anyio.to_thread.run_sync(_read_worktree_config, common)
+    patterns = await anyio.to_thread.run_sync(_read_sparse_patterns, common)
+    return GitDirFacts(
+        config=config,
+        hooks=hooks,
+        info_exclude=exclude,
+        listing=listing,
+        worktree_config=worktree_config,
+        sparse_patterns=patterns,
+    )
+
+
+def _read_worktree_config(common: Path) -> bytes | None:
+    """`config.worktree`, where `git sparse-checkout` writes `core.sparseCheckout`,
+    `core.sparseCheckoutCone` and `index.sparse`: carried byte for byte, so never with a
+    credential or a `core.worktree`, which it refuses by name instead."""
+    cure = "move the setting into .git/config (`git config --worktree --unset KEY`), then cut again"
+    path = _plain_file(common / "config.worktree", "git config.worktree", cure)
+    if path is None:
+        return None
+    data = read_stable(path, cap=_CONFIG_CAP, what="git config.worktree").data
+    lowered = data.lower()
+    if _URL_CREDENTIAL.search(data) or b"extraheader" in lowered:
+        raise Refusal(
+            Code.GITDIR_UNSUPPORTED,
+            f"{path} holds a credential (a URL with a password or an http extraheader); a "
+            "checkpoint carries config.worktree byte for byte and never a credential",
+            cure,
+        )
+    if re.search(rb"(?m)^\s*worktree\s*=", lowered):
+        raise Refusal(
+            Code.GITDIR_UNSUPPORTED,
+            f"{path} sets core.worktree, which names a path on this host; the restore rebuilds "
+            "the worktree at the seat's cwd",
+            "run `git config --worktree --unset core.worktree`, then cut again",
+        )
+    return data
+
+
+def _read_sparse_patterns(common: Path) -> bytes | None:
+    """`info/sparse-checkout` byte for byte, cone or not, when the repository has one."""
+    path = _plain_file(
+        common / "info" / "sparse-checkout",
+        "info/sparse-checkout",
+        "replace it with a regular file, then cut again",
+    )
+    if path is None:
+        return None
+    return read_stable(path, cap=SPARSE_PATTERNS_CAP, what="info/sparse-checkout").data
 
 
 def _split_z(data: bytes) -> list[bytes]:
@@ -549,6 +620,8 @@ def _names(paths: Sequence[bytes], limit: int = 5) -> str:
 
 # The in-memory flag `git ls-files --debug` prints for an entry `git add -N` made.
 _CE_INTENT_TO_ADD = 1 << 29
+_CE_VALID = 0x8000
+_CE_SKIP_WORKTREE = 1 << 30
 # The bits of an entry's flags that say what it is (stage, assume-valid, skip-worktree,
 # intent-to-add) rather than how git last saw its file.
 _CE_MEANING = 0x3000 | 0x8000 | (1 << 30) | _CE_INTENT_TO_ADD
@@ -588,6 +661,7 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
     unmerged: list[bytes] = []
     gitlinks: list[bytes] = []
     flagged: list[bytes] = []
+    skipped: list[bytes] = []
     control: list[bytes] = []
     ita: list[bytes] = []
     digest = hashlib.sha256()
@@ -598,8 +672,10 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
             unmerged.append(path)
         if mode == b"160000":
             gitlinks.append(path)
-        if tag != b"H" and stage == b"0":
+        if stage == b"0" and (flags & _CE_VALID or tag not in (b"H", b"S")):
             flagged.append(path)
+        elif stage == b"0" and flags & _CE_SKIP_WORKTREE:
+            skipped.append(path)
         if _in_control_dir(path):
             control.append(path)
         elif flags & _CE_INTENT_TO_ADD and stage == b"0":
@@ -624,11 +700,9 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
     if flagged:
         raise Refusal(
             Code.INDEX_FLAGS,
-            f"{cwd} has index entries marked skip-worktree or assume-unchanged "
-            f"({_names(flagged)}); "
-            "those bits do not travel and the restored tree would differ",
-            "clear them (`git sparse-checkout disable`, `git update-index --no-skip-worktree "
-            "--no-assume-unchanged <path>`), then cut again",
+            f"{cwd} has index entries marked assume-unchanged ({_names(flagged)}); that bit "
+            "does not travel and the restored tree would differ",
+            "clear it (`git update-index --no-assume-unchanged <path>`), then cut again",
         )
     if control:
         raise Refusal(
@@ -640,7 +714,34 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
         )
     # Neither diff carries an intent-to-add entry as an index entry, so the record names them.
     names = sorted(p.decode("utf-8", "surrogateescape") for p in ita)
-    return IndexScan(stamp=stamp, intent_to_add=names, entries=digest.hexdigest())
+    return IndexScan(
+        stamp=stamp,
+        intent_to_add=names,
+        entries=digest.hexdigest(),
+        skip_worktree=tuple(skipped),
+    )
+
+
+def _check_skipped(cwd: Path, skipped: Sequence[bytes]) -> None:
+    """A skip-worktree entry travels as a name whose file is absent: one whose file is in the
+    worktree anyway (`git update-index --skip-worktree` on a present file) would carry bytes
+    git does not look at, so it refuses by name; so does a name the record cannot spell."""
+    present = [p for p in skipped if os.path.lexists(cwd / os.fsdecode(p))]
+    if present:
+        raise Refusal(
+            Code.INDEX_FLAGS,
+            f"{cwd} has skip-worktree entries whose files are present in the worktree "
+            f"({_names(present)}); a checkpoint carries a skip-worktree entry as absent",
+            "clear the bit (`git update-index --no-skip-worktree <path>`) or bring the tree in "
+            "line with the sparse patterns (`git sparse-checkout reapply`), then cut again",
+        )
+    bad = [p for p in skipped if not _utf8(p)]
+    if bad:
+        raise Refusal(
+            Code.NON_UTF8_PATH,
+            f"{cwd} has skip-worktree entries whose names are not UTF-8 ({_names(bad)})",
+            "rename them to UTF-8 names, then cut again",
+        )
 
 
 @dataclass(frozen=True)
@@ -651,6 +752,7 @@ class _Probe:
     base: str
     head: str | None
     refs: dict[str, str]
+    shallow: bool = False
 
 
 _PROBE_FIXED = 6  # is-inside-work-tree, toplevel, common dir, shallow, index path, git dir
@@ -789,13 +891,6 @@ async def _probe(cwd: Path) -> _Probe:
     _refuse_operation_in_progress(cwd, lines)
     if probe.rc != 0:
         await _refuse_unborn(cwd)
-    if lines[3] == "true":
-        raise Refusal(
-            Code.SHALLOW,
-            f"{cwd} is a shallow clone; its bundle would need history the destination does not "
-            "have",
-            "run `git fetch --unshallow`, then cut again",
-        )
     refs, head = await _read_refs_and_head(cwd)
     return _Probe(
         top=real,
@@ -804,7 +899,31 @@ async def _probe(cwd: Path) -> _Probe:
         base=lines[-1],
         head=head,
         refs=refs,
+        shallow=lines[3] == "true",
     )
+
+
+def _read_shallow(cwd: Path, common: Path) -> bytes:
+    """`.git/shallow` of a shallow clone, proven to be the list git writes: a regular file of
+    commit ids, each once. Anything else refuses by name before the seat stops."""
+    path = common / "shallow"
+    cure = (
+        "make the repository's boundary a plain `.git/shallow` again (`git fetch --depth N` "
+        "rewrites it), or deepen it fully (`git fetch --unshallow`), then cut again"
+    )
+    if _plain_file(path, "the shallow boundary", cure) is None:
+        raise Refusal(
+            Code.GITDIR_UNSUPPORTED,
+            f"{cwd} is shallow but {path} does not exist (a graft or GIT_SHALLOW_FILE elsewhere); "
+            "a checkpoint carries the boundary only as .git/shallow",
+            cure,
+        )
+    data = read_stable(path, cap=SHALLOW_CAP, what="the shallow boundary").data
+    try:
+        parse_shallow_list(data)
+    except ValueError as exc:
+        raise Refusal(Code.GITDIR_UNSUPPORTED, f"{path}: {exc}", cure) from None
+    return data
 
 
 async def _read_refs_and_head(cwd: Path) -> tuple[dict[str, str], str | None]:
@@ -845,9 +964,13 @@ async def _facts(
     raw_status = (await run_git(cwd, *STATUS_ARGS)).stdout
     untracked = await _untracked_paths(cwd, raw_status, include)
     _check_untracked(cwd, untracked)
+    _check_skipped(cwd, index.skip_worktree)
     status = _decode_status(cwd, raw_status)
     gitdir = await _gitdir_facts(cwd, probe.common, earlier.config if earlier else None)
     entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
+    shallow = (
+        await anyio.to_thread.run_sync(_read_shallow, cwd, probe.common) if probe.shallow else None
+    )
     return RepoFacts(
         top=probe.top,
         base=probe.base,
@@ -858,6 +981,7 @@ async def _facts(
         refs=probe.refs,
         index=index,
         stash=entries,
+        shallow=shallow,
     )
 
 
@@ -1262,9 +1386,10 @@ _BUNDLE_SIGNATURES = (b"# v2 git bundle\n", b"# v3 git bundle\n")
 _BUNDLE_HEADER_CAP = 64 << 20
 
 
-def _read_bundle_header(path: Path) -> bytes | None:
+def _read_bundle_header(path: Path, *, prerequisites: bool = False) -> bytes | None:
     """The ref lines of the bundle at `path` in `git bundle list-heads` form, or None when the
-    header is not one this reader knows (then git reads it)."""
+    header is not one this reader knows (then git reads it). With `prerequisites`, its
+    prerequisite lines instead (`-<oid> [subject]`, the leading `-` kept)."""
     with open(path, "rb") as stream:
         if stream.readline() not in _BUNDLE_SIGNATURES:
             return None
@@ -1278,8 +1403,23 @@ def _read_bundle_header(path: Path) -> bytes | None:
             if line == b"\n":
                 return b"".join(lines)
             # `@` lines are v3 capabilities, `-` lines prerequisites; neither is a ref.
-            if not line.startswith((b"@", b"-")):
+            if prerequisites:
+                if line.startswith(b"-"):
+                    lines.append(line)
+            elif not line.startswith((b"@", b"-")):
                 lines.append(line)
+
+
+def bundle_prerequisites(path: Path) -> list[str] | None:
+    """The commits the bundle at `path` names as prerequisites (what a repository must hold
+    before it can be unbundled), or None when its header is not one this reader knows."""
+    header = _read_bundle_header(path, prerequisites=True)
+    if header is None:
+        return None
+    return [
+        line[1:].split(b" ", 1)[0].strip().decode("ascii", "replace")
+        for line in header.splitlines()
+    ]
 
 
 async def _bundle_header_refs(cwd: Path, bundle: Path) -> dict[str, str]:
@@ -1448,6 +1588,9 @@ class _TreeArtifacts:
     ita_file: FileRef | None
     status_inline: str
     ita_inline: list[str]
+    shallow: FileRef | None = None
+    sparse: SparseRecord | None = None
+    worktree_config: FileRef | None = None
 
 
 def names_tracked_change(status: str) -> bool:
@@ -1498,6 +1641,15 @@ async def _capture_tree(
         status_file = await _write_small_off_loop(seat_dir, STATUS_FILE, facts.status.encode())
         ita_file = await _write_small_off_loop(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
         status_inline, ita_inline = "", []
+    shallow: FileRef | None = None
+    if facts.shallow is not None:
+        shallow = await _write_small_off_loop(seat_dir, SHALLOW_FILE, facts.shallow)
+    sparse = await _capture_sparse(seat_dir, facts)
+    worktree_config: FileRef | None = None
+    if facts.gitdir.worktree_config is not None:
+        worktree_config = await _write_small_off_loop(
+            seat_dir, WORKTREE_CONFIG_FILE, facts.gitdir.worktree_config
+        )
     return _TreeArtifacts(
         index_diff=index_diff,
         worktree_diff=worktree_diff,
@@ -1511,7 +1663,28 @@ async def _capture_tree(
         ita_file=ita_file,
         status_inline=status_inline,
         ita_inline=ita_inline,
+        shallow=shallow,
+        sparse=sparse,
+        worktree_config=worktree_config,
     )
+
+
+async def _capture_sparse(seat_dir: Path, facts: RepoFacts) -> SparseRecord | None:
+    """The skip-worktree list and the sparse patterns, or None when the repository has
+    neither."""
+    skipped = facts.index.skip_worktree
+    patterns = facts.gitdir.sparse_patterns
+    if not skipped and patterns is None:
+        return None
+    listed: FileRef | None = None
+    if skipped:
+        listed = await _write_small_off_loop(
+            seat_dir, SKIP_WORKTREE_FILE, b"".join(p + b"\0" for p in skipped)
+        )
+    carried: FileRef | None = None
+    if patterns is not None:
+        carried = await _write_small_off_loop(seat_dir, SPARSE_PATTERNS_FILE, patterns)
+    return SparseRecord(skip_worktree=listed, entries=len(skipped), patterns=carried)
 
 
 def settle_stat_data(top: Path) -> None:
@@ -1577,6 +1750,11 @@ async def capture_repository(
     declared = check_includes(include)
     facts = await _facts(cwd, declared, _INSPECTIONS.take(cwd.resolve()))
     _check_stash_head(cwd, facts.refs, facts.stash)
+    if facts.shallow is not None:
+        # A shallow history travels whole: the boundary commits' parents exist nowhere, so a
+        # chain of bundles could only be unbundled with the boundary already in place at each
+        # step; a shallow history is small by construction (docs/design.md decision 17).
+        prerequisites = ()
     bundle, tree = await _capture_artifacts(cwd, seat_dir, facts, prerequisites, progress)
     after = await _facts(cwd, declared, facts.reusable())
     _verify_unmoved(cwd, facts, after)
@@ -1620,6 +1798,8 @@ async def _capture_artifacts(
     async def bundle_part() -> FileRef | None:
         bundle = await _capture_bundle(cwd, seat_dir, stash_revs, prerequisites, progress)
         await _check_bundle_refs(cwd, seat_dir, bundle, refs, prerequisites)
+        if facts.shallow is not None and bundle is not None:
+            await _check_shallow_bundle(cwd, seat_dir / BUNDLE_FILE)
         order.release()
         return bundle
 
@@ -1627,6 +1807,28 @@ async def _capture_artifacts(
         return await _capture_tree(cwd, seat_dir, facts, None if progress is None else order.report)
 
     return await _side_by_side(bundle_part, tree_part)
+
+
+async def _check_shallow_bundle(cwd: Path, bundle: Path) -> None:
+    """A shallow clone's full bundle must name no prerequisite: git writes the boundary commits
+    into the pack and records a complete history (git 2.39 does; the destination writes the
+    boundary back). A git that names the boundary's parents, which no repository holds,
+    would leave a bundle nothing can unbundle, so it is refused here, before the seal."""
+    named = await anyio.to_thread.run_sync(bundle_prerequisites, bundle)
+    if named is None:
+        raise Refusal(
+            Code.SHALLOW_MISMATCH,
+            f"the bundle of the shallow clone {cwd} has a header this reader does not know",
+            "report this with `git --version`; the seat's repository was not changed",
+        )
+    if named:
+        raise Refusal(
+            Code.SHALLOW_MISMATCH,
+            f"git wrote the bundle of the shallow clone {cwd} with prerequisites "
+            f"({', '.join(named[:5])}), commits beyond its boundary that no destination holds",
+            "report this with `git --version`, or deepen the clone fully (`git fetch "
+            "--unshallow`), then cut again",
+        )
 
 
 def _verify_unmoved(cwd: Path, facts: RepoFacts, after: RepoFacts) -> None:
@@ -1638,6 +1840,9 @@ def _verify_unmoved(cwd: Path, facts: RepoFacts, after: RepoFacts) -> None:
             ("status", after.status == facts.status),
             ("refs", after.refs == facts.refs),
             ("stash", after.stash == facts.stash),
+            ("shallow boundary", after.shallow == facts.shallow),
+            ("sparse patterns", after.gitdir.sparse_patterns == facts.gitdir.sparse_patterns),
+            ("config.worktree", after.gitdir.worktree_config == facts.gitdir.worktree_config),
             # A flag or an intent-to-add entry can change without changing the status.
             ("index", after.index.entries == facts.index.entries),
         )
@@ -1684,6 +1889,11 @@ def _repository_record(
             include=declared,
             since=since,
             precopy=precopy,
+            shallow=msgspec.UNSET if tree.shallow is None else tree.shallow,
+            sparse=msgspec.UNSET if tree.sparse is None else tree.sparse,
+            worktree_config=(
+                msgspec.UNSET if tree.worktree_config is None else tree.worktree_config
+            ),
         )
         # Round-trip through the strict decoder so the capture never returns a record the
         # reader would refuse (the constructor does not check field patterns).

@@ -5,13 +5,13 @@ captures it at commit, after they are proven stopped. Between the two the seat m
 anything to its repository, so nothing the preflight learned is trusted because of *when* it was
 learned; a fact is reused only when the input it is a pure function of is proven unchanged:
 
-1. The index scan (`git ls-files --stage --debug`: unmerged entries, gitlinks, skip-worktree
-   and assume-unchanged bits, tracked control-dir paths, intent-to-add entries) depends on
-   nothing but the bytes of the index file. Its stamp is the file's size and its trailer, the
-   checksum git writes over the whole content and checks on every read, so equal stamps mean
-   equal bytes; timestamps are not used, since a rewrite in the same tick leaves them equal. A
-   split index is covered too: the main file names its shared index by hash. An index without
-   a checksum (`index.skipHash`) or an absent one is never reused.
+1. The index scan (`git ls-files --stage --debug`: unmerged entries, gitlinks, the skip-worktree
+   entries and the assume-unchanged bits, tracked control-dir paths, intent-to-add entries)
+   depends on nothing but the bytes of the index file. Its stamp is the file's size and its
+   trailer, the checksum git writes over the whole content and checks on every read, so equal
+   stamps mean equal bytes; timestamps are not used, since a rewrite in the same tick leaves
+   them equal. A split index is covered too: the main file names its shared index by hash. An
+   index without a checksum (`index.skipHash`) or an absent one is never reused.
 2. The config listing (`git config --file config --null --list`) depends on nothing but the
    bytes of `config` (`--file` does not follow includes); it is reused only when the bytes read
    at capture hash as the bytes that were listed did, read before and after git listed them.
@@ -24,7 +24,11 @@ Everything else is read again at every inspection, because no cheap stamp covers
 - the status and the untracked list (one `git status`): an unstaged edit of a tracked file or a
   new untracked file changes the worktree and not the index, so no index or ref stamp can prove
   the status unchanged; only reading the worktree again can;
-- the declared ignored paths, the hooks and `info/exclude` (a directory listing, no git).
+- the declared ignored paths, the hooks and `info/exclude` (a directory listing, no git);
+- a shallow clone's boundary (`.git/shallow`), `info/sparse-checkout` and `config.worktree`
+  (small files read whole), and whether each skip-worktree entry's file is absent from the
+  worktree (the reused index scan names the entries; only an `lstat` can say their files are
+  still gone).
 
 The after-capture check still reads the probe and the status again and compares them, and
 compares the index stamp too, so a change during the capture is refused as

@@ -11,13 +11,16 @@ since a rename cannot cross out of a mount, and promotes by swapping entries wit
 
 The sequence, in order: verify every digest before any write; check the bundle carries exactly
 the recorded refs; init and unbundle (an incremental seat's predecessors first, oldest first),
-or move in the packs admission unbundled the same chain into; verify the base; detach at the
-base; put back the carried config, info/exclude and hooks; recreate the recorded refs
-(unbundling sets none) and rebuild the stash reflog entry by entry; apply the index diff with
---index; put back intent-to-add entries whose file was gone at the cut; apply the worktree diff;
-mark the remaining intent-to-add entries; extract the untracked archive under strict member
-rules; prove no ignored file lies outside the recorded selection; reattach HEAD to its branch;
-compare `git status`; promote; compare again in place.
+or move in the packs admission unbundled the same chain into; write back a shallow clone's
+boundary and prove it names commits the bundle carried; verify the base; detach at the base; put
+back the carried config, info/exclude and hooks; recreate the recorded refs (unbundling sets
+none) and rebuild the stash reflog entry by entry; apply the index diff with --index; put back
+intent-to-add entries whose file was gone at the cut; apply the worktree diff; mark the
+remaining intent-to-add entries; extract the untracked archive under strict member rules; prove
+no ignored file lies outside the recorded selection; reattach HEAD to its branch; put back a
+sparse checkout's config.worktree and patterns, mark exactly the recorded entries skip-worktree
+and take their files out of the tree (a sparse index is rebuilt from the patterns); compare `git
+status`; promote; compare again in place.
 
 See docs/operations.md ("What a checkpoint carries").
 """
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio.to_thread
+import msgspec
 
 from connectors.privatefs import (
     DIR_MODE,
@@ -70,6 +74,8 @@ from protocol.checkpoint import (
     check_repository_lists,
     parse_intent_to_add,
     parse_refs_list,
+    parse_shallow_list,
+    parse_skip_worktree,
     porcelain_by_path,
 )
 from protocol.errors import Refusal
@@ -473,6 +479,159 @@ async def _stage_objects(
         )
 
 
+async def _restore_shallow(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+    """A shallow clone's boundary back as `.git/shallow`, byte for byte, before anything walks
+    the history: the bundle holds the boundary commits and none of their parents. Each commit
+    it names must be one the bundle carried, and git must then call the repository shallow."""
+    if record.shallow is msgspec.UNSET:
+        return
+    data = _carried_bytes(seat_dir, record.shallow)
+    try:
+        commits = parse_shallow_list(data)
+    except ValueError as exc:
+        raise Refusal(
+            Code.SHALLOW_MISMATCH,
+            f"the carried shallow boundary {seat_dir / record.shallow.file}: {exc}",
+            "copy the checkpoint again from the source host, or cut the seat again",
+        ) from None
+    await anyio.to_thread.run_sync(_write_gitdir_file, staging / ".git", "shallow", data, 0o644)
+    found = await run_git(
+        staging,
+        "cat-file",
+        "--batch-check=%(objecttype)",
+        stdin="".join(c + "\n" for c in commits).encode(),
+        code=Code.RESTORE_FAILED,
+    )
+    kinds = found.stdout.decode("ascii", "replace").splitlines()
+    absent = [c for c, kind in zip(commits, kinds, strict=False) if kind != "commit"]
+    if len(kinds) != len(commits) or absent:
+        raise Refusal(
+            Code.SHALLOW_MISMATCH,
+            "the carried shallow boundary names commits the bundle does not carry "
+            f"({', '.join(absent[:5])})",
+            "the boundary and the bundle do not belong together; copy the checkpoint again "
+            "from the source host",
+        )
+    probe = await run_git(staging, "rev-parse", "--is-shallow-repository", code=Code.RESTORE_FAILED)
+    if probe.stdout.strip() != b"true":
+        raise Refusal(
+            Code.SHALLOW_MISMATCH,
+            f"git does not read {staging / '.git' / 'shallow'} as a shallow boundary",
+            "restore on a git that reads `.git/shallow` (any git since 1.5)",
+        )
+
+
+def _remove_skipped(root: Path, paths: Sequence[str]) -> None:
+    """Take the files of skip-worktree entries out of the staged tree (the checkout of the base
+    wrote every file), then each directory that only they filled. Nothing is followed through a
+    symlink; a directory still holding anything (an untracked file) stays."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    emptied: set[str] = set()
+    try:
+        for rel in paths:
+            parent, leaf = _open_dirs(root_fd, rel, create=False)
+            try:
+                os.unlink(leaf, dir_fd=parent)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(parent)
+            parts = rel.split("/")[:-1]
+            emptied.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+        for rel in sorted(emptied, key=lambda d: d.count("/"), reverse=True):
+            try:
+                os.rmdir(rel, dir_fd=root_fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                    raise
+    finally:
+        os.close(root_fd)
+
+
+async def _skip_worktree_entries(repo: Path) -> list[str]:
+    listed = await run_git(repo, "ls-files", "-t", "-z", code=Code.RESTORE_FAILED)
+    entries = listed.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1]
+    return [e[2:] for e in entries if e[:2] == "S "]
+
+
+async def _restore_sparse(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+    """A sparse checkout back as it was: `config.worktree` and `info/sparse-checkout` byte for
+    byte, exactly the recorded entries marked skip-worktree, and their files absent. Written
+    after the applies, which must see every file of the base, and before the status compare.
+    Where the config asks for a sparse index, `git sparse-checkout reapply` rebuilds it from
+    the patterns; the marked entries must still be exactly the recorded ones."""
+    gitdir = staging / ".git"
+    if record.worktree_config is not msgspec.UNSET:
+        data = _carried_bytes(seat_dir, record.worktree_config)
+        await anyio.to_thread.run_sync(_write_gitdir_file, gitdir, "config.worktree", data, 0o644)
+    if record.sparse is msgspec.UNSET:
+        return
+    sparse = record.sparse
+    cure = "copy the checkpoint again from the source host, or cut the seat again"
+    if sparse.patterns is not None:
+        data = _carried_bytes(seat_dir, sparse.patterns)
+        await anyio.to_thread.run_sync(
+            _write_gitdir_file, gitdir, "info/sparse-checkout", data, 0o644
+        )
+    skipped: list[str] = []
+    if sparse.skip_worktree is not None:
+        raw = _carried_bytes(seat_dir, sparse.skip_worktree)
+        try:
+            skipped = parse_skip_worktree(raw)
+        except ValueError as exc:
+            raise Refusal(
+                Code.SPARSE_MISMATCH,
+                f"the carried skip-worktree list {seat_dir / sparse.skip_worktree.file}: {exc}",
+                cure,
+            ) from None
+        if len(skipped) != sparse.entries:
+            raise Refusal(
+                Code.SPARSE_MISMATCH,
+                f"the carried skip-worktree list names {len(skipped)} entries, the record "
+                f"{sparse.entries}",
+                cure,
+            )
+        await run_git(
+            staging,
+            "update-index",
+            "--skip-worktree",
+            "-z",
+            "--stdin",
+            stdin=raw,
+            code=Code.SPARSE_MISMATCH,
+            cure="the skip-worktree list names paths the restored index does not hold; " + cure,
+        )
+        await anyio.to_thread.run_sync(_remove_skipped, staging, skipped)
+    # The repository's own settings, never this host's global config: the source's travelled.
+    wants_sparse_index = await run_git(
+        staging,
+        "config",
+        "--type=bool",
+        "--get",
+        "index.sparse",
+        ok=(0, 1),
+        env={"GIT_CONFIG_GLOBAL": os.devnull},
+    )
+    if wants_sparse_index.stdout.strip() == b"true":
+        await run_git(
+            staging,
+            "sparse-checkout",
+            "reapply",
+            code=Code.SPARSE_MISMATCH,
+            cure="the carried patterns and skip-worktree list do not agree; " + cure,
+        )
+    marked = await _skip_worktree_entries(staging)
+    present = [p for p in skipped if os.path.lexists(staging / p)]
+    if marked != skipped or present:
+        differ = sorted(set(marked) ^ set(skipped)) or present
+        raise Refusal(
+            Code.SPARSE_MISMATCH,
+            "the restored index does not mark exactly the recorded skip-worktree entries, "
+            f"absent from the tree ({', '.join(differ[:5])})",
+            "the patterns and the list do not belong together; " + cure,
+        )
+
+
 async def _checkout_base(staging: Path, record: RepositoryRecord) -> None:
     found = await run_git(
         staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128)
@@ -601,6 +760,7 @@ async def _build(
     scratch: Scratch | None = None,
 ) -> None:
     await _stage_objects(staging, seat_dir, record, links, scratch)
+    await _restore_shallow(staging, seat_dir, record)
     await _checkout_base(staging, record)
     # The carried config, written next, replaces the one `init` made, so the remotes are the
     # source's; it and info/exclude go in before the applies and the status comparison, which
@@ -611,6 +771,7 @@ async def _build(
     await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
     await _prove_selection(staging, record)
     await _reattach_head(staging, record, refs)
+    await _restore_sparse(staging, seat_dir, record)
     await _verify_staged_status(staging, status)
 
 

@@ -12,8 +12,10 @@ from typing import NoReturn
 
 from manager.cli import (
     checkpoint_cmd,
+    drain,
     health,
     inbox,
+    metrics,
     move,
     quiet,
     seats,
@@ -62,8 +64,10 @@ COMMAND_MODULES = (
     serve,
     seats,
     move,
+    drain,
     inbox,
     health,
+    metrics,
     logs_cmd,
     tools_cmd,
     checkpoint_cmd,

@@ -369,6 +369,24 @@ async def _ps(layout: Any) -> list[Any]:
         return await session.request(control.PS, control.NoArgs())
 
 
+async def seats_here(layout: Any) -> list[Any]:
+    """This root's manager's seats, as `cotal ps` lists them."""
+    return await _ps(layout)
+
+
+async def fleet_load(layout: Any) -> dict[str, int]:
+    """Every other live manager of this root's broker, and how many seats it holds."""
+    from manager.broker import fleet
+    from manager.broker.connection import LazyConnection
+
+    here = await _here(layout, MoveRequest(names=(), to=""), [])
+    async with LazyConnection(here.record.server, here.creds, name="cotal-drain") as conn:
+        snap = await fleet.snapshot(await conn.jetstream(), here.status.space)
+    held = fleet.load(snap)
+    held.pop(here.status.instance_id, None)
+    return held
+
+
 def _probe(layout: Any, status: Any, seats: list[str], uids: list[str], needs: list[Any]) -> Any:
     from manager.workspace import identity
     from protocol import move

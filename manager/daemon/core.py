@@ -32,6 +32,7 @@ from manager.broker import channels, deadletter, footprint, sent
 from manager.daemon import handlers, seatfile
 from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.incarnation import Incarnations
+from manager.daemon.metrics import Metrics
 from manager.daemon.mover import Mover
 from manager.daemon.preserve import Preservation
 from manager.daemon.readopt import Readoption
@@ -90,6 +91,8 @@ class Manager:
         self.custody: KeyValue | None = None
         self.sent: KeyValue | None = None
         self.started_at = now_iso()
+        # This manager's Prometheus registry (`cotal metrics`, `[metrics] listen`).
+        self.metrics = Metrics(self)
         self.delivery_gate = DeliveryGate()
         self.survivor_scan = SurvivorScan()
         self.incarnations = Incarnations(self)
@@ -270,6 +273,10 @@ class Manager:
             tg.start_soon(self.watchers.lease_loop, leases)
             tg.start_soon(self.watchers.custody_watch)
             tg.start_soon(self.mover.serve)
+            tg.start_soon(self.metrics.watch_loop_lag)
+            if self.config.metrics.listen is not None:
+                host, port = registry.parse_listen(self.config.metrics.listen)
+                await tg.start(self.metrics.serve_http, host, port)
             if self.maintenance.state == "active":
                 # Only a manager in ordinary service takes back its predecessor's seats; one
                 # started for a resume adopts exactly what the checkpoint names.

@@ -74,6 +74,7 @@ from manager.broker import deadletter
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
+from manager.daemon.metrics import Metrics, TurnEnd
 from manager.daemon.process import SeatHandle
 from manager.registry import DeliveryConfig
 from protocol import deadletter as dlp
@@ -250,6 +251,16 @@ def deliveries(msg: Msg) -> tuple[int, int]:
     return this, prior_deliveries(msg.headers) + this
 
 
+def _turn_end(outcome: TurnOutcome | None) -> TurnEnd:
+    """How a turn ended, as the metrics count it: a clean boundary, a turn its provider did
+    not serve, one cut off by the harness's exit or a stop, or any other end."""
+    if outcome is None:
+        return "cut-off"
+    if outcome.status == "ok":
+        return "ok"
+    return "unserved" if outcome.status == PROVIDER_UNAVAILABLE else "failed"
+
+
 class DeliveryBridge:
     def __init__(
         self,
@@ -270,6 +281,7 @@ class DeliveryBridge:
         deliberate: Callable[[], bool] = lambda: False,
         dead_counts: dict[str, int] | None = None,
         channels: tuple[str, ...] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.js = js
         self.space = space
@@ -293,6 +305,9 @@ class DeliveryBridge:
         self.deliberate = deliberate
         self.dead_counts = dead_counts if dead_counts is not None else {}
         self.channels = channels
+        # The manager's registry: deliveries, turns and dead letters are counted where they
+        # happen (manager/daemon/metrics.py).
+        self.metrics = metrics
         # The channel the message being delivered came from (None: the inbox).
         self._source: str | None = None
         self.turn: Turn | None = None
@@ -434,6 +449,8 @@ class DeliveryBridge:
     async def _deliver(self, msg: Msg, channel: str | None = None) -> None:
         self._source = channel
         this, total = deliveries(msg)
+        if self.metrics is not None:
+            self.metrics.delivered(self.seat, again=total > 1)
         try:
             dm: DirectMessage | None = self._decode(msg, channel)
             malformed = ""
@@ -489,12 +506,17 @@ class DeliveryBridge:
             text = meshcall.framed(from_seat, dm.text)
         else:
             text = dm.text
+        began = anyio.current_time()
         try:
             outcome = await self._run_turn(msg, dm.id, text, total)
         finally:
             # The seat may be stopping while the turn ends: settle in every case, shielded,
             # or a finished turn is neither acked nor released and waits out ack_wait.
             with anyio.CancelScope(shield=True):
+                if self.metrics is not None:
+                    self.metrics.turn_ended(
+                        self.seat, _turn_end(outcome), anyio.current_time() - began
+                    )
                 if outcome is not None and outcome.status == "ok":
                     if await self._settle(msg, dm, outcome) and waiter is not None:
                         waiter.outcome = outcome
@@ -644,6 +666,8 @@ class DeliveryBridge:
                 # sequence), never run.
                 log.warning("delivery.term_failed", seat=self.seat, id=dm_id, error=repr(exc))
             self.dead_counts[self.uid] = self.dead_counts.get(self.uid, 0) + 1
+            if self.metrics is not None:
+                self.metrics.dead_lettered(self.seat)
             log.error(
                 "delivery.dead_lettered",
                 seat=self.seat,

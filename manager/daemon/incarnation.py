@@ -32,6 +32,7 @@ from manager.daemon import teardown, watchers
 from manager.daemon.delivery import Backoff, DeliveryBridge, DeliveryGate, SeatGate, Waiter
 from manager.daemon.meshsend import MeshOwner, MeshSends
 from manager.daemon.meshsocket import MeshSocket
+from manager.daemon.metrics import Metrics
 from manager.daemon.process import LAST_KILL_WAIT_S, STOP_DEADLINE_S, SeatHandle
 from manager.daemon.seat import (
     Incarnation,
@@ -94,6 +95,9 @@ class IncarnationOwner(teardown.TeardownOwner, MeshOwner, Protocol):
 
     @property
     def survivor_scan(self) -> SurvivorScan: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
     @property
     def watchers(self) -> Watchers: ...
@@ -351,11 +355,13 @@ class Incarnations:
             deliberate=lambda: seat.lifecycle.deliberate,
             dead_counts=mgr.dead_counts,
             channels=seat.subscribe,
+            metrics=mgr.metrics,
         )
         incarnation.bridge = bridge
         await tg.start(bridge.run)
         tg.start_soon(mgr.watchers.presence_loop, seat, handle)
         seat.apply("ready")
+        mgr.metrics.seat_running(seat.name, seat.uid)
         await mgr.persist_off_loop(seat)
 
     async def _reaped(self, seat: Seat, handle: SeatHandle) -> None:

@@ -47,6 +47,7 @@ from manager.coord import restore
 from manager.coord.report import reporting
 from manager.coord.requests import RestoreRequest
 from manager.daemon import movecheck
+from manager.daemon.metrics import Metrics
 from manager.daemon.seat import Seat
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.journal import Journal
@@ -103,6 +104,9 @@ class MoverOwner(Protocol):
 
     @property
     def handle(self) -> Callable[[str, Any], Awaitable[Any]]: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
 
 class Mover:
@@ -324,13 +328,26 @@ class Mover:
     async def _offer(self, data: bytes) -> move.MoveAnswer:
         offer = move.decode_offer(data)
         async with self._offers:
+            # The destination's share of the seats' downtime starts with the offer: the source
+            # has cut them, and they run nowhere until this adoption ends.
+            began = anyio.current_time()
             if self._already(offer.seats, offer.uids):
+                self.mgr.metrics.move_answered("already")
                 return move.MoveAnswer(ok=True, already=True)
-            path = await self._fetch(offer)
             try:
-                answer = await self._adopt(offer, path)
-            finally:
-                await path.unlink(missing_ok=True)
+                path = await self._fetch(offer)
+                try:
+                    answer = await self._adopt(offer, path)
+                finally:
+                    await path.unlink(missing_ok=True)
+            except Exception:
+                # Answered as a refusal by `_answer_each`.
+                self.mgr.metrics.move_answered("refused")
+                raise
+            if answer.ok:
+                self.mgr.metrics.move_answered("adopted", anyio.current_time() - began)
+            else:
+                self.mgr.metrics.move_answered("refused")
             if not answer.claimed:
                 # Adopted (unbundled into the seat's tree) or refused before the claim (the
                 # source takes the seat back): either way this root needs the history no more.

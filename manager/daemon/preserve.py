@@ -34,6 +34,7 @@ from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
 from manager.checkpoint.references import reference_errors
+from manager.daemon.metrics import CutScope
 from manager.daemon.progress import ProgressLog
 from manager.daemon.seat import Seat, SeatOwner, profiled_settings, read_pointer
 from manager.registry import FileConfig
@@ -388,6 +389,9 @@ class Preservation:
         self.progress.begin(attempt)
         self.progress.add("stopping", detail=f"{len(seats)} seat(s)")
         t0 = time.monotonic()
+        # The cut's own window and each seat's downtime, on the clock the metrics read.
+        began = anyio.current_time()
+        scope: CutScope = "seats" if m.cut.scope == "seats" else "whole"
         run = _Run()
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
@@ -413,8 +417,12 @@ class Preservation:
         for name, error in sorted(run.failures.items()):
             self.progress.add("failed", seat=name, detail=error)
         if run.failures:
+            mgr.metrics.cut_failed(scope)
             return self._failed(attempt, attempt_path, run)
         m.apply("stopped", attempt)
+        mgr.metrics.cut_sealed(
+            scope, anyio.current_time() - began, {seat.uid: began for seat in seats.values()}
+        )
         if m.state == "active":
             # Sealed: the checkpoint carries them from here, and the mesh runs on without them.
             # Their names open again, so a seat adopted under one later (taken back, or moved

@@ -25,6 +25,7 @@ from connectors.base import Connector, ContinuityClass, Driver, LaunchSpec
 from manager import registry
 from manager.broker.fence import WriterFence
 from manager.daemon.delivery import DeliveryBridge, DeliveryGate
+from manager.daemon.metrics import Metrics
 from manager.daemon.process import SeatHandle
 from manager.registry import FileConfig
 from manager.workspace.identity import InstanceIdentity
@@ -238,6 +239,11 @@ class SeatOwner(Protocol):
 
     @property
     def delivery_gate(self) -> DeliveryGate: ...
+
+    @property
+    def metrics(self) -> Metrics:
+        """The manager's registry: the cut counts itself and marks the seats it stopped."""
+        ...
 
     def custody_bucket(self) -> KeyValue: ...
 

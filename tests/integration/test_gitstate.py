@@ -157,13 +157,29 @@ async def test_preflight_refuses_tracked_control_dir_nested_repos_and_flags(tmp_
 
 
 @pytest.mark.anyio
-async def test_preflight_refuses_a_shallow_clone(tmp_path: Path) -> None:
+async def test_preflight_passes_a_shallow_clone_and_refuses_a_boundary_it_cannot_carry(
+    tmp_path: Path,
+) -> None:
+    """A shallow clone travels (tests/integration/test_repo_shapes.py); only a boundary that is
+    not the plain `.git/shallow` git writes is refused, by name, before the seat stops."""
     src = make_rich_repo(tmp_path / "src")
     git(src, "commit", "-q", "-m", "second")
     git(tmp_path, "clone", "-q", "--depth", "1", f"file://{src}", "shallow")
+    repo = tmp_path / "shallow"
+    await preflight_repository(repo)
+    boundary = repo / ".git" / "shallow"
+    honest = boundary.read_bytes()
+    boundary.write_bytes(honest + honest)
     with pytest.raises(Refusal) as err:
-        await preflight_repository(tmp_path / "shallow")
-    assert err.value.code == "shallow"
+        await preflight_repository(repo)
+    assert err.value.code == "gitdir-unsupported"
+    assert str(boundary) in err.value.message and "twice" in err.value.message
+    boundary.unlink()
+    os.symlink(tmp_path / "elsewhere", boundary)
+    (tmp_path / "elsewhere").write_bytes(honest)
+    with pytest.raises(Refusal) as err:
+        await preflight_repository(repo)
+    assert err.value.code == "gitdir-unsupported" and "symlink" in err.value.message
 
 
 # -- capture ----------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ NARROWED = {
     "handlers/seats.py",
     "handlers/mail.py",
     "handlers/table.py",
+    "handlers/metrics.py",
+    "metrics.py",
 }
 
 

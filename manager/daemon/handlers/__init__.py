@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from manager.daemon.handlers import mail, preservation, seats
+from manager.daemon.handlers import mail, metrics, preservation, seats
 from manager.daemon.handlers.table import Handler, Table
 from protocol import control
 from protocol.errors import Refusal
@@ -19,8 +19,14 @@ from protocol.refusals import Code
 Dispatch = Callable[[str, Any], Awaitable[Any]]
 
 
-class HandlerOwner(seats.SeatOpsOwner, mail.MailOwner, preservation.PreservationOpsOwner, Protocol):
-    """Everything the control ops ask of the Manager: the three handler groups' views."""
+class HandlerOwner(
+    seats.SeatOpsOwner,
+    mail.MailOwner,
+    preservation.PreservationOpsOwner,
+    metrics.MetricsOpsOwner,
+    Protocol,
+):
+    """Everything the control ops ask of the Manager: the handler groups' views."""
 
 
 def build(mgr: HandlerOwner) -> dict[str, Handler]:
@@ -28,6 +34,7 @@ def build(mgr: HandlerOwner) -> dict[str, Handler]:
     seats.SeatHandlers(mgr).register(table)
     mail.MailHandlers(mgr).register(table)
     preservation.PreservationHandlers(mgr).register(table)
+    metrics.MetricsHandlers(mgr).register(table)
     return table.handlers
 
 

@@ -25,8 +25,10 @@ from manager.daemon import seatfile, teardown
 from manager.daemon.handlers.mail import DeadLetterBook, dead_by_seat
 from manager.daemon.handlers.table import Table
 from manager.daemon.incarnation import Incarnations
+from manager.daemon.metrics import Metrics
 from manager.daemon.seat import Seat
 from manager.registry import FileConfig
+from manager.workspace import drainmark
 from manager.workspace.layout import Layout
 from protocol import control, names
 from protocol.errors import Refusal
@@ -71,6 +73,9 @@ class SeatOpsOwner(teardown.TeardownOwner, DeadLetterBook, Protocol):
 
     @property
     def shutdown_requested(self) -> anyio.Event: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
 
     def custody_bucket(self) -> KeyValue: ...
 
@@ -147,6 +152,15 @@ class SeatHandlers:
 
     async def spawn(self, args: control.SpawnArgs) -> control.SeatRow:
         mgr = self.mgr
+        drain = drainmark.draining(mgr.layout)
+        if drain is not None:
+            raise Refusal(
+                Code.DRAINING,
+                f"{mgr.layout.root} is being drained (pid {drain.process.pid}, since "
+                f"{drain.started_at}): its seats are moving to other managers",
+                "spawn the seat on another manager, or stop the drain (`cotal drain --cancel`) "
+                "first",
+            )
         async with mgr.lifecycle("spawn"):
             seat = self._new_seat(args)
             mgr.adopt(seat)
@@ -284,6 +298,8 @@ class SeatHandlers:
             await mgr.stop_and_prove(seat, graceful=True)
             dead = mgr.dead_counts.get(seat.uid, 0) if seat.footprint_owned else 0
             await teardown.free(mgr, seat)
+            # Its series go with it, so a root's churn of seat names leaves none behind.
+            mgr.metrics.forget_seat(seat.name)
             log.info("seat.removed", seat=seat.name, uid=seat.uid, footprint=seat.footprint_owned)
             return control.RemoveSeatReply(
                 name=seat.name,

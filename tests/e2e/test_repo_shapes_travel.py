@@ -1,0 +1,95 @@
+"""A shallow clone and a sparse checkout cut on one root and resumed on another (issue 42,
+items 2 and 3): each host runs its own embedded broker, the source's tree and broker are gone
+before the destination starts, the destination's root is at another path, and nothing reaches
+a remote. The repository comes back identical by `fingerprint` (status, bytes, refs, history,
+stash, index flags, the shallow boundary, the sparse patterns and config) and the seat answers
+its phrase there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cli
+from tests.e2e.test_move import two_roots  # noqa: F401  (the fixture)
+from tests.e2e.test_relocation import _carry, _hosts, _restore, _spawn_and_cut
+from tests.e2e.test_resume import PHRASE
+from tests.helpers import signer_key
+from tests.integration.test_repo_shapes import fingerprint, shallow_clone, sparse_checkout
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
+
+
+def _shallow(depth: int) -> Callable[[Path, Path], Path]:
+    def make(tmp_path: Path, root: Path) -> Path:
+        repo = shallow_clone(tmp_path / f"made-{depth}", depth)
+        repo.rename(root / "repo")
+        return root / "repo"
+
+    return make
+
+
+def _sparse(mode: str) -> Callable[[Path, Path], Path]:
+    def make(tmp_path: Path, root: Path) -> Path:
+        return sparse_checkout(root / "repo", mode)
+
+    return make
+
+
+SHAPES: dict[str, Callable[[Path, Path], Path]] = {
+    "shallow-depth-1": _shallow(1),
+    "shallow-depth-3": _shallow(3),
+    "sparse-cone": _sparse("cone"),
+    "sparse-no-cone": _sparse("no-cone"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+async def test_the_repository_shape_travels_to_another_root(tmp_path: Path, shape: str) -> None:
+    a, dest = _hosts(tmp_path)
+    cwd = SHAPES[shape](tmp_path, a.root)
+    before = fingerprint(cwd)
+    row, attempt_dir = _spawn_and_cut(a, None, cwd)
+    copy = _carry(a, dest, attempt_dir, tmp_path)
+    assert not a.root.exists()
+
+    result = _restore(dest, copy, None)
+    [seat] = result["seats"]
+    new_cwd = dest.root / "repo"
+    assert seat["relocated"] == {"cwdBefore": str(cwd.resolve()), "cwdAfter": str(new_cwd)}
+    assert seat["continuity"] == "exact" and seat["sessionAfter"] == row["sessionId"]
+    assert fingerprint(new_cwd) == before
+    assert (
+        dest.json("send", "default", "What was the phrase?", "--wait")["reply"]
+        == f"The phrase is {PHRASE}."
+    )
+    dest.run("down")
+
+
+@pytest.mark.parametrize("shape", ["shallow-depth-3", "sparse-cone"])
+async def test_the_repository_shape_travels_with_cotal_move(
+    tmp_path: Path,
+    two_roots: tuple[Cli, Cli],  # noqa: F811
+    shape: str,
+) -> None:
+    """A move pre-copies the history first: a sparse seat's cut builds on it, a shallow seat's
+    carries its full (shallow) history again, and both land in the shape they left."""
+    a, b = two_roots
+    repo = SHAPES[shape](tmp_path, a.root)
+    before = fingerprint(repo)
+    seat = a.json(
+        "spawn", "shaped", "--agent", "scribe", "--cwd", str(repo),
+        "--prompt", f"Remember the phrase {PHRASE}. Reply with it.",
+    )  # fmt: skip
+    stay_b = b.json("spawn", "stay_b", "--agent", "scribe")
+    b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+    moved = a.json("move", "shaped", "--to", stay_b["instanceId"])
+    [row] = moved["seats"]
+    assert row["name"] == "shaped"
+    at_b = {r["name"]: r for r in b.ps()}
+    assert at_b["shaped"]["lifecycleUid"] == seat["lifecycleUid"]
+    assert fingerprint(Path(at_b["shaped"]["cwd"])) == before
+    reply = b.json("send", "shaped", "What was the phrase?", "--wait")
+    assert reply["reply"] == f"The phrase is {PHRASE}.", reply

@@ -1,0 +1,325 @@
+"""A shallow clone and a sparse checkout travel as they are (issue 42, items 2 and 3): captured
+and restored at another path, the repository's shape is the same by a fingerprint that adds the
+shallow boundary, the sparse patterns, the skip-worktree bits and the files present and absent
+to the status and the bytes; a tampered shape artifact is refused at admission by name."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from manager.checkpoint.admit import check_repository
+from manager.checkpoint.gitstate import capture_repository, preflight_repository
+from manager.checkpoint.reader import verify_seat_files
+from manager.checkpoint.restore import restore_repository
+from protocol.checkpoint import RepositoryRecord
+from protocol.codec import decode_json, encode_json
+from protocol.errors import DecodeError, Refusal
+from tests.gitrepo import git, init_repo, seat_dir_for, tree_digest, write
+from tests.integration.test_repo_fidelity import seat_checkpoint
+
+pytestmark = [pytest.mark.usefixtures("isolated_home"), pytest.mark.anyio]
+
+STAMP = "20261129T140000Z"
+
+
+def _maybe(path: Path) -> bytes | None:
+    return path.read_bytes() if path.exists() else None
+
+
+def fingerprint(repo: Path) -> dict[str, object]:
+    """Everything a seat sees of its repository: status, bytes, refs, HEAD, the reachable
+    history, the stash, the index with its flags, the shallow boundary and the sparse shape."""
+    config = {
+        key: git(repo, "config", "--local", "--get", key, check=False).strip()
+        for key in ("core.sparseCheckout", "core.sparseCheckoutCone", "index.sparse")
+    }
+    return {
+        "status": git(
+            repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ":!.cotal"
+        ),
+        "tree": tree_digest(repo),
+        "head": git(repo, "rev-parse", "HEAD"),
+        "branch": git(repo, "symbolic-ref", "-q", "HEAD", check=False),
+        "refs": git(repo, "for-each-ref", "--format=%(objectname) %(refname)"),
+        "history": git(repo, "log", "--all", "--format=%H %P"),
+        "stash": git(repo, "stash", "list"),
+        "index": git(repo, "ls-files", "-s", "-t", "-v", "-z"),
+        "is-shallow": git(repo, "rev-parse", "--is-shallow-repository").strip(),
+        "shallow": _maybe(repo / ".git" / "shallow"),
+        "sparse-patterns": _maybe(repo / ".git" / "info" / "sparse-checkout"),
+        "sparse-config": config,
+        "sparse-index": git(repo, "ls-files", "--sparse", "-s", "-t", "-z"),
+        "worktree-config": _maybe(repo / ".git" / "config.worktree"),
+    }
+
+
+def small_history(path: Path, commits: int = 5) -> Path:
+    repo = init_repo(path)
+    for n in range(commits):
+        write(repo / f"f{n}.txt", f"commit {n}\n")
+        write(repo / "shared.txt", f"shared at {n}\n")
+        write(repo / "src" / "mod.py", f"VERSION = {n}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"commit {n}")
+    git(repo, "tag", "v-last")
+    return repo
+
+
+def shallow_clone(tmp_path: Path, depth: int) -> Path:
+    """`git clone --depth N file://...` of a small repository, the source then deleted, with
+    staged, unstaged and untracked work and a stash."""
+    src = small_history(tmp_path / "origin")
+    git(tmp_path, "clone", "-q", "--depth", str(depth), f"file://{src}", "work")
+    shutil.rmtree(src)
+    repo = tmp_path / "work"
+    write(repo / "shared.txt", "stashed\n")
+    git(repo, "stash", "push", "-q", "-m", "kept aside")
+    write(repo / "src" / "mod.py", "VERSION = 'staged'\n")
+    git(repo, "add", "src/mod.py")
+    write(repo / "src" / "mod.py", "VERSION = 'unstaged'\n")
+    write(repo / "f4.txt", "unstaged edit\n")
+    write(repo / "notes" / "todo.txt", "untracked\n")
+    return repo
+
+
+def sparse_checkout(path: Path, mode: str) -> Path:
+    """A repository of a few directories checked out sparse (`cone`, `cone-index` with a
+    sparse index, or `no-cone` patterns), with staged, unstaged and untracked work inside the
+    sparse set and an untracked file beside a directory left out."""
+    repo = init_repo(path)
+    for rel in (
+        "top.txt",
+        "src/app.py",
+        "src/lib/util.py",
+        "docs/guide.md",
+        "docs/api/ref.md",
+        "assets/logo.txt",
+        "assets/big.bin",
+    ):
+        write(repo / rel, f"{rel} v1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+    if mode == "cone":
+        git(repo, "sparse-checkout", "set", "--cone", "src")
+    elif mode == "cone-index":
+        git(repo, "sparse-checkout", "set", "--cone", "--sparse-index", "src", "docs/api")
+    else:
+        git(repo, "sparse-checkout", "set", "--no-cone", "/*.txt", "/src/", "!/src/lib/", "*.md")
+    write(repo / "src" / "app.py", "staged\n")
+    git(repo, "add", "src/app.py")
+    write(repo / "src" / "app.py", "staged, then unstaged\n")
+    write(repo / "top.txt", "unstaged\n")
+    write(repo / "src" / "new.py", "untracked inside\n")
+    write(repo / "assets" / "notes.txt", "untracked beside the left-out files\n")
+    return repo
+
+
+async def round_trip(tmp_path: Path, repo: Path) -> tuple[Path, RepositoryRecord, Path]:
+    seat = seat_dir_for(tmp_path)
+    await preflight_repository(repo)
+    record = await capture_repository(repo, seat)
+    check_repository("default", seat, record)
+    target = tmp_path / "elsewhere" / "restored"
+    await restore_repository(seat, record, target, stamp=STAMP)
+    return seat, record, target
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+async def test_a_shallow_clone_travels_shallow(tmp_path: Path, depth: int) -> None:
+    repo = shallow_clone(tmp_path, depth)
+    before = fingerprint(repo)
+    assert before["is-shallow"] == b"true"
+    assert len(git(repo, "log", "--format=%H").splitlines()) == depth
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.shallow is not msgspec.UNSET
+    assert (seat / record.shallow.file).read_bytes() == (repo / ".git" / "shallow").read_bytes()
+    assert record.since is None and record.precopy is None
+    assert fingerprint(target) == before
+    # The restored clone is whole within its boundary and never reaches past it.
+    git(target, "fsck", "--no-progress")
+    assert len(git(target, "log", "--format=%H").splitlines()) == depth
+    assert git(target, "stash", "show", "-p") == git(repo, "stash", "show", "-p")
+
+
+async def test_a_record_without_these_shapes_encodes_as_before(tmp_path: Path) -> None:
+    repo = small_history(tmp_path / "full")
+    record = await capture_repository(repo, seat_dir_for(tmp_path))
+    assert record.shallow is msgspec.UNSET and record.sparse is msgspec.UNSET
+    assert record.worktree_config is msgspec.UNSET
+    # A record without these shapes has the bytes it had before they travelled, so a record
+    # sealed then still verifies as it was signed.
+    for key in (b'"shallow"', b'"sparse"', b'"worktreeConfig"'):
+        assert key not in encode_json(record)
+    again = decode_json(encode_json(record), RepositoryRecord, what="record", cap=1 << 20)
+    assert encode_json(again) == encode_json(record)
+
+
+def forge(seat: Path, record: RepositoryRecord, name: str, data: bytes) -> RepositoryRecord:
+    """`name` in the seat directory replaced by `data`, and the record re-pointed at its new
+    digest: what a signer that seals any bytes could hand a destination."""
+    path = seat / name
+    os.chmod(path, 0o600)
+    path.write_bytes(data)
+    ref = {"file": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    doc = msgspec.json.decode(encode_json(record))
+    if name == doc.get("shallow", {}).get("file"):
+        doc["shallow"] = ref
+    else:
+        doc["sparse"]["skipWorktree"] = ref
+    return decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
+
+
+async def test_a_tampered_shallow_boundary_is_refused_at_admission(tmp_path: Path) -> None:
+    repo = shallow_clone(tmp_path, 1)
+    seat = seat_dir_for(tmp_path)
+    record = await capture_repository(repo, seat)
+    assert record.shallow is not msgspec.UNSET
+    name = record.shallow.file
+    honest = (seat / name).read_bytes()
+
+    # Bytes changed under the signed digest: integrity, naming the file.
+    os.chmod(seat / name, 0o600)
+    (seat / name).write_bytes((b"1" if honest[:1] == b"0" else b"0") + honest[1:])
+    with pytest.raises(Refusal) as exc:
+        verify_seat_files(seat, seat_checkpoint(record))
+    assert exc.value.code == "integrity" and name in exc.value.message
+
+    # Re-sealed: a boundary that names a commit the bundle does not carry, and one that is not
+    # a boundary at all. Admission refuses both by name; the restore too, writing nothing.
+    stranger = b"%s\n" % (b"1" * 40)
+    for forged, said in (
+        (honest + stranger, "names commits the bundle"),
+        (b"not a commit\n", "is not a commit id"),
+        (honest + honest, "twice"),
+    ):
+        bad = forge(seat, record, name, forged)
+        with pytest.raises(Refusal) as exc:
+            check_repository("default", seat, bad)
+        assert exc.value.code == "shallow-mismatch" and said in exc.value.message
+        assert name in exc.value.message
+        target = tmp_path / "dest" / "work"
+        with pytest.raises(Refusal) as exc:
+            await restore_repository(seat, bad, target, stamp=STAMP)
+        assert exc.value.code == "shallow-mismatch" and said in exc.value.message
+        assert not target.exists()
+        shutil.rmtree(target.with_name("work.incoming"))
+
+
+def test_the_shallow_field_is_strict() -> None:
+    sha = "0" * 64
+    base = {
+        "base": "1" * 40,
+        "untrackedSelection": "git ls-files --others --exclude-standard -z, excluding .cotal/",
+        "bundle": {"file": "repo.bundle", "bytes": 1, "sha256": sha},
+        "indexDiff": {"file": "index.diff", "bytes": 0, "sha256": sha},
+        "worktreeDiff": {"file": "worktree.diff", "bytes": 0, "sha256": sha},
+        "untracked": {"file": "untracked.tar", "bytes": 0, "sha256": sha},
+    }
+
+    def decode(**extra: object) -> RepositoryRecord:
+        doc = {**base, **extra}
+        return decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
+
+    assert decode().shallow is msgspec.UNSET
+    ok = {"file": "git-shallow", "bytes": 41, "sha256": sha}
+    assert encode_json(decode(shallow=ok).shallow) == encode_json(ok)
+    for bad, said in (
+        (None, "Expected `object`, got `null`"),
+        ({**ok, "file": "shallow"}, "must be stored as 'git-shallow'"),
+        ({**ok, "bytes": 0}, "a shallow list is 1 to"),
+        ({**ok, "bytes": 10**8}, "a shallow list is 1 to"),
+        ({**ok, "extra": 1}, "unknown field"),
+    ):
+        with pytest.raises(DecodeError) as exc:
+            decode(shallow=bad)
+        assert exc.value.code == "malformed" and said in exc.value.message
+    link = {
+        "attemptId": "a" * 26,
+        "checkpointSha256": sha,
+        "bundleSha256": None,
+        "prerequisites": [],
+    }
+    with pytest.raises(DecodeError) as exc:
+        decode(shallow=ok, since=link)
+    assert "a shallow record carries a full bundle" in exc.value.message
+
+
+@pytest.mark.parametrize("mode", ["cone", "cone-index", "no-cone"])
+async def test_a_sparse_checkout_travels_sparse(tmp_path: Path, mode: str) -> None:
+    repo = sparse_checkout(tmp_path / "work", mode)
+    before = fingerprint(repo)
+    assert isinstance(before["index"], bytes) and b"S " in before["index"]
+    assert not (repo / "assets" / "logo.txt").exists()
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.sparse is not msgspec.UNSET and record.worktree_config is not msgspec.UNSET
+    assert record.sparse.patterns is not None
+    after = fingerprint(target)
+    assert after == before
+    assert not (target / "assets" / "logo.txt").exists()
+    assert (target / "assets" / "notes.txt").read_text() == "untracked beside the left-out files\n"
+    # git goes on treating it as the same sparse checkout.
+    assert git(target, "sparse-checkout", "list") == git(repo, "sparse-checkout", "list")
+
+
+async def test_a_skip_worktree_file_present_anyway_is_refused(tmp_path: Path) -> None:
+    """Marked by hand on a present file, outside any sparse checkout (inside one, git itself
+    clears the bit of a file that is present)."""
+    repo = small_history(tmp_path / "work")
+    git(repo, "update-index", "--skip-worktree", "src/mod.py")
+    with pytest.raises(Refusal) as exc:
+        await preflight_repository(repo)
+    assert exc.value.code == "index-flags" and "src/mod.py" in exc.value.message
+    assert "present in the worktree" in exc.value.message
+    assert "--no-skip-worktree" in exc.value.cure
+    # Its file gone, the entry is what a sparse checkout has, and it travels.
+    (repo / "src" / "mod.py").unlink()
+    before = fingerprint(repo)
+    _, record, target = await round_trip(tmp_path, repo)
+    assert record.sparse is not msgspec.UNSET and record.sparse.patterns is None
+    assert fingerprint(target) == before
+
+
+async def test_a_tampered_sparse_list_is_refused_at_admission(tmp_path: Path) -> None:
+    repo = sparse_checkout(tmp_path / "work", "cone")
+    seat = seat_dir_for(tmp_path)
+    record = await capture_repository(repo, seat)
+    assert record.sparse is not msgspec.UNSET and record.sparse.skip_worktree is not None
+    name = record.sparse.skip_worktree.file
+    honest = (seat / name).read_bytes()
+    os.chmod(seat / name, 0o600)
+    (seat / name).write_bytes(honest.replace(b"assets/", b"assetz/", 1))
+    with pytest.raises(Refusal) as exc:
+        verify_seat_files(seat, seat_checkpoint(record))
+    assert exc.value.code == "integrity" and name in exc.value.message
+
+    for forged, said, where in (
+        (b"../escape\0", "'..' segment", "admission"),
+        (honest + honest, "twice", "admission"),
+        (honest[: honest.index(b"\0") + 1], "names 1 skip-worktree entries", "admission"),
+        (honest + b"nowhere/at-all.txt\0", "", "restore"),
+    ):
+        bad = forge(seat, record, name, forged)
+        if where == "restore":
+            # Re-sealed with the count that matches: admission cannot tell, the restore can.
+            doc = msgspec.json.decode(encode_json(bad))
+            doc["sparse"]["entries"] += 1
+            bad = decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
+        else:
+            with pytest.raises(Refusal) as exc:
+                check_repository("default", seat, bad)
+            assert exc.value.code == "sparse-mismatch" and said in exc.value.message
+            assert name in exc.value.message
+        target = tmp_path / "dest" / "work"
+        with pytest.raises(Refusal) as exc:
+            await restore_repository(seat, bad, target, stamp=STAMP)
+        assert exc.value.code == "sparse-mismatch", exc.value.text
+        assert not target.exists()
+        shutil.rmtree(target.with_name("work.incoming"))
