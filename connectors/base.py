@@ -16,6 +16,7 @@ the seat's files), `driverkit` (stdio driver plumbing), `doctorkit` (the doctor'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
+
+from protocol.move import harness_version_key
 
 if TYPE_CHECKING:
     # The doctor's report and pins live with its probes; only named here, in a signature.
@@ -211,6 +214,81 @@ class ByteSend(Protocol):
 
 class ByteReceive(Protocol):
     async def receive(self, max_bytes: int = 65536) -> bytes: ...
+
+
+# -- the harness versions a connector was measured against ---------------------------------------
+
+_NUMERIC = re.compile(r"\d+(?:\.\d+)*")
+
+
+def _numeric(key: str) -> tuple[int, ...] | None:
+    return tuple(int(p) for p in key.split(".")) if _NUMERIC.fullmatch(key) else None
+
+
+@dataclass(frozen=True)
+class MeasuredVersions:
+    """The versions of a harness whose session format its connector was measured against: each
+    exact version, and each inclusive range `LOW..HIGH` of plain dotted numbers (a pre-release
+    such as `0.74.0-rc1` is admitted only by name)."""
+
+    exact: frozenset[str] = frozenset()
+    ranges: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    spelled: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, declared: Sequence[str]) -> MeasuredVersions:
+        exact: set[str] = set()
+        ranges: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        for item in declared:
+            low, sep, high = item.partition("..")
+            if sep:
+                lo, hi = _numeric(low.strip()), _numeric(high.strip())
+                if lo is None or hi is None or lo > hi:
+                    raise ValueError(f"session version range {item!r} is not LOW..HIGH")
+                ranges.append((lo, hi))
+            else:
+                exact.add(harness_version_key(item))
+        return cls(frozenset(exact), tuple(ranges), tuple(dict.fromkeys(declared)))
+
+    def admits(self, version: str) -> bool:
+        key = harness_version_key(version)
+        if key in self.exact:
+            return True
+        number = _numeric(key)
+        return number is not None and any(lo <= number <= hi for lo, hi in self.ranges)
+
+    def __str__(self) -> str:
+        return ", ".join(self.spelled)
+
+
+def measured_versions(connector: object, pins: Pins) -> MeasuredVersions | None:
+    """The harness versions `connector` declares it was measured against: a built-in harness's
+    own version (`builtin_version`), else its pinned version in `harnesses.json` (the pin of its
+    own name) and any version or range its `session_versions` class attribute adds. None when it
+    declares none (no pin, no list: jcode, whose session never travels); a destination then
+    compares the two hosts' versions with each other, as a move's probe always did."""
+    builtin = getattr(connector, "builtin_version", None)
+    if builtin is not None:
+        return MeasuredVersions.of([builtin()])
+    declared: list[str] = []
+    pin = pins.found.get(getattr(connector, "name", ""))
+    if pin is not None:
+        declared.append(pin.version)
+    declared.extend(getattr(connector, "session_versions", ()))
+    return MeasuredVersions.of(declared) if declared else None
+
+
+def harness_check(connector: object, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
+    """The harness as the cut records it and a destination compares it: a built-in one is this
+    very cotal, at the version cotal declares for it (`builtin_version`), with nothing to run;
+    any other is what its connector's `doctor` finds."""
+    from connectors.doctorkit import HarnessCheck
+
+    builtin = getattr(connector, "builtin_version", None)
+    if builtin is not None:
+        return HarnessCheck(installed=True, path="built-in", version=builtin(), usable=True)
+    check: HarnessCheck = connector.doctor(config, pins)  # type: ignore[attr-defined]
+    return check
 
 
 class Connector(Protocol):

@@ -282,6 +282,9 @@ class ClaudeCodeConnector:
         supports_prompt=True,
     )
     config_type = ClaudeConfig
+    # The session-format versions measured besides the pin in harnesses.json: none yet. A
+    # destination resumes a Claude Code session only at these.
+    session_versions: tuple[str, ...] = ()
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         refuse_resume_with_continuation(NAME, opts)

@@ -236,6 +236,9 @@ class CodexConnector:
     # `plugins.sync.lock`. Codex makes both again at every start; no thread state lives there.
     store_scratch = ("tmp", ".tmp")
     config_type = CodexConfig
+    # The session-format versions measured besides the pin in harnesses.json: none yet. A
+    # destination resumes a Codex thread only at these.
+    session_versions: tuple[str, ...] = ()
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         if opts.resume:

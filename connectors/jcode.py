@@ -137,6 +137,9 @@ class JcodeConnector:
     # A launch prompt is supported (delivered by the driver as the seat's first turn).
     capabilities = Capabilities(supports_prompt=True)
     config_type = JcodeConfig
+    # Not pinned, and drain-only: no session travels, so no version is declared; a destination
+    # compares its jcode's version with the one the seat ran, as a move's probe does.
+    session_versions: tuple[str, ...] = ()
 
     def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
         """jcode is not pinned: its program is `agents.jcode.binary` or `jcode` on PATH."""

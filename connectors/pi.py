@@ -239,6 +239,9 @@ class PiConnector:
         supports_prompt=True,
     )
     config_type = PiConfig
+    # The session-format versions measured besides the pin in harnesses.json (0.73.1, whose
+    # session file is version 3): none yet. A destination resumes a pi session only at these.
+    session_versions: tuple[str, ...] = ()
 
     def doctor(self, config: Mapping[str, Any], pins: Pins) -> HarnessCheck:
         check = HarnessCheck()

@@ -141,6 +141,12 @@ DECLARED_IGNORED = "; plus declared ignored: "
 _CARRY_GLOB_OK = re.compile(r"[^\x00-\x1f\x7f\\:,\[\]!{}]+")
 
 ContinuityClass = Literal["exact", "fork", "fresh", "drain-only"]
+# The seat's harness at the cut: its connector's name, and the version that connector's check
+# reported (printable ASCII, no space at either end, at most 128 characters).
+HARNESS_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+HARNESS_VERSION_PATTERN = r"^[\x21-\x7e](?:[\x20-\x7e]{0,126}[\x21-\x7e])?$"
+HarnessName = Annotated[str, msgspec.Meta(pattern=HARNESS_NAME_PATTERN, max_length=64)]
+HarnessVersion = Annotated[str, msgspec.Meta(pattern=HARNESS_VERSION_PATTERN, max_length=128)]
 Anchor = Literal["cwd", "workspace-root", "home"]
 
 FILE_NAME_RE = FILE_NAME.regex
@@ -1084,9 +1090,17 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
     space_state: SpaceRecord | None = None
     signer: Signer | None = None
     signature: str = ""
+    # The seat's harness (its connector) and the version that connector's check reported at the
+    # cut, which a destination compares with the versions its connector was measured against.
+    # `UNSET`, and so absent from the encoding, in a record sealed before they travelled (which
+    # encodes, and so verifies, exactly as it was signed), and the version where the check
+    # could not tell it.
+    harness: HarnessName | msgspec.UnsetType = msgspec.UNSET
+    harness_version: HarnessVersion | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         _check_instant("capturedAt", self.captured_at)
+        self._check_harness()
         if self.space_state is not None:
             self._check_space_state(self.space_state)
         if self.workspace_root is not None and not (
@@ -1104,6 +1118,18 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
         if dupes:
             raise ValueError(
                 f"captured file names must be distinct; {', '.join(dupes)} appear twice"
+            )
+
+    def _check_harness(self) -> None:
+        if self.harness is msgspec.UNSET:
+            if self.harness_version is not msgspec.UNSET:
+                raise ValueError("harnessVersion names the version of no harness")
+            return
+        launch = self.entry.get("launch")
+        connector = launch.get("connector") if isinstance(launch, dict) else None
+        if connector != self.harness:
+            raise ValueError(
+                f"harness {self.harness!r} is not the connector {connector!r} the entry launches"
             )
 
     def _check_space_state(self, state: SpaceRecord) -> None:

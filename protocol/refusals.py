@@ -651,11 +651,11 @@ class Code(StrEnum):
     )
     HARNESS_VERSION = (
         "harness-version",
-        "the destination of a move has the seat's harness at another version than the one the "
-        "seat runs at the source; a session is resumed only by the version it was measured "
-        "with",
-        "install the source's version at the destination (`cotal tools install`, or "
-        "`agents.NAME.binary` in its cotal.toml), or move to a manager that has it",
+        "the destination of a move or a restore has the seat's harness at a version its "
+        "connector was not measured against, or the seat ran one at the source (as its "
+        "checkpoint records it); a session is resumed only by a version it was measured with",
+        "install the measured version at the destination (`cotal tools install`, or "
+        "`agents.NAME.binary` in its cotal.toml), or move or resume the seat where it is",
     )
     HISTORY_NOT_ALLOWED = (
         "history-not-allowed",

@@ -8,6 +8,7 @@ host resolves it against its own root.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import deque
 from collections.abc import Mapping
@@ -162,6 +163,12 @@ class ScribeConnector:
 
     config_type = ScribeConfig
 
+    @staticmethod
+    def builtin_version() -> str:
+        """Built in: the version cotal itself declares for scribe (its own), which is also the
+        one session format it was measured against (`connectors.base.measured_versions`)."""
+        return _cotal_version()
+
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
         refuse_resume_with_continuation(self.name, opts)
         check_prompt(self.name, opts.prompt)
@@ -202,7 +209,7 @@ class ScribeConnector:
         as a launch runs it, so the probe finds cotal where a seat will."""
         decode_config(self.name, config, ScribeConfig)
         program = own_python("connectors.scribe")
-        check = HarnessCheck(installed=True, path=" ".join(program), version=_cotal_version())
+        check = HarnessCheck(installed=True, path=" ".join(program), version=self.builtin_version())
         check.usable, detail = probe([*program, "--help"], {"PATH": os.environ.get("PATH", "")})
         if not check.usable:
             check.missing.append(
@@ -211,6 +218,7 @@ class ScribeConnector:
         return check
 
 
+@functools.cache
 def _cotal_version() -> str:
     try:
         from importlib.metadata import version

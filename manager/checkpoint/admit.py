@@ -40,7 +40,16 @@ from typing import Any
 
 import msgspec
 
-from connectors.base import ContinuityClass, Relocation, SessionMove, relocate_session
+from connectors.base import (
+    ContinuityClass,
+    MeasuredVersions,
+    Relocation,
+    SessionMove,
+    harness_check,
+    measured_versions,
+    relocate_session,
+)
+from connectors.doctorkit import HarnessCheck, Pins
 from connectors.privatefs import (
     DIR_MODE,
     UnsafeFile,
@@ -93,6 +102,7 @@ from protocol.errors import Refusal
 from protocol.instant import parse_instant
 from protocol.inventory import INVENTORY_CAP, Agent, Inventory, parse_resume_args
 from protocol.maintenance import Consent
+from protocol.move import harness_version_key
 from protocol.refusals import Code
 
 CLOCK_SKEW_MS = 60_000
@@ -924,6 +934,113 @@ def identity(
             for name, reloc in relocations.items()
         },
     )
+
+
+def harness_refusal(
+    seat: str,
+    agent: str,
+    recorded: str | None,
+    check: HarnessCheck,
+    measured: MeasuredVersions | None,
+    *,
+    where: str,
+    ran: str,
+    elsewhere: str,
+    tail: str,
+) -> Refusal | None:
+    """Whether `where` may run seat `seat` of `agent`, whose harness ran version `recorded` at
+    the source, with its harness as `check` found it there: the one decision a move's probe
+    (`manager/daemon/movecheck.py`) and a restore's admission (`harnesses`) make, in the same
+    words. `agent-unavailable` when the program is missing or does not run; `harness-version`
+    when the recorded version or the installed one is not one `measured` (the versions the
+    connector here was measured against) admits, or, for a connector that declares none, when
+    the two differ. Nothing to compare when either side cannot tell its version."""
+    broken = [m for m in check.missing if m.kind == "program"]
+    if broken or not check.installed or not check.usable:
+        said = "; ".join(f"{m.problem} ({m.cure})" for m in broken) or "it does not run"
+        return Refusal(
+            Code.AGENT_UNAVAILABLE,
+            f"seat {seat}: {where} cannot run {agent}: {said}",
+            f"install it there (`cotal tools install`; `cotal doctor` shows what is missing), "
+            f"or {elsewhere}{tail}",
+        )
+    installed = check.version
+    if recorded is None or installed is None:
+        return None
+    found = (
+        f"seat {seat}: {where} has {agent} {installed} ({check.path}), the seat {ran} {recorded}"
+    )
+    found += " at the source"
+    if measured is None:
+        if harness_version_key(recorded) == harness_version_key(installed):
+            return None
+        return Refusal(
+            Code.HARNESS_VERSION,
+            found,
+            f"install {agent} {recorded} at the destination (`cotal tools install`, or "
+            f"agents.{agent}.binary in its cotal.toml), or {elsewhere}{tail}",
+        )
+    if not measured.admits(recorded):
+        return Refusal(
+            Code.HARNESS_VERSION,
+            f"{found}, and this build's {agent} connector resumes sessions of {agent} "
+            f"{measured} only",
+            f"install at the destination a cotal whose {agent} connector was measured against "
+            f"{recorded}, then its harness (`cotal tools install`), or run the seat under "
+            f"{agent} {measured} at the source and cut it again{tail}",
+        )
+    if not measured.admits(installed):
+        return Refusal(
+            Code.HARNESS_VERSION,
+            f"{found}; this build's {agent} connector resumes sessions of {agent} {measured} only",
+            f"install {agent} {recorded} at the destination (`cotal tools install`, or "
+            f"agents.{agent}.binary in its cotal.toml), or {elsewhere}{tail}",
+        )
+    return None
+
+
+def harnesses(
+    adm: Admission,
+    settings_for: Mapping[str, Mapping[str, Any]],
+    *,
+    checks: Mapping[str, HarnessCheck] | None = None,
+) -> None:
+    """The harness gate, with identity's: each seat whose checkpoint records its harness's
+    version is admitted only when the version it ran and the one installed here (as its
+    connector's check finds it, once per agent, or as `checks` gives it) are both versions this
+    host's connector was measured against (`harness_refusal`, the probe's own decision). A
+    checkpoint sealed before the version travelled is admitted as before. Blocking (a
+    `--version` run of each harness): call it off the event loop."""
+    pins = Pins.load()
+    found: dict[str, HarnessCheck] = dict(checks or {})
+    for name, record in adm.records.items():
+        if record.harness_version is msgspec.UNSET:
+            continue
+        agent = adm.agent(name).launch.connector
+        connector = registry.load_connector(agent)
+        if agent not in found:
+            try:
+                found[agent] = harness_check(connector, settings_for.get(agent, {}), pins)
+            except Refusal as exc:
+                raise _refuse(
+                    "identity",
+                    exc.code,
+                    f"this host's settings for {agent}: {exc.message}",
+                    f"{exc.cure}; nothing was claimed",
+                ) from None
+        refusal = harness_refusal(
+            name,
+            agent,
+            record.harness_version,
+            found[agent],
+            measured_versions(connector, pins),
+            where="this host",
+            ran="ran",
+            elsewhere="resume it on a host that has it",
+            tail="; nothing was claimed",
+        )
+        if refusal is not None:
+            raise _refuse("identity", refusal.code, refusal.message, refusal.cure)
 
 
 def _seat_relocation(

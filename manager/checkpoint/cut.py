@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +23,8 @@ import anyio
 import msgspec
 import structlog
 
-from connectors.base import ContinuityClass, StoreDecl, store_scratch
+from connectors.base import ContinuityClass, StoreDecl, harness_check, store_scratch
+from connectors.doctorkit import Pins
 from connectors.privatefs import DIR_MODE, ensure_private_dir
 from manager import registry
 from manager.checkpoint import chain
@@ -37,6 +40,8 @@ from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
 from protocol.checkpoint import (
     DEAD_LETTER_FILE,
+    HARNESS_NAME_PATTERN,
+    HARNESS_VERSION_PATTERN,
     INBOX_FILE,
     MANIFEST_FORMAT,
     RESUME_FILE,
@@ -65,6 +70,7 @@ from protocol.deadletter import decode_dead_letters
 from protocol.errors import Refusal
 from protocol.instant import file_stamp, format_instant
 from protocol.inventory import Agent
+from protocol.move import harness_version_key
 from protocol.refusals import Code
 from protocol.sentledger import decode_sent, encode_sent
 
@@ -237,6 +243,53 @@ def _write_space(seat_dir: Path, name: str, export: SpaceExport) -> SpaceRecord:
     return record
 
 
+# Each agent's harness version, asked once per attempt however many of its seats the cut takes
+# (their captures run side by side, each in a worker thread of its own).
+_versions: dict[tuple[str, str], str | None] = {}
+_versions_lock = threading.Lock()
+_asking: dict[tuple[str, str], threading.Lock] = {}
+
+
+def _fit_version(text: str | None) -> str | None:
+    """The version as the record holds it: the check's text, or the version number it names
+    when the text does not fit the record's pattern; None when neither does."""
+    if not text:
+        return None
+    for candidate in (text.strip(), harness_version_key(text)):
+        if re.fullmatch(HARNESS_VERSION_PATTERN, candidate) and len(candidate) <= 128:
+            return candidate
+    return None
+
+
+def harness_version_at_cut(root: Path, attempt: Path, connector: str) -> str | None:
+    """The version of `connector`'s harness as its check reports it now (`harness_check`: a
+    built-in harness's own version, else its `doctor`'s, with this root's settings), or None
+    when it cannot tell. Blocking (a `--version` run): called in a worker thread."""
+    key = (str(attempt), connector)
+    with _versions_lock:
+        if key in _versions:
+            return _versions[key]
+        if len(_versions) > 256:
+            _versions.clear()
+            _asking.clear()
+        asking = _asking.setdefault(key, threading.Lock())
+    with asking:
+        with _versions_lock:
+            if key in _versions:
+                return _versions[key]
+        try:
+            settings = registry.agent_settings(registry.load_config(root), connector)
+            check = harness_check(registry.load_connector(connector), settings, Pins.load())
+            found = _fit_version(check.version)
+        except Exception as exc:
+            # The version is a fact the record may leave out, never a reason to fail the cut.
+            log.warning("cut.harness_version_unknown", connector=connector, error=str(exc))
+            found = None
+        with _versions_lock:
+            _versions[key] = found
+        return found
+
+
 @dataclass
 class SeatSummary:
     name: str
@@ -362,7 +415,10 @@ def _seat_record(
     space_state: SpaceRecord | None,
     horizon_ms: int,
     custody_revision: int | None,
+    harness_version: str | None,
 ) -> SeatCheckpoint:
+    connector = agent.launch.connector
+    named = re.fullmatch(HARNESS_NAME_PATTERN, connector) is not None
     return SeatCheckpoint(
         format=SEAT_CHECKPOINT_FORMAT,
         entry=msgspec.to_builtins(agent),
@@ -378,6 +434,10 @@ def _seat_record(
         workspace_root=str(layout.root),
         custody_revision=custody_revision,
         space_state=space_state,
+        harness=connector if named else msgspec.UNSET,
+        harness_version=(
+            harness_version if named and harness_version is not None else msgspec.UNSET
+        ),
     )
 
 
@@ -453,9 +513,30 @@ async def capture_seat(
     # can wait on the file system's journal for as long as another seat's fsync takes, and
     # every seat's capture shares the manager's event loop (docs/design.md decision 24).
     seat_dir = await anyio.to_thread.run_sync(create_seat_dir, attempt, agent.name)
-    repository = await _capture_history(
-        layout, cwd, seat_dir, link, shipped, progress=progress, include=include
-    )
+    # The harness's version is asked beside the repository's capture (a `--version` run of its
+    # program, once per agent of the attempt; none for built-in scribe), so the seat's downtime
+    # grows only by what that run takes beyond the capture.
+    version: list[str | None] = []
+    failed: list[Exception] = []
+
+    async def ask_version() -> None:
+        version.append(
+            await anyio.to_thread.run_sync(
+                harness_version_at_cut, layout.root, attempt, agent.launch.connector
+            )
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask_version)
+        try:
+            repository = await _capture_history(
+                layout, cwd, seat_dir, link, shipped, progress=progress, include=include
+            )
+        except Exception as exc:
+            # Raised as it is once the version's worker is done, not inside a group.
+            failed.append(exc)
+    if failed:
+        raise failed[0]
     t_repo = time.monotonic()
     pointer, store, space_state = await anyio.to_thread.run_sync(
         _capture_session, layout, agent, seat_dir, pointer_path, extra_stores, space_export
@@ -464,7 +545,15 @@ async def capture_seat(
     continuity = continuity_capped(declared, pointer is not None, len(store), supports_fresh_start)
     session = _session_record(agent, continuity, pointer, store)
     record = _seat_record(
-        layout, agent, space, repository, session, space_state, horizon_ms, custody_revision
+        layout,
+        agent,
+        space,
+        repository,
+        session,
+        space_state,
+        horizon_ms,
+        custody_revision,
+        version[0],
     )
     ref = await anyio.to_thread.run_sync(
         seal_seat, seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id

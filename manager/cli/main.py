@@ -13,6 +13,7 @@ from typing import NoReturn
 from manager.cli import (
     checkpoint_cmd,
     drain,
+    events,
     health,
     inbox,
     metrics,
@@ -69,6 +70,7 @@ COMMAND_MODULES = (
     health,
     metrics,
     logs_cmd,
+    events,
     tools_cmd,
     checkpoint_cmd,
     trust,

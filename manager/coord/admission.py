@@ -499,10 +499,10 @@ async def admit_at_broker(
     monitors: list[str],
     embedded_broker: bool,
 ) -> AtBroker:
-    """Gates 2 and 3, with the roster read and any eviction evidence they need: the `--monitor`
-    endpoints, and the embedded broker's own answer over this connection (it has no HTTP
-    monitor for seats to read). `cotal.toml` is read once, here, and what the gates read is
-    what the rest of the resume uses."""
+    """Gates 2 (with the harness versions, `admit.harnesses`) and 3, with the roster read and
+    any eviction evidence they need: the `--monitor` endpoints, and the embedded broker's own
+    answer over this connection (it has no HTTP monitor for seats to read). `cotal.toml` is
+    read once, here, and what the gates read is what the rest of the resume uses."""
     space = req.space
     config = registry.load_config(layout.root)
     js = await conn.jetstream()
@@ -532,6 +532,10 @@ async def admit_at_broker(
         home=Path(os.path.expanduser("~")),
         maps=relocate.parse_maps(list(req.map)),
     )
+    # With identity's, before anything is claimed: the harness each seat ran at the cut and
+    # the one installed here, against what this host's connector was measured with (the move
+    # probe's own decision). A `--version` run of each agent's program: off the event loop.
+    await anyio.to_thread.run_sync(admit.harnesses, adm, agent_settings(config))
     consents, note = recency_gate(adm, config.recency, accept_stale=req.accept_stale_checkpoint)
     return AtBroker(evidence, consents, note, config)
 

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import msgspec
 
+from connectors.base import harness_check
 from connectors.doctorkit import Pins
 from manager import registry
 from manager.checkpoint.gitstate import EXCLUDE_CONTROL, EXCLUDE_STAGING, run_git
@@ -96,14 +97,15 @@ def _record(layout: Layout, name: str, uid: str) -> SeatRecord | None:
 
 
 def _harness_versions(config: FileConfig, agents: Iterable[str]) -> dict[str, str]:
-    """Each agent's harness version as `cotal doctor` reads it here; an agent whose check
-    cannot tell is left out, and the destination then compares no version for it."""
+    """Each agent's harness version as the cut will record it (`harness_check`: `cotal
+    doctor`'s reading, or a built-in harness's own version); an agent whose check cannot tell
+    is left out, and the destination then compares no version for it."""
     pins = Pins.load()
     versions: dict[str, str] = {}
     for agent in sorted(agents):
         try:
-            check = registry.load_connector(agent).doctor(
-                registry.agent_settings(config, agent), pins
+            check = harness_check(
+                registry.load_connector(agent), registry.agent_settings(config, agent), pins
             )
         except Refusal:
             continue

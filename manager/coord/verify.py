@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import anyio
 from msgspec import UNSET
 
 from manager import registry
@@ -69,6 +70,8 @@ async def verify(req: VerifyRequest, root: Path) -> VerifyResult:
         home=Path(os.path.expanduser("~")),
         maps=relocate.parse_maps(list(req.map)),
     )
+    # The same harness check a restore makes before its claim (a `--version` run per agent).
+    await anyio.to_thread.run_sync(admit.harnesses, adm, agent_settings(config))
     consents, note = recency_gate(adm, config.recency, accept_stale=req.accept_stale_checkpoint)
     recency = "pass" if not consents else "stale, accepted by --accept-stale-checkpoint"
     return VerifyResult(

@@ -29,8 +29,10 @@ from nats.js.kv import KeyValue
 
 from manager import registry
 from manager.broker import channels, deadletter, footprint, sent
+from manager.broker import events as broker_events
 from manager.daemon import handlers, seatfile
 from manager.daemon.delivery import DeliveryGate, Waiter
+from manager.daemon.events import Events
 from manager.daemon.incarnation import Incarnations
 from manager.daemon.metrics import Metrics
 from manager.daemon.mover import Mover
@@ -45,11 +47,24 @@ from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
 from protocol import names
 from protocol.errors import Refusal
+from protocol.events import EventDetail, EventType
 from protocol.instant import now_iso
+from protocol.lifecycle import SeatState
 from protocol.maintenance import Maintenance
 from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.manager")
+
+# The states a seat's move into is an event of its own (`cotal events`).
+SEAT_EVENTS: dict[str, EventType] = {
+    "running": "seat.started",
+    "exited": "seat.exited",
+    "restarting": "seat.restarted",
+    "stopped": "seat.stopped",
+    "failed": "seat.failed",
+    "retired": "seat.retired",
+    "evicted": "seat.evicted",
+}
 
 
 class Manager:
@@ -93,6 +108,8 @@ class Manager:
         self.started_at = now_iso()
         # This manager's Prometheus registry (`cotal metrics`, `[metrics] listen`).
         self.metrics = Metrics(self)
+        # Its lifecycle events, published on the broker by a task of its group (`cotal events`).
+        self.events = Events(self, identity.instance_id)
         self.delivery_gate = DeliveryGate()
         self.survivor_scan = SurvivorScan()
         self.incarnations = Incarnations(self)
@@ -102,7 +119,7 @@ class Manager:
         self.resumption = Resumption(self)
         self.readoption = Readoption(self)
         # Refused here, before anything is served, when an op in OPS has no handler.
-        self.handle = handlers.serving(handlers.build(self))
+        self.handle = handlers.serving(handlers.build(self), self._refused)
 
     # -- the narrow view the cut and the resume get (SeatOwner) -----------------------------------
 
@@ -131,11 +148,31 @@ class Manager:
                 f"pick another name or `cotal rm {seat.name}` first",
             )
         self.seats[seat.name] = seat
+        seat.observer = self._seat_moved
+        self.events.emit("seat.spawned", seat.name, seat.uid)
+
+    def _seat_moved(self, seat: Seat, state: SeatState) -> None:
+        event = SEAT_EVENTS.get(state)
+        if event is not None:
+            self.events.emit(event, seat.name, seat.uid)
+
+    def _refused(self, op: str, args: object, exc: Refusal) -> None:
+        # The seat an op named, when it is one of the table's (a name refused as unknown is
+        # not repeated into the event).
+        name = getattr(args, "name", None)
+        seat = self.seats.get(name) if isinstance(name, str) else None
+        self.events.emit(
+            "refusal",
+            seat.name if seat is not None else None,
+            seat.uid if seat is not None else None,
+            EventDetail(op=op, code=exc.code),
+        )
 
     def remove(self, seat: Seat) -> None:
         if self.seats.get(seat.name) is seat:
             del self.seats[seat.name]
             seatfile.delete(self.layout, seat)
+            self.events.emit("seat.removed", seat.name, seat.uid)
 
     def hand_over(self, seat: Seat) -> None:
         seatfile.delete(self.layout, seat)
@@ -245,6 +282,7 @@ class Manager:
             self.js, self.space, replicas=r, horizon_s=self.config.recency.horizon_s
         )
         await deadletter.ensure_dead_stream(self.js, self.space, replicas=r)
+        await broker_events.ensure_events_stream(self.js, self.space, replicas=r)
         await channels.ensure_chan_stream(
             self.js,
             self.space,
@@ -268,12 +306,20 @@ class Manager:
             self.js, names.custody_bucket(self.space), ttl=None, replicas=r
         )
         ensure_private_dir(self.layout.sessions)
+        try:
+            await self._serve(leases, task_status)
+        finally:
+            # The last events (the seats' stops) reach the broker before the connection goes.
+            await self.events.flush()
+
+    async def _serve(self, leases: KeyValue, task_status: TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             self.tg = tg
             tg.start_soon(self.watchers.lease_loop, leases)
             tg.start_soon(self.watchers.custody_watch)
             tg.start_soon(self.mover.serve)
             tg.start_soon(self.metrics.watch_loop_lag)
+            tg.start_soon(self.events.publish_loop)
             if self.config.metrics.listen is not None:
                 host, port = registry.parse_listen(self.config.metrics.listen)
                 await tg.start(self.metrics.serve_http, host, port)

@@ -74,6 +74,7 @@ from manager.broker import deadletter
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
+from manager.daemon.events import Events
 from manager.daemon.metrics import Metrics, TurnEnd
 from manager.daemon.process import SeatHandle
 from manager.registry import DeliveryConfig
@@ -81,6 +82,7 @@ from protocol import deadletter as dlp
 from protocol import meshcall, names
 from protocol.deadletter import DEFAULT_MAX_DELIVERIES, DeadLetterMeta, prior_deliveries
 from protocol.errors import DecodeError, Refusal
+from protocol.events import EventDetail
 from protocol.instant import now_iso
 from protocol.messages import DirectMessage, decode_dm
 
@@ -282,6 +284,7 @@ class DeliveryBridge:
         dead_counts: dict[str, int] | None = None,
         channels: tuple[str, ...] = (),
         metrics: Metrics | None = None,
+        events: Events | None = None,
     ) -> None:
         self.js = js
         self.space = space
@@ -308,6 +311,8 @@ class DeliveryBridge:
         # The manager's registry: deliveries, turns and dead letters are counted where they
         # happen (manager/daemon/metrics.py).
         self.metrics = metrics
+        # The manager's lifecycle events (`cotal events`): a turn's start and end, a dead letter.
+        self.events = events
         # The channel the message being delivered came from (None: the inbox).
         self._source: str | None = None
         self.turn: Turn | None = None
@@ -507,15 +512,23 @@ class DeliveryBridge:
         else:
             text = dm.text
         began = anyio.current_time()
+        if self.events is not None:
+            self.events.emit("turn.started", self.seat, self.uid)
         try:
             outcome = await self._run_turn(msg, dm.id, text, total)
         finally:
             # The seat may be stopping while the turn ends: settle in every case, shielded,
             # or a finished turn is neither acked nor released and waits out ack_wait.
             with anyio.CancelScope(shield=True):
+                took = anyio.current_time() - began
                 if self.metrics is not None:
-                    self.metrics.turn_ended(
-                        self.seat, _turn_end(outcome), anyio.current_time() - began
+                    self.metrics.turn_ended(self.seat, _turn_end(outcome), took)
+                if self.events is not None:
+                    self.events.emit(
+                        "turn.ended",
+                        self.seat,
+                        self.uid,
+                        EventDetail(duration_s=round(took, 3), outcome=_turn_end(outcome)),
                     )
                 if outcome is not None and outcome.status == "ok":
                     if await self._settle(msg, dm, outcome) and waiter is not None:
@@ -668,6 +681,8 @@ class DeliveryBridge:
             self.dead_counts[self.uid] = self.dead_counts.get(self.uid, 0) + 1
             if self.metrics is not None:
                 self.metrics.dead_lettered(self.seat)
+            if self.events is not None:
+                self.events.emit("deadletter.added", self.seat, self.uid)
             log.error(
                 "delivery.dead_lettered",
                 seat=self.seat,

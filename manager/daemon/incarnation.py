@@ -30,6 +30,7 @@ from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import teardown, watchers
 from manager.daemon.delivery import Backoff, DeliveryBridge, DeliveryGate, SeatGate, Waiter
+from manager.daemon.events import Events
 from manager.daemon.meshsend import MeshOwner, MeshSends
 from manager.daemon.meshsocket import MeshSocket
 from manager.daemon.metrics import Metrics
@@ -49,6 +50,7 @@ from manager.workspace.layout import Layout
 from manager.workspace.private import ensure_private_dir
 from protocol import names
 from protocol.errors import DecodeError, Refusal
+from protocol.events import EventDetail
 from protocol.lifecycle import exit_text
 from protocol.refusals import Code
 from protocol.session import SessionPointer
@@ -98,6 +100,9 @@ class IncarnationOwner(teardown.TeardownOwner, MeshOwner, Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def events(self) -> Events: ...
 
     @property
     def watchers(self) -> Watchers: ...
@@ -169,6 +174,12 @@ class Incarnations:
             )
             await seat.fence.establish()
             await seat.fence.establish_posts()
+            mgr.events.emit(
+                "custody.claimed",
+                seat.name,
+                seat.uid,
+                EventDetail(generation=seat.generation_at_broker),
+            )
         await self.start(seat, self.opts(seat, continue_session=continue_session, resume=resume))
 
     async def start(self, seat: Seat, opts: LaunchOpts) -> None:
@@ -356,6 +367,7 @@ class Incarnations:
             dead_counts=mgr.dead_counts,
             channels=seat.subscribe,
             metrics=mgr.metrics,
+            events=mgr.events,
         )
         incarnation.bridge = bridge
         await tg.start(bridge.run)

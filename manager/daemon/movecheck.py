@@ -6,10 +6,12 @@ runs and how many bytes it will ship (`protocol/move.py`'s `ProbedSeat`). This m
 with the checks its own restore coordinator makes later, against the same `cotal.toml`: the
 agent is one this build knows and can import (`unknown-agent`, `agent-unavailable`), the
 profile digest its identity gate will compute is the one the source records (`profile-drift`),
-the harness's own `doctor` finds it installed and runnable here at the version the seat runs
-(`agent-unavailable`, `harness-version`), and the root's disk holds what the pre-copy and the
-checkpoint will write (`no-space`). Every refusal names the destination and says nothing was
-fenced; the source's `cotal move` prints it whole.
+the harness's own `doctor` finds it installed and runnable here, at a version this host's
+connector was measured against, as is the one the seat runs (`agent-unavailable`,
+`harness-version`; the restore's admission decides the same way, `admit.harness_refusal`),
+and the root's disk holds what the pre-copy and the checkpoint will write (`no-space`). Every
+refusal names the destination and says nothing was fenced; the source's `cotal move` prints it
+whole.
 
 What the probe cannot foresee stays the admission's: a `cotal.toml` edited, a harness removed
 or the disk filled between the probe and the offer is refused there, and the source takes the
@@ -24,11 +26,13 @@ from pathlib import Path
 
 import anyio
 
+from connectors.base import harness_check, measured_versions
 from connectors.doctorkit import HarnessCheck, Pins
 from manager import registry
+from manager.checkpoint import admit
 from manager.registry import FileConfig
 from protocol.errors import Refusal
-from protocol.move import ProbedSeat, harness_version_key
+from protocol.move import ProbedSeat
 from protocol.refusals import Code
 
 # What a seat's shipped bytes cost this root: the pre-copied bundle and the seed indexed from
@@ -98,20 +102,34 @@ def _check_disk(root: Path, instance: str, needs: Sequence[ProbedSeat]) -> None:
 
 
 def _check_harnesses(config: FileConfig, instance: str, needs: Sequence[ProbedSeat]) -> None:
-    """Each agent's harness as `cotal doctor` finds it here, once per agent (a `--version` run
-    of its program; off the event loop)."""
+    """Each agent's harness as its connector's check finds it here (`harness_check`: a
+    `--version` run of its program, once per agent; off the event loop), judged by the restore
+    admission's own decision (`admit.harness_refusal`) against the versions this host's
+    connector was measured with."""
     pins = Pins.load()
     checked: dict[str, HarnessCheck] = {}
     for need in needs:
         if need.agent not in checked:
             checked[need.agent] = _doctor(config, instance, need.agent, pins)
-        _check_harness(instance, need, checked[need.agent])
+        refusal = admit.harness_refusal(
+            need.name,
+            need.agent,
+            need.harness_version,
+            checked[need.agent],
+            measured_versions(registry.load_connector(need.agent), pins),
+            where=f"destination {instance}",
+            ran="runs",
+            elsewhere="move to a manager that has it",
+            tail=f"; {UNFENCED}",
+        )
+        if refusal is not None:
+            raise refusal
 
 
 def _doctor(config: FileConfig, instance: str, agent: str, pins: Pins) -> HarnessCheck:
     connector = registry.load_connector(agent)
     try:
-        return connector.doctor(registry.agent_settings(config, agent), pins)
+        return harness_check(connector, registry.agent_settings(config, agent), pins)
     except Refusal as exc:
         # A setting the connector cannot take: its launch would refuse it the same way.
         raise Refusal(
@@ -119,30 +137,3 @@ def _doctor(config: FileConfig, instance: str, agent: str, pins: Pins) -> Harnes
             f"destination {instance}'s settings for {agent}: {exc.message}",
             f"{exc.cure}; {UNFENCED}",
         ) from None
-
-
-def _check_harness(instance: str, need: ProbedSeat, check: HarnessCheck) -> None:
-    # Only a program that cannot run refuses: a missing endpoint or key (`config` problems)
-    # may be supplied by the daemon's own environment, which a doctor run does not see whole.
-    broken = [m for m in check.missing if m.kind == "program"]
-    if broken or not check.installed or not check.usable:
-        said = "; ".join(f"{m.problem} ({m.cure})" for m in broken) or "it does not run"
-        raise Refusal(
-            Code.AGENT_UNAVAILABLE,
-            f"seat {need.name}: destination {instance} cannot run {need.agent}: {said}",
-            f"install it there (`cotal tools install`; `cotal doctor` shows what is missing), "
-            f"or move to another manager; {UNFENCED}",
-        )
-    if need.harness_version is None or check.version is None:
-        # One side cannot tell its version: there is nothing to compare, and the pins say
-        # which version each host installs.
-        return
-    if harness_version_key(need.harness_version) != harness_version_key(check.version):
-        raise Refusal(
-            Code.HARNESS_VERSION,
-            f"seat {need.name}: destination {instance} has {need.agent} {check.version} "
-            f"({check.path}), the seat runs {need.harness_version} at the source",
-            f"install {need.agent} {need.harness_version} at the destination (`cotal tools "
-            f"install`, or agents.{need.agent}.binary in its cotal.toml), or move to a "
-            f"manager that has it; {UNFENCED}",
-        )

@@ -47,6 +47,7 @@ from manager.coord import restore
 from manager.coord.report import reporting
 from manager.coord.requests import RestoreRequest
 from manager.daemon import movecheck
+from manager.daemon.events import Events
 from manager.daemon.metrics import Metrics
 from manager.daemon.seat import Seat
 from manager.workspace.identity import InstanceIdentity
@@ -56,6 +57,7 @@ from manager.workspace.private import ensure_private_dir, fsync_dir
 from manager.workspace.trust import read_trusted
 from protocol import control, move, names
 from protocol.errors import DecodeError, Refusal
+from protocol.events import EventDetail
 from protocol.maintenance import RESUME_UNDER_WAY, Maintenance
 from protocol.refusals import Code
 
@@ -107,6 +109,9 @@ class MoverOwner(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def events(self) -> Events: ...
 
 
 class Mover:
@@ -346,6 +351,10 @@ class Mover:
                 raise
             if answer.ok:
                 self.mgr.metrics.move_answered("adopted", anyio.current_time() - began)
+                for name, uid in zip(offer.seats, offer.uids, strict=False):
+                    self.mgr.events.emit(
+                        "move.adopted", name, uid, EventDetail(attempt_id=offer.attempt_id)
+                    )
             else:
                 self.mgr.metrics.move_answered("refused")
             if not answer.claimed:

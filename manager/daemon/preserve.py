@@ -44,6 +44,7 @@ from protocol import control, names
 from protocol.checkpoint import PrecopyLink
 from protocol.codec import encode_json
 from protocol.errors import Refusal
+from protocol.events import EventDetail
 from protocol.instant import now_iso
 from protocol.inventory import (
     Agent,
@@ -418,11 +419,15 @@ class Preservation:
             self.progress.add("failed", seat=name, detail=error)
         if run.failures:
             mgr.metrics.cut_failed(scope)
+            for seat in seats.values():
+                mgr.events.emit("cut.failed", seat.name, seat.uid, EventDetail(attempt_id=attempt))
             return self._failed(attempt, attempt_path, run)
         m.apply("stopped", attempt)
         mgr.metrics.cut_sealed(
             scope, anyio.current_time() - began, {seat.uid: began for seat in seats.values()}
         )
+        for seat in seats.values():
+            mgr.events.emit("cut.sealed", seat.name, seat.uid, EventDetail(attempt_id=attempt))
         if m.state == "active":
             # Sealed: the checkpoint carries them from here, and the mesh runs on without them.
             # Their names open again, so a seat adopted under one later (taken back, or moved

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +25,7 @@ from connectors.base import Connector, ContinuityClass, Driver, LaunchSpec
 from manager import registry
 from manager.broker.fence import WriterFence
 from manager.daemon.delivery import DeliveryBridge, DeliveryGate
+from manager.daemon.events import Events
 from manager.daemon.metrics import Metrics
 from manager.daemon.process import SeatHandle
 from manager.registry import FileConfig
@@ -106,6 +107,8 @@ class Seat:
     # The launch profile revision it was spawned or adopted under; every launch re-derives it
     # from `cotal.toml` and refuses `profile-drift` when it changed (`Incarnations.opts`).
     profile: str | None = None
+    # Told each state the seat moves into (the Manager's lifecycle events, `cotal events`).
+    observer: Callable[[Seat, SeatState], None] | None = None
 
     @property
     def state(self) -> SeatState:
@@ -129,7 +132,11 @@ class Seat:
 
     def apply(self, event: SeatEvent) -> SeatState:
         """The Manager's only way to move a seat; an illegal event raises `IllegalTransition`."""
-        return self.lifecycle.apply(event)
+        before = self.lifecycle.state
+        after = self.lifecycle.apply(event)
+        if after != before and self.observer is not None:
+            self.observer(self, after)
+        return after
 
     @property
     def recovery_armed(self) -> bool:
@@ -243,6 +250,11 @@ class SeatOwner(Protocol):
     @property
     def metrics(self) -> Metrics:
         """The manager's registry: the cut counts itself and marks the seats it stopped."""
+        ...
+
+    @property
+    def events(self) -> Events:
+        """The manager's lifecycle events: the cut's outcome, one event per seat it cut."""
         ...
 
     def custody_bucket(self) -> KeyValue: ...

@@ -18,6 +18,7 @@ from nats.js.kv import KeyValue
 
 from manager.broker import channels, custody, deadletter, footprint
 from manager.daemon import watchers
+from manager.daemon.events import Events
 from manager.daemon.seat import Seat
 from manager.workspace.identity import InstanceIdentity
 from protocol import names
@@ -46,6 +47,9 @@ class TeardownOwner(watchers.PresenceOwner, Protocol):
 
     @property
     def dead_counts(self) -> dict[str, int]: ...
+
+    @property
+    def events(self) -> Events: ...
 
     def remove(self, seat: Seat) -> None: ...
 
@@ -127,7 +131,9 @@ async def _release_custody(mgr: TeardownOwner, seat: Seat) -> None:
             released = await custody.release(
                 mgr.custody, seat.name, seat.uid, mgr.identity.instance_id
             )
-        if not released:
+        if released:
+            mgr.events.emit("custody.released", seat.name, seat.uid)
+        else:
             log.info("custody.left_to_holder", seat=seat.name, uid=seat.uid)
     except Exception as exc:
         log.error("custody.delete_failed", seat=seat.name, error=str(exc))

@@ -226,6 +226,7 @@ COMMANDS = [
     "cotal doctor",
     "cotal down",
     "cotal drain",
+    "cotal events",
     "cotal inbox",
     "cotal logs",
     "cotal manager serve",

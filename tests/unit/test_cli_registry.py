@@ -67,6 +67,7 @@ def test_every_command_module_registers_at_least_one_command_of_its_own() -> Non
         "doctor",
         "metrics",
         "logs",
+        "events",
         "tools",
         "checkpoint",
         "trust",

@@ -42,6 +42,7 @@ NARROWED = {
     "handlers/table.py",
     "handlers/metrics.py",
     "metrics.py",
+    "events.py",
 }
 
 

@@ -38,9 +38,13 @@ def build(mgr: HandlerOwner) -> dict[str, Handler]:
     return table.handlers
 
 
-def serving(handlers: Mapping[str, Handler]) -> Dispatch:
+OnRefusal = Callable[[str, Any, Refusal], None]
+
+
+def serving(handlers: Mapping[str, Handler], on_refusal: OnRefusal | None = None) -> Dispatch:
     """The control server's dispatch over `handlers`, once they answer exactly the ops in OPS;
-    refused otherwise, so a daemon missing a handler never starts serving."""
+    refused otherwise, so a daemon missing a handler never starts serving. `on_refusal` is told
+    each op a handler refused (the manager's `refusal` event), before the refusal goes back."""
     control.check_handlers(handlers)
     table = dict(handlers)
 
@@ -52,6 +56,11 @@ def serving(handlers: Mapping[str, Handler]) -> Dispatch:
             raise Refusal(
                 Code.UNSUPPORTED_OP, f"op {op!r} is not implemented by this daemon", "upgrade cotal"
             )
-        return await handler(args)
+        try:
+            return await handler(args)
+        except Refusal as exc:
+            if on_refusal is not None:
+                on_refusal(op, args, exc)
+            raise
 
     return dispatch

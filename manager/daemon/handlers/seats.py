@@ -22,6 +22,7 @@ from manager import registry
 from manager.broker import channels, custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import seatfile, teardown
+from manager.daemon.events import Events
 from manager.daemon.handlers.mail import DeadLetterBook, dead_by_seat
 from manager.daemon.handlers.table import Table
 from manager.daemon.incarnation import Incarnations
@@ -32,6 +33,7 @@ from manager.workspace import drainmark
 from manager.workspace.layout import Layout
 from protocol import control, names
 from protocol.errors import Refusal
+from protocol.events import EventDetail
 from protocol.instant import now_iso
 from protocol.maintenance import Maintenance
 from protocol.refusals import Code
@@ -76,6 +78,9 @@ class SeatOpsOwner(teardown.TeardownOwner, DeadLetterBook, Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def events(self) -> Events: ...
 
     def custody_bucket(self) -> KeyValue: ...
 
@@ -240,6 +245,9 @@ class SeatHandlers:
         seat.fence = WriterFence(mgr.js, mgr.space, seat.name, me, 0)
         await seat.fence.establish()
         await seat.fence.establish_posts()
+        mgr.events.emit(
+            "custody.claimed", seat.name, seat.uid, EventDetail(generation=held.record.generation)
+        )
         await incarnations.start(seat, opts)
 
     # -- the seat verbs -------------------------------------------------------------------------
