@@ -262,17 +262,7 @@ def load_config(root: Path) -> FileConfig:
                 "list relative paths or simple globs under the repository, such as .env",
             ) from None
     if cfg.metrics.listen is not None:
-        try:
-            parse_listen(cfg.metrics.listen)
-        except ValueError as exc:
-            raise Refusal(
-                Code.BAD_CONFIG,
-                f"{path} [metrics] listen = {cfg.metrics.listen!r}: {exc}; the metrics are "
-                "served on loopback only, for a scraper on this host",
-                'listen on a loopback address and a free port, such as listen = "127.0.0.1:9464" '
-                'or "[::1]:9464", and scrape it from this host (or remove [metrics] listen; '
-                "`cotal metrics` prints the same text)",
-            ) from None
+        _check_listen(path, cfg.metrics.listen)
     for name, seat in cfg.seats.items():
         try:
             names.check_seat_name(name)
@@ -296,6 +286,20 @@ def load_config(root: Path) -> FileConfig:
     for agent, table in cfg.agents.items():
         check_agent_table(path, agent, table)
     return cfg
+
+
+def _check_listen(path: Path, listen: str) -> None:
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        raise Refusal(
+            Code.BAD_CONFIG,
+            f"{path} [metrics] listen = {listen!r}: {exc}; the metrics are served on loopback "
+            "only, for a scraper on this host",
+            'listen on a loopback address and a free port, such as listen = "127.0.0.1:9464" '
+            'or "[::1]:9464", and scrape it from this host (or remove [metrics] listen; '
+            "`cotal metrics` prints the same text)",
+        ) from None
 
 
 def check_agent_table(path: Path, agent: str, table: Mapping[str, Any]) -> None:

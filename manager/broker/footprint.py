@@ -107,31 +107,36 @@ async def ensure_dm_stream(
         )
         if _limits(info.config) == _limits(wanted):
             return info
-        # A stream made by an earlier release (1,000 per sender and discard old; a duplicate
-        # window narrower than the horizon; or any other bounds, such as a COTAL_DM_MAX_MSGS
-        # since changed) is brought in line in place:
-        # retention, replicas, the messages and the durables are kept as the broker holds them.
-        # The broker keeps what a lowered bound already exceeds (discard new drops nothing).
-        config = info.config
-        config.discard = wanted.discard
-        config.max_msgs_per_subject = wanted.max_msgs_per_subject
-        config.max_msgs = wanted.max_msgs
-        config.max_bytes = wanted.max_bytes
-        config.duplicate_window = wanted.duplicate_window
-        updated: api.StreamInfo = await js.update_stream(config)
-        log.info(
-            "stream.limits_updated",
-            stream=stream,
-            max_msgs=config.max_msgs,
-            duplicate_window_s=config.duplicate_window,
-        )
-        return updated
+        return await _bring_in_line(js, info.config, wanted)
 
     info = await riding_elections(f"stream {stream}", ensure)
     # A stream an earlier release filled with acknowledged mail is emptied of it here, before
     # the first publish of this manager meets it full.
     if trim and info is not None and retention.trim_due(info):
         await retention.trim_acknowledged(js, space)
+
+
+async def _bring_in_line(
+    js: JetStreamContext, config: api.StreamConfig, wanted: api.StreamConfig
+) -> api.StreamInfo:
+    """A DM stream made by an earlier release (1,000 per sender and discard old; a duplicate
+    window narrower than the horizon; or any other bounds, such as a COTAL_DM_MAX_MSGS since
+    changed) brought in line in place: retention, replicas, the messages and the durables are
+    kept as the broker holds them. The broker keeps what a lowered bound already exceeds
+    (discard new drops nothing)."""
+    config.discard = wanted.discard
+    config.max_msgs_per_subject = wanted.max_msgs_per_subject
+    config.max_msgs = wanted.max_msgs
+    config.max_bytes = wanted.max_bytes
+    config.duplicate_window = wanted.duplicate_window
+    updated: api.StreamInfo = await js.update_stream(config)
+    log.info(
+        "stream.limits_updated",
+        stream=config.name,
+        max_msgs=config.max_msgs,
+        duplicate_window_s=config.duplicate_window,
+    )
+    return updated
 
 
 async def ensure_dm_durable(

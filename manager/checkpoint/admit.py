@@ -967,10 +967,8 @@ def harness_refusal(
     installed = check.version
     if recorded is None or installed is None:
         return None
-    found = (
-        f"seat {seat}: {where} has {agent} {installed} ({check.path}), the seat {ran} {recorded}"
-    )
-    found += " at the source"
+    found = f"seat {seat}: {where} has {agent} {installed} ({check.path}), the seat {ran} "
+    found += f"{recorded} at the source"
     if measured is None:
         if harness_version_key(recorded) == harness_version_key(installed):
             return None

@@ -14,10 +14,11 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -36,6 +37,7 @@ from manager.checkpoint.seal import (
     seal_seat,
     write_file_exclusive,
 )
+from manager.concurrency import ordered_map
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import CONTROL_DIR, Layout
 from protocol.checkpoint import (
@@ -476,6 +478,34 @@ def _seat_summary(
     )
 
 
+async def _history_and_version(
+    layout: Layout,
+    attempt: Path,
+    agent: Agent,
+    seat_dir: Path,
+    link: IncrementalLink | None,
+    shipped: PrecopyLink | None,
+    *,
+    progress: Progress | None,
+    include: Sequence[str],
+) -> tuple[RepositoryRecord, str | None]:
+    """The repository's capture and, beside it, the harness's version (a `--version` run of
+    its program, once per agent of the attempt; none for built-in scribe), so the seat's
+    downtime grows only by what that run takes beyond the capture. The capture's failure is
+    raised as it is; the version's never fails (unknown is None)."""
+    cwd = Path(agent.launch.cwd)
+    steps: list[Callable[[], Awaitable[Any]]] = [
+        lambda: _capture_history(
+            layout, cwd, seat_dir, link, shipped, progress=progress, include=include
+        ),
+        lambda: anyio.to_thread.run_sync(
+            harness_version_at_cut, layout.root, attempt, agent.launch.connector
+        ),
+    ]
+    captured, asked = await ordered_map(lambda step: step(), steps, anyio.CapacityLimiter(2))
+    return captured.unwrap(), asked.unwrap()
+
+
 async def capture_seat(
     layout: Layout,
     attempt: Path,
@@ -513,30 +543,9 @@ async def capture_seat(
     # can wait on the file system's journal for as long as another seat's fsync takes, and
     # every seat's capture shares the manager's event loop (docs/design.md decision 24).
     seat_dir = await anyio.to_thread.run_sync(create_seat_dir, attempt, agent.name)
-    # The harness's version is asked beside the repository's capture (a `--version` run of its
-    # program, once per agent of the attempt; none for built-in scribe), so the seat's downtime
-    # grows only by what that run takes beyond the capture.
-    version: list[str | None] = []
-    failed: list[Exception] = []
-
-    async def ask_version() -> None:
-        version.append(
-            await anyio.to_thread.run_sync(
-                harness_version_at_cut, layout.root, attempt, agent.launch.connector
-            )
-        )
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(ask_version)
-        try:
-            repository = await _capture_history(
-                layout, cwd, seat_dir, link, shipped, progress=progress, include=include
-            )
-        except Exception as exc:
-            # Raised as it is once the version's worker is done, not inside a group.
-            failed.append(exc)
-    if failed:
-        raise failed[0]
+    repository, version = await _history_and_version(
+        layout, attempt, agent, seat_dir, link, shipped, progress=progress, include=include
+    )
     t_repo = time.monotonic()
     pointer, store, space_state = await anyio.to_thread.run_sync(
         _capture_session, layout, agent, seat_dir, pointer_path, extra_stores, space_export
@@ -553,7 +562,7 @@ async def capture_seat(
         space_state,
         horizon_ms,
         custody_revision,
-        version[0],
+        version,
     )
     ref = await anyio.to_thread.run_sync(
         seal_seat, seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id

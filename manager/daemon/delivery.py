@@ -472,27 +472,60 @@ class DeliveryBridge:
             with contextlib.suppress(*TRANSIENT):
                 await msg.nak()
             return
-        if dm is None:
-            # It can never be run; kept as a dead letter, and the inbox moves on.
-            log.error("delivery.malformed", seat=self.seat, error=malformed)
-            if not await self._bury(msg, total, f"malformed: {malformed}", None):
-                await self._nak(msg, None, UNRESTARTED_RETRY_S)
-            return
-        if this > self.max_deliveries:
-            # Past the cap already (its move to dead letters was cut short): never run again.
-            reason = f"delivered {this} times, past the cap of {self.max_deliveries}"
-            if not await self._bury(msg, total, reason, dm.id):
-                await self._nak(msg, dm.id, UNRESTARTED_RETRY_S)
-            return
-        if channel is not None and meshcall.sender_of(dm.sender) == self.seat:
-            # The seat's own post: nothing for it to answer.
-            with contextlib.suppress(*TRANSIENT):
-                await msg.ack()
+        if dm is None or not await self._runnable(msg, dm, channel, (this, total)):
+            if dm is None:
+                # It can never be run; kept as a dead letter, and the inbox moves on.
+                log.error("delivery.malformed", seat=self.seat, error=malformed)
+                if not await self._bury(msg, total, f"malformed: {malformed}", None):
+                    await self._nak(msg, None, UNRESTARTED_RETRY_S)
             return
         waiter = self.waiters.get(dm.id)
         if waiter is not None:
             waiter.attempts += 1
         outcome: TurnOutcome | None = None
+        text = self._begin_turn(msg, dm, channel, total)
+        began = anyio.current_time()
+        if self.events is not None:
+            self.events.emit("turn.started", self.seat, self.uid)
+        try:
+            outcome = await self._run_turn(msg, dm.id, text, total)
+        finally:
+            # The seat may be stopping while the turn ends: settle in every case, shielded,
+            # or a finished turn is neither acked nor released and waits out ack_wait.
+            with anyio.CancelScope(shield=True):
+                self._count_turn(outcome, anyio.current_time() - began)
+                if outcome is not None and outcome.status == "ok":
+                    if await self._settle(msg, dm, outcome) and waiter is not None:
+                        waiter.outcome = outcome
+                        waiter.done.set()
+                elif outcome is not None and outcome.status == PROVIDER_UNAVAILABLE:
+                    await self._release_unserved(msg, dm.id)
+                else:
+                    await self._conclude_failed(msg, dm.id, (this, total), outcome)
+                self.turn = None
+                self._settled.set()
+
+    async def _runnable(
+        self, msg: Msg, dm: DirectMessage, channel: str | None, counted: tuple[int, int]
+    ) -> bool:
+        """Whether the message runs as a turn; one that does not is settled here: past the cap
+        already (its move to dead letters was cut short), it is never run again; the seat's own
+        post has nothing for it to answer."""
+        this, total = counted
+        if this > self.max_deliveries:
+            reason = f"delivered {this} times, past the cap of {self.max_deliveries}"
+            if not await self._bury(msg, total, reason, dm.id):
+                await self._nak(msg, dm.id, UNRESTARTED_RETRY_S)
+            return False
+        if channel is not None and meshcall.sender_of(dm.sender) == self.seat:
+            with contextlib.suppress(*TRANSIENT):
+                await msg.ack()
+            return False
+        return True
+
+    def _begin_turn(self, msg: Msg, dm: DirectMessage, channel: str | None, total: int) -> str:
+        """Record the turn in flight (its sends count from 0) and the text the harness is
+        handed: a post or a seat's message framed with who sent it, the operator's as it is."""
         sender = meshcall.sender_of(dm.sender)
         from_seat = meshcall.seat_sender(msg.headers, dm.sender)
         log.info(
@@ -506,40 +539,19 @@ class DeliveryBridge:
         self.turn, self._settled = Turn(dm.id, now_iso()), anyio.Event()
         self.sends = 0
         if channel is not None:
-            text = meshcall.framed_post(channel, sender, dm.text)
-        elif from_seat is not None:
-            text = meshcall.framed(from_seat, dm.text)
-        else:
-            text = dm.text
-        began = anyio.current_time()
+            return meshcall.framed_post(channel, sender, dm.text)
+        if from_seat is not None:
+            return meshcall.framed(from_seat, dm.text)
+        return dm.text
+
+    def _count_turn(self, outcome: TurnOutcome | None, took: float) -> None:
+        """A turn's end, to the metrics and the event stream."""
+        end = _turn_end(outcome)
+        if self.metrics is not None:
+            self.metrics.turn_ended(self.seat, end, took)
         if self.events is not None:
-            self.events.emit("turn.started", self.seat, self.uid)
-        try:
-            outcome = await self._run_turn(msg, dm.id, text, total)
-        finally:
-            # The seat may be stopping while the turn ends: settle in every case, shielded,
-            # or a finished turn is neither acked nor released and waits out ack_wait.
-            with anyio.CancelScope(shield=True):
-                took = anyio.current_time() - began
-                if self.metrics is not None:
-                    self.metrics.turn_ended(self.seat, _turn_end(outcome), took)
-                if self.events is not None:
-                    self.events.emit(
-                        "turn.ended",
-                        self.seat,
-                        self.uid,
-                        EventDetail(duration_s=round(took, 3), outcome=_turn_end(outcome)),
-                    )
-                if outcome is not None and outcome.status == "ok":
-                    if await self._settle(msg, dm, outcome) and waiter is not None:
-                        waiter.outcome = outcome
-                        waiter.done.set()
-                elif outcome is not None and outcome.status == PROVIDER_UNAVAILABLE:
-                    await self._release_unserved(msg, dm.id)
-                else:
-                    await self._conclude_failed(msg, dm.id, (this, total), outcome)
-                self.turn = None
-                self._settled.set()
+            detail = EventDetail(duration_s=round(took, 3), outcome=end)
+            self.events.emit("turn.ended", self.seat, self.uid, detail)
 
     async def _run_turn(self, msg: Msg, dm_id: str, text: str, total: int) -> TurnOutcome | None:
         """Hand the message to the harness until a turn ends by itself. A turn its provider did

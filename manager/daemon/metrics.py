@@ -154,7 +154,23 @@ class Metrics:
         # reset from the start time, and the series would double the text.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
-        r = self.registry
+        self._seat_instruments(self.registry)
+        self._attempt_instruments(self.registry)
+        self.registry.register(_TableCollector(owner, time.time()))
+        # Every series without a seat exists from the start, at 0: a rate over a counter's
+        # first event needs the zero before it.
+        for scope in typing.get_args(CutScope):
+            self.cut_seconds.labels(scope)
+            for outcome in ("sealed", "failed"):
+                self.cuts.labels(scope, outcome)
+        self.downtime.labels("cut")
+        for outcome in MOVE_OUTCOMES:
+            self.moves_in.labels(outcome)
+        # Lifecycle uid -> when a cut of some seats began stopping it (anyio's clock).
+        self._stopped: OrderedDict[str, float] = OrderedDict()
+
+    def _seat_instruments(self, r: CollectorRegistry) -> None:
+        """What a seat's deliveries and turns update."""
         self.turns = Counter(
             "cotal_turns",
             "Turns a seat's harness ran on a delivered message, by how each ended.",
@@ -187,6 +203,9 @@ class Metrics:
             ["seat"],
             registry=r,
         )
+
+    def _attempt_instruments(self, r: CollectorRegistry) -> None:
+        """What cuts, moves and the manager's own loop update."""
         self.cuts = Counter(
             "cotal_cuts",
             "Cut commits that ended here, by scope (whole mesh, or some seats) and outcome.",
@@ -228,18 +247,6 @@ class Metrics:
             buckets=LAG_BUCKETS,
             registry=r,
         )
-        r.register(_TableCollector(owner, time.time()))
-        # Every series without a seat exists from the start, at 0: a rate over a counter's
-        # first event needs the zero before it.
-        for scope in typing.get_args(CutScope):
-            self.cut_seconds.labels(scope)
-            for outcome in ("sealed", "failed"):
-                self.cuts.labels(scope, outcome)
-        self.downtime.labels("cut")
-        for outcome in MOVE_OUTCOMES:
-            self.moves_in.labels(outcome)
-        # Lifecycle uid -> when a cut of some seats began stopping it (anyio's clock).
-        self._stopped: OrderedDict[str, float] = OrderedDict()
 
     def text(self) -> bytes:
         """The Prometheus text exposition format (0.0.4) of everything above."""
