@@ -52,11 +52,17 @@ async def move(req: MoveRequest, root: Path) -> MoveResult:
     t0 = time.monotonic()
     layout = Layout.at(root)
     names_asked = list(dict.fromkeys(req.names))
-    here = await _here(layout, req, names_asked)
+    here = await _here(layout, names_asked)
+    if here.status.instance_id == req.to:
+        raise Refusal(
+            Code.BAD_ARGS,
+            f"{req.to} is this root's own manager",
+            "name another manager's instance (`cotal ps --fleet` lists them)",
+        )
     async with LazyConnection(here.record.server, here.creds, name="cotal-move") as conn:
         nc = await conn.client()
         js = await conn.jetstream()
-        rows = {r.name: r for r in await _ps(layout)} if here.answered else {}
+        rows = {r.name: r for r in await seats_here(layout)} if here.answered else {}
         uids = _uids_asked(names_asked, rows, here.pending)
         status, pending = here.status, here.pending
         # What the destination must have for each seat; a rerun past its fence has no seat
@@ -120,7 +126,7 @@ class _Here:
     creds: Path | None
 
 
-async def _here(layout: Any, req: MoveRequest, names_asked: list[str]) -> _Here:
+async def _here(layout: Any, names_asked: list[str]) -> _Here:
     from manager.coord import mesh
 
     async with mesh.control(layout) as session:
@@ -132,12 +138,6 @@ async def _here(layout: Any, req: MoveRequest, names_asked: list[str]) -> _Here:
     if status is None:
         raise Refusal(
             Code.NOT_UP, f"no manager answers in {layout.root}", "start it with `cotal up --detach`"
-        )
-    if status.instance_id == req.to:
-        raise Refusal(
-            Code.BAD_ARGS,
-            f"{req.to} is this root's own manager",
-            "name another manager's instance (`cotal ps --fleet` lists them)",
         )
     record = mesh.read_mesh(layout)
     if record is None:
@@ -361,7 +361,8 @@ async def _presence_gone(js: Any, space: str, uids: list[str]) -> None:
         await anyio.sleep(PRESENCE_POLL_S)
 
 
-async def _ps(layout: Any) -> list[Any]:
+async def seats_here(layout: Any) -> list[Any]:
+    """This root's manager's seats, as `cotal ps` lists them."""
     from manager.coord import mesh
     from protocol import control
 
@@ -369,17 +370,12 @@ async def _ps(layout: Any) -> list[Any]:
         return await session.request(control.PS, control.NoArgs())
 
 
-async def seats_here(layout: Any) -> list[Any]:
-    """This root's manager's seats, as `cotal ps` lists them."""
-    return await _ps(layout)
-
-
 async def fleet_load(layout: Any) -> dict[str, int]:
     """Every other live manager of this root's broker, and how many seats it holds."""
     from manager.broker import fleet
     from manager.broker.connection import LazyConnection
 
-    here = await _here(layout, MoveRequest(names=(), to=""), [])
+    here = await _here(layout, [])
     async with LazyConnection(here.record.server, here.creds, name="cotal-drain") as conn:
         snap = await fleet.snapshot(await conn.jetstream(), here.status.space)
     held = fleet.load(snap)
