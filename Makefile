@@ -10,6 +10,11 @@ export COTAL_TOOLS_DIR ?= $(CURDIR)/.tools
 
 .PHONY: demo test quick lint venv clean harnesses
 
+# A machine that sets PYTHONDONTWRITEBYTECODE (CI's does) makes every CLI call compile the
+# modules no earlier process cached; the managers run with -I, which ignores it, so only the
+# CLI's own modules paid, on every call. The cache is written next to the sources, as usual.
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 from connectors.harnesses import tools_dir
+from tests import clifork
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -129,6 +130,26 @@ def run_dumping_on_timeout(
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def _where_it_waits(pid: int) -> str:
+    kernel = _kernel_view(pid)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        os.kill(pid, sig)
+        time.sleep(1)
+    return f"the kernel's view:\n{kernel}"
+
+
+def run_cli(
+    args: list[str], *, timeout: float, env: dict[str, str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """`cotal ARGS`: forked from a warm interpreter (tests/clifork.py) unless
+    `COTAL_TEST_CLI=exec`, and then `python -m manager.cli` started cold."""
+    if clifork.enabled():
+        return clifork.run(args, env=env, cwd=cwd, timeout=timeout, on_timeout=_where_it_waits)
+    return run_dumping_on_timeout(
+        [sys.executable, "-m", "manager.cli", *args], timeout=timeout, env=env, cwd=cwd
+    )
+
+
 @dataclass
 class Cli:
     root: Path
@@ -142,8 +163,8 @@ class Cli:
         timeout: float = 120.0,
         env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        proc = run_dumping_on_timeout(
-            [sys.executable, "-m", "manager.cli", *args, "--root", str(self.root)],
+        proc = run_cli(
+            [*args, "--root", str(self.root)],
             timeout=timeout,
             env=cotal_env({**self.env, **(env or {})}),
             cwd=self.root,

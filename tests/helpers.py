@@ -7,7 +7,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -93,7 +92,7 @@ def signer_key(root: Path) -> str:
 def carry_to_new_host(root: Path, attempt_dir: Path, dest: Path, *, trust: bool = True) -> Path:
     """Copy the sealed attempt out and remove the whole source tree: host A is gone. With
     `trust`, the operator has carried host A's key over and trusted it on the new host."""
-    from tests.conftest import cotal_env
+    from tests.conftest import cotal_env, run_cli
 
     key = signer_key(root)
     copy = dest / attempt_dir.name
@@ -101,13 +100,9 @@ def carry_to_new_host(root: Path, attempt_dir: Path, dest: Path, *, trust: bool 
     shutil.rmtree(root)
     root.mkdir()
     if trust:
-        subprocess.run(
-            [sys.executable, "-m", "manager.cli", "trust", "add", key, "--name", "host-a"]
-            + ["--root", str(root)],
-            check=True,
-            capture_output=True,
-            env=cotal_env(),
-        )
+        args = ["trust", "add", key, "--name", "host-a", "--root", str(root)]
+        added = run_cli(args, timeout=60, env=cotal_env(), cwd=root)
+        assert added.returncode == 0, added.stderr
     return copy
 
 
