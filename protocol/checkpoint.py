@@ -79,6 +79,13 @@ MAX_SKIP_WORKTREE = 1_000_000
 # `.git/config.worktree`, which `git sparse-checkout` writes its settings into (with
 # `extensions.worktreeConfig` in the config): carried byte for byte, never with a credential.
 WORKTREE_CONFIG_FILE = "git-config-worktree"
+# A submodule's artifacts sit beside the superproject's under a prefix of their own: its
+# parent's prefix and `sm<n>-`, n its place among its parent's gitlinks (nested up to four deep).
+MAX_SUBMODULES = 100
+MAX_SUBMODULE_DEPTH = 4
+_ONE_PREFIX = r"sm[1-9][0-9]{0,2}-"
+SUBMODULE_PREFIX_RE = re.compile(f"(?:{_ONE_PREFIX}){{1,{MAX_SUBMODULE_DEPTH}}}")
+_FILE_PREFIX_RE = re.compile(f"((?:{_ONE_PREFIX}){{1,{MAX_SUBMODULE_DEPTH}}})index\\.diff")
 # Above this many bytes the porcelain status and intent-to-add list leave checkpoint.json (whose
 # cap is 256 KiB) for files of their own; below it they stay inline, as older records have them.
 LISTS_INLINE_CAP = 64 * 1024
@@ -513,7 +520,9 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     (`git-config-worktree`), where `git sparse-checkout` keeps its settings. Each of the three is
     `UNSET`, and so absent from the encoding, where the repository has no such thing, so a
     record sealed before these shapes travelled encodes, and so verifies, exactly as it was
-    signed.
+    signed. `submodules` is every gitlink of the index, in index order, each a
+    `SubmoduleRecord` whose checked-out submodule is a `RepositoryRecord` of its own, its files
+    named with its prefix (`sm<n>-`) and listed by `files()`; `UNSET` without any.
     """
 
     base: ObjectId
@@ -539,14 +548,18 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     shallow: FileRef | msgspec.UnsetType = msgspec.UNSET
     sparse: SparseRecord | msgspec.UnsetType = msgspec.UNSET
     worktree_config: FileRef | msgspec.UnsetType = msgspec.UNSET
+    submodules: list[SubmoduleRecord] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
+        if self.submodules is not msgspec.UNSET:
+            self._check_submodules(self.submodules)
         if self.since is not None and self.precopy is not None:
             raise ValueError("a record builds on a predecessor (since) or a pre-copy, not both")
         if self.shallow is not msgspec.UNSET:
-            if self.shallow.file != SHALLOW_FILE:
+            if self.shallow.file != self.file_prefix + SHALLOW_FILE:
                 raise ValueError(
-                    f"shallow must be stored as {SHALLOW_FILE!r}, not {self.shallow.file!r}"
+                    f"shallow must be stored as {self.file_prefix + SHALLOW_FILE!r}, not "
+                    f"{self.shallow.file!r}"
                 )
             if not 0 < self.shallow.bytes <= SHALLOW_CAP:
                 raise ValueError(
@@ -594,6 +607,44 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
             raise ValueError("configRedacted names keys of a config the record does not carry")
 
     @property
+    def file_prefix(self) -> str:
+        """The prefix every artifact of this repository carries: empty for the seat's own
+        repository, `sm<n>-` (nested: its parent's and its own) for a submodule's."""
+        found = _FILE_PREFIX_RE.fullmatch(self.index_diff.file)
+        return found.group(1) if found else ""
+
+    def _check_submodules(self, submodules: list[SubmoduleRecord]) -> None:
+        if not submodules or len(submodules) > MAX_SUBMODULES:
+            raise ValueError(f"submodules lists 1 to {MAX_SUBMODULES} gitlinks, or is absent")
+        paths = [sub.path for sub in submodules]
+        if len(set(paths)) != len(paths):
+            raise ValueError("submodules names a path twice")
+        names = [sub.name for sub in submodules if sub.name is not None]
+        if len(set(names)) != len(names):
+            raise ValueError("submodules names a module twice")
+        for n, sub in enumerate(submodules, 1):
+            want = f"{self.file_prefix}sm{n}-"
+            if sub.prefix != want:
+                raise ValueError(f"submodule {sub.path!r} must carry the prefix {want!r}")
+
+    def check_files_named(self, prefix: str) -> None:
+        """Every artifact of a fixed name is stored as `prefix` and that name."""
+        fixed = (
+            (self.bundle, BUNDLE_FILE),
+            (self.index_diff, INDEX_DIFF_FILE),
+            (self.worktree_diff, WORKTREE_DIFF_FILE),
+            (self.untracked, UNTRACKED_FILE),
+            (self.refs, REFS_FILE),
+            (self.status_file, STATUS_FILE),
+            (self.intent_to_add_file, INTENT_TO_ADD_FILE),
+            (self.config, GIT_CONFIG_FILE),
+            (self.info_exclude, INFO_EXCLUDE_FILE),
+        )
+        for ref, name in fixed:
+            if ref is not None and ref.file != prefix + name:
+                raise ValueError(f"{ref.file!r} must be stored as {prefix + name!r}")
+
+    @property
     def incremental(self) -> bool:
         """The bundle leaves out commits the destination must already hold."""
         return self.since is not None or self.precopy is not None
@@ -624,7 +675,56 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
             )
         if self.worktree_config is not msgspec.UNSET:
             files.append(self.worktree_config)
+        if self.submodules is not msgspec.UNSET:
+            for sub in self.submodules:
+                if sub.repository is not None:
+                    files.extend(sub.repository.files())
         return files
+
+
+class SubmoduleRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One gitlink of a repository's index and the submodule checked out there.
+
+    `path` is where the gitlink lies in its parent repository and `commit` the commit the
+    parent's index pins there. `name` is the module's name (its git dir is `modules/<name>`
+    under its parent's git dir) and `repository` the submodule's own capture: its full bundle,
+    its diffs, its untracked files, its config (credentials redacted as the seat's own are),
+    and its own submodules, every file named with `prefix`. Both are None for a submodule that
+    was not checked out (an empty directory): only its gitlink travels.
+    """
+
+    path: str
+    commit: ObjectId
+    prefix: str
+    name: str | None = None
+    repository: RepositoryRecord | None = None
+
+    def __post_init__(self) -> None:
+        check_relpath("submodule path", self.path)
+        parts = [part.casefold() for part in self.path.split("/")]
+        if parts[0] == CONTROL_DIR or ".git" in parts:
+            raise ValueError(f"submodule path {self.path!r} is inside .git/ or {CONTROL_DIR}/")
+        if not SUBMODULE_PREFIX_RE.fullmatch(self.prefix):
+            raise ValueError(f"submodule prefix {self.prefix!r} is not sm<n>- up to four deep")
+        if (self.name is None) != (self.repository is None):
+            raise ValueError("a submodule carries its name and its repository together, or neither")
+        if self.name is None or self.repository is None:
+            return
+        check_relpath("submodule name", self.name)
+        if len(self.name) > 1024:
+            raise ValueError("a submodule name is at most 1024 characters")
+        repo = self.repository
+        if repo.file_prefix != self.prefix:
+            raise ValueError(f"submodule {self.path!r} files must carry the prefix {self.prefix!r}")
+        repo.check_files_named(self.prefix)
+        if repo.config is None:
+            raise ValueError("a submodule carries its config (its core.worktree, its remotes)")
+        if repo.bundle is None or repo.incremental or repo.include:
+            raise ValueError("a submodule carries a full bundle and no declared ignored paths")
+        if repo.hooks or repo.sparse is not msgspec.UNSET:
+            raise ValueError("a submodule carries no hooks and no sparse checkout")
+        if repo.worktree_config is not msgspec.UNSET:
+            raise ValueError("a submodule carries no config.worktree")
 
 
 class SessionFile(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

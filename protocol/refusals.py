@@ -1251,8 +1251,10 @@ class Code(StrEnum):
     )
     SUBMODULE = (
         "submodule",
-        "a repository has submodules; a checkpoint carries neither their history nor checkout",
-        "remove the submodule or fold it into the repository as ordinary files, then cut again",
+        "a submodule is in a shape a checkpoint cannot carry (missing, not absorbed into "
+        ".git/modules, with hooks or a sparse checkout, too many or nested too deep)",
+        "check it out as git does (`git submodule update --init`, `git submodule "
+        "absorbgitdirs`) or remove it, as the message says, then cut again",
     )
     TIMEOUT = (
         "timeout",

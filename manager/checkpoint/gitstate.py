@@ -11,10 +11,18 @@ that are not samples and `info/exclude` travel; every stash entry travels by its
 bundle and its reflog subject in the record. Declared ignored paths join the untracked set.
 
 States the procedure cannot reproduce are refused by name before anything is written: no
-repository, an unborn HEAD, an unmerged index or an operation in progress,
-submodules (record open point 9), assume-unchanged entries and skip-worktree entries whose
-file is present anyway, a tracked or nested
-`.cotal`, and untracked entries that are not files or symlinks. Preflight changes nothing.
+repository, an unborn HEAD, an unmerged index or an operation in progress, a submodule in a
+shape that cannot travel (not absorbed into its parent's `.git/modules`, missing, sparse, with
+hooks), assume-unchanged entries and skip-worktree entries whose file is present anyway, a
+tracked or nested `.cotal`, and untracked entries that are not files or symlinks. Preflight
+changes nothing.
+
+Submodules travel with their checkouts, recursively: each gitlink of the index with the
+commit it pins, and each checked-out submodule captured as a repository of its own (its full
+bundle, its diffs, its untracked files, its refs and stash, its `.git/modules/<name>/config`
+with any credential redacted), every artifact named with the submodule's prefix (`sm<n>-`).
+The superproject's diffs leave the gitlinks out (`--ignore-submodules=all`): the index's
+gitlinks travel as a list and the submodules' own checkouts as their records.
 
 A shallow clone travels shallow: its boundary (`.git/shallow`) is carried byte for byte as
 `git-shallow`, and its bundle is always a full one with no prerequisites. A sparse checkout
@@ -81,6 +89,8 @@ from protocol.checkpoint import (
     INFO_EXCLUDE_FILE,
     INTENT_TO_ADD_FILE,
     LISTS_INLINE_CAP,
+    MAX_SUBMODULE_DEPTH,
+    MAX_SUBMODULES,
     REFS_FILE,
     SHALLOW_CAP,
     SHALLOW_FILE,
@@ -99,6 +109,8 @@ from protocol.checkpoint import (
     RepositoryRecord,
     SparseRecord,
     StashEntry,
+    SubmoduleRecord,
+    check_relpath,
     format_refs_list,
     parse_porcelain_z,
     parse_shallow_list,
@@ -137,6 +149,8 @@ DIFF_FLAGS: tuple[str, ...] = (
     "--src-prefix=a/",
     "--dst-prefix=b/",
     "--ita-invisible-in-index",
+    # A gitlink's change is carried by the submodule's own record and the recorded gitlinks.
+    "--ignore-submodules=all",
 )
 STATUS_ARGS: tuple[str, ...] = (
     "status",
@@ -414,6 +428,8 @@ class IndexScan:
     # stat data: `git diff` rewrites the index to refresh that (GIT_OPTIONAL_LOCKS=0 does not
     # stop it), which changes the stamp but not what the index says.
     entries: str = ""
+    # Every stage-0 gitlink (a submodule's pinned commit) as (path, commit), in index order.
+    gitlinks: tuple[tuple[bytes, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -437,9 +453,26 @@ class RepoFacts:
     stash: list[StashEntry]
     # `.git/shallow` byte for byte, or None for a repository with its whole history.
     shallow: bytes | None = None
+    # The prefix of every artifact's name: empty for the seat's repository, `sm<n>-`... for a
+    # submodule's; and the submodules of this repository's index.
+    prefix: str = ""
+    submodules: tuple[SubFacts, ...] = ()
 
     def reusable(self) -> Reusable:
         return Reusable(index=self.index, config=self.gitdir.listing)
+
+
+@dataclass(frozen=True)
+class SubFacts:
+    """One gitlink of a repository's index: where, what it pins, and the submodule checked out
+    there (`name` and `facts` None when it is not checked out)."""
+
+    path: str
+    commit: str
+    prefix: str
+    worktree: Path
+    name: str | None = None
+    facts: RepoFacts | None = None
 
 
 # The preflights at prepare, kept for the capture at commit (manager/checkpoint/inspect.py).
@@ -515,22 +548,19 @@ async def _list_config(cwd: Path, config: Path, earlier: ConfigListing | None) -
     return ConfigListing(digest=key, listing=listing.stdout)
 
 
-async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) -> GitDirFacts:
+async def _gitdir_facts(
+    cwd: Path, common: Path, earlier: ConfigListing | None, own_worktree: bytes | None = None
+) -> GitDirFacts:
+    """`own_worktree` is the one `core.worktree` a submodule's config may set: the path from
+    its git dir (`modules/<name>`) back to its checkout, which git writes and the restore's
+    layout reproduces."""
     config = _plain_file(
         common / "config", "git config", "replace it with a regular file, then cut again"
     )
     listing: ConfigListing | None = None
     if config is not None:
         listing = await _list_config(cwd, config, earlier)
-        keys = [key.lower() for key, _ in _config_entries(listing.listing)]
-        if b"core.worktree" in keys:
-            raise Refusal(
-                Code.GITDIR_UNSUPPORTED,
-                f"{config} sets core.worktree, which names a path on this host; the restore "
-                "rebuilds the worktree at the seat's cwd",
-                "run `git config --unset core.worktree` and run the seat at its worktree, then "
-                "cut again",
-            )
+        _check_core_worktree(config, listing, own_worktree)
     hooks: list[tuple[str, Path]] = []
     hooks_dir = common / "hooks"
     if os.path.isdir(hooks_dir) and not os.path.islink(hooks_dir):
@@ -568,6 +598,20 @@ async def _gitdir_facts(cwd: Path, common: Path, earlier: ConfigListing | None) 
         worktree_config=worktree_config,
         sparse_patterns=patterns,
     )
+
+
+def _check_core_worktree(config: Path, listing: ConfigListing, own_worktree: bytes | None) -> None:
+    worktrees = [
+        value for key, value in _config_entries(listing.listing) if key.lower() == b"core.worktree"
+    ]
+    if worktrees and (own_worktree is None or worktrees != [own_worktree]):
+        raise Refusal(
+            Code.GITDIR_UNSUPPORTED,
+            f"{config} sets core.worktree, which names a path on this host; the restore "
+            "rebuilds the worktree at the seat's cwd",
+            "run `git config --unset core.worktree` and run the seat at its worktree, then "
+            "cut again",
+        )
 
 
 def _read_worktree_config(common: Path) -> bytes | None:
@@ -659,7 +703,7 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
     """Refuse the index states a checkpoint cannot carry; name the intent-to-add entries."""
     index = await run_git(cwd, "ls-files", "-s", "-t", "-v", "-z", "--debug")
     unmerged: list[bytes] = []
-    gitlinks: list[bytes] = []
+    gitlinks: list[tuple[bytes, str]] = []
     flagged: list[bytes] = []
     skipped: list[bytes] = []
     control: list[bytes] = []
@@ -667,11 +711,11 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
     digest = hashlib.sha256()
     for meta, path, flags in _index_entries(index.stdout):
         digest.update(b"%s\t%s\0%x\n" % (meta, path, flags & _CE_MEANING))
-        tag, mode, _oid, stage = meta.split(b" ")
+        tag, mode, oid, stage = meta.split(b" ")
         if stage != b"0":
             unmerged.append(path)
-        if mode == b"160000":
-            gitlinks.append(path)
+        elif mode == b"160000":
+            gitlinks.append((path, oid.decode("ascii")))
         if stage == b"0" and (flags & _CE_VALID or tag not in (b"H", b"S")):
             flagged.append(path)
         elif stage == b"0" and flags & _CE_SKIP_WORKTREE:
@@ -687,15 +731,6 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
             f"{cwd} has unmerged paths ({_names(unmerged)}); `git diff --cached` cannot express "
             "them",
             "resolve them (`git add` the result) or abort the merge, then cut again",
-        )
-    if gitlinks:
-        raise Refusal(
-            Code.SUBMODULE,
-            f"{cwd} has submodules ({_names(gitlinks)}); a checkpoint carries neither a "
-            "submodule's history nor its inner checkout and would restore it as an empty "
-            "directory (record open point 9)",
-            f"remove the submodule (`git rm {os.fsdecode(gitlinks[0])}`) or fold its inner state "
-            "into this repository as ordinary files, then cut again",
         )
     if flagged:
         raise Refusal(
@@ -719,6 +754,7 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
         intent_to_add=names,
         entries=digest.hexdigest(),
         skip_worktree=tuple(skipped),
+        gitlinks=tuple(gitlinks),
     )
 
 
@@ -948,6 +984,8 @@ async def _facts(
     earlier: Reusable | None = None,
     *,
     stash: bool = True,
+    prefix: str = "",
+    own_worktree: bytes | None = None,
 ) -> RepoFacts:
     """Inspect the repository at `cwd`, refusing what a checkpoint cannot reproduce.
 
@@ -966,11 +1004,14 @@ async def _facts(
     _check_untracked(cwd, untracked)
     _check_skipped(cwd, index.skip_worktree)
     status = _decode_status(cwd, raw_status)
-    gitdir = await _gitdir_facts(cwd, probe.common, earlier.config if earlier else None)
+    gitdir = await _gitdir_facts(
+        cwd, probe.common, earlier.config if earlier else None, own_worktree
+    )
     entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
     shallow = (
         await anyio.to_thread.run_sync(_read_shallow, cwd, probe.common) if probe.shallow else None
     )
+    submodules = await _submodule_facts(probe, index.gitlinks, prefix, stash=stash)
     return RepoFacts(
         top=probe.top,
         base=probe.base,
@@ -982,7 +1023,139 @@ async def _facts(
         index=index,
         stash=entries,
         shallow=shallow,
+        prefix=prefix,
+        submodules=submodules,
     )
+
+
+async def _submodule_facts(
+    probe: _Probe, gitlinks: Sequence[tuple[bytes, str]], prefix: str, *, stash: bool
+) -> tuple[SubFacts, ...]:
+    """Each gitlink of the index, and the submodule checked out there inspected as a
+    repository of its own (recursively), refusing by name a shape that cannot travel."""
+    if not gitlinks:
+        return ()
+    if len(gitlinks) > MAX_SUBMODULES:
+        raise _submodule_refusal(
+            probe.top,
+            f"has {len(gitlinks)} submodules, over the {MAX_SUBMODULES} a checkpoint carries",
+            "fold some of them into the repository as ordinary files",
+        )
+    if prefix.count("-") >= MAX_SUBMODULE_DEPTH:
+        raise _submodule_refusal(
+            probe.top,
+            f"is a submodule nested {MAX_SUBMODULE_DEPTH} deep and has submodules of its own "
+            f"({_names([p for p, _ in gitlinks])}); a checkpoint carries submodules "
+            f"{MAX_SUBMODULE_DEPTH} deep at most",
+            "fold the deepest submodules into their parents as ordinary files",
+        )
+    found: list[SubFacts] = []
+    for n, (raw, commit) in enumerate(gitlinks, 1):
+        found.append(await _one_submodule(probe, raw, commit, f"{prefix}sm{n}-", stash=stash))
+    return tuple(found)
+
+
+def _submodule_refusal(where: Path, what: str, cure: str) -> Refusal:
+    return Refusal(Code.SUBMODULE, f"{where} {what}", cure + ", then cut again")
+
+
+async def _one_submodule(
+    probe: _Probe, raw: bytes, commit: str, prefix: str, *, stash: bool
+) -> SubFacts:
+    if not _utf8(raw):
+        raise Refusal(
+            Code.NON_UTF8_PATH,
+            f"{probe.top} has a submodule whose path is not UTF-8 ({_names([raw])})",
+            "rename it to a UTF-8 path (`git mv`), then cut again",
+        )
+    path = raw.decode("utf-8")
+    worktree = probe.top / path
+    name = await anyio.to_thread.run_sync(_submodule_layout, probe, path, worktree)
+    if name is None:
+        return SubFacts(path=path, commit=commit, prefix=prefix, worktree=worktree)
+    gitdir = probe.common / "modules" / name
+    facts = await _facts(
+        worktree,
+        stash=stash,
+        prefix=prefix,
+        own_worktree=os.fsencode(os.path.relpath(worktree, gitdir)),
+    )
+    if facts.gitdir.hooks or facts.gitdir.sparse_patterns is not None:
+        raise _submodule_refusal(
+            worktree,
+            "is a submodule with hooks or a sparse checkout of its own; a checkpoint carries "
+            "neither for a submodule",
+            f"remove the hooks from {gitdir / 'hooks'} (the samples may stay) and disable the "
+            f"sparse checkout (`git -C {worktree} sparse-checkout disable`)",
+        )
+    if facts.gitdir.worktree_config is not None or facts.index.skip_worktree:
+        raise _submodule_refusal(
+            worktree,
+            "is a submodule with a config.worktree or skip-worktree entries; a checkpoint "
+            "carries neither for a submodule",
+            f"move the settings into {gitdir / 'config'} and clear the bits "
+            "(`git update-index --no-skip-worktree <path>`)",
+        )
+    return SubFacts(
+        path=path, commit=commit, prefix=prefix, worktree=worktree, name=name, facts=facts
+    )
+
+
+_GITFILE_CAP = 4096
+
+
+def _submodule_layout(probe: _Probe, path: str, worktree: Path) -> str | None:
+    """The module name of the submodule checked out at `worktree`, or None when it is not
+    checked out (an empty directory). Its `.git` must be the file git writes, naming
+    `modules/<name>` under its parent's git dir by the relative path git writes, so the
+    restore's layout gives back the same bytes; anything else refuses by name."""
+    cure = (
+        f"check it out as git does (`git submodule update --init {path}`; a submodule whose "
+        f"`.git` is a directory: `git submodule absorbgitdirs {path}`), or remove it "
+        f"(`git rm {path}`)"
+    )
+    try:
+        kind = os.lstat(worktree).st_mode
+    except FileNotFoundError:
+        raise _submodule_refusal(
+            worktree, "is a submodule missing from the worktree", cure
+        ) from None
+    if not stat.S_ISDIR(kind):
+        raise _submodule_refusal(worktree, "is a submodule that is not a directory", cure)
+    dotgit = worktree / ".git"
+    if not os.path.lexists(dotgit):
+        if os.listdir(worktree):
+            raise _submodule_refusal(worktree, "is a submodule with files but no .git", cure)
+        return None
+    if not stat.S_ISREG(os.lstat(dotgit).st_mode):
+        raise _submodule_refusal(
+            worktree, "is a submodule whose .git is not a file naming its git dir", cure
+        )
+    data = read_stable(dotgit, cap=_GITFILE_CAP, what="a submodule's .git").data
+    modules = os.fspath(probe.common / "modules")
+    rel = data[len(b"gitdir: ") : -1].decode("utf-8", "replace")
+    target = os.path.normpath(os.path.join(worktree, rel))
+    name = target[len(modules) + 1 :]
+    canonical = target.startswith(modules + "/") and data == submodule_gitfile(worktree, target)
+    if not canonical or os.path.realpath(target) != target or not os.path.isdir(target):
+        raise _submodule_refusal(
+            worktree,
+            f"is a submodule whose .git ({data[:200]!r}) does not name its git dir under "
+            f"{modules} as git writes it",
+            cure,
+        )
+    try:
+        check_relpath("submodule name", name)
+    except ValueError as exc:
+        raise _submodule_refusal(
+            worktree, f"has a module name git would not write: {exc}", cure
+        ) from None
+    return name
+
+
+def submodule_gitfile(worktree: Path | str, gitdir: Path | str) -> bytes:
+    """The `.git` file git writes in a submodule's checkout: the relative path to its git dir."""
+    return b"gitdir: " + os.fsencode(os.path.relpath(gitdir, worktree)) + b"\n"
 
 
 async def _index_scan(cwd: Path, index_path: Path, earlier: Reusable | None) -> IndexScan:
@@ -1212,9 +1385,9 @@ def _write_untracked_tar(
 
 
 async def _capture_untracked(
-    top: Path, paths: Sequence[bytes], seat_dir: Path, progress: Progress | None
+    top: Path, paths: Sequence[bytes], seat_dir: Path, progress: Progress | None, prefix: str = ""
 ) -> FileRef:
-    out = await anyio.to_thread.run_sync(ExclusiveFile, seat_dir, UNTRACKED_FILE)
+    out = await anyio.to_thread.run_sync(ExclusiveFile, seat_dir, prefix + UNTRACKED_FILE)
 
     def report(done: int) -> None:
         if progress is not None:
@@ -1295,7 +1468,7 @@ def _redact_config(
 
 
 async def _capture_config(
-    cwd: Path, config: Path, seat_dir: Path, listed: ConfigListing | None
+    cwd: Path, config: Path, seat_dir: Path, listed: ConfigListing | None, prefix: str = ""
 ) -> tuple[FileRef, list[str]]:
     raw = read_stable(config, cap=_CONFIG_CAP, what="git config").data
     if listed is not None and listed.digest == _config_digest(raw):
@@ -1307,10 +1480,10 @@ async def _capture_config(
     entries = _config_entries(listing)
     kept, redacted = _redact_config(raw, entries)
     data = raw if not redacted else _render_config(kept)
-    ref = await _write_small_off_loop(seat_dir, GIT_CONFIG_FILE, data)
+    ref = await _write_small_off_loop(seat_dir, prefix + GIT_CONFIG_FILE, data)
     if redacted:
         reread = await run_git(
-            cwd, "config", "--file", str(seat_dir / GIT_CONFIG_FILE), "--null", "--list"
+            cwd, "config", "--file", str(seat_dir / (prefix + GIT_CONFIG_FILE)), "--null", "--list"
         )
         if _config_entries(reread.stdout) != kept or _URL_CREDENTIAL.search(data):
             raise Refusal(
@@ -1330,12 +1503,12 @@ async def _capture_config(
 
 
 async def _capture_gitdir(
-    cwd: Path, facts: GitDirFacts, seat_dir: Path
+    cwd: Path, facts: GitDirFacts, seat_dir: Path, prefix: str = ""
 ) -> tuple[FileRef | None, list[str], list[CarriedHook], FileRef | None]:
     config: FileRef | None = None
     redacted: list[str] = []
     if facts.config is not None:
-        config, redacted = await _capture_config(cwd, facts.config, seat_dir, facts.listing)
+        config, redacted = await _capture_config(cwd, facts.config, seat_dir, facts.listing, prefix)
     hooks: list[CarriedHook] = []
     for name, path in facts.hooks:
         mode = stat.S_IMODE(os.lstat(path).st_mode) & 0o777
@@ -1350,7 +1523,7 @@ async def _capture_gitdir(
     exclude: FileRef | None = None
     if facts.info_exclude is not None:
         exclude = await anyio.to_thread.run_sync(
-            capture_file, facts.info_exclude, seat_dir, INFO_EXCLUDE_FILE
+            capture_file, facts.info_exclude, seat_dir, prefix + INFO_EXCLUDE_FILE
         )
     return config, redacted, hooks, exclude
 
@@ -1448,6 +1621,7 @@ async def _capture_bundle(
     stash_revs: Sequence[str],
     prerequisites: Sequence[str],
     progress: Progress | None,
+    prefix: str = "",
 ) -> FileRef | None:
     """`repo.bundle`, or None when an incremental capture has nothing new to carry."""
     try:
@@ -1463,7 +1637,7 @@ async def _capture_bundle(
                 *(f"^{oid}" for oid in prerequisites),
             ],
             seat_dir,
-            BUNDLE_FILE,
+            prefix + BUNDLE_FILE,
             progress=progress,
             phase="bundle",
         )
@@ -1547,7 +1721,7 @@ async def _check_bundle_refs(
 ) -> None:
     heads: dict[str, str] = {}
     if bundle is not None:
-        heads = await _bundle_header_refs(cwd, seat_dir / BUNDLE_FILE)
+        heads = await _bundle_header_refs(cwd, seat_dir / bundle.file)
     # An incremental bundle leaves out refs whose tips the predecessor carried: the heads must
     # agree with the refs they name, and every ref left out must be covered by a prerequisite.
     differ = heads_differing(heads, refs, incremental=bool(prerequisites))
@@ -1605,45 +1779,19 @@ async def _capture_tree(
     cwd: Path, seat_dir: Path, facts: RepoFacts, progress: Progress | None
 ) -> _TreeArtifacts:
     """The diffs, the untracked archive, the refs list, the git dir files and the lists."""
-    if names_tracked_change(facts.status):
-        index_diff = await stream_git_to_file(
-            cwd,
-            ["diff", "--cached", *DIFF_FLAGS],
-            seat_dir,
-            INDEX_DIFF_FILE,
-            progress=progress,
-            phase="index-diff",
-        )
-        worktree_diff = await stream_git_to_file(
-            cwd,
-            ["diff", *DIFF_FLAGS],
-            seat_dir,
-            WORKTREE_DIFF_FILE,
-            progress=progress,
-            phase="worktree-diff",
-        )
-    else:
-        # Both diffs are empty, and two git runs per seat would write nothing: a seat at rest
-        # usually has committed its work. The after-capture check reads the status again.
-        index_diff = await _write_small_off_loop(seat_dir, INDEX_DIFF_FILE, b"")
-        worktree_diff = await _write_small_off_loop(seat_dir, WORKTREE_DIFF_FILE, b"")
-    untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress)
+    prefix = facts.prefix
+    index_diff, worktree_diff = await _capture_diffs(cwd, seat_dir, facts, progress)
+    untracked = await _capture_untracked(facts.top, facts.untracked, seat_dir, progress, prefix)
     refs_ref: FileRef | None = None
     if facts.refs:
-        refs_ref = await _write_small_off_loop(seat_dir, REFS_FILE, format_refs_list(facts.refs))
-    config, redacted, hooks, exclude = await _capture_gitdir(cwd, facts.gitdir, seat_dir)
-    status_file: FileRef | None = None
-    ita_file: FileRef | None = None
-    ita = facts.index.intent_to_add
-    status_inline, ita_inline = facts.status, ita
-    ita_bytes = b"".join(p.encode() + b"\0" for p in ita)
-    if len(facts.status.encode()) + len(ita_bytes) > LISTS_INLINE_CAP:
-        status_file = await _write_small_off_loop(seat_dir, STATUS_FILE, facts.status.encode())
-        ita_file = await _write_small_off_loop(seat_dir, INTENT_TO_ADD_FILE, ita_bytes)
-        status_inline, ita_inline = "", []
+        refs_ref = await _write_small_off_loop(
+            seat_dir, prefix + REFS_FILE, format_refs_list(facts.refs)
+        )
+    config, redacted, hooks, exclude = await _capture_gitdir(cwd, facts.gitdir, seat_dir, prefix)
+    status_file, ita_file, status_inline, ita_inline = await _capture_lists(seat_dir, facts)
     shallow: FileRef | None = None
     if facts.shallow is not None:
-        shallow = await _write_small_off_loop(seat_dir, SHALLOW_FILE, facts.shallow)
+        shallow = await _write_small_off_loop(seat_dir, prefix + SHALLOW_FILE, facts.shallow)
     sparse = await _capture_sparse(seat_dir, facts)
     worktree_config: FileRef | None = None
     if facts.gitdir.worktree_config is not None:
@@ -1667,6 +1815,52 @@ async def _capture_tree(
         sparse=sparse,
         worktree_config=worktree_config,
     )
+
+
+async def _capture_diffs(
+    cwd: Path, seat_dir: Path, facts: RepoFacts, progress: Progress | None
+) -> tuple[FileRef, FileRef]:
+    """The index diff (base to index) and the worktree diff (index to worktree)."""
+    prefix = facts.prefix
+    if not names_tracked_change(facts.status):
+        # Both diffs are empty, and two git runs per seat would write nothing: a seat at rest
+        # usually has committed its work. The after-capture check reads the status again.
+        return (
+            await _write_small_off_loop(seat_dir, prefix + INDEX_DIFF_FILE, b""),
+            await _write_small_off_loop(seat_dir, prefix + WORKTREE_DIFF_FILE, b""),
+        )
+    index_diff = await stream_git_to_file(
+        cwd,
+        ["diff", "--cached", *DIFF_FLAGS],
+        seat_dir,
+        prefix + INDEX_DIFF_FILE,
+        progress=progress,
+        phase="index-diff",
+    )
+    worktree_diff = await stream_git_to_file(
+        cwd,
+        ["diff", *DIFF_FLAGS],
+        seat_dir,
+        prefix + WORKTREE_DIFF_FILE,
+        progress=progress,
+        phase="worktree-diff",
+    )
+    return index_diff, worktree_diff
+
+
+async def _capture_lists(
+    seat_dir: Path, facts: RepoFacts
+) -> tuple[FileRef | None, FileRef | None, str, list[str]]:
+    """The status and intent-to-add lists inline, or in files of their own when large."""
+    ita = facts.index.intent_to_add
+    ita_bytes = b"".join(p.encode() + b"\0" for p in ita)
+    if len(facts.status.encode()) + len(ita_bytes) <= LISTS_INLINE_CAP:
+        return None, None, facts.status, ita
+    status_file = await _write_small_off_loop(
+        seat_dir, facts.prefix + STATUS_FILE, facts.status.encode()
+    )
+    ita_file = await _write_small_off_loop(seat_dir, facts.prefix + INTENT_TO_ADD_FILE, ita_bytes)
+    return status_file, ita_file, "", []
 
 
 async def _capture_sparse(seat_dir: Path, facts: RepoFacts) -> SparseRecord | None:
@@ -1756,6 +1950,7 @@ async def capture_repository(
         # step; a shallow history is small by construction (docs/design.md decision 17).
         prerequisites = ()
     bundle, tree = await _capture_artifacts(cwd, seat_dir, facts, prerequisites, progress)
+    submodules = await _capture_submodules(seat_dir, facts)
     after = await _facts(cwd, declared, facts.reusable())
     _verify_unmoved(cwd, facts, after)
     return _repository_record(
@@ -1766,7 +1961,42 @@ async def capture_repository(
         declared=declared,
         since=since if prerequisites else None,
         precopy=precopy if prerequisites else None,
+        submodules=submodules,
     )
+
+
+async def _capture_submodules(seat_dir: Path, facts: RepoFacts) -> list[SubmoduleRecord] | None:
+    """Each gitlink of the index, and each checked-out submodule captured as a repository of
+    its own, its files named with its prefix, its own submodules within it (None: there are
+    none). The after-capture check of the seat's repository re-inspects them all."""
+    if not facts.submodules:
+        return None
+    records: list[SubmoduleRecord] = []
+    for sub in facts.submodules:
+        repository: RepositoryRecord | None = None
+        if sub.facts is not None:
+            bundle, tree = await _capture_artifacts(sub.worktree, seat_dir, sub.facts, (), None)
+            nested = await _capture_submodules(seat_dir, sub.facts)
+            repository = _repository_record(
+                sub.worktree,
+                sub.facts,
+                bundle,
+                tree,
+                declared=[],
+                since=None,
+                precopy=None,
+                submodules=nested,
+            )
+        records.append(
+            SubmoduleRecord(
+                path=sub.path,
+                commit=sub.commit,
+                prefix=sub.prefix,
+                name=sub.name,
+                repository=repository,
+            )
+        )
+    return records
 
 
 def _check_stash_head(cwd: Path, refs: dict[str, str], stash: list[StashEntry]) -> None:
@@ -1796,10 +2026,12 @@ async def _capture_artifacts(
     order = _AfterBundle(progress)
 
     async def bundle_part() -> FileRef | None:
-        bundle = await _capture_bundle(cwd, seat_dir, stash_revs, prerequisites, progress)
+        bundle = await _capture_bundle(
+            cwd, seat_dir, stash_revs, prerequisites, progress, facts.prefix
+        )
         await _check_bundle_refs(cwd, seat_dir, bundle, refs, prerequisites)
         if facts.shallow is not None and bundle is not None:
-            await _check_shallow_bundle(cwd, seat_dir / BUNDLE_FILE)
+            await _check_shallow_bundle(cwd, seat_dir / bundle.file)
         order.release()
         return bundle
 
@@ -1845,6 +2077,7 @@ def _verify_unmoved(cwd: Path, facts: RepoFacts, after: RepoFacts) -> None:
             ("config.worktree", after.gitdir.worktree_config == facts.gitdir.worktree_config),
             # A flag or an intent-to-add entry can change without changing the status.
             ("index", after.index.entries == facts.index.entries),
+            ("submodules", _submodule_shape(after) == _submodule_shape(facts)),
         )
         if not same
     ]
@@ -1855,6 +2088,13 @@ def _verify_unmoved(cwd: Path, facts: RepoFacts, after: RepoFacts) -> None:
             f"({', '.join(moved)} differ)",
             "make sure the seat is stopped and nothing else writes to its tree, then cut again",
         )
+    for sub, later in zip(facts.submodules, after.submodules, strict=True):
+        if sub.facts is not None and later.facts is not None:
+            _verify_unmoved(sub.worktree, sub.facts, later.facts)
+
+
+def _submodule_shape(facts: RepoFacts) -> list[tuple[str, str, str | None]]:
+    return [(sub.path, sub.commit, sub.name) for sub in facts.submodules]
 
 
 def _repository_record(
@@ -1866,6 +2106,7 @@ def _repository_record(
     declared: list[str],
     since: IncrementalLink | None,
     precopy: PrecopyLink | None,
+    submodules: list[SubmoduleRecord] | None = None,
 ) -> RepositoryRecord:
     try:
         record = RepositoryRecord(
@@ -1894,6 +2135,7 @@ def _repository_record(
             worktree_config=(
                 msgspec.UNSET if tree.worktree_config is None else tree.worktree_config
             ),
+            submodules=msgspec.UNSET if submodules is None else submodules,
         )
         # Round-trip through the strict decoder so the capture never returns a record the
         # reader would refuse (the constructor does not check field patterns).

@@ -19,8 +19,11 @@ intent-to-add entries whose file was gone at the cut; apply the worktree diff; m
 remaining intent-to-add entries; extract the untracked archive under strict member rules; prove
 no ignored file lies outside the recorded selection; reattach HEAD to its branch; put back a
 sparse checkout's config.worktree and patterns, mark exactly the recorded entries skip-worktree
-and take their files out of the tree (a sparse index is rebuilt from the patterns); compare `git
-status`; promote; compare again in place.
+and take their files out of the tree (a sparse index is rebuilt from the patterns); set the
+index's gitlinks as recorded and rebuild each checked-out submodule (its git dir under
+`.git/modules/<name>`, its `.git` file, its carried config, then the same steps as above on its
+own record, its own submodules within it); compare `git status`; promote; compare again in
+place.
 
 See docs/operations.md ("What a checkpoint carries").
 """
@@ -62,6 +65,7 @@ from manager.checkpoint.gitstate import (
     read_stash,
     run_git,
     settle_stat_data,
+    submodule_gitfile,
 )
 from manager.checkpoint.landing import check_tree, mount_points
 from manager.checkpoint.reader import verify_file
@@ -71,6 +75,7 @@ from protocol.checkpoint import (
     SUPERSEDED_PREFIX,
     FileRef,
     RepositoryRecord,
+    SubmoduleRecord,
     check_repository_lists,
     parse_intent_to_add,
     parse_refs_list,
@@ -292,8 +297,10 @@ def _write_gitdir_file(gitdir: Path, rel: str, data: bytes, mode: int) -> None:
         os.close(root_fd)
 
 
-def _restore_gitdir(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
-    gitdir = staging / ".git"
+def _restore_gitdir(
+    staging: Path, seat_dir: Path, record: RepositoryRecord, gitdir: Path | None = None
+) -> None:
+    gitdir = gitdir or staging / ".git"
     if record.config is not None:
         _write_gitdir_file(gitdir, "config", _carried_bytes(seat_dir, record.config), 0o644)
     if record.info_exclude is not None:
@@ -479,7 +486,9 @@ async def _stage_objects(
         )
 
 
-async def _restore_shallow(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+async def _restore_shallow(
+    staging: Path, seat_dir: Path, record: RepositoryRecord, gitdir: Path | None = None
+) -> None:
     """A shallow clone's boundary back as `.git/shallow`, byte for byte, before anything walks
     the history: the bundle holds the boundary commits and none of their parents. Each commit
     it names must be one the bundle carried, and git must then call the repository shallow."""
@@ -494,7 +503,9 @@ async def _restore_shallow(staging: Path, seat_dir: Path, record: RepositoryReco
             f"the carried shallow boundary {seat_dir / record.shallow.file}: {exc}",
             "copy the checkpoint again from the source host, or cut the seat again",
         ) from None
-    await anyio.to_thread.run_sync(_write_gitdir_file, staging / ".git", "shallow", data, 0o644)
+    await anyio.to_thread.run_sync(
+        _write_gitdir_file, gitdir or staging / ".git", "shallow", data, 0o644
+    )
     found = await run_git(
         staging,
         "cat-file",
@@ -516,7 +527,7 @@ async def _restore_shallow(staging: Path, seat_dir: Path, record: RepositoryReco
     if probe.stdout.strip() != b"true":
         raise Refusal(
             Code.SHALLOW_MISMATCH,
-            f"git does not read {staging / '.git' / 'shallow'} as a shallow boundary",
+            f"git does not read {(gitdir or staging / '.git') / 'shallow'} as a shallow boundary",
             "restore on a git that reads `.git/shallow` (any git since 1.5)",
         )
 
@@ -644,7 +655,17 @@ async def _checkout_base(staging: Path, record: RepositoryRecord) -> None:
             "the bundle and the record do not belong together; copy the checkpoint again from the "
             "source host",
         )
-    await run_git(staging, "checkout", "--quiet", "--detach", record.base, code=Code.RESTORE_FAILED)
+    # Never into a submodule (an operator's global `submodule.recurse`): each has its record.
+    await run_git(
+        staging,
+        "-c",
+        "submodule.recurse=false",
+        "checkout",
+        "--quiet",
+        "--detach",
+        record.base,
+        code=Code.RESTORE_FAILED,
+    )
     # The checkout wrote its files and its index in this second, so each entry is racily clean:
     # the index write of the `apply --index` below would hash every such file to decide whether
     # to smudge it, and the refresh after the applies would hash them all again (a 32 MiB blob:
@@ -772,7 +793,136 @@ async def _build(
     await _prove_selection(staging, record)
     await _reattach_head(staging, record, refs)
     await _restore_sparse(staging, seat_dir, record)
+    await _restore_submodules(staging, staging / ".git", seat_dir, record)
     await _verify_staged_status(staging, status)
+
+
+# -- submodules ---------------------------------------------------------------------------------
+
+
+async def _restore_submodules(
+    worktree: Path, gitdir: Path, seat_dir: Path, record: RepositoryRecord
+) -> None:
+    """The index's gitlinks exactly as recorded, and each checked-out submodule rebuilt as a
+    repository of its own: its git dir at `modules/<name>` under `gitdir`, its checkout at its
+    path with the `.git` file git writes, its own submodules within it."""
+    if record.submodules is msgspec.UNSET:
+        return
+    await _set_gitlinks(worktree, record.submodules)
+    for sub in record.submodules:
+        if sub.repository is None or sub.name is None:
+            continue
+        sub_tree = await anyio.to_thread.run_sync(_make_dir_below, worktree, sub.path)
+        sub_gitdir = await anyio.to_thread.run_sync(_make_dir_below, gitdir, f"modules/{sub.name}")
+        await _build_submodule(sub_tree, sub_gitdir, seat_dir, sub.repository)
+
+
+def _make_dir_below(root: Path, rel: str) -> Path:
+    """`root/rel` as an empty directory, each missing step made and none a symlink."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        parent, leaf = _open_dirs(root_fd, rel, create=True)
+        try:
+            try:
+                os.mkdir(leaf, 0o777, dir_fd=parent)
+            except FileExistsError:
+                pass
+            fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+            try:
+                inside = os.listdir(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise Refusal(
+                Code.UNSAFE_ARCHIVE,
+                f"{root / rel} cannot be made a plain directory for a submodule ({exc.strerror})",
+                "the checkpoint is not one cotal captured; cut a new one on the source host",
+            ) from None
+        finally:
+            os.close(parent)
+    finally:
+        os.close(root_fd)
+    if inside:
+        raise Refusal(
+            Code.RESTORE_FAILED,
+            f"the submodule directory {root / rel} already holds {', '.join(sorted(inside)[:5])}",
+            "the checkpoint is inconsistent; cut a new one",
+        )
+    return root / rel
+
+
+async def _set_gitlinks(worktree: Path, submodules: Sequence[SubmoduleRecord]) -> None:
+    """Every gitlink of the index exactly as recorded: the superproject's diffs leave them
+    out, so each is set here (and one the base has that the index did not, removed)."""
+    want = {sub.path: sub.commit for sub in submodules}
+    present = await _gitlinks(worktree)
+    lines = [f"160000 {oid}\t{path}\0" for path, oid in want.items()]
+    lines += [f"0 {'0' * len(oid)}\t{path}\0" for path, oid in present.items() if path not in want]
+    await run_git(
+        worktree,
+        "update-index",
+        "-z",
+        "--index-info",
+        stdin="".join(lines).encode(),
+        code=Code.RESTORE_FAILED,
+    )
+    if await _gitlinks(worktree) != want:
+        raise Refusal(
+            Code.RESTORE_MISMATCH,
+            f"the restored index of {worktree} does not pin the recorded submodule commits",
+            "the checkpoint is inconsistent; cut a new one",
+        )
+
+
+async def _gitlinks(worktree: Path) -> dict[str, str]:
+    out = await run_git(worktree, "ls-files", "-s", "-z", code=Code.RESTORE_FAILED)
+    found: dict[str, str] = {}
+    for entry in out.stdout.split(b"\0"):
+        meta, _, path = entry.partition(b"\t")
+        if meta.startswith(b"160000 "):
+            found[path.decode("utf-8", "surrogateescape")] = meta.split(b" ")[1].decode()
+    return found
+
+
+async def _build_submodule(
+    worktree: Path, gitdir: Path, seat_dir: Path, record: RepositoryRecord
+) -> None:
+    """One submodule from its record, as `_build` builds the seat's repository: its git dir
+    made, its `.git` file and carried config written first (its core.worktree, core.bare
+    false), then its bundle, its base, its refs, its changes, its untracked files, its own
+    submodules, and its status compared."""
+    status, intent_to_add = _read_lists(seat_dir, record)
+    refs = _read_recorded_refs(seat_dir, record)
+    await _verify_bundle_refs(seat_dir, record, refs)
+    if record.bundle is None or record.config is None:
+        raise Refusal(
+            Code.BAD_RECORD,
+            f"the submodule record for {worktree} carries no bundle or no config",
+            "cut a new checkpoint",
+        )
+    await run_git(
+        worktree, "init", "--quiet", "--bare", "--template=", str(gitdir), code=Code.RESTORE_FAILED
+    )
+    gitfile = submodule_gitfile(worktree, gitdir)
+    await anyio.to_thread.run_sync(_write_gitdir_file, worktree, ".git", gitfile, 0o644)
+    await anyio.to_thread.run_sync(_restore_gitdir, worktree, seat_dir, record, gitdir)
+    await run_git(
+        worktree,
+        "bundle",
+        "unbundle",
+        str(seat_dir / record.bundle.file),
+        code=Code.RESTORE_FAILED,
+        cure="the submodule's bundle cannot be unbundled; copy the checkpoint again",
+    )
+    await _restore_shallow(worktree, seat_dir, record, gitdir)
+    await _checkout_base(worktree, record)
+    await _restore_refs(worktree, record, refs)
+    await _apply_changes(worktree, seat_dir, record, status, intent_to_add)
+    await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, worktree)
+    await _prove_selection(worktree, record)
+    await _reattach_head(worktree, record, refs)
+    await _restore_submodules(worktree, gitdir, seat_dir, record)
+    await _verify_staged_status(worktree, status)
 
 
 # -- promotion ----------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""A shallow clone and a sparse checkout cut on one root and resumed on another (issue 42,
-items 2 and 3): each host runs its own embedded broker, the source's tree and broker are gone
-before the destination starts, the destination's root is at another path, and nothing reaches
-a remote. The repository comes back identical by `fingerprint` (status, bytes, refs, history,
-stash, index flags, the shallow boundary, the sparse patterns and config) and the seat answers
-its phrase there."""
+"""A shallow clone, a sparse checkout and a superproject with nested submodules cut on one root
+and resumed on another (issue 42, items 1 to 3): each host runs its own embedded broker, the
+source's tree and broker are gone before the destination starts, the destination's root is at
+another path, and nothing reaches a remote. The repository comes back identical by
+`fingerprint` (status, bytes, refs, history, stash, index flags, the shallow boundary, the
+sparse patterns and config; for submodules, `git submodule status --recursive` and each
+submodule's own) and the seat answers its phrase there."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from tests.e2e.test_move import two_roots  # noqa: F401  (the fixture)
 from tests.e2e.test_relocation import _carry, _hosts, _restore, _spawn_and_cut
 from tests.e2e.test_resume import PHRASE
 from tests.helpers import signer_key
-from tests.integration.test_repo_shapes import fingerprint, shallow_clone, sparse_checkout
+from tests.integration.test_repo_shapes import (
+    fingerprint,
+    shallow_clone,
+    sparse_checkout,
+    submodule_fingerprint,
+    with_submodules,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -38,19 +45,28 @@ def _sparse(mode: str) -> Callable[[Path, Path], Path]:
     return make
 
 
+def _submodules(tmp_path: Path, root: Path) -> Path:
+    # The submodules' origins are deleted before the cut: nothing can reach them.
+    return with_submodules(root / "repo", tmp_path / "origins")
+
+
 SHAPES: dict[str, Callable[[Path, Path], Path]] = {
     "shallow-depth-1": _shallow(1),
     "shallow-depth-3": _shallow(3),
     "sparse-cone": _sparse("cone"),
     "sparse-no-cone": _sparse("no-cone"),
+    "submodules": _submodules,
 }
+# A shape whose fingerprint reaches further than the repository's own.
+PRINTS: dict[str, Callable[[Path], dict[str, object]]] = {"submodules": submodule_fingerprint}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 async def test_the_repository_shape_travels_to_another_root(tmp_path: Path, shape: str) -> None:
     a, dest = _hosts(tmp_path)
     cwd = SHAPES[shape](tmp_path, a.root)
-    before = fingerprint(cwd)
+    print_of = PRINTS.get(shape, fingerprint)
+    before = print_of(cwd)
     row, attempt_dir = _spawn_and_cut(a, None, cwd)
     copy = _carry(a, dest, attempt_dir, tmp_path)
     assert not a.root.exists()
@@ -60,7 +76,7 @@ async def test_the_repository_shape_travels_to_another_root(tmp_path: Path, shap
     new_cwd = dest.root / "repo"
     assert seat["relocated"] == {"cwdBefore": str(cwd.resolve()), "cwdAfter": str(new_cwd)}
     assert seat["continuity"] == "exact" and seat["sessionAfter"] == row["sessionId"]
-    assert fingerprint(new_cwd) == before
+    assert print_of(new_cwd) == before
     assert (
         dest.json("send", "default", "What was the phrase?", "--wait")["reply"]
         == f"The phrase is {PHRASE}."

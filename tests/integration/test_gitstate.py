@@ -130,7 +130,8 @@ async def test_preflight_refuses_submodules_by_name(tmp_path: Path) -> None:
     with pytest.raises(Refusal) as err:
         await preflight_repository(repo)
     assert err.value.code == "submodule"
-    assert "vendor/lib" in err.value.message and "open point 9" in err.value.message
+    assert "vendor/lib" in err.value.message and "missing from the worktree" in err.value.message
+    assert "git submodule update --init vendor/lib" in err.value.cure
 
 
 @pytest.mark.anyio

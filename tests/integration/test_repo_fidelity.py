@@ -188,7 +188,9 @@ def test_carry_include_in_the_root_config(tmp_path: Path) -> None:
         registry.load_config(tmp_path)
 
 
-async def test_a_submodule_is_refused_at_preflight_by_name(tmp_path: Path) -> None:
+async def test_a_submodule_not_absorbed_is_refused_at_preflight_by_name(tmp_path: Path) -> None:
+    """A submodule travels (tests/integration/test_repo_shapes.py), but only as git lays it
+    out: one whose `.git` is a directory of its own is refused by name, with the cure."""
     inner = init_repo(tmp_path / "inner")
     write(inner / "i.txt", "inner\n")
     git(inner, "add", "-A")
@@ -197,12 +199,13 @@ async def test_a_submodule_is_refused_at_preflight_by_name(tmp_path: Path) -> No
     write(repo / "a.txt", "a\n")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "a")
-    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(inner), "libs/sub")
+    git(repo, "clone", "-q", str(inner), "libs/sub")
+    git(repo, "add", "libs/sub")
     git(repo, "commit", "-q", "-m", "sub")
     with pytest.raises(Refusal) as exc:
         await preflight_repository(repo)
     assert exc.value.code == "submodule" and "libs/sub" in exc.value.message
-    assert "remove the submodule" in exc.value.cure
+    assert "git submodule absorbgitdirs libs/sub" in exc.value.cure
 
 
 async def test_twenty_thousand_changed_paths_round_trip(tmp_path: Path) -> None:

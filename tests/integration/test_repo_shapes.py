@@ -1,4 +1,5 @@
-"""A shallow clone and a sparse checkout travel as they are (issue 42, items 2 and 3): captured
+"""A shallow clone, a sparse checkout and submodules travel as they are (issue 42, items 1 to
+3): captured
 and restored at another path, the repository's shape is the same by a fingerprint that adds the
 shallow boundary, the sparse patterns, the skip-worktree bits and the files present and absent
 to the status and the bytes; a tampered shape artifact is refused at admission by name."""
@@ -17,7 +18,7 @@ from manager.checkpoint.admit import check_repository
 from manager.checkpoint.gitstate import capture_repository, preflight_repository
 from manager.checkpoint.reader import verify_seat_files
 from manager.checkpoint.restore import restore_repository
-from protocol.checkpoint import RepositoryRecord
+from protocol.checkpoint import RepositoryRecord, selection_rule
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from tests.gitrepo import git, init_repo, seat_dir_for, tree_digest, write
@@ -323,3 +324,198 @@ async def test_a_tampered_sparse_list_is_refused_at_admission(tmp_path: Path) ->
         assert exc.value.code == "sparse-mismatch", exc.value.text
         assert not target.exists()
         shutil.rmtree(target.with_name("work.incoming"))
+
+
+def _committed(path: Path, files: dict[str, str]) -> Path:
+    repo = init_repo(path)
+    for rel, text in files.items():
+        write(repo / rel, text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", f"first of {path.name}")
+    return repo
+
+
+def _add_submodule(repo: Path, origin: Path, where: str) -> None:
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(origin), where)
+    git(repo, "commit", "-q", "-m", f"submodule {where}")
+
+
+def with_submodules(path: Path, origins: Path) -> Path:
+    """A superproject with a submodule (`libs/sub`) that has a submodule of its own
+    (`deep/nest`), cloned from origins under `origins` that are then deleted. The submodule
+    has a commit beyond the one the superproject pins, a stash, staged, unstaged and untracked
+    work; the nested one unstaged and untracked work; the superproject its own."""
+    nested = _committed(origins / "nested", {"n.txt": "nested v1\n"})
+    inner = _committed(origins / "inner", {"a.txt": "inner v1\n", "b.txt": "b\n"})
+    _add_submodule(inner, nested, "deep/nest")
+    git(inner, "tag", "-a", "v1", "-m", "inner v1")
+    repo = _committed(path, {"top.txt": "top v1\n"})
+    _add_submodule(repo, inner, "libs/sub")
+    git(
+        repo,
+        "-c",
+        "protocol.file.allow=always",
+        "submodule",
+        "update",
+        "-q",
+        "--init",
+        "--recursive",
+    )
+    shutil.rmtree(origins)
+    sub = repo / "libs" / "sub"
+    write(sub / "c.txt", "beyond the pinned commit\n")
+    git(sub, "add", "c.txt")
+    git(sub, "commit", "-q", "-m", "beyond the pin")
+    write(sub / "b.txt", "stashed\n")
+    git(sub, "stash", "push", "-q", "-m", "inner stash")
+    write(sub / "a.txt", "staged\n")
+    git(sub, "add", "a.txt")
+    write(sub / "a.txt", "staged, then unstaged\n")
+    write(sub / "notes" / "untracked.txt", "untracked in the submodule\n")
+    write(sub / "deep" / "nest" / "n.txt", "nested, unstaged\n")
+    write(sub / "deep" / "nest" / "nu.txt", "untracked in the nested submodule\n")
+    write(repo / "top.txt", "top, unstaged\n")
+    write(repo / "top-untracked.txt", "untracked in the superproject\n")
+    return repo
+
+
+SUBMODULES = ("libs/sub", "libs/sub/deep/nest")
+
+
+@pytest.fixture(scope="module")
+def submodule_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`with_submodules` made once for this module; each test works on its own copy (every
+    `.git` file and `core.worktree` in it is relative, so a copy is the same repository)."""
+    made = tmp_path_factory.mktemp("submodules")
+    return with_submodules(made / "work", made / "origins")
+
+
+def submodule_copy(template: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(template, tmp_path / "work", symlinks=True))
+
+
+def submodule_fingerprint(repo: Path) -> dict[str, object]:
+    """The superproject's fingerprint (whose tree digest holds every file of the submodules,
+    their `.git` files included), `git submodule status --recursive`, and each submodule's
+    own fingerprint."""
+    return {
+        "top": fingerprint(repo),
+        "submodules": git(repo, "submodule", "status", "--recursive"),
+        **{path: fingerprint(repo / path) for path in SUBMODULES},
+    }
+
+
+async def test_submodules_travel_with_their_checkouts(
+    tmp_path: Path, submodule_template: Path
+) -> None:
+    repo = submodule_copy(submodule_template, tmp_path)
+    before = submodule_fingerprint(repo)
+    assert isinstance(before["submodules"], bytes)
+    assert before["submodules"].startswith(b"+")  # the submodule is beyond its pin
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.submodules is not msgspec.UNSET
+    [sub] = record.submodules
+    assert (sub.path, sub.name, sub.prefix) == ("libs/sub", "libs/sub", "sm1-")
+    assert sub.repository is not None and sub.repository.submodules is not msgspec.UNSET
+    assert [n.prefix for n in sub.repository.submodules] == ["sm1-sm1-"]
+    after = submodule_fingerprint(target)
+    assert after == before
+    assert (
+        target / "libs" / "sub" / ".git"
+    ).read_bytes() == b"gitdir: ../../.git/modules/libs/sub\n"
+    # The submodule's history is whole at the destination, its remote gone.
+    git(target / "libs" / "sub", "fsck", "--no-progress")
+    assert git(target / "libs" / "sub", "stash", "list") == git(
+        repo / "libs" / "sub", "stash", "list"
+    )
+    assert not (submodule_template.parent / "origins").exists()
+
+
+async def test_a_submodule_credential_never_travels(
+    tmp_path: Path, submodule_template: Path
+) -> None:
+    """A submodule's config is carried as the seat's own is: a password in a remote URL and
+    an http extra header are redacted and named, never written into the checkpoint."""
+    repo = submodule_copy(submodule_template, tmp_path)
+    sub = repo / "libs" / "sub"
+    token = "SECRET-SUBMODULE-TOKEN-9d2c"
+    git(sub, "remote", "set-url", "origin", f"https://bob:{token}@example.invalid/inner.git")
+    git(sub, "config", "http.https://example.invalid/.extraheader", f"Authorization: {token}")
+    seat = seat_dir_for(tmp_path)
+    record = await capture_repository(repo, seat)
+    assert record.submodules is not msgspec.UNSET
+    [carried] = record.submodules
+    assert carried.repository is not None
+    assert "http.https://example.invalid/.extraheader" in carried.repository.config_redacted
+    for path in seat.iterdir():
+        assert token.encode() not in path.read_bytes(), path.name
+
+
+async def test_a_submodule_in_a_shape_that_cannot_travel_is_refused(
+    tmp_path: Path, submodule_template: Path
+) -> None:
+    repo = submodule_copy(submodule_template, tmp_path)
+    sub = repo / "libs" / "sub"
+    # A `.git` that is not the file git writes: refused by name, before anything stops.
+    gitfile = (sub / ".git").read_bytes()
+    os.chmod(sub / ".git", 0o644)
+    (sub / ".git").write_bytes(
+        b"gitdir: " + os.fsencode(repo / ".git" / "modules" / "libs" / "sub") + b"\n"
+    )
+    with pytest.raises(Refusal) as exc:
+        await preflight_repository(repo)
+    assert exc.value.code == "submodule" and str(sub) in exc.value.message
+    assert "absorbgitdirs" in exc.value.cure
+    (sub / ".git").write_bytes(gitfile)
+    # Hooks of a submodule do not travel: refused by name.
+    write(repo / ".git" / "modules" / "libs" / "sub" / "hooks" / "pre-commit", "#!/bin/sh\n", 0o755)
+    with pytest.raises(Refusal) as exc:
+        await preflight_repository(repo)
+    assert exc.value.code == "submodule" and "hooks" in exc.value.message
+
+
+def test_the_submodule_record_is_strict() -> None:
+    sha = "0" * 64
+
+    def ref(name: str) -> dict[str, object]:
+        return {"file": name, "bytes": 0, "sha256": sha}
+
+    def repo(prefix: str, **extra: object) -> dict[str, object]:
+        return {
+            "base": "1" * 40,
+            "untrackedSelection": selection_rule([]),
+            "bundle": {**ref(prefix + "repo.bundle"), "bytes": 1},
+            "indexDiff": ref(prefix + "index.diff"),
+            "worktreeDiff": ref(prefix + "worktree.diff"),
+            "untracked": ref(prefix + "untracked.tar"),
+            "config": ref(prefix + "git-config"),
+            **extra,
+        }
+
+    ok = {"path": "libs/sub", "commit": "2" * 40, "prefix": "sm1-", "name": "libs/sub"}
+
+    def decode(*subs: dict[str, object]) -> RepositoryRecord:
+        doc = repo("", submodules=list(subs))
+        return decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
+
+    record = decode({**ok, "repository": repo("sm1-")})
+    assert "sm1-repo.bundle" in [f.file for f in record.files()]
+    assert decode({**ok, "name": None}).files()[-1].file == "git-config"
+    for bad, said in (
+        ({**ok, "path": "../up", "repository": repo("sm1-")}, "'..' segment"),
+        ({**ok, "path": ".git/x", "repository": repo("sm1-")}, "inside .git/"),
+        ({**ok, "prefix": "sm2-", "repository": repo("sm2-")}, "must carry the prefix 'sm1-'"),
+        ({**ok, "repository": repo("sm2-")}, "files must carry the prefix"),
+        ({**ok, "repository": {**repo("sm1-"), "config": ref("git-config")}}, "stored as"),
+        ({**ok, "repository": {**repo("sm1-"), "config": None}}, "carries its config"),
+        ({**ok, "name": "../../x", "repository": repo("sm1-")}, "'..' segment"),
+        ({**ok, "repository": None}, "name and its repository together"),
+        ({**ok, "extra": 1}, "unknown field"),
+    ):
+        with pytest.raises(DecodeError) as exc:
+            decode(bad)
+        assert exc.value.code == "malformed" and said in exc.value.message, exc.value.message
+    with pytest.raises(DecodeError) as exc:
+        decode()
+    assert "submodules lists 1 to" in exc.value.message
