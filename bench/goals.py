@@ -94,6 +94,19 @@ GOALS = {
     "managerRssMB": 60.0,
     "psP50Ms": 5.0,
 }
+# Issue 40 item 6, measured by bench/fleet.py: a fleet of 4 managers and 120 seats on one broker.
+FLEET_GOALS = {
+    # `cotal ps --fleet --json` as a whole process, interpreter start included: its p50.
+    "psFleetP50Ms": 150.0,
+    # An event's arrival at a `cotal events --fleet` follower less its own `at`: the p99.
+    "eventP99Ms": 100.0,
+    # `cotal console` redrawn after a change (issue 40 item 4; not built, not measured yet).
+    "consoleRedrawMs": 250.0,
+    # A drain's wall over the sum of its seats' move downtimes divided by --max-parallel.
+    "drainOverDowntime": 1.5,
+    # The VmHWM of a manager of 50 seats with events published and its metrics served.
+    "managerRssMB": 60.0,
+}
 PS_WARMUP = 20
 PS_TRIPS = 200
 
