@@ -484,6 +484,25 @@ class PrepareReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
     failures: list[SeatFailure]
 
 
+class IgnoredPath(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One ignored path a cut leaves behind: a file, or a directory git lists whole (`dir/`)."""
+
+    path: str
+    files: int
+    bytes: int
+
+
+class IgnoredSurvey(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The ignored files of a seat's tree no declared path carries (manager/checkpoint/
+    ignored.py): how many, their bytes, the largest paths; `complete` false when the survey
+    stopped at its budget of entries, and the figures are then lower bounds."""
+
+    files: int
+    bytes: int
+    largest: list[IgnoredPath]
+    complete: bool
+
+
 class CutSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     name: str
     since: str | None
@@ -494,6 +513,9 @@ class CutSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     bytes: int
     timings_ms: dict[str, int]
     mid_turn: str | None
+    # What stays behind: surveyed before any seat stopped (absent when the survey could not
+    # run, e.g. a manager restarted between the prepare and the commit).
+    ignored: IgnoredSurvey | msgspec.UnsetType = msgspec.UNSET
 
 
 class MidTurn(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -49,6 +50,7 @@ def cut_sealed(as_json: bool, sealed: Sealed) -> None:
             f"{given(seat.bytes, 0):>10} bytes  repo {t.get('repository', '-')}ms  "
             f"session {t.get('session', '-')}ms  seal {t.get('seal', '-')}ms\n"
         )
+        _left_behind(out, seat)
         since = given(seat.since, None)
         if since:
             out(
@@ -70,6 +72,32 @@ def cut_sealed(as_json: bool, sealed: Sealed) -> None:
         f"wall {sealed.wall_ms}ms\n"
     )
     out(f"next: copy {result.checkpoint_dir} to the destination, then `cotal up --restore DIR`\n")
+
+
+def _left_behind(out: Callable[[str], object], seat: object) -> None:
+    """The seat's ignored files the cut does not carry: counted, the largest named, and how to
+    carry them (an offline cut surveys nothing)."""
+    survey = seat.ignored if isinstance(seat, control.CutSeat) else msgspec.UNSET
+    if isinstance(survey, msgspec.UnsetType) or survey.files == 0:
+        return
+    at_least = "" if survey.complete else "at least "
+    largest = ", ".join(
+        f"{p.path} {_size(p.bytes)}" + (f" in {p.files} files" if p.files > 1 else "")
+        for p in survey.largest
+    )
+    out(
+        f"    not carried: {at_least}{survey.files} ignored file(s), {_size(survey.bytes)} "
+        f"(largest: {largest}); `--include PATH` carries them, or accept their absence\n"
+    )
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def cut_already(as_json: bool, done: AlreadySealed) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from manager.broker import custody, frontier, space
 from manager.broker.retry import phase
 from manager.checkpoint import cut
 from manager.checkpoint.gitstate import preflight_repository
+from manager.checkpoint.ignored import survey_ignored
 from manager.checkpoint.references import reference_errors
 from manager.daemon.metrics import CutScope
 from manager.daemon.progress import ProgressLog
@@ -70,6 +71,8 @@ class Preservation:
         self.result: control.CommitReply | None = None
         self.custody_revisions: dict[str, int] = {}
         self.custody_held: dict[str, custody.Held] = {}
+        # Each planned seat's ignored files no declared path carries, surveyed at the prepare.
+        self.ignored: dict[str, control.IgnoredSurvey] = {}
         self._commit_in_flight: anyio.Event | None = None
         self._joined: control.CommitReply | None = None
         # An abort after a failed commit is starting the stopped seats again.
@@ -156,6 +159,7 @@ class Preservation:
         # an operator's `--include` reaches the manager only with the commit.
         include = registry.carry_includes(registry.load_config(self.mgr.layout.root))
         await self._preflight(inventory, jobs, include)
+        self.ignored = await _survey(inventory.agents, jobs, include)
         await self._read_custody(inventory, jobs)
         exportable = await concurrency.ordered_map(
             lambda agent: frontier.check_seat_exportable(
@@ -388,6 +392,12 @@ class Preservation:
         planned = {agent.name for agent in self.plan.agents}
         seats = {n: s for n, s in mgr.seats.items() if n in planned}
         self.progress.begin(attempt)
+        if args.include:
+            # The operator's `--include` carries more than the prepare's survey knew: surveyed
+            # again, the seats still running, so what is listed is what stays behind.
+            config = registry.load_config(mgr.layout.root)
+            include = registry.carry_includes(config, args.include)
+            self.ignored = await _survey(self.plan.agents, jobs, include)
         self.progress.add("stopping", detail=f"{len(seats)} seat(s)")
         t0 = time.monotonic()
         # The cut's own window and each seat's downtime, on the clock the metrics read.
@@ -441,7 +451,9 @@ class Preservation:
             partial=True if m.cut.scope == "seats" else msgspec.UNSET,
             checkpoint_dir=str(attempt_path),
             sealed=sealed,
-            seats=[_cut_seat(s, run.mid_turn.get(s.name)) for s in summaries],
+            seats=[
+                _cut_seat(s, run.mid_turn.get(s.name), self.ignored.get(s.name)) for s in summaries
+            ],
             failures=[],
             mid_turn=run.mid_turn_rows(),
             timings_ms={
@@ -811,7 +823,28 @@ def _precopied(base: control.PrecopyBase | None) -> PrecopyLink | None:
     )
 
 
-def _cut_seat(summary: cut.SeatSummary, mid_turn: str | None) -> control.CutSeat:
+async def _survey(
+    agents: Sequence[Agent], jobs: anyio.CapacityLimiter, include: list[str]
+) -> dict[str, control.IgnoredSurvey]:
+    """What each seat's cut leaves behind, for the cut's output. A survey that fails (git
+    gone, the tree unreadable) is left out: it informs the operator and never decides."""
+    surveyed = await concurrency.ordered_map(
+        lambda agent: survey_ignored(Path(agent.launch.cwd), include), agents, jobs
+    )
+    found: dict[str, control.IgnoredSurvey] = {}
+    for agent, outcome in zip(agents, surveyed, strict=True):
+        if outcome.error is None and outcome.value is not None:
+            found[agent.name] = outcome.value
+        elif isinstance(outcome.error, (Refusal, OSError)):
+            log.info("cut.ignored_unsurveyed", seat=agent.name, error=str(outcome.error))
+        else:
+            outcome.unwrap()
+    return found
+
+
+def _cut_seat(
+    summary: cut.SeatSummary, mid_turn: str | None, ignored: control.IgnoredSurvey | None
+) -> control.CutSeat:
     return control.CutSeat(
         name=summary.name,
         since=summary.since,
@@ -822,6 +855,7 @@ def _cut_seat(summary: cut.SeatSummary, mid_turn: str | None) -> control.CutSeat
         bytes=summary.bytes,
         timings_ms=summary.timings_ms,
         mid_turn=mid_turn,
+        ignored=msgspec.UNSET if ignored is None else ignored,
     )
 
 
