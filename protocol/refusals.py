@@ -759,10 +759,10 @@ class Code(StrEnum):
     )
     LINKED_WORKTREE = (
         "linked-worktree",
-        "a seat's repository is a linked worktree (`git worktree add`) or has linked worktrees; "
-        "a checkpoint carries one worktree's repository, not a shared one",
-        "run the seat in a clone of its own (`git clone`), or remove the other worktrees "
-        "(`git worktree remove`, `git worktree prune`), then cut again; nothing was stopped",
+        "a seat's cwd is a linked worktree (`git worktree add`) of a bare repository, a "
+        "submodule's or a separate git dir, or one with submodules; a checkpoint carries a "
+        "linked worktree as a repository of its own only from an ordinary main repository",
+        "run the seat in a clone of its own (`git clone`), then cut again; nothing was stopped",
     )
     LIVENESS_UNKNOWN = (
         "liveness-unknown",

@@ -1,14 +1,15 @@
 """The repository half of the cut: preflight and capture (record 1.1, 6 step 5; peers.md 6).
 
-A capture is five artifacts and a few facts. `repo.bundle` carries the history (`bundle --all`);
-`index.diff` and `worktree.diff` carry the staging state as two diffs, base->index and
-index->worktree, because one combined diff restores every change as unstaged; `untracked.tar`
-carries the untracked files under the recorded selection rule; `refs.txt` lists every ref,
-because a clone of the bundle drops refs/stash. The record adds the base commit, the branch HEAD
-is on, the porcelain status the restore must reproduce, and the intent-to-add entries, which
-neither diff carries as index entries. From `.git` the config (credentials redacted), the hooks
-that are not samples and `info/exclude` travel; every stash entry travels by its commit in the
-bundle and its reflog subject in the record. Declared ignored paths join the untracked set.
+A capture is five artifacts and a few facts. `repo.bundle` carries the history (every ref and
+HEAD, `BUNDLE_REVS`); `index.diff` and `worktree.diff` carry the staging state as two diffs,
+base->index and index->worktree, because one combined diff restores every change as unstaged;
+`untracked.tar` carries the untracked files under the recorded selection rule; `refs.txt` lists
+every ref, because a clone of the bundle drops refs/stash. The record adds the base commit, the
+branch HEAD is on, the porcelain status the restore must reproduce, and the intent-to-add
+entries, which neither diff carries as index entries. From `.git` the config (credentials
+redacted), the hooks that are not samples and `info/exclude` travel; every stash entry travels by
+its commit in the bundle and its reflog subject in the record. Declared ignored paths join the
+untracked set.
 
 States the procedure cannot reproduce are refused by name before anything is written: no
 repository, an unborn HEAD, an unmerged index or an operation in progress, a submodule in a
@@ -28,7 +29,11 @@ A shallow clone travels shallow: its boundary (`.git/shallow`) is carried byte f
 `git-shallow`, and its bundle is always a full one with no prerequisites. A sparse checkout
 travels sparse: its patterns (`info/sparse-checkout`) and `config.worktree` (where `git
 sparse-checkout` keeps its settings) byte for byte, and the skip-worktree entries by name
-(docs/design.md decision 17 says why).
+(docs/design.md decision 17 says why). A linked worktree (`git worktree add`) travels as a
+repository of its own: its HEAD, index, `config.worktree` and sparse patterns from its own git
+dir, the repository's shared refs, stash and config, never another worktree's HEAD, index or
+files; one of a bare repository, a submodule's or a separate git dir, or with submodules, is
+refused `linked-worktree`.
 
 An inspection is few git runs, each answering what it can at once (docs/design.md decision 17):
 one `rev-parse`, one `for-each-ref`, one `ls-files --debug`, one `status`, one `config --list`.
@@ -549,11 +554,17 @@ async def _list_config(cwd: Path, config: Path, earlier: ConfigListing | None) -
 
 
 async def _gitdir_facts(
-    cwd: Path, common: Path, earlier: ConfigListing | None, own_worktree: bytes | None = None
+    cwd: Path,
+    common: Path,
+    earlier: ConfigListing | None,
+    own_worktree: bytes | None = None,
+    git_dir: Path | None = None,
 ) -> GitDirFacts:
     """`own_worktree` is the one `core.worktree` a submodule's config may set: the path from
     its git dir (`modules/<name>`) back to its checkout, which git writes and the restore's
-    layout reproduces."""
+    layout reproduces. `git_dir` is a linked worktree's own (`<common>/worktrees/<id>`): its
+    `config.worktree` and sparse patterns are read there, never the main worktree's; the
+    config, hooks and info/exclude are the repository's, shared by every worktree."""
     config = _plain_file(
         common / "config", "git config", "replace it with a regular file, then cut again"
     )
@@ -588,8 +599,9 @@ async def _gitdir_facts(
         "info/exclude",
         "replace it with a regular file, then cut again",
     )
-    worktree_config = await anyio.to_thread.run_sync(_read_worktree_config, common)
-    patterns = await anyio.to_thread.run_sync(_read_sparse_patterns, common)
+    own = common if git_dir is None else git_dir
+    worktree_config = await anyio.to_thread.run_sync(_read_worktree_config, own)
+    patterns = await anyio.to_thread.run_sync(_read_sparse_patterns, own)
     return GitDirFacts(
         config=config,
         hooks=hooks,
@@ -614,12 +626,12 @@ def _check_core_worktree(config: Path, listing: ConfigListing, own_worktree: byt
         )
 
 
-def _read_worktree_config(common: Path) -> bytes | None:
+def _read_worktree_config(git_dir: Path) -> bytes | None:
     """`config.worktree`, where `git sparse-checkout` writes `core.sparseCheckout`,
     `core.sparseCheckoutCone` and `index.sparse`: carried byte for byte, so never with a
     credential or a `core.worktree`, which it refuses by name instead."""
     cure = "move the setting into .git/config (`git config --worktree --unset KEY`), then cut again"
-    path = _plain_file(common / "config.worktree", "git config.worktree", cure)
+    path = _plain_file(git_dir / "config.worktree", "git config.worktree", cure)
     if path is None:
         return None
     data = read_stable(path, cap=_CONFIG_CAP, what="git config.worktree").data
@@ -641,10 +653,10 @@ def _read_worktree_config(common: Path) -> bytes | None:
     return data
 
 
-def _read_sparse_patterns(common: Path) -> bytes | None:
+def _read_sparse_patterns(git_dir: Path) -> bytes | None:
     """`info/sparse-checkout` byte for byte, cone or not, when the repository has one."""
     path = _plain_file(
-        common / "info" / "sparse-checkout",
+        git_dir / "info" / "sparse-checkout",
         "info/sparse-checkout",
         "replace it with a regular file, then cut again",
     )
@@ -784,6 +796,9 @@ def _check_skipped(cwd: Path, skipped: Sequence[bytes]) -> None:
 class _Probe:
     top: Path
     common: Path
+    # This worktree's own git dir: the common dir, or `<common>/worktrees/<id>` for a linked
+    # worktree, where its HEAD, index, `config.worktree` and sparse patterns live.
+    git_dir: Path
     index: Path
     base: str
     head: str | None
@@ -807,6 +822,9 @@ PROBE_ARGS: tuple[str, ...] = (
     "-q",
     "HEAD^{commit}",
 )
+# The bundle's refs: every ref `REFS_ARGS` lists in this worktree (the repository's shared refs
+# and this worktree's own `refs/worktree/`...), and HEAD (`_capture_bundle`).
+BUNDLE_REVS: tuple[str, ...] = ("--glob=refs/*", "HEAD")
 # `%(HEAD)` is one character, `*` or a space, so it leads the line (`_read_refs_and_head`).
 REFS_ARGS: tuple[str, ...] = ("for-each-ref", "--format=%(HEAD)%(objectname) %(refname)")
 
@@ -840,48 +858,31 @@ def _check_top_level(cwd: Path, real: Path, probe: GitResult, lines: list[str]) 
         )
 
 
-def _refuse_linked_worktrees(cwd: Path, lines: list[str]) -> None:
-    """Refuse a repository whose worktree is not its only one: a linked worktree (its git dir
-    is not the common dir), or a main worktree with linked worktrees registered. The bundle's
-    `--all` names every worktree's HEAD (`main-worktree/HEAD`, `worktrees/<id>/HEAD`), which no
-    ref of this worktree matches, so the capture could only refuse it after the seat stopped;
-    and a restore rebuilds one repository at the seat's cwd, not a shared one."""
+def _worktree_shape(cwd: Path, lines: list[str]) -> tuple[Path, Path]:
+    """The repository's common dir and this worktree's own git dir, refusing a linked worktree
+    whose repository cannot be carried as a repository of its own.
+
+    A linked worktree (`git worktree add`: its git dir `<common>/worktrees/<id>` is not the
+    common dir) travels as a repository of its own: its branch, HEAD, index, changes and the
+    repository's refs and stash, never another worktree's HEAD, index or files (docs/design.md
+    decision 17). Its main repository must be an ordinary one, `<main>/.git` beside a main
+    worktree: a bare repository's, a submodule's or a `--separate-git-dir` common dir carries a
+    config (`core.bare`, `core.worktree`) that would describe another layout at the destination.
+    A main worktree with linked worktrees attached travels the same way, without them.
+    """
     common = (cwd / lines[2]).resolve()
     git_dir = Path(lines[5]).resolve()
-    if git_dir != common:
-        main = common.parent if common.name == ".git" else common
+    if git_dir != common and common.name != ".git":
         raise Refusal(
             Code.LINKED_WORKTREE,
             f"seat cwd {cwd} is a linked worktree (`git worktree add`) of the repository at "
-            f"{main}; a checkpoint carries a repository of its own, not a worktree sharing "
-            "another's",
-            f"run the seat in a clone of its own (`git clone {main} DIR`, then spawn it with "
+            f"{common}, which is a bare repository, a submodule's git dir or a separate git "
+            "dir, not the `.git` of a main worktree; a checkpoint carries a linked worktree "
+            "as a repository of its own only from an ordinary repository",
+            f"run the seat in a clone of its own (`git clone {common} DIR`, then spawn it with "
             "`--cwd DIR`), then cut again",
         )
-    registered = common / "worktrees"
-    try:
-        ids = sorted(os.listdir(registered)) if registered.is_dir() else []
-    except OSError:
-        ids = []
-    if ids:
-        where = [_worktree_path(registered / i) for i in ids[:5]]
-        raise Refusal(
-            Code.LINKED_WORKTREE,
-            f"the repository at {cwd} has linked worktree(s) ({', '.join(where)}"
-            f"{', ...' if len(ids) > 5 else ''}); a checkpoint carries one worktree's "
-            "repository, and the others' HEADs would travel in its bundle",
-            "remove them (`git worktree remove PATH`; `git worktree prune` for one whose "
-            "directory is gone), or run the seat in a clone of its own, then cut again",
-        )
-
-
-def _worktree_path(admin: Path) -> str:
-    """Where a registered worktree lives, as its `gitdir` file names it (its `.git`)."""
-    try:
-        named = (admin / "gitdir").read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return admin.name
-    return str(Path(named).parent) if named else admin.name
+    return common, git_dir
 
 
 def _refuse_operation_in_progress(cwd: Path, lines: list[str]) -> None:
@@ -923,14 +924,15 @@ async def _probe(cwd: Path) -> _Probe:
     probe = await run_git(cwd, *PROBE_ARGS, ok=(0, 1, 128))
     lines = probe.stdout.decode("utf-8", "surrogateescape").splitlines()
     _check_top_level(cwd, real, probe, lines)
-    _refuse_linked_worktrees(cwd, lines)
+    common, git_dir = _worktree_shape(cwd, lines)
     _refuse_operation_in_progress(cwd, lines)
     if probe.rc != 0:
         await _refuse_unborn(cwd)
     refs, head = await _read_refs_and_head(cwd)
     return _Probe(
         top=real,
-        common=(cwd / lines[2]).resolve(),
+        common=common,
+        git_dir=git_dir,
         index=cwd / lines[4],
         base=lines[-1],
         head=head,
@@ -1005,7 +1007,7 @@ async def _facts(
     _check_skipped(cwd, index.skip_worktree)
     status = _decode_status(cwd, raw_status)
     gitdir = await _gitdir_facts(
-        cwd, probe.common, earlier.config if earlier else None, own_worktree
+        cwd, probe.common, earlier.config if earlier else None, own_worktree, probe.git_dir
     )
     entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
     shallow = (
@@ -1035,6 +1037,17 @@ async def _submodule_facts(
     repository of its own (recursively), refusing by name a shape that cannot travel."""
     if not gitlinks:
         return ()
+    if probe.git_dir != probe.common:
+        # git keeps a linked worktree's submodules under its own git dir
+        # (`worktrees/<id>/modules`), a layout the restore does not rebuild.
+        raise Refusal(
+            Code.LINKED_WORKTREE,
+            f"seat cwd {probe.top} is a linked worktree (`git worktree add`) with submodules "
+            f"({_names([p for p, _ in gitlinks])}); a checkpoint carries submodules only in a "
+            "repository's main worktree",
+            f"run the seat in a clone of its own (`git clone --recurse-submodules "
+            f"{probe.common} DIR`, then spawn it with `--cwd DIR`), then cut again",
+        )
     if len(gitlinks) > MAX_SUBMODULES:
         raise _submodule_refusal(
             probe.top,
@@ -1632,7 +1645,10 @@ async def _capture_bundle(
                 "create",
                 "--quiet",
                 "-",
-                "--all",
+                # Every ref this worktree sees and its HEAD: what `--all` names, without the
+                # other worktrees' HEADs (`main-worktree/HEAD`, `worktrees/<id>/HEAD`) that
+                # `--all` adds where a repository has linked worktrees.
+                *BUNDLE_REVS,
                 *stash_revs,
                 *(f"^{oid}" for oid in prerequisites),
             ],

@@ -64,6 +64,7 @@ async def _ship_one(
     from manager.broker import carry
     from manager.checkpoint.chain import precopy_file, sweep_precopies
     from manager.checkpoint.gitstate import (
+        BUNDLE_REVS,
         EMPTY_BUNDLE,
         bundle_heads,
         run_git,
@@ -79,7 +80,13 @@ async def _ship_one(
     part = f"shipping-{secrets.token_hex(8)}.part"
     try:
         ref = await stream_git_to_file(
-            cwd, ["bundle", "create", "--quiet", "-", "--all"], store, part, background=True
+            # The refs a linked worktree sees and its HEAD, never the other worktrees' HEADs
+            # (`--all` names them), as the cut's own bundle (gitstate.BUNDLE_REVS).
+            cwd,
+            ["bundle", "create", "--quiet", "-", *BUNDLE_REVS],
+            store,
+            part,
+            background=True,
         )
     except Refusal as exc:
         (store / part).unlink(missing_ok=True)

@@ -1,10 +1,11 @@
-"""A shallow clone, a sparse checkout and a superproject with nested submodules cut on one root
-and resumed on another (issue 42, items 1 to 3): each host runs its own embedded broker, the
-source's tree and broker are gone before the destination starts, the destination's root is at
-another path, and nothing reaches a remote. The repository comes back identical by
-`fingerprint` (status, bytes, refs, history, stash, index flags, the shallow boundary, the
-sparse patterns and config; for submodules, `git submodule status --recursive` and each
-submodule's own) and the seat answers its phrase there."""
+"""A shallow clone, a sparse checkout, a superproject with nested submodules and a linked
+worktree cut on one root and resumed on another (issue 42, items 1 to 4): each host runs its
+own embedded broker, the source's tree and broker are gone before the destination starts, the
+destination's root is at another path, and nothing reaches a remote. The repository comes back
+identical by `fingerprint` (status, bytes, refs, history, stash, index flags, the shallow
+boundary, the sparse patterns and config; for submodules, `git submodule status --recursive`
+and each submodule's own; a linked worktree as a repository of its own) and the seat answers
+its phrase there."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.e2e.test_resume import PHRASE
 from tests.helpers import signer_key
 from tests.integration.test_repo_shapes import (
     fingerprint,
+    linked_worktree,
     shallow_clone,
     sparse_checkout,
     submodule_fingerprint,
@@ -50,12 +52,20 @@ def _submodules(tmp_path: Path, root: Path) -> Path:
     return with_submodules(root / "repo", tmp_path / "origins")
 
 
+def _linked_worktree(tmp_path: Path, root: Path) -> Path:
+    # The main checkout and the other worktree are under the source root too: gone before the
+    # destination starts, the worktree comes back as a repository of its own.
+    _main, seat, _other = linked_worktree(root, seat="repo")
+    return seat
+
+
 SHAPES: dict[str, Callable[[Path, Path], Path]] = {
     "shallow-depth-1": _shallow(1),
     "shallow-depth-3": _shallow(3),
     "sparse-cone": _sparse("cone"),
     "sparse-no-cone": _sparse("no-cone"),
     "submodules": _submodules,
+    "linked-worktree": _linked_worktree,
 }
 # A shape whose fingerprint reaches further than the repository's own.
 PRINTS: dict[str, Callable[[Path], dict[str, object]]] = {"submodules": submodule_fingerprint}

@@ -1,7 +1,7 @@
 """A cut that cannot finish never wedges a root (issue 42, item 0).
 
 A repository shape the capture would refuse is refused by the preflight, before any seat stops
-(a linked worktree, or a repository with one attached); and a committed cut whose capture failed
+(a linked worktree of a bare repository); and a committed cut whose capture failed
 can be abandoned: `--abort` starts the stopped seats again in their own sessions and trees under
 their uids, lifts the fence, keeps the evidence, and the root works normally after it (real
 daemon, broker, git and scribe seats).
@@ -61,30 +61,33 @@ def untouched(cli: Cli, seat: dict[str, Any]) -> None:
     assert cli.json("status")["manager"]["state"] == "active"
 
 
-async def test_a_seat_in_a_linked_worktree_is_refused_before_it_stops(cli: Cli) -> None:
-    main = committed_repo(cli.root / "main")
+async def test_a_seat_in_a_linked_worktree_of_a_bare_repository_is_refused_before_it_stops(
+    cli: Cli,
+) -> None:
+    origin = committed_repo(cli.root / "origin")
+    bare = cli.root / "bare.git"
+    git(cli.root, "clone", "-q", "--bare", str(origin), str(bare))
     linked = cli.root / "linked"
-    git(main, "worktree", "add", "-q", str(linked), "-b", "side")
+    git(bare, "worktree", "add", "-q", str(linked), "-b", "side")
     cli.run("up", "--detach")
     seat = spawn(cli, "wt", linked)
     answers(cli, "wt")
     out = cli.run("down", "--preserve-state", "--json", check=False)
     message = refused(out, "linked-worktree")
     assert f"seat wt: seat cwd {linked} is a linked worktree" in message
-    assert f"of the repository at {main}" in message
-    assert f"git clone {main} DIR" in message and "nothing was stopped" in message
+    assert f"of the repository at {bare}, which is a bare repository" in message
+    assert f"git clone {bare} DIR" in message and "nothing was stopped" in message
     untouched(cli, seat)
     answers(cli, "wt")
-    # The main worktree, with the linked one attached, is refused the same way: its bundle
-    # would carry the other worktree's HEAD.
+    # A linked worktree of an ordinary repository, and that repository's main checkout with
+    # the worktree attached, are no longer refused: each travels as a repository of its own
+    # (the capture that once failed `bundle-refs` after the stop, wedging the root).
     cli.run("rm", "wt")
-    seat = spawn(cli, "main", main)
-    out = cli.run("down", "--preserve-state", "--json", check=False)
-    message = refused(out, "linked-worktree")
-    assert f"seat main: the repository at {main} has linked worktree(s) ({linked})" in message
-    untouched(cli, seat)
-    # The cure named: the linked worktree removed, the cut seals.
-    git(main, "worktree", "remove", str(linked))
+    main = committed_repo(cli.root / "main")
+    side = cli.root / "side"
+    git(main, "worktree", "add", "-q", str(side), "-b", "side")
+    spawn(cli, "main", main)
+    spawn(cli, "side", side)
     result = cli.json("down", "--preserve-state")
     assert result["journal"] == "ready" and result["failures"] == []
 

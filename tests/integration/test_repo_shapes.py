@@ -1,8 +1,9 @@
-"""A shallow clone, a sparse checkout and submodules travel as they are (issue 42, items 1 to
-3): captured
-and restored at another path, the repository's shape is the same by a fingerprint that adds the
-shallow boundary, the sparse patterns, the skip-worktree bits and the files present and absent
-to the status and the bytes; a tampered shape artifact is refused at admission by name."""
+"""A shallow clone, a sparse checkout, submodules and a linked worktree travel as they are
+(issue 42, items 1 to 4): captured and restored at another path, the repository's shape is the
+same by a fingerprint that adds the shallow boundary, the sparse patterns, the skip-worktree bits
+and the files present and absent to the status and the bytes; a tampered shape artifact is
+refused at admission by name; a linked worktree comes back as a repository of its own, its main
+checkout and the other worktrees never written to."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from manager.checkpoint.restore import restore_repository
 from protocol.checkpoint import RepositoryRecord, selection_rule
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
-from tests.gitrepo import git, init_repo, seat_dir_for, tree_digest, write
+from tests.gitrepo import full_digest, git, init_repo, seat_dir_for, tree_digest, write
 from tests.integration.test_repo_fidelity import seat_checkpoint
 
 pytestmark = [pytest.mark.usefixtures("isolated_home"), pytest.mark.anyio]
@@ -53,11 +54,17 @@ def fingerprint(repo: Path) -> dict[str, object]:
         "index": git(repo, "ls-files", "-s", "-t", "-v", "-z"),
         "is-shallow": git(repo, "rev-parse", "--is-shallow-repository").strip(),
         "shallow": _maybe(repo / ".git" / "shallow"),
-        "sparse-patterns": _maybe(repo / ".git" / "info" / "sparse-checkout"),
+        "sparse-patterns": _maybe(_git_path(repo, "info/sparse-checkout")),
         "sparse-config": config,
         "sparse-index": git(repo, "ls-files", "--sparse", "-s", "-t", "-z"),
-        "worktree-config": _maybe(repo / ".git" / "config.worktree"),
+        "worktree-config": _maybe(_git_path(repo, "config.worktree")),
     }
+
+
+def _git_path(repo: Path, rel: str) -> Path:
+    """Where git keeps `rel` for this worktree: a linked worktree's own git dir holds its
+    `config.worktree` and sparse patterns, the main worktree's `.git` the rest."""
+    return repo / git(repo, "rev-parse", "--git-path", rel).decode().strip()
 
 
 def small_history(path: Path, commits: int = 5) -> Path:
@@ -519,3 +526,100 @@ def test_the_submodule_record_is_strict() -> None:
     with pytest.raises(DecodeError) as exc:
         decode()
     assert "submodules lists 1 to" in exc.value.message
+
+
+def linked_worktree(path: Path, seat: str = "seat") -> tuple[Path, Path, Path]:
+    """A main checkout (`path/main`) with two linked worktrees: `seat` (locked) on branch
+    `side`, a commit beyond main, a stash entry made there, staged, unstaged and untracked work
+    and a `config.worktree` of its own; `other` on branch `other` with uncommitted work. The main
+    checkout holds different uncommitted work and a `config.worktree` of its own."""
+    main = small_history(path / "main")
+    git(main, "config", "extensions.worktreeConfig", "true")
+    git(main, "config", "--worktree", "user.name", "the operator")
+    tree, other = path / seat, path / "other"
+    git(main, "worktree", "add", "-q", "-b", "side", str(tree))
+    git(main, "worktree", "add", "-q", "-b", "other", str(other))
+    git(tree, "config", "--worktree", "user.name", "the seat")
+    # A locked registration changes nothing the capture reads.
+    git(main, "worktree", "lock", "--reason", "on a removable disk", str(tree))
+    write(tree / "side.txt", "beyond main\n")
+    git(tree, "add", "side.txt")
+    git(tree, "commit", "-q", "-m", "side work")
+    write(tree / "shared.txt", "stashed in the worktree\n")
+    git(tree, "stash", "push", "-q", "-m", "the seat's stash")
+    write(tree / "src" / "mod.py", "VERSION = 'staged'\n")
+    git(tree, "add", "src/mod.py")
+    write(tree / "src" / "mod.py", "VERSION = 'unstaged'\n")
+    write(tree / "notes" / "todo.txt", "untracked in the worktree\n")
+    write(other / "f1.txt", "the other worktree's edit\n")
+    write(other / "other-untracked.txt", "never carried\n")
+    write(main / "f0.txt", "the operator's edit\n")
+    write(main / "main-untracked.txt", "never carried\n")
+    return main, tree, other
+
+
+def untouched(main: Path, other: Path, seat_id: str) -> dict[str, object]:
+    """Every byte, inode and mtime of the main checkout (its `.git` but for the seat's own
+    `worktrees/<id>`, where its HEAD and index live) and of the other worktree."""
+    own = f".git/worktrees/{seat_id}"
+    kept = {
+        rel: entry
+        for rel, entry in full_digest(main).items()
+        if rel != own and not rel.startswith(own + "/")
+    }
+    return {"main": kept, "other": full_digest(other)}
+
+
+async def test_a_linked_worktree_travels_as_a_repository_of_its_own(tmp_path: Path) -> None:
+    main, seat_tree, other = linked_worktree(tmp_path / "src")
+    before = fingerprint(seat_tree)
+    assert before["branch"] == b"refs/heads/side\n"
+    assert before["worktree-config"] == b"[user]\n\tname = the seat\n"
+    sources = untouched(main, other, "seat")
+    seat, record, target = await round_trip(tmp_path, seat_tree)
+
+    assert untouched(main, other, "seat") == sources
+    assert fingerprint(target) == before
+    assert (target / ".git").is_dir() and not (target / ".git" / "worktrees").exists()
+    assert git(target, "worktree", "list", "--porcelain").count(b"worktree ") == 1
+    assert git(target, "stash", "show", "-p") == git(seat_tree, "stash", "show", "-p")
+    # The bundle names this worktree's refs and HEAD, never another worktree's HEAD.
+    assert record.bundle is not None
+    heads = git(target, "bundle", "list-heads", str(seat / record.bundle.file))
+    assert b"worktree" not in heads and b" HEAD\n" in heads
+    # Nothing of the other checkouts' uncommitted work travels.
+    for path in seat.iterdir():
+        data = path.read_bytes()
+        for never in (b"the operator's edit", b"the other worktree's edit", b"never carried"):
+            assert never not in data, path.name
+    assert not (target / "main-untracked.txt").exists()
+
+    # The main checkout, with its linked worktrees attached, travels as well, without them.
+    main_before = fingerprint(main)
+    _, _, main_target = await round_trip(tmp_path / "main-seat", main)
+    assert fingerprint(main_target) == main_before
+    # The main checkout is the seat now (git may refresh its own index); the other worktree
+    # is still never written to.
+    assert full_digest(other) == sources["other"]
+
+
+async def test_a_linked_worktree_that_cannot_travel_is_refused(
+    tmp_path: Path, submodule_template: Path
+) -> None:
+    # A linked worktree of a bare repository: its config says core.bare.
+    origin = small_history(tmp_path / "origin")
+    git(tmp_path, "clone", "-q", "--bare", str(origin), "bare.git")
+    bare_wt = tmp_path / "bare-wt"
+    git(tmp_path / "bare.git", "worktree", "add", "-q", "-b", "wt", str(bare_wt))
+    with pytest.raises(Refusal) as exc:
+        await preflight_repository(bare_wt)
+    assert exc.value.code == "linked-worktree" and str(bare_wt) in exc.value.message
+    assert "a bare repository" in exc.value.message and "git clone" in exc.value.cure
+    # A linked worktree with submodules: git keeps them under the worktree's own git dir.
+    repo = submodule_copy(submodule_template, tmp_path)
+    sub_wt = tmp_path / "sub-wt"
+    git(repo, "worktree", "add", "-q", "-b", "wt", str(sub_wt))
+    with pytest.raises(Refusal) as exc:
+        await preflight_repository(sub_wt)
+    assert exc.value.code == "linked-worktree" and "with submodules (libs/sub)" in exc.value.message
+    assert "--recurse-submodules" in exc.value.cure
