@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import nats
 
+from manager.broker import grants as broker_grants
 from manager.broker.cluster import Node, render_node
 from manager.broker.embedded import generate_user_seed, nats_server_binary
 
@@ -34,6 +35,14 @@ class Cluster:
     nodes: list[Node] = field(default_factory=list)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     creds: str = ""
+    # With grants, each node takes its users from the grant keeper's file, and a keeper process
+    # rewrites it from the custody bucket (manager/broker/grants.py).
+    grants: bool = False
+    keeper: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grants_dir(self) -> Path:
+        return broker_grants.grants_dir(self.base)
 
     @property
     def urls(self) -> str:
@@ -52,11 +61,43 @@ class Cluster:
         creds = self.base / "auth" / "broker.creds"
         pub = generate_user_seed(creds)
         self.creds = str(creds)
+        if self.grants:
+            # The cluster's own credential holds no seat: the tests' readiness probes use it.
+            broker_grants.prepare(
+                self.base, ["main"], [broker_grants.Host(name="cluster", nkey=pub)]
+            )
         for node in self.nodes:
             (self.base / node.name).mkdir(parents=True, exist_ok=True)
             (self.base / f"{node.name}.conf").write_text(
-                render_node(node, self.nodes, store_dir=str(self.base / node.name), user_nkey=pub)
+                render_node(
+                    node,
+                    self.nodes,
+                    store_dir=str(self.base / node.name),
+                    user_nkey=pub,
+                    grants=self._grants_of(node),
+                )
             )
+
+    def _grants_of(self, node: Node) -> tuple[str, str] | None:
+        if not self.grants:
+            return None
+        include = str(broker_grants.auth_conf(self.grants_dir).relative_to(self.base))
+        return include, str(self.grants_dir / f"{node.name}.pid")
+
+    def start_keeper(self) -> None:
+        """The grant keeper for every node, outliving a node's restart; after `wait_ready`."""
+        targets = [
+            broker_grants.Target(url=n.client_url, pid_file=str(self.grants_dir / f"{n.name}.pid"))
+            for n in self.nodes
+        ]
+        config = broker_grants.KeeperConfig(
+            version=1, spaces=["main"], replicas=3, targets=targets, exit_with_broker=False
+        )
+        broker_grants.write_keeper_config(self.grants_dir, config)
+        self.keeper = broker_grants.spawn_keeper(self.grants_dir, timeout=60.0)
+
+    def add_host(self, name: str, holders: list[str]) -> str:
+        return str(broker_grants.new_host(self.grants_dir, name, holders))
 
     def start(self, name: str) -> None:
         log = open(self.base / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
@@ -76,6 +117,10 @@ class Cluster:
         proc.wait()
 
     def stop_all(self) -> None:
+        if self.keeper is not None:
+            self.keeper.kill()
+            self.keeper.wait()
+            self.keeper = None
         for name in list(self.procs):
             self.kill(name)
 

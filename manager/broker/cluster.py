@@ -39,9 +39,18 @@ def render_node(
     user_nkey: str,
     cluster_name: str = "cotal",
     bind: str | None = None,
+    grants: tuple[str, str] | None = None,
 ) -> str:
-    """One node's config: JetStream on, routes to every peer, the nkey user required."""
+    """One node's config: JetStream on, routes to every peer, the nkey user required. With
+    `grants` (the grant keeper's `auth.conf`, as a path relative to this config file, which is
+    how nats-server reads an include, and the pid file the keeper signals), the users are the
+    keeper's (manager/broker/grants.py)."""
     listen = bind or node.host
+    if grants is None:
+        auth = ["authorization {", f'  users = [ {{ nkey: "{user_nkey}" }} ]', "}"]
+    else:
+        include, pid_file = grants
+        auth = [f"pid_file: {json.dumps(pid_file)}", f"include {json.dumps(include)}"]
     routes = ", ".join(json.dumps(p.route_url) for p in peers if p.name != node.name)
     return "\n".join(
         [
@@ -56,9 +65,7 @@ def render_node(
             f"  listen: {listen}:{node.cluster_port}",
             f"  routes: [{routes}]",
             "}",
-            "authorization {",
-            f'  users = [ {{ nkey: "{user_nkey}" }} ]',
-            "}",
+            *auth,
             "",
         ]
     )

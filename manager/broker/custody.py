@@ -15,6 +15,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from manager.broker import grants
 from manager.broker.footprint import ensure_kv
 from manager.broker.retry import riding_elections
 from protocol import names
@@ -259,7 +260,17 @@ async def claim_attempt(
         claims.append(
             {"name": name, "generation": held.record.generation, "revision": held.revision}
         )
+    await _granted(js, space, holder, claims)
     return claims
+
+
+async def _granted(
+    js: JetStreamContext, space: str, holder: str, claims: list[dict[str, Any]]
+) -> None:
+    """A claimant goes on (its inboxes carried in, its seats started) once the broker grants it
+    the seats it won, if the broker serves grants."""
+    seats = {c["name"]: int(c["generation"]) for c in claims}
+    await grants.wait_granted(js, space, holder, seats)
 
 
 async def _claim_attempt_key(kv: KeyValue, attempt_id: str, *, holder: str, root: Path) -> None:
@@ -332,6 +343,7 @@ async def claim_across(
                 kv, name, record.lifecycle_uid, generation, holder, attempt_id
             )
         claims.append({"name": name, "generation": won.record.generation, "revision": won.revision})
+    await _granted(js, space, holder, claims)
     return claims
 
 

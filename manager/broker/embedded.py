@@ -82,6 +82,8 @@ class BrokerInfo:
 
 SERVER_NAME = "cotal-embedded"
 MONITOR_ENV = "COTAL_BROKER_MONITOR"
+# manager/broker/grants.py: scope each host's credential to the seats it holds.
+GRANTS_ENV = "COTAL_BROKER_GRANTS"
 LOCK_POLL_S = 0.02
 # How long a restart of a broker known dead waits for its store lock (see `start_embedded`).
 DEAD_BROKER_LOCK_WAIT_S = 5.0
@@ -108,8 +110,37 @@ def monitor_listen(environ: Mapping[str, str] = os.environ) -> str | None:
     return f"127.0.0.1:{port_no or -1}"
 
 
+def _auth_block(user_pub: str) -> list[str]:
+    return [
+        "authorization {",
+        # The broker's own answers to `$SYS.REQ.ACCOUNT.PING.CONNZ` are eviction evidence,
+        # and a client of this account subscribed to that subject would receive the request
+        # and could answer it in the broker's place: nothing here may subscribe under $SYS.
+        f'  users = [ {{ nkey: "{user_pub}", '
+        'permissions: { subscribe: { deny: ["$SYS.>"] } } } ]',
+        "}",
+    ]
+
+
+def _grants_block(store_dir: Path) -> list[str]:
+    """A broker with grants takes its users from the file the grant keeper rewrites
+    (manager/broker/grants.py), and names its pid for the keeper's reload signal."""
+    from manager.broker import grants
+
+    gdir = grants.grants_dir(store_dir)
+    return [
+        f"pid_file: {json.dumps(str(gdir / 'nats.pid'))}",
+        f"include {json.dumps(str(grants.auth_conf(gdir).relative_to(store_dir)))}",
+    ]
+
+
 def _config_text(
-    store_dir: Path, port: int, user_pub: str, ports_dir: Path, monitor: str | None
+    store_dir: Path,
+    port: int,
+    user_pub: str,
+    ports_dir: Path,
+    monitor: str | None,
+    with_grants: bool = False,
 ) -> str:
     return "\n".join(
         [
@@ -120,16 +151,48 @@ def _config_text(
             "jetstream {",
             f"  store_dir: {json.dumps(str(store_dir / 'js'))}",
             "}",
-            "authorization {",
-            # The broker's own answers to `$SYS.REQ.ACCOUNT.PING.CONNZ` are eviction evidence,
-            # and a client of this account subscribed to that subject would receive the request
-            # and could answer it in the broker's place: nothing here may subscribe under $SYS.
-            f'  users = [ {{ nkey: "{user_pub}", '
-            'permissions: { subscribe: { deny: ["$SYS.>"] } } } ]',
-            "}",
+            *(_grants_block(store_dir) if with_grants else _auth_block(user_pub)),
             "",
         ]
     )
+
+
+def grant_spaces(store_dir: Path, environ: Mapping[str, str] = os.environ) -> list[str] | None:
+    """The spaces a broker on this store grants per host, or None for one user with every
+    right: `COTAL_BROKER_GRANTS` at the store's start turns grants on, and a store that ran
+    with them keeps them."""
+    raw = environ.get(GRANTS_ENV, "")
+    ran_with_them = (store_dir / "grants" / "keeper.json").exists()
+    if not raw and not ran_with_them:
+        # The default path imports nothing more.
+        return None
+    from manager.broker import grants
+
+    if raw:
+        return grants.spaces_from_env(raw)
+    return grants.read_keeper_config(grants.grants_dir(store_dir)).spaces
+
+
+def _prepare_grants(store_dir: Path, creds_path: Path, user_pub: str, spaces: list[str]) -> None:
+    from manager.broker import grants
+
+    # The root's own credential answers for the root's instances; a standalone broker's
+    # printed one (no root above it) for none: the operator adds hosts.
+    root = creds_path.parents[2] if creds_path.parent.name == "auth" else None
+    is_root = root is not None and (root / ".cotal" / "auth" / creds_path.name) == creds_path
+    host = grants.Host(name="local", nkey=user_pub, root=str(root) if is_root else None)
+    grants.prepare(store_dir, spaces, [host])
+
+
+def _start_keeper(store_dir: Path, url: str, spaces: list[str]) -> None:
+    from manager.broker import grants
+
+    gdir = grants.grants_dir(store_dir)
+    target = grants.Target(url=url, pid_file=str(gdir / "nats.pid"))
+    grants.write_keeper_config(
+        gdir, grants.KeeperConfig(version=1, spaces=spaces, replicas=1, targets=[target])
+    )
+    grants.spawn_keeper(gdir)
 
 
 def start_embedded(
@@ -195,13 +258,17 @@ def _start_locked(
         user_pub = public_key_of(creds_path)
     else:
         user_pub = generate_user_seed(creds_path)
+    spaces = grant_spaces(store_dir)
+    if spaces is not None:
+        _prepare_grants(store_dir, creds_path, user_pub, spaces)
     ports_dir = ensure_private_dir(store_dir / "ports")
     for stale in ports_dir.glob("*.ports"):
         stale.unlink()
     conf = store_dir / "server.conf"
     # Rewritten at every start, so a store whose broker last ran with monitoring (an older
     # cotal, or the setting since unset) starts without it.
-    write_private_atomic(conf, _config_text(store_dir, port, user_pub, ports_dir, monitor).encode())
+    text = _config_text(store_dir, port, user_pub, ports_dir, monitor, spaces is not None)
+    write_private_atomic(conf, text.encode())
     log = open(log_path or (store_dir / "server.log"), "ab")  # noqa: SIM115 - handed to the child
     try:
         proc = subprocess.Popen(
@@ -215,6 +282,28 @@ def _start_locked(
         )
     finally:
         log.close()
+    url, monitor_url = _await_ports(proc, ports_dir, log_path or store_dir / "server.log", timeout)
+    if spaces is not None:
+        try:
+            _start_keeper(store_dir, url, spaces)
+        except Refusal:
+            proc.kill()
+            proc.wait()
+            raise
+    return BrokerInfo(
+        url=url,
+        pid=proc.pid,
+        identity=pid_identity(proc.pid),
+        store_dir=str(store_dir),
+        creds=str(creds_path),
+        monitor=monitor_url,
+    )
+
+
+def _await_ports(
+    proc: subprocess.Popen[bytes], ports_dir: Path, log_path: Path, timeout: float
+) -> tuple[str, str | None]:
+    """The client URL and the monitoring URL (if any) the started broker reports."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rc = proc.poll()
@@ -222,7 +311,7 @@ def _start_locked(
             raise Refusal(
                 Code.BROKER_FAILED,
                 f"embedded nats-server exited with code {rc} during start",
-                f"read {log_path or store_dir / 'server.log'} for the reason",
+                f"read {log_path} for the reason",
             )
         for pf in ports_dir.glob("*.ports"):
             try:
@@ -232,14 +321,7 @@ def _start_locked(
             urls = ports.get("nats") or []
             if urls:
                 monitoring = ports.get("monitoring") or [None]
-                return BrokerInfo(
-                    url=urls[0],
-                    pid=proc.pid,
-                    identity=pid_identity(proc.pid),
-                    store_dir=str(store_dir),
-                    creds=str(creds_path),
-                    monitor=monitoring[0],
-                )
+                return str(urls[0]), monitoring[0]
         time.sleep(0.05)
     proc.kill()
     proc.wait()

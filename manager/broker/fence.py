@@ -20,7 +20,7 @@ import structlog
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError
 
-from manager.broker import retention
+from manager.broker import grants, retention
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.errors import Refusal
@@ -133,6 +133,9 @@ class WriterFence:
         so the marker always lands after every write that beat it.
         """
         subject = marker_subject(self.space, self.owner, self.seat, self.generation)
+        # On a broker with grants, the marker lands only once the broker lets this holder write
+        # as the seat, which is also when it stops letting the previous holder.
+        await grants.wait_granted(self.js, self.space, self.holder, {self.seat: self.generation})
         async with self.lock:
             # A stream full of acknowledged mail is trimmed first (the trim keeps every
             # subject's last message, so the expectation still holds); one full of mail not yet

@@ -9,6 +9,7 @@ top."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -94,7 +95,44 @@ def _register_broker(sub: Subcommands) -> None:
     bserve.add_argument(
         "--port", type=int, default=-1, help="the port to listen on (default: a free port)"
     )
+    bserve.add_argument(
+        "--grants",
+        action="append",
+        metavar="SPACE",
+        help="scope each host's credential to the seats it holds custody of in SPACE "
+        "(repeatable; docs/operations.md, 'Broker grants'); a store that ran with grants "
+        "keeps them",
+    )
     bserve.set_defaults(run=run_broker_serve)
+    _register_hosts(broker_sub)
+
+
+def _register_hosts(broker_sub: Subcommands) -> None:
+    add = command(
+        broker_sub,
+        "add-host",
+        "make and register a broker credential for a host's managers (a broker with grants)",
+        "cotal broker add-host --store-dir /srv/broker hostb --holder 0k3x9q2m7v1c4h8n5p6r2t0w9y",
+    )
+    add.add_argument("--store-dir", required=True, metavar="DIR", help="the broker's store")
+    add.add_argument("name", help="the host's name in the registry")
+    add.add_argument(
+        "--holder",
+        action="append",
+        default=[],
+        metavar="INSTANCE",
+        help="a manager instance id the host holds custody as (repeatable)",
+    )
+    add.set_defaults(run=run_add_host)
+    revoke = command(
+        broker_sub,
+        "revoke-host",
+        "drop a host's broker credential: its connections are closed and refused",
+        "cotal broker revoke-host --store-dir /srv/broker hostb",
+    )
+    revoke.add_argument("--store-dir", required=True, metavar="DIR", help="the broker's store")
+    revoke.add_argument("name", help="the host's name in the registry")
+    revoke.set_defaults(run=run_revoke_host)
 
 
 def run_manager_serve(args: argparse.Namespace) -> int:
@@ -159,6 +197,37 @@ def run_manager_warm(args: argparse.Namespace) -> int:
 def run_broker_serve(args: argparse.Namespace) -> int:
     from manager.coord import mesh
 
+    if args.grants:
+        # Read by the embedded start (manager/broker/embedded.py, `grant_spaces`).
+        os.environ["COTAL_BROKER_GRANTS"] = ",".join(names.check_space(s) for s in args.grants)
+
     return mesh.broker_serve(
         Path(args.store_dir).resolve(), port=args.port, as_json=args.json, say=say
     )
+
+
+def run_add_host(args: argparse.Namespace) -> int:
+    from manager.broker import grants
+
+    for holder in args.holder:
+        names.check_lifecycle_uid(holder)
+    gdir = grants.grants_dir(Path(args.store_dir).resolve())
+    creds = grants.new_host(gdir, args.name, args.holder)
+    if args.json:
+        print(json.dumps({"host": args.name, "creds": str(creds), "holders": args.holder}))
+    else:
+        say(f"creds   {creds}")
+        say("copy it to the host (0600) and pass it there as --creds; the grant keeper picks the")
+        say("host up within a second")
+    return 0
+
+
+def run_revoke_host(args: argparse.Namespace) -> int:
+    from manager.broker import grants
+
+    gdir = grants.grants_dir(Path(args.store_dir).resolve())
+    if not grants.revoke_host(gdir, args.name):
+        say(f"no host {args.name} in {grants.hosts_file(gdir)}")
+        return 1
+    say(f"revoked {args.name}: the broker drops its connections at the keeper's next reload")
+    return 0

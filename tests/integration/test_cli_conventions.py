@@ -219,6 +219,8 @@ def _parsers(
 
 COMMANDS = [
     "cotal broker serve",
+    "cotal broker add-host",
+    "cotal broker revoke-host",
     "cotal checkpoint discard",
     "cotal checkpoint list",
     "cotal checkpoint pack",
