@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,35 +67,56 @@ def _serve(path: str) -> dict[str, Any]:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
+    server = os.getpid()
     print("ready", flush=True)
     while True:
         for key, _ in sel.select():
-            if key.data == "parent":
-                os._exit(0)
-            if key.data == "accept":
-                conn, _ = listener.accept()
-                request = _fork(conn, sel)
-                if request is not None:
-                    # The child keeps none of the server's descriptors: another call's
-                    # connection held open by a daemon this command starts would hold that
-                    # call's answer back.
-                    for other in list(sel.get_map().values()):
-                        if isinstance(other.data, tuple):
-                            os.close(other.fd)
-                            other.data[1].close()
-                    sel.close()
-                    listener.close()
-                    return request
-                continue
-            pid, conn = key.data
-            sel.unregister(key.fileobj)
-            os.close(key.fd)
-            _, status = os.waitpid(pid, 0)
             try:
-                conn.send(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode())
-            except OSError:
-                pass
-            conn.close()
+                request = _event(key, listener, sel)
+            except Exception:
+                if os.getpid() != server:
+                    # A forked child never goes back to serving.
+                    traceback.print_exc()
+                    os._exit(1)
+                # One call's failure is written down and the server goes on serving the rest.
+                with open(os.path.join(os.path.dirname(path), "log"), "a") as log:
+                    log.write(traceback.format_exc())
+                continue
+            if request is not None:
+                return request
+
+
+def _event(
+    key: selectors.SelectorKey, listener: socket.socket, sel: selectors.BaseSelector
+) -> dict[str, Any] | None:
+    """One ready descriptor: the worker gone, a call to fork, or a child to reap."""
+    if key.data == "parent":
+        os._exit(0)
+    if key.data == "accept":
+        conn, _ = listener.accept()
+        request = _fork(conn, sel)
+        if request is not None:
+            # The child keeps none of the server's descriptors: another call's
+            # connection held open by a daemon this command starts would hold that
+            # call's answer back.
+            for other in list(sel.get_map().values()):
+                if isinstance(other.data, tuple):
+                    os.close(other.fd)
+                    other.data[1].close()
+            sel.close()
+            listener.close()
+            return request
+        return None
+    pid, conn = key.data
+    sel.unregister(key.fileobj)
+    os.close(key.fd)
+    _, status = os.waitpid(pid, 0)
+    try:
+        conn.send(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode())
+    except OSError:
+        pass
+    conn.close()
+    return None
 
 
 def _fork(conn: socket.socket, sel: selectors.BaseSelector) -> dict[str, Any] | None:
@@ -183,7 +205,7 @@ def run(
     socket.send_fds(conn, [json.dumps(request).encode()], [stdin, out_w, err_w])
     for fd in (stdin, out_w, err_w):
         os.close(fd)
-    pid = json.loads(conn.recv(4096))["pid"]
+    pid = json.loads(_answer(conn))["pid"]
     deadline = time.monotonic() + timeout
     out, err, expired = _read_both(out_r, err_r, deadline)
     where = ""
@@ -192,7 +214,7 @@ def run(
         os.kill(pid, signal.SIGKILL)
         more_out, more_err, _ = _read_both(out_r, err_r, None)
         out, err = out + more_out, err + more_err
-    status = json.loads(conn.recv(4096))["status"]
+    status = json.loads(_answer(conn))["status"]
     conn.close()
     if expired:
         raise AssertionError(
@@ -202,6 +224,25 @@ def run(
     argv = [sys.executable, "-m", "manager.cli", *args]
     return subprocess.CompletedProcess(
         argv, status, out.decode(errors="replace"), err.decode(errors="replace")
+    )
+
+
+def _answer(conn: socket.socket) -> bytes:
+    """The server's next answer; if it has none, what became of the server, for the failure."""
+    try:
+        data = conn.recv(4096)
+    except OSError as exc:
+        data, failed = b"", repr(exc)
+    else:
+        failed = "the connection closed"
+    if data:
+        return data
+    proc, path = _server if _server is not None else (None, "")
+    log = Path(os.path.dirname(path), "log")
+    raise AssertionError(
+        f"the CLI fork server gave no answer ({failed}); server exit status "
+        f"{proc.poll() if proc is not None else None}; its log:\n"
+        f"{log.read_text()[-4000:] if log.exists() else '(none)'}"
     )
 
 
