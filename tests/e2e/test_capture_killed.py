@@ -124,10 +124,10 @@ async def test_a_git_killed_mid_capture_fails_that_seat_by_name_and_a_rerun_seal
         "ok": False,
         "code": "git-failed",
         "error": (
-            f"cut {attempt} is incomplete: victim: `git bundle create --quiet - --all` was "
-            f"killed by SIGKILL in {repos['victim']} before it finished; {KILLED_CURE}; the "
-            "seats are stopped and their durables kept; fix the cause and rerun `cotal down "
-            f"--preserve-state` to capture again; evidence kept at {attempts[0]}"
+            f"cut {attempt} is incomplete: victim: `git bundle create --quiet - --glob=refs/* "
+            f"HEAD` was killed by SIGKILL in {repos['victim']} before it finished; "
+            f"{KILLED_CURE}; the seats are stopped and their durables kept; fix the cause and "
+            f"rerun `cotal down --preserve-state` to capture again; evidence kept at {attempts[0]}"
         ),
     }
     # Nothing sealed: the attempt is kept aside as evidence, the journal stays at its intent,

@@ -204,7 +204,7 @@ async def test_a_bundle_fault_surfaces_as_before(tmp_path: Path) -> None:
 
     assert err.value.code == "git-failed"
     assert err.value.message.startswith(
-        f"`git bundle create --quiet - --all` failed in {repo} (exit "
+        f"`git bundle create --quiet - --glob=refs/* HEAD` failed in {repo} (exit "
     )
     assert err.value.cure == "read git's message; the seat's repository was not changed"
     await none_left_in(repo)

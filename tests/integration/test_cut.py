@@ -332,7 +332,16 @@ async def test_daemon_killed_during_capture_never_leaves_a_sealed_partial(
     async with await anyio.open_process(
         argv, env=cotal_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     ) as cut:
-        await wait_until(lambda: '"event": "cut.stopped"' in log.read_text(), timeout=60)
+        # Killed once the capture has begun: the attempt directory holds a seat's directory
+        # (`cut.stopped` is logged just before the attempt directory is made).
+        checkpoints = cli.root / ".cotal/maintenance/v1/checkpoints"
+        await wait_until(
+            lambda: (
+                '"event": "cut.stopped"' in log.read_text()
+                and any(p.is_dir() for p in checkpoints.glob("*/*"))
+            ),
+            timeout=60,
+        )
         os.kill(daemon, signal.SIGKILL)
         with anyio.fail_after(60):
             assert await cut.wait() != 0
