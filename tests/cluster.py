@@ -14,7 +14,8 @@ import nats
 
 from manager.broker import grants as broker_grants
 from manager.broker.cluster import Node, render_node
-from manager.broker.embedded import generate_user_seed, nats_server_binary
+from manager.broker.embedded import nats_server_binary
+from manager.broker.seeds import generate_user_seed
 
 
 def free_ports(n: int) -> list[int]:

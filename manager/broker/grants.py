@@ -166,7 +166,7 @@ def add_host(gdir: Path, host: Host) -> None:
 def new_host(gdir: Path, name: str, holders: list[str]) -> Path:
     """A fresh credential for a host that will hold custody as `holders`, registered; the
     path of its seed (0600), which the host passes as `--creds`."""
-    from manager.broker.embedded import generate_user_seed
+    from manager.broker.seeds import generate_user_seed
 
     names.check_seat_name(name)
     creds = ensure_private_dir(ensure_private_dir(gdir) / "hosts") / f"{name}.creds"
@@ -281,7 +281,7 @@ def prepare(store_dir: Path, spaces: list[str], hosts: Iterable[Host]) -> Path:
     """A grants directory ready for a broker's start: the keeper's seed, the registry and, for
     a first start, an `auth.conf` granting no seat yet (a restart keeps the grants the last
     keeper wrote until its successor rewrites them). Returns the directory."""
-    from manager.broker.embedded import generate_user_seed, public_key_of
+    from manager.broker.seeds import generate_user_seed, public_key_of
 
     gdir = ensure_private_dir(grants_dir(store_dir))
     seed = keeper_seed(gdir)

@@ -33,8 +33,8 @@ from nats.js.kv import KeyValue
 
 from manager.broker import grants
 from manager.broker.connection import close_quietly, connect
-from manager.broker.embedded import public_key_of
 from manager.broker.footprint import ensure_kv
+from manager.broker.seeds import public_key_of
 from manager.workspace.private import write_private_atomic
 from protocol import names
 from protocol.custody import decode_custody
