@@ -24,7 +24,7 @@ import secrets
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 import anyio
 import msgspec
@@ -70,6 +70,10 @@ R = TypeVar("R")
 ADOPT_TIMEOUT_S = 300.0
 # A pre-copied history's fetch and hashing, by its child (manager/broker/precopyfetch.py).
 PRECOPY_FETCH_S = 300.0
+# Up to this size a pre-copied history is fetched by the manager itself: a few chunks through
+# its loop cost the other seats nothing measurable, where a child's interpreter start cost each
+# seat of a drain 0.3-0.7 s of CPU (bench/fleet.py, for bundles of 581 bytes).
+PRECOPY_INLINE_BYTES = 1 << 20
 
 
 class MoverOwner(Protocol):
@@ -249,7 +253,7 @@ class Mover:
             part = store / f"shipping-{pre.sha256}.{stamp}.part"
             growing = store / f"seeding-{pre.sha256}.{stamp}.part"
             try:
-                size, digest = await self._fetch_precopy(pre.object, part)
+                size, digest = await self._fetch_precopy(pre.object, part, pre.bytes)
                 if size != pre.bytes or digest != pre.sha256:
                     raise Refusal(
                         Code.INTEGRITY,
@@ -275,10 +279,17 @@ class Mover:
         log.info("move.precopied", seat=pre.seat, source=pre.source, bytes=pre.bytes)
         return move.MoveAnswer(ok=True)
 
-    async def _fetch_precopy(self, name: str, part: Path) -> tuple[int, str]:
-        """The object into `part` by a child at background niceness, off this manager's event
-        loop (manager/broker/precopyfetch.py): its size and digest as the child hashed it."""
+    async def _fetch_precopy(self, name: str, part: Path, size: int) -> tuple[int, str]:
+        """The object into `part`, and its size and digest as they were written: a small one
+        here, a larger one by a child at background niceness, off this manager's event loop
+        (manager/broker/precopyfetch.py)."""
         mgr = self.mgr
+        if size <= PRECOPY_INLINE_BYTES:
+            try:
+                with anyio.fail_after(PRECOPY_FETCH_S):
+                    return await carry.get_into(mgr.js, mgr.space, name, part)
+            except Exception as exc:  # refused below by name, as a child's failure is
+                self._fetch_failed(name, f"{type(exc).__name__}: {str(exc)[:2000]}")
         argv = [
             *BACKGROUND,
             *own_python("manager.broker.precopyfetch"),
@@ -301,6 +312,10 @@ class Mover:
                     detail = exc.message
             else:
                 detail = done.stderr.decode(errors="replace").strip()[-2000:]
+        self._fetch_failed(name, detail)
+
+    @staticmethod
+    def _fetch_failed(name: str, detail: str) -> NoReturn:
         raise Refusal(
             Code.MOVE_FAILED,
             f"the pre-copied history {name} could not be fetched from the move bucket: {detail}",
