@@ -560,6 +560,14 @@ class CommitResumeReply(msgspec.Struct, forbid_unknown_fields=True, rename="came
     durable_commit_token: str
 
 
+class FleetReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`fleet`: every seat of this manager's space across every manager on its broker, read by
+    the manager over the connection it holds (`cotal ps --fleet`). `rows` is a JSON array of
+    `FleetRow`s (manager/broker/fleet.py), as that record encodes them."""
+
+    rows: msgspec.Raw
+
+
 class MetricsReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """`metrics`: this manager's metrics in the Prometheus text exposition format (0.0.4),
     the same text `[metrics] listen` serves at `GET /metrics` (docs/operations.md,
@@ -610,6 +618,7 @@ COMMIT_RESUME = Op("commit-resume", AttemptArgs, CommitResumeReply, 1 * _KIB)
 FINALIZE_RESUME = Op("finalize-resume", FinalizeArgs, AttemptState, 1 * _KIB)
 PROGRESS = Op("progress", ProgressArgs, ProgressResult, 1 * _KIB)
 METRICS = Op("metrics", NoArgs, MetricsReply, 1 * _KIB)
+FLEET = Op("fleet", NoArgs, FleetReply, 1 * _KIB)
 
 OPS: dict[str, Op[Any, Any]] = {
     op.name: op
@@ -635,6 +644,7 @@ OPS: dict[str, Op[Any, Any]] = {
         FINALIZE_RESUME,
         PROGRESS,
         METRICS,
+        FLEET,
     )
 }
 

@@ -21,10 +21,9 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import anyio
-import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import (
@@ -42,39 +41,11 @@ from protocol import names
 from protocol.codec import decode_json
 from protocol.custody import CustodyRecord, HandOffRecord, decode_custody, decode_handoff
 from protocol.errors import DecodeError
+from protocol.fleet import HELD, IN_TRANSIT, RUNNING, STALE_PRESENCE, UNREADABLE, FleetRow, State
 from protocol.messages import ManagerLease, Presence
 from protocol.move import CarriedMeta, decode_carried
 
 LEASE_CAP = 4096
-
-State = Literal["running", "in transit", "held", "stale-presence", "unreadable"]
-RUNNING: Final = "running"
-IN_TRANSIT: Final = "in transit"
-HELD: Final = "held"
-STALE_PRESENCE: Final = "stale-presence"
-UNREADABLE: Final = "unreadable"
-
-
-class FleetRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """One seat lifecycle as the broker shows it; what `cotal ps --fleet --json` prints.
-
-    `instance` is the custody holder (the presence's writer when no custody record exists);
-    `host` is the label in that instance's lease, None when it has no live lease; `to` is the
-    destination instance of a `cotal move` carrying the seat (None when no move carries it, or
-    its putter did not name one); `errors` names every entry of this seat that did not decode.
-    """
-
-    name: str
-    lifecycle_uid: str
-    instance: str | None
-    host: str | None
-    state: State
-    generation: int | None
-    attempt_id: str | None
-    presence_instance: str | None
-    manager_live: bool
-    errors: list[str] = msgspec.field(default_factory=list)
-    to: str | None = None
 
 
 @dataclass(frozen=True)

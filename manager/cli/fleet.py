@@ -4,14 +4,15 @@ shares its broker.
 The broker is the one this root's mesh record names: its embedded broker, or the `--server`
 broker or cluster it was brought up against. Only the latter is shared with other managers;
 on an embedded broker the roster is this root's own seats. The roster is read-only
-(`manager/broker/fleet.py`); the manager of this root need not be running, only the broker.
+(`manager/broker/fleet.py`). The root's running manager is asked first (the `fleet` op: it
+reads over the connection it holds, so the command imports no nats-py); when none answers, the
+roster is read from the broker directly, which only needs the broker running.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -19,12 +20,11 @@ from manager import eventloop
 from manager.cli.args import root_of
 from manager.cli.output import emit_json, format_table, say
 from manager.workspace.layout import Layout
+from protocol import control
 from protocol.errors import Refusal
+from protocol.fleet import FleetRow
 from protocol.mesh import MeshRecord
 from protocol.refusals import Code
-
-if TYPE_CHECKING:
-    from manager.broker.fleet import FleetRow
 
 FLEET_COLUMNS = [
     ("NAME", "name"),
@@ -71,8 +71,28 @@ async def _roster(record: MeshRecord) -> list[FleetRow]:
             return await fleet.roster(js, record.space)
 
 
+def _asked(layout: Layout) -> list[FleetRow] | None:
+    """The roster from this root's running manager, over its control socket; None when no
+    manager answers there (then the broker is read directly)."""
+    from manager.control.oneshot import run_request
+
+    try:
+        reply = run_request(layout.root, control.FLEET, control.NoArgs(), 30.0)
+    except Refusal as exc:
+        # No manager here, or one older than the op: the broker is read directly.
+        if exc.code in (Code.NOT_UP, Code.DAEMON_UNREACHABLE, Code.UNKNOWN_OP):
+            return None
+        raise
+    return msgspec.json.decode(reply.rows, type=list[FleetRow])
+
+
 def run_fleet(args: argparse.Namespace) -> int:
-    found = eventloop.run(_roster, _broker_of(Layout.at(root_of(args))))
+    layout = Layout.at(root_of(args))
+    # A root with no mesh, or whose embedded broker is down, has nothing to ask: refused first.
+    record = _broker_of(layout)
+    found = _asked(layout)
+    if found is None:
+        found = eventloop.run(_roster, record)
     if args.json:
         emit_json(found)
         return 0

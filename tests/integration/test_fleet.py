@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,7 +186,15 @@ async def test_fleet_shows_every_managers_seats_and_a_cut_seat_as_its_custody_sa
         "--creds",
         shared_broker.creds,
     )
-    assert fleet_of(b) == [{**held, "state": "in transit"}, running_beta]
+    in_transit = [{**held, "state": "in transit"}, running_beta]
+    assert fleet_of(b) == in_transit
+    # So far B's own manager answered (the `fleet` op). With it gone, its mesh record still
+    # names the shared broker, which the command then reads itself: the same rows, B's seat's
+    # lease and presence not yet expired.
+    manager_b = b.json("status")["pid"]
+    os.kill(manager_b, signal.SIGKILL)
+    await wait_gone([manager_b])
+    assert fleet_of(b) == in_transit
     # And a root whose mesh is gone has no broker to ask.
     with pytest.raises(Refusal) as refused:
         run_fleet(argparse.Namespace(root=str(a.root), json=True))

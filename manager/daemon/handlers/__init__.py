@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from manager.daemon.handlers import mail, metrics, preservation, seats
+from manager.daemon.handlers import fleet, mail, metrics, preservation, seats
 from manager.daemon.handlers.table import Handler, Table
 from protocol import control
 from protocol.errors import Refusal
@@ -24,6 +24,7 @@ class HandlerOwner(
     mail.MailOwner,
     preservation.PreservationOpsOwner,
     metrics.MetricsOpsOwner,
+    fleet.FleetOpsOwner,
     Protocol,
 ):
     """Everything the control ops ask of the Manager: the handler groups' views."""
@@ -35,6 +36,7 @@ def build(mgr: HandlerOwner) -> dict[str, Handler]:
     mail.MailHandlers(mgr).register(table)
     preservation.PreservationHandlers(mgr).register(table)
     metrics.MetricsHandlers(mgr).register(table)
+    fleet.FleetHandlers(mgr).register(table)
     return table.handlers
 
 
