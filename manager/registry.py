@@ -147,6 +147,30 @@ class ChannelsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_age_s: Annotated[int, msgspec.Meta(ge=1, le=MAX_HORIZON_S)] = DEFAULT_CHANNEL_MAX_AGE_S
 
 
+FAILOVER_AFTER_MIN_S = 2.0
+FAILOVER_AFTER_MAX_S = 3600.0
+DEFAULT_FAILOVER_AFTER_S = 30.0
+
+
+class FailoverConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[failover]`: `enabled = true` makes every seat of this root failover-enabled; a manager
+    that cannot renew its lease at the broker for `after_s` seconds (its own monotonic clock)
+    then kills those seats, proves their exit and starts them again only once it has read the
+    broker (docs/operations.md, "Failover: a silent host fences itself")."""
+
+    enabled: bool = False
+    after_s: float = DEFAULT_FAILOVER_AFTER_S
+
+    def __post_init__(self) -> None:
+        if not FAILOVER_AFTER_MIN_S <= self.after_s <= FAILOVER_AFTER_MAX_S:
+            raise ValueError(
+                f"[failover] after_s = {self.after_s:g} is outside {FAILOVER_AFTER_MIN_S:g} to "
+                f"{FAILOVER_AFTER_MAX_S:g} seconds: set it between them (default "
+                f"{DEFAULT_FAILOVER_AFTER_S:g}; below {FAILOVER_AFTER_MIN_S:g} s an ordinary "
+                "broker hiccup would kill the seats)"
+            )
+
+
 class MetricsConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """`[metrics]`: `listen = "127.0.0.1:PORT"` serves this root's Prometheus metrics over HTTP
     at `GET /metrics` on that loopback address, for the operator's scraper; off when absent
@@ -187,6 +211,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     carry: CarryConfig = CarryConfig()
     channels: ChannelsConfig = ChannelsConfig()
     delivery: DeliveryConfig = DeliveryConfig()
+    failover: FailoverConfig = FailoverConfig()
     metrics: MetricsConfig = MetricsConfig()
     recency: RecencyConfig = RecencyConfig()
     seats: dict[str, SeatConfig] = {}

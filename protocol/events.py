@@ -25,6 +25,8 @@ EventType = Literal[
     "seat.failed",
     "seat.retired",
     "seat.evicted",
+    "seat.self_fenced",
+    "seat.fence_lifted",
     "seat.removed",
     "custody.claimed",
     "custody.released",

@@ -587,6 +587,13 @@ class Code(StrEnum):
         "the broker refused a seat's write: another holder has its custody",
         "this manager must stop the seat and never relaunch it",
     )
+    SELF_FENCED = (
+        "self-fenced",
+        "the manager could not renew its lease at the broker for [failover] after_s and killed "
+        "its failover-enabled seats; it starts none of them until it has read the broker again",
+        "make the broker reachable: the manager starts the seats again by itself once it has "
+        "renewed its lease and re-read their custody (see `cotal ps`)",
+    )
     FRAME_TOO_DEEP = (
         "frame-too-deep",
         "a control frame is nested deeper than any request cotal sends",

@@ -331,6 +331,11 @@ def run_ps(args: argparse.Namespace) -> int:
         for row in rows
     ]
     say(format_table(shown, PS_COLUMNS + (PS_WIDE if args.wide else [])))
+    if not args.wide:
+        # A seat its manager killed itself (`[failover]`) says why even without --wide.
+        for row in rows:
+            if row.reason is not None and row.reason.startswith("self-fenced"):
+                say(f"{row.name}: {row.reason}")
     if args.wide:
         modes = sorted({r.isolation for r in rows if r.isolation})
         for mode in modes:

@@ -22,6 +22,7 @@ from manager.workspace import identity, trust
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
 from manager.workspace.private import read_stable
+from protocol import control
 from protocol.control import StatusReply
 from protocol.errors import DecodeError, Refusal
 from protocol.lifecycle import SEAT_RECORD_CAP, decode_seat_record
@@ -57,6 +58,8 @@ class Seats(TypedDict):
     count: int
     byState: dict[str, int]
     source: str
+    # `[failover]`: each seat its manager killed when its lease went silent, with the reason.
+    selfFenced: NotRequired[dict[str, str]]
 
 
 class Waiting(TypedDict):
@@ -297,7 +300,12 @@ def _seats(layout: Layout, answered: StatusReply | None) -> Seats:
         count = answered.seats
         if not table and count:
             table = {"unknown": count}
-        return {"count": count, "byState": table, "source": "manager"}
+        found: Seats = {"count": count, "byState": table, "source": "manager"}
+        # Only when there are some: a status without fenced seats reads as it always did.
+        fenced = _self_fenced(layout) if table.get("stopped") else {}
+        if fenced:
+            found["selfFenced"] = fenced
+        return found
     states: dict[str, int] = {}
     unreadable = 0
     directory = layout.seats
@@ -313,6 +321,22 @@ def _seats(layout: Layout, answered: StatusReply | None) -> Seats:
     if unreadable:
         states["unreadable"] = unreadable
     return {"count": len(files), "byState": dict(sorted(states.items())), "source": "records"}
+
+
+def _self_fenced(layout: Layout) -> dict[str, str]:
+    """The stopped seats whose manager fenced itself (`[failover]`), each with its reason, as
+    `ps` shows them; none when the manager does not answer the ask."""
+    from manager.control.oneshot import run_request
+
+    try:
+        rows = run_request(layout.root, control.PS, control.NoArgs(), 10.0)
+    except Refusal:
+        return {}
+    return {
+        row.name: row.reason
+        for row in rows
+        if row.reason is not None and row.reason.startswith("self-fenced")
+    }
 
 
 def waiting(layout: Layout) -> list[Waiting]:
@@ -472,6 +496,12 @@ def _print_rest(doc: Status, say: Callable[[str], None]) -> None:
         say(
             f"cutting   seat(s) {', '.join(some['seats'])} (attempt {some['attemptId']}, "
             f"{some['state']}); the rest of the mesh runs on"
+        )
+    fenced = seats.get("selfFenced")
+    if fenced:
+        say(
+            f"fenced    seat(s) {', '.join(sorted(fenced))} killed: "
+            f"{next(iter(fenced.values()))}; started again once the broker answers"
         )
     time = doc["clock"]
     trusted = "synchronized" if time["synchronized"] else "NOT synchronized (a resume here refuses)"

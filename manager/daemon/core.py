@@ -40,6 +40,7 @@ from manager.daemon.preserve import Preservation
 from manager.daemon.readopt import Readoption
 from manager.daemon.resume import Resumption
 from manager.daemon.seat import Seat
+from manager.daemon.selffence import SelfFence
 from manager.daemon.survivors import SurvivorScan
 from manager.daemon.watchers import Watchers, clear_presence
 from manager.workspace.identity import InstanceIdentity
@@ -118,6 +119,8 @@ class Manager:
         self.preservation = Preservation(self)
         self.resumption = Resumption(self)
         self.readoption = Readoption(self)
+        # `[failover]`: the watchdog that kills this root's seats when the lease goes silent.
+        self.self_fence = SelfFence(self, self.config.failover)
         # Refused here, before anything is served, when an op in OPS has no handler.
         self.handle = handlers.serving(handlers.build(self), self._refused)
 
@@ -220,6 +223,10 @@ class Manager:
     ) -> None:
         await self.incarnations.launch(seat, continue_session=continue_session, resume=resume)
 
+    async def start_stopped(self, seat: Seat) -> None:
+        """Start a `stopped` seat again under its uid (`Incarnations.start_stopped`)."""
+        await self.incarnations.start_stopped(seat)
+
     async def stop_and_prove(self, seat: Seat, *, graceful: bool, record: bool = True) -> None:
         """The one stop (`Incarnations.stop_and_prove`); raises `Refusal("stop-unproven")`."""
         await self.incarnations.stop_and_prove(seat, graceful=graceful, record=record)
@@ -315,7 +322,9 @@ class Manager:
     async def _serve(self, leases: KeyValue, task_status: TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             self.tg = tg
-            tg.start_soon(self.watchers.lease_loop, leases)
+            fence = self.self_fence
+            tg.start_soon(self.watchers.lease_loop, leases, fence.renew_every_s, fence.renewed)
+            tg.start_soon(fence.watch)
             tg.start_soon(self.watchers.custody_watch)
             tg.start_soon(self.mover.serve)
             tg.start_soon(self.metrics.watch_loop_lag)

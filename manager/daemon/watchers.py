@@ -9,6 +9,7 @@ table, nothing deprovisioned, since the durable and the custody record are the n
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -83,16 +84,22 @@ async def _keep_putting(
     every_s: float,
     event: str,
     keep: Callable[[], bool] = lambda: True,
+    acked: Callable[[float], None] | None = None,
     **what: Any,
 ) -> None:
     """Put `value` under `key` every `every_s` while `keep()`; a put the broker misses is
-    logged, not raised, since the next one renews it before the bucket's TTL ends it."""
+    logged, not raised, since the next one renews it before the bucket's TTL ends it. `acked`
+    is told the monotonic time each acknowledged put was sent."""
     while keep():
+        sent_at = time.monotonic()
         try:
             with anyio.fail_after(2.0):
                 await bucket.put(key, value)
         except Exception as exc:
             log.warning(event, error=str(exc), **what)
+        else:
+            if acked is not None:
+                acked(sent_at)
         await anyio.sleep(every_s)
 
 
@@ -100,7 +107,14 @@ class Watchers:
     def __init__(self, mgr: WatchOwner) -> None:
         self.mgr = mgr
 
-    async def lease_loop(self, leases: KeyValue) -> None:
+    async def lease_loop(
+        self,
+        leases: KeyValue,
+        every_s: float = names.MANAGER_LEASE_RENEW_S,
+        acked: Callable[[float], None] | None = None,
+    ) -> None:
+        """Renew this manager's lease every `every_s`; `acked` is told the monotonic time of
+        each renewal the broker acknowledged (the self-fence's watchdog reads it)."""
         mgr = self.mgr
         value = encode(
             ManagerLease(
@@ -112,7 +126,7 @@ class Watchers:
             )
         )
         key = names.lease_key(mgr.identity.instance_id)
-        await _keep_putting(leases, key, value, names.MANAGER_LEASE_RENEW_S, "lease.renew_failed")
+        await _keep_putting(leases, key, value, every_s, "lease.renew_failed", acked=acked)
 
     async def presence_loop(self, seat: Seat, handle: SeatHandle) -> None:
         mgr = self.mgr

@@ -28,6 +28,7 @@ from manager.daemon.handlers.table import Table
 from manager.daemon.incarnation import Incarnations
 from manager.daemon.metrics import Metrics
 from manager.daemon.seat import Seat
+from manager.daemon.selffence import SelfFence
 from manager.registry import FileConfig
 from manager.workspace import drainmark
 from manager.workspace.layout import Layout
@@ -75,6 +76,9 @@ class SeatOpsOwner(teardown.TeardownOwner, DeadLetterBook, Protocol):
 
     @property
     def shutdown_requested(self) -> anyio.Event: ...
+
+    @property
+    def self_fence(self) -> SelfFence: ...
 
     @property
     def metrics(self) -> Metrics: ...
@@ -282,6 +286,7 @@ class SeatHandlers:
             seat = mgr.seat(args.name)
             already = seat.state == "running"
             if not already:
+                mgr.self_fence.refuse_start(seat.name, "start")
                 _require_startable(seat, "start")
                 await mgr.incarnations.start_stopped(seat)
             row = seat.row(mgr.identity.instance_id)
@@ -291,6 +296,7 @@ class SeatHandlers:
         mgr = self.mgr
         async with mgr.lifecycle("restart-seat", seat=args.name):
             seat = mgr.seat(args.name)
+            mgr.self_fence.refuse_start(seat.name, "restart")
             if seat.state != "running":
                 _require_startable(seat, "restart")
             await mgr.stop_and_prove(seat, graceful=True)
