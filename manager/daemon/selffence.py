@@ -36,6 +36,7 @@ from protocol import names
 from protocol.errors import Refusal
 from protocol.events import EventDetail
 from protocol.lifecycle import SeatState
+from protocol.maintenance import Maintenance
 from protocol.refusals import Code
 
 log = structlog.get_logger("cotal.manager")
@@ -60,6 +61,9 @@ class FenceOwner(Protocol):
 
     @property
     def events(self) -> Events: ...
+
+    @property
+    def maintenance(self) -> Maintenance: ...
 
     def custody_bucket(self) -> KeyValue: ...
 
@@ -205,7 +209,14 @@ class SelfFence:
             seat.reason = f"self-fenced, and its custody is now held by {who}: not run here"
             await mgr.persist_off_loop(seat)
             log.error("failover.custody_lost", seat=seat.name, uid=seat.uid, holder_now=who)
-        released = frozenset(self.fenced)
+        # A cut that fenced some of these seats meanwhile keeps their gate closed: lifting this
+        # fence must not reopen what the cut's fence closed.
+        cut = mgr.maintenance.cut
+        released = frozenset(
+            n
+            for n in self.fenced
+            if cut.state == "idle" or (cut.scope != "whole" and n not in cut.seats)
+        )
         self.fenced.clear()
         self.fenced_at = None
         mgr.delivery_gate.open(released)
