@@ -370,12 +370,9 @@ def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
         raise AssertionError(f"broker serve failed: {proc.stderr.read() if proc.stderr else ''}")
     info = json.loads(line)
     yield SharedBroker(info["url"], info["creds"], proc, info.get("monitor") or "")
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    from tests.helpers import stop_broker
+
+    stop_broker(proc)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -195,3 +196,14 @@ def post_turns_acked(cli: Any, seat: str) -> int:
     events = [json.loads(line) for line in cli.run("logs", seat, "--json").stdout.splitlines()]
     turns = {e["id"] for e in events if e.get("event") == "delivery.received" and e.get("channel")}
     return sum(1 for e in events if e.get("event") == "delivery.acked" and e["id"] in turns)
+
+
+def stop_broker(proc: subprocess.Popen[Any]) -> None:
+    """A `cotal broker serve` a test started: asked to stop (SIGTERM), killed if it will not
+    within 15 s, and reaped either way."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

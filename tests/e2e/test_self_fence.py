@@ -25,7 +25,7 @@ import pytest
 
 from tests.cluster import free_ports
 from tests.conftest import Cli, cotal_env
-from tests.helpers import ask, pid_alive, ps_row, wait_until
+from tests.helpers import ask, pid_alive, ps_row, stop_broker, wait_until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -52,8 +52,7 @@ def _broker(tmp_path: Path) -> Iterator[tuple[dict[str, str], int]]:
         yield info, int(info["pid"])
     finally:
         os.kill(int(info["pid"]), signal.SIGCONT)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=15)
+        stop_broker(proc)
 
 
 @contextmanager

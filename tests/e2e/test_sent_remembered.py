@@ -36,6 +36,7 @@ from tests.helpers import (
     dm_messages,
     ps_row,
     seat_events,
+    stop_broker,
     trusting,
     wait_until,
 )
@@ -100,9 +101,7 @@ async def test_a_broker_restart_forgets_nothing_the_ledger_holds(tmp_path: Path)
         assert line, proc.stderr.read() if proc.stderr else ""
         return proc, json.loads(line)
 
-    def stop(proc: subprocess.Popen[str]) -> None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=15)
+    stop = stop_broker
 
     cli = Cli(tmp_path / "ws")
     cli.root.mkdir()

@@ -39,6 +39,7 @@ from protocol import names
 from protocol.errors import Refusal
 from tests.cluster import Cluster
 from tests.conftest import Cli, cotal_env
+from tests.helpers import stop_broker
 
 pytestmark = pytest.mark.anyio
 
@@ -77,12 +78,7 @@ def granted_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Granted
         proc.kill()
         raise AssertionError(f"broker serve failed: {proc.stderr.read() if proc.stderr else ''}")
     yield GrantedBroker(json.loads(line)["url"], store, proc)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    stop_broker(proc)
 
 
 @dataclass
