@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import anyio
 import structlog
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
@@ -49,6 +50,17 @@ def dead_subjects(space: str) -> str:
 
 def dead_subject(space: str, owner: str, actor: str, uid: str) -> str:
     return f"{names.subject_prefix(space)}.dead.{owner}.{actor}.{names.check_lifecycle_uid(uid)}"
+
+
+async def last_id(js: JetStreamContext, space: str) -> int:
+    """The id the space's newest dead letter has now: every letter buried later has a higher
+    one (the stream's last sequence)."""
+
+    async def read() -> int:
+        info = await js.stream_info(dead_stream(space))
+        return int(info.state.last_seq)
+
+    return await riding_elections("the dead letters' last id", read)
 
 
 def dead_stream_config(space: str, *, replicas: int = 1) -> api.StreamConfig:
@@ -110,6 +122,47 @@ async def bury(
         lambda: js.publish(subject, data, stream=dead_stream(space), headers=headers),
     )
     return int(ack.seq)
+
+
+async def terminate(msg: Msg, timeout: float) -> None:
+    """Terminate a buried message in the inbox and wait for the broker to say it did.
+
+    nats-py's `term` only queues the +TERM: the broker may read it after the caller has
+    counted the burial, and a cut that reads the inbox meanwhile (`space.export_inbox`) finds
+    the message still unacknowledged, pending mail as well as a dead letter. The broker answers
+    an acknowledgement sent as a request once it has applied it (what `ack_sync` waits for),
+    so a return here means the message has left the inbox for good. Raises what the request
+    raises (a timeout, a connection gone); the message then comes back past its cap."""
+    if not msg.reply:
+        raise ValueError("a message with no reply subject cannot be terminated")
+    await msg._client.request(msg.reply, Msg.Ack.Term, timeout=timeout)
+    msg._ackd = True
+
+
+def same_message(letter: DeadLetter, source_seq: int, data: bytes) -> bool:
+    """Whether `letter` is the inbox message at `source_seq` with these bytes: its sequence
+    names it at the broker that buried it, and its bytes (which carry the message's own id)
+    tell it from a letter carried in from another broker, whose sequence is that broker's."""
+    return letter.meta.source_seq == source_seq and letter.data == data
+
+
+async def buried_as(
+    js: JetStreamContext,
+    space: str,
+    owner: str,
+    actor: str,
+    uid: str,
+    *,
+    source_seq: int,
+    data: bytes,
+) -> int | None:
+    """The id of this seat's dead letter for the inbox message at `source_seq` with these
+    bytes, or None. Read only when a message comes back past its cap (its settlement was
+    lost), which is rare, so a scan of the seat's letters is affordable there."""
+    for letter in await listing(js, space, owner, actor, uid, limit=DEAD_PER_SEAT):
+        if same_message(letter, source_seq, data):
+            return letter.id
+    return None
 
 
 def _owner_seat_uid(space: str, subject: str) -> tuple[str, str, str] | None:

@@ -338,6 +338,7 @@ async def export_space(
     ]
     outcomes = await ordered_map(lambda step: step(), steps, anyio.CapacityLimiter(len(steps)))
     (durable, messages), dead, made = (o.unwrap() for o in outcomes)
+    messages = _not_buried(seat, messages, dead)
     return SpaceExport(
         broker_id=broker_id,
         durable=durable,
@@ -351,6 +352,27 @@ async def export_space(
 
 
 # -- dead letters -------------------------------------------------------------------------------
+
+
+def _not_buried(
+    seat: str, messages: list[CarriedMessage], dead: list[CarriedMessage]
+) -> list[CarriedMessage]:
+    """The carried inbox without any message that is already one of the seat's dead letters.
+
+    A burial writes the dead letter and then terminates the message in the inbox; the delivery
+    bridge waits for the broker to confirm the termination before it counts the burial
+    (`deadletter.terminate`), but a termination that failed (the broker unreachable for a
+    moment) leaves the message above the ack floor until it comes back past its cap. Carried
+    as both, it would be delivered at the destination, fail again and be buried a second time
+    there, under that broker's sequence. A message is a dead letter or pending mail, never
+    both: it travels as the dead letter only. Matched by its sequence here and its bytes, as
+    `deadletter.same_message` does."""
+    buried = {(meta_of(d.headers).source_seq, d.payload) for d in dead}
+    kept = [m for m in messages if (m.seq, m.payload) not in buried]
+    if len(kept) != len(messages):
+        left = sorted({m.seq for m in messages} - {m.seq for m in kept})
+        log.warning("space.buried_left_out_of_inbox", seat=seat, seqs=left)
+    return kept
 
 
 async def export_dead_letters(

@@ -69,6 +69,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from connectors.base import PROVIDER_UNAVAILABLE, Driver, TurnOutcome
+from manager import failpoint
 from manager.broker import channels as chan
 from manager.broker import deadletter
 from manager.broker.dm import publish_dm
@@ -476,7 +477,8 @@ class DeliveryBridge:
             if dm is None:
                 # It can never be run; kept as a dead letter, and the inbox moves on.
                 log.error("delivery.malformed", seat=self.seat, error=malformed)
-                if not await self._bury(msg, total, f"malformed: {malformed}", None):
+                malformed = f"malformed: {malformed}"
+                if not await self._bury(msg, total, malformed, None, returned=this > 1):
                     await self._nak(msg, None, UNRESTARTED_RETRY_S)
             return
         waiter = self.waiters.get(dm.id)
@@ -514,7 +516,7 @@ class DeliveryBridge:
         this, total = counted
         if this > self.max_deliveries:
             reason = f"delivered {this} times, past the cap of {self.max_deliveries}"
-            if not await self._bury(msg, total, reason, dm.id):
+            if not await self._bury(msg, total, reason, dm.id, returned=True):
                 await self._nak(msg, dm.id, UNRESTARTED_RETRY_S)
             return False
         if channel is not None and meshcall.sender_of(dm.sender) == self.seat:
@@ -648,48 +650,29 @@ class DeliveryBridge:
         elif not kept:
             await self._nak(msg, dm_id, UNRESTARTED_RETRY_S if held_against else RETRY_DELAY_S)
 
-    async def _bury(self, msg: Msg, total: int, reason: str, dm_id: str | None) -> bool:
+    async def _bury(
+        self, msg: Msg, total: int, reason: str, dm_id: str | None, *, returned: bool = False
+    ) -> bool:
         """Move the message to the seat's dead letters, then terminate it in the inbox. False
         (the message left where it is) when the gate is closed or the broker refused the dead
-        letter."""
+        letter. `returned`: the message is back after reaching the cap once already, so it may
+        be one whose burial landed and whose settlement did not; it is then only terminated."""
         if self._source is not None:
             return await self._give_up_post(msg, reason, dm_id)
         if not self.gate.begin_burial():
             return False
         try:
-            meta = DeadLetterMeta(
-                subject=msg.subject,
-                source_seq=int(msg.metadata.sequence.stream),
-                deliveries=total,
-                reason=reason[:512],
-                dead_at=now_iso(),
-            )
-            try:
-                dead_id = await deadletter.bury(
-                    self.js,
-                    self.space,
-                    names.SEAT_OWNER,
-                    self.seat,
-                    self.uid,
-                    data=msg.data,
-                    meta=meta,
-                )
-            except Exception as exc:
-                # A full dead-letter stream or a broker gone: the message stays in the inbox,
-                # which is wedged but loses nothing; the log says why.
-                log.error(
-                    "delivery.dead_letter_failed",
-                    seat=self.seat,
-                    id=dm_id,
-                    error=str(exc) or type(exc).__name__,
-                )
+            dead_id = await self._dead_letter_of(msg, total, reason, dm_id, returned=returned)
+            if dead_id is None:
                 return False
-            try:
-                await msg.term()
-            except TRANSIENT as exc:
-                # It comes back after ack_wait, past the cap: moved again (deduplicated by its
-                # sequence), never run.
-                log.warning("delivery.term_failed", seat=self.seat, id=dm_id, error=repr(exc))
+            # A crash here leaves the message both a dead letter and unsettled in the inbox.
+            failpoint.reached("delivery.buried-before-terminate")
+            await self._terminate(msg, dm_id)
+            if dead_id < 0:
+                return True
+            # Counted only now: the message has left the inbox (or its settlement failed and it
+            # comes back past the cap, to be terminated then), so a cut that follows this count
+            # never finds it both a dead letter and pending mail.
             self.dead_counts[self.uid] = self.dead_counts.get(self.uid, 0) + 1
             if self.metrics is not None:
                 self.metrics.dead_lettered(self.seat)
@@ -706,6 +689,59 @@ class DeliveryBridge:
             return True
         finally:
             self.gate.end_burial()
+
+    async def _dead_letter_of(
+        self, msg: Msg, total: int, reason: str, dm_id: str | None, *, returned: bool
+    ) -> int | None:
+        """The message's dead letter: a new one's id, -1 where a returned message already has
+        one (nothing is added), None where the broker refused it."""
+        source_seq = int(msg.metadata.sequence.stream)
+        owner = names.SEAT_OWNER
+        try:
+            if returned:
+                found = await deadletter.buried_as(
+                    self.js,
+                    self.space,
+                    owner,
+                    self.seat,
+                    self.uid,
+                    source_seq=source_seq,
+                    data=msg.data,
+                )
+                if found is not None:
+                    log.warning(
+                        "delivery.already_dead_lettered", seat=self.seat, id=dm_id, dead=found
+                    )
+                    return -1
+            meta = DeadLetterMeta(
+                subject=msg.subject,
+                source_seq=source_seq,
+                deliveries=total,
+                reason=reason[:512],
+                dead_at=now_iso(),
+            )
+            return await deadletter.bury(
+                self.js, self.space, owner, self.seat, self.uid, data=msg.data, meta=meta
+            )
+        except Exception as exc:
+            # A full dead-letter stream or a broker gone: the message stays in the inbox,
+            # which is wedged but loses nothing; the log says why.
+            log.error(
+                "delivery.dead_letter_failed",
+                seat=self.seat,
+                id=dm_id,
+                error=str(exc) or type(exc).__name__,
+            )
+            return None
+
+    async def _terminate(self, msg: Msg, dm_id: str | None) -> None:
+        """Terminate a buried message, confirmed by the broker (`deadletter.terminate`)."""
+        try:
+            await deadletter.terminate(msg, ACK_S)
+        except TRANSIENT as exc:
+            # It comes back after ack_wait, past the cap: found among the dead letters by its
+            # sequence and terminated then, never run and never buried twice.
+            log.warning("delivery.term_failed", seat=self.seat, id=dm_id, error=repr(exc))
 
     async def _give_up_post(self, msg: Msg, reason: str, turn_id: str | None) -> bool:
         """A post that cannot run leaves this seat's frontier only: the channel keeps it in its

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from manager.checkpoint.reader import read_seat_checkpoint
@@ -189,3 +190,55 @@ async def test_a_move_carries_the_dead_letters_and_redeliver_all_returns_them_th
     finally:
         for cli in (a, b):
             cli.run("down", check=False)
+
+
+async def test_a_crash_between_a_burial_and_its_settlement_leaves_one_dead_letter_anywhere(
+    tmp_path: Path, cli: Cli
+) -> None:
+    """The window forced: the manager dies after the dead letter is written and before the
+    message is terminated in the inbox, so the message is both for a moment. The restarted
+    manager releases it, it comes back past its cap, is found among the dead letters and is
+    terminated, not buried again; then it travels as that one dead letter to a broker that
+    shares nothing with the source, where it is neither delivered nor buried a second time.
+    (A cut reading the inbox inside the window is tests/integration/test_dead_letter_window.py.)"""
+    _commit(cli.root)
+    (cli.root / "cotal.toml").write_text("[delivery]\nmax_deliveries = 1\n")
+    cli.run("up", "--detach", env={"COTAL_FAILPOINT": "delivery.buried-before-terminate"})
+    row = cli.json("spawn", "d", "--agent", "scribe")
+    pid = int(json.loads((cli.root / ".cotal" / "mesh.json").read_text())["manager"]["pid"])
+    sent = cli.json("send", "d", POISON[0])["id"]
+    await wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=60, every=0.2)
+    assert await _dead_ids_at(cli.root) == 1
+    cli.run("up", "--detach")
+    durable = names.dm_durable("local", "d", row["lifecycleUid"])
+
+    async with broker(cli.root) as js:
+        for _ in range(300):
+            info = await js.consumer_info("DM_main", durable)
+            if not info.num_ack_pending:
+                break
+            await anyio.sleep(0.2)
+        assert info.num_ack_pending == 0 and info.num_pending == 0, info
+        assert info.ack_floor.stream_seq > 0, info
+    assert await _dead_ids_at(cli.root) == 1
+    log = (cli.root / ".cotal" / "logs" / "manager.log").read_text()
+    assert '"delivery.already_dead_lettered"' in log
+    await wait_until(lambda: _row(cli, "d")["deadLetters"] == 1, timeout=30, every=0.2)
+
+    cut = json.loads(cli.run("down", "--preserve-state", "--json").stdout)
+    assert cut["journal"] == "ready" and cut["failures"] == [], cut
+    attempt = Path(cut["checkpointDir"])
+    state = read_seat_checkpoint(attempt / "d").space_state
+    assert state is not None and state.dead_letters is not None
+    assert state.dead_letters.letters == 1 and state.messages == 0, state
+    copy = tmp_path / "carried" / attempt.name
+    shutil.copytree(attempt, copy)
+    os.rename(cli.root, cli.root.with_name("ws.src"))
+    cli.root.mkdir()
+    cli.run("up", "--restore", str(copy), *trusting(copy), "--json")
+    # A turn answered after it: had the message travelled as mail too, it ran before this.
+    cli.json("send", "d", "what was the phrase", "--wait", "--timeout", "60")
+    after = cli.json("inbox", "d")
+    assert [x["messageId"] for x in after["letters"]] == [sent] and after["count"] == 1
+    assert await _dead_ids_at(cli.root) == 1
+    cli.run("down")
