@@ -214,19 +214,23 @@ class MailHandlers:
         )
 
     async def redeliver_all(self, args: control.RedeliverAllArgs) -> control.RedeliverAllReply:
-        """Every dead letter of the seat back into its inbox, oldest first, each published
-        before the next, so the inbox holds them in the order they died. Read a batch at a time
-        from the oldest: each one put back is removed, so the next read starts past it, and a
-        letter cotal did not write (which the listing skips) never loops it."""
+        """Every dead letter the seat had when the call began back into its inbox, oldest
+        first, each published before the next, so the inbox holds them in the order they died.
+        Read a batch at a time from the oldest: each one put back is removed, so the next read
+        starts past it, and a letter cotal did not write (which the listing skips) never loops
+        it. A letter buried while the call runs (a message put back that failed again) is not
+        put back by the same call: it would come back in the reply twice."""
         mgr = self.mgr
         async with mgr.lifecycle("redeliver", seat=args.name):
             seat = mgr.seat(args.name)
             rows: list[control.RedeliverDeadLetterReply] = []
             count = 0
+            newest = await deadletter.last_id(mgr.js, mgr.space)
             for _ in range(deadletter.DEAD_PER_SEAT // deadletter.LIST_MAX + 1):
-                batch = await deadletter.listing(
+                listed = await deadletter.listing(
                     mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid
                 )
+                batch = [letter for letter in listed if letter.id <= newest]
                 if not batch:
                     break
                 for letter in batch:
