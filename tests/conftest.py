@@ -8,12 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from nats.js import JetStreamContext
 
 from connectors.harnesses import tools_dir
 from tests import clifork
@@ -39,6 +40,20 @@ def no_process_outlives_its_test(tmp_path: Path) -> Iterator[None]:
 def anyio_backend() -> str:
     # nats-py is asyncio only.
     return "asyncio"
+
+
+@pytest.fixture
+async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
+    """A JetStream client on an embedded broker of the test's own, stopped with the test."""
+    from manager.broker import embedded
+    from tests.helpers import broker_at
+
+    info = embedded.start_embedded(tmp_path / "nats", tmp_path / "broker.creds")
+    try:
+        async with broker_at(info.url, info.creds) as handle:
+            yield handle
+    finally:
+        embedded.stop_embedded(info.identity)
 
 
 @pytest.fixture

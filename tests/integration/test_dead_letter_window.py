@@ -8,36 +8,22 @@ termination the bridge waits for has left the inbox when it returns."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from manager.broker import deadletter, embedded
+from manager.broker import deadletter
 from manager.broker.dm import publish_dm
 from manager.broker.footprint import ensure_dm_durable, ensure_dm_stream
 from manager.broker.space import _not_buried, export_dead_letters, export_inbox
 from protocol import names
 from protocol.deadletter import DeadLetterMeta
 from protocol.messages import DirectMessage, decode_dm
-from tests.helpers import broker_at
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
 SPACE = "main"
 SEAT = "d"
-
-
-@pytest.fixture
-async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
-    info = embedded.start_embedded(tmp_path / "nats", tmp_path / "broker.creds")
-    try:
-        async with broker_at(info.url, info.creds) as handle:
-            yield handle
-    finally:
-        embedded.stop_embedded(info.identity)
 
 
 def _dm(text: str) -> DirectMessage:

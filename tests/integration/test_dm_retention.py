@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import nats
 import pytest
 from nats.js import JetStreamContext, api
 
-from manager.broker import embedded
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence, marker_subject
 from manager.broker.footprint import ensure_dm_durable, ensure_dm_stream
@@ -82,16 +80,6 @@ async def acknowledged_sends(c: ControlClient, js: JetStreamContext, count: int)
 
 
 # -- the rules, against the broker itself -------------------------------------------------------
-
-
-@pytest.fixture
-async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
-    info = embedded.start_embedded(tmp_path / "nats", tmp_path / "broker.creds")
-    try:
-        async with broker_at(info.url, info.creds) as handle:
-            yield handle
-    finally:
-        embedded.stop_embedded(info.identity)
 
 
 def dm(sender: str, recipient: str, text: str) -> DirectMessage:

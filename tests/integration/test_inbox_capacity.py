@@ -3,33 +3,18 @@ the per-subject cap the DM stream once had: nothing is discarded to make room (r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import anyio
 import pytest
 from nats.js import JetStreamContext, api
 
-from manager.broker import embedded
 from manager.broker.footprint import DM_MAX_BYTES, DM_MAX_MSGS, ensure_dm_stream
 from protocol import names
-from tests.helpers import broker_at
 
 pytestmark = pytest.mark.anyio
 
 SPACE = "main"
 SUBJECT = f"cotal.{SPACE}.inst.local.s1.local.operator"
 QUEUED = 1_500
-
-
-@pytest.fixture
-async def js(tmp_path: Path) -> AsyncIterator[JetStreamContext]:
-    info = embedded.start_embedded(tmp_path / "nats", tmp_path / "broker.creds")
-    try:
-        async with broker_at(info.url, info.creds) as handle:
-            yield handle
-    finally:
-        embedded.stop_embedded(info.identity)
 
 
 async def _publish(js: JetStreamContext, n: int) -> None:
