@@ -25,6 +25,8 @@ from protocol.refusals import Code
 T = TypeVar("T")
 
 POLL_S = 0.25
+# How long a poll still in flight when the commit returns is given to answer.
+FOLLOW_GRACE_S = 5.0
 SLOW_CAPTURE_S = 1.0
 # A capture step that has written this much is a large repository: its byte counts are shown
 # however quickly the machine gets through them.
@@ -142,16 +144,19 @@ async def _poll_and_tick(client: ControlClient, attempt: str, view: ProgressView
     return more
 
 
-async def _follow(session: ControlSession, attempt: str, view: ProgressView) -> None:
+async def _follow(
+    session: ControlSession, attempt: str, view: ProgressView, over: anyio.Event
+) -> None:
     # The daemon answers one request at a time per connection and the commit holds the
     # session's connection until it returns, so polling needs a second connection: exactly two
     # control connections while the commit is in flight, one otherwise.
     try:
         async with session.side_channel() as side:
-            while True:
+            while not over.is_set():
                 if not await _poll_and_tick(side, attempt, view):
                     return
-                await anyio.sleep(POLL_S)
+                with anyio.move_on_after(POLL_S):
+                    await over.wait()
     except Refusal as exc:
         # Progress is for people; losing it must not fail the cut it describes.
         view.say(f"  (progress unavailable: {exc.text})")
@@ -164,18 +169,27 @@ async def follow_commit(
     commit: Callable[[], Awaitable[T]],
 ) -> T:
     """Run `commit` on the session while progress is polled beside it, then show whatever the
-    daemon recorded after the last poll."""
+    daemon recorded after the last poll.
+
+    The poller is told the commit is over and ends between polls, never cancelled inside one:
+    anyio's asyncio socket streams wait for a readable socket with a future the loop resolves
+    from a reader callback, and a cancellation landing in the same loop pass as the reply makes
+    that callback resolve a cancelled future (`InvalidStateError`, printed by asyncio as an
+    "Exception in callback" traceback on the command's stderr; seen in CI on a cut)."""
     failure: BaseException | None = None
     result: Any = None
+    over = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_follow, session, attempt, view)
+        tg.start_soon(_follow, session, attempt, view, over)
         try:
             result = await commit()
         except Refusal as exc:
             # Raised outside the task group, so the caller sees the refusal, not a group.
             failure = exc
         finally:
-            tg.cancel_scope.cancel()
+            over.set()
+            # A poll that does not answer (a daemon gone mid-commit) is not waited for long.
+            tg.cancel_scope.deadline = anyio.current_time() + FOLLOW_GRACE_S
     if failure is not None:
         raise failure
     # The commit is over: a capture not shown by now was quick, so the last records only add
