@@ -141,6 +141,54 @@ class TurnOutcome:
     status: TurnStatus
     reply: str = ""
     detail: str = ""
+    # What the harness reported its model calls of this turn used, when it reports it; None
+    # when it said nothing. Not part of the outcome's identity: two turns that ended alike are
+    # equal whatever they cost.
+    usage: TurnUsage | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class TurnUsage:
+    """The tokens one turn's model calls used, as the harness reported them (summed over the
+    turn's calls): uncached input, output, and the input read from or written to the provider's
+    prompt cache where the harness reports those (0 where it does not). `model` is the model
+    the harness named for the turn, when it named one. Counts are the harness's own; cotal
+    never estimates a token."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    model: str | None = None
+
+    def plus(self, other: TurnUsage) -> TurnUsage:
+        """Both calls' tokens; the later call's model when it names one."""
+        return TurnUsage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+            other.model or self.model,
+        )
+
+
+def token_count(value: object) -> int:
+    """A token count a harness reported: a non-negative integer, else 0 (a harness that says
+    nothing, or something else, is not taken to have used tokens it did not name)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0
+    return value
+
+
+def model_name(value: object) -> str | None:
+    """A model name a harness reported, when it is a short non-empty string."""
+    if isinstance(value, str) and 0 < len(value) <= MODEL_NAME_MAX and value.isprintable():
+        return value
+    return None
+
+
+# The longest model name a usage record keeps (longer is not a model's name).
+MODEL_NAME_MAX = 200
 
 
 def redelivery_notice(delivery: int) -> str:

@@ -16,7 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ from connectors.base import (
     SessionMove,
     StoreDecl,
     TurnOutcome,
+    TurnUsage,
+    model_name,
+    token_count,
 )
 from connectors.doctorkit import (
     HarnessCheck,
@@ -1088,7 +1091,10 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
             return TurnOutcome(
                 "unknown", detail=f"turn {message_id} did not end: {self._reader.detail}"
             )
-        outcome = judge_result(turn.end.value, interrupted=turn.interrupted)
+        outcome = replace(
+            judge_result(turn.end.value, interrupted=turn.interrupted),
+            usage=result_usage(turn.end.value),
+        )
         if outcome.status == "ok" and not await self._await_persisted(turn):
             # Claude Code emits `result` before its transcript write lands (measured: 50-100 ms
             # later). A turn acknowledged but lost to a crash in that window would be neither
@@ -1098,6 +1104,7 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
                 detail=f"claude did not write turn {message_id} to its transcript "
                 f"within {PERSIST_TIMEOUT_S:.0f}s "
                 f"({self._reader.detail if self._reader.phase == 'stopped' else 'still running'})",
+                usage=outcome.usage,
             )
         return outcome
 
@@ -1172,6 +1179,32 @@ class ClaudeDriver(JsonStdioDriver[_Turn]):
         turn.interrupted = True
         response = await self._control("interrupt")
         return response is not None and response.get("subtype") == "success"
+
+
+def result_usage(result: Mapping[str, Any]) -> TurnUsage | None:
+    """The tokens of one `result` event: its `usage` is this turn's, summed over the turn's
+    model calls (`input_tokens`, `output_tokens`, `cache_read_input_tokens`,
+    `cache_creation_input_tokens`, measured on 2.1.x). Its `modelUsage` is the session's so far,
+    keyed by model, so it names the model and no more: the one that wrote the most output (a
+    helper model Claude Code calls on the side writes little). None when there is no usage."""
+    usage = result.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    by_model = result.get("modelUsage")
+    model = None
+    if isinstance(by_model, dict) and by_model:
+        named = [
+            (token_count(v.get("outputTokens")) if isinstance(v, dict) else 0, k)
+            for k, v in by_model.items()
+        ]
+        model = model_name(max(named)[1])
+    return TurnUsage(
+        input_tokens=token_count(usage.get("input_tokens")),
+        output_tokens=token_count(usage.get("output_tokens")),
+        cache_read_tokens=token_count(usage.get("cache_read_input_tokens")),
+        cache_write_tokens=token_count(usage.get("cache_creation_input_tokens")),
+        model=model,
+    )
 
 
 def judge_result(result: Mapping[str, Any], *, interrupted: bool = False) -> TurnOutcome:

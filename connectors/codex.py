@@ -32,6 +32,9 @@ from connectors.base import (
     SessionMove,
     StoreDecl,
     TurnOutcome,
+    TurnUsage,
+    model_name,
+    token_count,
 )
 from connectors.doctorkit import (
     HarnessCheck,
@@ -497,6 +500,8 @@ class _Turn(Turn):
         self.interrupted = False
         # The rollout's size when the turn began; the turn's entries are appended after it.
         self.offset = offset
+        # The tokens of the turn's model calls so far (`thread/tokenUsage/updated`).
+        self.usage: TurnUsage | None = None
 
 
 class CodexDriver(JsonStdioDriver[_Turn]):
@@ -531,6 +536,8 @@ class CodexDriver(JsonStdioDriver[_Turn]):
         self._cwd = cwd
         self._thread_name = thread_name
         self._refusal: Refusal | None = None
+        # The model the open thread runs, as `thread/start` or `thread/resume` named it.
+        self.model: str | None = None
 
     # -- reader ---------------------------------------------------------------------------------
 
@@ -553,6 +560,14 @@ class CodexDriver(JsonStdioDriver[_Turn]):
             params = msg.get("params") or {}
             if self._turn is not None and not params.get("willRetry"):
                 self._turn.error = str((params.get("error") or {}).get("message") or "")
+        elif method == "thread/tokenUsage/updated":
+            params = msg.get("params") or {}
+            turn = self._turn
+            # Before `turn/start` has answered with the turn's id, the one turn in flight.
+            if turn is not None and (turn.id is None or params.get("turnId") == turn.id):
+                call = call_usage(params, self.model)
+                if call is not None:
+                    turn.usage = call if turn.usage is None else turn.usage.plus(call)
         elif method == "turn/completed":
             params = msg.get("params") or {}
             turn = self._turn
@@ -607,6 +622,7 @@ class CodexDriver(JsonStdioDriver[_Turn]):
         else:
             result = await self._call("thread/start", params)
         thread_id = (result.get("thread") or {}).get("id")
+        self.model = model_name(result.get("model"))
         if not isinstance(thread_id, str) or not UUID_RE.match(thread_id):
             raise Refusal(
                 Code.HARNESS_ERROR,
@@ -697,6 +713,7 @@ class CodexDriver(JsonStdioDriver[_Turn]):
                 "unknown", detail=f"turn {message_id} did not end: {self._reader.detail}"
             )
         outcome = judge_turn(turn.end.value, reply=turn.reply, error=turn.error)
+        outcome = replace(outcome, usage=turn.usage)
         if outcome.status == "ok" and not await self._await_persisted(turn):
             # An ack for a turn a crash then loses would leave it neither in the thread nor
             # redelivered, so `ok` waits until the rollout records the turn complete.
@@ -704,6 +721,7 @@ class CodexDriver(JsonStdioDriver[_Turn]):
                 "unknown",
                 detail=f"codex did not record turn {message_id} in its rollout within "
                 f"{PERSIST_TIMEOUT_S:.0f}s",
+                usage=outcome.usage,
             )
         return outcome
 
@@ -746,6 +764,25 @@ class CodexDriver(JsonStdioDriver[_Turn]):
 def rpc_error(message: str) -> dict[str, Any]:
     """A JSON-RPC "method not found" error object."""
     return dict(code=-32601, message=message)
+
+
+def call_usage(params: Mapping[str, Any], model: str | None) -> TurnUsage | None:
+    """One model call's tokens from `thread/tokenUsage/updated` (measured on 0.169.0: sent
+    after each call of a turn, naming the turn; `tokenUsage.last` is that call's, `total` the
+    thread's so far). Codex's `inputTokens` counts the cached input too, as the Responses API
+    does, so the uncached input is the difference."""
+    usage = params.get("tokenUsage")
+    last = usage.get("last") if isinstance(usage, dict) else None
+    if not isinstance(last, dict):
+        return None
+    cached = token_count(last.get("cachedInputTokens"))
+    return TurnUsage(
+        input_tokens=max(0, token_count(last.get("inputTokens")) - cached),
+        output_tokens=token_count(last.get("outputTokens")),
+        cache_read_tokens=cached,
+        cache_write_tokens=token_count(last.get("cacheWriteInputTokens")),
+        model=model,
+    )
 
 
 def judge_turn(done: Mapping[str, Any], *, reply: str, error: str) -> TurnOutcome:

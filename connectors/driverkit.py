@@ -84,7 +84,7 @@ def unavailable_outcome(outcome: TurnOutcome) -> TurnOutcome:
     """An `error` end the provider caused, reported as `provider-unavailable` (the connector
     contract's kind for it, `connectors.base.TurnOutcome`); every other outcome as it is."""
     if outcome.status == "error" and provider_unavailable(outcome.detail):
-        return TurnOutcome(PROVIDER_UNAVAILABLE, outcome.reply, outcome.detail)
+        return TurnOutcome(PROVIDER_UNAVAILABLE, outcome.reply, outcome.detail, outcome.usage)
     return outcome
 
 

@@ -14,7 +14,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +31,9 @@ from connectors.base import (
     SessionMove,
     StoreDecl,
     TurnOutcome,
+    TurnUsage,
+    model_name,
+    token_count,
 )
 from connectors.doctorkit import (
     HarnessCheck,
@@ -749,7 +752,7 @@ class PiDriver(JsonStdioDriver[_Turn]):
             return TurnOutcome(
                 "unknown", detail=f"turn {message_id} did not end: {self._reader.detail}"
             )
-        outcome = judge_turn(text, turn.end.value)
+        outcome = replace(judge_turn(text, turn.end.value), usage=turn_usage(turn.end.value))
         # Every outcome that reached agent_end left a session file behind (pi persists on the
         # first assistant message, error or not); make the pointer durable before any ack.
         if self.session_id is None:
@@ -771,6 +774,29 @@ def _text_of(message: Mapping[str, Any]) -> str:
             p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
         )
     return ""
+
+
+def turn_usage(agent_end: Mapping[str, Any]) -> TurnUsage | None:
+    """The tokens of one `agent_end`: pi puts each model call's `usage` (`input`, `output`,
+    `cacheRead`, `cacheWrite`, as its provider reported them) and `model` on that call's
+    assistant message, and the run's messages are this turn's alone. None when no assistant
+    message carries a usage."""
+    total: TurnUsage | None = None
+    for message in agent_end.get("messages") or []:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        usage = message.get("usage")
+        if not isinstance(usage, dict):
+            continue
+        call = TurnUsage(
+            input_tokens=token_count(usage.get("input")),
+            output_tokens=token_count(usage.get("output")),
+            cache_read_tokens=token_count(usage.get("cacheRead")),
+            cache_write_tokens=token_count(usage.get("cacheWrite")),
+            model=model_name(message.get("model")),
+        )
+        total = call if total is None else total.plus(call)
+    return total
 
 
 def judge_turn(sent: str, agent_end: Mapping[str, Any]) -> TurnOutcome:

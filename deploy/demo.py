@@ -18,6 +18,10 @@ Then `cotal move`: a `cotal broker serve` process and two more roots, host C and
 its own `HOME` and both up against that one broker. Seat `walker` moves from the running C to
 the running D with one command at C, while `stay_c` on C and `stay_d` on D keep their processes
 and answer mail sent during and right after the move.
+
+Last, failover: host E (`[failover] enabled, after_s = 5`) and host F (`[failover] standby`) on
+another broker. Host E's manager and seat are SIGKILLed; F takes `survivor` over on its own from
+its standing checkpoint and it answers its phrase there; E, brought back, forgets the seat.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ QUEUED = "queued-at-the-fence-73"
 CODEX_PHRASE = "cobalt-harbor-58"
 WALK_PHRASE = "heron-crossing-62"
 MESH_PHRASE = "tern-relay-19"
+SURVIVOR_PHRASE = "petrel-standing-39"
 CODEX_KEY_VAR = "DEMO_CODEX_KEY"
 # The fake model takes any key; the seat still needs one in the manager's environment.
 CODEX_KEY = "sk-demo-not-a-real-key"
@@ -382,6 +387,72 @@ def move_story(base: Path, checks: list[tuple[str, bool]]) -> None:
         broker.stop()
 
 
+def takeover_story(base: Path, checks: list[tuple[str, bool]]) -> None:
+    """Host E dies with its seat; host F, a standby on the same broker, runs it on its own."""
+    print("\n== a host dies; a standby on the same broker takes its seat over", flush=True)
+    broker = Broker(base / "broker-ef")
+    e, f = Host("host-E", base), Host("host-F", base)
+    try:
+        (e.root / "cotal.toml").write_text("[failover]\nenabled = true\nafter_s = 5\n")
+        (f.root / "cotal.toml").write_text("[failover]\nstandby = true\n")
+        for host in (e, f):
+            committed_repo(host, ".", f"{host.name} project")
+            host.cotal("up", "--detach", "--server", broker.url, "--creds", broker.creds)
+        key = json.loads(e.cotal("status", "--json").stdout)["manager"]["publicKey"]
+        f.cotal("trust", "add", key, "--name", "host-e")
+        survivor = json.loads(
+            e.cotal(
+                "spawn", "survivor", "--agent", "scribe", "--cwd",
+                str(committed_repo(e, "survivor", "the survivor's own repository")), "--json",
+            ).stdout
+        )  # fmt: skip
+        e.cotal("send", "survivor", f"Remember the phrase {SURVIVOR_PHRASE}.", "--wait")
+        status = json.loads(e.cotal("status", "--json").stdout)
+        rows = [json.loads(x) for x in e.cotal("ps", "--json", show=False).stdout.splitlines()]
+        pids = [int(status["pid"]), *(int(r["pid"]) for r in rows if r.get("pid"))]
+        print(f"\n[host-E]$ kill -KILL {' '.join(map(str, pids))}   # the host dies", flush=True)
+        t0 = time.monotonic()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        f.cotal("ps", "--fleet")
+        there: dict[str, Any] = {}
+        while time.monotonic() - t0 < 120 and there.get("state") != "running":
+            time.sleep(0.5)
+            rows = [json.loads(x) for x in f.cotal("ps", "--json", show=False).stdout.splitlines()]
+            there = next((r for r in rows if r["name"] == "survivor"), {})
+        took = time.monotonic() - t0
+        f.cotal("ps")
+        reply = f.cotal("send", "survivor", "What was the phrase?", "--wait").stdout.strip()
+        print(f"\n== takeover observations: running on F {took:.1f} s after host E died")
+        print(f"  lifecycle    {survivor['lifecycleUid']} -> {there.get('lifecycleUid')}")
+        print(f"  session id   {survivor['sessionId']} -> {there.get('sessionId')}")
+        print(f"  phrase on F  {reply!r}")
+        e.cotal("up", "--detach", "--server", broker.url, "--creds", broker.creds)
+        left: list[str] = ["survivor"]
+        while time.monotonic() - t0 < 180 and left:
+            time.sleep(0.5)
+            left = [
+                json.loads(x)["name"]
+                for x in e.cotal("ps", "--json", show=False).stdout.splitlines()
+            ]
+        e.cotal("ps")
+        checks += [
+            ("takeover: the standby runs the dead host's seat", there.get("state") == "running"),
+            (
+                "takeover: same lifecycle uid and session on F",
+                survivor["lifecycleUid"] == there.get("lifecycleUid")
+                and survivor["sessionId"] == there.get("sessionId"),
+            ),
+            ("takeover: the seat answers its phrase on F", SURVIVOR_PHRASE in reply),
+            ("takeover: host E, back, forgets the seat", left == []),
+        ]
+    finally:
+        for host in (f, e):
+            if (host.root / ".cotal" / "mesh.json").exists():
+                host.cotal("down", check=False)
+        broker.stop()
+
+
 def main() -> int:
     base = REPO / ".demo"
     if base.exists():
@@ -556,6 +627,7 @@ def main() -> int:
         if fake:
             fake.stop()
     move_story(base, checks)
+    takeover_story(base, checks)
     print("\nRESULT")
     for name, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -153,13 +154,15 @@ DEFAULT_FAILOVER_AFTER_S = 30.0
 
 
 class FailoverConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
-    """`[failover]`: `enabled = true` makes every seat of this root failover-enabled; a manager
-    that cannot renew its lease at the broker for `after_s` seconds (its own monotonic clock)
-    then kills those seats, proves their exit and starts them again only once it has read the
-    broker (docs/operations.md, "Failover: a silent host fences itself")."""
+    """`[failover]`: `enabled = true` makes every seat of this root failover-enabled: captured
+    at each turn's end (a standing checkpoint), and killed when the manager cannot renew its
+    lease at the broker for `after_s` seconds (its own monotonic clock), started again only once
+    it has read the broker. `standby = true` makes this root's manager take over the seats of a
+    lost host of its space on its own (docs/operations.md, "Failover")."""
 
     enabled: bool = False
     after_s: float = DEFAULT_FAILOVER_AFTER_S
+    standby: bool = False
 
     def __post_init__(self) -> None:
         if not FAILOVER_AFTER_MIN_S <= self.after_s <= FAILOVER_AFTER_MAX_S:
@@ -204,15 +207,57 @@ def parse_listen(text: str) -> tuple[str, int]:
     return str(address), port
 
 
+# The most a price may say, in US dollars per million tokens: far above any model's, low enough
+# that a typo of a few zeros is refused rather than believed.
+PRICE_MAX_USD = 10_000.0
+# The longest model name a price is keyed by (connectors.base.MODEL_NAME_MAX).
+PRICE_MODEL_MAX = 200
+
+
+class PriceConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[prices."MODEL"]`: what one model costs, in US dollars per million tokens, for the
+    estimate `ps --wide` shows (docs/operations.md, "What each seat costs"). `input` and
+    `output` are required; the prompt cache's reads and writes cost `input` unless said."""
+
+    input: Annotated[float, msgspec.Meta(ge=0.0, le=PRICE_MAX_USD)]
+    output: Annotated[float, msgspec.Meta(ge=0.0, le=PRICE_MAX_USD)]
+    cache_read: Annotated[float, msgspec.Meta(ge=0.0, le=PRICE_MAX_USD)] | None = None
+    cache_write: Annotated[float, msgspec.Meta(ge=0.0, le=PRICE_MAX_USD)] | None = None
+
+
+# The most a budget may allow: far above any day's use, so a typo of a few zeros is refused.
+BUDGET_TOKENS_MAX = 10**12
+BUDGET_TURNS_MAX = 1_000_000
+
+
+class BudgetLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """What a seat (or the root's seats together) may use before its delivery stops: tokens
+    in a UTC day, turns in a clock hour (docs/operations.md, "What each seat costs"). Absent:
+    no such limit."""
+
+    tokens_per_day: Annotated[int, msgspec.Meta(ge=1, le=BUDGET_TOKENS_MAX)] | None = None
+    turns_per_hour: Annotated[int, msgspec.Meta(ge=1, le=BUDGET_TURNS_MAX)] | None = None
+
+
+class BudgetConfig(BudgetLimits, frozen=True):
+    """`[budget]`: the root's limits, over all its seats together, and `[budget.seats.NAME]`,
+    one seat's own. Read again while a seat waits at its budget, so a raised limit resumes it."""
+
+    seats: dict[str, BudgetLimits] = {}
+
+
 class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     # Each `[agents.<name>]` table as written; `load_config` decodes it through its connector's
     # own `config_type`, which alone knows the keys that harness honours.
     agents: dict[str, dict[str, Any]] = {}
+    budget: BudgetConfig = BudgetConfig()
     carry: CarryConfig = CarryConfig()
     channels: ChannelsConfig = ChannelsConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     failover: FailoverConfig = FailoverConfig()
     metrics: MetricsConfig = MetricsConfig()
+    # Keyed by the model's name as the harness reports it (a seat's usage record names it).
+    prices: dict[str, PriceConfig] = {}
     recency: RecencyConfig = RecencyConfig()
     seats: dict[str, SeatConfig] = {}
 
@@ -270,6 +315,8 @@ def load_config(root: Path) -> FileConfig:
     try:
         cfg = msgspec.toml.decode(data, type=FileConfig, strict=True)
     except msgspec.ValidationError as exc:
+        if "$.prices[" in str(exc):
+            raise _price_refusal(path, data) from None
         raise Refusal(
             Code.BAD_CONFIG, f"{path} is malformed: {exc}", "see docs/cli.md (Configuration)"
         ) from None
@@ -301,6 +348,25 @@ def load_config(root: Path) -> FileConfig:
                 "name seats and channels by letters, digits and _, and list seat names or '*' in "
                 "allow_send",
             ) from None
+    for name in cfg.budget.seats:
+        try:
+            names.check_seat_name(name)
+        except Refusal as exc:
+            raise Refusal(
+                Code.BAD_CONFIG,
+                f"{path} [budget.seats.{name}]: {exc.message}",
+                "name the seat by letters, digits and _",
+            ) from None
+    for model in cfg.prices:
+        if not model or len(model) > PRICE_MODEL_MAX or not model.isprintable():
+            raise Refusal(
+                Code.BAD_CONFIG,
+                f"{path} [prices] names the model {model[:PRICE_MODEL_MAX]!r}, which is not a "
+                f"model's name (1 to {PRICE_MODEL_MAX} printable characters)",
+                "key each price by the model's name as the harness reports it, such as "
+                '[prices."claude-sonnet-4-5"] input = 3.0 output = 15.0 (US dollars per '
+                "million tokens)",
+            )
     unknown = set(cfg.agents) - set(KNOWN)
     if unknown:
         raise Refusal(
@@ -311,6 +377,28 @@ def load_config(root: Path) -> FileConfig:
     for agent, table in cfg.agents.items():
         check_agent_table(path, agent, table)
     return cfg
+
+
+PRICE_CURE = (
+    'write each price as [prices."MODEL"] with input and output (and optionally cache_read '
+    "and cache_write), each in US dollars per million tokens from 0 to "
+    f"{PRICE_MAX_USD:g}; see docs/operations.md (What each seat costs)"
+)
+
+
+def _price_refusal(path: Path, data: bytes) -> Refusal:
+    """The first `[prices."MODEL"]` entry that does not decode, named by its model (msgspec's
+    own path does not name a table's key)."""
+    table = msgspec.toml.decode(data).get("prices")
+    entries = table.items() if isinstance(table, dict) else []
+    for model, entry in entries:
+        try:
+            msgspec.convert(entry, PriceConfig, strict=True)
+        except msgspec.ValidationError as exc:
+            return Refusal(
+                Code.BAD_CONFIG, f"{path} [prices.{json.dumps(model)}]: {exc}", PRICE_CURE
+            )
+    return Refusal(Code.BAD_CONFIG, f"{path} [prices] is not a table of models", PRICE_CURE)
 
 
 def _check_listen(path: Path, listen: str) -> None:

@@ -1197,6 +1197,12 @@ class SeatCheckpoint(msgspec.Struct, forbid_unknown_fields=True, rename="camel",
     # could not tell it.
     harness: HarnessName | msgspec.UnsetType = msgspec.UNSET
     harness_version: HarnessVersion | msgspec.UnsetType = msgspec.UNSET
+    # How the seat stood when captured: absent (a cut's proven stop, every record sealed before
+    # standing checkpoints existed) or `turn-boundary`, a failover seat captured alive and idle
+    # between two turns, its harness still running (docs/design.md, "Standing checkpoints").
+    # It travels beside the continuity class, which says what the session bytes allow; this
+    # says what the capture proved, and a reader must never take one for a proven stop.
+    standing: Literal["turn-boundary"] | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         _check_instant("capturedAt", self.captured_at)

@@ -84,6 +84,21 @@ class StopSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
     name: str
 
 
+class BudgetLiftArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`budget-lift`: waive the budget limits this seat has reached, for their current window."""
+
+    name: str
+
+
+class BudgetLiftReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The limits lifted (`seat.tokens_per_day`, `root.turns_per_hour`; none when the seat was
+    not at its budget) and when each would have resumed by itself."""
+
+    name: str
+    lifted: list[str] = []
+    resets_at: list[str] = []
+
+
 class StartSeatArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     name: str
 
@@ -275,6 +290,15 @@ class SeatRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
     # The channels it subscribes to (`--subscribe`) and may post to (`--allow-post`).
     subscribe: list[str] = []
     allow_post: list[str] = []
+    # What its turns used as its harness reported them, over its ledger (carried with its
+    # session): every input token (cache reads and writes included) and the output; None when
+    # no turn reported any. The cost is estimated in US dollars from the root's `[prices]`,
+    # None when a model it used has no price (docs/operations.md, "What each seat costs").
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    cost_usd: float | None = None
+    # Why no message is delivered to it now, when it reached its budget (`at budget: ...`).
+    budget: str | None = None
 
 
 class DeadLetterRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
@@ -538,6 +562,31 @@ class CommitReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     partial: bool | msgspec.UnsetType = msgspec.UNSET
 
 
+class TakeoverArgs(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`takeover`: these seats of a lost host, each from its standing checkpoint. `from_instance`,
+    when given, is the holder the operator means: a seat held by any other is refused."""
+
+    names: Annotated[list[str], msgspec.Meta(min_length=1, max_length=64)]
+    from_instance: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+
+
+class TakenSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """One seat taken over: from whom, at which generation now, from which standing checkpoint
+    (and when it was captured), and how long the takeover waited out the holder's self-fence."""
+
+    name: str
+    lifecycle_uid: str
+    from_instance: str
+    generation: int
+    attempt_id: str
+    captured_at: str
+    waited_s: float
+
+
+class TakeoverReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    seats: list[TakenSeat]
+
+
 class ResumedSeat(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     name: str
     lifecycle_uid: str
@@ -600,6 +649,7 @@ STOP_SEAT = Op("stop-seat", StopSeatArgs, StopSeatReply, 1 * _KIB)
 START_SEAT = Op("start-seat", StartSeatArgs, StartedSeatRow, 1 * _KIB)
 RESTART_SEAT = Op("restart-seat", RestartSeatArgs, SeatRow, 1 * _KIB)
 REMOVE_SEAT = Op("remove-seat", RemoveSeatArgs, RemoveSeatReply, 1 * _KIB)
+BUDGET_LIFT = Op("budget-lift", BudgetLiftArgs, BudgetLiftReply, 1 * _KIB)
 SEND = Op("send", SendArgs, SendReply, 160 * _KIB)
 DEAD_LETTERS = Op("dead-letters", DeadLettersArgs, DeadLetters, 1 * _KIB)
 REDELIVER_DEAD_LETTER = Op(
@@ -619,6 +669,7 @@ FINALIZE_RESUME = Op("finalize-resume", FinalizeArgs, AttemptState, 1 * _KIB)
 PROGRESS = Op("progress", ProgressArgs, ProgressResult, 1 * _KIB)
 METRICS = Op("metrics", NoArgs, MetricsReply, 1 * _KIB)
 FLEET = Op("fleet", NoArgs, FleetReply, 1 * _KIB)
+TAKEOVER = Op("takeover", TakeoverArgs, TakeoverReply, 4 * _KIB)
 
 OPS: dict[str, Op[Any, Any]] = {
     op.name: op
@@ -630,6 +681,7 @@ OPS: dict[str, Op[Any, Any]] = {
         START_SEAT,
         RESTART_SEAT,
         REMOVE_SEAT,
+        BUDGET_LIFT,
         SEND,
         DEAD_LETTERS,
         REDELIVER_DEAD_LETTER,
@@ -645,6 +697,7 @@ OPS: dict[str, Op[Any, Any]] = {
         PROGRESS,
         METRICS,
         FLEET,
+        TAKEOVER,
     )
 }
 

@@ -28,6 +28,8 @@ EventType = Literal[
     "seat.self_fenced",
     "seat.fence_lifted",
     "seat.removed",
+    "seat.budget_reached",
+    "seat.budget_resumed",
     "custody.claimed",
     "custody.released",
     "turn.started",
@@ -35,7 +37,10 @@ EventType = Literal[
     "deadletter.added",
     "cut.sealed",
     "cut.failed",
+    "checkpoint.standing",
+    "checkpoint.standing_failed",
     "move.adopted",
+    "seat.taken_over",
     "refusal",
 ]
 EVENT_TYPES: tuple[str, ...] = typing.get_args(EventType)
@@ -55,6 +60,8 @@ class EventDetail(msgspec.Struct, forbid_unknown_fields=True, rename="camel", om
     attempt_id: str | None = None
     tokens: int | None = None
     generation: int | None = None
+    # The budget a seat reached or resumed from: `seat.tokens_per_day`, `root.turns_per_hour`.
+    limit: str | None = None
 
 
 class Event(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):

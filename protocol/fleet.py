@@ -9,10 +9,11 @@ from typing import Final, Literal
 
 import msgspec
 
-State = Literal["running", "in transit", "held", "stale-presence", "unreadable"]
+State = Literal["running", "in transit", "held", "lost", "stale-presence", "unreadable"]
 RUNNING: Final = "running"
 IN_TRANSIT: Final = "in transit"
 HELD: Final = "held"
+LOST: Final = "lost"
 STALE_PRESENCE: Final = "stale-presence"
 UNREADABLE: Final = "unreadable"
 
@@ -24,6 +25,10 @@ class FleetRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froze
     `host` is the label in that instance's lease, None when it has no live lease; `to` is the
     destination instance of a `cotal move` carrying the seat (None when no move carries it, or
     its putter did not name one); `errors` names every entry of this seat that did not decode.
+
+    `since` and `takeover` are set on a `lost` row only: `since` is the last moment the broker
+    shows the holder alive (an instant, `protocol.instant`), `takeover` what will take the seat
+    over. Both default, so a reply of a manager older than them still decodes.
     """
 
     name: str
@@ -37,3 +42,5 @@ class FleetRow(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froze
     manager_live: bool
     errors: list[str] = msgspec.field(default_factory=list)
     to: str | None = None
+    since: str | None = None
+    takeover: str | None = None

@@ -111,11 +111,14 @@ class MeshPost(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froze
 
 class MeshResult(msgspec.Struct, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
     """The answer to one call: `delivered` (queued in the recipient's inbox, `id` its message
-    id), `listed` (`seats`, sorted), `posted` (stored in the channel's stream, `id` its
-    message id), `history` (`posts`, oldest first), or `refused` with the refusal's code,
-    message and cure."""
+    id), `queued` (in its inbox too, but the manager holding the recipient has lost its lease:
+    nobody runs it to read the mail until its host comes back or it is resumed elsewhere;
+    `message` says since when, `queued; its host is unreachable since <instant>`), `listed`
+    (`seats`, sorted), `posted` (stored in the channel's stream, `id` its message id),
+    `history` (`posts`, oldest first), or `refused` with the refusal's code, message and
+    cure."""
 
-    status: Literal["delivered", "listed", "posted", "history", "refused"]
+    status: Literal["delivered", "queued", "listed", "posted", "history", "refused"]
     id: str | None = None
     to: str | None = None
     channel: str | None = None
@@ -154,6 +157,11 @@ def decode_post(data: bytes) -> ChannelPost:
 
 def encode_result(result: MeshResult) -> bytes:
     return encode_json(result)
+
+
+def host_unreachable(since: str | None) -> str:
+    """A `queued` send's message: the mail waits in the inbox of a seat whose host is lost."""
+    return f"queued; its host is unreachable since {since or 'an unknown time'}"
 
 
 def refused(exc: Refusal) -> MeshResult:

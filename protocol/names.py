@@ -323,9 +323,27 @@ def lease_key(instance_id: str) -> str:
     return f"lease.{instance_id}"
 
 
+def manager_mark_key(instance_id: str) -> str:
+    """A manager's up/down mark (`protocol.messages.ManagerMark`), in the custody bucket: that
+    bucket has no TTL, and two parts never read as a seat's `owner.seat.uid` key."""
+    return f"manager.{instance_id}"
+
+
 def move_bucket(space: str) -> str:
     """The Object Store bucket a `cotal move` carries its checkpoint through."""
     return f"cotal_move_{check_space(space)}"
+
+
+def standing_bucket(space: str) -> str:
+    """The Object Store bucket holding each failover seat's standing checkpoint (the newest
+    capture at a turn boundary), one object per seat lifecycle, each put superseding the last."""
+    return f"cotal_standing_{check_space(space)}"
+
+
+def standing_object(seat: str, uid: str) -> str:
+    """A seat lifecycle's standing checkpoint in `standing_bucket`: one name per lifecycle, so a
+    put replaces the one before and a standby finds it from the custody record alone."""
+    return f"{seat}.{uid}"
 
 
 def move_subject(space: str, instance_id: str, verb: str) -> str:

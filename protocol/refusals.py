@@ -587,6 +587,20 @@ class Code(StrEnum):
         "the broker refused a seat's write: another holder has its custody",
         "this manager must stop the seat and never relaunch it",
     )
+    HOLDER_ALIVE = (
+        "holder-alive",
+        "the seat's custody holder still renews its lease at the broker: a takeover would make "
+        "two writers",
+        "move the seat instead (`cotal move NAME --to INSTANCE`), or stop its holder first; a "
+        "takeover goes ahead only once the holder's lease is gone",
+    )
+    NO_STANDING_CHECKPOINT = (
+        "no-standing-checkpoint",
+        "the seat has no standing checkpoint at the broker (its root ran without [failover] "
+        "enabled, or it never finished a turn there)",
+        "resume the seat from its last cut instead (`cotal up --restore DIR`); turn "
+        "[failover] on for seats that must outlive their host",
+    )
     SELF_FENCED = (
         "self-fenced",
         "the manager could not renew its lease at the broker for [failover] after_s and killed "
@@ -1246,6 +1260,13 @@ class Code(StrEnum):
         "a checkpoint is older than its recency horizon",
         "`--accept-stale-checkpoint` admits it (the consent is printed and journaled)",
     )
+    STANDING_STALE = (
+        "standing-stale",
+        "the seat's standing checkpoint was taken by another holder or at another custody "
+        "generation than the one the broker records now",
+        "see `cotal ps --fleet`: the seat was taken over or moved already; take it from its "
+        "present holder, if that one is lost",
+    )
     STASH_MISMATCH = (
         "stash-mismatch",
         "the rebuilt stash list differs from the one the checkpoint recorded",
@@ -1467,7 +1488,9 @@ _STRING_ARGUMENTS = (
     "allow-send",
     "attempt-id",
     "durable-commit-token",
+    "from-instance",
     "model",
+    "names",
     "resume",
     "seats",
     "session-stores",

@@ -269,9 +269,12 @@ def post_line(channel: str, result: object) -> str:
 
 
 def relay_line(to: str, result: object) -> str:
-    """What the reply says of one relay: delivered, or refused with the refusal."""
+    """What the reply says of one relay: delivered, queued for a host that is gone (the
+    manager's words), or refused with the refusal."""
     if isinstance(result, dict) and result.get("status") == "delivered":
         return f"Told {to}: delivered."
+    if isinstance(result, dict) and result.get("status") == "queued":
+        return f"Told {to}: {result.get('message')}."
     if isinstance(result, dict) and result.get("status") == "refused":
         return f"Could not tell {to}: refused {result.get('code')}: {result.get('message')}"
     return f"Could not tell {to}: the manager's answer was not understood ({result!r:.200})"

@@ -154,20 +154,25 @@ async def put(
     data: bytes | Path,
     *,
     meta: CarriedMeta | None = None,
+    bucket: str | None = None,
+    replicas: int = 1,
+    description: str | None = None,
 ) -> tuple[int, str]:
-    """`data` (a file, streamed; or a few bytes) into the move bucket (made on first use); the
-    store chunks it and records its digest, which every read checks. `meta` names the seats it
-    carries, as the object's description, so `cotal ps --fleet` shows them in transit while it
-    is there. Returns the size and SHA-256 of what was put."""
-    bucket = names.move_bucket(space)
-    description = None if meta is None else move.encode_carried(meta)
+    """`data` (a file, streamed; or a few bytes) into the move bucket, or `bucket` (made on
+    first use, with `replicas` copies); the store chunks it and records its digest, which every
+    read checks. `meta` names the seats it carries, as the object's description, so `cotal ps
+    --fleet` shows them in transit while it is there. Returns the size and SHA-256 of what was
+    put. `description`, when given, is the object's description instead."""
+    bucket = bucket or names.move_bucket(space)
+    if meta is not None:
+        description = move.encode_carried(meta)
     done: list[tuple[int, str]] = []
 
     async def once(progress: Progress) -> None:
         try:
             store = await js.object_store(bucket)
         except nats.js.errors.NotFoundError:
-            store = await js.create_object_store(bucket)
+            store = await js.create_object_store(bucket, replicas=replicas)
         # A fresh ObjectMeta each try: the store fills in its options as it puts.
         object_meta = ObjectMeta(name=name, description=description)
         if isinstance(data, bytes):
@@ -184,14 +189,16 @@ async def put(
     return done[-1]
 
 
-async def get_into(js: JetStreamContext, space: str, name: str, path: Path) -> tuple[int, str]:
-    """The carried object written chunk by chunk to `path` (0600, never followed, synced); the
-    store checks its digest as it reads. Returns the size and SHA-256 of what was written,
-    hashed as it was written."""
+async def get_into(
+    js: JetStreamContext, space: str, name: str, path: Path, *, bucket: str | None = None
+) -> tuple[int, str]:
+    """The carried object (of the move bucket, or `bucket`) written chunk by chunk to `path`
+    (0600, never followed, synced); the store checks its digest as it reads. Returns the size
+    and SHA-256 of what was written, hashed as it was written."""
     done: list[tuple[int, str]] = []
 
     async def once(progress: Progress) -> None:
-        store = await js.object_store(names.move_bucket(space))
+        store = await js.object_store(bucket or names.move_bucket(space))
         with os.fdopen(os.open(path, NOFOLLOW_WRITE, 0o600), "wb") as f:
             writer = HashingWriter(f, progress)
             await store.get(name, writeinto=writer)  # type: ignore[arg-type]

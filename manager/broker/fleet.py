@@ -3,12 +3,14 @@
 Read-only. Several managers (each its own instance id, perhaps each on its own host) can share
 one broker or cluster; what each of them writes there is enough to say where every seat is:
 its custody record (who holds it, at which generation, claimed by which attempt), its presence
-entry (which manager says it runs it now) and that manager's lease (alive, and on which host);
-and while `cotal move` carries a seat, the packed attempt in the move bucket, whose description
-names the seats, their generation and the destination. This module reads the three buckets and
-the move bucket's object list as they are and joins them into one row per seat lifecycle; it
-never creates a bucket and never writes a key. `instance_gone` waits, read-only too, for one
-manager's lease to go.
+entry (which manager says it runs it now), that manager's lease (alive, and on which host) and
+its mark beside the custody records (whether it last said it started or it stopped as asked:
+a holder with no lease that never said it stopped is `lost`); and while `cotal move` carries a
+seat, the packed attempt in the move bucket, whose description names the seats, their
+generation and the destination. This module reads the three buckets and the move bucket's
+object list as they are and joins them into one row per seat lifecycle; it never creates a
+bucket and never writes a key. `instance_gone` waits, read-only too, for one manager's lease to
+go; `lost` tells a send whether its recipient's host is gone.
 
 What it reads are claims, not proof: presence and leases lag reality by up to their TTLs. A
 value that does not decode is a row (or a note on a row) saying so, never a crash of the
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 import anyio
+import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.errors import (
@@ -39,10 +43,26 @@ from manager.broker.reader import bucket_entries
 from manager.broker.retry import riding_elections
 from protocol import names
 from protocol.codec import decode_json
-from protocol.custody import CustodyRecord, HandOffRecord, decode_custody, decode_handoff
+from protocol.custody import (
+    CustodyRecord,
+    HandOffRecord,
+    custody_key,
+    decode_custody,
+    decode_handoff,
+)
 from protocol.errors import DecodeError
-from protocol.fleet import HELD, IN_TRANSIT, RUNNING, STALE_PRESENCE, UNREADABLE, FleetRow, State
-from protocol.messages import ManagerLease, Presence
+from protocol.fleet import (
+    HELD,
+    IN_TRANSIT,
+    LOST,
+    RUNNING,
+    STALE_PRESENCE,
+    UNREADABLE,
+    FleetRow,
+    State,
+)
+from protocol.instant import format_instant
+from protocol.messages import MARK_CAP, ManagerLease, ManagerMark, Presence
 from protocol.move import CarriedMeta, decode_carried
 
 LEASE_CAP = 4096
@@ -51,12 +71,16 @@ LEASE_CAP = 4096
 @dataclass(frozen=True)
 class Snapshot:
     """The raw values of the three buckets, key -> bytes, and the description of each object in
-    the move bucket, name -> text (objects without one left out), as read at one pass."""
+    the move bucket, name -> text (objects without one left out), as read at one pass; and when
+    the broker stored each custody and presence value (by its clock: a key missing from these
+    has no known time)."""
 
     custody: Mapping[str, bytes] = field(default_factory=dict)
     presence: Mapping[str, bytes] = field(default_factory=dict)
     leases: Mapping[str, bytes] = field(default_factory=dict)
     moves: Mapping[str, str] = field(default_factory=dict)
+    custody_at: Mapping[str, datetime] = field(default_factory=dict)
+    presence_at: Mapping[str, datetime] = field(default_factory=dict)
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -71,10 +95,20 @@ async def _existing_kv(js: JetStreamContext, bucket: str) -> KeyValue | None:
 
 
 async def _values(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
+    values, _ = await _stamped(js, bucket)
+    return values
+
+
+async def _stamped(
+    js: JetStreamContext, bucket: str, keys: str = ">"
+) -> tuple[dict[str, bytes], dict[str, datetime]]:
+    """Each key's value, and when the broker stored it."""
     if await _existing_kv(js, bucket) is None:
-        return {}
-    entries = await bucket_entries(js, bucket)
-    return {key: entries[key].value for key in sorted(entries)}
+        return {}, {}
+    entries = await bucket_entries(js, bucket, keys)
+    values = {key: entries[key].value for key in sorted(entries)}
+    stored = {key: e.created for key, e in entries.items() if e.created is not None}
+    return values, stored
 
 
 async def _carried(js: JetStreamContext, space: str) -> dict[str, str]:
@@ -106,10 +140,17 @@ async def snapshot(js: JetStreamContext, space: str) -> Snapshot:
     # seat. Then custody: a seat that moves while this reads shows its newer presence beside
     # its older custody (stale-presence for a moment), never no row at all.
     moves = await _carried(js, space)
-    custody = await _values(js, names.custody_bucket(space))
-    presence = await _values(js, names.presence_bucket(space))
+    custody, custody_at = await _stamped(js, names.custody_bucket(space))
+    presence, presence_at = await _stamped(js, names.presence_bucket(space))
     leases = await _values(js, names.manager_bucket(space))
-    return Snapshot(custody=custody, presence=presence, leases=leases, moves=moves)
+    return Snapshot(
+        custody=custody,
+        presence=presence,
+        leases=leases,
+        moves=moves,
+        custody_at=custody_at,
+        presence_at=presence_at,
+    )
 
 
 async def roster(js: JetStreamContext, space: str) -> list[FleetRow]:
@@ -178,6 +219,69 @@ async def instance_gone(js: JetStreamContext, space: str, instance_id: str) -> N
                 pass
 
 
+# -- one seat's host ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A seat every lifecycle of which is `lost`; `since` as its rows say (None: unknown)."""
+
+    since: str | None
+
+
+async def _holders(
+    js: JetStreamContext, space: str, kv: KeyValue, seat: str, uids: Collection[str] | None
+) -> set[str]:
+    """Who holds each lifecycle of `seat`: of the uids given, one direct read each; without
+    them, the seat's keys read at once. A record missing or unreadable names nobody (the
+    roster's row says why)."""
+    raw: list[bytes] = []
+    if uids is None:
+        values, _ = await _stamped(js, names.custody_bucket(space), f"{names.SEAT_OWNER}.{seat}.*")
+        raw.extend(values.values())
+    else:
+        for uid in uids:
+            key = custody_key(names.SEAT_OWNER, seat, uid)
+            try:
+                entry = await riding_elections(f"custody {key}", functools.partial(kv.get, key))
+            except (KeyNotFoundError, KeyDeletedError):
+                continue
+            raw.append(entry.value or b"")
+    holders: set[str] = set()
+    for value in raw:
+        try:
+            holders.add(decode_custody(value).holder)
+        except DecodeError:
+            continue
+    return holders
+
+
+async def lost(
+    js: JetStreamContext, space: str, seat: str, uids: Collection[str] | None = None
+) -> Lost | None:
+    """Whether a send to `seat` queues for a host that is gone: every lifecycle of it the broker
+    holds is `lost` as `ps --fleet` says, and since when. None when any is not, or nobody holds
+    it. Cheap while a holder lives (its custody records and a lease read each); only a seat
+    whose holders all have no lease costs the roster's read, whose join then decides."""
+    custody_kv = await _existing_kv(js, names.custody_bucket(space))
+    if custody_kv is None:
+        return None
+    holders = await _holders(js, space, custody_kv, seat, uids)
+    if not holders:
+        return None
+    leases_kv = await _existing_kv(js, names.manager_bucket(space))
+    if leases_kv is not None:
+        for holder in sorted(holders):
+            if await _lease_held(leases_kv, names.lease_key(holder)):
+                return None
+    rows = [row for row in await roster(js, space) if row.name == seat]
+    if not rows or any(row.state != LOST for row in rows):
+        return None
+    # One spelling of an instant (protocol.instant): the newest sorts last.
+    known = [row.since for row in rows if row.since is not None]
+    return Lost(max(known) if known else None)
+
+
 # -- the join (pure) ----------------------------------------------------------------------------
 
 
@@ -197,6 +301,16 @@ class _Seat:
 class _Lease:
     host: str | None
     error: str | None = None
+    standby: bool = False
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """A manager's last up/down mark, and when the broker stored it: the broker's clock, the
+    one every other time compared here is read on (the manager's own `at` is its host's)."""
+
+    state: str
+    at: datetime | None
 
 
 def _seat_key(key: str) -> tuple[str, str] | None:
@@ -277,8 +391,79 @@ def _leases(snap: Snapshot) -> dict[str, _Lease]:
             )
             continue
         # An older cotal's lease carries no host: known alive, place unknown.
-        leases[instance] = _Lease(lease.host or None)
+        leases[instance] = _Lease(lease.host or None, standby=lease.standby is True)
     return leases
+
+
+def _standby_order(leases: dict[str, _Lease], rows: list[FleetRow]) -> list[str]:
+    """The live standbys, the one that takes a lost seat first (the most free seats, then the
+    lowest instance id, as `manager/daemon/standby.py` ranks itself) first."""
+    held: dict[str, int] = {}
+    for row in rows:
+        if row.instance is not None:
+            held[row.instance] = held.get(row.instance, 0) + 1
+    return sorted(
+        (i for i, lease in leases.items() if lease.standby and lease.error is None),
+        key=lambda i: (held.get(i, 0), i),
+    )
+
+
+def takeover_hint(row_name: str, instance: str | None, standbys: list[str]) -> str:
+    """What a `lost` row says will take the seat over: the first live standby, or the command."""
+    if standbys:
+        return (
+            f"standby {standbys[0]} takes it over once its holder's self-fence is waited out "
+            "(if the seat's root runs with [failover] enabled)"
+        )
+    return (
+        f"no standby runs: `cotal takeover {row_name} --from {instance}` on any manager of the "
+        "space takes it over from its standing checkpoint ([failover] enabled at its root), or "
+        "resume it from a cut with `cotal up --restore DIR`"
+    )
+
+
+def _marks(snap: Snapshot) -> dict[str, _Mark]:
+    """Each manager's last mark, by instance. One that does not decode is left out: it can only
+    turn a `held` row into `lost`, which is what a holder that never said it stopped is."""
+    marks: dict[str, _Mark] = {}
+    prefix = names.manager_mark_key("")
+    for key, value in snap.custody.items():
+        if not key.startswith(prefix):
+            continue
+        try:
+            mark = decode_json(value, ManagerMark, what="manager mark", cap=MARK_CAP)
+        except DecodeError:
+            continue
+        if mark.holder == key[len(prefix) :]:
+            marks[mark.holder] = _Mark(mark.state, snap.custody_at.get(key))
+    return marks
+
+
+def _last_seen(
+    snap: Snapshot, seats: Collection[_Seat], marks: Mapping[str, _Mark]
+) -> dict[str, datetime]:
+    """Each instance's last sign of life the broker still holds, by its clock: the newest of its
+    `up` mark (its manager's start), the custody records it holds (its claims, its spawns) and
+    the presence entries it wrote. Its lease would say better, but a lease ages out by the
+    bucket's TTL with no trace left, so for a `lost` holder this is a lower bound: it lived at
+    least until then, and stopped renewing at most a lease TTL before the roster was read."""
+    seen: dict[str, datetime] = {}
+
+    def saw(instance: str, when: datetime | None) -> None:
+        if when is not None and (instance not in seen or seen[instance] < when):
+            seen[instance] = when
+
+    for instance, mark in marks.items():
+        if mark.state == "up":
+            saw(instance, mark.at)
+    for seat in seats:
+        if seat.custody is not None:
+            key = custody_key(names.SEAT_OWNER, seat.name, seat.uid)
+            saw(seat.custody.holder, snap.custody_at.get(key))
+        if seat.presence is not None:
+            key = names.presence_key(names.SEAT_OWNER, seat.name, seat.uid)
+            saw(seat.presence.instance_id, snap.presence_at.get(key))
+    return seen
 
 
 def _handed_off(snap: Snapshot) -> set[tuple[str, str, int]]:
@@ -340,7 +525,35 @@ def _in_move(seat: _Seat, carried: _Carried | None) -> bool:
     return claimed and not runs_there
 
 
-def _state(seat: _Seat, holder_live: bool, handed_off: bool, moving: bool = False) -> State:
+def _unleased(custody: CustodyRecord, mark: _Mark | None, claimed_at: datetime | None) -> State:
+    """A seat whose holder has no lease. Its mark tells a manager that stopped as asked (`down`:
+    `held`) from one that never said it stopped (`up`, or no mark: `lost`). A claim is still
+    `in transit` while its claimant's manager has not started since: no mark, or a `down` one
+    older than the claim (a root whose manager stopped before its `up --restore` claimed). An
+    `up` mark is `lost` whatever its age: a running manager claims for itself (the
+    destination of a `cotal move`), and one that dies after is gone, not in transit."""
+    if mark is not None and mark.state == "up":
+        return LOST
+    if custody.attempt_id is not None:
+        started_since = (
+            mark is not None
+            and mark.at is not None
+            and claimed_at is not None
+            and mark.at > claimed_at
+        )
+        if not started_since:
+            return IN_TRANSIT
+    return HELD if mark is not None else LOST
+
+
+def _state(
+    seat: _Seat,
+    holder_live: bool,
+    handed_off: bool,
+    moving: bool = False,
+    mark: _Mark | None = None,
+    claimed_at: datetime | None = None,
+) -> State:
     if seat.custody_unreadable or seat.presence_unreadable:
         return UNREADABLE
     if moving:
@@ -349,14 +562,24 @@ def _state(seat: _Seat, holder_live: bool, handed_off: bool, moving: bool = Fals
     if presence is not None:
         if custody is not None and presence.instance_id == custody.holder:
             return RUNNING
+        # Another instance's presence beside a holder that is gone: the holder's loss is what
+        # the operator must see, not a presence that ages out in seconds.
+        if (
+            custody is not None
+            and not holder_live
+            and not handed_off
+            and _unleased(custody, mark, claimed_at) == LOST
+        ):
+            return LOST
         return STALE_PRESENCE
     assert custody is not None
-    # Cut and not yet resumed: packed to be carried away, or claimed by a destination whose
-    # manager has not started. A claim's attempt id stays in the record after the resume, so a
-    # seat its live holder merely stopped is held, not in transit.
-    if handed_off or (custody.attempt_id is not None and not holder_live):
+    # Cut and packed to be carried away. A claim's attempt id stays in the record after the
+    # resume, so a seat its live holder merely stopped is held, not in transit.
+    if handed_off:
         return IN_TRANSIT
-    return HELD
+    if holder_live:
+        return HELD
+    return _unleased(custody, mark, claimed_at)
 
 
 def load(snap: Snapshot) -> dict[str, int]:
@@ -374,8 +597,11 @@ def join(snap: Snapshot) -> list[FleetRow]:
     leases = _leases(snap)
     handed_off = _handed_off(snap)
     carrying = _carrying(snap)
+    marks = _marks(snap)
+    seats = _seats(snap)
+    last_seen = _last_seen(snap, seats.values(), marks)
     rows: list[FleetRow] = []
-    for (name, uid), seat in sorted(_seats(snap).items()):
+    for (name, uid), seat in sorted(seats.items()):
         custody = seat.custody
         carried = carrying.get((name, uid))
         moving = _in_move(seat, carried)
@@ -395,7 +621,10 @@ def join(snap: Snapshot) -> list[FleetRow]:
             holder_live=lease is not None,
             handed_off=custody is not None and (name, uid, custody.generation) in handed_off,
             moving=moving,
+            mark=marks.get(instance) if instance is not None else None,
+            claimed_at=snap.custody_at.get(custody_key(names.SEAT_OWNER, name, uid)),
         )
+        seen = last_seen.get(instance) if instance is not None and state == LOST else None
         rows.append(
             FleetRow(
                 name=name,
@@ -414,6 +643,15 @@ def join(snap: Snapshot) -> list[FleetRow]:
                 to=carried.meta.to
                 if carried is not None and moving and state == IN_TRANSIT
                 else None,
+                since=format_instant(seen) if seen is not None else None,
             )
         )
+    if any(row.state == LOST for row in rows):
+        order = _standby_order(leases, rows)
+        rows = [
+            msgspec.structs.replace(row, takeover=takeover_hint(row.name, row.instance, order))
+            if row.state == LOST
+            else row
+            for row in rows
+        ]
     return rows

@@ -22,6 +22,7 @@ import functools
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from datetime import datetime
 
 import anyio
 import nats.errors
@@ -132,6 +133,9 @@ async def _pull(
 class BucketEntry:
     value: bytes
     revision: int
+    # When the broker stored this value, by its own clock (the roster's `lost` since); not
+    # part of an entry's identity, which is its value at its revision.
+    created: datetime | None = dataclasses.field(default=None, compare=False)
 
 
 async def bucket_entries(
@@ -156,5 +160,6 @@ async def bucket_entries(
             ):
                 continue
             key = msg.subject[len(prefix) :]
-            entries[key] = BucketEntry(msg.data or b"", int(msg.metadata.sequence.stream))
+            meta = msg.metadata
+            entries[key] = BucketEntry(msg.data or b"", int(meta.sequence.stream), meta.timestamp)
     return entries

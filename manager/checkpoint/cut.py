@@ -418,6 +418,7 @@ def _seat_record(
     horizon_ms: int,
     custody_revision: int | None,
     harness_version: str | None,
+    standing: bool = False,
 ) -> SeatCheckpoint:
     connector = agent.launch.connector
     named = re.fullmatch(HARNESS_NAME_PATTERN, connector) is not None
@@ -440,6 +441,7 @@ def _seat_record(
         harness_version=(
             harness_version if named and harness_version is not None else msgspec.UNSET
         ),
+        standing="turn-boundary" if standing else msgspec.UNSET,
     )
 
 
@@ -524,6 +526,7 @@ async def capture_seat(
     space_export: SpaceExport | None = None,
     since: str | None = None,
     precopy: PrecopyLink | None = None,
+    standing: bool = False,
 ) -> SeatSummary:
     """Repository, pointer, store files and the inbox into a fresh 0700 seat directory, then
     the record.
@@ -533,6 +536,8 @@ async def capture_seat(
     since that attempt's record of the seat (a seat it does not hold gets a full bundle).
     `precopy` is the history `cotal move` shipped before the fence: the bundle then carries
     only what is new on top of it (none of its commits here: a full bundle).
+    `standing` records a live seat captured at a turn boundary (the record's `standing` field),
+    not a proven stop.
     """
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
@@ -563,6 +568,7 @@ async def capture_seat(
         horizon_ms,
         custody_revision,
         version,
+        standing,
     )
     ref = await anyio.to_thread.run_sync(
         seal_seat, seat_dir, record, identity.sign, identity.public_key_b64, identity.instance_id

@@ -100,6 +100,7 @@ def readable(event: Event) -> str:
         "attempt": event.detail.attempt_id,
         "tokens": event.detail.tokens,
         "generation": event.detail.generation,
+        "limit": event.detail.limit,
     }
     rest = " ".join(f"{k}={v}" for k, v in detail.items() if v is not None)
     line = f"{event.at}  {event.instance[:8]:<8}  {event.seat or '-':<16}  {event.type:<16}"

@@ -12,7 +12,9 @@ roster is read from the broker directly, which only needs the broker running.
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -22,7 +24,8 @@ from manager.cli.output import emit_json, format_table, say
 from manager.workspace.layout import Layout
 from protocol import control
 from protocol.errors import Refusal
-from protocol.fleet import FleetRow
+from protocol.fleet import LOST, FleetRow
+from protocol.instant import parse_instant
 from protocol.mesh import MeshRecord
 from protocol.refusals import Code
 
@@ -86,6 +89,34 @@ def _asked(layout: Layout) -> list[FleetRow] | None:
     return msgspec.json.decode(reply.rows, type=list[FleetRow])
 
 
+def _ago(since: str | None, now: datetime) -> str:
+    """`3d4h`, `2h05m`, `4m12s`, `9s` since an instant; `?` when it is unknown."""
+    if since is None:
+        return "?"
+    try:
+        seconds = max(0, int((now - parse_instant(since)).total_seconds()))
+    except ValueError:
+        return "?"
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _cells(row: FleetRow, now: datetime) -> dict[str, Any]:
+    cells: dict[str, Any] = msgspec.to_builtins(row)
+    if row.state == LOST:
+        # How long the holder has not been seen alive, at a glance; the instant is below.
+        cells["state"] = f"{LOST} {_ago(row.since, now)}"
+    return cells
+
+
 def run_fleet(args: argparse.Namespace) -> int:
     layout = Layout.at(root_of(args))
     # A root with no mesh, or whose embedded broker is down, has nothing to ask: refused first.
@@ -99,8 +130,14 @@ def run_fleet(args: argparse.Namespace) -> int:
     if not found:
         say("no seats at this broker")
         return 0
-    say(format_table([msgspec.to_builtins(row) for row in found], FLEET_COLUMNS))
+    now = datetime.now(UTC)
+    say(format_table([_cells(row, now) for row in found], FLEET_COLUMNS))
     for row in found:
         for error in row.errors:
             say(f"{row.name} ({row.lifecycle_uid}): {error}")
+        if row.state == LOST:
+            say(
+                f"{row.name} ({row.lifecycle_uid}): lost: {row.instance} has no lease, last seen"
+                f" alive {row.since or 'at an unknown time'}; {row.takeover}"
+            )
     return 0

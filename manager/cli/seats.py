@@ -14,7 +14,7 @@ from typing import TypeVar
 import msgspec
 
 from manager import eventloop, registry
-from manager.cli.args import CREDS_HELP, SPACE_HELP, Subcommands, command, root_of
+from manager.cli.args import CREDS_HELP, SPACE_HELP, Subcommands, command, root_of, subcommands
 from manager.cli.output import emit_json, format_table, progress, say
 from protocol import control
 from protocol.errors import Refusal
@@ -26,7 +26,7 @@ R = TypeVar("R")
 
 
 def register(sub: Subcommands) -> None:
-    for add in (_spawn, _ps, _send, _stop, _start, _restart, _rm):
+    for add in (_spawn, _ps, _send, _stop, _start, _restart, _rm, _budget):
         add(sub)
 
 
@@ -100,7 +100,7 @@ def _ps(sub: Subcommands) -> None:
         "--wide",
         action="store_true",
         help="add pid, cwd, lifecycle uid, instance id, session id, continuity, start instant,"
-        " last exit and reason",
+        " last exit, tokens (in/out), estimated cost (from [prices] in cotal.toml) and reason",
     )
     ps.add_argument(
         "--fleet",
@@ -181,6 +181,26 @@ def _rm(sub: Subcommands) -> None:
     )
     rm.add_argument("name", help="the seat to remove")
     rm.set_defaults(run=run_rm)
+
+
+def _budget(sub: Subcommands) -> None:
+    budget = command(
+        sub,
+        "budget",
+        "a seat's budget ([budget] in cotal.toml): lift it for a seat that reached it",
+        "cotal budget lift alice",
+        common_flags=False,
+    )
+    budget_sub = subcommands(budget, "budget_command")
+    lift = command(
+        budget_sub,
+        "lift",
+        "waive the limits a seat has reached for the rest of their window: delivery resumes",
+        "cotal budget lift alice",
+        "cotal budget lift alice --json",
+    )
+    lift.add_argument("name", help="the seat at its budget")
+    lift.set_defaults(run=run_budget_lift)
 
 
 def _request(root: Path, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
@@ -301,6 +321,8 @@ PS_WIDE = [
     ("POSTS TO", "posts_to"),
     ("STARTED", "started_at"),
     ("LAST EXIT", "last_exit"),
+    ("TOKENS", "tokens"),
+    ("COST", "cost"),
     ("REASON", "reason"),
 ]
 
@@ -322,11 +344,13 @@ def run_ps(args: argparse.Namespace) -> int:
     shown = [
         {
             **msgspec.structs.asdict(row),
-            "turn": "busy" if row.busy else "idle",
+            "turn": "busy" if row.busy else ("at budget" if row.budget else "idle"),
             "uptime": _uptime(row.started_at, now) if row.state == "running" else None,
             "sends_to": ",".join(row.allow_send) or None,
             "subscribes": ",".join(f"#{c}" for c in row.subscribe) or None,
             "posts_to": ",".join(f"#{c}" for c in row.allow_post) or None,
+            "tokens": _tokens(row),
+            "cost": f"${row.cost_usd:.4f}" if row.cost_usd is not None else None,
         }
         for row in rows
     ]
@@ -336,12 +360,24 @@ def run_ps(args: argparse.Namespace) -> int:
         for row in rows:
             if row.reason is not None and row.reason.startswith("self-fenced"):
                 say(f"{row.name}: {row.reason}")
+    # A seat at its budget says why, and how it resumes.
+    for row in rows:
+        if row.budget is not None:
+            say(f"{row.name}: {row.budget}")
     if args.wide:
         modes = sorted({r.isolation for r in rows if r.isolation})
         for mode in modes:
             for gap in _isolation_gaps(mode):
                 say(f"isolation {mode}: {gap}")
     return 0
+
+
+def _tokens(row: control.SeatRow) -> str | None:
+    """`IN/OUT`: every input token the seat's turns used (cache reads and writes included) and
+    their output, as its harness reported them; None when it reported none."""
+    if row.tokens_in is None or row.tokens_out is None:
+        return None
+    return f"{row.tokens_in}/{row.tokens_out}"
 
 
 def _uptime(started_at: str | None, now: datetime) -> str | None:
@@ -383,6 +419,12 @@ def run_send(args: argparse.Namespace) -> int:
         )
         if args.json:
             emit_json(result)
+        elif result["message"] is not None:
+            # The seat is lost (`cotal ps --fleet`): queued, for a host that is gone.
+            say(
+                f"{result['message']}: {result['id']} for {result['seat']} at the broker"
+                f" (stream seq {result['seq']})"
+            )
         else:
             say(
                 f"queued {result['id']} for {result['seat']} at the broker"
@@ -445,6 +487,18 @@ def run_restart(args: argparse.Namespace) -> int:
         emit_json(row)
     else:
         _started(row, "restarted")
+    return 0
+
+
+def run_budget_lift(args: argparse.Namespace) -> int:
+    reply = _request(root_of(args), control.BUDGET_LIFT, control.BudgetLiftArgs(name=args.name))
+    if args.json:
+        emit_json(reply)
+    elif not reply.lifted:
+        say(f"{reply.name} is not at its budget; nothing to lift")
+    else:
+        for limit, until in zip(reply.lifted, reply.resets_at, strict=True):
+            say(f"lifted {limit} for {reply.name} until {until}; delivery resumes")
     return 0
 
 

@@ -584,10 +584,13 @@ def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[st
 async def publish_direct(
     server: str, creds: Path | None, space: str, seat: str, text: str
 ) -> dict[str, Any]:
-    """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat)."""
+    """Queue a message in a seat's inbox at the broker, with no manager running (a cut seat).
+    `unreachableSince` (and `message`) say when the seat is `lost` (`cotal ps --fleet`): its
+    holder's lease lapsed, so the message waits for a host that is gone."""
+    from manager.broker import fleet
     from manager.broker.connection import connect, first_connect_s
     from manager.broker.dm import new_message_id, publish_dm
-    from protocol import names
+    from protocol import meshcall, names
     from protocol.instant import now_iso
     from protocol.messages import DirectMessage
 
@@ -605,7 +608,10 @@ async def publish_direct(
             text=text,
             sent_at=now_iso(),
         )
-        seq = await publish_dm(nc.jetstream(), space, dm)
+        js = nc.jetstream()
+        # Read before the publish, as a seat's send does: a read that fails publishes nothing.
+        gone = await fleet.lost(js, space, seat)
+        seq = await publish_dm(js, space, dm)
     except Refusal:
         raise
     except Exception as exc:
@@ -616,4 +622,11 @@ async def publish_direct(
         ) from None
     finally:
         await nc.close()
-    return {"id": dm.id, "seq": seq, "seat": seat, "queued": True}
+    return {
+        "id": dm.id,
+        "seq": seq,
+        "seat": seat,
+        "queued": True,
+        "unreachableSince": gone.since if gone is not None else None,
+        "message": meshcall.host_unreachable(gone.since) if gone is not None else None,
+    }

@@ -31,6 +31,7 @@ from manager import registry
 from manager.broker import channels, deadletter, footprint, sent
 from manager.broker import events as broker_events
 from manager.daemon import handlers, seatfile
+from manager.daemon.budget import Budgets
 from manager.daemon.delivery import DeliveryGate, Waiter
 from manager.daemon.events import Events
 from manager.daemon.incarnation import Incarnations
@@ -41,7 +42,10 @@ from manager.daemon.readopt import Readoption
 from manager.daemon.resume import Resumption
 from manager.daemon.seat import Seat
 from manager.daemon.selffence import SelfFence
+from manager.daemon.standby import Standby
+from manager.daemon.standing import StandingCheckpoints
 from manager.daemon.survivors import SurvivorScan
+from manager.daemon.takeover import Takeover
 from manager.daemon.watchers import Watchers, clear_presence
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
@@ -112,11 +116,19 @@ class Manager:
         # Its lifecycle events, published on the broker by a task of its group (`cotal events`).
         self.events = Events(self, identity.instance_id)
         self.delivery_gate = DeliveryGate()
+        # `[budget]`: which seats are at their budget and get no delivery until it resets.
+        self.budgets = Budgets(layout.root, lambda: self.seats.values())
         self.survivor_scan = SurvivorScan()
         self.incarnations = Incarnations(self)
         self.watchers = Watchers(self)
         self.mover = Mover(self)
         self.preservation = Preservation(self)
+        # `[failover] enabled`: each seat captured at every turn's end, before its ack.
+        self.standing = StandingCheckpoints(self)
+        # `cotal takeover`: a lost host's seat, from its standing checkpoint.
+        self.takeover = Takeover(self)
+        # `[failover] standby`: this manager takes lost hosts' seats over on its own.
+        self.standby = Standby(self)
         self.resumption = Resumption(self)
         self.readoption = Readoption(self)
         # `[failover]`: the watchdog that kills this root's seats when the lease goes silent.
@@ -329,6 +341,8 @@ class Manager:
             tg.start_soon(self.mover.serve)
             tg.start_soon(self.metrics.watch_loop_lag)
             tg.start_soon(self.events.publish_loop)
+            if self.maintenance.state == "active":
+                tg.start_soon(self.standby.watch)
             if self.config.metrics.listen is not None:
                 host, port = registry.parse_listen(self.config.metrics.listen)
                 await tg.start(self.metrics.serve_http, host, port)

@@ -57,7 +57,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -75,9 +75,11 @@ from manager.broker import deadletter
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import TRANSIENT, riding_elections
+from manager.daemon.budget import SeatBudget
 from manager.daemon.events import Events
 from manager.daemon.metrics import Metrics, TurnEnd
 from manager.daemon.process import SeatHandle
+from manager.daemon.usage import UsageLedger, now_record
 from manager.registry import DeliveryConfig
 from protocol import deadletter as dlp
 from protocol import meshcall, names
@@ -286,6 +288,9 @@ class DeliveryBridge:
         channels: tuple[str, ...] = (),
         metrics: Metrics | None = None,
         events: Events | None = None,
+        usage: UsageLedger | None = None,
+        budget: SeatBudget | None = None,
+        before_ack: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.js = js
         self.space = space
@@ -314,6 +319,13 @@ class DeliveryBridge:
         self.metrics = metrics
         # The manager's lifecycle events (`cotal events`): a turn's start and end, a dead letter.
         self.events = events
+        # The seat's usage ledger (manager/daemon/usage.py): each turn's tokens, as reported.
+        self.usage = usage
+        # Its budget (manager/daemon/budget.py): no next message while it is reached.
+        self.budget = budget
+        # A failover seat's standing checkpoint, taken after a clean turn's reply and before
+        # its message is acknowledged (manager/daemon/standing.py): acknowledged means stored.
+        self.before_ack = before_ack
         # The channel the message being delivered came from (None: the inbox).
         self._source: str | None = None
         self.turn: Turn | None = None
@@ -360,6 +372,9 @@ class DeliveryBridge:
                 # One pull from each source in turn: an idle seat's long poll on one source
                 # delays another's message by at most FETCH_WAIT_S, and no source starves.
                 for channel, sub in sources:
+                    if self.budget is not None:
+                        # At its budget, the seat's mail stays queued at the broker.
+                        await self.budget.wait_within()
                     await self.gate.wait_open()
                     if self.handle.reaped:
                         break
@@ -377,6 +392,8 @@ class DeliveryBridge:
                         continue
                     got = got or bool(msgs)
                     for msg in msgs:
+                        if self.budget is not None and not self.budget.within():
+                            await self._hold_at_budget(msg)
                         await self._deliver(msg, channel)
                 wait = FETCH_WAIT_FIRST_S if got else min(2 * wait, FETCH_WAIT_S)
             await anyio.sleep_forever()
@@ -384,6 +401,24 @@ class DeliveryBridge:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
                 for _channel, sub in sources:
                     await sub.unsubscribe()
+
+    async def _hold_at_budget(self, msg: Msg) -> None:
+        """A message pulled as the seat reached its budget (another seat's turn spent the
+        root's, or cotal.toml lowered it, while the pull waited) is held in progress and not
+        run until the budget allows: delivered once, in order. A cut's fence, a stop or the
+        harness's exit ends the hold, and `_deliver` settles the message as it settles any
+        pulled then; a bridge cancelled meanwhile releases it, as `_pull` does."""
+        assert self.budget is not None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._keep_in_progress, msg)
+                await self.budget.wait_within(lambda: not self._may_retry())
+                tg.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), contextlib.suppress(*TRANSIENT):
+                log.info("delivery.released", seat=self.seat, reason="bridge stopping")
+                await msg.nak()
+            raise
 
     async def _count_dead_letters(self) -> None:
         """This incarnation's dead letters as the broker holds them now: a resume or a move may
@@ -495,7 +530,7 @@ class DeliveryBridge:
             # The seat may be stopping while the turn ends: settle in every case, shielded,
             # or a finished turn is neither acked nor released and waits out ack_wait.
             with anyio.CancelScope(shield=True):
-                self._count_turn(outcome, anyio.current_time() - began)
+                await self._count_turn(outcome, anyio.current_time() - began)
                 if outcome is not None and outcome.status == "ok":
                     if await self._settle(msg, dm, outcome) and waiter is not None:
                         waiter.outcome = outcome
@@ -546,13 +581,24 @@ class DeliveryBridge:
             return meshcall.framed(from_seat, dm.text)
         return dm.text
 
-    def _count_turn(self, outcome: TurnOutcome | None, took: float) -> None:
-        """A turn's end, to the metrics and the event stream."""
+    async def _count_turn(self, outcome: TurnOutcome | None, took: float) -> None:
+        """A turn's end, to the metrics, the seat's usage ledger (whatever the outcome: a
+        failed turn's model calls were made too) and the event stream."""
         end = _turn_end(outcome)
         if self.metrics is not None:
             self.metrics.turn_ended(self.seat, end, took)
+        if self.budget is not None:
+            self.budget.turn_ended()
+        used = outcome.usage if outcome is not None else None
+        record = now_record(used) if used is not None else None
+        if record is not None and self.usage is not None:
+            await anyio.to_thread.run_sync(self.usage.add, record)
         if self.events is not None:
-            detail = EventDetail(duration_s=round(took, 3), outcome=end)
+            detail = EventDetail(
+                duration_s=round(took, 3),
+                outcome=end,
+                tokens=record.tokens if record is not None else None,
+            )
             self.events.emit("turn.ended", self.seat, self.uid, detail)
 
     async def _run_turn(self, msg: Msg, dm_id: str, text: str, total: int) -> TurnOutcome | None:
@@ -812,6 +858,8 @@ class DeliveryBridge:
             return False
         except Exception as exc:
             log.warning("delivery.reply_publish_failed", seat=self.seat, id=dm.id, error=str(exc))
+        if self.before_ack is not None:
+            await self.before_ack()
         try:
             await riding_elections(
                 f"ack for {self.seat}", lambda: msg.ack_sync(timeout=ACK_S), attempt_s=ACK_S + 1

@@ -28,7 +28,8 @@ from connectors.meshclient import MESH_DIR_ENV
 from manager import registry
 from manager.broker import custody, footprint
 from manager.broker.fence import WriterFence
-from manager.daemon import teardown, watchers
+from manager.daemon import teardown, usage, watchers
+from manager.daemon.budget import Budgets, SeatBudget
 from manager.daemon.delivery import Backoff, DeliveryBridge, DeliveryGate, SeatGate, Waiter
 from manager.daemon.events import Events
 from manager.daemon.meshsend import MeshOwner, MeshSends
@@ -42,6 +43,7 @@ from manager.daemon.seat import (
     read_pointer,
     session_to_reopen,
 )
+from manager.daemon.standing import StandingCheckpoints
 from manager.daemon.startfault import LaunchFault, StartFailed, decode_fault, next_try
 from manager.daemon.survivors import SurvivorScan
 from manager.daemon.watchers import Watchers
@@ -106,6 +108,12 @@ class IncarnationOwner(teardown.TeardownOwner, MeshOwner, Protocol):
 
     @property
     def watchers(self) -> Watchers: ...
+
+    @property
+    def budgets(self) -> Budgets: ...
+
+    @property
+    def standing(self) -> StandingCheckpoints: ...
 
     @property
     def active(self) -> bool: ...
@@ -347,6 +355,11 @@ class Incarnations:
         """A ready incarnation: its inbox bridge and its presence, then `ready`."""
         mgr, handle = self.mgr, incarnation.handle
         assert seat.fence is not None
+        if seat.usage is None:
+            where = usage.ledger_path(
+                incarnation.spec.session_store, root=mgr.layout.root, cwd=seat.cwd
+            )
+            seat.usage = await anyio.to_thread.run_sync(usage.UsageLedger.open, where)
         bridge = DeliveryBridge(
             mgr.js,
             mgr.space,
@@ -368,6 +381,9 @@ class Incarnations:
             channels=seat.subscribe,
             metrics=mgr.metrics,
             events=mgr.events,
+            usage=seat.usage,
+            budget=SeatBudget(mgr.budgets, seat, mgr.events),
+            before_ack=(lambda: mgr.standing.take(seat)) if mgr.standing.enabled else None,
         )
         incarnation.bridge = bridge
         await tg.start(bridge.run)

@@ -7,7 +7,9 @@ in flight and that the recipient is a seat of the space, and publishes into the 
 inbox (the `dm_` durable keyed by its lifecycle uid, wherever it is: running, stopped, held by
 a cut, or on another manager of the same broker) through the sender's writer fence, with the
 sender's name as a header. Every refusal goes back to the seat by its code and is logged with
-the seat's name; nothing is dropped unsaid.
+the seat's name; nothing is dropped unsaid. A send to a seat of another manager whose lease
+lapsed (the seat `lost`, as `cotal ps --fleet` says) still queues in its inbox, but answers
+`queued` with since when its host is unreachable, never `delivered`: nobody runs it to read it.
 
 A post (`post`) goes to the space's channel stream under the channel's subject, refused unless
 the seat's `--allow-post` names the channel; its id is derived as a send's is, apart from it
@@ -38,7 +40,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from connectors.base import MeshPort
-from manager.broker import channels, sent
+from manager.broker import channels, fleet, sent
 from manager.broker.dm import publish_dm
 from manager.broker.fence import FencedOut, WriterFence
 from manager.broker.retry import riding_elections
@@ -141,7 +143,13 @@ class MeshSends:
             raise Refusal(
                 Code.EMPTY_MESSAGE, "refusing to send an empty message", "pass the text to send"
             )
-        await self._require_recipient(call.to)
+        elsewhere = await self._require_recipient(call.to)
+        # Read before the publish, so a failed read says truly that nothing was published.
+        gone = (
+            await fleet.lost(self.mgr.js, self.mgr.space, call.to, elsewhere)
+            if elsewhere is not None
+            else None
+        )
         dm = DirectMessage(
             id=meshcall.send_message_id(seat.uid, inbound, ordinal),
             sender=names.principal(names.SEAT_OWNER, seat.name),
@@ -154,7 +162,7 @@ class MeshSends:
         made = await sent.recall(ledger, seat.uid, dm.id)
         if made is not None:
             _dropped(seat, made, inbound, ordinal)
-            return meshcall.MeshResult(status="delivered", id=dm.id, to=call.to, seq=made.seq)
+            return _sent(dm.id, call.to, made.seq, gone)
         seq = await publish_dm(
             self.mgr.js,
             self.mgr.space,
@@ -171,8 +179,9 @@ class MeshSends:
             seq=seq,
             turn=inbound,
             ordinal=ordinal,
+            host_lost_since=gone.since if gone is not None else None,
         )
-        return meshcall.MeshResult(status="delivered", id=dm.id, to=call.to, seq=seq)
+        return _sent(dm.id, call.to, seq, gone)
 
     async def _post(
         self, seat: Seat, incarnation: Incarnation, call: meshcall.PostCall
@@ -231,12 +240,16 @@ class MeshSends:
         posts = await channels.history(self.mgr.js, self.mgr.space, call.channel, call.limit)
         return meshcall.MeshResult(status="history", channel=call.channel, posts=posts)
 
-    async def _require_recipient(self, to: str) -> None:
-        """A seat of this manager's table, or one whose inbox durable the broker holds (cut out
-        of the table, or another manager's): a name with no inbox anywhere is refused rather
-        than left to queue for nobody."""
-        if to in self.mgr.seats or to in await self._inboxes():
-            return
+    async def _require_recipient(self, to: str) -> set[str] | None:
+        """A seat of this manager's table (None: its host is this one), or one whose inbox
+        durable the broker holds (cut out of the table, or another manager's: the lifecycle
+        uids of its inboxes): a name with no inbox anywhere is refused rather than left to queue
+        for nobody."""
+        if to in self.mgr.seats:
+            return None
+        uids = (await self._inbox_uids()).get(to)
+        if uids:
+            return uids
         raise Refusal(
             Code.NO_SUCH_SEAT,
             f"no seat named {to!r} in space {self.mgr.space}",
@@ -246,6 +259,10 @@ class MeshSends:
     async def _inboxes(self) -> set[str]:
         """The seats of the space with an inbox: this manager's table, and every `dm_` durable
         the broker holds (a seat a cut holds, another manager's seat)."""
+        return set(self.mgr.seats) | set(await self._inbox_uids())
+
+    async def _inbox_uids(self) -> dict[str, set[str]]:
+        """Each seat with an inbox durable at the broker, and the lifecycle uid of each."""
         mgr = self.mgr
         prefix = f"dm_{names.SEAT_OWNER}-"
 
@@ -253,13 +270,26 @@ class MeshSends:
             infos = await mgr.js.consumers_info(names.dm_stream(mgr.space))
             return [i.name for i in infos if i.name]
 
-        found = set(mgr.seats)
+        found: dict[str, set[str]] = {}
         for durable in await riding_elections("inbox durables", durables):
             # dm_<owner>-<seat>-<uid>: neither a seat name nor a uid holds a '-'.
-            name, dash, _uid = durable.removeprefix(prefix).rpartition("-")
+            name, dash, uid = durable.removeprefix(prefix).rpartition("-")
             if durable.startswith(prefix) and dash and names.SEAT_NAME.matches(name):
-                found.add(name)
+                found.setdefault(name, set()).add(uid)
         return found
+
+
+def _sent(message_id: str, to: str, seq: int, gone: fleet.Lost | None) -> meshcall.MeshResult:
+    """A send in the recipient's inbox: `delivered`, or `queued` when its host is lost."""
+    if gone is None:
+        return meshcall.MeshResult(status="delivered", id=message_id, to=to, seq=seq)
+    return meshcall.MeshResult(
+        status="queued",
+        id=message_id,
+        to=to,
+        seq=seq,
+        message=meshcall.host_unreachable(gone.since),
+    )
 
 
 def _dropped(seat: Seat, made: SentEntry, inbound: str, ordinal: int) -> None:

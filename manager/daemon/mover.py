@@ -44,6 +44,7 @@ from manager.checkpoint import clock
 from manager.checkpoint.chain import grow_seed, precopy_file, precopy_seed, sweep_precopies
 from manager.checkpoint.gitstate import BACKGROUND
 from manager.coord import restore
+from manager.coord.records import RestoreResult
 from manager.coord.report import reporting
 from manager.coord.requests import RestoreRequest
 from manager.daemon import movecheck
@@ -413,15 +414,9 @@ class Mover:
         while `cotal up` warms it), not at a first offer, inside the seats' downtime."""
         mgr = self.mgr
         attempt = offer.attempt_id
-        req = RestoreRequest(restore=str(path), space=mgr.space)
         log.info("move.adopting", attempt=attempt, source=offer.source)
-
-        def said(text: str) -> None:
-            log.info("move.progress", attempt=attempt, line=text)
-
         try:
-            with anyio.fail_after(ADOPT_TIMEOUT_S), reporting(said):
-                out = await restore.restore(req, mgr.layout.root, port=OwnHandlers(mgr.handle))
+            out = await self._restore(Path(path), attempt, "move")
         except Refusal as exc:
             code, message = exc.code, exc.text
         except Exception as exc:
@@ -440,6 +435,25 @@ class Mover:
         )
         log.warning("move.refused", attempt=attempt, code=code, claimed=claimed)
         return move.MoveAnswer(ok=False, code=code, message=message, claimed=claimed)
+
+    async def restore_here(self, path: Path, attempt: str, *, what: str) -> RestoreResult:
+        """A checkpoint file this manager fetched itself (a takeover's standing checkpoint) run
+        through the same restore as an offer, one at a time with the offers; its refusal is
+        raised as it is."""
+        async with self._offers:
+            log.info("restore_here.adopting", attempt=attempt, what=what)
+            return await self._restore(path, attempt, what)
+
+    async def _restore(self, path: Path, attempt: str, what: str) -> RestoreResult:
+        req = RestoreRequest(restore=str(path), space=self.mgr.space)
+
+        def said(text: str) -> None:
+            log.info(f"{what.split()[0]}.progress", attempt=attempt, line=text)
+
+        with anyio.fail_after(ADOPT_TIMEOUT_S), reporting(said):
+            return await restore.restore(
+                req, self.mgr.layout.root, port=OwnHandlers(self.mgr.handle)
+            )
 
 
 class OwnHandlers:

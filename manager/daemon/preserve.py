@@ -244,6 +244,19 @@ class Preservation:
             failures=[],
         )
 
+    def inventory_of(self, attempt: str, only: frozenset[str]) -> Inventory:
+        """The resume inventory of these seats as a cut would plan it, checked by the same
+        rules; for a capture that is not a cut (a standing checkpoint), which stops nothing."""
+        inventory = self._build_inventory(attempt, only)
+        failures = self._reference_failures(inventory)
+        if failures:
+            raise Refusal(
+                Code.PRESERVATION_REFUSED,
+                "capture refused: " + "; ".join(failures),
+                "fix what each seat names; the next turn's end captures it again",
+            )
+        return inventory
+
     def _build_inventory(self, attempt: str, only: frozenset[str] = frozenset()) -> Inventory:
         mgr = self.mgr
         # Read once for the plan: each entry records the profile its seat runs under, proven

@@ -19,6 +19,7 @@ negatively acknowledged on the predecessor's behalf and comes back at once.
 
 from __future__ import annotations
 
+import shutil
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
@@ -31,7 +32,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from manager import concurrency, registry
-from manager.broker import custody, footprint
+from manager.broker import custody, footprint, presence
 from manager.broker.retry import TRANSIENT
 from manager.daemon import seatfile
 from manager.daemon.seat import Seat, session_to_reopen
@@ -94,6 +95,8 @@ class Readopter(Protocol):
     async def stop_and_prove(self, seat: Seat, *, graceful: bool) -> None: ...
 
     def refuse(self, seat: Seat, reason: str, *, footprint_owned: bool) -> None: ...
+
+    def remove(self, seat: Seat) -> None: ...
 
 
 class Readoption:
@@ -217,6 +220,13 @@ class Readoption:
         ):
             seat.custody_revision = held.revision
             return True
+        if (
+            held is not None
+            and held.record.generation > seat.generation_at_broker
+            and await self._runs_at(seat, held.record.holder)
+        ):
+            self._forget(seat, held.record.holder, held.record.generation)
+            return False
         who = (
             f"instance {held.record.holder} at generation {held.record.generation}"
             if held is not None
@@ -230,6 +240,44 @@ class Readoption:
             footprint_owned=False,
         )
         return False
+
+    async def _runs_at(self, seat: Seat, holder: str) -> bool:
+        """Whether `holder`'s presence entry claims the seat's uid: the new holder runs it."""
+        try:
+            live = await presence.live_uids(self.mgr.js, self.mgr.space)
+        except Refusal:
+            return False
+        except TRANSIENT:
+            # Unread now: kept and refused, as before; `cotal rm` drops it.
+            return False
+        here = live.get(seat.uid)
+        return here is not None and here.instance_id == holder
+
+    def _forget(self, seat: Seat, holder: str, generation: int) -> None:
+        """The seat was taken over or moved and runs at its new holder: this root keeps nothing
+        of it that could start it again (its record, its session pointer and the store this
+        root chose for it, its standing captures), and says so once."""
+        layout = self.mgr.layout
+        for path in (
+            layout.session_pointer(seat.agent, seat.name, seat.uid),
+            layout.seat_record(seat.name, seat.uid),
+        ):
+            path.unlink(missing_ok=True)
+        for tree in (
+            layout.seat_store(seat.agent, seat.name, seat.uid),
+            layout.standing / seat.name,
+        ):
+            if tree.is_dir() and not tree.is_symlink():
+                shutil.rmtree(tree, ignore_errors=True)
+        self.mgr.remove(seat)
+        log.warning(
+            "seat.forgotten",
+            seat=seat.name,
+            uid=seat.uid,
+            holder_now=holder,
+            generation_now=generation,
+            reason="its custody moved on and its new holder runs it",
+        )
 
     def _not_carried(self, seat: Seat) -> bool:
         """False, with the seat refused, when a cut of this root carries it. A cut of some seats

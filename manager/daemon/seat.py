@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +29,8 @@ from manager.daemon.delivery import DeliveryBridge, DeliveryGate
 from manager.daemon.events import Events
 from manager.daemon.metrics import Metrics
 from manager.daemon.process import SeatHandle
-from manager.registry import FileConfig
+from manager.daemon.usage import UsageLedger
+from manager.registry import FileConfig, PriceConfig
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from protocol import control, names
@@ -109,6 +111,13 @@ class Seat:
     profile: str | None = None
     # Told each state the seat moves into (the Manager's lifecycle events, `cotal events`).
     observer: Callable[[Seat, SeatState], None] | None = None
+    # What its turns used (manager/daemon/usage.py): read from its session store when this
+    # manager first serves it, kept across its relaunches.
+    usage: UsageLedger | None = None
+    # When its turns here ended (the last hour's), and the budget limits an operator lifted
+    # (manager/daemon/budget.py); this manager's alone.
+    turn_ends: list[datetime] = field(default_factory=list)
+    budget_lifts: set[str] = field(default_factory=set)
 
     @property
     def state(self) -> SeatState:
@@ -148,8 +157,14 @@ class Seat:
             and self.spec.session_pointer_path is not None
         )
 
-    def row(self, instance_id: str) -> control.SeatRow:
+    def row(
+        self,
+        instance_id: str,
+        prices: Mapping[str, PriceConfig] | None = None,
+        budget: str | None = None,
+    ) -> control.SeatRow:
         turn = self.bridge.turn if self.bridge is not None and self.state == "running" else None
+        used = self.usage.totals(prices or {}) if self.usage is not None else None
         return control.SeatRow(
             name=self.name,
             agent=self.agent,
@@ -174,6 +189,10 @@ class Seat:
             allow_send=list(self.allow_send),
             subscribe=list(self.subscribe),
             allow_post=list(self.allow_post),
+            tokens_in=used.tokens_in if used is not None else None,
+            tokens_out=used.tokens_out if used is not None else None,
+            cost_usd=used.cost_usd if used is not None else None,
+            budget=budget,
         )
 
 

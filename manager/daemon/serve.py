@@ -36,6 +36,7 @@ from manager.broker.connection import close_quietly, connect
 from manager.control.server import ControlServer
 from manager.daemon.core import Manager
 from manager.daemon.notify import sd_notify
+from manager.daemon.watchers import put_mark
 from manager.procs import alive, pid_identity
 from manager.workspace import roots
 from manager.workspace.identity import load_or_create_identity
@@ -187,6 +188,10 @@ async def serve(
             notifier.stopping()
             if not manager.stopping:
                 await manager.stop_all_keep_footprint()
+            # Only a stop that was asked for (a shutdown op, a signal) says so: a manager that
+            # dies of an error leaves its `up` mark, and its seats read `lost`, as they are.
+            if manager.shutdown_requested.is_set():
+                await put_mark(manager.custody, identity.instance_id, "down")
             try:
                 layout.socket.unlink()
             except FileNotFoundError:
@@ -210,6 +215,10 @@ async def _serve_until_shutdown(
     layout = manager.layout
     async with anyio.create_task_group() as tg:
         await tg.start(manager.run)
+        # After any claim a restore made for this start (it claims, then starts the manager):
+        # the mark says this holder ran since, so its claims read `lost`, not `in transit`, if
+        # it dies.
+        await put_mark(manager.custody, manager.identity.instance_id, "up")
         control_server = ControlServer(
             layout.socket,
             token,

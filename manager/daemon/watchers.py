@@ -1,5 +1,5 @@
-"""The Manager's watchers at the broker: its lease, each seat's presence, the custody watch
-and the eviction it demands.
+"""The Manager's watchers at the broker: its lease and its up/down mark, each seat's presence,
+the custody watch and the eviction it demands.
 
 Watchers report and stop; they never relaunch. A seat whose custody moves to another holder or
 generation (or whose record disappears) is evicted at once: stopped, proven, dropped from the
@@ -11,22 +11,24 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
+import msgspec
 import structlog
 from anyio.abc import TaskGroup
 from nats.js.kv import KeyValue
 
 from manager.daemon.process import SeatHandle
 from manager.daemon.seat import Seat
+from manager.registry import FileConfig
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.layout import Layout
 from protocol import names
 from protocol.custody import decode_custody
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
-from protocol.messages import ManagerLease, Presence, encode
+from protocol.messages import ManagerLease, ManagerMark, Presence, encode
 
 log = structlog.get_logger("cotal.manager")
 
@@ -52,6 +54,9 @@ class WatchOwner(Protocol):
     def started_at(self) -> str: ...
 
     @property
+    def config(self) -> FileConfig: ...
+
+    @property
     def seats(self) -> Mapping[str, Seat]: ...
 
     @property
@@ -75,6 +80,24 @@ async def clear_presence(mgr: PresenceOwner, seat: Seat) -> None:
             await bucket.delete(names.presence_key(names.SEAT_OWNER, seat.name, seat.uid))
     except Exception as exc:
         log.warning("presence.delete_failed", seat=seat.name, error=str(exc))
+
+
+async def put_mark(
+    custody: KeyValue | None, instance_id: str, state: Literal["up", "down"]
+) -> None:
+    """Say at the broker, beside the custody records, that this manager started or stops as
+    asked: what tells `cotal ps --fleet` a holder whose lease lapsed (`lost`, its last mark
+    `up`) from one that stopped on purpose (`held`), and a send that its mail waits for a host
+    that is gone. Bounded and never raised: a mark the broker misses leaves the older one, so at
+    worst a stopped manager's seats read `lost` (said in the log)."""
+    if custody is None:
+        return
+    mark = ManagerMark(holder=instance_id, state=state, at=now_iso())
+    try:
+        with anyio.fail_after(2.0):
+            await custody.put(names.manager_mark_key(instance_id), encode(mark))
+    except Exception as exc:
+        log.warning("manager.mark_failed", state=state, error=str(exc) or type(exc).__name__)
 
 
 async def _keep_putting(
@@ -123,6 +146,7 @@ class Watchers:
                 pid=os.getpid(),
                 since=mgr.started_at,
                 host=os.environ.get("COTAL_HOST_LABEL") or os.uname().nodename,
+                standby=True if mgr.config.failover.standby else msgspec.UNSET,
             )
         )
         key = names.lease_key(mgr.identity.instance_id)

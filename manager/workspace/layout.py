@@ -116,6 +116,12 @@ class Layout:
         return self.maintenance / "precopy"
 
     @property
+    def standing(self) -> Path:
+        """Failover seats' standing checkpoints as captured here, one directory per seat with
+        the newest sealed attempt in it (the broker's object store holds the copy that counts)."""
+        return self.maintenance / "standing"
+
+    @property
     def handoffs(self) -> Path:
         """This root's notes of the attempts it packed and handed off."""
         return self.maintenance / "handoffs"

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +29,14 @@ from manager.cli.fleet import run_fleet
 from protocol import names
 from protocol.custody import CustodyRecord, encode_custody
 from protocol.errors import Refusal
+from protocol.instant import parse_instant
 from protocol.messages import ManagerLease, Presence, encode
 from protocol.move import CarriedMeta, CarriedSeat
 from tests.cluster import Cluster
 from tests.conftest import Cli, SharedBroker
 from tests.e2e.test_cluster_faults import cluster_nc, election_seconds, leader_of, place_leader
 from tests.gitrepo import git, init_repo, write
-from tests.helpers import broker_at, wait_gone
+from tests.helpers import ask, broker_at, wait_gone
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 
@@ -88,6 +91,8 @@ def fleet_row(
         "managerLive": host is not None,
         "errors": [],
         "to": None,
+        "since": None,
+        "takeover": None,
     }
     return {**row, **over}
 
@@ -420,3 +425,89 @@ async def test_instance_gone_rides_out_the_lease_buckets_election(nats_cluster: 
                 await done.wait()
     finally:
         await nc.close()
+
+
+@pytest.mark.anyio
+async def test_a_seat_whose_managers_lease_lapsed_is_lost_and_a_send_to_it_is_queued(
+    shared_broker: SharedBroker, two_roots: tuple[Cli, Cli]
+) -> None:
+    """Issue 39, item 5: root A's manager killed (no word that it stopped), its lease runs out:
+    its seat is `lost` since A was last seen, with what can take it over; a seat's send to it
+    and the operator's send at the broker queue it and say so, never `delivered`; a send to a
+    live seat, here or on another manager, still is."""
+    a, b = two_roots
+    alpha = a.json("spawn", "alpha", "--agent", "scribe")
+    b.json("spawn", "delta", "--agent", "scribe")
+    b.json("spawn", "beta", "--agent", "scribe", "--allow-send", "alpha", "--allow-send", "delta")
+    ia, uid = alpha["instanceId"], alpha["lifecycleUid"]
+    durable = f"dm_local-alpha-{uid}"
+    # Another manager's seat whose manager lives: delivered, as ever.
+    assert ask(b, "beta", "Tell alpha: first, while your host lives") == "Told alpha: delivered."
+    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+        # Alpha's turn on it done and acknowledged: its inbox empty before its host goes.
+        with anyio.fail_after(60):
+            while True:
+                info = await js.consumer_info("DM_main", durable)
+                if not info.num_pending and not info.num_ack_pending:
+                    break
+                await anyio.sleep(0.2)
+
+    manager_a = a.json("status")["pid"]
+    os.kill(manager_a, signal.SIGKILL)
+    await wait_gone([manager_a, alpha["pid"]])
+    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+        with anyio.fail_after(30):
+            await fleet.instance_gone(js, "main", ia)
+        # The broker drops an expired entry lazily: a read may still meet the lease or the
+        # presence for a moment, and the row is running or held until it does not.
+        with anyio.fail_after(20):
+            while (rows := await fleet.roster(js, "main"))[0].state != "lost":
+                assert rows[0].state in ("running", "held"), rows[0]
+                await anyio.sleep(0.5)
+    read_at = datetime.now(UTC)
+    [lost_row, beta_row, delta_row] = fleet_of(b)
+    since = lost_row["since"]
+    hint = fleet.takeover_hint("alpha", ia, [])
+    assert lost_row == fleet_row("alpha", uid, ia, None, "lost", since=since, takeover=hint)
+    assert (beta_row["state"], delta_row["state"]) == ("running", "running")
+    # Last seen alive: at A's manager's start or its seat's spawn, whichever is newer; not
+    # after its lease's last renewal, which was at least one lease TTL before now.
+    seen = parse_instant(since)
+    assert parse_instant(alpha["startedAt"]) - timedelta(seconds=2) <= seen
+    # The holder's last write (a presence heartbeat) may follow its last lease renewal by up
+    # to one renewal interval; the lease then lived one TTL past that renewal.
+    assert seen <= read_at - timedelta(
+        seconds=names.MANAGER_LEASE_TTL_S - names.MANAGER_LEASE_RENEW_S
+    )
+
+    table = fleet_of(b, as_json=False).splitlines()
+    assert table[0].split() == ["NAME", "INSTANCE", "HOST", "STATE", "GEN", "TO"]
+    cells = table[1].split()
+    assert cells[:4] == ["alpha", ia, "-", "lost"] and cells[5:] == ["0", "-"]
+    assert cells[4][-1] in "smhd", cells
+    assert table[4] == (f"alpha ({uid}): lost: {ia} has no lease, last seen alive {since}; {hint}")
+
+    # A seat's send to it: queued in its inbox, said so.
+    assert ask(b, "beta", "Tell alpha: second, your host is gone") == (
+        f"Told alpha: queued; its host is unreachable since {since}."
+    )
+    # A seat of its own manager, and so one whose host lives: delivered.
+    assert ask(b, "beta", "Tell delta: hello") == "Told delta: delivered."
+    # The operator's send at the broker: the same words, for people and in --json.
+    server = ["--server", shared_broker.url, "--creds", shared_broker.creds]
+    sent = b.json("send", "alpha", "third, from the operator", *server)
+    assert sent["unreachableSince"] == since
+    assert sent["message"] == f"queued; its host is unreachable since {since}"
+    said = b.run("send", "alpha", "fourth, from the operator", *server).stdout
+    assert re.fullmatch(
+        rf"queued; its host is unreachable since {re.escape(since)}: \S+ for alpha at the broker"
+        r" \(stream seq \d+\)\n",
+        said,
+    ), said
+    # Beta's operator send to a live seat says no such thing.
+    live = b.json("send", "delta", "to a live seat", *server)
+    assert (live["unreachableSince"], live["message"]) == (None, None)
+    # The three sent since are in alpha's inbox, queued for whoever runs it next.
+    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+        info = await js.consumer_info("DM_main", durable)
+    assert (info.num_pending, info.num_ack_pending) == (3, 0)

@@ -43,6 +43,10 @@ NARROWED = {
     "handlers/metrics.py",
     "metrics.py",
     "events.py",
+    "standing.py",
+    "standby.py",
+    "takeover.py",
+    "handlers/takeover.py",
 }
 
 

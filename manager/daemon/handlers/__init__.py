@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from manager.daemon.handlers import fleet, mail, metrics, preservation, seats
+from manager.daemon.handlers import fleet, mail, metrics, preservation, seats, takeover
 from manager.daemon.handlers.table import Handler, Table
 from protocol import control
 from protocol.errors import Refusal
@@ -25,6 +25,7 @@ class HandlerOwner(
     preservation.PreservationOpsOwner,
     metrics.MetricsOpsOwner,
     fleet.FleetOpsOwner,
+    takeover.TakeoverOpsOwner,
     Protocol,
 ):
     """Everything the control ops ask of the Manager: the handler groups' views."""
@@ -37,6 +38,7 @@ def build(mgr: HandlerOwner) -> dict[str, Handler]:
     preservation.PreservationHandlers(mgr).register(table)
     metrics.MetricsHandlers(mgr).register(table)
     fleet.FleetHandlers(mgr).register(table)
+    takeover.TakeoverHandlers(mgr).register(table)
     return table.handlers
 
 

@@ -22,6 +22,7 @@ from manager import registry
 from manager.broker import channels, custody, footprint
 from manager.broker.fence import WriterFence
 from manager.daemon import seatfile, teardown
+from manager.daemon.budget import Budgets
 from manager.daemon.events import Events
 from manager.daemon.handlers.mail import DeadLetterBook, dead_by_seat
 from manager.daemon.handlers.table import Table
@@ -35,7 +36,7 @@ from manager.workspace.layout import Layout
 from protocol import control, names
 from protocol.errors import Refusal
 from protocol.events import EventDetail
-from protocol.instant import now_iso
+from protocol.instant import format_instant, now_iso
 from protocol.maintenance import Maintenance
 from protocol.refusals import Code
 
@@ -73,6 +74,9 @@ class SeatOpsOwner(teardown.TeardownOwner, DeadLetterBook, Protocol):
 
     @property
     def incarnations(self) -> Incarnations: ...
+
+    @property
+    def budgets(self) -> Budgets: ...
 
     @property
     def shutdown_requested(self) -> anyio.Event: ...
@@ -113,6 +117,7 @@ class SeatHandlers:
         table.add(control.START_SEAT, self.start_seat)
         table.add(control.RESTART_SEAT, self.restart_seat)
         table.add(control.REMOVE_SEAT, self.remove_seat)
+        table.add(control.BUDGET_LIFT, self.budget_lift)
         table.add(control.SHUTDOWN, self.shutdown)
 
     # -- reads ----------------------------------------------------------------------------------
@@ -150,9 +155,16 @@ class SeatHandlers:
 
     async def ps(self, _args: control.NoArgs) -> list[control.SeatRow]:
         mgr = self.mgr
+        try:
+            # Read afresh, so a price the operator changes shows without a restart; a
+            # cotal.toml that no longer reads leaves the prices this manager started with.
+            config = await anyio.to_thread.run_sync(registry.load_config, mgr.layout.root)
+        except Refusal:
+            config = mgr.config
         return [
             msgspec.structs.replace(
-                s.row(mgr.identity.instance_id), dead_letters=mgr.dead_counts.get(s.uid, 0)
+                s.row(mgr.identity.instance_id, config.prices, _at_budget(mgr.budgets, s)),
+                dead_letters=mgr.dead_counts.get(s.uid, 0),
             )
             for s in sorted(mgr.seats.values(), key=lambda s: s.name)
         ]
@@ -325,6 +337,19 @@ class SeatHandlers:
                 dead_letters_deleted=dead,
             )
 
+    async def budget_lift(self, args: control.BudgetLiftArgs) -> control.BudgetLiftReply:
+        """Waive the limits the seat has reached, for the rest of their windows: its delivery
+        resumes at once (docs/operations.md, "What each seat costs")."""
+        seat = self.mgr.seat(args.name)
+        lifted = self.mgr.budgets.lift(seat)
+        for hit in lifted:
+            log.info("budget.lifted", seat=seat.name, limit=hit.name, used=hit.used)
+        return control.BudgetLiftReply(
+            name=seat.name,
+            lifted=[hit.name for hit in lifted],
+            resets_at=[format_instant(hit.resets_at) for hit in lifted],
+        )
+
     # -- shutdown -------------------------------------------------------------------------------
 
     async def shutdown(self, _args: control.NoArgs) -> control.ShutdownReply:
@@ -414,3 +439,9 @@ def _require_startable(seat: Seat, verb: str) -> None:
         "restart, a running one) is started",
         cure,
     )
+
+
+def _at_budget(budgets: Budgets, seat: Seat) -> str | None:
+    """What `ps` says of a seat at its budget: why it gets no delivery now."""
+    hit = budgets.reached(seat) if seat.state == "running" else None
+    return hit.text() if hit is not None else None
