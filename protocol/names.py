@@ -346,6 +346,11 @@ def standing_object(seat: str, uid: str) -> str:
     return f"{seat}.{uid}"
 
 
+def standing_base_object(seat: str, uid: str) -> str:
+    """The full capture a lifecycle's incremental standing checkpoints build on."""
+    return f"{seat}.{uid}.base"
+
+
 def move_subject(space: str, instance_id: str, verb: str) -> str:
     """Where a destination manager answers `cotal move` (`probe`, `offer`): its own instance."""
     return f"cotal.{check_space(space)}.move.{instance_id}.{verb}"

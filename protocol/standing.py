@@ -24,6 +24,9 @@ class StandingMeta(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
     after_s: Annotated[float, msgspec.Meta(gt=0, le=3600)]
     attempt_id: AttemptId
     captured_at: Annotated[str, msgspec.Meta(max_length=64)]
+    # The attempt this one's history bundle builds on (its `since`), kept as the lifecycle's
+    # base object (`names.standing_base_object`); None for a capture that carries it whole.
+    base: AttemptId | None = None
 
 
 def encode_standing_meta(meta: StandingMeta) -> str:

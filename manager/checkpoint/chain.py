@@ -178,11 +178,19 @@ async def _commits_here(cwd: Path, candidates: Sequence[str]) -> list[str]:
 
 
 async def link_for(
-    layout: Layout, attempt_id: str, seat: str, cwd: Path, *, space: str
+    layout: Layout,
+    attempt_id: str,
+    seat: str,
+    cwd: Path,
+    *,
+    space: str,
+    path: Path | None = None,
 ) -> IncrementalLink | None:
     """The link an incremental capture of `seat` records, or None for a full bundle: the
-    predecessor does not hold the seat, or none of its commits exist in this repository."""
-    path = predecessor_dir(layout, attempt_id)
+    predecessor does not hold the seat, or none of its commits exist in this repository.
+    `path` is the predecessor's directory when it is not one of this root's cuts (a standing
+    checkpoint's base, manager/daemon/standing.py)."""
+    path = path if path is not None else predecessor_dir(layout, attempt_id)
     trusted = trust.trusted_keys_for(layout, space, [])
     try:
         got = await anyio.to_thread.run_sync(

@@ -357,12 +357,14 @@ async def _predecessors(
     space: str,
     since: str | None,
     precopy: PrecopyLink | None,
+    since_dir: Path | None = None,
 ) -> tuple[IncrementalLink | None, PrecopyLink | None]:
-    """What the bundle builds on: the sealed attempt `since` names, else the pre-copied history
-    this repository still holds, else nothing (a full bundle)."""
+    """What the bundle builds on: the sealed attempt `since` names (found at `since_dir` when
+    given), else the pre-copied history this repository still holds, else nothing (a full
+    bundle)."""
     link = None
     if since is not None:
-        link = await chain.link_for(layout, since, agent.name, cwd, space=space)
+        link = await chain.link_for(layout, since, agent.name, cwd, space=space, path=since_dir)
     shipped = await chain.precopy_link(cwd, precopy) if precopy is not None else None
     return link, shipped
 
@@ -527,6 +529,7 @@ async def capture_seat(
     since: str | None = None,
     precopy: PrecopyLink | None = None,
     standing: bool = False,
+    since_dir: Path | None = None,
 ) -> SeatSummary:
     """Repository, pointer, store files and the inbox into a fresh 0700 seat directory, then
     the record.
@@ -542,7 +545,7 @@ async def capture_seat(
     t0 = time.monotonic()
     cwd = Path(agent.launch.cwd)
     link, shipped = await _predecessors(
-        layout, agent, cwd, space=space, since=since, precopy=precopy
+        layout, agent, cwd, space=space, since=since, precopy=precopy, since_dir=since_dir
     )
     # Every file below is created, written and fsynced in a worker thread: a create or an fsync
     # can wait on the file system's journal for as long as another seat's fsync takes, and

@@ -29,11 +29,12 @@ from pathlib import Path
 from typing import Protocol
 
 import anyio
+import msgspec
 import structlog
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from connectors.privatefs import DIR_MODE, ensure_private_dir
+from connectors.privatefs import DIR_MODE, ensure_private_dir, write_private_atomic
 from manager import failpoint
 from manager.broker import carry, custody
 from manager.checkpoint import cut
@@ -49,6 +50,7 @@ from protocol.errors import Refusal
 from protocol.events import EventDetail
 from protocol.instant import now_iso
 from protocol.inventory import encode_inventory
+from protocol.names import AttemptIdField as AttemptId
 from protocol.refusals import Code
 from protocol.standing import StandingMeta, encode_standing_meta
 
@@ -129,7 +131,9 @@ class StandingCheckpoints:
         captured_at = now_iso()
         inventory = mgr.preservation.inventory_of(attempt, frozenset({seat.name}))
         (agent,) = inventory.agents
+        mine = mgr.layout.standing / seat.name
         here = await anyio.to_thread.run_sync(_fresh_dir, mgr.layout.standing, seat.name, attempt)
+        base = await anyio.to_thread.run_sync(_read_base, mine, seat.uid)
         summary = await cut.capture_seat(
             mgr.layout,
             here,
@@ -143,6 +147,8 @@ class StandingCheckpoints:
             horizon_ms=mgr.config.recency.horizon_s * 1000,
             custody_revision=held.revision,
             standing=True,
+            since=base.attempt if base is not None else None,
+            since_dir=mine / base.attempt if base is not None else None,
         )
         await anyio.to_thread.run_sync(
             cut.seal_attempt,
@@ -154,37 +160,70 @@ class StandingCheckpoints:
             mgr.identity,
         )
         failpoint.reached("standing.after-seal", mgr.layout.root)
-        packed = here.with_name(f".{attempt}.tar")
+        on = summary.since if base is not None and summary.since == base.attempt else None
+
+        def meta(of: str, builds_on: str | None) -> str:
+            return encode_standing_meta(
+                StandingMeta(
+                    instance=mgr.identity.instance_id,
+                    generation=held.record.generation,
+                    after_s=mgr.config.failover.after_s,
+                    attempt_id=of,
+                    captured_at=captured_at,
+                    base=builds_on,
+                )
+            )
+
+        if on is not None and base is not None and not base.stored:
+            # The base goes to the broker before the first head that needs it, so a standby
+            # never finds a head whose base is not there.
+            await self._put(
+                mine / base.attempt,
+                names.standing_base_object(seat.name, seat.uid),
+                meta(base.attempt, None),
+            )
+            base = _Base(base.attempt, seat.uid, base.bundle_bytes, stored=True)
+            await anyio.to_thread.run_sync(_write_base, mine, base)
+        size = await self._put(here, names.standing_object(seat.name, seat.uid), meta(attempt, on))
+        failpoint.reached("standing.after-put", mgr.layout.root)
+        if on is None:
+            # A full capture: the base the next turns' captures build on.
+            base = _Base(attempt, seat.uid, summary.bundle_bytes, stored=False)
+            await anyio.to_thread.run_sync(_write_base, mine, base)
+        elif base is not None and summary.bundle_bytes * 2 > base.bundle_bytes:
+            # The history grew by half the base since: the next capture carries it whole.
+            await anyio.to_thread.run_sync(_drop_base, mine)
+            base = None
+        await anyio.to_thread.run_sync(
+            _keep_only, here, mine / base.attempt if base is not None else None
+        )
+        return size
+
+    async def _put(self, attempt_dir: Path, name: str, description: str) -> int:
+        """The sealed attempt packed and streamed into the standing bucket under `name`."""
+        mgr = self.mgr
+        packed = attempt_dir.with_name(f".{attempt_dir.name}.tar")
+        packed.unlink(missing_ok=True)
         try:
-            digest, size = await anyio.to_thread.run_sync(write_archive, here, packed)
+            digest, size = await anyio.to_thread.run_sync(write_archive, attempt_dir, packed)
             put = await carry.put(
                 mgr.js,
                 mgr.space,
-                names.standing_object(seat.name, seat.uid),
+                name,
                 packed,
                 bucket=names.standing_bucket(mgr.space),
                 replicas=mgr.replicas,
-                description=encode_standing_meta(
-                    StandingMeta(
-                        instance=mgr.identity.instance_id,
-                        generation=held.record.generation,
-                        after_s=mgr.config.failover.after_s,
-                        attempt_id=attempt,
-                        captured_at=captured_at,
-                    )
-                ),
+                description=description,
             )
         finally:
             packed.unlink(missing_ok=True)
         if put != (size, digest):
             raise Refusal(
                 Code.INTEGRITY,
-                f"the standing checkpoint {attempt} of {seat.name} changed while it was put "
+                f"the standing checkpoint {attempt_dir.name} changed while it was put as {name} "
                 f"({put[0]} bytes hashing to {put[1]}, not {size} bytes hashing to {digest})",
                 "nothing to do: the next turn's end captures it again",
             )
-        failpoint.reached("standing.after-put", mgr.layout.root)
-        await anyio.to_thread.run_sync(_keep_only, here)
         return size
 
     async def _held(self, seat: Seat) -> custody.Held:
@@ -220,11 +259,48 @@ def _fresh_dir(standing: Path, seat: str, attempt: str) -> Path:
     return path
 
 
-def _keep_only(newest: Path) -> None:
+BASE_FILE = "base.json"
+
+
+class _Base(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The seat's base capture here: the full one its incremental standing checkpoints build
+    on, its history bundle's size, and whether the broker holds it yet (as the base object)."""
+
+    attempt: AttemptId
+    uid: str
+    bundle_bytes: int
+    stored: bool
+
+
+def _read_base(mine: Path, uid: str) -> _Base | None:
+    """The base, when its record reads, is this lifecycle's and its sealed directory is here;
+    anything else is no base (the next capture is full)."""
+    try:
+        base = msgspec.json.decode((mine / BASE_FILE).read_bytes(), type=_Base)
+    except (OSError, msgspec.DecodeError):
+        return None
+    sealed = mine / base.attempt / "manifest.json"
+    if base.uid != uid or not sealed.is_file() or sealed.is_symlink():
+        return None
+    return base
+
+
+def _write_base(mine: Path, base: _Base) -> None:
+    write_private_atomic(mine / BASE_FILE, msgspec.json.encode(base))
+
+
+def _drop_base(mine: Path) -> None:
+    (mine / BASE_FILE).unlink(missing_ok=True)
+
+
+def _keep_only(newest: Path, base: Path | None) -> None:
     """The seat's older local captures (and any a crash left half-written) go once the newest
-    is stored: the broker's copy is the one a standby reads, this one is for the operator."""
+    is stored, but for the base the next captures build on: the broker's copies are the ones a
+    standby reads, these are for the next capture and the operator."""
     for old in newest.parent.iterdir():
-        if old != newest and not old.is_symlink() and old.is_dir():
+        if old in (newest, base) or old.name == BASE_FILE:
+            continue
+        if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)
-        elif old != newest:
+        else:
             old.unlink(missing_ok=True)

@@ -27,6 +27,7 @@ end with one winner: the loser is refused `custody-lost` and has claimed nothing
 from __future__ import annotations
 
 import functools
+import shutil
 import time
 from pathlib import Path
 from typing import Protocol
@@ -38,6 +39,7 @@ from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundErro
 
 from manager.broker import carry, fleet
 from manager.broker.retry import riding_elections
+from manager.checkpoint import archive
 from manager.daemon.events import Events
 from manager.daemon.mover import Mover
 from manager.workspace.identity import InstanceIdentity
@@ -129,11 +131,20 @@ class Takeover:
             holder=row.instance,
             waited_s=waited,
         )
+        if meta.base is not None:
+            await self._fetch_base(row, meta)
         path = await self._fetch(row, meta)
         try:
             await mgr.mover.restore_here(path, meta.attempt_id, what=f"takeover of {name}")
         finally:
             path.unlink(missing_ok=True)
+        if meta.base is not None:
+            # Unbundled into the seat's tree by the restore: the base is needed no more.
+            await anyio.to_thread.run_sync(
+                functools.partial(
+                    shutil.rmtree, mgr.layout.incoming / meta.base, ignore_errors=True
+                )
+            )
         mgr.events.emit(
             "seat.taken_over", name, row.lifecycle_uid, EventDetail(attempt_id=meta.attempt_id)
         )
@@ -287,6 +298,40 @@ class Takeover:
         except (KeyNotFoundError, KeyDeletedError, BucketNotFoundError):
             return False
         return True
+
+    async def _fetch_base(self, row: FleetRow, meta: StandingMeta) -> None:
+        """The base the standing checkpoint's history builds on, proven to be the one it names
+        and its holder's, unpacked into `incoming/<base>` beside where the restore unpacks the
+        standing checkpoint itself, so the restore's chain finds it there."""
+        mgr = self.mgr
+        name = names.standing_base_object(row.name, row.lifecycle_uid)
+        try:
+            store = await riding_elections(
+                "standing bucket",
+                functools.partial(mgr.js.object_store, names.standing_bucket(mgr.space)),
+            )
+            info = await riding_elections(
+                f"standing {name}", functools.partial(store.get_info, name)
+            )
+            got = decode_standing_meta(info.description or "")
+        except (BucketNotFoundError, NotFoundError, DecodeError):
+            got = None
+        if got is None or got.attempt_id != meta.base or got.instance != meta.instance:
+            raise Refusal(
+                Code.STANDING_STALE,
+                f"{row.name}'s standing checkpoint {meta.attempt_id} builds on {meta.base}, and "
+                "the broker does not hold that base (or holds another)",
+                "nothing of it is used; take the seat from its last cut (`cotal up --restore`)",
+            )
+        ensure_private_dir(mgr.layout.incoming)
+        path = mgr.layout.incoming / f"{meta.base}.standing-base.tar"
+        try:
+            await carry.get_into(
+                mgr.js, mgr.space, name, path, bucket=names.standing_bucket(mgr.space)
+            )
+            await anyio.to_thread.run_sync(archive.unpack, path, mgr.layout)
+        finally:
+            path.unlink(missing_ok=True)
 
     async def _fetch(self, row: FleetRow, meta: StandingMeta) -> Path:
         mgr = self.mgr

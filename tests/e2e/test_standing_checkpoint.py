@@ -8,6 +8,7 @@ that put. A root without failover stores nothing.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -19,6 +20,7 @@ from nats.js.errors import BucketNotFoundError
 
 from manager.checkpoint.reader import verify_integrity
 from protocol import names
+from protocol.standing import decode_standing_meta
 from tests.conftest import Cli
 from tests.gitrepo import git, init_repo, write
 from tests.helpers import ask, broker, pid_alive, ps_row, signer_key, wait_until
@@ -31,6 +33,9 @@ SPACE = "standing"
 def _workspace(cli: Cli, failover: bool) -> Path:
     proj = init_repo(cli.root / "proj")
     write(proj / "README.md", "# standing\n")
+    # History worth building on: a base bundle far larger than one later commit's.
+    noise = b"".join(hashlib.sha256(f"standing-{i}".encode()).digest() for i in range(2048))
+    write(proj / "history.bin", noise)
     git(proj, "add", "-A")
     git(proj, "commit", "-q", "-m", "first")
     if failover:
@@ -76,20 +81,35 @@ async def test_each_turn_end_stores_a_sealed_standing_checkpoint_before_the_ack(
         assert record.lifecycle_uid == uid and record.name == "keeper"
         assert "?? notes.txt" in record.repository.status.replace("\x00", "\n")
         assert record.session.continuity == "exact"
+        # The first capture carries the history whole: it is the base the next ones build on.
+        assert record.repository.since is None and record.repository.bundle is not None
 
         write(proj / "notes.txt", "changed before turn two\n")
+        write(proj / "more.txt", "committed before turn two\n")
+        git(proj, "add", "more.txt")
+        git(proj, "commit", "-q", "-m", "second")
         assert ask(cli, "keeper", "What was the phrase?") == "The phrase is osprey-39."
         second, second_digest = await _standing(js, "keeper", uid, tmp_path / "two")
         [again] = verify_integrity(second, trusted_keys=[signer_key(cli.root)])
         assert second.name != first.name and second_digest != first_digest
         assert again.standing == "turn-boundary"
-        # One object per lifecycle: the second put superseded the first.
+        # Incremental on the first: only the new commit travels in its bundle.
+        assert again.repository.since is not None
+        assert again.repository.since.attempt_id == first.name
+        # One head per lifecycle (the second put superseded the first) and the base it needs,
+        # put before it, named in its description.
         store = await js.object_store(names.standing_bucket(SPACE))
-        assert [o.name for o in await store.list()] == [names.standing_object("keeper", uid)]
+        head, base = names.standing_object("keeper", uid), names.standing_base_object("keeper", uid)
+        assert sorted(o.name for o in await store.list()) == sorted([head, base])
+        assert decode_standing_meta((await store.get_info(head)).description or "").base == (
+            first.name
+        )
+        based = decode_standing_meta((await store.get_info(base)).description or "")
+        assert (based.attempt_id, based.base) == (first.name, None)
 
-    # Kept here too, the newest only, private.
+    # Kept here too, the base and the newest, private.
     here = cli.root / ".cotal" / "maintenance" / "v1" / "standing" / "keeper"
-    assert [p.name for p in here.iterdir()] == [second.name]
+    assert sorted(p.name for p in here.iterdir()) == sorted([first.name, second.name, "base.json"])
     assert here.stat().st_mode & 0o777 == 0o700
     # Acknowledged means stored: each ack of the seat's turns follows that turn's put.
     order = _log_order(cli, "keeper")
@@ -149,9 +169,15 @@ async def test_a_manager_killed_during_a_standing_checkpoint_redelivers_the_turn
     assert ask(cli, "keeper", "What was the phrase?") == "The phrase is shrike-39."
     async with broker(cli.root) as js:
         store = await js.object_store(names.standing_bucket(SPACE))
-        assert [o.name for o in await store.list()] == [names.standing_object("keeper", uid)]
+        assert names.standing_object("keeper", uid) in [o.name for o in await store.list()]
         got, _ = await _standing(js, "keeper", uid, tmp_path / "after")
         [record] = verify_integrity(got, trusted_keys=[signer_key(cli.root)])
         assert record.standing == "turn-boundary"
+        built_on = decode_standing_meta(
+            (await store.get_info(names.standing_object("keeper", uid))).description or ""
+        ).base
     here = cli.root / ".cotal" / "maintenance" / "v1" / "standing" / "keeper"
-    assert len(list(here.iterdir())) == 1
+    # The stored head, the base it builds on (the redelivered turn's full capture) and the base
+    # record; nothing of the killed try is left.
+    kept = {got.name, "base.json", *([built_on] if built_on else [])}
+    assert sorted(p.name for p in here.iterdir()) == sorted(kept)

@@ -14,6 +14,7 @@ checkpoint. Two roots on one standalone broker: `a` with `[failover] enabled, af
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -95,9 +96,20 @@ async def test_a_dead_hosts_seat_is_taken_over_from_its_standing_checkpoint(
     a = _root(tmp_path / "a", b_, "[failover]\nenabled = true\nafter_s = 3\n")
     b = _root(tmp_path / "b", b_)
     try:
-        keeper = a.json("spawn", "keeper", "--agent", "scribe", "--cwd", str(_seat_repo(a, "k")))
+        repo = _seat_repo(a, "k")
+        # History worth building on, so the next turn's standing checkpoint is incremental.
+        noise = b"".join(hashlib.sha256(f"takeover-{i}".encode()).digest() for i in range(2048))
+        write(repo / "history.bin", noise)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "history")
+        keeper = a.json("spawn", "keeper", "--agent", "scribe", "--cwd", str(repo))
         uid = keeper["lifecycleUid"]
         assert ask(a, "keeper", f"Remember the phrase {PHRASE}.") == f"Noted: {PHRASE}."
+        # The seat's last finished turn before the death: a commit it would have made.
+        write(repo / "late.txt", "the last turn's work\n")
+        git(repo, "add", "late.txt")
+        git(repo, "commit", "-q", "-m", "late work")
+        assert ask(a, "keeper", "What was the phrase?") == f"The phrase is {PHRASE}."
         b.run("trust", "add", signer_key(a.root), "--name", "host-a")
         b.json("spawn", "teller", "--agent", "scribe", "--allow-send", "keeper")
 
@@ -134,6 +146,16 @@ async def test_a_dead_hosts_seat_is_taken_over_from_its_standing_checkpoint(
             keeper["sessionId"],
         )
         assert processes_mentioning(uid) == [row["pid"]]
+        # Its tree as at its last finished turn: the incremental standing checkpoint's commit on
+        # top of its base's history.
+        there = Path(row["cwd"])
+        assert there.is_relative_to(b.root)
+        assert git(there, "log", "--format=%s").decode().split("\n")[:3] == [
+            "late work",
+            "history",
+            "k",
+        ]
+        assert (there / "late.txt").read_text() == "the last turn's work\n"
         now = _fleet_row(b, "keeper")
         assert (now["instance"], now["generation"], now["state"]) == (
             b.json("status")["instanceId"],
