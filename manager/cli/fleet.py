@@ -20,12 +20,11 @@ import msgspec
 
 from manager import eventloop
 from manager.cli.args import root_of
-from manager.cli.output import emit_json, format_table, say
+from manager.cli.output import age, emit_json, format_table, say
 from manager.workspace.layout import Layout
 from protocol import control
 from protocol.errors import Refusal
 from protocol.fleet import LOST, FleetRow
-from protocol.instant import parse_instant
 from protocol.mesh import MeshRecord
 from protocol.refusals import Code
 
@@ -90,23 +89,8 @@ def _asked(layout: Layout) -> list[FleetRow] | None:
 
 
 def _ago(since: str | None, now: datetime) -> str:
-    """`3d4h`, `2h05m`, `4m12s`, `9s` since an instant; `?` when it is unknown."""
-    if since is None:
-        return "?"
-    try:
-        seconds = max(0, int((now - parse_instant(since)).total_seconds()))
-    except ValueError:
-        return "?"
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
+    """How long since an instant (`output.age`); `?` when it is unknown."""
+    return age(since, now) or "?"
 
 
 def _cells(row: FleetRow, now: datetime) -> dict[str, Any]:

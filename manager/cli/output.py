@@ -8,11 +8,13 @@ import os
 import select
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from protocol.errors import Refusal
+from protocol.instant import parse_instant
 from protocol.refusals import Code
 
 EX_OK = 0
@@ -105,3 +107,24 @@ def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[tuple[s
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
+
+
+def age(since: str | None, now: datetime) -> str | None:
+    """`3d4h`, `2h05m`, `4m12s`, `9s` from an instant to `now`: the two largest units an
+    operator reads at a glance; None when the instant is missing or does not parse."""
+    if not since:
+        return None
+    try:
+        seconds = max(0, int((now - parse_instant(since)).total_seconds()))
+    except ValueError:
+        return None
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"

@@ -15,10 +15,9 @@ import msgspec
 
 from manager import eventloop, registry
 from manager.cli.args import CREDS_HELP, SPACE_HELP, Subcommands, command, root_of, subcommands
-from manager.cli.output import emit_json, format_table, progress, say
+from manager.cli.output import age, emit_json, format_table, progress, say
 from protocol import control
 from protocol.errors import Refusal
-from protocol.instant import parse_instant
 from protocol.refusals import Code
 
 A = TypeVar("A")
@@ -345,7 +344,7 @@ def run_ps(args: argparse.Namespace) -> int:
         {
             **msgspec.structs.asdict(row),
             "turn": "busy" if row.busy else ("at budget" if row.budget else "idle"),
-            "uptime": _uptime(row.started_at, now) if row.state == "running" else None,
+            "uptime": age(row.started_at, now) if row.state == "running" else None,
             "sends_to": ",".join(row.allow_send) or None,
             "subscribes": ",".join(f"#{c}" for c in row.subscribe) or None,
             "posts_to": ",".join(f"#{c}" for c in row.allow_post) or None,
@@ -378,26 +377,6 @@ def _tokens(row: control.SeatRow) -> str | None:
     if row.tokens_in is None or row.tokens_out is None:
         return None
     return f"{row.tokens_in}/{row.tokens_out}"
-
-
-def _uptime(started_at: str | None, now: datetime) -> str | None:
-    """`3d4h`, `2h05m`, `4m12s`, `9s`: the two largest units an operator reads at a glance."""
-    if not started_at:
-        return None
-    try:
-        seconds = max(0, int((now - parse_instant(started_at)).total_seconds()))
-    except ValueError:
-        return None
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 # -- send ---------------------------------------------------------------------------------------

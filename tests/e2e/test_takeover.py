@@ -19,6 +19,8 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,17 @@ def _received(cli: Cli, msg_id: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
+@contextmanager
+def _downed(*clis: Cli) -> Iterator[None]:
+    """The hosts' managers are brought down when the test ends, however it ends."""
+    try:
+        yield
+    finally:
+        for cli in clis:
+            if (cli.root / ".cotal" / "mesh.json").exists():
+                cli.run("down", check=False)
+
+
 def _kill_tree(cli: Cli) -> None:
     """The host dies: its manager and every seat process, SIGKILL, no goodbye."""
     manager = int(cli.json("status")["pid"])
@@ -95,7 +108,7 @@ async def test_a_dead_hosts_seat_is_taken_over_from_its_standing_checkpoint(
     b_ = shared_broker
     a = _root(tmp_path / "a", b_, "[failover]\nenabled = true\nafter_s = 3\n")
     b = _root(tmp_path / "b", b_)
-    try:
+    with _downed(a, b):
         repo = _seat_repo(a, "k")
         # History worth building on, so the next turn's standing checkpoint is incremental.
         noise = b"".join(hashlib.sha256(f"takeover-{i}".encode()).digest() for i in range(2048))
@@ -188,10 +201,6 @@ async def test_a_dead_hosts_seat_is_taken_over_from_its_standing_checkpoint(
         ]
         assert [(e["seat"], e["holder_now"]) for e in forgotten] == [("keeper", now["instance"])]
         assert ask(b, "keeper", "What was the phrase?") == f"The phrase is {LATER}, from teller."
-    finally:
-        for cli in (a, b):
-            if (cli.root / ".cotal" / "mesh.json").exists():
-                cli.run("down", check=False)
 
 
 async def test_a_seat_without_failover_has_no_standing_checkpoint_to_take(
@@ -200,7 +209,7 @@ async def test_a_seat_without_failover_has_no_standing_checkpoint_to_take(
     b_ = shared_broker
     a = _root(tmp_path / "a", b_)
     b = _root(tmp_path / "b", b_)
-    try:
+    with _downed(a, b):
         a.json("spawn", "plain", "--agent", "scribe", "--cwd", str(_seat_repo(a, "p")))
         assert ask(a, "plain", "Remember the phrase wren-39.") == "Noted: wren-39."
         _kill_tree(a)
@@ -208,10 +217,6 @@ async def test_a_seat_without_failover_has_no_standing_checkpoint_to_take(
         out = b.run("takeover", "plain", "--json", check=False)
         assert "has no standing checkpoint at the broker" in refused(out, "no-standing-checkpoint")
         assert b.ps() == []
-    finally:
-        for cli in (a, b):
-            if (cli.root / ".cotal" / "mesh.json").exists():
-                cli.run("down", check=False)
 
 
 async def test_two_standbys_take_a_dead_hosts_seats_each_exactly_once(
@@ -223,7 +228,7 @@ async def test_two_standbys_take_a_dead_hosts_seats_each_exactly_once(
     b_ = shared_broker
     a = _root(tmp_path / "a", b_, "[failover]\nenabled = true\nafter_s = 2\n")
     standbys = [_root(tmp_path / name, b_, "[failover]\nstandby = true\n") for name in ("s1", "s2")]
-    try:
+    with _downed(a, *standbys):
         seats = {}
         for i in range(4):
             name = f"w{i}"
@@ -255,10 +260,6 @@ async def test_two_standbys_take_a_dead_hosts_seats_each_exactly_once(
         other = standbys[1] if holder is standbys[0] else standbys[0]
         late = other.run("takeover", "w0", "--json", check=False)
         assert "still renews its lease" in refused(late, "holder-alive")
-    finally:
-        for cli in (a, *standbys):
-            if (cli.root / ".cotal" / "mesh.json").exists():
-                cli.run("down", check=False)
 
 
 async def test_two_operators_taking_one_seat_at_once_make_one_holder(
@@ -270,7 +271,7 @@ async def test_two_operators_taking_one_seat_at_once_make_one_holder(
     b_ = shared_broker
     a = _root(tmp_path / "a", b_, "[failover]\nenabled = true\nafter_s = 2\n")
     rivals = [_root(tmp_path / name, b_) for name in ("r1", "r2")]
-    try:
+    with _downed(a, *rivals):
         spawned = {n: a.json("spawn", n, "--agent", "scribe") for n in ("contested", "spare")}
         for n in spawned:
             assert ask(a, n, f"Remember the phrase {n}-39.") == f"Noted: {n}-39."
@@ -301,10 +302,6 @@ async def test_two_operators_taking_one_seat_at_once_make_one_holder(
         # The loser withdrew cleanly: it takes the other lost seat.
         rivals[loser].json("takeover", "spare")
         assert ask(rivals[loser], "spare", "What was the phrase?") == "The phrase is spare-39."
-    finally:
-        for cli in (a, *rivals):
-            if (cli.root / ".cotal" / "mesh.json").exists():
-                cli.run("down", check=False)
 
 
 @pytest.mark.killpoints
@@ -317,7 +314,7 @@ async def test_a_takeover_whose_manager_died_is_finished_by_a_rerun(
     b_ = shared_broker
     a = _root(tmp_path / "a", b_, "[failover]\nenabled = true\nafter_s = 2\n")
     b = Cli(tmp_path / "b")
-    try:
+    with _downed(a, b):
         keeper = a.json("spawn", "keeper", "--agent", "scribe", "--cwd", str(_seat_repo(a, "k")))
         assert ask(a, "keeper", f"Remember the phrase {PHRASE}.") == f"Noted: {PHRASE}."
         init_repo(b.root)
@@ -349,10 +346,6 @@ async def test_a_takeover_whose_manager_died_is_finished_by_a_rerun(
         )
         assert processes_mentioning(keeper["lifecycleUid"]) == [row["pid"]]
         assert ask(b, "keeper", "What was the phrase?") == f"The phrase is {PHRASE}."
-    finally:
-        for cli in (a, b):
-            if (cli.root / ".cotal" / "mesh.json").exists():
-                cli.run("down", check=False)
 
 
 async def test_a_frozen_host_taken_over_kills_its_seat_when_it_wakes(
@@ -365,7 +358,7 @@ async def test_a_frozen_host_taken_over_kills_its_seat_when_it_wakes(
     b_ = shared_broker
     a = _root(tmp_path / "a", b_, "[failover]\nenabled = true\nafter_s = 2\n")
     s = _root(tmp_path / "s", b_, "[failover]\nstandby = true\n")
-    try:
+    with _downed(a, s):
         keeper = a.json("spawn", "keeper", "--agent", "scribe", "--cwd", str(_seat_repo(a, "k")))
         uid = keeper["lifecycleUid"]
         assert ask(a, "keeper", f"Remember the phrase {PHRASE}.") == f"Noted: {PHRASE}."
@@ -396,7 +389,3 @@ async def test_a_frozen_host_taken_over_kills_its_seat_when_it_wakes(
         # A never runs it again.
         await anyio.lowlevel.checkpoint()
         assert processes_mentioning(uid) == [taken["pid"]]
-    finally:
-        for cli in (a, s):
-            if (cli.root / ".cotal" / "mesh.json").exists():
-                cli.run("down", check=False)
