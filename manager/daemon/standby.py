@@ -96,9 +96,11 @@ class Standby:
         while True:
             try:
                 await self._round()
-            except Refusal as exc:
-                # The broker unreadable now: the next round asks again.
-                log.warning("standby.round_failed", error=exc.text)
+            except Exception as exc:
+                # The broker unreadable now, or a takeover that failed in a way nobody named:
+                # never the manager's end; the next round asks again.
+                text = exc.text if isinstance(exc, Refusal) else repr(exc)
+                log.warning("standby.round_failed", error=text)
             await anyio.sleep(POLL_S)
 
     async def _round(self) -> None:
@@ -151,6 +153,10 @@ class Standby:
                 self._hold[uid] = None
                 return
             log.warning("standby.try_failed", seat=row.name, uid=uid, error=exc.text)
+            self._hold[uid] = time.monotonic() + RETRY_S
+            return
+        except (OSError, ValueError, TimeoutError) as exc:
+            log.warning("standby.try_failed", seat=row.name, uid=uid, error=repr(exc))
             self._hold[uid] = time.monotonic() + RETRY_S
             return
         self._gone_since.pop(uid, None)

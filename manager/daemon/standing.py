@@ -106,7 +106,9 @@ class StandingCheckpoints:
         attempt = names.mint_attempt_id()
         try:
             size = await self._take(seat, attempt)
-        except (Refusal, OSError, ValueError) as exc:
+        except Exception as exc:
+            # Whatever failed (a full disk, a broker that refused the put, a bug): the net is
+            # down for this turn, said loudly, and the seat's delivery goes on.
             text = exc.text if isinstance(exc, Refusal) else f"{type(exc).__name__}: {exc}"
             code = exc.code if isinstance(exc, Refusal) else Code.CAPTURE_FAILED
             log.error("standing.failed", seat=seat.name, uid=seat.uid, error=text)

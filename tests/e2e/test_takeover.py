@@ -37,6 +37,7 @@ from tests.helpers import (
     signer_key,
     wait_until,
 )
+from tests.partition import relay_to
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -45,7 +46,7 @@ LATER = "merlin-queued-39"
 SLOW = "harrier-inflight-39"
 
 
-def _root(path: Path, b: SharedBroker, toml: str = "") -> Cli:
+def _root(path: Path, b: SharedBroker, toml: str = "", url: str | None = None) -> Cli:
     init_repo(path)
     write(path / "README.md", "# takeover\n")
     git(path, "add", "-A")
@@ -53,7 +54,7 @@ def _root(path: Path, b: SharedBroker, toml: str = "") -> Cli:
     cli = Cli(path)
     if toml:
         (path / "cotal.toml").write_text(toml)
-    cli.run("up", "--detach", "--server", b.url, "--creds", b.creds)
+    cli.run("up", "--detach", "--server", url or b.url, "--creds", b.creds)
     return cli
 
 
@@ -389,3 +390,53 @@ async def test_a_frozen_host_taken_over_kills_its_seat_when_it_wakes(
         # A never runs it again.
         await anyio.lowlevel.checkpoint()
         assert processes_mentioning(uid) == [taken["pid"]]
+
+
+def _logged(cli: Cli, event: str, seat: str) -> list[str]:
+    """When the root's manager logged `event` for `seat`, in order (ISO instants, one clock)."""
+    log = (cli.root / ".cotal" / "logs" / "manager.log").read_text().splitlines()
+    return [
+        e["timestamp"]
+        for e in map(json.loads, log)
+        if e.get("event") == event and e.get("seat") == seat
+    ]
+
+
+async def test_a_partitioned_host_kills_its_seat_before_the_standby_runs_it(
+    tmp_path: Path, shared_broker: SharedBroker
+) -> None:
+    """Host A reaches the broker through a link that is then cut (tests/partition.py): A keeps
+    running but hears nothing. Its manager kills its failover seat `after_s` after its last
+    renewal; the standby, which still reaches the broker, claims the seat only after that kill.
+    Once the link heals, A reconnects, finds the custody moved, and runs nothing."""
+    b_ = shared_broker
+    with relay_to(int(b_.url.rsplit(":", 1)[1])) as link:
+        a = _root(tmp_path / "a", b_, "[failover]\nenabled = true\nafter_s = 3\n", url=link.url)
+        s = _root(tmp_path / "s", b_, "[failover]\nstandby = true\n")
+        with _downed(a, s):
+            keeper = a.json(
+                "spawn", "keeper", "--agent", "scribe", "--cwd", str(_seat_repo(a, "k"))
+            )
+            uid = keeper["lifecycleUid"]
+            assert ask(a, "keeper", f"Remember the phrase {PHRASE}.") == f"Noted: {PHRASE}."
+            s.run("trust", "add", signer_key(a.root), "--name", "host-a")
+
+            link.cut()
+            await wait_until(
+                lambda: [r["state"] for r in s.ps() if r["name"] == "keeper"] == ["running"],
+                timeout=90,
+                every=0.5,
+            )
+            [killed] = _logged(a, "failover.seat_killed", "keeper")
+            [claimed] = _logged(s, "custody.claimed", "keeper")
+            assert killed < claimed, (killed, claimed)
+            [row] = [r for r in s.ps() if r["name"] == "keeper"]
+            assert processes_mentioning(uid) == [row["pid"]]
+            assert ask(s, "keeper", "What was the phrase?") == f"The phrase is {PHRASE}."
+
+            link.heal()
+            await wait_until(
+                lambda: _logged(a, "failover.custody_lost", "keeper") != [], timeout=60
+            )
+            assert [r["state"] for r in a.ps() if r["name"] == "keeper"] in ([], ["stopped"])
+            assert processes_mentioning(uid) == [row["pid"]]
