@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -398,14 +399,16 @@ def _leases(snap: Snapshot) -> dict[str, _Lease]:
 def _standby_order(leases: dict[str, _Lease], rows: list[FleetRow]) -> list[str]:
     """The live standbys, the one that takes a lost seat first (the most free seats, then the
     lowest instance id, as `manager/daemon/standby.py` ranks itself) first."""
-    held: dict[str, int] = {}
-    for row in rows:
-        if row.instance is not None:
-            held[row.instance] = held.get(row.instance, 0) + 1
+    held = _held(rows)
     return sorted(
         (i for i, lease in leases.items() if lease.standby and lease.error is None),
-        key=lambda i: (held.get(i, 0), i),
+        key=lambda i: (held[i], i),
     )
+
+
+def _held(rows: list[FleetRow]) -> Counter[str]:
+    """How many seat lifecycles each instance holds custody of."""
+    return Counter(row.instance for row in rows if row.instance is not None)
 
 
 def takeover_hint(row_name: str, instance: str | None, standbys: list[str]) -> str:
@@ -582,13 +585,11 @@ def _state(
     return _unleased(custody, mark, claimed_at)
 
 
-def load(snap: Snapshot) -> dict[str, int]:
-    """Each manager with a live, readable lease, and how many seat lifecycles it holds."""
-    held = {instance: 0 for instance, lease in _leases(snap).items() if lease.error is None}
-    for row in join(snap):
-        if row.instance in held:
-            held[row.instance] += 1
-    return held
+def load(snap: Snapshot, rows: list[FleetRow] | None = None) -> dict[str, int]:
+    """Each manager with a live, readable lease, and how many seat lifecycles it holds;
+    `rows` is `join(snap)` when the caller has it already."""
+    held = _held(rows if rows is not None else join(snap))
+    return {i: held[i] for i, lease in _leases(snap).items() if lease.error is None}
 
 
 def join(snap: Snapshot) -> list[FleetRow]:

@@ -416,7 +416,7 @@ class Mover:
         attempt = offer.attempt_id
         log.info("move.adopting", attempt=attempt, source=offer.source)
         try:
-            out = await self._restore(Path(path), attempt, "move")
+            out = await self._restore(Path(path), attempt, "move.progress")
         except Refusal as exc:
             code, message = exc.code, exc.text
         except Exception as exc:
@@ -436,19 +436,22 @@ class Mover:
         log.warning("move.refused", attempt=attempt, code=code, claimed=claimed)
         return move.MoveAnswer(ok=False, code=code, message=message, claimed=claimed)
 
-    async def restore_here(self, path: Path, attempt: str, *, what: str) -> RestoreResult:
+    async def restore_here(
+        self, path: Path, attempt: str, *, seat: str, progress: str
+    ) -> RestoreResult:
         """A checkpoint file this manager fetched itself (a takeover's standing checkpoint) run
         through the same restore as an offer, one at a time with the offers; its refusal is
         raised as it is."""
         async with self._offers:
-            log.info("restore_here.adopting", attempt=attempt, what=what)
-            return await self._restore(path, attempt, what)
+            log.info("restore_here.adopting", attempt=attempt, seat=seat)
+            return await self._restore(path, attempt, progress)
 
-    async def _restore(self, path: Path, attempt: str, what: str) -> RestoreResult:
+    async def _restore(self, path: Path, attempt: str, progress: str) -> RestoreResult:
+        """The restore coordinator on `path`, each line it says logged as `progress`."""
         req = RestoreRequest(restore=str(path), space=self.mgr.space)
 
         def said(text: str) -> None:
-            log.info(f"{what.split()[0]}.progress", attempt=attempt, line=text)
+            log.info(progress, attempt=attempt, line=text)
 
         with anyio.fail_after(ADOPT_TIMEOUT_S), reporting(said):
             return await restore.restore(

@@ -143,14 +143,12 @@ class Preservation:
         self, attempt: str, *, only: frozenset[str] = frozenset()
     ) -> tuple[Inventory, ResumeDescriptor]:
         """Build and check the inventory and persist the resume document; stops nothing."""
-        inventory = self._build_inventory(attempt, only)
-        failures = self._reference_failures(inventory)
-        if failures:
-            raise Refusal(
-                Code.PRESERVATION_REFUSED,
-                "preservation incomplete: " + "; ".join(failures),
-                "fix what each seat names, then cut again; nothing was stopped",
-            )
+        inventory = self._checked_inventory(
+            attempt,
+            only,
+            "preservation incomplete",
+            "fix what each seat names, then cut again; nothing was stopped",
+        )
         # A cut that cannot resume must fail here, before any child stops.
         parse_resume_args(attempt, encode_inventory(inventory), space=self.mgr.space)
         jobs = concurrency.limiter()
@@ -247,14 +245,20 @@ class Preservation:
     def inventory_of(self, attempt: str, only: frozenset[str]) -> Inventory:
         """The resume inventory of these seats as a cut would plan it, checked by the same
         rules; for a capture that is not a cut (a standing checkpoint), which stops nothing."""
+        return self._checked_inventory(
+            attempt,
+            only,
+            "capture refused",
+            "fix what each seat names; the next turn's end captures it again",
+        )
+
+    def _checked_inventory(
+        self, attempt: str, only: frozenset[str], refused: str, cure: str
+    ) -> Inventory:
         inventory = self._build_inventory(attempt, only)
         failures = self._reference_failures(inventory)
         if failures:
-            raise Refusal(
-                Code.PRESERVATION_REFUSED,
-                "capture refused: " + "; ".join(failures),
-                "fix what each seat names; the next turn's end captures it again",
-            )
+            raise Refusal(Code.PRESERVATION_REFUSED, f"{refused}: " + "; ".join(failures), cure)
         return inventory
 
     def _build_inventory(self, attempt: str, only: frozenset[str] = frozenset()) -> Inventory:

@@ -115,7 +115,7 @@ class Standby:
             self._gone_since.setdefault(uid, now)
         if not lost:
             return
-        delay = self._rank(fleet.load(snap)) * STAGGER_S
+        delay = self._rank(fleet.load(snap, rows)) * STAGGER_S
         for uid, row in sorted(lost.items(), key=lambda item: item[1].name):
             hold = self._hold.get(uid, 0.0)
             if hold is None or now < hold or now < self._gone_since[uid] + delay:

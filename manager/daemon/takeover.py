@@ -134,10 +134,7 @@ class Takeover:
         if meta.base is not None:
             await self._fetch_base(row, meta)
         path = await self._fetch(row, meta)
-        try:
-            await mgr.mover.restore_here(path, meta.attempt_id, what=f"takeover of {name}")
-        finally:
-            path.unlink(missing_ok=True)
+        await self._restore(path, meta.attempt_id, name, row.lifecycle_uid)
         if meta.base is not None:
             # Unbundled into the seat's tree by the restore: the base is needed no more.
             await anyio.to_thread.run_sync(
@@ -145,9 +142,6 @@ class Takeover:
                     shutil.rmtree, mgr.layout.incoming / meta.base, ignore_errors=True
                 )
             )
-        mgr.events.emit(
-            "seat.taken_over", name, row.lifecycle_uid, EventDetail(attempt_id=meta.attempt_id)
-        )
         log.info("takeover.done", seat=name, uid=row.lifecycle_uid, holder=row.instance)
         return control.TakenSeat(
             name=name,
@@ -178,12 +172,8 @@ class Takeover:
             return None
         uid = agents[name].identity.lifecycle_uid
         log.warning("takeover.continuing", seat=name, uid=uid, attempt=record.attempt_id)
-        try:
-            await mgr.mover.restore_here(path, record.attempt_id, what=f"takeover of {name}")
-        finally:
-            path.unlink(missing_ok=True)
+        await self._restore(path, record.attempt_id, name, uid)
         generation = agents[name].generation
-        mgr.events.emit("seat.taken_over", name, uid, EventDetail(attempt_id=record.attempt_id))
         return control.TakenSeat(
             name=name,
             lifecycle_uid=uid,
@@ -193,6 +183,16 @@ class Takeover:
             captured_at=inventory.created_at,
             waited_s=0.0,
         )
+
+    async def _restore(self, path: Path, attempt: str, name: str, uid: str) -> None:
+        """The fetched standing checkpoint through the move destination's restore, here; the
+        file goes once the restore is done with it, whatever its end."""
+        mgr = self.mgr
+        try:
+            await mgr.mover.restore_here(path, attempt, seat=name, progress="takeover.progress")
+        finally:
+            path.unlink(missing_ok=True)
+        mgr.events.emit("seat.taken_over", name, uid, EventDetail(attempt_id=attempt))
 
     async def _lost_row(self, name: str, from_instance: str | None) -> FleetRow:
         """The seat's roster row, held by a manager other than this one whose lease is gone."""
@@ -241,28 +241,20 @@ class Takeover:
     async def _standing(self, row: FleetRow) -> StandingMeta:
         """The description of the seat's standing checkpoint, proven to be its holder's own at
         the generation custody records now."""
-        mgr = self.mgr
-        obj = names.standing_object(row.name, row.lifecycle_uid)
         try:
-            store = await riding_elections(
-                "standing bucket",
-                functools.partial(mgr.js.object_store, names.standing_bucket(mgr.space)),
-            )
-            info = await riding_elections(f"standing {obj}", functools.partial(store.get_info, obj))
-        except (BucketNotFoundError, NotFoundError):
-            raise Refusal(
-                Code.NO_STANDING_CHECKPOINT,
-                f"{row.name} (uid {row.lifecycle_uid}) has no standing checkpoint at the broker",
-                Code.NO_STANDING_CHECKPOINT.cure,
-            ) from None
-        try:
-            meta = decode_standing_meta(info.description or "")
+            meta = await self._described(names.standing_object(row.name, row.lifecycle_uid))
         except DecodeError as exc:
             raise Refusal(
                 Code.STANDING_STALE,
                 f"{row.name}'s standing checkpoint does not say whose it is: {exc.text}",
                 "nothing of it is used; take the seat from its last cut (`cotal up --restore`)",
             ) from None
+        if meta is None:
+            raise Refusal(
+                Code.NO_STANDING_CHECKPOINT,
+                f"{row.name} (uid {row.lifecycle_uid}) has no standing checkpoint at the broker",
+                Code.NO_STANDING_CHECKPOINT.cure,
+            )
         if meta.instance != row.instance or meta.generation != row.generation:
             raise Refusal(
                 Code.STANDING_STALE,
@@ -271,6 +263,20 @@ class Takeover:
                 Code.STANDING_STALE.cure,
             )
         return meta
+
+    async def _described(self, obj: str) -> StandingMeta | None:
+        """What an object of the standing bucket says of itself; None when the bucket or the
+        object is not there. A description that does not decode raises `DecodeError`."""
+        mgr = self.mgr
+        try:
+            store = await riding_elections(
+                "standing bucket",
+                functools.partial(mgr.js.object_store, names.standing_bucket(mgr.space)),
+            )
+            info = await riding_elections(f"standing {obj}", functools.partial(store.get_info, obj))
+        except (BucketNotFoundError, NotFoundError):
+            return None
+        return decode_standing_meta(info.description or "")
 
     async def _wait_out_fence(self, holder: str, after_s: float, began: float) -> None:
         deadline = began + fence_wait_s(after_s)
@@ -306,15 +312,8 @@ class Takeover:
         mgr = self.mgr
         name = names.standing_base_object(row.name, row.lifecycle_uid)
         try:
-            store = await riding_elections(
-                "standing bucket",
-                functools.partial(mgr.js.object_store, names.standing_bucket(mgr.space)),
-            )
-            info = await riding_elections(
-                f"standing {name}", functools.partial(store.get_info, name)
-            )
-            got = decode_standing_meta(info.description or "")
-        except (BucketNotFoundError, NotFoundError, DecodeError):
+            got = await self._described(name)
+        except DecodeError:
             got = None
         if got is None or got.attempt_id != meta.base or got.instance != meta.instance:
             raise Refusal(
