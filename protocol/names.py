@@ -298,6 +298,19 @@ def chathist_durable(owner: str, actor: str, uid: str, channel: str) -> str:
     return f"chathist_{owner}-{actor}-{check_lifecycle_uid(uid)}-{check_seat_name(channel)}"
 
 
+def dead_stream(space: str) -> str:
+    """The space's dead letters (manager/broker/deadletter.py), one subject per seat lifecycle."""
+    return f"DEAD_{check_space(space)}"
+
+
+def dead_subjects(space: str) -> str:
+    return f"{subject_prefix(space)}.dead.>"
+
+
+def dead_subject(space: str, owner: str, actor: str, uid: str) -> str:
+    return f"{subject_prefix(space)}.dead.{owner}.{actor}.{check_lifecycle_uid(uid)}"
+
+
 def presence_bucket(space: str) -> str:
     return f"cotal_presence_{check_space(space)}"
 
@@ -313,6 +326,11 @@ def custody_bucket(space: str) -> str:
 def sent_bucket(space: str) -> str:
     """The space's sent ledger (manager/broker/sent.py): the ids its seats sent and posted."""
     return f"cotal_sent_{check_space(space)}"
+
+
+def sent_key(uid: str, msg_id: str) -> str:
+    """One id a seat lifecycle sent or posted, in `sent_bucket`."""
+    return f"{check_lifecycle_uid(uid)}.{msg_id}"
 
 
 def presence_key(owner: str, actor: str, uid: str) -> str:

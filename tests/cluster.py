@@ -135,11 +135,13 @@ class Cluster:
 
     async def _wait_placeable(self) -> None:
         live = [n for n in self.nodes if n.name in self.procs]
+        # Under grants no host may delete a stream; the keeper's own user may.
+        seed = str(broker_grants.keeper_seed(self.grants_dir)) if self.grants else self.creds
         while True:
             try:
                 nc = await nats.connect(
                     live[0].client_url,
-                    nkeys_seed=self.creds,
+                    nkeys_seed=seed,
                     connect_timeout=1,
                     allow_reconnect=False,
                 )

@@ -40,16 +40,9 @@ DEAD_PER_SEAT = 10_000
 LIST_MAX = 1000
 
 
-def dead_stream(space: str) -> str:
-    return f"DEAD_{names.check_space(space)}"
-
-
-def dead_subjects(space: str) -> str:
-    return f"{names.subject_prefix(space)}.dead.>"
-
-
-def dead_subject(space: str, owner: str, actor: str, uid: str) -> str:
-    return f"{names.subject_prefix(space)}.dead.{owner}.{actor}.{names.check_lifecycle_uid(uid)}"
+dead_stream = names.dead_stream
+dead_subjects = names.dead_subjects
+dead_subject = names.dead_subject
 
 
 async def last_id(js: JetStreamContext, space: str) -> int:

@@ -241,6 +241,47 @@ def seat_publish(space: str, seat: str) -> list[str]:
     ]
 
 
+# JetStream's verbs that destroy what every seat shares: cotal deletes no stream and removes no
+# server, so no host needs them, and one that could would take every seat's inbox with it.
+DESTRUCTIVE = [
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.ACCOUNT.PURGE.>",
+    "$JS.API.SERVER.REMOVE",
+    "$JS.API.STREAM.PEER.REMOVE.>",
+]
+
+
+def lifecycle_private(space: str, seat: str, uid: str) -> list[str]:
+    """What only the holder of one seat lifecycle may touch in JetStream: its inbox durable
+    (made, pulled, acknowledged, paused, reset, deleted), its presence, its sent ledger and its
+    dead letters. Every other host is denied them, and a deny outranks every allow."""
+    owner = names.SEAT_OWNER
+    stream, durable = names.dm_stream(space), names.dm_durable(owner, seat, uid)
+    api = "$JS.API.CONSUMER"
+    return [
+        f"{api}.CREATE.{stream}.{durable}",
+        f"{api}.CREATE.{stream}.{durable}.>",
+        f"{api}.DURABLE.CREATE.{stream}.{durable}",
+        f"{api}.DELETE.{stream}.{durable}",
+        f"{api}.MSG.NEXT.{stream}.{durable}",
+        f"{api}.PAUSE.{stream}.{durable}",
+        f"{api}.RESET.{stream}.{durable}",
+        f"{api}.UNPIN.{stream}.{durable}",
+        f"$JS.ACK.{stream}.{durable}.>",
+        f"$KV.{names.presence_bucket(space)}.{names.presence_key(owner, seat, uid)}",
+        f"$KV.{names.sent_bucket(space)}.{names.check_lifecycle_uid(uid)}.>",
+        names.dead_subject(space, owner, seat, uid),
+    ]
+
+
+def instance_private(space: str, instance: str) -> list[str]:
+    """A manager instance's own keys: its lease and its up/down mark."""
+    return [
+        f"$KV.{names.manager_bucket(space)}.{names.lease_key(instance)}",
+        f"$KV.{names.custody_bucket(space)}.{names.manager_mark_key(instance)}",
+    ]
+
+
 def _permissions(allow: list[str], deny: list[str]) -> str:
     publish = f"allow: {json.dumps(allow)}"
     if deny:
@@ -249,26 +290,51 @@ def _permissions(allow: list[str], deny: list[str]) -> str:
     return f'permissions: {{ publish: {{ {publish} }}, subscribe: {{ deny: ["$SYS.>"] }} }}'
 
 
+Lifecycle = tuple[str, str, str]
+"""(holder, seat, lifecycle uid): one custody record."""
+
+
+def _host_deny(
+    spaces: list[str],
+    mine: set[str],
+    others: set[str],
+    lifecycles: Mapping[str, Iterable[Lifecycle]],
+) -> list[str]:
+    deny = [f"$KV.{grants_bucket(s)}.>" for s in spaces] + DESTRUCTIVE
+    for space in spaces:
+        for holder, seat, uid in sorted(lifecycles.get(space, ())):
+            if holder not in mine:
+                deny += lifecycle_private(space, seat, uid)
+        for instance in sorted(others - mine):
+            deny += instance_private(space, instance)
+    return deny
+
+
 def render_auth(
     keeper_pub: str,
     probe: str,
     hosts: Iterable[Host],
     held: Mapping[str, Mapping[str, Mapping[str, int]]],
+    lifecycles: Mapping[str, Iterable[Lifecycle]] | None = None,
 ) -> str:
     """The `authorization` block: the keeper's user, and each host's user with the common
-    subjects and its seats'. `held` is space -> holder -> seat -> generation; the probe
-    subject lets the keeper see that the broker runs this very text."""
-    spaces = sorted(held)
+    subjects and its seats'. `held` is space -> holder -> seat -> generation, `lifecycles`
+    space -> the custody records behind it (each denied to every host but its holder's); the
+    probe subject lets the keeper see that the broker runs this very text."""
+    spaces, hosts = sorted(held), list(hosts)
+    records = {s: list(v) for s, v in (lifecycles or {}).items()}
     keeper = ["$JS.>", "$KV.>", "_INBOX.>", f"{PROBE_PREFIX}.{probe}"]
     users = [f"    {{ nkey: {json.dumps(keeper_pub)}, {_permissions(keeper, [])} }}"]
-    deny = [f"$KV.{grants_bucket(s)}.>" for s in spaces]
+    by_host = {h.name: holders_of(h, spaces) for h in hosts}
+    registered = set().union(*by_host.values()) if by_host else set()
     for host in sorted(hosts, key=lambda h: h.name):
-        mine = holders_of(host, spaces)
+        mine = by_host[host.name]
         allow = common_publish()
         for space in spaces:
             for holder in sorted(mine):
                 for seat in sorted(held[space].get(holder, {})):
                     allow += seat_publish(space, seat)
+        deny = _host_deny(spaces, mine, registered, records)
         users.append(f"    {{ nkey: {json.dumps(host.nkey)}, {_permissions(allow, deny)} }}")
     return "\n".join(["authorization {", "  users = [", *users, "  ]", "}", ""])
 

@@ -73,6 +73,13 @@ class Keeper:
                 seats[seat] = max(generation, seats.get(seat, -1))
         return out
 
+    def lifecycles(self) -> dict[str, list[grants.Lifecycle]]:
+        """Each space's custody records as (holder, seat, uid): the key is `local.<seat>.<uid>`."""
+        return {
+            space: [(holder, seat, key.split(".")[2]) for key, (holder, seat, _) in recs.items()]
+            for space, recs in self.records.items()
+        }
+
     def note(self, space: str, entry: KeyValue.Entry) -> None:
         parts = entry.key.split(".")
         if len(parts) != 3 or parts[0] != names.SEAT_OWNER:
@@ -91,11 +98,12 @@ class Keeper:
     async def apply(self) -> None:
         """Render, reload and prove, then publish each holder's grant."""
         hosts = grants.read_hosts(self.gdir).hosts
-        held = self.held()
-        body = grants.render_auth(self.keeper_pub, "-", hosts, held)
+        held, lifecycles = self.held(), self.lifecycles()
+        body = grants.render_auth(self.keeper_pub, "-", hosts, held, lifecycles)
         if body != self.applied_body:
             probe = secrets.token_hex(8)
-            grants.write_auth(self.gdir, grants.render_auth(self.keeper_pub, probe, hosts, held))
+            text = grants.render_auth(self.keeper_pub, probe, hosts, held, lifecycles)
+            grants.write_auth(self.gdir, text)
             await self.reload(f"{grants.PROBE_PREFIX}.{probe}")
             self.applied_body = body
             log.info("grants.applied", holders={s: sorted(h) for s, h in held.items()})

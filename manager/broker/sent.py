@@ -43,8 +43,7 @@ log = structlog.get_logger("cotal.sent")
 VALUE_CAP = 256
 
 
-def key(uid: str, msg_id: str) -> str:
-    return f"{names.check_lifecycle_uid(uid)}.{msg_id}"
+key = names.sent_key
 
 
 async def ensure_ledger(

@@ -28,13 +28,13 @@ import anyio
 import nats
 import pytest
 from nats.aio.client import Client
-from nats.js import JetStreamContext
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 from manager.broker import custody, grants
 from manager.broker.embedded import start_embedded, stop_embedded
 from manager.broker.fence import WriterFence
-from manager.broker.footprint import ensure_dm_stream
+from manager.broker.footprint import ensure_dm_stream, ensure_kv
 from protocol import names
 from protocol.errors import Refusal
 from tests.cluster import Cluster
@@ -94,9 +94,10 @@ class Host:
         violation; and nothing of it stored."""
         await self.nc.publish(subject, b"stale write")
         await self.nc.flush()
-        want = f'permissions violation for publish to "{subject}"'
+        # nats-py hands the server's -ERR text on lowercased.
+        want = f'permissions violation for publish to "{subject}"'.lower()
         with anyio.fail_after(WAIT_S):
-            while not any(want in e for e in self.errors):
+            while not any(want in e.lower() for e in self.errors):
                 await self.changed.wait()
         try:
             last = await self.js.get_last_msg(names.dm_stream(SPACE), subject)
@@ -216,6 +217,75 @@ async def test_a_host_writes_as_its_own_seats_only(
     assert await _connect_refused(granted_broker.url, str(kept))
 
 
+def _durable_api(seat: str, uid: str, verb: str) -> str:
+    durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
+    return f"$JS.API.CONSUMER.{verb}.{names.dm_stream(SPACE)}.{durable}"
+
+
+async def _make_durable(h: Host, seat: str, uid: str) -> None:
+    config = api.ConsumerConfig(
+        durable_name=names.dm_durable(names.SEAT_OWNER, seat, uid),
+        filter_subject=names.dm_filter(SPACE, names.SEAT_OWNER, seat),
+        ack_policy=api.AckPolicy.EXPLICIT,
+    )
+    await h.js.add_consumer(names.dm_stream(SPACE), config)
+
+
+async def _pulled(h: Host, seat: str, uid: str) -> bytes:
+    durable = names.dm_durable(names.SEAT_OWNER, seat, uid)
+    sub = await h.js.pull_subscribe_bind(durable=durable, stream=names.dm_stream(SPACE))
+    try:
+        [msg] = await sub.fetch(1, timeout=WAIT_S)
+        await msg.ack_sync()
+        return msg.data
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_another_hosts_inbox_durable_presence_and_lease_are_the_brokers_to_refuse(
+    granted_broker: GrantedBroker,
+) -> None:
+    """Beyond writes as a seat: only the holder of a lifecycle may pull from, acknowledge,
+    make, pause or delete its inbox durable, or write its presence, sent ledger or dead
+    letters; only a manager may write its own lease; no host may delete a stream."""
+    a_id, b_id = names.mint_instance_id(), names.mint_instance_id()
+    a_creds = granted_broker.add_host("durablea", [a_id])
+    b_creds = granted_broker.add_host("durableb", [b_id])
+    async with (
+        host(granted_broker.url, a_creds, a_id) as a,
+        host(granted_broker.url, b_creds, b_id) as b,
+    ):
+        await ensure_dm_stream(a.js, SPACE)
+        uid = names.mint_lifecycle_uid()
+        await _take(a, "inboxed", uid)
+        await _make_durable(a, "inboxed", uid)
+        await a.lands(_into("inboxed"))
+        durable = names.dm_durable(names.SEAT_OWNER, "inboxed", uid)
+        stream = names.dm_stream(SPACE)
+        for subject in [
+            _durable_api("inboxed", uid, "MSG.NEXT"),
+            _durable_api("inboxed", uid, "DELETE"),
+            _durable_api("inboxed", uid, "CREATE"),
+            _durable_api("inboxed", uid, "DURABLE.CREATE"),
+            f"$JS.ACK.{stream}.{durable}.1.1.1.1.0",
+            f"$KV.{names.presence_bucket(SPACE)}.{names.presence_key('local', 'inboxed', uid)}",
+            f"$KV.{names.sent_bucket(SPACE)}.{names.sent_key(uid, '9' * 32)}",
+            names.dead_subject(SPACE, names.SEAT_OWNER, "inboxed", uid),
+            f"$KV.{names.manager_bucket(SPACE)}.{names.lease_key(a_id)}",
+            f"$KV.{names.custody_bucket(SPACE)}.{names.manager_mark_key(a_id)}",
+            f"$JS.API.STREAM.DELETE.{stream}",
+        ]:
+            await b.refused(subject)
+        # The durable is whole: the holder pulls the one message and acknowledges it.
+        assert await _pulled(a, "inboxed", uid) == b"holder's write"
+        info = await a.js.consumer_info(stream, durable)
+        assert (info.num_pending, info.num_ack_pending) == (0, 0)
+        # The holder's own lease is its to write.
+        kv = await ensure_kv(a.js, names.manager_bucket(SPACE), ttl=None)
+        assert await kv.put(names.lease_key(a_id), b"{}")
+        await a.refused(f"$KV.{names.manager_bucket(SPACE)}.{names.lease_key(b_id)}")
+
+
 async def _connect_refused(url: str, creds: str) -> bool:
     said: list[str] = []
 
@@ -237,13 +307,16 @@ async def _transfer_revokes(a: Host, b: Host, *, replicas: int) -> None:
     await _take(a, "mover", moving, replicas=replicas)
     await _take(a, "stayer", staying, replicas=replicas)
     await a.lands(_as("mover"))
+    await _make_durable(a, "mover", moving)
     await _move(a, b, "mover", moving, replicas=replicas)
-    # The old holder, no header at all: refused as the seat and into its inbox.
+    # The old holder, no header at all: refused as the seat, into its inbox, and at its durable.
     await a.refused(_as("mover"))
     await a.refused(_into("mover"))
+    await a.refused(_durable_api("mover", moving, "MSG.NEXT"))
     # The new holder writes; the old one's connection is still up for the seat it kept.
     await b.lands(_as("mover"))
     await b.lands(_into("mover"))
+    assert await _pulled(b, "mover", moving) == b"holder's write"
     assert a.nc.is_connected
     await a.lands(_as("stayer"))
     # And back: the grant follows custody again.
