@@ -259,11 +259,17 @@ class _LoggingServer:
 
     port: int
     log: Path
+    host: str = "127.0.0.1"
 
     def _logged(self) -> list[dict[str, Any]]:
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+    def peers(self) -> list[str]:
+        """The address each logged request came from, in the log's order."""
+        path = Path(f"{self.log}.peers")
+        return path.read_text().splitlines() if path.exists() else []
 
 
 @dataclass
@@ -272,7 +278,7 @@ class FakeServer(_LoggingServer):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     def requests(self) -> list[dict[str, Any]]:
         return self._logged()
@@ -293,7 +299,7 @@ class AnthropicServer(_LoggingServer):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def records(self) -> list[dict[str, Any]]:
         return self._logged()
@@ -323,10 +329,13 @@ S = TypeVar("S")
 
 
 def start_fake_server(
-    script: Path, log: Path, server: Callable[[int, Path], S] = FakeServer
-) -> Iterator[S]:  # type: ignore[assignment]
+    script: Path,
+    log: Path,
+    server: Callable[[int, Path, str], S] = FakeServer,  # type: ignore[assignment]
+    host: str = "127.0.0.1",
+) -> Iterator[S]:
     proc = subprocess.Popen(
-        [sys.executable, str(script), "--port", "0", "--log", str(log)],
+        [sys.executable, str(script), "--port", "0", "--log", str(log), "--host", host],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -338,7 +347,7 @@ def start_fake_server(
         # No line at all: the server is gone, and its stderr says why.
         why = proc.stderr.read() if not line and proc.stderr else ""
         assert line.strip().isdigit(), f"fake server did not print its port: {line!r} {why}"
-        yield server(int(line), log)
+        yield server(int(line), log, host)
     finally:
         proc.terminate()
         try:

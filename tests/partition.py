@@ -20,9 +20,10 @@ CHUNK = 65536
 
 
 class Relay:
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, listen: str = "127.0.0.1") -> None:
         self.target = ("127.0.0.1", target_port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server((listen, 0))
+        self.host = listen
         self.port: int = self._listener.getsockname()[1]
         self._open = threading.Event()
         self._open.set()
@@ -34,7 +35,7 @@ class Relay:
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     def cut(self) -> None:
         self._open.clear()
@@ -101,8 +102,8 @@ class Relay:
 
 
 @contextmanager
-def relay_to(port: int) -> Iterator[Relay]:
-    relay = Relay(port)
+def relay_to(port: int, listen: str = "127.0.0.1") -> Iterator[Relay]:
+    relay = Relay(port, listen)
     try:
         yield relay
     finally:

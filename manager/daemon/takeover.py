@@ -114,7 +114,6 @@ class Takeover:
     ) -> control.TakenSeat:
         """One seat; `seen_gone_at` is when this manager first saw its holder's lease gone (a
         standby watching), else now: the self-fence wait counts from it."""
-        mgr = self.mgr
         begun = await self._finish_begun(name)
         if begun is not None:
             return begun
@@ -135,13 +134,7 @@ class Takeover:
             await self._fetch_base(row, meta)
         path = await self._fetch(row, meta)
         await self._restore(path, meta.attempt_id, name, row.lifecycle_uid)
-        if meta.base is not None:
-            # Unbundled into the seat's tree by the restore: the base is needed no more.
-            await anyio.to_thread.run_sync(
-                functools.partial(
-                    shutil.rmtree, mgr.layout.incoming / meta.base, ignore_errors=True
-                )
-            )
+        await self._drop_base(meta.base)
         log.info("takeover.done", seat=name, uid=row.lifecycle_uid, holder=row.instance)
         return control.TakenSeat(
             name=name,
@@ -173,6 +166,11 @@ class Takeover:
         uid = agents[name].identity.lifecycle_uid
         log.warning("takeover.continuing", seat=name, uid=uid, attempt=record.attempt_id)
         await self._restore(path, record.attempt_id, name, uid)
+        try:
+            meta = await self._described(names.standing_object(name, uid))
+        except DecodeError:
+            meta = None
+        await self._drop_base(meta.base if meta is not None else None)
         generation = agents[name].generation
         return control.TakenSeat(
             name=name,
@@ -193,6 +191,15 @@ class Takeover:
         finally:
             path.unlink(missing_ok=True)
         mgr.events.emit("seat.taken_over", name, uid, EventDetail(attempt_id=attempt))
+
+    async def _drop_base(self, base: str | None) -> None:
+        """The unpacked base a standing checkpoint built on: the restore unbundled it into the
+        seat's tree, so it is needed no more (a rerun after a crash drops it too)."""
+        if base is not None:
+            where = self.mgr.layout.incoming / names.check_attempt_id(base)
+            await anyio.to_thread.run_sync(
+                functools.partial(shutil.rmtree, where, ignore_errors=True)
+            )
 
     async def _lost_row(self, name: str, from_instance: str | None) -> FleetRow:
         """The seat's roster row, held by a manager other than this one whose lease is gone."""

@@ -14,10 +14,12 @@ checkpoint. Two roots on one standalone broker: `a` with `[failover] enabled, af
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +30,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from tests.conftest import Cli, SharedBroker
+from manager.workspace.layout import Layout
+from tests.conftest import PI_CLI, REPO, Cli, SharedBroker, cotal_env, start_fake_server
 from tests.gitrepo import git, init_repo, write
 from tests.helpers import (
     ask,
@@ -37,6 +40,7 @@ from tests.helpers import (
     signer_key,
     wait_until,
 )
+from tests.netns import host_namespace
 from tests.partition import relay_to
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
@@ -318,6 +322,8 @@ async def test_a_takeover_whose_manager_died_is_finished_by_a_rerun(
     with _downed(a, b):
         keeper = a.json("spawn", "keeper", "--agent", "scribe", "--cwd", str(_seat_repo(a, "k")))
         assert ask(a, "keeper", f"Remember the phrase {PHRASE}.") == f"Noted: {PHRASE}."
+        # A second turn: its standing checkpoint builds on the first one's base.
+        assert ask(a, "keeper", "What was the phrase?") == f"The phrase is {PHRASE}."
         init_repo(b.root)
         write(b.root / "README.md", "# b\n")
         git(b.root, "add", "-A")
@@ -347,6 +353,9 @@ async def test_a_takeover_whose_manager_died_is_finished_by_a_rerun(
         )
         assert processes_mentioning(keeper["lifecycleUid"]) == [row["pid"]]
         assert ask(b, "keeper", "What was the phrase?") == f"The phrase is {PHRASE}."
+        # Nothing fetched is left behind: the standing checkpoint and the base it built on.
+        incoming = Layout.at(b.root).incoming
+        assert not incoming.exists() or list(incoming.iterdir()) == []
 
 
 async def test_a_frozen_host_taken_over_kills_its_seat_when_it_wakes(
@@ -448,3 +457,87 @@ async def test_a_partitioned_host_kills_its_seat_before_the_standby_runs_it(
             states = [r["state"] for r in a.ps() if r["name"] == "keeper"]
             assert states in ([], ["stopped"], ["evicted"]), states
             assert processes_mentioning(uid) == [row["pid"]]
+
+
+@pytest.mark.pi
+@pytest.mark.skipif(not PI_CLI.is_file(), reason="pi is not installed (make harnesses)")
+async def test_a_host_in_its_own_network_namespace_cut_off_never_writes_after_the_standby(
+    tmp_path: Path, shared_broker: SharedBroker
+) -> None:
+    """Host A is a network namespace (tests/netns.py): its manager and its real pi seat reach
+    the broker and the fake model only over one veth link, and the link then goes down at
+    A's far end. The model server logs the address of every request: no request from A's
+    namespace comes after the standby's first, A's manager killed its seat before the standby
+    claimed it, and once the link is back A runs nothing and asks the model nothing."""
+    broker_port = int(shared_broker.url.rsplit(":", 1)[1])
+    with (
+        host_namespace() as ns,
+        relay_to(broker_port, listen=ns.outer) as link,
+        contextlib.contextmanager(start_fake_server)(
+            REPO / "tests" / "fixtures" / "fake_openai.py",
+            tmp_path / "openai-requests.jsonl",
+            host=ns.outer,
+        ) as model,
+    ):
+        pi = f'[agents.pi]\nbase_url = "{model.base_url}"\nmodel = "fake-model"\n'
+        a_root = tmp_path / "a"
+        init_repo(a_root)
+        write(a_root / "README.md", "# takeover\n")
+        git(a_root, "add", "-A")
+        git(a_root, "commit", "-q", "-m", "first")
+        (a_root / "cotal.toml").write_text("[failover]\nenabled = true\nafter_s = 3\n" + pi)
+        a = Cli(a_root)
+        # A's manager starts inside the namespace; its seats are its children, so they are too.
+        up = ns.run(
+            [sys.executable, "-m", "manager.cli", "up", "--detach", "--root", str(a_root)]
+            + ["--server", link.url, "--creds", shared_broker.creds],
+            env=cotal_env(),
+            cwd=a_root,
+        )
+        assert up.returncode == 0, up.stderr
+        s = _root(tmp_path / "s", shared_broker, "[failover]\nstandby = true\n" + pi)
+        with _downed(a, s):
+            seat = a.json(
+                "spawn", "h", "--agent", "pi", "--cwd", str(_seat_repo(a, "h")),
+                "--prompt", f"Remember the phrase {PHRASE}.",
+            )  # fmt: skip
+            assert ask(a, "h", "What was the phrase?") == f"The phrase is {PHRASE}."
+            assert set(model.peers()) == {ns.inner}, model.peers()
+            s.run("trust", "add", signer_key(a.root), "--name", "host-a")
+            asked_by_a = len(model.peers())
+
+            ns.cut()
+            await wait_until(
+                lambda: [r["state"] for r in s.ps() if r["name"] == "h"] == ["running"],
+                timeout=120,
+                every=0.5,
+            )
+            [killed] = _logged(a, "failover.seat_killed", "h")
+            [claimed] = _logged(s, "custody.claimed", "h")
+            assert killed < claimed, (killed, claimed)
+            [row] = [r for r in s.ps() if r["name"] == "h"]
+            assert (row["lifecycleUid"], row["sessionId"]) == (
+                seat["lifecycleUid"],
+                seat["sessionId"],
+            )
+            assert ask(s, "h", "What was the phrase again?") == f"The phrase is {PHRASE}."
+            peers = model.peers()
+            assert peers[:asked_by_a] == [ns.inner] * asked_by_a
+            assert set(peers[asked_by_a:]) == {ns.outer}, peers
+
+            ns.heal()
+            await wait_until(
+                lambda: any(
+                    _logged(a, event, "h") for event in ("failover.custody_lost", "custody.evicted")
+                ),
+                timeout=60,
+            )
+            assert [r["state"] for r in a.ps() if r["name"] == "h"] in (
+                [],
+                ["stopped"],
+                ["evicted"],
+            )
+            assert row["pid"] in processes_mentioning(seat["lifecycleUid"])
+            # A's manager runs on; nothing of A's seat does (its processes name A's tree).
+            assert processes_mentioning(f"{a.root}/") == []
+            assert model.peers().count(ns.inner) == asked_by_a
