@@ -388,21 +388,11 @@ class SharedBroker:
     monitor: str = ""
 
 
-@pytest.fixture
-def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
-    """`cotal broker serve`: a broker that outlives any one root's mesh, as two hosts share one."""
+def _served(tmp_path: Path, *flags: str) -> Iterator[SharedBroker]:
     store = tmp_path / "broker"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "manager.cli",
-            "broker",
-            "serve",
-            "--store-dir",
-            str(store),
-            "--json",
-        ],
+        [sys.executable, "-m", "manager.cli", "broker", "serve", "--store-dir", str(store)]
+        + ["--json", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -420,6 +410,20 @@ def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
     from tests.helpers import stop_broker
 
     stop_broker(proc)
+
+
+@pytest.fixture
+def shared_broker(tmp_path: Path) -> Iterator[SharedBroker]:
+    """`cotal broker serve`: a broker that outlives any one root's mesh, as two hosts share one
+    (with grants, as it serves by default; roots given its credential are one host to it)."""
+    yield from _served(tmp_path)
+
+
+@pytest.fixture
+def bare_broker(tmp_path: Path) -> Iterator[SharedBroker]:
+    """`cotal broker serve --no-grants`: for tests that play several holders through one
+    connection, at the JetStream layer, which a broker with grants rightly refuses."""
+    yield from _served(tmp_path, "--no-grants")
 
 
 @pytest.fixture

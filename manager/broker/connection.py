@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,15 @@ async def _on_reconnect() -> None:
     log.info("broker.reconnected")
 
 
+# The credential each connection authenticated with: a claimant's grant wait asks the broker's
+# keeper to count its instance as that credential's host (manager/broker/grants.py, `join`).
+_creds_of: weakref.WeakKeyDictionary[Client, Path] = weakref.WeakKeyDictionary()
+
+
+def creds_of(nc: Client) -> Path | None:
+    return _creds_of.get(nc)
+
+
 async def connect(
     server: str, creds: Path | None, *, name: str, deadline: float | None = None
 ) -> Client:
@@ -115,6 +125,8 @@ async def connect(
             f"cannot connect to the broker at {server}: {exc}",
             "check that the broker runs (`cotal up` starts one) and the credential is right",
         ) from None
+    if creds is not None:
+        _creds_of[nc] = creds
     log.info("broker.connected", server=nc.connected_url.netloc if nc.connected_url else server)
     return nc
 

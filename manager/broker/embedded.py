@@ -66,6 +66,9 @@ SERVER_NAME = "cotal-embedded"
 MONITOR_ENV = "COTAL_BROKER_MONITOR"
 # manager/broker/grants.py: scope each host's credential to the seats it holds.
 GRANTS_ENV = "COTAL_BROKER_GRANTS"
+GRANTS_DIR = "grants"
+# `COTAL_BROKER_GRANTS` set to one of these starts a broker without grants, whatever asked.
+GRANTS_OFF = frozenset({"0", "off", "false", "no"})
 LOCK_POLL_S = 0.02
 # How long a restart of a broker known dead waits for its store lock (see `start_embedded`).
 DEAD_BROKER_LOCK_WAIT_S = 5.0
@@ -139,42 +142,62 @@ def _config_text(
     )
 
 
-def grant_spaces(store_dir: Path, environ: Mapping[str, str] = os.environ) -> list[str] | None:
-    """The spaces a broker on this store grants per host, or None for one user with every
-    right: `COTAL_BROKER_GRANTS` at the store's start turns grants on, and a store that ran
-    with them keeps them."""
-    raw = environ.get(GRANTS_ENV, "")
-    ran_with_them = (store_dir / "grants" / "keeper.json").exists()
-    if not raw and not ran_with_them:
-        # The default path imports nothing more.
+@dataclass(frozen=True)
+class GrantMode:
+    """How a broker on a store grants: the spaces named at its start (the keeper covers every
+    space anyway), and whether the keeper runs even with one host registered."""
+
+    spaces: list[str]
+    always: bool
+
+
+def grant_mode(
+    store_dir: Path, environ: Mapping[str, str] = os.environ, *, default: bool = False
+) -> GrantMode | None:
+    """How a broker on this store grants per host, or None for one user with every right. A
+    mesh's broker and `cotal broker serve` ask for grants (`default`); `COTAL_BROKER_GRANTS=0`
+    refuses them, any other value asks for them with the keeper always running, and a store
+    that ran with them keeps them as they were."""
+    raw = environ.get(GRANTS_ENV, "").strip()
+    if raw.lower() in GRANTS_OFF:
+        return None
+    ran_with_them = (store_dir / GRANTS_DIR / "keeper.json").exists()
+    if not raw and not ran_with_them and not default:
+        # The bare broker (tests of the JetStream layer, benchmarks) imports nothing more.
         return None
     from manager.broker import grants
 
     if raw:
-        return grants.spaces_from_env(raw)
-    return grants.read_keeper_config(grants.grants_dir(store_dir)).spaces
+        return GrantMode(grants.spaces_from_env(raw), always=True)
+    if ran_with_them:
+        config = grants.read_keeper_config(grants.grants_dir(store_dir))
+        return GrantMode(config.spaces, always=config.always)
+    return GrantMode([], always=False)
 
 
-def _prepare_grants(store_dir: Path, creds_path: Path, user_pub: str, spaces: list[str]) -> None:
+def _prepare_grants(store_dir: Path, creds_path: Path, user_pub: str, mode: GrantMode) -> bool:
+    """The grants directory made ready; whether the keeper must start with the broker."""
     from manager.broker import grants
 
     # The root's own credential answers for the root's instances; a standalone broker's
-    # printed one (no root above it) for none: the operator adds hosts.
+    # printed one (no root above it) for the managers that join it.
     root = creds_path.parents[2] if creds_path.parent.name == "auth" else None
     is_root = root is not None and (root / ".cotal" / "auth" / creds_path.name) == creds_path
     host = grants.Host(name="local", nkey=user_pub, root=str(root) if is_root else None)
-    grants.prepare(store_dir, spaces, [host])
+    return grants.prepare(store_dir, mode.spaces, [host], always=mode.always)
 
 
-def _start_keeper(store_dir: Path, url: str, spaces: list[str]) -> None:
+def _keeper_config(store_dir: Path, url: str, mode: GrantMode) -> None:
+    """Written at every start, kept or not: a second host's registration starts the keeper
+    from it (`grants.add_host_live`)."""
     from manager.broker import grants
 
     gdir = grants.grants_dir(store_dir)
     target = grants.Target(url=url, pid_file=str(gdir / "nats.pid"))
-    grants.write_keeper_config(
-        gdir, grants.KeeperConfig(version=1, spaces=spaces, replicas=1, targets=[target])
+    config = grants.KeeperConfig(
+        version=1, spaces=mode.spaces, replicas=1, targets=[target], always=mode.always
     )
-    grants.spawn_keeper(gdir)
+    grants.write_keeper_config(gdir, config)
 
 
 def start_embedded(
@@ -185,6 +208,7 @@ def start_embedded(
     log_path: Path | None = None,
     timeout: float = 15.0,
     lock_wait: float = 0.0,
+    grants: bool = False,
 ) -> BrokerInfo:
     """Start a detached broker and wait until it has written its ports file.
 
@@ -210,7 +234,8 @@ def start_embedded(
                 "use that broker (`cotal up` reuses the one its mesh record names) or stop it "
                 "first; `cotal status` and .cotal/mesh.json name its pid",
             ) from None
-        return _start_locked(store_dir, creds_path, lock_fd, port, monitor, log_path, timeout)
+        mode = grant_mode(store_dir, default=grants)
+        return _start_locked(store_dir, creds_path, lock_fd, port, monitor, log_path, timeout, mode)
     finally:
         os.close(lock_fd)
 
@@ -235,21 +260,20 @@ def _start_locked(
     monitor: str | None,
     log_path: Path | None,
     timeout: float,
+    mode: GrantMode | None,
 ) -> BrokerInfo:
     if creds_path.exists():
         user_pub = public_key_of(creds_path)
     else:
         user_pub = generate_user_seed(creds_path)
-    spaces = grant_spaces(store_dir)
-    if spaces is not None:
-        _prepare_grants(store_dir, creds_path, user_pub, spaces)
+    keeper = mode is not None and _prepare_grants(store_dir, creds_path, user_pub, mode)
     ports_dir = ensure_private_dir(store_dir / "ports")
     for stale in ports_dir.glob("*.ports"):
         stale.unlink()
     conf = store_dir / "server.conf"
     # Rewritten at every start, so a store whose broker last ran with monitoring (an older
     # cotal, or the setting since unset) starts without it.
-    text = _config_text(store_dir, port, user_pub, ports_dir, monitor, spaces is not None)
+    text = _config_text(store_dir, port, user_pub, ports_dir, monitor, mode is not None)
     write_private_atomic(conf, text.encode())
     log = open(log_path or (store_dir / "server.log"), "ab")  # noqa: SIM115 - handed to the child
     try:
@@ -265,9 +289,13 @@ def _start_locked(
     finally:
         log.close()
     url, monitor_url = _await_ports(proc, ports_dir, log_path or store_dir / "server.log", timeout)
-    if spaces is not None:
+    if mode is not None:
+        _keeper_config(store_dir, url, mode)
+    if keeper:
+        from manager.broker import grants
+
         try:
-            _start_keeper(store_dir, url, spaces)
+            grants.spawn_keeper(grants.grants_dir(store_dir))
         except Refusal:
             proc.kill()
             proc.wait()
@@ -331,10 +359,34 @@ def store_owners(store_dir: Path) -> list[int]:
     return found
 
 
+def _store_of(pid: int) -> Path | None:
+    """The store a running embedded broker serves: its configuration's directory."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if b"-c" not in argv[:-1]:
+        return None
+    return Path(os.fsdecode(argv[argv.index(b"-c") + 1])).parent
+
+
 def stop_embedded(identity: ProcIdentity, *, timeout: float = 10.0) -> None:
-    """SIGTERM (the broker flushes JetStream), then SIGKILL; prove the process gone."""
+    """SIGTERM (the broker flushes JetStream), then SIGKILL; prove the process gone; then its
+    grant keeper, if it ran with grants (a keeper outliving its broker could still write into
+    a store the caller is about to take back)."""
     if not alive(identity):
         return
+    store = _store_of(identity.pid)
+    try:
+        _stop_broker(identity, timeout)
+    finally:
+        if store is not None and (store / GRANTS_DIR).is_dir():
+            from manager.broker import grants
+
+            grants.stop_keeper(store / GRANTS_DIR)
+
+
+def _stop_broker(identity: ProcIdentity, timeout: float) -> None:
     try:
         os.kill(identity.pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -1,15 +1,17 @@
 """Broker grants: each host's broker user may write as the seats it holds custody of, and as no
 other seat (docs/design.md, "Credentials scoped by the broker").
 
-A broker started with grants (`COTAL_BROKER_GRANTS`, `cotal broker serve --grants`, a cluster
-rendered with `auth_include`) takes its `authorization` block from `grants/auth.conf` under its
-store. The grant keeper (`manager/broker/keeper.py`) rewrites that file from the custody bucket
-whenever custody changes and has nats-server reload it: nats-server applies a user's new
-permissions to its live connections in place, so a grant moves with custody without a
-reconnect. Once the broker runs the new file, the keeper records each holder's granted seats in
-`cotal_grants_<space>`, and a manager that won custody waits for that record (`wait_granted`)
-before it writes its fence marker: from the marker on, the old holder is refused by the broker
-whatever headers it sends.
+A broker started with grants (every broker a mesh starts, and `cotal broker serve`, unless
+told otherwise; a cluster rendered with `auth_include`) takes its `authorization` block from
+`grants/auth.conf` under its store. The grant keeper (`manager/broker/keeper.py`) rewrites that
+file from the custody buckets whenever custody changes and has nats-server reload it:
+nats-server applies a user's new permissions to its live connections in place, so a grant
+moves with custody without a reconnect. Once the broker runs the new file, the keeper records
+each holder's granted seats in `cotal_grants`, and a manager that won custody waits for that
+record (`wait_granted`) before it writes its fence marker: from the marker on, the old holder
+is refused by the broker whatever headers it sends.
+
+A manager joins its host first (`join`): the keeper counts its instance as the host's.
 
 This module is the pure part (the records on disk, the subjects of a grant, the rendered
 block) and the manager's wait; it imports no nats-py at its top.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import weakref
 from collections.abc import Iterable, Mapping
@@ -33,7 +36,9 @@ from protocol.errors import Refusal
 from protocol.refusals import Code
 
 if TYPE_CHECKING:
+    from nats.aio.client import Client
     from nats.js import JetStreamContext
+    from nats.js.kv import KeyValue
 
 T = TypeVar("T")
 
@@ -41,6 +46,7 @@ GRANTS_ENV = "COTAL_BROKER_GRANTS"
 # embedded.py reads both names without importing this module.
 GRANTS_DIR = "grants"
 PROBE_PREFIX = "cotal-grants.probe"
+JOIN_PREFIX = "cotal-grants.join"
 GRANT_WAIT_S = 15.0
 RECORD_CAP = 1 << 20
 
@@ -69,12 +75,29 @@ class Target(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class KeeperConfig(msgspec.Struct, forbid_unknown_fields=True):
     version: int
+    # What the broker was started to grant. The keeper grants every space the broker carries,
+    # each from when its custody bucket appears; the list is kept for the record.
     spaces: list[str]
     replicas: int
     targets: list[Target]
     # Leave when every target is gone (an embedded or standalone broker); a cluster's keeper
     # outlives a node's restart.
     exit_with_broker: bool = True
+    # Run the keeper even with one host registered (`COTAL_BROKER_GRANTS`, `serve --grants`).
+    always: bool = False
+
+
+class JoinRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """A manager instance asking to be counted as the asking host's holder."""
+
+    version: int
+    instance: str
+
+
+class JoinReply(msgspec.Struct, forbid_unknown_fields=True):
+    version: int
+    ok: bool
+    error: str = ""
 
 
 class Grant(msgspec.Struct, forbid_unknown_fields=True):
@@ -108,18 +131,26 @@ def ready_file(gdir: Path) -> Path:
     return gdir / "keeper.ready"
 
 
-def grants_bucket(space: str) -> str:
-    return f"cotal_grants_{names.check_space(space)}"
+# One bucket for every space: the keeper makes it before it reports ready, so a manager that
+# finds no such bucket knows the broker serves no grants.
+GRANTS_BUCKET = "cotal_grants"
 
 
-def grant_key(holder: str) -> str:
-    return f"grant.{holder}"
+def grant_key(space: str, holder: str) -> str:
+    return f"grant.{names.check_space(space)}.{holder}"
+
+
+def join_subject(nkey: str) -> str:
+    """Where the host whose user is `nkey` asks for a manager instance to be counted as its
+    own: only that user (and the keeper) may publish here, so the subject names the asker."""
+    return f"{JOIN_PREFIX}.{nkey}"
 
 
 def spaces_from_env(raw: str) -> list[str]:
-    """`COTAL_BROKER_GRANTS=1` grants space `main`; a comma-separated list names the spaces."""
+    """`COTAL_BROKER_GRANTS=1` grants every space the broker carries; a comma-separated list
+    names spaces the keeper watches from its start (it finds the others as they appear)."""
     if raw.strip() in ("1", "true", "yes", "on"):
-        return ["main"]
+        return []
     return [names.check_space(s.strip()) for s in raw.split(",") if s.strip()]
 
 
@@ -231,13 +262,14 @@ def common_publish() -> list[str]:
 def seat_publish(space: str, seat: str) -> list[str]:
     """What only the holder of `seat` may publish: its writes as the seat (its sends and its
     fence marker), writes into its inbox (the operator's mail, a redelivery, an inbox carried in
-    by a move) and its post marker."""
+    by a move), its post marker and its dead letters."""
     prefix = names.subject_prefix(space)
     owner = names.SEAT_OWNER
     return [
         f"{prefix}.inst.*.*.{owner}.{seat}",
         f"{prefix}.inst.{owner}.{seat}.>",
         names.chan_fence_subject(space, owner, seat),
+        f"{prefix}.dead.{owner}.{seat}.*",
     ]
 
 
@@ -282,12 +314,17 @@ def instance_private(space: str, instance: str) -> list[str]:
     ]
 
 
-def _permissions(allow: list[str], deny: list[str]) -> str:
+def _permissions(allow: list[str], deny: list[str], *, host: bool = True) -> str:
     publish = f"allow: {json.dumps(allow)}"
     if deny:
         publish += f", deny: {json.dumps(deny)}"
-    # Nothing may subscribe under $SYS: the broker's own answers are eviction evidence.
-    return f'permissions: {{ publish: {{ {publish} }}, subscribe: {{ deny: ["$SYS.>"] }} }}'
+    # Nothing may subscribe under $SYS: the broker's own answers are eviction evidence. And no
+    # host may read the keeper's mail: one that answered another host's join would tell it
+    # it was counted when it was not.
+    unread = ["$SYS.>", "cotal-grants.>"] if host else ["$SYS.>"]
+    return (
+        f"permissions: {{ publish: {{ {publish} }}, subscribe: {{ deny: {json.dumps(unread)} }} }}"
+    )
 
 
 Lifecycle = tuple[str, str, str]
@@ -300,7 +337,7 @@ def _host_deny(
     others: set[str],
     lifecycles: Mapping[str, Iterable[Lifecycle]],
 ) -> list[str]:
-    deny = [f"$KV.{grants_bucket(s)}.>" for s in spaces] + DESTRUCTIVE
+    deny = [f"$KV.{GRANTS_BUCKET}.>", *DESTRUCTIVE]
     for space in spaces:
         for holder, seat, uid in sorted(lifecycles.get(space, ())):
             if holder not in mine:
@@ -324,12 +361,12 @@ def render_auth(
     spaces, hosts = sorted(held), list(hosts)
     records = {s: list(v) for s, v in (lifecycles or {}).items()}
     keeper = ["$JS.>", "$KV.>", "_INBOX.>", f"{PROBE_PREFIX}.{probe}"]
-    users = [f"    {{ nkey: {json.dumps(keeper_pub)}, {_permissions(keeper, [])} }}"]
+    users = [f"    {{ nkey: {json.dumps(keeper_pub)}, {_permissions(keeper, [], host=False)} }}"]
     by_host = {h.name: holders_of(h, spaces) for h in hosts}
     registered = set().union(*by_host.values()) if by_host else set()
     for host in sorted(hosts, key=lambda h: h.name):
         mine = by_host[host.name]
-        allow = common_publish()
+        allow = [*common_publish(), join_subject(host.nkey)]
         for space in spaces:
             for holder in sorted(mine):
                 for seat in sorted(held[space].get(holder, {})):
@@ -343,21 +380,90 @@ def write_auth(gdir: Path, text: str) -> None:
     write_private_atomic(auth_conf(gdir), text.encode())
 
 
-def prepare(store_dir: Path, spaces: list[str], hosts: Iterable[Host]) -> Path:
-    """A grants directory ready for a broker's start: the keeper's seed, the registry and, for
-    a first start, an `auth.conf` granting no seat yet (a restart keeps the grants the last
-    keeper wrote until its successor rewrites them). Returns the directory."""
+def prepare(
+    store_dir: Path, spaces: list[str], hosts: Iterable[Host], *, always: bool = False
+) -> bool:
+    """A grants directory ready for a broker's start: the keeper's seed and the registry, and
+    whether the keeper must run. It must when asked to (`always`) or when two hosts or more are
+    registered; then a first start writes an `auth.conf` granting no seat yet (a restart keeps
+    the grants the last keeper wrote until its successor rewrites them). With one host alone
+    there is nobody to keep apart: its `auth.conf` lets it write as any seat (`render_sole`),
+    and the keeper starts once a second host is registered (`add_host_live`)."""
     from manager.broker.seeds import generate_user_seed, public_key_of
 
     gdir = ensure_private_dir(grants_dir(store_dir))
     seed = keeper_seed(gdir)
     keeper_pub = public_key_of(seed) if seed.exists() else generate_user_seed(seed)
+    known = {(h.name, h.nkey): h for h in read_hosts(gdir).hosts}
     for host in hosts:
-        add_host(gdir, host)
-    if not auth_conf(gdir).exists():
+        # A restart keeps the instances that joined under this credential: their managers
+        # may still be connected, and join again only when they restart.
+        was = known.get((host.name, host.nkey))
+        joined = [i for i in (was.holders if was else []) if i not in host.holders]
+        add_host(gdir, msgspec.structs.replace(host, holders=[*host.holders, *joined]))
+    registered = read_hosts(gdir).hosts
+    conf = auth_conf(gdir)
+    if not always and len(registered) < 2:
+        write_auth(gdir, render_sole(keeper_pub, registered))
+        return False
+    if not conf.exists() or keeper_pub not in conf.read_text() or SOLE_MARK in conf.read_text():
+        # A first start, a file another keeper wrote (a store put together from pieces) or
+        # one a sole host ran under: the broker must at least let this keeper in, and it
+        # grants no seat until the keeper runs.
         held: dict[str, dict[str, dict[str, int]]] = {s: {} for s in spaces}
-        write_auth(gdir, render_auth(keeper_pub, "init", read_hosts(gdir).hosts, held))
-    return gdir
+        write_auth(gdir, render_auth(keeper_pub, "init", registered, held))
+    return True
+
+
+SOLE_MARK = "# one host: no keeper runs"
+
+
+def render_sole(keeper_pub: str, hosts: Iterable[Host]) -> str:
+    """The `authorization` block of a broker with one registered host (or none): it may write
+    as any seat, since it holds every custody there is, but still not delete a stream nor
+    write a grant; the keeper's user is there for the keeper a second host starts."""
+    keeper = ["$JS.>", "$KV.>", "_INBOX.>", f"{PROBE_PREFIX}.>"]
+    users = [f"    {{ nkey: {json.dumps(keeper_pub)}, {_permissions(keeper, [], host=False)} }}"]
+    deny = [f"$KV.{GRANTS_BUCKET}.>", *DESTRUCTIVE]
+    for host in hosts:
+        users.append(f"    {{ nkey: {json.dumps(host.nkey)}, {_permissions(['>'], deny)} }}")
+    return "\n".join([SOLE_MARK, "authorization {", "  users = [", *users, "  ]", "}", ""])
+
+
+def keeper_pid(gdir: Path) -> int | None:
+    """The pid of the keeper running for `gdir`, if one does."""
+    try:
+        pid = int(ready_file(gdir).read_text().strip() or "0")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    if b"manager.broker.keeper" not in cmdline or str(gdir).encode() not in cmdline:
+        return None
+    return None if state == "Z" else pid
+
+
+def adopt_file(gdir: Path) -> Path:
+    return gdir / "keeper.adopt"
+
+
+def add_host_live(gdir: Path, name: str, holders: list[str]) -> Path:
+    """`new_host`, and on a broker that ran with one host alone, the keeper started: from now
+    on two hosts are kept apart. The host that was alone is told to the keeper (`keeper.adopt`),
+    which counts as its own every holder custody names that no host counts yet: until this
+    moment every manager on the broker connected as that host."""
+    before = [h.name for h in read_hosts(gdir).hosts if h.name != name]
+    creds = new_host(gdir, name, holders)
+    if keeper_pid(gdir) is not None or not keeper_config_file(gdir).exists():
+        return creds
+    config = read_keeper_config(gdir)
+    if not any(pid_alive(t.pid_file) for t in config.targets):
+        # The broker is down: its next start counts two hosts and starts the keeper itself.
+        return creds
+    if len(before) == 1:
+        write_private_atomic(adopt_file(gdir), before[0].encode())
+    spawn_keeper(gdir)
+    return creds
 
 
 def write_keeper_config(gdir: Path, config: KeeperConfig) -> None:
@@ -366,8 +472,68 @@ def write_keeper_config(gdir: Path, config: KeeperConfig) -> None:
 
 # -- the manager's wait ---------------------------------------------------------------------------
 
-# Connections known to serve no grants (no `cotal_grants_<space>` bucket), per space.
-_ungranted: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
+# The instances each connection's host was told it counts.
+_joined: weakref.WeakKeyDictionary[object, set[str]] = weakref.WeakKeyDictionary()
+
+
+async def _grants_kv(js: JetStreamContext) -> KeyValue | None:
+    """The grants bucket, or None on a broker whose keeper does not run (one host alone, or
+    no grants at all). Asked at every claim, not remembered: a second host's registration
+    starts the keeper under managers already connected."""
+    from nats.js.errors import BucketNotFoundError
+
+    from manager.broker.retry import riding_elections
+
+    try:
+        return await riding_elections(
+            f"bucket {GRANTS_BUCKET}", lambda: js.key_value(GRANTS_BUCKET)
+        )
+    except BucketNotFoundError:
+        return None
+
+
+async def join(
+    nc: Client, creds: Path | None, instance: str, *, timeout: float = GRANT_WAIT_S
+) -> bool:
+    """Have the broker's keeper count `instance` as a holder of the host whose credential this
+    connection uses, before the instance writes anything (its lease, a claim). True once it
+    does; False on a broker that serves no grants. Refused when another host already counts
+    the instance, or when the keeper does not answer."""
+    import nats.errors
+
+    if creds is None or await _grants_kv(nc.jetstream()) is None:
+        return False
+    if _joined.get(nc, set()) >= {instance}:
+        return True
+    try:
+        seed = creds.read_bytes()[:RECORD_CAP].strip()
+    except OSError:
+        return False
+    if not seed.startswith(b"SU"):
+        # A JWT credential file: its user is scoped by its own account, not by this keeper.
+        return False
+    from manager.broker.seeds import public_key_of
+
+    subject = join_subject(public_key_of(creds))
+    ask = msgspec.json.encode(JoinRequest(version=1, instance=instance))
+    cure = (
+        "check that the broker's grant keeper runs (its log is grants/keeper.log in the "
+        "broker's store) and that this host's credential is the one registered for it"
+    )
+    try:
+        msg = await nc.request(subject, ask, timeout=timeout)
+        reply = msgspec.json.decode(msg.data[:RECORD_CAP], type=JoinReply)
+    except (nats.errors.Error, TimeoutError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Refusal(
+            Code.CUSTODY_NOT_HELD,
+            f"the broker's grant keeper did not count instance {instance} as this host's: "
+            f"{type(exc).__name__}: {exc}",
+            cure,
+        ) from None
+    if not reply.ok:
+        raise Refusal(Code.CUSTODY_NOT_HELD, reply.error, cure)
+    _joined.setdefault(nc, set()).add(instance)
+    return True
 
 
 async def wait_granted(
@@ -382,20 +548,19 @@ async def wait_granted(
     a broker that serves no grants. A manager calls it after it won custody and before its
     first write as the seat."""
     import anyio
-    from nats.js.errors import BucketNotFoundError
 
-    conn = getattr(js, "_nc", js)
-    if not seats or space in _ungranted.get(conn, set()):
+    if not seats:
         return
-    from manager.broker.retry import riding_elections
+    kv = await _grants_kv(js)
+    if kv is None:
+        return
+    # A claimant that is not a started manager (a restore before its manager runs, an
+    # operator's takeover) joins here: the keeper grants only instances its host counts.
+    from manager.broker.connection import creds_of
 
-    bucket = grants_bucket(space)
-    try:
-        kv = await riding_elections(f"bucket {bucket}", lambda: js.key_value(bucket))
-    except BucketNotFoundError:
-        _ungranted.setdefault(conn, set()).add(space)
-        return
-    watcher = await kv.watch(grant_key(holder))
+    nc: Client = js._nc
+    await join(nc, creds_of(nc), holder, timeout=timeout)
+    watcher = await kv.watch(grant_key(space, holder))
     try:
         with anyio.fail_after(timeout):
             async for entry in watcher:
@@ -424,6 +589,24 @@ def pid_alive(pid_file: str) -> int | None:
     except (OSError, ValueError):
         return None
     return pid
+
+
+def stop_keeper(gdir: Path, *, timeout: float = 5.0) -> None:
+    """The keeper of a broker that was stopped: it leaves by itself within a tick of its
+    broker's end; this ends it now (SIGTERM) and waits until it has, so nothing of the broker
+    outlives its stop."""
+    import time
+
+    pid = keeper_pid(gdir)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while keeper_pid(gdir) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def spawn_keeper(gdir: Path, *, timeout: float = 30.0) -> subprocess.Popen[bytes]:

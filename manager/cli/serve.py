@@ -21,6 +21,8 @@ from manager.cli.args import CREDS_HELP, SPACE_HELP, Subcommands, command, root_
 from manager.cli.args import top as top_parser
 from manager.cli.output import EX_USAGE, say
 from protocol import names
+from protocol.errors import Refusal
+from protocol.refusals import Code
 
 
 def register(sub: Subcommands) -> None:
@@ -99,9 +101,15 @@ def _register_broker(sub: Subcommands) -> None:
         "--grants",
         action="append",
         metavar="SPACE",
-        help="scope each host's credential to the seats it holds custody of in SPACE "
-        "(repeatable; docs/operations.md, 'Broker grants'); a store that ran with grants "
-        "keeps them",
+        help="a space the grants cover from the start (repeatable; every space is covered "
+        "once its first manager connects, so this is never needed; docs/operations.md, "
+        "'Broker grants')",
+    )
+    bserve.add_argument(
+        "--no-grants",
+        action="store_true",
+        help="one broker user with every right, shared by every host: no scoping of a host's "
+        "credential to the seats it holds (a store that ran with grants keeps them)",
     )
     bserve.set_defaults(run=run_broker_serve)
     _register_hosts(broker_sub)
@@ -111,8 +119,8 @@ def _register_hosts(broker_sub: Subcommands) -> None:
     add = command(
         broker_sub,
         "add-host",
-        "make and register a broker credential for a host's managers (a broker with grants)",
-        "cotal broker add-host --store-dir /srv/broker hostb --holder 0k3x9q2m7v1c4h8n5p6r2t0w9y",
+        "make and register a broker credential for a host's managers (its managers join it)",
+        "cotal broker add-host --store-dir /srv/broker hostb",
     )
     add.add_argument("--store-dir", required=True, metavar="DIR", help="the broker's store")
     add.add_argument("name", help="the host's name in the registry")
@@ -121,7 +129,8 @@ def _register_hosts(broker_sub: Subcommands) -> None:
         action="append",
         default=[],
         metavar="INSTANCE",
-        help="a manager instance id the host holds custody as (repeatable)",
+        help="a manager instance id counted as the host's ahead of its manager's own join "
+        "(repeatable; never needed)",
     )
     add.set_defaults(run=run_add_host)
     revoke = command(
@@ -197,12 +206,21 @@ def run_manager_warm(args: argparse.Namespace) -> int:
 def run_broker_serve(args: argparse.Namespace) -> int:
     from manager.coord import mesh
 
+    if args.grants and args.no_grants:
+        raise Refusal(
+            Code.BAD_ARGS,
+            "--grants and --no-grants contradict each other",
+            "pass one of them (grants are on by default)",
+        )
     if args.grants:
-        # Read by the embedded start (manager/broker/embedded.py, `grant_spaces`).
+        # Read by the embedded start (manager/broker/embedded.py, `grant_mode`).
         os.environ["COTAL_BROKER_GRANTS"] = ",".join(names.check_space(s) for s in args.grants)
-
     return mesh.broker_serve(
-        Path(args.store_dir).resolve(), port=args.port, as_json=args.json, say=say
+        Path(args.store_dir).resolve(),
+        port=args.port,
+        as_json=args.json,
+        say=say,
+        grants=not args.no_grants,
     )
 
 
@@ -210,9 +228,10 @@ def run_add_host(args: argparse.Namespace) -> int:
     from manager.broker import grants
 
     for holder in args.holder:
-        names.check_lifecycle_uid(holder)
+        names.check_lifecycle_uid(holder)  # the same token rule as an instance id
     gdir = grants.grants_dir(Path(args.store_dir).resolve())
-    creds = grants.new_host(gdir, args.name, args.holder)
+    # On a broker that ran with one host alone this starts its grant keeper.
+    creds = grants.add_host_live(gdir, args.name, args.holder)
     if args.json:
         print(json.dumps({"host": args.name, "creds": str(creds), "holders": args.holder}))
     else:

@@ -205,13 +205,14 @@ async def start_root_broker(layout: Layout) -> embedded.BrokerInfo:
             layout.nats_store,
             layout.broker_creds,
             log_path=layout.logs / "nats.log",
+            grants=True,
         )
     )
 
 
 async def stop_started_broker(started: ProcRef | None) -> None:
     """One broker per store, and none left behind by a refusal: the broker a command started
-    is stopped when the command refuses, whatever cancelled it."""
+    is stopped when the command refuses, whatever cancelled it (and its grant keeper with it)."""
     if started is None:
         return
     with anyio.CancelScope(shield=True):
@@ -242,6 +243,7 @@ async def revive_embedded_broker(layout: Layout, report: Report) -> None:
             port=port,
             log_path=layout.logs / "nats.log",
             lock_wait=embedded.DEAD_BROKER_LOCK_WAIT_S,
+            grants=True,
         )
     )
     write_mesh(layout, msgspec.structs.replace(record, embedded_broker=info.identity))
@@ -548,12 +550,19 @@ def down(root: Path, *, report: Report = _noop) -> Downed:
     return eventloop.run(_down, Layout.at(root), report)
 
 
-def broker_serve(store_dir: Path, *, port: int, as_json: bool, say: Callable[[str], None]) -> int:
+def broker_serve(
+    store_dir: Path,
+    *,
+    port: int,
+    as_json: bool,
+    say: Callable[[str], None],
+    grants: bool = True,
+) -> int:
     import json
 
     ensure_private_dir(store_dir)
     creds = ensure_private_dir(store_dir / "auth") / "broker.creds"
-    info = embedded.start_embedded(store_dir, creds, port=port)
+    info = embedded.start_embedded(store_dir, creds, port=port, grants=grants)
     if as_json:
         say(
             json.dumps(

@@ -32,6 +32,7 @@ import structlog
 
 from connectors import sandbox
 from manager import logs
+from manager.broker import grants
 from manager.broker.connection import close_quietly, connect
 from manager.control.server import ControlServer
 from manager.daemon.core import Manager
@@ -170,6 +171,9 @@ async def serve(
     token = read_control_token(layout)
     identity = load_or_create_identity(layout, space)
     nc = await connect(server, creds, name=f"cotal-manager:{identity.instance_id}")
+    # On a broker that scopes each host's credential, this instance is counted as this host's
+    # before it writes anything as itself (its lease, a claim).
+    await grants.join(nc, creds, identity.instance_id)
     manager = Manager(
         layout, space, nc, identity, server, resume_attempt_id=resume_attempt, replicas=replicas
     )

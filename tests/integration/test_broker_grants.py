@@ -286,6 +286,75 @@ async def test_another_hosts_inbox_durable_presence_and_lease_are_the_brokers_to
         await a.refused(f"$KV.{names.manager_bucket(SPACE)}.{names.lease_key(b_id)}")
 
 
+async def test_a_host_counts_its_managers_as_they_join(granted_broker: GrantedBroker) -> None:
+    """An operator registers a host by name alone; each manager that starts there asks the
+    keeper to count its instance as the host's (`grants.join`), and from then on is granted
+    the seats it holds. An instance another host already counts is refused to any other."""
+    a_creds = granted_broker.add_host("joina", [])
+    b_creds = granted_broker.add_host("joinb", [])
+    a_id = names.mint_instance_id()
+    async with (
+        host(granted_broker.url, a_creds, a_id) as a,
+        host(granted_broker.url, b_creds, names.mint_instance_id()) as b,
+    ):
+        await ensure_dm_stream(a.js, SPACE)
+        assert await grants.join(a.nc, Path(a_creds), a_id)
+        # Asking again changes nothing and is answered the same.
+        assert await grants.join(a.nc, Path(a_creds), a_id)
+        await _take(a, "joined", names.mint_lifecycle_uid())
+        await a.lands(_as("joined"))
+        await b.refused(_as("joined"))
+        with pytest.raises(Refusal) as taken:
+            await grants.join(b.nc, Path(b_creds), a_id)
+        assert taken.value.code == "custody-not-held"
+        assert f"instance {a_id} is already counted as host joina's" in str(taken.value)
+        [joina] = [
+            h for h in grants.read_hosts(granted_broker.grants_dir).hosts if h.name == "joina"
+        ]
+        assert joina.holders == [a_id]
+        # No host reads the keeper's mail, so none can answer another's join in its place.
+        await b.nc.subscribe(f"{grants.JOIN_PREFIX}.*")
+        want = f'permissions violation for subscription to "{grants.JOIN_PREFIX}.*"'
+        with anyio.fail_after(WAIT_S):
+            while not any(want in e.lower() for e in b.errors):
+                await b.changed.wait()
+
+
+async def test_a_second_host_starts_the_keeper_and_the_first_keeps_its_seats(
+    tmp_path: Path,
+) -> None:
+    """A mesh's broker with its own credential alone needs no keeper: that one host holds every
+    custody there is (it may still not delete a stream). Registering a second host starts the
+    keeper; every holder already in custody is counted as the first host's, so its seats go on
+    writing, and the second host may not write as them."""
+    store = tmp_path / "store"
+    info = start_embedded(store, store / "auth" / "broker.creds", grants=True)
+    gdir = grants.grants_dir(store)
+    try:
+        assert grants.keeper_pid(gdir) is None
+        a_id, b_id = names.mint_instance_id(), names.mint_instance_id()
+        async with host(info.url, info.creds, a_id) as a:
+            await ensure_dm_stream(a.js, SPACE)
+            await _take(a, "first", names.mint_lifecycle_uid())
+            await a.lands(_as("first"))
+            await a.refused(f"$JS.API.STREAM.DELETE.{names.dm_stream(SPACE)}")
+            b_creds = str(grants.add_host_live(gdir, "second", []))
+            assert grants.keeper_pid(gdir) is not None
+            [local] = [h for h in grants.read_hosts(gdir).hosts if h.name == "local"]
+            assert local.holders == [a_id]
+            async with host(info.url, b_creds, b_id) as b:
+                await b.refused(_as("first"))
+                await a.lands(_as("first", to="other"))
+                # The second host's own seats are its, once its manager joins.
+                assert await grants.join(b.nc, Path(b_creds), b_id)
+                await _take(b, "second", names.mint_lifecycle_uid())
+                await b.lands(_as("second"))
+                await a.refused(_as("second"))
+    finally:
+        stop_embedded(info.identity)
+    assert grants.keeper_pid(gdir) is None
+
+
 async def _connect_refused(url: str, creds: str) -> bool:
     said: list[str] = []
 

@@ -296,9 +296,9 @@ async def test_a_cut_after_trims_carries_exactly_the_unacknowledged_mail(
 
 
 async def test_a_stream_made_the_old_way_is_trimmed_in_place_by_up(
-    cli: Cli, shared_broker: SharedBroker
+    cli: Cli, bare_broker: SharedBroker
 ) -> None:
-    url, creds = shared_broker.url, shared_broker.creds
+    url, creds = bare_broker.url, bare_broker.creds
     old_uid, keep_uid = names.mint_lifecycle_uid(), names.mint_lifecycle_uid()
     async with broker_at(url, creds) as js:
         # Exactly what the previous release declared: limits retention, discard new, 1,000,000.

@@ -17,9 +17,9 @@ SUBJECT = "cotal.lost.inst.local.operator.local.w1"
 
 
 async def test_a_write_that_landed_without_its_ack_is_recognised(
-    shared_broker: SharedBroker,
+    bare_broker: SharedBroker,
 ) -> None:
-    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+    async with broker_at(bare_broker.url, bare_broker.creds) as js:
         await ensure_dm_stream(js, "lost")
         holder = names.mint_instance_id()
         fence = WriterFence(js, "lost", "w1", holder, 0)
@@ -47,8 +47,8 @@ async def test_a_write_that_landed_without_its_ack_is_recognised(
         assert (last.seq, last.data) == (second, b"second")
 
 
-async def test_a_successor_as_the_same_root_still_fences_out(shared_broker: SharedBroker) -> None:
-    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+async def test_a_successor_as_the_same_root_still_fences_out(bare_broker: SharedBroker) -> None:
+    async with broker_at(bare_broker.url, bare_broker.creds) as js:
         await ensure_dm_stream(js, "lost")
         holder = names.mint_instance_id()
         stale = WriterFence(js, "lost", "w2", holder, 0)

@@ -257,10 +257,10 @@ def row(seat: str, uid: str, holder: str, state: str, generation: int, **over: A
 
 @pytest.mark.anyio
 async def test_a_seat_a_move_carries_is_in_transit_to_its_destination_until_it_runs_there(
-    shared_broker: SharedBroker,
+    bare_broker: SharedBroker,
 ) -> None:
     space = "transit"
-    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+    async with broker_at(bare_broker.url, bare_broker.creds) as js:
         await footprint.ensure_kv(js, names.custody_bucket(space), ttl=None)
         leases = await footprint.ensure_kv(js, names.manager_bucket(space), ttl=60)
         presence = await footprint.ensure_kv(js, names.presence_bucket(space), ttl=60)

@@ -36,9 +36,9 @@ def _post(text: str) -> meshcall.ChannelPost:
 
 
 async def test_a_stale_holders_post_is_refused_by_the_broker_and_never_shadows(
-    shared_broker: SharedBroker,
+    bare_broker: SharedBroker,
 ) -> None:
-    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+    async with broker_at(bare_broker.url, bare_broker.creds) as js:
         await channels.ensure_chan_stream(js, SPACE, history=10, max_age_s=2)
         stale = WriterFence(js, SPACE, "w1", names.mint_instance_id(), 0)
         await stale.establish_posts()
@@ -78,9 +78,9 @@ async def test_a_stale_holders_post_is_refused_by_the_broker_and_never_shadows(
 
 
 async def test_a_post_before_the_marker_is_refused_not_published(
-    shared_broker: SharedBroker,
+    bare_broker: SharedBroker,
 ) -> None:
-    async with broker_at(shared_broker.url, shared_broker.creds) as js:
+    async with broker_at(bare_broker.url, bare_broker.creds) as js:
         await channels.ensure_chan_stream(js, SPACE + "2", history=10, max_age_s=60)
         fence = WriterFence(js, SPACE + "2", "w1", names.mint_instance_id(), 0)
         with pytest.raises(Exception) as refused:

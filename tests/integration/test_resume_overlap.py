@@ -114,6 +114,9 @@ def test_an_admitted_resume_on_a_new_host_starts_its_broker_once(cut: Cut, tmp_p
         assert proc.stderr.index(STARTING) < proc.stderr.index("sealed by"), proc.stderr
         [row] = dest.ps()
         assert (row["name"], row["state"]) == ("scribe1", "running")
-        assert len(processes_naming(str(dest.root / ".cotal" / "nats"))) == 1
+        # One broker on the store, and no grant keeper: its own credential is its one host.
+        store = dest.root / ".cotal" / "nats"
+        assert len(processes_naming(f"{store}/server.conf")) == 1
+        assert processes_naming(f"{store}/grants") == []
     finally:
         dest.run("down", check=False)

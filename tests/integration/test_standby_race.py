@@ -5,7 +5,8 @@ from `Mover.restore_here`): the standing checkpoint's attempt key by exclusive c
 seat's custody by compare-and-set at generation + 1. Both standbys restore the same standing
 checkpoint, so both claim the same attempt. Here two standbys, each on a connection of its own
 to a real broker, make that claim at the same instant, 50 times over (the starting order
-alternating): each round one wins, the other is refused `custody-lost` having claimed nothing,
+alternating): each round one wins, the other is refused (`custody-lost` or
+`generation-behind`, by when it read custody) having claimed nothing,
 and the custody record names the winner at generation 1. The whole path with real managers and
 seats (two standbys, four seats, each run exactly once) is `tests/e2e/test_takeover.py`.
 """
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.anyio
 SPACE = "main"
 ROUNDS = 50
 WON = "won"
+LOSER_REFUSALS = ("custody-lost", "generation-behind")
 
 
 async def _take(
@@ -72,8 +74,11 @@ async def test_two_standbys_racing_for_one_seat_make_one_holder_fifty_rounds(
                 async with anyio.create_task_group() as tg:
                     for js, holder in order:
                         tg.start_soon(_take, js, holder, attempt, record, tmp_path / holder, out)
-                assert sorted(out.values()) == ["custody-lost", WON], (n, out)
+                # The loser read custody before the winner's claim (its attempt key is taken:
+                # `custody-lost`) or after it (the record is past its checkpoint's generation).
                 [winner] = [h for h, said in out.items() if said == WON]
+                [lost] = [said for said in out.values() if said != WON]
+                assert lost in LOSER_REFUSALS, (n, out)
                 wins[winner] += 1
                 now = await custody.read(kv, "lost", uid)
                 assert now is not None
