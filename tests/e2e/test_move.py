@@ -117,6 +117,76 @@ async def test_move_refuses_untrusted_then_moves_there_and_back(
     assert reply["reply"] == f"The phrase is {PHRASE}.", reply
 
 
+async def test_a_move_between_two_hosts_takes_the_brokers_grant_with_it(
+    tmp_path: Path, shared_broker: SharedBroker
+) -> None:
+    """Two hosts, each with its own credential on one `cotal broker serve` (B's made by
+    `cotal broker add-host`, which starts the grant keeper; B's manager joins by itself). A moves
+    a seat to B: it answers there, a seat of A still reaches it across the hosts, and A's own
+    credential, publishing as the seat with no header at all, is refused by the broker."""
+    a, b = Cli(committed_root(tmp_path / "a")), Cli(committed_root(tmp_path / "b"))
+    added = a.run(
+        "broker", "add-host", "--store-dir", str(tmp_path / "broker"), "hostb", "--json"
+    )  # fmt: skip
+    b_creds = json.loads(added.stdout)["creds"]
+    try:
+        a.run("up", "--detach", "--server", shared_broker.url, "--creds", shared_broker.creds)
+        b.run("up", "--detach", "--server", shared_broker.url, "--creds", b_creds)
+        mover = a.json(
+            "spawn", "mover", "--agent", "scribe", "--cwd", str(seat_repo(a, "mover")),
+            "--prompt", f"Remember the phrase {PHRASE}.",
+        )  # fmt: skip
+        a.json("spawn", "stay_a", "--agent", "scribe", "--allow-send", "mover")
+        to_b = b.json("spawn", "stay_b", "--agent", "scribe")["instanceId"]
+        b.run("trust", "add", signer_key(a.root), "--name", "host-a")
+
+        a.json("move", "mover", "--to", to_b)
+        assert b.json("send", "mover", "What was the phrase?", "--wait")["reply"] == (
+            f"The phrase is {PHRASE}."
+        )
+        told = a.json("send", "stay_a", "Tell mover: remember the phrase crossed-38", "--wait")
+        assert told["reply"] == "Told mover: delivered."
+        assert b.json("send", "mover", "What was the phrase?", "--wait")["reply"] == (
+            "The phrase is crossed-38, from stay_a."
+        )
+        assert processes_mentioning(mover["lifecycleUid"]) == [
+            r["pid"] for r in b.ps() if r["name"] == "mover"
+        ]
+        # As the seat, to a seat neither holds: A no longer holds the seat's grant.
+        as_mover = "cotal.main.inst.local.peer.local.mover"
+        assert await broker_refuses(shared_broker.url, shared_broker.creds, as_mover)
+    finally:
+        for cli in (a, b):
+            if (cli.root / ".cotal" / "mesh.json").exists():
+                cli.run("down", check=False)
+
+
+async def broker_refuses(url: str, creds: str, subject: str) -> bool:
+    """A core publish on `subject` with that credential and no header: True once the broker
+    answers it with a permissions violation."""
+    import anyio
+    import nats
+
+    said: list[str] = []
+    heard = anyio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        said.append(str(exc).lower())
+        heard.set()
+
+    nc = await nats.connect(url, nkeys_seed=creds, error_cb=on_error, allow_reconnect=False)
+    try:
+        await nc.publish(subject, b"stale write")
+        await nc.flush()
+        with anyio.fail_after(20):
+            while not any(f'publish to "{subject}"' in e for e in said):
+                await heard.wait()
+                heard = anyio.Event()
+    finally:
+        await nc.close()
+    return any("permissions violation" in e for e in said)
+
+
 async def test_a_moved_seat_keeps_its_allow_send_and_the_destination_cannot_widen_it(
     tmp_path: Path, shared_broker: SharedBroker
 ) -> None:
