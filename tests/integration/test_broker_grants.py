@@ -86,6 +86,7 @@ class Host:
     nc: Client
     js: JetStreamContext
     holder: str
+    creds: str = ""
     errors: list[str] = field(default_factory=list)
     changed: anyio.Event = field(default_factory=anyio.Event)
 
@@ -121,11 +122,23 @@ async def host(url: str, creds: str, holder: str) -> AsyncIterator[Host]:
             event.set()
 
     nc = await _accepted(url, creds, on_error)
-    box.append(Host(nc, nc.jetstream(), holder))
+    box.append(Host(nc, nc.jetstream(), holder, creds))
     try:
         yield box[0]
     finally:
         await nc.close()
+
+
+@asynccontextmanager
+async def two_hosts(
+    broker: GrantedBroker, a_name: str, b_name: str
+) -> AsyncIterator[tuple[Host, Host]]:
+    """Two hosts registered on the broker, each counting one fresh instance, connected."""
+    a_id, b_id = names.mint_instance_id(), names.mint_instance_id()
+    a_creds = broker.add_host(a_name, [a_id])
+    b_creds = broker.add_host(b_name, [b_id])
+    async with host(broker.url, a_creds, a_id) as a, host(broker.url, b_creds, b_id) as b:
+        yield a, b
 
 
 async def _accepted(url: str, creds: str, on_error: Any) -> Client:
@@ -182,13 +195,7 @@ async def _move(old: Host, new: Host, seat: str, uid: str, *, replicas: int = 1)
 async def test_a_host_writes_as_its_own_seats_only(
     granted_broker: GrantedBroker, tmp_path: Path
 ) -> None:
-    a_id, b_id = names.mint_instance_id(), names.mint_instance_id()
-    a_creds = granted_broker.add_host("hosta", [a_id])
-    b_creds = granted_broker.add_host("hostb", [b_id])
-    async with (
-        host(granted_broker.url, a_creds, a_id) as a,
-        host(granted_broker.url, b_creds, b_id) as b,
-    ):
+    async with two_hosts(granted_broker, "hosta", "hostb") as (a, b):
         await ensure_dm_stream(a.js, SPACE)
         await _take(a, "xa", names.mint_lifecycle_uid())
         await _take(b, "yb", names.mint_lifecycle_uid())
@@ -202,7 +209,7 @@ async def test_a_host_writes_as_its_own_seats_only(
     # Revoked: the broker closes the host's connection and refuses its credential at the
     # keeper's next reload (the registry's copy of the seed goes with it; the host keeps its).
     kept = tmp_path / "hostb.creds"
-    kept.write_bytes(Path(b_creds).read_bytes())
+    kept.write_bytes(Path(b.creds).read_bytes())
     closed = anyio.Event()
 
     async def on_closed() -> None:
@@ -248,13 +255,7 @@ async def test_another_hosts_inbox_durable_presence_and_lease_are_the_brokers_to
     """Beyond writes as a seat: only the holder of a lifecycle may pull from, acknowledge,
     make, pause or delete its inbox durable, or write its presence, sent ledger or dead
     letters; only a manager may write its own lease; no host may delete a stream."""
-    a_id, b_id = names.mint_instance_id(), names.mint_instance_id()
-    a_creds = granted_broker.add_host("durablea", [a_id])
-    b_creds = granted_broker.add_host("durableb", [b_id])
-    async with (
-        host(granted_broker.url, a_creds, a_id) as a,
-        host(granted_broker.url, b_creds, b_id) as b,
-    ):
+    async with two_hosts(granted_broker, "durablea", "durableb") as (a, b):
         await ensure_dm_stream(a.js, SPACE)
         uid = names.mint_lifecycle_uid()
         await _take(a, "inboxed", uid)
@@ -271,8 +272,8 @@ async def test_another_hosts_inbox_durable_presence_and_lease_are_the_brokers_to
             f"$KV.{names.presence_bucket(SPACE)}.{names.presence_key('local', 'inboxed', uid)}",
             f"$KV.{names.sent_bucket(SPACE)}.{names.sent_key(uid, '9' * 32)}",
             names.dead_subject(SPACE, names.SEAT_OWNER, "inboxed", uid),
-            f"$KV.{names.manager_bucket(SPACE)}.{names.lease_key(a_id)}",
-            f"$KV.{names.custody_bucket(SPACE)}.{names.manager_mark_key(a_id)}",
+            f"$KV.{names.manager_bucket(SPACE)}.{names.lease_key(a.holder)}",
+            f"$KV.{names.custody_bucket(SPACE)}.{names.manager_mark_key(a.holder)}",
             f"$JS.API.STREAM.DELETE.{stream}",
         ]:
             await b.refused(subject)
@@ -282,8 +283,8 @@ async def test_another_hosts_inbox_durable_presence_and_lease_are_the_brokers_to
         assert (info.num_pending, info.num_ack_pending) == (0, 0)
         # The holder's own lease is its to write.
         kv = await ensure_kv(a.js, names.manager_bucket(SPACE), ttl=None)
-        assert await kv.put(names.lease_key(a_id), b"{}")
-        await a.refused(f"$KV.{names.manager_bucket(SPACE)}.{names.lease_key(b_id)}")
+        assert await kv.put(names.lease_key(a.holder), b"{}")
+        await a.refused(f"$KV.{names.manager_bucket(SPACE)}.{names.lease_key(b.holder)}")
 
 
 async def test_a_host_counts_its_managers_as_they_join(granted_broker: GrantedBroker) -> None:
@@ -395,13 +396,7 @@ async def _transfer_revokes(a: Host, b: Host, *, replicas: int) -> None:
 
 
 async def test_custody_moved_takes_the_grant_with_it(granted_broker: GrantedBroker) -> None:
-    a_id, b_id = names.mint_instance_id(), names.mint_instance_id()
-    a_creds = granted_broker.add_host("movera", [a_id])
-    b_creds = granted_broker.add_host("moverb", [b_id])
-    async with (
-        host(granted_broker.url, a_creds, a_id) as a,
-        host(granted_broker.url, b_creds, b_id) as b,
-    ):
+    async with two_hosts(granted_broker, "movera", "moverb") as (a, b):
         await _transfer_revokes(a, b, replicas=1)
 
 
