@@ -451,19 +451,40 @@ def add_host_live(gdir: Path, name: str, holders: list[str]) -> Path:
     """`new_host`, and on a broker that ran with one host alone, the keeper started: from now
     on two hosts are kept apart. The host that was alone is told to the keeper (`keeper.adopt`),
     which counts as its own every holder custody names that no host counts yet: until this
-    moment every manager on the broker connected as that host."""
+    moment every manager on the broker connected as that host. The marker is written first,
+    so a keeper started by a rerun, or by the broker's next start, still adopts."""
     before = [h.name for h in read_hosts(gdir).hosts if h.name != name]
-    creds = new_host(gdir, name, holders)
-    if keeper_pid(gdir) is not None or not keeper_config_file(gdir).exists():
-        return creds
-    config = read_keeper_config(gdir)
-    if not any(pid_alive(t.pid_file) for t in config.targets):
-        # The broker is down: its next start counts two hosts and starts the keeper itself.
-        return creds
-    if len(before) == 1:
+    if keeper_pid(gdir) is None and len(before) == 1:
         write_private_atomic(adopt_file(gdir), before[0].encode())
-    spawn_keeper(gdir)
+    creds = new_host(gdir, name, holders)
+    if keeper_pid(gdir) is None and _broker_alive(gdir):
+        spawn_keeper(gdir)
     return creds
+
+
+def revoke_host_live(gdir: Path, name: str) -> bool:
+    """`revoke_host`, applied now: by the keeper's next reload, or, where no keeper runs (one
+    host was left alone), by the sole grant rewritten and the broker told to reload it."""
+    if not revoke_host(gdir, name):
+        return False
+    # Two hosts or more left: only a keeper may grant them (a restarted one reads the registry);
+    # a sole grant would give each of them every seat.
+    if keeper_pid(gdir) is None and len(read_hosts(gdir).hosts) <= 1 and _broker_alive(gdir):
+        from manager.broker.seeds import public_key_of
+
+        write_auth(gdir, render_sole(public_key_of(keeper_seed(gdir)), read_hosts(gdir).hosts))
+        for target in read_keeper_config(gdir).targets:
+            pid = pid_alive(target.pid_file)
+            if pid is not None:
+                os.kill(pid, signal.SIGHUP)
+    return True
+
+
+def _broker_alive(gdir: Path) -> bool:
+    """Whether a server the keeper would serve runs now (its configuration names them)."""
+    if not keeper_config_file(gdir).exists():
+        return False
+    return any(pid_alive(t.pid_file) for t in read_keeper_config(gdir).targets)
 
 
 def write_keeper_config(gdir: Path, config: KeeperConfig) -> None:

@@ -245,7 +245,7 @@ def run_revoke_host(args: argparse.Namespace) -> int:
     from manager.broker import grants
 
     gdir = grants.grants_dir(Path(args.store_dir).resolve())
-    if not grants.revoke_host(gdir, args.name):
+    if not grants.revoke_host_live(gdir, args.name):
         say(f"no host {args.name} in {grants.hosts_file(gdir)}")
         return 1
     say(f"revoked {args.name}: the broker drops its connections at the keeper's next reload")

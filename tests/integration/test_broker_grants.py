@@ -356,6 +356,36 @@ async def test_a_second_host_starts_the_keeper_and_the_first_keeps_its_seats(
     assert grants.keeper_pid(gdir) is None
 
 
+async def test_a_host_added_while_the_broker_is_down_is_kept_apart_from_its_next_start(
+    tmp_path: Path,
+) -> None:
+    """`add-host` with the broker stopped starts no keeper; the broker's next start counts two
+    hosts and starts one, which still counts the first host's holders as its own."""
+    store = tmp_path / "store"
+    creds = store / "auth" / "broker.creds"
+    info = start_embedded(store, creds, grants=True)
+    gdir = grants.grants_dir(store)
+    a_id = names.mint_instance_id()
+    try:
+        async with host(info.url, info.creds, a_id) as a:
+            await ensure_dm_stream(a.js, SPACE)
+            await _take(a, "early", names.mint_lifecycle_uid())
+    finally:
+        stop_embedded(info.identity)
+    late_creds = str(grants.add_host_live(gdir, "late", []))
+    assert grants.keeper_pid(gdir) is None
+    assert grants.adopt_file(gdir).read_text() == "local"
+    info = start_embedded(store, creds, grants=True)
+    try:
+        assert grants.keeper_pid(gdir) is not None
+        assert not grants.adopt_file(gdir).exists()
+        async with host(info.url, info.creds, a_id) as a, host(info.url, late_creds, "") as late:
+            await a.lands(_as("early"))
+            await late.refused(_as("early"))
+    finally:
+        stop_embedded(info.identity)
+
+
 async def _connect_refused(url: str, creds: str) -> bool:
     said: list[str] = []
 
