@@ -35,8 +35,10 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from manager.daemon.usage import UsageLedger
+from manager.registry import PriceConfig
 from protocol.lifecycle import SeatState
 
 log = structlog.get_logger("cotal.metrics")
@@ -81,16 +83,27 @@ class SeatView(Protocol):
     @property
     def generation_at_broker(self) -> int: ...
 
+    @property
+    def usage(self) -> UsageLedger | None: ...
+
+
+class ConfigView(Protocol):
+    @property
+    def prices(self) -> Mapping[str, PriceConfig]: ...
+
 
 class MetricsOwner(Protocol):
-    """What the metrics read of the Manager when they are collected: its seat table and its
-    dead letters per lifecycle uid."""
+    """What the metrics read of the Manager when they are collected: its seat table, its
+    dead letters per lifecycle uid, and the prices its configuration started with."""
 
     @property
     def seats(self) -> Mapping[str, SeatView]: ...
 
     @property
     def dead_counts(self) -> Mapping[str, int]: ...
+
+    @property
+    def config(self) -> ConfigView: ...
 
 
 def resident_bytes() -> int:
@@ -134,6 +147,7 @@ class _TableCollector:
             held.add_metric([seat.name], dead.get(seat.uid, 0))
         yield generation
         yield held
+        yield from _usage(seats, self.owner.config.prices)
         yield GaugeMetricFamily(
             "cotal_manager_resident_memory_bytes",
             "The manager process's resident memory (/proc/self/statm).",
@@ -144,6 +158,34 @@ class _TableCollector:
             "When this manager started, in seconds since the Unix epoch.",
             value=self.started,
         )
+
+
+def _usage(seats: list[SeatView], prices: Mapping[str, PriceConfig]) -> Iterator[Metric]:
+    """What each seat's harness reported it used, over the seat's usage ledger (which cuts and
+    moves carry, so these count from the seat's spawn, wherever it ran), and its estimated
+    cost at the root's `[prices]`. A seat with no turn on its ledger, or whose model has no
+    price, has no sample: "unknown" is not 0."""
+    tokens = CounterMetricFamily(
+        "cotal_seat_tokens",
+        "Tokens a seat's harness reported over the seat's life, by kind (input includes "
+        "cache reads and writes).",
+        labels=["seat", "kind"],
+    )
+    cost = CounterMetricFamily(
+        "cotal_seat_cost_usd",
+        "A seat's estimated cost over its life at the root's [prices], in US dollars.",
+        labels=["seat"],
+    )
+    for seat in sorted(seats, key=lambda s: s.name):
+        used = seat.usage.totals(prices) if seat.usage is not None else None
+        if used is None:
+            continue
+        tokens.add_metric([seat.name, "input"], used.tokens_in)
+        tokens.add_metric([seat.name, "output"], used.tokens_out)
+        if used.cost_usd is not None:
+            cost.add_metric([seat.name], used.cost_usd)
+    yield tokens
+    yield cost
 
 
 class Metrics:

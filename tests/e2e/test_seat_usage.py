@@ -29,6 +29,7 @@ from tests.fixtures.fake_responses import ResponsesServer
 from tests.gitrepo import committed_repo
 from tests.harness import claude_installed
 from tests.helpers import signer_key, wait_until
+from tests.integration.test_metrics import scrape, value
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -219,6 +220,12 @@ async def test_claude_and_codex_usage_is_carried_by_a_cut_and_a_restore(
     )
     assert usage_of(dest, "worker") == (3 * per_in, 3 * per_out, round(3 * per_cost, 6))
     assert len(ledger(dest.root, agent)) == 3
+    # The same figures for a scraper, carried turns included (prometheus-client's own parser).
+    samples = scrape(dest)
+    assert value(samples, "cotal_seat_tokens_total", seat="worker", kind="input") == 3 * per_in
+    assert value(samples, "cotal_seat_tokens_total", seat="worker", kind="output") == 3 * per_out
+    cost = value(samples, "cotal_seat_cost_usd_total", seat="worker")
+    assert round(cost, 6) == round(3 * per_cost, 6)
     dest.run("down")
 
 
