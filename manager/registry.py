@@ -228,14 +228,16 @@ class PriceConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 # The most a budget may allow: far above any day's use, so a typo of a few zeros is refused.
 BUDGET_TOKENS_MAX = 10**12
 BUDGET_TURNS_MAX = 1_000_000
+BUDGET_USD_MAX = 1_000_000.0
 
 
 class BudgetLimits(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """What a seat (or the root's seats together) may use before its delivery stops: tokens
-    in a UTC day, turns in a clock hour (docs/operations.md, "What each seat costs"). Absent:
-    no such limit."""
+    in a UTC day, estimated US dollars in a UTC day (at `[prices]`), turns in a clock hour
+    (docs/operations.md, "What each seat costs"). Absent: no such limit."""
 
     tokens_per_day: Annotated[int, msgspec.Meta(ge=1, le=BUDGET_TOKENS_MAX)] | None = None
+    usd_per_day: Annotated[float, msgspec.Meta(gt=0, le=BUDGET_USD_MAX)] | None = None
     turns_per_hour: Annotated[int, msgspec.Meta(ge=1, le=BUDGET_TURNS_MAX)] | None = None
 
 

@@ -1,11 +1,12 @@
 """Budgets: a seat at its budget gets no delivery (docs/operations.md, "What each seat costs").
 
 `[budget]` in cotal.toml limits the root's seats together, `[budget.seats.NAME]` one seat: the
-tokens its turns used in the current UTC day (from the seats' usage ledgers, which travel with
-their sessions), the turns it ran in the current clock hour (counted by this manager: a restart
-or a move starts that count again). A seat that reached a limit is not handed its next message:
-its bridge waits before pulling (`SeatBudget.wait_within`), so the mail stays queued in its
-inbox at the broker, and `ps` says `at budget`. It resumes when the window turns (the next day,
+tokens its turns used in the current UTC day and what they cost at `[prices]` (from the seats'
+usage ledgers, which travel with their sessions), the turns it ran in the current clock hour
+(counted by this manager: a restart or a move starts that count again). A seat that reached a
+limit is not handed its next message: its bridge waits before pulling
+(`SeatBudget.wait_within`), so the mail stays queued in its inbox at the broker, and `ps` says
+`at budget`. It resumes when the window turns (the next day,
 the next hour), when the limit is raised in cotal.toml (read again while it waits), or when an
 operator lifts it (`cotal budget lift SEAT`: the limits the seat has reached are waived for the
 rest of their windows). The check is made before each message is pulled, and again with a
@@ -17,7 +18,7 @@ one from its next message on.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,15 +29,15 @@ import structlog
 
 from manager import registry
 from manager.daemon.events import Events
-from manager.daemon.usage import UsageLedger
-from manager.registry import BudgetConfig, BudgetLimits
+from manager.daemon.usage import UsageLedger, cost_of
+from manager.registry import BudgetConfig, BudgetLimits, PriceConfig
 from protocol.errors import Refusal
 from protocol.events import EventDetail
 from protocol.instant import format_instant
 
 log = structlog.get_logger("cotal.budget")
 
-Limit = Literal["tokens_per_day", "turns_per_hour"]
+Limit = Literal["tokens_per_day", "usd_per_day", "turns_per_hour"]
 Scope = Literal["seat", "root"]
 # How often a seat at its budget looks again (a window turning, cotal.toml changed); a lift
 # wakes it at once.
@@ -64,8 +65,8 @@ class Reached:
 
     scope: Scope
     limit: Limit
-    used: int
-    allowed: int
+    used: float
+    allowed: float
     window: datetime
     resets_at: datetime
 
@@ -80,7 +81,7 @@ class Reached:
     def text(self) -> str:
         whose = "the root's" if self.scope == "root" else "its"
         return (
-            f"at budget: {whose} {self.limit} = {self.allowed}, {self.used} used; resumes at "
+            f"at budget: {whose} {self.limit} = {self.allowed:g}, {self.used:g} used; resumes at "
             f"{format_instant(self.resets_at)} or `cotal budget lift`"
         )
 
@@ -89,13 +90,41 @@ def windows(now: datetime) -> dict[Limit, tuple[datetime, datetime]]:
     """Each limit's current window: the UTC day, the clock hour."""
     day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
-    return {"tokens_per_day": (day, day + DAY), "turns_per_hour": (hour, hour + HOUR)}
+    return {
+        "tokens_per_day": (day, day + DAY),
+        "usd_per_day": (day, day + DAY),
+        "turns_per_hour": (hour, hour + HOUR),
+    }
 
 
-def used(seat: Metered, limit: Limit, since: datetime) -> int:
+def used(seat: Metered, limit: Limit, since: datetime, prices: Mapping[str, PriceConfig]) -> float:
     if limit == "tokens_per_day":
         return seat.usage.since(since)[1] if seat.usage is not None else 0
+    if limit == "usd_per_day":
+        return spent(seat, since, prices)
     return sum(1 for t in seat.turn_ends if t >= since)
+
+
+def spent(seat: Metered, since: datetime, prices: Mapping[str, PriceConfig]) -> float:
+    """Estimated US dollars the seat's turns since `since` cost at `prices`. A turn whose model
+    has no price counts nothing, and says so once per model in the log: a dollar budget can
+    only hold what it can price (docs/operations.md)."""
+    if seat.usage is None:
+        return 0.0
+    total = 0.0
+    for record in seat.usage.records_since(since):
+        cost = cost_of([record], prices)
+        if cost is None:
+            if record.model not in _unpriced:
+                _unpriced.add(record.model)
+                log.warning("budget.unpriced", seat=seat.name, model=record.model)
+            continue
+        total += cost
+    return round(total, 6)
+
+
+# The models a dollar budget met without a price, said once each.
+_unpriced: set[str | None] = set()
 
 
 def now_utc() -> datetime:
@@ -117,6 +146,7 @@ class Budgets:
         self._clock = clock
         self._stamp: tuple[int, int, int] | None = None
         self._config = BudgetConfig()
+        self._prices: dict[str, PriceConfig] = {}
         self._changed = anyio.Event()
 
     def config(self) -> BudgetConfig:
@@ -130,7 +160,8 @@ class Budgets:
         if stamp != self._stamp:
             self._stamp = stamp
             try:
-                self._config = registry.load_config(self._root).budget
+                loaded = registry.load_config(self._root)
+                self._config, self._prices = loaded.budget, loaded.prices
             except Refusal as exc:
                 log.error("budget.config_unreadable", error=exc.text)
         return self._config
@@ -138,6 +169,7 @@ class Budgets:
     def reached(self, seat: Metered) -> Reached | None:
         """The first limit the seat has reached and no operator lifted, the seat's own first."""
         config = self.config()
+        prices = self._prices
         now = self._clock()
         scopes: list[tuple[Scope, BudgetLimits | None, Callable[[], list[Metered]]]] = [
             ("seat", config.seats.get(seat.name), lambda: [seat]),
@@ -147,10 +179,10 @@ class Budgets:
             if limits is None:
                 continue
             for limit, (start, end) in windows(now).items():
-                allowed: int | None = getattr(limits, limit)
+                allowed: float | None = getattr(limits, limit)
                 if allowed is None:
                     continue
-                total = sum(used(s, limit, start) for s in seats())
+                total = sum(used(s, limit, start, prices) for s in seats())
                 hit = Reached(scope, limit, total, allowed, start, end)
                 if total >= allowed and hit.key not in seat.budget_lifts:
                     return hit
@@ -215,7 +247,6 @@ class SeatBudget:
         self, kind: Literal["seat.budget_reached", "seat.budget_resumed"], hit: Reached
     ) -> None:
         if self.events is not None:
-            detail = EventDetail(
-                limit=hit.name, tokens=hit.used if hit.limit == "tokens_per_day" else None
-            )
+            tokens = int(hit.used) if hit.limit == "tokens_per_day" else None
+            detail = EventDetail(limit=hit.name, tokens=tokens)
             self.events.emit(kind, self.seat.name, self.seat.uid, detail)

@@ -250,6 +250,18 @@ class UsageLedger:
             cost_usd=cost_of(records, prices),
         )
 
+    def records_since(self, when: datetime) -> list[UsageRecord]:
+        """The records at or after `when` (a folded record counts at its `at`), oldest first."""
+        stamp = format_instant(when)
+        out: list[UsageRecord] = []
+        for r in reversed(self.records()):
+            if r.at < stamp:
+                if r.turns == 1:
+                    break
+                continue
+            out.append(r)
+        return out[::-1]
+
     def since(self, when: datetime) -> tuple[int, int]:
         """(turns, tokens) recorded at or after `when` (a folded record counts at its `at`).
         Records are appended in time order, so it reads back from the newest; a budget asks

@@ -308,6 +308,43 @@ async def test_a_seat_at_its_budget_keeps_its_mail_queued_until_lifted_or_raised
     cli.run("down")
 
 
+@pytest.mark.pi
+@pytest.mark.skipif(
+    not PI_CLI.is_file(), reason="pi is not installed under .tools/pi (make harnesses)"
+)
+async def test_a_dollar_budget_stops_a_seat_at_its_estimated_cost(
+    cli: Cli, fake_openai: FakeServer
+) -> None:
+    """Each pi turn here costs $0.142 at PRICES (100 tokens in at $1,000 a million, 20 read
+    from the cache at $100, 8 out at $5,000). A seat's limit of $0.25 a day stops it after its
+    second turn ($0.284): its next message waits, queued, until `cotal budget lift`."""
+    config = f'[agents.pi]\nbase_url = "{fake_openai.base_url}"\nmodel = "fake-model"\n'
+    (cli.root / "cotal.toml").write_text(
+        config + PRICES + "[budget.seats.coder]\nusd_per_day = 0.25\n"
+    )
+    cli.run("up", "--detach")
+    cli.json("spawn", "coder", "--agent", "pi")
+    for n in (1, 2):
+        assert cli.json("send", "coder", f"turn {n}", "--wait")["reply"] == "OK."
+    [row] = cli.ps()
+    assert row["costUsd"] == 0.284
+    assert row["budget"] == (
+        f"at budget: its usd_per_day = 0.25, 0.284 used; resumes at {tomorrow()} or "
+        "`cotal budget lift`"
+    )
+    await wait_until(lambda: bool(events_of(cli, "coder", "seat.budget_reached")), timeout=30)
+    [reached] = events_of(cli, "coder", "seat.budget_reached")
+    assert reached["detail"] == {"limit": "seat.usd_per_day"}
+    calls = len(fake_openai.requests())
+    cli.run("send", "coder", "turn 3")
+    assert cli.run("budget", "lift", "coder").stdout.strip() == (
+        f"lifted seat.usd_per_day for coder until {tomorrow()}; delivery resumes"
+    )
+    await wait_until(lambda: cli.ps()[0]["tokensIn"] == 360, timeout=30, every=0.2)
+    assert len(fake_openai.requests()) == calls + 1
+    cli.run("down")
+
+
 def tomorrow() -> str:
     day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     return format_instant(day + timedelta(days=1))
