@@ -147,3 +147,35 @@ def test_budget_config_is_strict(tmp_path: Path) -> None:
         with pytest.raises(Refusal) as caught:
             load_config(tmp_path)
         assert caught.value.code == "bad-config" and said in caught.value.message
+
+
+def test_a_dollar_limit_counts_todays_priced_turns_and_skips_an_unpriced_model(
+    tmp_path: Path,
+) -> None:
+    """$1,000 a million in: 150 tokens of today's priced model are $0.15. Yesterday's turn and a
+    turn of a model with no price count nothing; a limit of $0.10 is reached, $0.20 is not."""
+    clock = Clock()
+    a = FakeSeat(
+        "a",
+        usage=UsageLedger(
+            None,
+            [
+                UsageRecord(
+                    at=format_instant(NOW - timedelta(days=1)), input_tokens=900, model="m"
+                ),
+                UsageRecord(
+                    at=format_instant(NOW - timedelta(hours=1)), input_tokens=150, model="m"
+                ),
+                UsageRecord(at=format_instant(NOW), input_tokens=5000, model="free"),
+            ],
+            None,
+        ),
+    )
+    prices = '[prices."m"]\ninput = 1000.0\noutput = 1000.0\n'
+    b = budgets(tmp_path, prices + "[budget.seats.a]\nusd_per_day = 0.1\n", [a], clock)
+    hit = b.reached(a)
+    assert hit is not None
+    assert (hit.scope, hit.limit, hit.used, hit.allowed) == ("seat", "usd_per_day", 0.15, 0.1)
+    assert hit.text().startswith("at budget: its usd_per_day = 0.1, 0.15 used; resumes at ")
+    b = budgets(tmp_path, prices + "[budget.seats.a]\nusd_per_day = 0.2\n", [a], clock)
+    assert b.reached(a) is None
