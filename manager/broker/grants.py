@@ -462,6 +462,17 @@ def add_host_live(gdir: Path, name: str, holders: list[str]) -> Path:
     return creds
 
 
+def ensure_keeper(gdir: Path) -> None:
+    """The keeper of a running broker that needs one (asked always, or two hosts or more) and
+    has none: a start that died between the broker and its keeper, rerun, finishes here."""
+    if not keeper_config_file(gdir).exists() or keeper_pid(gdir) is not None:
+        return
+    if not read_keeper_config(gdir).always and len(read_hosts(gdir).hosts) < 2:
+        return
+    if _broker_alive(gdir):
+        spawn_keeper(gdir)
+
+
 def revoke_host_live(gdir: Path, name: str) -> bool:
     """`revoke_host`, applied now: by the keeper's next reload, or, where no keeper runs (one
     host was left alone), by the sole grant rewritten and the broker told to reload it."""

@@ -163,6 +163,8 @@ async def _broker_for_launch(
         # is exactly what must never happen, so the new manager joins this one.
         assert existing is not None
         report(f"reusing the embedded broker left running (pid {reused.pid})")
+        # Its grant keeper, if it needs one and the start that made it died before that.
+        await anyio.to_thread.run_sync(_ensure_keeper, layout.nats_store)
         return (
             existing.server,
             Path(existing.creds) if existing.creds else None,
@@ -247,6 +249,14 @@ async def revive_embedded_broker(layout: Layout, report: Report) -> None:
         )
     )
     write_mesh(layout, msgspec.structs.replace(record, embedded_broker=info.identity))
+
+
+def _ensure_keeper(store: Path) -> None:
+    gdir = store / embedded.GRANTS_DIR
+    if gdir.is_dir():
+        from manager.broker import grants
+
+        grants.ensure_keeper(gdir)
 
 
 def _live_embedded_broker(layout: Layout, record: MeshRecord | None) -> ProcRef | None:
