@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 
 from connectors.harnesses import tools_dir
 from tests import clifork
+from tests.fixtures.fake_responses import ResponsesServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -370,6 +371,16 @@ def fake_anthropic(tmp_path: Path) -> Iterator[AnthropicServer]:
         REPO / "tests" / "fixtures" / "fake_anthropic.py",
         tmp_path / "anthropic-requests.jsonl",
         AnthropicServer,
+    )
+
+
+@pytest.fixture
+def fake_responses(tmp_path: Path) -> Iterator[ResponsesServer]:
+    """The fake OpenAI Responses server Codex talks to."""
+    yield from start_fake_server(
+        REPO / "tests" / "fixtures" / "fake_responses.py",
+        tmp_path / "responses-requests.jsonl",
+        ResponsesServer,
     )
 
 

@@ -432,15 +432,17 @@ def render_sole(keeper_pub: str, hosts: Iterable[Host]) -> str:
 
 def keeper_pid(gdir: Path) -> int | None:
     """The pid of the keeper running for `gdir`, if one does."""
+    from manager.procs import process_start_time
+
     try:
         pid = int(ready_file(gdir).read_text().strip() or "0")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return None
     if b"manager.broker.keeper" not in cmdline or str(gdir).encode() not in cmdline:
         return None
-    return None if state == "Z" else pid
+    # A zombie (its parent, init here, reaps it late) runs nothing.
+    return pid if process_start_time(pid) is not None else None
 
 
 def adopt_file(gdir: Path) -> Path:
@@ -531,11 +533,20 @@ async def join(
     connection uses, before the instance writes anything (its lease, a claim). True once it
     does; False on a broker that serves no grants. Refused when another host already counts
     the instance, or when the keeper does not answer."""
+    if creds is None:
+        return False
+    if instance in _joined.get(nc, set()):
+        return True
+    if await _grants_kv(nc.jetstream()) is None:
+        return False
+    return await _ask_join(nc, creds, instance, timeout)
+
+
+async def _ask_join(nc: Client, creds: Path, instance: str, timeout: float) -> bool:
+    """`join`'s request, on a broker known to serve grants; remembered per connection."""
     import nats.errors
 
-    if creds is None or await _grants_kv(nc.jetstream()) is None:
-        return False
-    if _joined.get(nc, set()) >= {instance}:
+    if instance in _joined.get(nc, set()):
         return True
     try:
         seed = creds.read_bytes()[:RECORD_CAP].strip()
@@ -591,7 +602,9 @@ async def wait_granted(
     from manager.broker.connection import creds_of
 
     nc: Client = js._nc
-    await join(nc, creds_of(nc), holder, timeout=timeout)
+    creds = creds_of(nc)
+    if creds is not None:
+        await _ask_join(nc, creds, holder, timeout)
     watcher = await kv.watch(grant_key(space, holder))
     try:
         with anyio.fail_after(timeout):

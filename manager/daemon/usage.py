@@ -251,10 +251,12 @@ class UsageLedger:
         )
 
     def records_since(self, when: datetime) -> list[UsageRecord]:
-        """The records at or after `when` (a folded record counts at its `at`), oldest first."""
+        """The records at or after `when` (a folded record counts at its `at`), oldest first.
+        Records are appended in time order, so it reads back from the newest."""
         stamp = format_instant(when)
         out: list[UsageRecord] = []
         for r in reversed(self.records()):
+            # The one instant spelling sorts as text: no parse per record.
             if r.at < stamp:
                 if r.turns == 1:
                     break
@@ -263,20 +265,10 @@ class UsageLedger:
         return out[::-1]
 
     def since(self, when: datetime) -> tuple[int, int]:
-        """(turns, tokens) recorded at or after `when` (a folded record counts at its `at`).
-        Records are appended in time order, so it reads back from the newest; a budget asks
-        this before each message."""
-        turns = tokens = 0
-        stamp = format_instant(when)
-        for r in reversed(self.records()):
-            # The one instant spelling sorts as text: no parse per record.
-            if r.at < stamp:
-                if r.turns == 1:
-                    break
-                continue
-            turns += r.turns
-            tokens += r.tokens
-        return turns, tokens
+        """(turns, tokens) recorded at or after `when`; a budget asks this before each
+        message."""
+        records = self.records_since(when)
+        return sum(r.turns for r in records), sum(r.tokens for r in records)
 
 
 def ledger_path(stores: tuple[StoreDecl, ...], *, root: Path, cwd: Path) -> Path | None:

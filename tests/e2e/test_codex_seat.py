@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from connectors.codex import pinned_program
 from protocol.errors import Refusal
-from tests.conftest import REPO, Cli, start_fake_server
+from tests.conftest import Cli
 from tests.fixtures.fake_responses import ResponsesServer
 from tests.gitrepo import git, init_repo, write
 from tests.helpers import signer_key
@@ -44,15 +43,6 @@ PHRASE = "juniper-ledger-41"
 KEY_VAR = "FAKE_OPENAI_KEY"
 ENV = {KEY_VAR: "sk-fake-codex-e2e-key-0123456789"}
 DECOY = "decoy-thread-99"
-
-
-@pytest.fixture
-def fake_responses(tmp_path: Path) -> Iterator[ResponsesServer]:
-    yield from start_fake_server(
-        REPO / "tests" / "fixtures" / "fake_responses.py",
-        tmp_path / "responses-requests.jsonl",
-        ResponsesServer,
-    )
 
 
 def configure(root: Path, server: ResponsesServer) -> None:

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_relocation import _carry, _hosts, _restore, _spawn_and_cut
-from tests.e2e.test_resume import PHRASE
+from tests.e2e.test_relocation import _hosts
+from tests.e2e.test_repo_shapes_travel import travels_to_another_root
 from tests.gitrepo import git, write
-from tests.integration.test_repo_shapes import fingerprint
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -85,19 +84,5 @@ SHAPES: dict[str, Callable[[Path, Path], Path]] = {
 async def test_a_real_history_travels_to_another_root(tmp_path: Path, shape: str) -> None:
     a, dest = _hosts(tmp_path)
     cwd = SHAPES[shape](tmp_path, a.root)
-    before = fingerprint(cwd)
     assert git(cwd, "tag").strip(), "the real history's tags came with the clone"
-    row, attempt_dir = _spawn_and_cut(a, None, cwd)
-    copy = _carry(a, dest, attempt_dir, tmp_path)
-    assert not a.root.exists()
-
-    result = _restore(dest, copy, None)
-    [seat] = result["seats"]
-    new_cwd = dest.root / "repo"
-    assert seat["relocated"] == {"cwdBefore": str(cwd.resolve()), "cwdAfter": str(new_cwd)}
-    assert fingerprint(new_cwd) == before
-    assert (
-        dest.json("send", "default", "What was the phrase?", "--wait")["reply"]
-        == f"The phrase is {PHRASE}."
-    )
-    dest.run("down")
+    travels_to_another_root(tmp_path, a, dest, cwd)

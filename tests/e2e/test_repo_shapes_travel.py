@@ -75,7 +75,18 @@ PRINTS: dict[str, Callable[[Path], dict[str, object]]] = {"submodules": submodul
 async def test_the_repository_shape_travels_to_another_root(tmp_path: Path, shape: str) -> None:
     a, dest = _hosts(tmp_path)
     cwd = SHAPES[shape](tmp_path, a.root)
-    print_of = PRINTS.get(shape, fingerprint)
+    travels_to_another_root(tmp_path, a, dest, cwd, PRINTS.get(shape, fingerprint))
+
+
+def travels_to_another_root(
+    tmp_path: Path,
+    a: Cli,
+    dest: Cli,
+    cwd: Path,
+    print_of: Callable[[Path], dict[str, object]] = fingerprint,
+) -> None:
+    """The seat in `cwd` cut at `a`, carried to `dest` (another root at another path; `a` gone)
+    and resumed there: the same session, the tree the same by `print_of`, its phrase answered."""
     before = print_of(cwd)
     row, attempt_dir = _spawn_and_cut(a, None, cwd)
     copy = _carry(a, dest, attempt_dir, tmp_path)

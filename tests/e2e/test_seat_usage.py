@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from connectors.codex import pinned_program
 from manager.daemon.usage import LEDGER_DIR, LEDGER_FILE, decode_records
 from protocol.errors import Refusal
 from protocol.instant import format_instant
-from tests.conftest import PI_CLI, REPO, AnthropicServer, Cli, FakeServer, start_fake_server
+from tests.conftest import PI_CLI, AnthropicServer, Cli, FakeServer
 from tests.e2e.test_move import seat_repo, two_roots  # noqa: F401  (the fixture)
 from tests.fixtures.fake_responses import ResponsesServer
 from tests.gitrepo import committed_repo
@@ -124,15 +123,6 @@ async def test_a_pi_seats_usage_is_counted_priced_and_moves_with_it(
     # A price written while the manager runs is read by the next `ps`.
     (b.root / "cotal.toml").write_text(config + PRICES)
     assert usage_of(b, "coder") == (360, 24, 0.426)
-
-
-@pytest.fixture
-def fake_responses(tmp_path: Path) -> Iterator[ResponsesServer]:
-    yield from start_fake_server(
-        REPO / "tests" / "fixtures" / "fake_responses.py",
-        tmp_path / "responses-requests.jsonl",
-        ResponsesServer,
-    )
 
 
 def claude_config(server: AnthropicServer) -> str:

@@ -32,6 +32,7 @@ import pytest
 
 from manager.workspace.layout import Layout
 from tests.conftest import PI_CLI, REPO, Cli, SharedBroker, cotal_env, start_fake_server
+from tests.e2e.test_move import committed_root
 from tests.gitrepo import git, init_repo, write
 from tests.helpers import (
     ask,
@@ -51,10 +52,7 @@ SLOW = "harrier-inflight-39"
 
 
 def _root(path: Path, b: SharedBroker, toml: str = "", url: str | None = None) -> Cli:
-    init_repo(path)
-    write(path / "README.md", "# takeover\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "first")
+    committed_root(path)
     cli = Cli(path)
     if toml:
         (path / "cotal.toml").write_text(toml)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PI_CLI, AnthropicServer, Cli, FakeServer, SharedBroker
+from tests.e2e.test_move import committed_root
 from tests.gitrepo import git, init_repo, write
 from tests.harness import claude_installed
 from tests.helpers import ask, processes_mentioning, signer_key, wait_until
@@ -29,10 +30,7 @@ ENV = {KEY_VAR: "sk-ant-fake-e2e-key-0123456789"}
 
 
 def _root(path: Path, b: SharedBroker, toml: str, env: dict[str, str]) -> Cli:
-    init_repo(path)
-    write(path / "README.md", "# takeover\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "first")
+    committed_root(path)
     (path / "cotal.toml").write_text(toml)
     cli = Cli(path, env=dict(env))
     cli.run("up", "--detach", "--server", b.url, "--creds", b.creds)

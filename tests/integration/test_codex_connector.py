@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import pytest
 from connectors.base import LaunchOpts, TurnOutcome
 from connectors.codex import CodexConnector, CodexDriver, pinned_program, rollouts
 from protocol.errors import Refusal
-from tests.conftest import REPO, Cli, start_fake_server
+from tests.conftest import REPO, Cli
 from tests.fixtures.fake_responses import ResponsesServer
 from tests.harness import Seat, read_pointer, running_seat, seat_opts
 from tests.helpers import wait_until
@@ -57,15 +56,6 @@ KEY_VAR = "COTAL_TEST_CODEX_KEY"
 TIMEOUT = 20
 NOTED = TurnOutcome("ok", f"Noted: {PHRASE}.")
 RECALLED = TurnOutcome("ok", f"The phrase is {PHRASE}.")
-
-
-@pytest.fixture
-def fake_responses(tmp_path: Path) -> Iterator[ResponsesServer]:
-    yield from start_fake_server(
-        REPO / "tests" / "fixtures" / "fake_responses.py",
-        tmp_path / "responses-requests.jsonl",
-        ResponsesServer,
-    )
 
 
 @pytest.fixture

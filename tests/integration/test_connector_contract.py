@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,7 +40,7 @@ from connectors.pi import PiConnector, read_session_header
 from connectors.scribe.connector import ScribeConnector
 from protocol.errors import Refusal
 from protocol.session import SessionPointer
-from tests.conftest import PI_CLI, REPO, AnthropicServer, FakeServer, start_fake_server
+from tests.conftest import PI_CLI, REPO, AnthropicServer, FakeServer
 from tests.fixtures.fake_responses import ResponsesServer
 from tests.harness import Seat, mode, placeholder_binary, read_pointer, running_seat, seat_opts
 from tests.harness import sha256 as file_sha256
@@ -527,15 +527,6 @@ class Live:
 
 def _text(content: Any) -> str:
     return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
-
-
-@pytest.fixture
-def fake_responses(tmp_path: Path) -> Iterator[ResponsesServer]:
-    yield from start_fake_server(
-        REPO / "tests" / "fixtures" / "fake_responses.py",
-        tmp_path / "responses-requests.jsonl",
-        ResponsesServer,
-    )
 
 
 @pytest.fixture
