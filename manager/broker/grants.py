@@ -627,13 +627,16 @@ async def wait_granted(
 
 
 def pid_alive(pid_file: str) -> int | None:
-    """The pid a target's pid file names, if that process lives."""
+    """The pid a target's pid file names, if that process lives. A stopped server's zombie
+    (init reaps it late here) does not: a keeper started for it would wait for a broker that
+    is gone."""
+    from manager.procs import process_start_time
+
     try:
         pid = int(Path(pid_file).read_text().strip() or "0")
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    return pid
+    return pid if pid > 0 and process_start_time(pid) is not None else None
 
 
 def stop_keeper(gdir: Path, *, timeout: float = 5.0) -> None:
