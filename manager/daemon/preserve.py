@@ -731,7 +731,10 @@ class Preservation:
         if held.holds(attempt) and held.state == "preserved":
             raise Refusal(
                 Code.COMMIT_BEGUN,
-                f"cut {attempt} is sealed; its seats are captured and it cannot be aborted",
+                # The coordinator's own words when it sees the seal first (manager/coord/cut.py):
+                # which side sees it depends on when the abort arrives.
+                f"cut {attempt} is sealed: its seats were stopped and captured, so it can no "
+                "longer be aborted",
                 "finish it (`cotal down --preserve-state`); its seats resume from the checkpoint "
                 "(`cotal up --restore`)",
             )
