@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # clone; an installed wheel uses the user's data directory instead (connectors/harnesses.py).
 export COTAL_TOOLS_DIR ?= $(CURDIR)/.tools
 
-.PHONY: demo test quick lint venv clean harnesses
+.PHONY: demo test quick lint venv clean harnesses system
 
 # A machine that sets PYTHONDONTWRITEBYTECODE (CI's does) makes every CLI call compile the
 # modules no earlier process cached; the managers run with -I, which ignores it, so only the
@@ -29,6 +29,13 @@ venv: $(STAMP)
 harnesses: $(STAMP)
 	$(PY) -m manager.cli.tools install
 
+# Debian packages the tests drive for real: git-lfs (LFS objects travel with a cut) and chromium
+# (the console's web view, screenshotted headless). Installed only where missing, so a machine
+# that has them pays one dpkg query each; deploy/system-packages.sh says what to do without root.
+SYSTEM_PACKAGES := git-lfs chromium
+system:
+	sh deploy/system-packages.sh $(SYSTEM_PACKAGES)
+
 # Lint first: a test run that passes on code that does not lint is not a green build. Six
 # workers on two cores: since a test's CLI calls fork from a warm interpreter (tests/clifork.py)
 # the suite no longer keeps both cores busy, and most tests wait on real brokers, git and seats
@@ -38,7 +45,7 @@ harnesses: $(STAMP)
 # do not all end up in one worker's tail. Tests marked `serial` (races between private mount
 # namespaces) then run alone.
 TEST_WORKERS ?= 6
-test: lint harnesses
+test: lint harnesses system
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests
 
@@ -57,7 +64,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check protocol connectors manager tests bench deploy
 	$(VENV)/bin/mypy
 
-demo: $(STAMP)
+demo: $(STAMP) system
 	$(PY) deploy/demo.py
 
 clean:
