@@ -26,7 +26,9 @@ import msgspec
 from anyio import TASK_STATUS_IGNORED
 from anyio.abc import TaskStatus
 
+from protocol.errors import Refusal
 from protocol.move import harness_version_key
+from protocol.refusals import Code
 
 if TYPE_CHECKING:
     # The doctor's report and pins live with its probes; only named here, in a signature.
@@ -46,6 +48,24 @@ class Capabilities:
     supports_session_continuation: bool = False
     supports_fresh_start: bool = False
     supports_prompt: bool = False
+    # Whether the harness can call the mesh (a tool its model is given, or calls its driver
+    # carries): a seat of one that cannot is refused `--allow-send` and `--allow-post` at the
+    # spawn, since a permission it can never use would only look like one.
+    mesh_tool: bool = True
+
+
+def refuse_mesh_without_tool(
+    agent: str, caps: Capabilities, allow_send: Sequence[str], allow_post: Sequence[str]
+) -> None:
+    if caps.mesh_tool or not (allow_send or allow_post):
+        return
+    given = (("--allow-send", allow_send), ("--allow-post", allow_post))
+    flags = [flag for flag, values in given if values]
+    raise Refusal(
+        Code.UNSUPPORTED,
+        f"agent {agent!r} has no mesh tool, so its seat could never use {' or '.join(flags)}",
+        f"spawn it without {' and '.join(flags)}, or use an agent that has one (docs/mesh.md)",
+    )
 
 
 def continuity_class(caps: Capabilities) -> ContinuityClass:

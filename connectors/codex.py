@@ -47,6 +47,7 @@ from connectors.doctorkit import (
 from connectors.driverkit import HarnessGone as HarnessGone
 from connectors.driverkit import JsonStdioDriver, Turn, unavailable_outcome
 from connectors.harnesses import Native, binary_of, get_pin
+from connectors.interpreter import own_python
 from connectors.launchkit import (
     UUID_RE,
     KeyedEndpointConfig,
@@ -65,6 +66,8 @@ from connectors.launchkit import (
     seat_cwd,
     seat_files,
 )
+from connectors.meshclient import MESH_DIR_ENV
+from connectors.meshtool.mcp import SERVER_NAME as MESH_SERVER
 from connectors.privatefs import ensure_seat_dir, read_stable, write_private_atomic
 from protocol import names
 from protocol.errors import Refusal
@@ -78,8 +81,10 @@ KEY_VAR = "CODEX_PROVIDER_API_KEY"
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 PROVIDER = "cotal"
-# What the pinned app-server accepts (its generated JSON schema: AskForApproval, SandboxMode).
-APPROVAL_POLICIES = ("untrusted", "on-request", "never")
+# What the pinned app-server accepts (its generated JSON schema: AskForApproval, SandboxMode),
+# less `untrusted`: the schema still names it, but Codex 0.169.0 refuses it in config.toml at
+# start ("no longer supported"), so such a seat would exit before ready. Refused at the spawn.
+APPROVAL_POLICIES = ("on-request", "never")
 SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 # A seat has nobody to answer an approval, and edits its own workspace.
 DEFAULT_APPROVAL = "never"
@@ -133,8 +138,14 @@ def repoint_state(home: Path, thread_id: str, rollout: Path, cwd: Path) -> None:
             ) from None
 
 
-def config_toml(*, base_url: str, model: str | None, approval: str, sandbox: str) -> str:
-    """The seat's `config.toml`. JSON strings are TOML basic strings (ASCII, `\\u` escapes)."""
+def config_toml(
+    *, base_url: str, model: str | None, approval: str, sandbox: str, mesh_dir: Path | None = None
+) -> str:
+    """The seat's `config.toml`. JSON strings are TOML basic strings (ASCII, `\\u` escapes).
+
+    With `mesh_dir`, the mesh tool (cotal's own MCP server, connectors/meshtool) is one of the
+    seat's MCP servers, the one Claude Code seats are given: Codex starts it as its child, inside
+    the seat's sandbox, and it reaches the manager through the seat's mesh socket."""
     q = json.dumps
     lines = [f"model = {q(model)}"] if model is not None else []
     lines += [
@@ -161,6 +172,17 @@ def config_toml(*, base_url: str, model: str | None, approval: str, sandbox: str
         'wire_api = "responses"',
         f"env_key = {q(KEY_VAR)}",
     ]
+    if mesh_dir is not None:
+        python, *args = own_python("connectors.meshtool")
+        lines += [
+            "",
+            f"[mcp_servers.{MESH_SERVER}]",
+            f"command = {q(python)}",
+            f"args = [{', '.join(q(a) for a in args)}]",
+            # Codex hands a stdio server only a few variables of its own (not the seat's whole
+            # environment), so the mesh dir is named here or the server could not find its socket.
+            f"env = {{ {MESH_DIR_ENV} = {q(str(mesh_dir))} }}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -288,6 +310,7 @@ class CodexConnector:
                 model=cfg.model,
                 approval=cfg.approval,
                 sandbox=cfg.sandbox,
+                mesh_dir=opts.mesh_dir,
             ).encode(),
         )
         if opts.continue_session:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from connectors.base import LaunchOpts, Relocation
 from connectors.codex import KEY_VAR, CodexConnector, relocate_codex_session
+from connectors.interpreter import own_python
 from protocol.errors import Refusal
 from tests.harness import mode, placeholder_binary, seat_opts
 
@@ -91,10 +93,30 @@ def test_approvals_sandbox_and_a_key_file_are_seat_options(
     assert exc.value.code == "not-private"
 
 
+def test_a_seat_with_a_mesh_dir_gets_the_mesh_tool_as_an_mcp_server(
+    root: Path, binary: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    mesh = root / ".cotal" / "mesh" / "alice"
+    spec = CodexConnector().build_launch(replace(opts(root, binary), mesh_dir=mesh))
+    config = tomllib.loads((Path(spec.env["CODEX_HOME"]) / "config.toml").read_text())
+    python, *args = own_python("connectors.meshtool")
+    assert config["mcp_servers"] == {
+        "cotal": {"command": python, "args": args, "env": {"COTAL_MESH_DIR": str(mesh)}}
+    }
+    # Without a mesh socket, no server.
+    plain = CodexConnector().build_launch(opts(root, binary))
+    assert "mcp_servers" not in tomllib.loads(
+        (Path(plain.env["CODEX_HOME"]) / "config.toml").read_text()
+    )
+
+
 @pytest.mark.parametrize(
     ("config", "code"),
     [
         ({"approval_policy": "always"}, "bad-launch"),
+        # In the app-server's schema, but refused by Codex 0.169.0 at start.
+        ({"approval_policy": "untrusted"}, "bad-launch"),
         ({"sandbox": "none"}, "bad-launch"),
         ({"api_key_env": "NOT_SET_ANYWHERE"}, "no-credentials"),
         ({"extra_env": ["CODEX_HOME"]}, "bad-launch"),

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from connectors.base import Capabilities, LaunchOpts, LaunchSpec, continuity_class
+from connectors.base import (
+    Capabilities,
+    LaunchOpts,
+    LaunchSpec,
+    continuity_class,
+    refuse_mesh_without_tool,
+)
+from manager import registry
 from manager.workspace.identity import load_or_create_identity
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
@@ -76,4 +83,21 @@ def test_continuity_is_derived_from_declared_flags_only() -> None:
     assert (
         continuity_class(Capabilities(supports_session_continuation=True, supports_resume=True))
         == "exact"
+    )
+
+
+def test_a_harness_without_a_mesh_tool_refuses_a_mesh_permission_by_name() -> None:
+    # Every harness cotal knows takes the mesh tool; one that could not is refused the flags.
+    for agent in registry.KNOWN:
+        assert registry.load_connector(agent).capabilities.mesh_tool, agent
+    without = Capabilities(supports_fresh_start=True, mesh_tool=False)
+    refuse_mesh_without_tool("toolless", without, [], [])
+    with pytest.raises(Refusal) as exc:
+        refuse_mesh_without_tool("toolless", without, ["b"], ["ops"])
+    assert (exc.value.code, exc.value.message, exc.value.cure) == (
+        "unsupported",
+        "agent 'toolless' has no mesh tool, so its seat could never use --allow-send or "
+        "--allow-post",
+        "spawn it without --allow-send and --allow-post, or use an agent that has one "
+        "(docs/mesh.md)",
     )

@@ -17,7 +17,7 @@ import msgspec
 import structlog
 from nats.js.kv import KeyValue
 
-from connectors.base import continuity_class
+from connectors.base import continuity_class, refuse_mesh_without_tool
 from manager import registry
 from manager.broker import channels, custody, footprint
 from manager.broker.fence import WriterFence
@@ -225,6 +225,7 @@ class SeatHandlers:
         subscribe, allow_post = registry.seat_channels(
             mgr.config, name, args.subscribe, args.allow_post
         )
+        refuse_mesh_without_tool(args.agent, connector.capabilities, allow_send, allow_post)
         uid = names.mint_lifecycle_uid()
         return Seat(
             name=name,
