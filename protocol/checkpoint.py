@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
@@ -79,6 +79,13 @@ MAX_SKIP_WORKTREE = 1_000_000
 # `.git/config.worktree`, which `git sparse-checkout` writes its settings into (with
 # `extensions.worktreeConfig` in the config): carried byte for byte, never with a credential.
 WORKTREE_CONFIG_FILE = "git-config-worktree"
+# Git LFS objects the checkout and the stash point at: their list (`<oid> <size>\n` a line, in
+# oid order, each once) and their bytes, concatenated in the list's order. An object's oid is
+# the sha256 of its bytes, so each is proven by its own name as it is written at the destination.
+LFS_LIST_FILE = "lfs-objects.txt"
+LFS_PACK_FILE = "lfs-objects.pack"
+MAX_LFS_OBJECTS = 100_000
+LFS_LIST_CAP = MAX_LFS_OBJECTS * 86
 # A submodule's artifacts sit beside the superproject's under a prefix of their own: its
 # parent's prefix and `sm<n>-`, n its place among its parent's gitlinks (nested up to four deep).
 MAX_SUBMODULES = 100
@@ -361,6 +368,38 @@ def parse_skip_worktree(data: bytes) -> list[str]:
     return paths
 
 
+_LFS_LINE_RE = re.compile(rb"([0-9a-f]{64}) (0|[1-9][0-9]{0,15})")
+
+
+def parse_lfs_list(data: bytes) -> list[tuple[str, int]]:
+    """`lfs-objects.txt` as the capture writes it: `<oid> <size>` a line, newline-ended, in oid
+    order, each oid once; as (oid, size) pairs."""
+    if not data:
+        raise ValueError("the LFS object list is empty; an empty list is not carried")
+    if len(data) > LFS_LIST_CAP:
+        raise ValueError(
+            f"the LFS object list holds {len(data)} bytes, over its {LFS_LIST_CAP} cap"
+        )
+    if not data.endswith(b"\n"):
+        raise ValueError("the LFS object list does not end with a newline")
+    objects: list[tuple[str, int]] = []
+    for line in data[:-1].split(b"\n"):
+        found = _LFS_LINE_RE.fullmatch(line)
+        if found is None:
+            raise ValueError(f"LFS object list line {line[:100]!r} is not `<sha256> <size>`")
+        oid = found.group(1).decode("ascii")
+        if objects and oid <= objects[-1][0]:
+            raise ValueError(f"the LFS object list names {oid} out of order or twice")
+        objects.append((oid, int(found.group(2))))
+    if len(objects) > MAX_LFS_OBJECTS:
+        raise ValueError(f"the LFS object list names more than {MAX_LFS_OBJECTS} objects")
+    return objects
+
+
+def format_lfs_list(objects: Iterable[tuple[str, int]]) -> bytes:
+    return b"".join(b"%s %d\n" % (oid.encode("ascii"), size) for oid, size in objects)
+
+
 # -- records ------------------------------------------------------------------------------------
 
 
@@ -490,6 +529,28 @@ class SparseRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
                 )
 
 
+class LfsRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The Git LFS objects a repository's checkout (its HEAD tree, index and working tree) and
+    its stash point at, read from its LFS storage: `objects` is their list (`lfs-objects.txt`,
+    `count` lines of `<oid> <size>`), `pack` their bytes in the list's order
+    (`lfs-objects.pack`), both named with the repository's prefix. The destination writes each
+    into its own LFS storage, proving its bytes hash to its oid, before anything is checked out,
+    so no LFS server is ever asked."""
+
+    objects: FileRef
+    pack: FileRef
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_LFS_OBJECTS)]
+
+    def check_named(self, prefix: str) -> None:
+        for ref, name in ((self.objects, LFS_LIST_FILE), (self.pack, LFS_PACK_FILE)):
+            if ref.file != prefix + name:
+                raise ValueError(f"lfs files must be stored as {prefix + name!r}, not {ref.file!r}")
+        if not 0 < self.objects.bytes <= LFS_LIST_CAP:
+            raise ValueError(
+                f"lfs.objects names {self.objects.bytes} bytes; the list is 1 to {LFS_LIST_CAP}"
+            )
+
+
 class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
 
@@ -522,7 +583,9 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     record sealed before these shapes travelled encodes, and so verifies, exactly as it was
     signed. `submodules` is every gitlink of the index, in index order, each a
     `SubmoduleRecord` whose checked-out submodule is a `RepositoryRecord` of its own, its files
-    named with its prefix (`sm<n>-`) and listed by `files()`; `UNSET` without any.
+    named with its prefix (`sm<n>-`) and listed by `files()`; `UNSET` without any. `lfs` is the
+    Git LFS objects the checkout and the stash point at (`LfsRecord`), `UNSET` for a repository
+    that uses no LFS.
     """
 
     base: ObjectId
@@ -549,10 +612,13 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     sparse: SparseRecord | msgspec.UnsetType = msgspec.UNSET
     worktree_config: FileRef | msgspec.UnsetType = msgspec.UNSET
     submodules: list[SubmoduleRecord] | msgspec.UnsetType = msgspec.UNSET
+    lfs: LfsRecord | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         if self.submodules is not msgspec.UNSET:
             self._check_submodules(self.submodules)
+        if self.lfs is not msgspec.UNSET:
+            self.lfs.check_named(self.file_prefix)
         if self.since is not None and self.precopy is not None:
             raise ValueError("a record builds on a predecessor (since) or a pre-copy, not both")
         if self.shallow is not msgspec.UNSET:
@@ -675,6 +741,8 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
             )
         if self.worktree_config is not msgspec.UNSET:
             files.append(self.worktree_config)
+        if self.lfs is not msgspec.UNSET:
+            files += [self.lfs.objects, self.lfs.pack]
         if self.submodules is not msgspec.UNSET:
             for sub in self.submodules:
                 if sub.repository is not None:

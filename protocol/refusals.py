@@ -637,6 +637,14 @@ class Code(StrEnum):
         "read git's message; nothing was changed. Killed: find what killed it (the kernel's log "
         "names the OOM killer), then rerun the same command, which captures or restores again",
     )
+    GIT_LFS_MISSING = (
+        "git-lfs-missing",
+        "a checkpoint carries Git LFS objects and this host cannot check them out: git-lfs is "
+        "not on PATH, or git has no LFS filter (the source's `git lfs install` was global, and "
+        "a global config does not travel)",
+        "install git-lfs here (Debian: `apt-get install git-lfs`) and run `git lfs install`, "
+        "then resume again; nothing was claimed",
+    )
     GIT_MISSING = (
         "git-missing",
         "git cannot be run (not on PATH, or the directory is gone)",
@@ -773,6 +781,14 @@ class Code(StrEnum):
         "the journal is still at a state of the attempt that reads this checkpoint",
         "finish or abandon that attempt, then discard",
     )
+    LFS_OBJECT_MISSING = (
+        "lfs-object-missing",
+        "a repository uses Git LFS and an object its checkout or stash points at is not in its "
+        "local LFS storage (or not the size its pointer says); a checkpoint carries LFS objects "
+        "from that storage and never fetches them",
+        "run `git lfs fetch --all` (or `git lfs pull` for the checkout) while the LFS server is "
+        "reachable, then cut again; nothing was stopped",
+    )
     LIFECYCLE_PROOF_FAILED = (
         "lifecycle-proof-failed",
         "a seat's inbox durable is not at the broker, so its lifecycle cannot be proven",
@@ -781,8 +797,8 @@ class Code(StrEnum):
     LINKED_WORKTREE = (
         "linked-worktree",
         "a seat's cwd is a linked worktree (`git worktree add`) of a bare repository, a "
-        "submodule's or a separate git dir, or one with submodules; a checkpoint carries a "
-        "linked worktree as a repository of its own only from an ordinary main repository",
+        "submodule's or a separate git dir; a checkpoint carries a linked worktree as a "
+        "repository of its own only from an ordinary main repository",
         "run the seat in a clone of its own (`git clone`), then cut again; nothing was stopped",
     )
     LIVENESS_UNKNOWN = (

@@ -82,6 +82,7 @@ from manager.procs import process_start_time
 from manager.workspace.private import read_stable
 from protocol import names
 from protocol.checkpoint import (
+    LFS_LIST_CAP,
     SHALLOW_CAP,
     SKIP_WORKTREE_CAP,
     AttemptManifest,
@@ -94,6 +95,7 @@ from protocol.checkpoint import (
     SessionFile,
     SessionRecord,
     SpaceRecord,
+    parse_lfs_list,
     parse_refs_list,
     parse_shallow_list,
     parse_skip_worktree,
@@ -712,6 +714,105 @@ def _prove_objects(
     _check_objects_present(name, seat_dir, record, refs, bundle, scratch)
     _check_shallow(name, seat_dir, record, bundle, scratch)
     _check_sparse(name, seat_dir, record)
+    _check_lfs(name, seat_dir, record)
+
+
+def _lfs_repositories(record: RepositoryRecord) -> list[RepositoryRecord]:
+    """The repository and its submodules (recursively) that carry Git LFS objects."""
+    found: list[RepositoryRecord] = []
+    pending = [record]
+    while pending:
+        repo = pending.pop()
+        if repo.submodules is not msgspec.UNSET:
+            pending += [s.repository for s in repo.submodules if s.repository is not None]
+        if repo.lfs is not msgspec.UNSET:
+            found.append(repo)
+    return found
+
+
+def _check_lfs(name: str, seat_dir: Path, record: RepositoryRecord) -> None:
+    """Each carried LFS object list (the repository's and its submodules') is the list the
+    capture writes, naming as many objects as the record says and exactly the bytes of its
+    pack; each object is proven by its oid as the restore writes it."""
+    for repo in _lfs_repositories(record):
+        if repo.lfs is msgspec.UNSET:  # never: only the repositories that carry LFS are listed
+            continue
+        where = seat_dir / repo.lfs.objects.file
+        cure = "copy the checkpoint again from the source host, or cut the seat again"
+        try:
+            objects = parse_lfs_list(read_stable(where, cap=LFS_LIST_CAP, what="LFS list").data)
+        except (ValueError, Refusal) as exc:
+            detail = exc.message if isinstance(exc, Refusal) else str(exc)
+            raise _refuse(
+                "integrity", Code.BAD_RECORD, f"seat {name}: {where}: {detail}", cure
+            ) from None
+        total = sum(size for _, size in objects)
+        if len(objects) != repo.lfs.count or total != repo.lfs.pack.bytes:
+            raise _refuse(
+                "integrity",
+                Code.BAD_RECORD,
+                f"seat {name}: {where} names {len(objects)} LFS objects of {total} bytes, the "
+                f"record {repo.lfs.count} objects and a pack of {repo.lfs.pack.bytes} bytes",
+                cure,
+            )
+
+
+_LFS_FILTER_KEYS = r"^filter\.lfs\.(process|clean)$"
+_GIT_LFS_CURE = (
+    "install git-lfs here (Debian: `apt-get install git-lfs`) and run `git lfs install`, or "
+    "resume it on a host that has it; nothing was claimed"
+)
+
+
+def check_git_lfs(adm: Admission) -> None:
+    """With identity's, before anything is claimed: `check_git_lfs_seat` for every seat."""
+    dirs = {seat.name: seat.dir for seat in adm.manifest.seats}
+    for name, record in adm.records.items():
+        check_git_lfs_seat(name, adm.attempt_dir / dirs[name], record.repository)
+
+
+def check_git_lfs_seat(name: str, seat_dir: Path, record: RepositoryRecord) -> None:
+    """A seat whose repository (or a submodule) carries Git LFS objects needs git-lfs on this
+    host's PATH, which the restore's checkout runs to smudge them into the tree, and git's LFS
+    filter where the restored repository reads its config: in the carried config (the source's
+    `git lfs install --local`) or in this host's global config (a global `git lfs install` at
+    the source does not travel). Refused by name, `git-lfs-missing`, rather than as a checkout
+    that fails after the claim. A seat without LFS costs nothing here; one with it, a `git
+    config` read or two."""
+    repositories = _lfs_repositories(record)
+    if not repositories:
+        return
+    if shutil.which("git-lfs") is None:
+        raise _refuse(
+            "identity",
+            Code.GIT_LFS_MISSING,
+            f"seat {name}: its checkpoint carries Git LFS objects and git-lfs is not on this "
+            "host's PATH; the restore's checkout runs it to put their bytes in the tree",
+            _GIT_LFS_CURE,
+        )
+    global_filter: bool | None = None
+    for repo in repositories:
+        if repo.config is not None and _sets_lfs_filter(
+            seat_dir, "--file", str(seat_dir / repo.config.file)
+        ):
+            continue
+        if global_filter is None:
+            global_filter = _sets_lfs_filter(seat_dir, "--global")
+        if not global_filter:
+            raise _refuse(
+                "identity",
+                Code.GIT_LFS_MISSING,
+                f"seat {name}: its checkpoint carries Git LFS objects, and git has no LFS "
+                "filter for the restored repository: its carried config sets none (the "
+                "source's `git lfs install` was global, which does not travel) and this "
+                "host's global config sets none either",
+                _GIT_LFS_CURE,
+            )
+
+
+def _sets_lfs_filter(cwd: Path, *where: str) -> bool:
+    found = _git(cwd, "config", *where, "--get-regexp", _LFS_FILTER_KEYS)
+    return found.returncode == 0 and bool(found.stdout.strip())
 
 
 def _check_sparse(name: str, seat_dir: Path, record: RepositoryRecord) -> None:
@@ -899,7 +1000,8 @@ def identity(
     maps: Mapping[Path, Path] | None = None,
 ) -> None:
     """Gate 2: same space, every path carried onto this root (the source root onto `root`, the
-    rest through `maps`) and confined, a uid nobody runs, and the recorded profile revision.
+    rest through `maps`) and confined, a uid nobody runs, the recorded profile revision, and
+    git-lfs with its filter here for a seat that carries Git LFS objects (`check_git_lfs`).
     The confined paths are kept in `adm.confined` for the restore to write through (and check
     again); on a pass `adm.inventory` becomes the relocated inventory, the one this root
     journals and hands to its manager."""
@@ -925,6 +1027,7 @@ def identity(
         relocations[name] = reloc
         _check_uid_free(name, record.lifecycle_uid, live_uids, held_uids)
         _check_profile(adm, name, record, settings_for)
+    check_git_lfs(adm)
     adm.confine_to = (root, *(new for new in user_maps.values()))
     adm.maps = user_maps
     adm.inventory = relocate_inventory(

@@ -35,6 +35,7 @@ import functools
 import hashlib
 import os
 import re
+import shutil
 import stat
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -52,7 +53,7 @@ from connectors.privatefs import (
     read_stable,
     walk_below,
 )
-from manager.checkpoint import chain
+from manager.checkpoint import chain, lfs
 from manager.checkpoint.admit import Scratch
 from manager.checkpoint.confine import CURE_FORGED, lexical, parts_problem
 from manager.checkpoint.gitstate import (
@@ -78,6 +79,7 @@ from protocol.checkpoint import (
     SubmoduleRecord,
     check_repository_lists,
     parse_intent_to_add,
+    parse_lfs_list,
     parse_refs_list,
     parse_shallow_list,
     parse_skip_worktree,
@@ -643,6 +645,147 @@ async def _restore_sparse(staging: Path, seat_dir: Path, record: RepositoryRecor
         )
 
 
+def _write_lfs_objects(
+    gitdir: Path, storage: str, pack: Path, objects: Sequence[tuple[str, int]]
+) -> None:
+    """Each carried LFS object into the staged repository's LFS storage (`storage`, relative to
+    `gitdir`), proven to hash to its oid and to be its size as it is written; the pack must hold
+    exactly the objects its list names."""
+    cure = "copy the checkpoint again from the source host, or cut the seat again"
+    root_fd = os.open(gitdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with open(pack, "rb") as stream:
+            for oid, size in objects:
+                rel = f"{storage}/objects/{oid[:2]}/{oid[2:4]}/{oid}"
+                parent, leaf = _open_dirs(root_fd, rel, create=True)
+                try:
+                    fd = os.open(
+                        leaf,
+                        os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o644,
+                        dir_fd=parent,
+                    )
+                finally:
+                    os.close(parent)
+                digest = hashlib.sha256()
+                left = size
+                with os.fdopen(fd, "wb") as out:
+                    while left:
+                        chunk = stream.read(min(CHUNK, left))
+                        if not chunk:
+                            break
+                        digest.update(chunk)
+                        out.write(chunk)
+                        left -= len(chunk)
+                if left or digest.hexdigest() != oid:
+                    raise Refusal(
+                        Code.INTEGRITY,
+                        f"checkpoint integrity: the Git LFS object {oid} in {pack} does not hash "
+                        f"to its oid or is not its {size} bytes",
+                        cure,
+                    )
+            if stream.read(1):
+                raise Refusal(
+                    Code.INTEGRITY,
+                    f"checkpoint integrity: {pack} holds more bytes than its list names",
+                    cure,
+                )
+    finally:
+        os.close(root_fd)
+
+
+async def _lfs_storage(seat_dir: Path, record: RepositoryRecord) -> str:
+    """Where the restored repository's git-lfs will look for its objects, relative to its git
+    dir: the carried config's `lfs.storage` (the capture refused one outside the git dir), or
+    `lfs`."""
+    if record.config is None:
+        return "lfs"
+    found = await run_git(
+        seat_dir,
+        "config",
+        "--file",
+        str(seat_dir / record.config.file),
+        "--get",
+        "lfs.storage",
+        ok=(0, 1),
+        env={"GIT_CEILING_DIRECTORIES": str(seat_dir.parent)},
+        code=Code.RESTORE_FAILED,
+    )
+    storage = os.fsdecode(found.stdout.strip())
+    if not storage:
+        return "lfs"
+    if os.path.isabs(storage) or ".." in Path(storage).parts:
+        raise Refusal(
+            Code.BAD_RECORD,
+            f"the carried config sets lfs.storage = {storage!r}, outside the repository's git dir",
+            "the checkpoint is not one cotal cut; cut the seat again on the source host",
+        )
+    return os.path.normpath(storage)
+
+
+_GIT_LFS_CURE = (
+    "install git-lfs on this host (Debian: `apt-get install git-lfs`) and run `git lfs "
+    "install`, then restore again"
+)
+
+
+async def _restore_lfs(gitdir: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+    """The carried Git LFS objects into the staged repository's storage, before anything is
+    checked out: the checkout's smudge filter then finds every object it needs here and never
+    asks an LFS server."""
+    if record.lfs is msgspec.UNSET:
+        return
+    # Admission refused this already (admit.check_git_lfs); said again here, by name, for a
+    # host whose PATH changed since, rather than as the checkout's failure.
+    if shutil.which("git-lfs") is None:
+        raise Refusal(
+            Code.GIT_LFS_MISSING,
+            f"the checkpoint carries Git LFS objects for {gitdir}, and git-lfs is not on this "
+            "host's PATH; the checkout runs it to put their bytes in the tree",
+            _GIT_LFS_CURE,
+        )
+    try:
+        objects = parse_lfs_list(_carried_bytes(seat_dir, record.lfs.objects))
+    except ValueError as exc:
+        raise Refusal(
+            Code.BAD_RECORD,
+            f"the carried LFS object list {seat_dir / record.lfs.objects.file}: {exc}",
+            "copy the checkpoint again from the source host, or cut the seat again",
+        ) from None
+    if (
+        len(objects) != record.lfs.count
+        or sum(size for _, size in objects) != record.lfs.pack.bytes
+    ):
+        raise Refusal(
+            Code.BAD_RECORD,
+            f"the carried LFS object list {seat_dir / record.lfs.objects.file} does not name "
+            f"the record's {record.lfs.count} objects of {record.lfs.pack.bytes} bytes",
+            "copy the checkpoint again from the source host, or cut the seat again",
+        )
+    storage = await _lfs_storage(seat_dir, record)
+    await anyio.to_thread.run_sync(
+        _write_lfs_objects, gitdir, storage, seat_dir / record.lfs.pack.file, objects
+    )
+
+
+async def _require_lfs_filter(repo: Path, record: RepositoryRecord) -> None:
+    """A repository that carried LFS objects needs git-lfs's filter wherever git reads it, or
+    its status (and the seat's) would compare the smudged files with their pointers. The
+    source's `git lfs install --local` travels in the config; a global one is this host's."""
+    if record.lfs is msgspec.UNSET:
+        return
+    for key in ("filter.lfs.process", "filter.lfs.clean"):
+        found = await run_git(repo, "config", "--get", key, ok=(0, 1), code=Code.RESTORE_FAILED)
+        if found.stdout.strip():
+            return
+    raise Refusal(
+        Code.GIT_LFS_MISSING,
+        f"the checkpoint carries Git LFS objects for {repo}, but git on this host has no LFS "
+        "filter for it (the source set it in its global config, which does not travel)",
+        _GIT_LFS_CURE,
+    )
+
+
 async def _checkout_base(staging: Path, record: RepositoryRecord) -> None:
     found = await run_git(
         staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128)
@@ -655,9 +798,13 @@ async def _checkout_base(staging: Path, record: RepositoryRecord) -> None:
             "the bundle and the record do not belong together; copy the checkpoint again from the "
             "source host",
         )
+    # With LFS objects carried, git-lfs's own filter smudges them into the tree, whatever this
+    # host's global config says (manager/checkpoint/lfs.py).
+    filters = lfs.FILTER_FLAGS if record.lfs is not msgspec.UNSET else ()
     # Never into a submodule (an operator's global `submodule.recurse`): each has its record.
     await run_git(
         staging,
+        *filters,
         "-c",
         "submodule.recurse=false",
         "checkout",
@@ -672,7 +819,9 @@ async def _checkout_base(staging: Path, record: RepositoryRecord) -> None:
     # about 0.1 s each time). Dated back and refreshed once here, the entries are older than
     # the index, and only what the applies write is hashed again.
     await anyio.to_thread.run_sync(settle_stat_data, staging)
-    await run_git(staging, "update-index", "-q", "--refresh", ok=(0, 1), code=Code.RESTORE_FAILED)
+    await run_git(
+        staging, *filters, "update-index", "-q", "--refresh", ok=(0, 1), code=Code.RESTORE_FAILED
+    )
 
 
 async def _restore_refs(staging: Path, record: RepositoryRecord, refs: dict[str, str]) -> None:
@@ -782,11 +931,13 @@ async def _build(
 ) -> None:
     await _stage_objects(staging, seat_dir, record, links, scratch)
     await _restore_shallow(staging, seat_dir, record)
+    await _restore_lfs(staging / ".git", seat_dir, record)
     await _checkout_base(staging, record)
     # The carried config, written next, replaces the one `init` made, so the remotes are the
     # source's; it and info/exclude go in before the applies and the status comparison, which
     # read them as the source did.
     await anyio.to_thread.run_sync(_restore_gitdir, staging, seat_dir, record)
+    await _require_lfs_filter(staging, record)
     await _restore_refs(staging, record, refs)
     await _apply_changes(staging, seat_dir, record, status, intent_to_add)
     await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
@@ -906,6 +1057,22 @@ async def _build_submodule(
     gitfile = submodule_gitfile(worktree, gitdir)
     await anyio.to_thread.run_sync(_write_gitdir_file, worktree, ".git", gitfile, 0o644)
     await anyio.to_thread.run_sync(_restore_gitdir, worktree, seat_dir, record, gitdir)
+    # The carried core.worktree is the path from the source's git dir to the checkout; a
+    # linked worktree's submodule had its git dir under `worktrees/<id>/modules`, so the path
+    # is set again for the layout restored here (unchanged for a main worktree's).
+    await run_git(
+        worktree,
+        "config",
+        "--file",
+        str(gitdir / "config"),
+        "core.worktree",
+        os.path.relpath(worktree, gitdir),
+        # Named outright: git would otherwise find the repository through the `.git` file and
+        # chdir to the carried core.worktree, which does not exist here.
+        env={"GIT_DIR": str(gitdir), "GIT_WORK_TREE": str(worktree)},
+        code=Code.RESTORE_FAILED,
+    )
+    await _require_lfs_filter(worktree, record)
     await run_git(
         worktree,
         "bundle",
@@ -915,6 +1082,7 @@ async def _build_submodule(
         cure="the submodule's bundle cannot be unbundled; copy the checkpoint again",
     )
     await _restore_shallow(worktree, seat_dir, record, gitdir)
+    await _restore_lfs(gitdir, seat_dir, record)
     await _checkout_base(worktree, record)
     await _restore_refs(worktree, record, refs)
     await _apply_changes(worktree, seat_dir, record, status, intent_to_add)

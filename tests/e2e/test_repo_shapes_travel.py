@@ -1,11 +1,13 @@
-"""A shallow clone, a sparse checkout, a superproject with nested submodules and a linked
-worktree cut on one root and resumed on another (issue 42, items 1 to 4): each host runs its
-own embedded broker, the source's tree and broker are gone before the destination starts, the
-destination's root is at another path, and nothing reaches a remote. The repository comes back
-identical by `fingerprint` (status, bytes, refs, history, stash, index flags, the shallow
-boundary, the sparse patterns and config; for submodules, `git submodule status --recursive`
-and each submodule's own; a linked worktree as a repository of its own) and the seat answers
-its phrase there."""
+"""A shallow clone, a sparse checkout, a superproject with nested submodules, a linked worktree,
+a repository that uses Git LFS and the shapes combined (a sparse linked worktree with a
+submodule checked out) cut on one root and resumed on another (issue 42, items 1 to 5): each
+host runs its own embedded broker, the source's tree and broker are gone before the destination
+starts, the destination's root is at another path, and nothing reaches a remote. The
+repository comes back identical by `fingerprint` (status, bytes, refs, history, stash, index
+flags, the shallow boundary, the sparse patterns and config, the LFS objects the checkout and
+the stash point at; for submodules, `git submodule status --recursive` and each submodule's
+own; a linked worktree as a repository of its own) and the seat answers its phrase there. The
+LFS repository's server is a closed port: every object comes from the checkpoint."""
 
 from __future__ import annotations
 
@@ -20,10 +22,13 @@ from tests.e2e.test_relocation import _carry, _hosts, _restore, _spawn_and_cut
 from tests.e2e.test_resume import PHRASE
 from tests.helpers import signer_key
 from tests.integration.test_repo_shapes import (
+    combined_fingerprint,
     fingerprint,
+    lfs_checkout,
     linked_worktree,
     shallow_clone,
     sparse_checkout,
+    sparse_worktree_with_submodule,
     submodule_fingerprint,
     with_submodules,
 )
@@ -59,6 +64,17 @@ def _linked_worktree(tmp_path: Path, root: Path) -> Path:
     return seat
 
 
+def _combined(tmp_path: Path, root: Path) -> Path:
+    # A sparse linked worktree with its submodule checked out; the main checkout is under the
+    # source root, gone before the destination starts, and the submodule's origin is deleted.
+    return sparse_worktree_with_submodule(root, tmp_path / "origins", seat="repo")
+
+
+def _lfs(tmp_path: Path, root: Path) -> Path:
+    # Its LFS server is a closed port: the destination must find every object in the checkpoint.
+    return lfs_checkout(root / "repo")
+
+
 SHAPES: dict[str, Callable[[Path, Path], Path]] = {
     "shallow-depth-1": _shallow(1),
     "shallow-depth-3": _shallow(3),
@@ -66,9 +82,14 @@ SHAPES: dict[str, Callable[[Path, Path], Path]] = {
     "sparse-no-cone": _sparse("no-cone"),
     "submodules": _submodules,
     "linked-worktree": _linked_worktree,
+    "lfs": _lfs,
+    "sparse-worktree-submodule": _combined,
 }
 # A shape whose fingerprint reaches further than the repository's own.
-PRINTS: dict[str, Callable[[Path], dict[str, object]]] = {"submodules": submodule_fingerprint}
+PRINTS: dict[str, Callable[[Path], dict[str, object]]] = {
+    "submodules": submodule_fingerprint,
+    "sparse-worktree-submodule": combined_fingerprint,
+}
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 
 import msgspec
 import pytest
 
-from manager.checkpoint.admit import check_repository
+from manager.checkpoint.admit import check_git_lfs_seat, check_repository
 from manager.checkpoint.gitstate import capture_repository, preflight_repository
 from manager.checkpoint.reader import verify_seat_files
 from manager.checkpoint.restore import restore_repository
@@ -58,7 +59,44 @@ def fingerprint(repo: Path) -> dict[str, object]:
         "sparse-config": config,
         "sparse-index": git(repo, "ls-files", "--sparse", "-s", "-t", "-z"),
         "worktree-config": _maybe(_git_path(repo, "config.worktree")),
+        "lfs": lfs_objects(repo),
     }
+
+
+_POINTER = re.compile(
+    rb"version https://git-lfs\.github\.com/spec/v1\noid sha256:([0-9a-f]{64})\nsize ([0-9]+)\n"
+)
+
+
+def lfs_objects(repo: Path) -> list[tuple[str, str, str, bool]] | None:
+    """Every Git LFS pointer of the HEAD tree, the index and the newest stash entry, as (where,
+    path, oid, whether the repository's LFS storage holds bytes that hash to the oid); None for
+    a repository whose .gitattributes names no LFS filter."""
+    attributes = repo / ".gitattributes"
+    if not attributes.exists() or b"filter=lfs" not in attributes.read_bytes():
+        return None
+    storage = repo / git(repo, "rev-parse", "--git-common-dir").decode().strip() / "lfs"
+    listings = {
+        "HEAD": git(repo, "ls-tree", "-r", "-z", "HEAD"),
+        "index": git(repo, "ls-files", "-s", "-z"),
+    }
+    if git(repo, "rev-parse", "-q", "--verify", "refs/stash", check=False):
+        listings["stash"] = git(repo, "ls-tree", "-r", "-z", "stash@{0}")
+    found: list[tuple[str, str, str, bool]] = []
+    for where, listing in listings.items():
+        for entry in filter(None, listing.split(b"\0")):
+            meta, _, path = entry.partition(b"\t")
+            if not meta.startswith(b"100"):
+                continue
+            blob = meta.split()[1 if where == "index" else 2].decode()
+            pointer = _POINTER.fullmatch(git(repo, "cat-file", "blob", blob))
+            if pointer is None:
+                continue
+            oid = pointer.group(1).decode()
+            stored = storage / "objects" / oid[:2] / oid[2:4] / oid
+            present = stored.exists() and hashlib.sha256(stored.read_bytes()).hexdigest() == oid
+            found.append((where, path.decode(), oid, present))
+    return sorted(found)
 
 
 def _git_path(repo: Path, rel: str) -> Path:
@@ -125,6 +163,42 @@ def sparse_checkout(path: Path, mode: str) -> Path:
     write(repo / "top.txt", "unstaged\n")
     write(repo / "src" / "new.py", "untracked inside\n")
     write(repo / "assets" / "notes.txt", "untracked beside the left-out files\n")
+    return repo
+
+
+LFS_TOKEN = "SECRET-LFS-TOKEN-4e7a1c"
+
+
+def _lfs_bytes(seed: int, size: int) -> bytes:
+    return hashlib.shake_256(b"lfs-%d" % seed).digest(size)
+
+
+def lfs_checkout(path: Path) -> Path:
+    """A repository that uses Git LFS (`git lfs install --local`, `*.bin` tracked) whose LFS
+    server is unreachable (its URL, with a token in it, names a closed port): `assets/one.bin`
+    changed by a second commit (its first version's object is in the storage, and the checkout
+    no longer points at it), a stash that changes `assets/two.bin`, a new `three.bin` staged
+    and `one.bin` changed again in the worktree, an untracked note."""
+    repo = init_repo(path)
+    git(repo, "lfs", "install", "--local")
+    git(repo, "config", "lfs.url", f"https://lfs-user:{LFS_TOKEN}@127.0.0.1:9/unreachable/info/lfs")
+    git(repo, "lfs", "track", "*.bin")
+    # git-lfs writes .gitattributes 0640; git keeps only the executable bit, so a checkout
+    # anywhere gives it 0644 (the tree digest compares modes).
+    os.chmod(repo / ".gitattributes", 0o644)
+    write(repo / "assets" / "one.bin", _lfs_bytes(1, 200_000))
+    write(repo / "assets" / "two.bin", _lfs_bytes(2, 3_000))
+    write(repo / "README.md", "# lfs\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+    write(repo / "assets" / "one.bin", _lfs_bytes(11, 150_000))
+    git(repo, "commit", "-q", "-am", "one.bin again")
+    write(repo / "assets" / "two.bin", _lfs_bytes(21, 4_000))
+    git(repo, "stash", "push", "-q", "-m", "two.bin aside")
+    write(repo / "three.bin", _lfs_bytes(3, 70_000))
+    git(repo, "add", "three.bin")
+    write(repo / "assets" / "one.bin", _lfs_bytes(12, 160_000))
+    write(repo / "notes.txt", "untracked\n")
     return repo
 
 
@@ -603,9 +677,7 @@ async def test_a_linked_worktree_travels_as_a_repository_of_its_own(tmp_path: Pa
     assert full_digest(other) == sources["other"]
 
 
-async def test_a_linked_worktree_that_cannot_travel_is_refused(
-    tmp_path: Path, submodule_template: Path
-) -> None:
+async def test_a_linked_worktree_that_cannot_travel_is_refused(tmp_path: Path) -> None:
     # A linked worktree of a bare repository: its config says core.bare.
     origin = small_history(tmp_path / "origin")
     git(tmp_path, "clone", "-q", "--bare", str(origin), "bare.git")
@@ -615,11 +687,192 @@ async def test_a_linked_worktree_that_cannot_travel_is_refused(
         await preflight_repository(bare_wt)
     assert exc.value.code == "linked-worktree" and str(bare_wt) in exc.value.message
     assert "a bare repository" in exc.value.message and "git clone" in exc.value.cure
-    # A linked worktree with submodules: git keeps them under the worktree's own git dir.
-    repo = submodule_copy(submodule_template, tmp_path)
-    sub_wt = tmp_path / "sub-wt"
-    git(repo, "worktree", "add", "-q", "-b", "wt", str(sub_wt))
+
+
+async def test_lfs_objects_travel_without_the_lfs_server(tmp_path: Path) -> None:
+    """Every object the checkout and the stash point at travels, proven by its oid, and the
+    destination checks out the real bytes with its LFS server unreachable; the object of a
+    version the checkout no longer points at stays behind, and the token in lfs.url never
+    travels."""
+    repo = lfs_checkout(tmp_path / "work")
+    before = fingerprint(repo)
+    assert isinstance(before["lfs"], list) and all(present for *_, present in before["lfs"])
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.lfs is not msgspec.UNSET
+    carried = (seat / record.lfs.objects.file).read_bytes().split()[::2]
+    expected = {
+        hashlib.sha256(_lfs_bytes(n, size)).hexdigest().encode()
+        for n, size in ((11, 150_000), (2, 3_000), (21, 4_000), (3, 70_000), (12, 160_000))
+    }
+    assert set(carried) == expected and record.lfs.count == 5
+    assert fingerprint(target) == before
+    # Real bytes, not pointers, in the restored tree; the staged and stashed versions come back.
+    assert (target / "assets" / "one.bin").read_bytes() == _lfs_bytes(12, 160_000)
+    assert (target / "three.bin").read_bytes() == _lfs_bytes(3, 70_000)
+    assert git(target, "lfs", "fsck", "--objects") == git(repo, "lfs", "fsck", "--objects")
+    git(target, "stash", "pop", "-q")
+    assert (target / "assets" / "two.bin").read_bytes() == _lfs_bytes(21, 4_000)
+    first = hashlib.sha256(_lfs_bytes(1, 200_000)).hexdigest()
+    assert not (target / ".git" / "lfs" / "objects" / first[:2] / first[2:4] / first).exists()
+    for path in seat.iterdir():
+        assert LFS_TOKEN.encode() not in path.read_bytes(), path.name
+
+
+async def test_a_missing_lfs_object_is_refused_at_the_preflight(tmp_path: Path) -> None:
+    """The stashed version of two.bin is nowhere but in the LFS storage (a file the worktree
+    holds would be stored again by git-lfs's clean filter as soon as git looks at it): its
+    object gone, the preflight refuses by name before anything stops, and writes nothing."""
+    repo = lfs_checkout(tmp_path / "work")
+    oid = hashlib.sha256(_lfs_bytes(21, 4_000)).hexdigest()
+    stored = repo / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
+    stored.unlink()
+    before = tree_digest(repo, skip=())
     with pytest.raises(Refusal) as exc:
-        await preflight_repository(sub_wt)
-    assert exc.value.code == "linked-worktree" and "with submodules (libs/sub)" in exc.value.message
-    assert "--recurse-submodules" in exc.value.cure
+        await preflight_repository(repo)
+    assert exc.value.code == "lfs-object-missing"
+    assert f"assets/two.bin ({oid[:12]})" in exc.value.message and str(repo) in exc.value.message
+    assert "git lfs fetch --all" in exc.value.cure.replace(f"-C {repo} ", "")
+    assert tree_digest(repo, skip=()) == before
+    # An object of the wrong size is as good as missing.
+    write(stored, _lfs_bytes(21, 3_999))
+    with pytest.raises(Refusal) as exc:
+        await preflight_repository(repo)
+    assert exc.value.code == "lfs-object-missing"
+    write(stored, _lfs_bytes(21, 4_000))
+    await preflight_repository(repo)
+
+
+async def test_a_tampered_lfs_object_is_refused_at_the_restore(tmp_path: Path) -> None:
+    """A signer that seals any bytes can hand over a pack whose digest holds: each object is
+    still proven by its oid as it is written, and the target is never touched."""
+    repo = lfs_checkout(tmp_path / "work")
+    seat = seat_dir_for(tmp_path)
+    record = await capture_repository(repo, seat)
+    assert record.lfs is not msgspec.UNSET
+    name = record.lfs.pack.file
+    data = bytearray((seat / name).read_bytes())
+    data[-1] ^= 0xFF
+    os.chmod(seat / name, 0o600)
+    (seat / name).write_bytes(bytes(data))
+    doc = msgspec.json.decode(encode_json(record))
+    doc["lfs"]["pack"]["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    bad = decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
+    check_repository("default", seat, bad)
+    target = tmp_path / "dest" / "work"
+    with pytest.raises(Refusal) as exc:
+        await restore_repository(seat, bad, target, stamp=STAMP)
+    assert exc.value.code == "integrity" and "does not hash to its oid" in exc.value.message
+    assert not target.exists()
+
+
+async def test_a_host_without_git_lfs_refuses_by_name(
+    tmp_path: Path, isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint that carries LFS objects is refused `git-lfs-missing` at admission's
+    identity gate (before anything is claimed) and by the restore, its target untouched, where
+    git-lfs is not on PATH, or where git has no LFS filter: the source's `git lfs install` was
+    global, which does not travel, and this host has none."""
+    repo = lfs_checkout(tmp_path / "work")
+    seat = seat_dir_for(tmp_path)
+    record = await capture_repository(repo, seat)
+    check_git_lfs_seat("default", seat, record)
+    target = tmp_path / "dest" / "work"
+    path = os.environ["PATH"]
+    no_lfs = tmp_path / "bin-without-git-lfs"
+    no_lfs.mkdir()
+    git_program = shutil.which("git")
+    assert git_program is not None
+    (no_lfs / "git").symlink_to(git_program)
+    monkeypatch.setenv("PATH", str(no_lfs))
+    with pytest.raises(Refusal) as exc:
+        check_git_lfs_seat("default", seat, record)
+    assert exc.value.code == "git-lfs-missing" and "seat default" in exc.value.message
+    assert "git-lfs is not on this host's PATH" in exc.value.message
+    assert "apt-get install git-lfs" in exc.value.cure and "git lfs install" in exc.value.cure
+    with pytest.raises(Refusal) as exc:
+        await restore_repository(seat, record, target, stamp=STAMP)
+    assert exc.value.code == "git-lfs-missing" and not target.exists()
+    monkeypatch.setenv("PATH", path)
+
+    # The filter installed globally at the source: the carried config sets none.
+    git(repo, "config", "--local", "--remove-section", "filter.lfs")
+    git(repo, "lfs", "install", "--skip-repo")
+    global_seat = seat_dir_for(tmp_path, "global")
+    record = await capture_repository(repo, global_seat)
+    check_git_lfs_seat("default", global_seat, record)
+    (isolated_home / ".gitconfig").unlink()
+    with pytest.raises(Refusal) as exc:
+        check_git_lfs_seat("default", global_seat, record)
+    assert exc.value.code == "git-lfs-missing" and "global" in exc.value.message
+    # The first refusal kept its staging beside the target as evidence: another target here.
+    target = tmp_path / "dest-global" / "work"
+    with pytest.raises(Refusal) as exc:
+        await restore_repository(global_seat, record, target, stamp=STAMP)
+    assert exc.value.code == "git-lfs-missing" and not target.exists()
+
+
+def sparse_worktree_with_submodule(path: Path, origins: Path, seat: str = "seat") -> Path:
+    """The shapes combined: a superproject (`path/main`) with a submodule (`libs/sub`, cloned
+    from an origin under `origins` that is then deleted), and the seat's linked worktree of it
+    (`path/<seat>`, branch `seat`) with the submodule checked out there (git keeps its git dir
+    under the worktree's own, `worktrees/<id>/modules/libs/sub`) and a sparse cone of its own
+    (`libs`, `src`: `docs/` left out). The submodule has staged, unstaged and untracked work;
+    the worktree an unstaged change inside its cone and an untracked file."""
+    inner = _committed(origins / "inner", {"a.txt": "inner v1\n", "b.txt": "b\n"})
+    main = _committed(
+        path / "main",
+        {"top.txt": "top\n", "src/app.py": "app v1\n", "docs/guide.md": "guide\n"},
+    )
+    _add_submodule(main, inner, "libs/sub")
+    tree = path / seat
+    git(main, "worktree", "add", "-q", "-b", "seat", str(tree))
+    git(tree, "-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init")
+    git(tree, "sparse-checkout", "set", "--cone", "libs", "src")
+    shutil.rmtree(origins)
+    sub = tree / "libs" / "sub"
+    write(sub / "a.txt", "staged in the worktree's submodule\n")
+    git(sub, "add", "a.txt")
+    write(sub / "b.txt", "unstaged in the worktree's submodule\n")
+    write(sub / "notes.txt", "untracked in the worktree's submodule\n")
+    write(tree / "src" / "app.py", "app, unstaged\n")
+    write(tree / "src" / "new.py", "untracked in the cone\n")
+    return tree
+
+
+def combined_fingerprint(repo: Path) -> dict[str, object]:
+    """The worktree's fingerprint and its submodule's, `git submodule status --recursive`, and
+    where the submodule's git dir is: restored as a repository of its own, its `.git` file names
+    `.git/modules/libs/sub` of the restored repository rather than the source's
+    `worktrees/<id>/modules/libs/sub`, so that file's bytes are left out of the tree."""
+    top = fingerprint(repo)
+    tree = top["tree"]
+    assert isinstance(tree, dict) and tree.pop("libs/sub/.git")[0] == "file"
+    sub = fingerprint(repo / "libs" / "sub")
+    own = git(repo, "rev-parse", "--absolute-git-dir").decode().strip()
+    where = git(repo / "libs" / "sub", "rev-parse", "--absolute-git-dir").decode().strip()
+    return {
+        "top": top,
+        "sub": sub,
+        "submodules": git(repo, "submodule", "status", "--recursive"),
+        "sub-gitdir-under-own": where == f"{own}/modules/libs/sub",
+        # The submodule's work tree is its checkout here, whatever its core.worktree says.
+        "sub-toplevel": os.path.relpath(
+            git(repo / "libs" / "sub", "rev-parse", "--show-toplevel").decode().strip(), repo
+        ),
+    }
+
+
+async def test_a_sparse_linked_worktree_with_a_submodule_travels(tmp_path: Path) -> None:
+    tree = sparse_worktree_with_submodule(tmp_path / "src", tmp_path / "origins")
+    before = combined_fingerprint(tree)
+    assert before["sub-gitdir-under-own"] is True
+    assert not (tree / "docs" / "guide.md").exists()
+    seat, record, target = await round_trip(tmp_path, tree)
+
+    assert record.sparse is not msgspec.UNSET and record.submodules is not msgspec.UNSET
+    assert combined_fingerprint(target) == before
+    dotgit = target / "libs" / "sub" / ".git"
+    assert dotgit.read_bytes() == b"gitdir: ../../.git/modules/libs/sub\n"
+    assert git(target / "libs" / "sub", "config", "core.worktree") == b"../../../../libs/sub\n"
+    git(target / "libs" / "sub", "fsck", "--no-progress")
