@@ -100,7 +100,7 @@ FLEET_GOALS = {
     "psFleetP50Ms": 150.0,
     # An event's arrival at a `cotal events --fleet` follower less its own `at`: the p99.
     "eventP99Ms": 100.0,
-    # `cotal console` redrawn after a change (issue 40 item 4; not built, not measured yet).
+    # `cotal console` redrawn after a change (issue 40 item 4; bench/console.py).
     "consoleRedrawMs": 250.0,
     # A drain's wall over the sum of its seats' move downtimes divided by --max-parallel.
     "drainOverDowntime": 1.5,

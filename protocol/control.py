@@ -617,6 +617,18 @@ class FleetReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fro
     rows: msgspec.Raw
 
 
+class InboxDepth(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """`inbox-depths`: one seat's inbox as the broker counts it (its durable's consumer info):
+    `pending` messages not yet delivered to the seat, `in_flight` delivered and not yet
+    acknowledged (a turn under way, or a message held at a budget or a fence). What the
+    console's INBOX column shows."""
+
+    name: str
+    lifecycle_uid: str
+    pending: int
+    in_flight: int
+
+
 class MetricsReply(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """`metrics`: this manager's metrics in the Prometheus text exposition format (0.0.4),
     the same text `[metrics] listen` serves at `GET /metrics` (docs/operations.md,
@@ -670,6 +682,7 @@ PROGRESS = Op("progress", ProgressArgs, ProgressResult, 1 * _KIB)
 METRICS = Op("metrics", NoArgs, MetricsReply, 1 * _KIB)
 FLEET = Op("fleet", NoArgs, FleetReply, 1 * _KIB)
 TAKEOVER = Op("takeover", TakeoverArgs, TakeoverReply, 4 * _KIB)
+INBOX_DEPTHS: Op[NoArgs, list[InboxDepth]] = Op("inbox-depths", NoArgs, list[InboxDepth], 1 * _KIB)
 
 OPS: dict[str, Op[Any, Any]] = {
     op.name: op
@@ -697,6 +710,7 @@ OPS: dict[str, Op[Any, Any]] = {
         PROGRESS,
         METRICS,
         FLEET,
+        INBOX_DEPTHS,
         TAKEOVER,
     )
 }

@@ -122,9 +122,9 @@ def source_identity(source_root: Path, space: str = "main") -> InstanceIdentity:
 def foreign_identity(
     instance_id: str = "f0reign0000000000000000000", space: str = "main"
 ) -> InstanceIdentity:
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from nacl.signing import SigningKey
 
-    return InstanceIdentity(instance_id, space, Ed25519PrivateKey.generate())
+    return InstanceIdentity(instance_id, space, SigningKey.generate())
 
 
 def record_bytes(record: SeatCheckpoint | AttemptManifest) -> bytes:

@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from manager import lean
+
 MAX_REQUEST = 1 << 20
 # What the CLI imports on its own, one command or another: loaded once here, before any fork.
 PRELOAD = (
@@ -59,6 +61,8 @@ PRELOAD = (
 
 def _serve(path: str) -> dict[str, Any]:
     """Answer calls until stdin closes; return only in a forked child, with its request."""
+    # As each CLI process does before its command's imports (the console undoes it in its child).
+    lean.without_console_libraries()
     for name in PRELOAD:
         __import__(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

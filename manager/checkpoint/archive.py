@@ -20,9 +20,7 @@ import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
-
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+from typing import IO, TYPE_CHECKING
 
 from connectors.privatefs import ensure_private_dir, fsync_dir
 from manager.checkpoint import packfile, sealed
@@ -30,6 +28,9 @@ from manager.workspace import boxkey
 from manager.workspace.layout import Layout
 from protocol.errors import Refusal
 from protocol.refusals import Code
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 # A ustar size field is 11 octal digits; the destination reads ustar and nothing else.
 _USTAR_SIZE_LIMIT = 8**11

@@ -9,18 +9,14 @@ it was hashed, and that nothing else sits beside it. Every file-level failure is
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import os
 import stat
 from collections.abc import Collection
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from connectors.privatefs import UnsafeFile, read_stable, stream_stable
+from manager.workspace import ed25519
 from manager.workspace.trust import fingerprint
 from protocol.checkpoint import (
     CHECKPOINT_CAP,
@@ -151,12 +147,9 @@ def verify_signature(
             f"{what} is not signed",
             "cut a new checkpoint; an unsigned record is never admitted",
         )
-    try:
-        key = Ed25519PublicKey.from_public_bytes(
-            base64.b64decode(record.signer.public_key, validate=True)
-        )
-        key.verify(base64.b64decode(record.signature, validate=True), signing_payload(record))
-    except (InvalidSignature, ValueError, binascii.Error):
+    if not ed25519.verifies_b64(
+        record.signer.public_key, record.signature, signing_payload(record)
+    ):
         raise Refusal(
             Code.BAD_SIGNATURE,
             f"{what} signature does not verify under its recorded public key "

@@ -9,7 +9,6 @@ no reader admits it) or a complete one naming bytes that are already on disk.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import stat
@@ -18,8 +17,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from connectors.privatefs import (
     DIR_MODE,
@@ -31,6 +28,7 @@ from connectors.privatefs import (
     read_stable,
     stream_stable,
 )
+from manager.workspace import ed25519
 from protocol.checkpoint import (
     CHECKPOINT_CAP,
     CHECKPOINT_FILE,
@@ -233,14 +231,10 @@ def sign_record(record: Signed, sign: Sign, public_key_b64: str, instance_id: st
     signer = Signer(public_key=public_key_b64, instance_id=instance_id)
     unsigned = msgspec.structs.replace(record, signer=signer, signature="")
     signature = sign(signing_payload(unsigned))
-    try:
-        key = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key_b64, validate=True))
-        key.verify(signature, signing_payload(unsigned))
-    except (InvalidSignature, ValueError) as exc:
+    if not ed25519.verifies(public_key_b64, signature, signing_payload(unsigned)):
         raise Refusal(
             Code.BAD_SIGNATURE,
-            f"the signing callable's signature does not verify under public key {public_key_b64} "
-            f"({type(exc).__name__})",
+            f"the signing callable's signature does not verify under public key {public_key_b64}",
             "pass the public key of the same Ed25519 key the callable signs with",
         ) from None
     return with_signature(unsigned, signer, signature)

@@ -24,20 +24,21 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.hashes import SHA256
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from manager.workspace import boxkey
 from manager.workspace.layout import Layout
 from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.refusals import Code
+
+if TYPE_CHECKING:
+    # Imported where a pack is sealed or opened: cryptography costs a manager 6 MB of resident
+    # memory (manager/workspace/ed25519.py) that only a sealed pack needs.
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 MAGIC = b"cotal-sealed-pack\n"
 VERSION = 1
@@ -78,6 +79,10 @@ def corrupt(src: Path, what: str, cure: str | None = None) -> Refusal:
 
 
 def _chunk_key(shared: bytes, header: bytes) -> ChaCha20Poly1305:
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+    from cryptography.hazmat.primitives.hashes import SHA256
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     key = HKDF(algorithm=SHA256(), length=32, salt=None, info=_INFO + header).derive(shared)
     return ChaCha20Poly1305(key)
 
@@ -107,6 +112,8 @@ class Sealer:
     ) -> None:
         if not _valid_chunk_bytes(chunk_bytes):
             raise ValueError(f"chunk size {chunk_bytes} is not a power of two in range")
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         ephemeral = X25519PrivateKey.generate()
         body = encode_json(
             SealedHeader(
@@ -234,6 +241,9 @@ def decrypt(sealed: Sealed, fd: int, key: boxkey.BoxKey, out_fd: int) -> int:
     """Open every chunk of the file at `fd` in order and write its plaintext to `out_fd`; the
     bytes written. A chunk that does not authenticate refuses `sealed-corrupt`, and what was
     written to `out_fd` by then is the caller's to discard."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+
     src = sealed.src
     raw = boxkey.parse_public(sealed.header.ephemeral)
     assert raw is not None

@@ -40,10 +40,10 @@ FLEET_COLUMNS = [
 
 
 def _broker_of(layout: Layout) -> MeshRecord:
-    from manager.coord import mesh
     from manager.procs import alive
+    from manager.workspace.meshfile import read_mesh
 
-    record = mesh.read_mesh(layout)
+    record = read_mesh(layout)
     if record is None:
         raise Refusal(
             Code.NOT_UP,

@@ -10,8 +10,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from manager import lean
 from manager.cli import (
     checkpoint_cmd,
+    console,
     drain,
     events,
     health,
@@ -73,6 +75,7 @@ COMMAND_MODULES = (
     metrics,
     logs_cmd,
     events,
+    console,
     tools_cmd,
     checkpoint_cmd,
     trust,
@@ -125,6 +128,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return exc.code if isinstance(exc.code, int) else EX_USAGE
     if not (args.command == "manager"):
         quiet.when_loaded()
+    if args.command == "console":
+        lean.with_console_libraries()
+    else:
+        lean.without_console_libraries()
     as_json = bool(getattr(args, "json", False))
     try:
         return int(args.run(args))

@@ -44,12 +44,7 @@ class ControlClient:
             with anyio.fail_after(timeout):
                 stream = await anyio.connect_unix(socket_path)
         except (OSError, TimeoutError) as exc:
-            raise Refusal(
-                Code.DAEMON_UNREACHABLE,
-                f"no manager answers at {socket_path} "
-                f"({getattr(exc, 'strerror', None) or type(exc).__name__})",
-                "start it with `cotal up --detach`",
-            ) from None
+            raise unreachable(socket_path, exc) from None
         client = cls(stream)
         try:
             with anyio.fail_after(timeout):
@@ -66,34 +61,10 @@ class ControlClient:
             OSError,
         ):
             await stream.aclose()
-            from connectors.sandbox import carries_seat_mark
-
-            if carries_seat_mark("self"):
-                raise Refusal(
-                    Code.AUTH_REFUSED,
-                    "the manager closed the connection at hello: this process runs under "
-                    "no_new_privs (NoNewPrivs: 1 in /proc/self/status), the mark of a cotal "
-                    "seat, which a manager started without it refuses",
-                    "run cotal from a shell without no_new_privs (not from a seat, a container "
-                    "or unit that sets it); see docs/operations.md, The control socket",
-                ) from None
-            raise Refusal(
-                Code.AUTH_REFUSED,
-                "the manager closed the connection at hello",
-                "check that .cotal/auth/control.token belongs to this daemon",
-            ) from None
+            raise closed_at_hello() from None
         if not reply.ok:
             await stream.aclose()
-            if reply.error is not None and reply.error.code == Code.CONTROL_BUSY:
-                raise Refusal(
-                    Code.CONTROL_BUSY,
-                    reply.error.message,
-                    "close idle clients of this root (another cotal command or script holding "
-                    "connections open) and run the command again",
-                )
-            raise Refusal(
-                Code.AUTH_REFUSED, "the manager refused hello", "check .cotal/auth/control.token"
-            )
+            raise hello_refused(reply)
         return client
 
     async def call(
@@ -103,7 +74,7 @@ class ControlClient:
         decoded JSON (dicts and lists). Cotal's own callers use `request`."""
         request_id, body = await self._exchange(op, args or {}, timeout)
         reply = control.decode_reply(body)
-        _check(op, request_id, reply.id, reply.ok, reply.error)
+        check_reply(op, request_id, reply.id, reply.ok, reply.error)
         return reply.result
 
     async def request(self, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
@@ -111,7 +82,7 @@ class ControlClient:
         decoded strictly (`decode_result`), so a reply of the wrong shape is refused here."""
         request_id, body = await self._exchange(op.name, args, timeout)
         reply = control.decode_raw_reply(body)
-        _check(op.name, request_id, reply.id, reply.ok, reply.error)
+        check_reply(op.name, request_id, reply.id, reply.ok, reply.error)
         return control.decode_result(op, bytes(reply.result))
 
     async def _exchange(self, op: str, args: object, timeout: float) -> tuple[int, bytes]:
@@ -124,17 +95,9 @@ class ControlClient:
                 await write_frame(self._stream, frame)
                 return request_id, await read_frame(self._buffered)
         except TimeoutError:
-            raise Refusal(
-                Code.TIMEOUT,
-                f"{op} got no reply within {timeout:.0f}s",
-                "the daemon may still be working: check `cotal ps`",
-            ) from None
+            raise timed_out(op, timeout) from None
         except (anyio.IncompleteRead, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
-            raise Refusal(
-                Code.CONNECTION_LOST,
-                f"{op}: the manager closed the connection ({type(exc).__name__})",
-                "check `.cotal/logs/manager.log`",
-            ) from None
+            raise connection_lost(op, type(exc).__name__) from None
 
     async def aclose(self) -> None:
         await self._stream.aclose()
@@ -146,7 +109,67 @@ class ControlClient:
         await self.aclose()
 
 
-def _check(
+# -- what the blocking client (manager/control/blocking.py) says in the same words ----------
+
+
+def unreachable(socket_path: Path, exc: BaseException) -> Refusal:
+    return Refusal(
+        Code.DAEMON_UNREACHABLE,
+        f"no manager answers at {socket_path} "
+        f"({getattr(exc, 'strerror', None) or type(exc).__name__})",
+        "start it with `cotal up --detach`",
+    )
+
+
+def closed_at_hello() -> Refusal:
+    from connectors.sandbox import carries_seat_mark
+
+    if carries_seat_mark("self"):
+        return Refusal(
+            Code.AUTH_REFUSED,
+            "the manager closed the connection at hello: this process runs under "
+            "no_new_privs (NoNewPrivs: 1 in /proc/self/status), the mark of a cotal "
+            "seat, which a manager started without it refuses",
+            "run cotal from a shell without no_new_privs (not from a seat, a container "
+            "or unit that sets it); see docs/operations.md, The control socket",
+        )
+    return Refusal(
+        Code.AUTH_REFUSED,
+        "the manager closed the connection at hello",
+        "check that .cotal/auth/control.token belongs to this daemon",
+    )
+
+
+def hello_refused(reply: control.Reply) -> Refusal:
+    if reply.error is not None and reply.error.code == Code.CONTROL_BUSY:
+        return Refusal(
+            Code.CONTROL_BUSY,
+            reply.error.message,
+            "close idle clients of this root (another cotal command or script holding "
+            "connections open) and run the command again",
+        )
+    return Refusal(
+        Code.AUTH_REFUSED, "the manager refused hello", "check .cotal/auth/control.token"
+    )
+
+
+def timed_out(op: str, timeout: float) -> Refusal:
+    return Refusal(
+        Code.TIMEOUT,
+        f"{op} got no reply within {timeout:.0f}s",
+        "the daemon may still be working: check `cotal ps`",
+    )
+
+
+def connection_lost(op: str, how: str) -> Refusal:
+    return Refusal(
+        Code.CONNECTION_LOST,
+        f"{op}: the manager closed the connection ({how})",
+        "check `.cotal/logs/manager.log`",
+    )
+
+
+def check_reply(
     op: str, request_id: int, reply_id: int, ok: bool, err: control.ErrorBody | None
 ) -> None:
     if reply_id != request_id:

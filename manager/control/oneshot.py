@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-from manager import eventloop
 from manager.control.client import ControlSession
 from manager.workspace.layout import Layout
 from manager.workspace.private import read_stable
@@ -51,5 +50,9 @@ async def request(root: Path, op: ops.Op[A, R], args: A, timeout: float = 60.0) 
 
 
 def run_request(root: Path, op: ops.Op[A, R], args: A, timeout: float = 60.0) -> R:
-    """`request` from a command's synchronous handler, in an event loop of its own."""
-    return eventloop.run(request, root, op, args, timeout)
+    """`request` from a command's synchronous handler: no event loop, a blocking socket
+    (`manager/control/blocking.py`), since the command does nothing else meanwhile."""
+    from manager.control import blocking
+
+    layout = Layout.at(root)
+    return blocking.request(layout.socket, read_token(layout), op, args, timeout)

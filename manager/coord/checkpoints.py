@@ -24,11 +24,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 from connectors.privatefs import ensure_private_dir, fsync_dir, read_stable, write_private_atomic
 from manager.broker import custody, embedded
@@ -67,6 +66,9 @@ from protocol.maintenance import (
 )
 from protocol.names import ATTEMPT_ID
 from protocol.refusals import Code
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
 UNSEALED_AT_PACK = (
     "not sealed: any host that trusts this root's signer can resume it (seal it to one root "

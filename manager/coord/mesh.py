@@ -29,10 +29,12 @@ from manager.control.oneshot import run_request as run_request
 from manager.coord.warm import WarmManager, warm_manager
 from manager.procs import alive, pid_identity, prove_gone
 from manager.workspace.layout import Layout
-from manager.workspace.private import ensure_private_dir, read_stable, write_private_atomic
+from manager.workspace.meshfile import read_mesh as read_mesh
+from manager.workspace.meshfile import write_mesh as write_mesh
+from manager.workspace.private import ensure_private_dir, write_private_atomic
 from protocol import control as ops
 from protocol.errors import Refusal
-from protocol.mesh import MeshRecord, ProcRef, decode_mesh, encode_mesh
+from protocol.mesh import MeshRecord, ProcRef
 from protocol.names import check_space
 from protocol.refusals import Code
 
@@ -45,16 +47,6 @@ DAEMON_EXIT_TIMEOUT_S = 30.0
 
 def _noop(_text: str) -> None:
     pass
-
-
-def read_mesh(layout: Layout) -> MeshRecord | None:
-    if not layout.mesh.exists():
-        return None
-    return decode_mesh(read_stable(layout.mesh, cap=16 * 1024, what="mesh record").data)
-
-
-def write_mesh(layout: Layout, record: MeshRecord) -> None:
-    write_private_atomic(layout.mesh, encode_mesh(record))
 
 
 async def probe_status(layout: Layout) -> ops.StatusReply | None:

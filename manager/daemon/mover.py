@@ -16,8 +16,6 @@ seat's downtime. Offers are answered one at a time.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import os
 import secrets
@@ -30,8 +28,6 @@ import anyio
 import msgspec
 import nats.errors
 import structlog
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -51,6 +47,7 @@ from manager.daemon import movecheck
 from manager.daemon.events import Events
 from manager.daemon.metrics import Metrics
 from manager.daemon.seat import Seat
+from manager.workspace import ed25519
 from manager.workspace.identity import InstanceIdentity
 from manager.workspace.journal import Journal
 from manager.workspace.layout import Layout
@@ -333,13 +330,8 @@ class Mover:
                 f"on the destination: `cotal trust add {pre.signer} --name NAME` after "
                 "checking the key out of band; nothing was fenced",
             )
-        try:
-            key = Ed25519PublicKey.from_public_bytes(base64.b64decode(pre.signer, validate=True))
-            key.verify(
-                base64.b64decode(pre.signature, validate=True),
-                move.precopy_payload(self.mgr.space, pre),
-            )
-        except (InvalidSignature, ValueError, binascii.Error):
+        payload = move.precopy_payload(self.mgr.space, pre)
+        if not ed25519.verifies_b64(pre.signer, pre.signature, payload):
             raise Refusal(
                 Code.BAD_SIGNATURE,
                 f"the pre-copy of {pre.seat} is not signed by the key {pre.signer} it names",

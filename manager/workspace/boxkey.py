@@ -13,10 +13,9 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from manager.workspace.layout import Layout
 from manager.workspace.private import create_private_exclusive, ensure_private_dir, read_stable
@@ -24,6 +23,11 @@ from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError, Refusal
 from protocol.instant import now_iso
 from protocol.refusals import Code
+
+if TYPE_CHECKING:
+    # Imported where a key is made or read: cryptography costs a manager 6 MB of resident memory
+    # (manager/workspace/ed25519.py), and only a sealed pack needs a box key.
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 PREFIX = "x25519:"
 BOX_KEY_CAP = 4096
@@ -47,6 +51,8 @@ class BoxKey:
 
 
 def raw_public(key: X25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
@@ -94,6 +100,8 @@ def recipient_key(text: str) -> X25519PublicKey:
             f"{text!r} is not a box key (expected {PREFIX} and 43 characters of base64url)",
             cure,
         )
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
     key = X25519PublicKey.from_public_bytes(raw)
     try:
         # A low-order point agrees the all-zero secret with every sender: no secret at all.
@@ -119,6 +127,9 @@ def load_or_create_box_key(layout: Layout) -> BoxKey:
     if not path.exists() and not path.is_symlink():
         ensure_private_dir(layout.control)
         ensure_private_dir(layout.auth)
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
         key = X25519PrivateKey.generate()
         raw = key.private_bytes(
             serialization.Encoding.Raw,
@@ -157,6 +168,8 @@ def _load(layout: Layout) -> BoxKey:
         raise Refusal(
             Code.BOX_KEY_MALFORMED, f"box key {path} is malformed (version or private key)", cure
         )
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
     key = BoxKey(X25519PrivateKey.from_private_bytes(raw))
     if key.public != record.public_key:
         raise Refusal(

@@ -194,6 +194,73 @@ def test_a_bad_prompt_is_refused_before_the_manager_is_asked(
     assert refusal_of(machine) == {"ok": False, "code": "bad-prompt", "error": error}
 
 
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        (
+            ["--json"],
+            "the terminal console draws a screen and prints no JSON; use `cotal console --web "
+            "--json` for the web console's address, or `cotal ps --fleet --json` and `cotal "
+            "events --fleet --json` for the same data",
+        ),
+        (
+            ["--web", "--host", "0.0.0.0"],
+            "--host '0.0.0.0' is not a loopback address: the web console stops, starts, sends "
+            "to and moves seats, so it listens on this host alone; leave --host out "
+            "(127.0.0.1), and from another machine reach it through an SSH tunnel (ssh -L "
+            "PORT:127.0.0.1:PORT host)",
+        ),
+        (
+            ["--web", "--host", "console.example.com"],
+            "--host 'console.example.com' is not a loopback address: the web console stops, "
+            "starts, sends to and moves seats, so it listens on this host alone; leave --host "
+            "out (127.0.0.1), and from another machine reach it through an SSH tunnel (ssh -L "
+            "PORT:127.0.0.1:PORT host)",
+        ),
+        (["--poll", "0"], "--poll 0.0 is not from 0.1 to 60 s; give --poll 2"),
+    ],
+    ids=["json-without-web", "any-address", "a-host-name", "poll"],
+)
+def test_the_console_refuses_what_it_cannot_do_by_name(
+    root: Path, flags: list[str], error: str
+) -> None:
+    # The root has a .cotal, so the web console's refusal is its address's, not `not-up`.
+    (root / ".cotal").mkdir(mode=0o700)
+    proc = cotal("console", *flags, "--root", str(root), "--json")
+    assert proc.returncode == EX_REFUSED, proc.stderr
+    assert refusal_of(proc) == {"ok": False, "code": "bad-args", "error": error}
+
+
+def test_the_terminal_console_without_a_terminal_is_refused(root: Path) -> None:
+    proc = cotal("console", "--root", str(root))
+    assert proc.returncode == EX_REFUSED
+    assert proc.stderr == (
+        "cotal: the console draws on a terminal, and stdin or stdout is not one; run it in a "
+        "terminal, or `cotal console --web` and open the page\n"
+    )
+
+
+def test_the_web_console_of_a_root_never_up_is_refused_not_up(root: Path) -> None:
+    proc = cotal("console", "--web", "--root", str(root))
+    assert proc.returncode == EX_REFUSED
+    assert proc.stderr == f"cotal: {NOT_UP.format(root=root)}\n"
+
+
+def test_no_other_command_imports_textual() -> None:
+    """The console's import is its handler's: `cotal ps` and the rest do not pay for it."""
+    probe = (
+        "import importlib, sys; importlib.import_module('manager.cli.main').parser(); "
+        "print(sorted(k for k in sys.modules if k.split('.')[0] in "
+        "('textual', 'textual_serve', 'aiohttp', 'manager')"
+        " and (k.startswith('manager.console') or not k.startswith('manager'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=cotal_env()
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "[]\n"
+
+
 # -- --version, help -----------------------------------------------------------------------------
 
 
@@ -226,6 +293,7 @@ COMMANDS = [
     "cotal checkpoint list",
     "cotal checkpoint pack",
     "cotal checkpoint verify",
+    "cotal console",
     "cotal doctor",
     "cotal down",
     "cotal drain",

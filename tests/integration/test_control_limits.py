@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -216,3 +217,77 @@ async def test_a_client_over_the_connection_cap_is_told_busy_not_refused(tmp_pat
                 tg.cancel_scope.cancel()
             finally:
                 await first.aclose()
+
+
+@pytest.mark.anyio
+async def test_the_blocking_one_shot_client_says_what_the_async_client_says(
+    tmp_path: Path,
+) -> None:
+    """`cotal ps` and the other one-request commands ask over a blocking socket, no event loop
+    (manager/control/blocking.py): against a real control server it gets the reply, and each
+    way a request can fail is refused with the async client's code and words."""
+    import anyio
+    import anyio.to_thread
+
+    from manager.control import blocking
+    from manager.control.client import ControlClient
+    from manager.control.server import ControlServer
+    from protocol import control
+    from protocol.errors import Refusal
+
+    async def handler(op: str, _args: object) -> object:
+        if op == "fleet":
+            await anyio.sleep_forever()
+        return {"text": "cotal_up 1\n"}
+
+    token = "cd" * 32
+    path = tmp_path / "s.sock"
+
+    def ask(
+        op: control.Op[control.NoArgs, Any],
+        key: str = token,
+        timeout: float = 5.0,
+        at: Path = path,
+    ) -> object:
+        return blocking.request(at, key, op, control.NoArgs(), timeout)
+
+    async def refused(*args: Any) -> Refusal:
+        with pytest.raises(Refusal) as caught:
+            await anyio.to_thread.run_sync(ask, *args)
+        return caught.value
+
+    gone = await refused(control.METRICS)
+    assert (gone.code, gone.message) == (
+        "daemon-unreachable",
+        f"no manager answers at {path} (No such file or directory)",
+    )
+    server = ControlServer(path, token, handler, refuse_marked=False, max_connections=2)
+    # A server of its own for the request that never gets its reply, whose connection stays
+    # in use until the server stops.
+    stuck = ControlServer(tmp_path / "t.sock", token, handler, refuse_marked=False)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve)
+            await tg.start(stuck.serve)
+            reply = await anyio.to_thread.run_sync(ask, control.METRICS)
+            assert reply == control.MetricsReply(text="cotal_up 1\n")
+
+            wrong = await refused(control.METRICS, "ef" * 32)
+            assert (wrong.code, wrong.message) == (
+                "auth-refused",
+                "the manager closed the connection at hello",
+            )
+
+            first = await ControlClient.connect(path, token)
+            second = await ControlClient.connect(path, token)
+            try:
+                busy = await refused(control.METRICS)
+                assert busy.code == "control-busy"
+                assert "at most 2 connections at once" in busy.message
+            finally:
+                await first.aclose()
+                await second.aclose()
+
+            slow = await refused(control.FLEET, token, 0.3, tmp_path / "t.sock")
+            assert (slow.code, slow.message) == ("timeout", "fleet got no reply within 0s")
+            tg.cancel_scope.cancel()

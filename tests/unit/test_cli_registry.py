@@ -70,6 +70,7 @@ def test_every_command_module_registers_at_least_one_command_of_its_own() -> Non
         "metrics",
         "logs",
         "events",
+        "console",
         "tools",
         "checkpoint",
         "trust",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import stat
 from pathlib import Path
@@ -101,3 +103,35 @@ def test_a_harness_without_a_mesh_tool_refuses_a_mesh_permission_by_name() -> No
         "spawn it without --allow-send and --allow-post, or use an agent that has one "
         "(docs/mesh.md)",
     )
+
+
+def test_an_identity_signs_what_cryptography_verifies_and_reads_a_key_cryptography_wrote(
+    tmp_path: Path,
+) -> None:
+    # Identities written before the key moved to PyNaCl hold cryptography's raw private bytes;
+    # both are RFC 8032 seeds, so the same file gives the same key and the same signatures.
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
+    layout = Layout(tmp_path)
+    ident = load_or_create_identity(layout, "main")
+    public = Ed25519PublicKey.from_public_bytes(base64.b64decode(ident.public_key_b64))
+    public.verify(ident.sign(b"payload"), b"payload")
+
+    old = Ed25519PrivateKey.generate()
+    raw = old.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    path = layout.instance_identity("main")
+    record = json.loads(path.read_text())
+    record["signingKey"] = base64.b64encode(raw).decode()
+    record["publicKey"] = base64.b64encode(
+        old.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    ).decode()
+    path.write_bytes(json.dumps(record).encode())
+    again = load_or_create_identity(layout, "main")
+    assert again.public_key_b64 == record["publicKey"]
+    assert again.sign(b"payload") == old.sign(b"payload")
