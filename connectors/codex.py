@@ -15,7 +15,7 @@ import os
 import sqlite3
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +58,20 @@ from connectors.launchkit import (
     drop_stale_pointer,
     endpoint_url,
     extra_env_names,
-    key_env_name,
-    key_file_path,
-    key_in_file,
+    key_source,
     launch_prompt,
-    one_key_source,
     seat_cwd,
     seat_files,
 )
+from connectors.launchkit import (
+    ProviderKey as Key,
+)
+from connectors.launchkit import (
+    resolve_key as resolve_provider_key,
+)
 from connectors.meshclient import MESH_DIR_ENV
 from connectors.meshtool.mcp import SERVER_NAME as MESH_SERVER
-from connectors.privatefs import ensure_seat_dir, read_stable, write_private_atomic
+from connectors.privatefs import ensure_seat_dir, write_private_atomic
 from protocol import names
 from protocol.errors import Refusal
 from protocol.refusals import Code
@@ -90,7 +93,6 @@ SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
 DEFAULT_APPROVAL = "never"
 DEFAULT_SANDBOX = "workspace-write"
 RESERVED_ENV = frozenset({"CODEX_HOME", KEY_VAR})
-KEY_FILE_CAP = 4096
 LINE_CAP = 64 * 1024 * 1024
 PERSIST_TIMEOUT_S = 10.0
 PERSIST_POLL_S = 0.02
@@ -380,12 +382,6 @@ def pinned_program() -> Path:
 
 
 @dataclass(frozen=True)
-class Key:
-    value: str = field(repr=False)
-    source: str
-
-
-@dataclass(frozen=True)
 class _Config:
     base_url: str
     model: str | None
@@ -415,50 +411,13 @@ def _sandbox(config: CodexConfig) -> str:
     return _choice(config.sandbox, "sandbox", SANDBOX_MODES, DEFAULT_SANDBOX)
 
 
-def _key_file(config: CodexConfig) -> Path | None:
-    one_key_source(NAME, config.api_key_env, config.api_key_file)
-    return key_file_path(NAME, config.api_key_file)
-
-
-def _key_var(config: CodexConfig) -> str:
-    return key_env_name(NAME, config.api_key_env or DEFAULT_KEY_ENV, example=DEFAULT_KEY_ENV)
-
-
 def _key_source(config: CodexConfig) -> str:
-    path = _key_file(config)
-    if path is not None:
-        return f"api_key_file {path}"
-    return f"api_key_env {_key_var(config)}"
+    return key_source(NAME, config, DEFAULT_KEY_ENV)
 
 
 def resolve_key(config: CodexConfig) -> Key:
-    """The provider key, read now (every spawn): the key file, else the named variable of the
-    manager's environment. Nothing is stored: a moved seat takes its key from its new host."""
-    path = _key_file(config)
-    if path is not None:
-        cure = f"write the key alone into {path} (chmod 600), or unset agents.codex.api_key_file"
-        try:
-            data = read_stable(
-                path, cap=KEY_FILE_CAP, what="codex connector: api_key_file", require_private=True
-            ).data
-        except OSError as exc:
-            raise Refusal(
-                Code.BAD_CREDENTIALS,
-                f"codex connector: api_key_file {path} cannot be read ({exc.strerror})",
-                cure,
-            ) from None
-        return Key(key_in_file(NAME, path, data), f"api_key_file {path}")
-    var = _key_var(config)
-    value = os.environ.get(var)
-    if not value:
-        raise Refusal(
-            Code.NO_CREDENTIALS,
-            f"codex connector has no provider key: {var} is not set in the manager's "
-            "environment and no agents.codex.api_key_file is configured",
-            f"set agents.codex.api_key_file to a 0600 file holding the key (read at every "
-            f"spawn), or export {var} before starting the manager",
-        )
-    return Key(value, f"api_key_env {var}")
+    """The provider key, read at every spawn (`launchkit.resolve_key`)."""
+    return resolve_provider_key(NAME, config, DEFAULT_KEY_ENV)
 
 
 def _doctor(check: HarnessCheck, cfg: CodexConfig, pins: Pins) -> None:

@@ -75,6 +75,10 @@ class Pin:
     version: str
     bin: str
     native: Native | None = None
+    # Packages installed beside the harness, each at an exact version, that the harness would
+    # otherwise fetch itself at run time (OpenCode: `@opencode-ai/plugin`, which `opencode acp`
+    # installs into its config directory at every start unless it is already there).
+    companions: tuple[tuple[str, str], ...] = ()
 
     @property
     def prefix(self) -> Path:
@@ -151,12 +155,22 @@ def load_pins(source: Path | None = None) -> dict[str, Pin]:
                 f"{{platform}} or {{os}}-{{arch}}) and bin",
                 "fix the entry",
             )
+        companions = entry.get("with", {})
+        if not isinstance(companions, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in companions.items()
+        ):
+            raise Refusal(
+                Code.MALFORMED,
+                f"harness pin {name!r} in {where}: with must map package names to exact versions",
+                "fix the entry",
+            )
         pins[name] = Pin(
             name,
             entry["package"],
             entry["version"],
             entry.get("bin") or name,
             Native(native["package"], native["bin"]) if native else None,
+            tuple(sorted(companions.items())),
         )
     return pins
 
@@ -181,6 +195,21 @@ def installed_version(pin: Pin) -> str | None:
         return None
     version = meta.get("version")
     return version if isinstance(version, str) else None
+
+
+def companion_version(pin: Pin, package: str) -> str | None:
+    """The version of a companion package (`Pin.companions`) installed beside the harness."""
+    try:
+        meta = json.loads((pin.prefix / "node_modules" / package / "package.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    version = meta.get("version")
+    return version if isinstance(version, str) else None
+
+
+def companions_ready(pin: Pin) -> bool:
+    """Whether every companion of `pin` is installed at its pinned version."""
+    return all(companion_version(pin, p) == v for p, v in pin.companions)
 
 
 def _bin_relpath(pin: Pin) -> str:

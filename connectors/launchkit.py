@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -302,3 +302,67 @@ def drop_stale_pointer(pointer: Path) -> None:
         os.unlink(pointer)
     except FileNotFoundError:
         pass
+
+
+# -- a provider key: a 0600 file or a variable of the manager's environment ---------------------
+
+KEY_FILE_CAP = 4096
+
+
+@dataclass(frozen=True)
+class ProviderKey:
+    value: str = field(repr=False)
+    # Where it was read (`api_key_file PATH` or `api_key_env NAME`): what doctor and ps show.
+    source: str
+
+
+def _key_file(agent: str, config: KeyedEndpointConfig) -> Path | None:
+    one_key_source(agent, config.api_key_env, config.api_key_file)
+    return key_file_path(agent, config.api_key_file)
+
+
+def _key_var(agent: str, config: KeyedEndpointConfig, default_env: str) -> str:
+    return key_env_name(agent, config.api_key_env or default_env, example=default_env)
+
+
+def key_source(agent: str, config: KeyedEndpointConfig, default_env: str) -> str:
+    """Where `resolve_key` would read the key, without reading it (a seat's description)."""
+    path = _key_file(agent, config)
+    if path is not None:
+        return f"api_key_file {path}"
+    return f"api_key_env {_key_var(agent, config, default_env)}"
+
+
+def resolve_key(agent: str, config: KeyedEndpointConfig, default_env: str) -> ProviderKey:
+    """The provider key, read now (every spawn): the key file, else the named variable of the
+    manager's environment. Nothing is stored: a moved seat takes its key from its new host."""
+    from connectors.privatefs import read_stable
+
+    path = _key_file(agent, config)
+    if path is not None:
+        cure = f"write the key alone into {path} (chmod 600), or unset agents.{agent}.api_key_file"
+        try:
+            data = read_stable(
+                path,
+                cap=KEY_FILE_CAP,
+                what=f"{agent} connector: api_key_file",
+                require_private=True,
+            ).data
+        except OSError as exc:
+            raise Refusal(
+                Code.BAD_CREDENTIALS,
+                f"{agent} connector: api_key_file {path} cannot be read ({exc.strerror})",
+                cure,
+            ) from None
+        return ProviderKey(key_in_file(agent, path, data), f"api_key_file {path}")
+    var = _key_var(agent, config, default_env)
+    value = os.environ.get(var)
+    if not value:
+        raise Refusal(
+            Code.NO_CREDENTIALS,
+            f"{agent} connector has no provider key: {var} is not set in the manager's "
+            f"environment and no agents.{agent}.api_key_file is configured",
+            f"set agents.{agent}.api_key_file to a 0600 file holding the key (read at every "
+            f"spawn), or export {var} before starting the manager",
+        )
+    return ProviderKey(value, f"api_key_env {var}")

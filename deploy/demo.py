@@ -12,7 +12,9 @@ codex`, runs beside the scribe seat, its model a fake Responses API (tests/fixtu
 fake_responses.py) started as a real process on 127.0.0.1 and named in both hosts' cotal.toml;
 it is told its own phrase in its first turn and must answer it on B from the same thread under
 the same lifecycle uid. Without Codex the demo says why in one line and runs the scribe story
-alone.
+alone. Likewise, when `cotal doctor` finds the pinned OpenCode usable, a seat `oc --agent
+opencode` (driven over ACP) runs beside them, its model the fake OpenAI-compatible server
+(tests/fixtures/fake_openai.py), and must answer its own phrase on B from the same session.
 
 Then `cotal move`: a `cotal broker serve` process and two more roots, host C and host D, each
 its own `HOME` and both up against that one broker. Seat `walker` moves from the running C to
@@ -22,6 +24,11 @@ and answer mail sent during and right after the move.
 Last, failover: host E (`[failover] enabled, after_s = 5`) and host F (`[failover] standby`) on
 another broker. Host E's manager and seat are SIGKILLed; F takes `survivor` over on its own from
 its standing checkpoint and it answers its phrase there; E, brought back, forgets the seat.
+
+The demo ends with the console's picture of that fleet: E spawns a seat of its own, and its
+`cotal console --web` (loopback, its key in E's `.cotal/console-web.url`) is loaded in headless
+Chromium (/usr/bin/chromium, every background fetch off) until both hosts' seats are drawn, and
+screenshot to `.demo/console.png`.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ REPO = Path(__file__).resolve().parent.parent
 PHRASE = "juniper-ledger-41"
 QUEUED = "queued-at-the-fence-73"
 CODEX_PHRASE = "cobalt-harbor-58"
+OPENCODE_PHRASE = "osprey-harbor-41"
 WALK_PHRASE = "heron-crossing-62"
 MESH_PHRASE = "tern-relay-19"
 SURVIVOR_PHRASE = "petrel-standing-39"
@@ -49,6 +57,8 @@ CODEX_KEY_VAR = "DEMO_CODEX_KEY"
 # The fake model takes any key; the seat still needs one in the manager's environment.
 CODEX_KEY = "sk-demo-not-a-real-key"
 FAKE_RESPONSES = REPO / "tests" / "fixtures" / "fake_responses.py"
+FAKE_OPENAI = REPO / "tests" / "fixtures" / "fake_openai.py"
+OPENCODE_KEY_VAR = "DEMO_OPENCODE_KEY"
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "demo",
     "GIT_AUTHOR_EMAIL": "demo@example.invalid",
@@ -149,12 +159,16 @@ def session_texts(root: Path) -> str:
 
 
 class FakeModel:
-    """tests/fixtures/fake_responses.py as a process: it binds 127.0.0.1 and prints its port."""
+    """A fake model server (tests/fixtures/fake_responses.py for codex, fake_openai.py for
+    opencode) as a process: it binds 127.0.0.1 and prints its port."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, agent: str = "codex") -> None:
+        self.agent = agent
+        self.key_var = CODEX_KEY_VAR if agent == "codex" else OPENCODE_KEY_VAR
+        script = FAKE_RESPONSES if agent == "codex" else FAKE_OPENAI
         with log.with_suffix(".err").open("w") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(FAKE_RESPONSES), "--port", "0", "--log", str(log)],
+                [sys.executable, str(script), "--port", "0", "--log", str(log)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=err,
@@ -164,13 +178,13 @@ class FakeModel:
         port = self.proc.stdout.readline().strip()
         if not port.isdigit():
             self.stop()
-            raise SystemExit(f"the fake Responses API did not start; see {log.with_suffix('.err')}")
+            raise SystemExit(f"the fake {agent} model did not start; see {log.with_suffix('.err')}")
         self.base_url = f"http://127.0.0.1:{port}/v1"
 
     def config(self) -> str:
         return (
-            f'[agents.codex]\nbase_url = "{self.base_url}"\nmodel = "fake-model"\n'
-            f'api_key_env = "{CODEX_KEY_VAR}"\n'
+            f'[agents.{self.agent}]\nbase_url = "{self.base_url}"\nmodel = "fake-model"\n'
+            f'api_key_env = "{self.key_var}"\n'
         )
 
     def stop(self) -> None:
@@ -182,8 +196,9 @@ class FakeModel:
             self.proc.wait()
 
 
-def codex_unusable(a: Host) -> str | None:
-    """Why host A cannot run a codex seat, as `cotal doctor` judges it; None when it can."""
+def unusable(a: Host, agents: tuple[str, ...]) -> dict[str, str | None]:
+    """Why host A cannot run a seat of each agent, as one `cotal doctor` judges it; None for
+    an agent it can run."""
     print("\n[host-A]$ cotal doctor --json", flush=True)
     proc = a.cotal("doctor", "--json", check=False, show=False)
     rows: dict[str, dict[str, Any]] = {}
@@ -193,11 +208,14 @@ def codex_unusable(a: Host) -> str | None:
         except ValueError:
             continue
         rows[row.get("name")] = row
-    row = rows.get("codex")
+    return {agent: why_unusable(agent, rows.get(agent), proc.returncode) for agent in agents}
+
+
+def why_unusable(agent: str, row: dict[str, Any] | None, rc: int) -> str | None:
     if row is None:
-        return f"cotal doctor reported no codex row (exit {proc.returncode})"
+        return f"cotal doctor reported no {agent} row (exit {rc})"
     if row["usable"]:
-        print(f"  codex {row['version']} usable, continuity {row['continuity']}: {row['path']}")
+        print(f"  {agent} {row['version']} usable, continuity {row['continuity']}: {row['path']}")
         return None
     missing = row.get("missing") or []
     return str(missing[0]["problem"] if missing else row.get("note") or row["state"])
@@ -392,6 +410,8 @@ def takeover_story(base: Path, checks: list[tuple[str, bool]]) -> None:
     print("\n== a host dies; a standby on the same broker takes its seat over", flush=True)
     broker = Broker(base / "broker-ef")
     e, f = Host("host-E", base), Host("host-F", base)
+    # The label each manager's lease carries: the HOST column of `ps --fleet` and the console.
+    e.extra_env, f.extra_env = {"COTAL_HOST_LABEL": "host-E"}, {"COTAL_HOST_LABEL": "host-F"}
     try:
         (e.root / "cotal.toml").write_text("[failover]\nenabled = true\nafter_s = 5\n")
         (f.root / "cotal.toml").write_text("[failover]\nstandby = true\n")
@@ -446,11 +466,72 @@ def takeover_story(base: Path, checks: list[tuple[str, bool]]) -> None:
             ("takeover: the seat answers its phrase on F", SURVIVOR_PHRASE in reply),
             ("takeover: host E, back, forgets the seat", left == []),
         ]
+        # The fleet as the console shows it: a seat on each host, both managers up.
+        e.cotal("spawn", "watcher", "--agent", "scribe")
+        console_picture(e, ["survivor", "watcher", "host-E", "host-F"], base, checks)
     finally:
         for host in (f, e):
             if (host.root / ".cotal" / "mesh.json").exists():
                 host.cotal("down", check=False)
         broker.stop()
+
+
+def console_picture(
+    host: Host, names: list[str], base: Path, checks: list[tuple[str, bool]]
+) -> None:
+    """`cotal console --web` at `host`, loaded in headless Chromium until every one of `names`
+    is drawn, screenshot to .demo/console.png."""
+    shot = base / "console.png"
+    print("\n== the fleet in the console: cotal console --web, seen by headless Chromium")
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        print(f"  {chromium} is not installed (deploy/system-packages.sh installs it)")
+        checks.append(("console: the web view draws the fleet's seats (no chromium)", False))
+        return
+    # tests/chromium.py drives the browser over DevTools, as the console's own test does.
+    sys.path.insert(0, str(REPO))
+    import anyio
+
+    from tests.chromium import shoot
+
+    argv = ["console", "--web", "--port", "0", "--json"]
+    print(f"\n[{host.name}]$ cotal {' '.join(argv)}", flush=True)
+    with (base / "console-web.err").open("w") as err:
+        server = subprocess.Popen(
+            [sys.executable, "-I", "-m", "manager.cli", *argv, "--root", str(host.root)],
+            cwd=host.root,
+            env={**env(host.home), **host.extra_env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    drawn, why = False, ""
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        print("  " + line.rstrip(), flush=True)
+        served = json.loads(line)
+        keyed = Path(served["keyFile"]).read_text().strip()
+        t0 = time.monotonic()
+        text = anyio.run(shoot, keyed, shot, base / "chromium-profile", names)
+        drawn = all(name in text for name in names) and shot.stat().st_size > 0
+        print(
+            f"  {', '.join(names)} drawn on the page in {time.monotonic() - t0:.1f} s; "
+            f"screenshot {shot} ({shot.stat().st_size} bytes)",
+            flush=True,
+        )
+    except (OSError, ValueError, TimeoutError, RuntimeError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        print(f"  the console's picture failed: {why[:2000]}", flush=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    checks.append((f"console: the web view draws both hosts' seats, screenshot {shot.name}", drawn))
 
 
 def main() -> int:
@@ -462,20 +543,31 @@ def main() -> int:
     carried.mkdir()
     checks: list[tuple[str, bool]] = []
     fake: FakeModel | None = None
+    fake_oc: FakeModel | None = None
     try:
         print(f"== host A at {a.root}, host B at {b.root}: two roots, two brokers", flush=True)
-        why_not = codex_unusable(a)
-        if why_not is None:
+        why_not = unusable(a, ("codex", "opencode"))
+        if why_not["codex"] is None:
             fake = FakeModel(base / "fake-responses.jsonl")
-            a.extra_env = b.extra_env = {CODEX_KEY_VAR: CODEX_KEY}
+            a.extra_env[CODEX_KEY_VAR] = b.extra_env[CODEX_KEY_VAR] = CODEX_KEY
             print(
                 f"\n== a codex seat `coder` beside `default`; its model: a fake Responses API "
                 f"at {fake.base_url}, named in both hosts' cotal.toml, the key in ${CODEX_KEY_VAR}"
             )
         else:
-            print(f"\n== codex seat skipped: {why_not}")
+            print(f"\n== codex seat skipped: {why_not['codex']}")
+        if why_not["opencode"] is None:
+            fake_oc = FakeModel(base / "fake-openai.jsonl", "opencode")
+            a.extra_env[OPENCODE_KEY_VAR] = b.extra_env[OPENCODE_KEY_VAR] = CODEX_KEY
+            print(
+                f"\n== an opencode seat `oc` beside them (ACP); its model: a fake "
+                f"OpenAI-compatible server at {fake_oc.base_url}, the key in ${OPENCODE_KEY_VAR}"
+            )
+        else:
+            print(f"\n== opencode seat skipped: {why_not['opencode']}")
+        agents_config = "".join("\n" + f.config() for f in (fake, fake_oc) if f)
         print("\n== host A: a git workspace (remote, hook, two stashes, a declared .env)")
-        make_workspace(a, ("\n" + fake.config()) if fake else "")
+        make_workspace(a, agents_config)
         status_before, bytes_before = porcelain(a), tree_bytes(a.root)
         stash_before, hooks_before = a.git("stash", "list"), hooks(a.root)
         print("  " + status_before.rstrip().replace("\n", "\n  "))
@@ -510,6 +602,21 @@ def main() -> int:
             # The cut below drains for at most 1 s; an answer queued behind the first turn is
             # how the operator knows that turn ended before it.
             coder_on_a = a.cotal("send", "coder", "What was the phrase?", "--wait").stdout.strip()
+        oc: dict[str, Any] = {}
+        oc_on_a = ""
+        if fake_oc:
+            oc = json.loads(
+                a.cotal(
+                    "spawn",
+                    "oc",
+                    "--agent",
+                    "opencode",
+                    "--json",
+                    "--prompt",
+                    f"Remember the phrase {OPENCODE_PHRASE}. Reply with it.",
+                ).stdout
+            )
+            oc_on_a = a.cotal("send", "oc", "What was the phrase?", "--wait").stdout.strip()
         # A slow turn holds the seat's one in-flight slot, so the next message is still queued
         # when the cut fences delivery: it travels in the checkpoint.
         a.cotal("send", "default", "take your time #slow:4000")
@@ -533,20 +640,25 @@ def main() -> int:
 
         print("\n== host B: its own path, its own embedded broker", flush=True)
         b.cotal("trust", "add", key, "--name", "host-a")
-        if fake:
-            # B's own bindings for the agent, which admission checks against the source's.
+        if agents_config:
+            # B's own bindings for the agents, which admission checks against the source's.
             print(
-                f"  {b.root / 'cotal.toml'}:\n    " + fake.config().rstrip().replace("\n", "\n    ")
+                f"  {b.root / 'cotal.toml'}:\n    " + agents_config.strip().replace("\n", "\n    ")
             )
-            (b.root / "cotal.toml").write_text(fake.config())
+            (b.root / "cotal.toml").write_text(agents_config.lstrip())
         resumed = json.loads(b.cotal("up", "--restore", str(on_b), "--json").stdout)
         seats = {s["name"]: s for s in resumed["seats"]}
-        seat, theirs = seats["default"], seats.get("coder", {})
+        seat, theirs, ours = seats["default"], seats.get("coder", {}), seats.get("oc", {})
         b.cotal("ps", "--wide")
         reply = b.cotal("send", "default", "What was the phrase?", "--wait").stdout.strip()
         coder_on_b = (
             b.cotal("send", "coder", "What was the phrase?", "--wait").stdout.strip()
             if fake
+            else ""
+        )
+        oc_on_b = (
+            b.cotal("send", "oc", "What was the phrase?", "--wait").stdout.strip()
+            if fake_oc
             else ""
         )
         print("\n== host B: seat to seat across the cut: teller tells default, as itself")
@@ -570,6 +682,11 @@ def main() -> int:
             print(f"    thread id  {theirs['sessionBefore']} -> {theirs['sessionAfter']}")
             print(f"    lifecycle  {theirs['uidBefore']} -> {theirs['uidAfter']}")
             print(f"    phrase     {coder_on_a!r} on A, {coder_on_b!r} on B")
+        if fake_oc:
+            print("  oc (opencode)")
+            print(f"    session id {ours['sessionBefore']} -> {ours['sessionAfter']}")
+            print(f"    lifecycle  {ours['uidBefore']} -> {ours['uidAfter']}")
+            print(f"    phrase     {oc_on_a!r} on A, {oc_on_b!r} on B")
         checks += [
             ("packed digest matches the copy on B", copied == pack["sha256"]),
             (
@@ -620,12 +737,26 @@ def main() -> int:
                 ),
                 ("codex seat: the phrase is answered on B", CODEX_PHRASE in coder_on_b),
             ]
+        if fake_oc:
+            checks += [
+                ("opencode seat: the phrase is answered on A", OPENCODE_PHRASE in oc_on_a),
+                (
+                    "opencode seat: same session id",
+                    ours["sessionBefore"] == oc["sessionId"] == ours["sessionAfter"],
+                ),
+                (
+                    "opencode seat: same lifecycle uid",
+                    ours["uidBefore"] == oc["lifecycleUid"] == ours["uidAfter"],
+                ),
+                ("opencode seat: the phrase is answered on B", OPENCODE_PHRASE in oc_on_b),
+            ]
     finally:
         for host in (b, a):
             if (host.root / ".cotal" / "mesh.json").exists():
                 host.cotal("down", check=False)
-        if fake:
-            fake.stop()
+        for f in (fake, fake_oc):
+            if f:
+                f.stop()
     move_story(base, checks)
     takeover_story(base, checks)
     print("\nRESULT")

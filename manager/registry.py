@@ -40,6 +40,8 @@ KNOWN: dict[str, tuple[str, str]] = {
     "claude": ("connectors.claude_code", "ClaudeCodeConnector"),
     "jcode": ("connectors.jcode", "JcodeConnector"),
     "codex": ("connectors.codex", "CodexConnector"),
+    "opencode": ("connectors.opencode", "OpenCodeConnector"),
+    "gemini": ("connectors.gemini", "GeminiConnector"),
     "scribe-fork": ("connectors.scribe.connector", "ScribeForkConnector"),
 }
 # What `cotal spawn` runs without `--agent` (protocol/control.py's SpawnArgs says the same).
@@ -455,12 +457,13 @@ def agent_settings(cfg: FileConfig, agent: str) -> Mapping[str, Any]:
 
 
 # What a seat *is*, as opposed to how this host reaches it. A resumed session must run the same
-# harness, model and behaviour flags (its permission mode, the scribe test aid), so those are the
-# profile. The binary's path, the endpoint URL and provider entry, where the key comes from, a
-# private home and passed-through variables are host bindings: each host supplies its own from
-# its own cotal.toml, and they must not make an otherwise identical seat refuse to move.
+# harness, model and behaviour flags (its permission mode, OpenCode's tool policy `permission`,
+# the scribe test aid), so those are the profile. The binary's path, the endpoint URL and
+# provider entry, where the key comes from, a private home and passed-through variables are host
+# bindings: each host supplies its own from its own cotal.toml, and they must not make an
+# otherwise identical seat refuse to move.
 PROFILE_KEYS = frozenset(
-    {"model", "permission_mode", "approval_policy", "sandbox", "ignore_sigterm"}
+    {"model", "permission_mode", "permission", "approval_policy", "sandbox", "ignore_sigterm"}
 )
 
 

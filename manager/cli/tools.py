@@ -26,6 +26,7 @@ from connectors.harnesses import (
     Native,
     Pin,
     binary_of,
+    companions_ready,
     get_pin,
     installed_version,
     load_pins,
@@ -107,7 +108,7 @@ def _runnable(pin: Pin) -> bool:
 def install(pin: Pin) -> str:
     """Install `pin` under `<tools>/<name>/` unless that exact version is already there."""
     have = installed_version(pin)
-    if have == pin.version and _runnable(pin):
+    if have == pin.version and _runnable(pin) and companions_ready(pin):
         check_node(pin)
         return f"{pin.name}: {pin.package}@{pin.version} already installed in {pin.prefix}"
     npm = shutil.which("npm")
@@ -131,6 +132,8 @@ def install(pin: Pin) -> str:
         "--save-exact",
         "--ignore-scripts",
         f"{pin.package}@{pin.version}",
+        # What the harness would otherwise fetch itself when it starts (`Pin.companions`).
+        *(f"{package}@{version}" for package, version in pin.companions),
     ]
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -149,6 +152,13 @@ def install(pin: Pin) -> str:
             f"remove {pin.prefix} and run the install again",
         )
     binary_of(pin)
+    if not companions_ready(pin):
+        raise Refusal(
+            Code.INSTALL_FAILED,
+            f"npm reported success but {pin.prefix} lacks "
+            + ", ".join(f"{p}@{v}" for p, v in pin.companions),
+            f"remove {pin.prefix} and run the install again",
+        )
     check_node(pin)
     return f"{pin.name}: installed {pin.package}@{pin.version} in {pin.prefix}"
 

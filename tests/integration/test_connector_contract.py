@@ -1,5 +1,6 @@
 """The promises every connector makes, asserted once, for each connector: scribe, pi, Claude
-Code, Codex and the jcode stand-in (tests/fixtures/jcode_standin.py, which is not jcode).
+Code, Codex, OpenCode, Gemini CLI and the jcode stand-in (tests/fixtures/jcode_standin.py, which
+is not jcode).
 
 Launch-level promises run without any harness: `binary` points at a placeholder. Live promises
 run the real harness (pi, Claude Code and Codex from `.tools/`, under their skip conditions and
@@ -33,14 +34,23 @@ from connectors.base import (
 )
 from connectors.claude_code import ClaudeCodeConnector, transcripts
 from connectors.codex import CodexConnector, pinned_program
+from connectors.gemini import FIXED_ENV as GEMINI_FIXED_ENV
+from connectors.gemini import HOST_FILES as GEMINI_HOST_FILES
+from connectors.gemini import GeminiConnector, chat_files
+from connectors.gemini import pinned_program as gemini_program
 from connectors.jcode import JcodeConnector
 from connectors.jsonl_driver import JsonLinesDriver
 from connectors.launchkit import ENV_ALLOW
+from connectors.opencode import OFFLINE_ENV as OPENCODE_OFFLINE_ENV
+from connectors.opencode import OpenCodeConnector
+from connectors.opencode import pinned_program as opencode_program
 from connectors.pi import PiConnector, read_session_header
 from connectors.scribe.connector import ScribeConnector
 from protocol.errors import Refusal
 from protocol.session import SessionPointer
 from tests.conftest import PI_CLI, REPO, AnthropicServer, FakeServer
+from tests.e2e.test_gemini_seat import fake_gemini  # noqa: F401 (the fixture)
+from tests.fixtures.fake_gemini import GeminiServer
 from tests.fixtures.fake_responses import ResponsesServer
 from tests.harness import Seat, mode, placeholder_binary, read_pointer, running_seat, seat_opts
 from tests.harness import sha256 as file_sha256
@@ -64,7 +74,25 @@ def _codex_missing() -> str | None:
     return None
 
 
+def _opencode_missing() -> str | None:
+    try:
+        opencode_program()
+    except Refusal as exc:
+        return exc.text
+    return None
+
+
+def _gemini_missing() -> str | None:
+    try:
+        gemini_program()
+    except Refusal as exc:
+        return exc.text
+    return None
+
+
 PI_MISSING = None if PI_CLI.is_file() else "pi is not installed under .tools/pi"
+OPENCODE_MISSING = _opencode_missing()
+GEMINI_MISSING = _gemini_missing()
 CLAUDE_MISSING = _claude_missing()
 CODEX_MISSING = _codex_missing()
 STANDIN = REPO / "tests" / "fixtures" / "jcode_standin.py"
@@ -73,6 +101,10 @@ KEY_VAR = "COTAL_TEST_ANTHROPIC_KEY"
 SECRET = "sk-ant-fake-cotal-test-0123456789"
 CODEX_KEY_VAR = "COTAL_TEST_CODEX_KEY"
 CODEX_SECRET = "sk-fake-codex-contract-0123456789"
+OPENCODE_KEY_VAR = "COTAL_TEST_OPENCODE_KEY"
+OPENCODE_SECRET = "sk-fake-opencode-contract-0123456789"
+GEMINI_KEY_VAR = "COTAL_TEST_GEMINI_KEY"
+GEMINI_SECRET = "fake-gemini-contract-0123456789"
 COTAL_ENV = {
     "COTAL_SPACE",
     "COTAL_NAME",
@@ -196,6 +228,42 @@ def _codex_reopen(live: Live, seat: Seat[Any], sid: str, store_file: Path) -> No
     assert list((live.tmp_path / "home").iterdir()) == []
 
 
+def _opencode_db(spec: LaunchSpec) -> Path:
+    return Path(spec.env["XDG_DATA_HOME"], "opencode", "opencode.db")
+
+
+def _opencode_reopen(live: Live, seat: Seat[Any], sid: str, store_file: Path) -> None:
+    spec = seat.spec
+    assert spec.argv[1:] == ["acp"]
+    assert seat.driver.session_id == sid
+    assert all(r["model"] == "fake-model" for r in live.opencode_requests())
+    # The key travels in the child's environment alone: never argv, never a file, not HOME.
+    assert spec.secret_env == ("OPENCODE_PROVIDER_API_KEY",)
+    assert spec.env["OPENCODE_PROVIDER_API_KEY"] == OPENCODE_SECRET
+    assert not any(OPENCODE_SECRET in a for a in spec.argv)
+    for path in live.root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert OPENCODE_SECRET.encode() not in path.read_bytes(), f"the key leaked into {path}"
+    assert list((live.tmp_path / "home").iterdir()) == []
+
+
+def _gemini_reopen(live: Live, seat: Seat[Any], sid: str, store_file: Path) -> None:
+    spec = seat.spec
+    assert spec.argv[2:] == ["--acp", "--model", "fake-gemini", "--approval-mode", "default"]
+    assert seat.driver.session_id == sid
+    assert {r["path"].split(":")[0] for r in live.gemini().records()} == {
+        "/v1beta/models/fake-gemini"
+    }
+    # The key travels in the child's environment alone: never argv, never a file, not HOME.
+    assert spec.secret_env == ("GEMINI_API_KEY",)
+    assert spec.env["GEMINI_API_KEY"] == GEMINI_SECRET
+    assert not any(GEMINI_SECRET in a for a in spec.argv)
+    for path in live.root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert GEMINI_SECRET.encode() not in path.read_bytes(), f"the key leaked into {path}"
+    assert list((live.tmp_path / "home").iterdir()) == []
+
+
 def _scribe_fork(live: Live, seat: Seat[Any], source: str, fork: str, source_file: Path) -> None:
     spec = seat.spec
     assert spec.expected_session_id is None
@@ -277,6 +345,50 @@ CASES = {
         timeout=20,
         extra={"reopen": _codex_reopen},
     ),
+    "opencode": Case(
+        connector=OpenCodeConnector,
+        # Exact (measured: `session/load` in a new process keeps the id and sends the history);
+        # no fork.
+        capabilities=Capabilities(False, True, True, True),
+        continuity="exact",
+        conflict_code="unsupported",
+        own_env=frozenset(
+            {
+                "OPENCODE_PROVIDER_API_KEY",
+                "XDG_CONFIG_HOME",
+                "XDG_DATA_HOME",
+                "XDG_STATE_HOME",
+                "XDG_CACHE_HOME",
+                *OPENCODE_OFFLINE_ENV,
+            }
+        ),
+        # OpenCode retries a 500 without end; a 400 it answers as the prompt's error.
+        fail_prompt="fake:http-400 hello",
+        fail_detail="Internal error: fake provider refusal (fake:http-400)",
+        empty_prompt="fake:empty hello",
+        empty_detail="the model produced no output",
+        timeout=40,
+        extra={"reopen": _opencode_reopen},
+    ),
+    "gemini": Case(
+        connector=GeminiConnector,
+        # Exact (measured: `session/load` in a new process keeps the id and sends the history);
+        # no fork.
+        capabilities=Capabilities(False, True, True, True),
+        continuity="exact",
+        conflict_code="unsupported",
+        own_env=frozenset(
+            {"GEMINI_API_KEY", "GEMINI_CLI_HOME", "GOOGLE_GEMINI_BASE_URL", *GEMINI_HOST_FILES}
+            | set(GEMINI_FIXED_ENV)
+        ),
+        # Gemini CLI retries a 500 for minutes and an empty reply for seconds; a 400 it
+        # answers as the prompt's error, the provider's body as it came.
+        fail_prompt="fake:http-400 hello",
+        fail_detail='{"error":{"code":400,"message":"fake error (fake:http-400)",'
+        '"status":"INVALID_ARGUMENT"}}',
+        timeout=40,
+        extra={"reopen": _gemini_reopen},
+    ),
     "jcode": Case(
         connector=JcodeConnector,
         capabilities=Capabilities(supports_prompt=True),
@@ -303,6 +415,18 @@ LIVE_MARKS = {
             CODEX_MISSING is not None, reason=f"Codex is not installed: {CODEX_MISSING}"
         ),
     ],
+    "opencode": [
+        pytest.mark.opencode,
+        pytest.mark.skipif(
+            OPENCODE_MISSING is not None, reason=f"OpenCode is not installed: {OPENCODE_MISSING}"
+        ),
+    ],
+    "gemini": [
+        pytest.mark.gemini,
+        pytest.mark.skipif(
+            GEMINI_MISSING is not None, reason=f"Gemini CLI is not installed: {GEMINI_MISSING}"
+        ),
+    ],
 }
 
 
@@ -310,7 +434,7 @@ def live_params(*names: str) -> list[Any]:
     return [pytest.param(n, marks=LIVE_MARKS.get(n, []), id=n) for n in names]
 
 
-EXACT = ("scribe", "pi", "claude", "codex")
+EXACT = ("scribe", "pi", "claude", "codex", "opencode", "gemini")
 # The exact connectors that also fork another session by id.
 FORKING = tuple(n for n in EXACT if CASES[n].capabilities.supports_resume)
 
@@ -342,6 +466,16 @@ def launch_opts(
         monkeypatch.setenv(CODEX_KEY_VAR, CODEX_SECRET)
         config.update(
             base_url="http://127.0.0.1:9/v1", model="fake-model", api_key_env=CODEX_KEY_VAR
+        )
+    if case.name == "opencode":
+        monkeypatch.setenv(OPENCODE_KEY_VAR, OPENCODE_SECRET)
+        config.update(
+            base_url="http://127.0.0.1:9/v1", model="fake-model", api_key_env=OPENCODE_KEY_VAR
+        )
+    if case.name == "gemini":
+        monkeypatch.setenv(GEMINI_KEY_VAR, GEMINI_SECRET)
+        config.update(
+            base_url="http://127.0.0.1:9", model="fake-gemini", api_key_env=GEMINI_KEY_VAR
         )
     return seat_opts(root, case.name, "alice", config=config, **kw)
 
@@ -466,6 +600,18 @@ class Live:
                 "model": "fake-model",
                 "api_key_env": CODEX_KEY_VAR,
             }
+        elif self.case.name == "opencode":
+            config = {
+                "base_url": self.openai().base_url,
+                "model": "fake-model",
+                "api_key_env": OPENCODE_KEY_VAR,
+            }
+        elif self.case.name == "gemini":
+            config = {
+                "base_url": self.gemini().base_url,
+                "model": "fake-gemini",
+                "api_key_env": GEMINI_KEY_VAR,
+            }
         elif self.case.name == "jcode":
             config = {"binary": str(self.binary)}
         return seat_opts(self.root, self.case.name, name, config=config, **kw)
@@ -487,8 +633,23 @@ class Live:
         server: ResponsesServer = self.request.getfixturevalue("fake_responses")
         return server
 
+    def gemini(self) -> GeminiServer:
+        server: GeminiServer = self.request.getfixturevalue("fake_gemini")
+        return server
+
+    def opencode_requests(self) -> list[dict[str, Any]]:
+        """The agent's own requests to the model (OpenCode also asks it for a session's title,
+        with no tools)."""
+        return [r for r in self.openai().requests() if "tools" in r]
+
     def store_files(self, spec: LaunchSpec) -> list[Path]:
         """Every session file in the seat's own store."""
+        if self.case.name == "opencode":
+            return [_opencode_db(spec)]
+        if self.case.name == "gemini":
+            # The session's chat file: the one holding a turn (each start also writes one of
+            # its own, holding only Gemini's context).
+            return [c.path for c in chat_files(Path(spec.env["GEMINI_CLI_HOME"])) if c.resumable]
         if self.case.name == "claude":
             return sorted(_claude_config(spec).glob("projects/*/*.jsonl"))
         if self.case.name == "codex":
@@ -503,6 +664,10 @@ class Live:
             return len(self.anthropic().messages())
         if self.case.name == "codex":
             return len(self.responses().responses())
+        if self.case.name == "opencode":
+            return len(self.opencode_requests())
+        if self.case.name == "gemini":
+            return len(self.gemini().requests())
         return None
 
     def model_saw(self) -> list[tuple[str, str]] | None:
@@ -518,7 +683,21 @@ class Live:
             return AnthropicServer.turns(self.anthropic().messages()[-1])
         if self.case.name == "codex":
             return ResponsesServer.turns(self.responses().responses()[-1])
+        if self.case.name == "opencode":
+            return [
+                (m["role"], _text(m["content"]))
+                for m in self.opencode_requests()[-1]["messages"]
+                if m["role"] in ("user", "assistant")
+            ]
+        if self.case.name == "gemini":
+            return GeminiServer.turns(self.gemini().requests()[-1])
         return None
+
+    def continued(self, store_file: Path) -> Path:
+        """Where a continuation keeps the session file `store_file`."""
+        if self.case.name == "gemini":
+            return store_file.with_name(f"session-cotal-{store_file.name.rsplit('-', 1)[1]}")
+        return store_file
 
     def check(self, what: str, *args: Any) -> None:
         if what in self.case.extra:
@@ -549,6 +728,18 @@ def live(
         # HOME must stay untouched: the seat's CODEX_HOME is its own.
         monkeypatch.setenv("HOME", str(home))
         monkeypatch.setenv(CODEX_KEY_VAR, CODEX_SECRET)
+    if case.name == "opencode":
+        home = tmp_path / "home"
+        home.mkdir()
+        # HOME must stay untouched: the seat's data, config, state and cache are its own.
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv(OPENCODE_KEY_VAR, OPENCODE_SECRET)
+    if case.name == "gemini":
+        home = tmp_path / "home"
+        home.mkdir()
+        # HOME must stay untouched: the seat's GEMINI_CLI_HOME is its own.
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv(GEMINI_KEY_VAR, GEMINI_SECRET)
     if case.name == "jcode":
         # The stand-in under this interpreter, whatever PATH holds.
         binary = tmp_path / "bin" / "jcode"
@@ -666,7 +857,9 @@ async def test_kill9_then_exact_reopen_by_id_is_the_same_session(live: Live) -> 
         assert seat.spec.expected_session_id == sid
         assert await ready(seat, t) == sid
         assert await ask(seat, "what was the phrase?", "m2", t) == RECALLED
-        # Exactly one file, the same one, grown: the harness continued it.
+        # Exactly one file, the same one, grown: the harness continued it (Gemini CLI's under
+        # the name the connector gives a continued session: connectors/gemini.py, `canonical`).
+        store_file = live.continued(store_file)
         assert live.store_files(seat.spec) == [store_file]
         assert store_file.stat().st_size > size
         with anyio.fail_after(t):
