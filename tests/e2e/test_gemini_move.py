@@ -3,7 +3,10 @@ standalone broker, offline against the fake Gemini API (a real process logging e
 the seat sends through its mesh tool (cotal's MCP server, named in the seat's settings as a
 trusted server; docs/design.md, "Gemini CLI continuity"), a send it may not make is refused to
 its model by name and reaches nobody, and `cotal move` takes the seat to the other host, where
-the same session under the same uid still knows what it was told.
+the same session under the same uid still knows what it was told. Before that move, one to
+the same host while its cotal.toml binds Gemini CLI to a program of another version is refused
+`harness-version` at the move's probe, before anything is fenced: the seat runs on at the
+source untouched (issue 41).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from connectors.meshtool.mcp import TOOLS
 from tests.conftest import Cli, SharedBroker
 from tests.e2e.test_gemini_seat import ENV, _installed, configure, gemini_server
 from tests.e2e.test_move import committed_root
+from tests.e2e.test_opencode_move import move_refused_for_version
 from tests.fixtures.fake_gemini import GeminiServer
 from tests.helpers import ask, dm_messages, processes_mentioning, seat_events, signer_key
 
@@ -99,7 +103,11 @@ async def test_a_gemini_seat_sends_through_its_tool_then_moves_to_another_live_h
         # The move: the same uid and session at B, one process carrying it, and the provider is
         # sent the turns the seat had at A.
         b.run("trust", "add", signer_key(a.root), "--name", "host-a")
-        moved = a.json("move", "gm", "--to", b.json("status")["instanceId"])
+        to_b = b.json("status")["instanceId"]
+        # Where Gemini CLI is another version, B's probe refuses before A fences anything;
+        # without that binding, the same seat moves.
+        move_refused_for_version(a, b, to_b, "gm", "gemini", tmp_path)
+        moved = a.json("move", "gm", "--to", to_b)
         [carried] = moved["seats"]
         assert (carried["lifecycleUid"], carried["session"]) == (
             seat["lifecycleUid"],

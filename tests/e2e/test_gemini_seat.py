@@ -10,7 +10,9 @@ follows is the one that would overwrite the session's chat file), whose message 
 relaunched seat is handed again in the same session; a cut, and `up --restore` on a root at
 another path with its own HOME and broker: the same session id under the same uid, the
 provider sent the earlier turns, a decoy Gemini store in the destination's HOME never read; a
-fresh seat there knows nothing. `cotal doctor` reports the harness on both roots.
+fresh seat there knows nothing. `cotal doctor` reports the harness on both roots. Before that
+restore, one at the same root whose cotal.toml binds Gemini CLI to a program of another
+version is refused `harness-version` at the identity gate, before any claim (issue 41).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from connectors.gemini import pinned_program
 from protocol.errors import Refusal
 from tests.conftest import REPO, Cli, start_fake_server
 from tests.e2e.test_move import committed_root
+from tests.e2e.test_opencode_seat import restore_refused_for_version
 from tests.fixtures.fake_gemini import GeminiServer
 from tests.helpers import ask, ps_row, seat_events, signer_key, wait_until
 
@@ -207,6 +210,9 @@ async def test_a_gemini_seat_through_a_tool_a_send_a_kill_a_cut_and_a_resume_at_
     dest.root.mkdir(parents=True)
     dest.run("trust", "add", key, "--name", "host-a")
     configure(dest.root, fake_gemini)
+    # Where Gemini CLI is another version, the restore is refused by name before any claim;
+    # without that binding, the same checkpoint restores.
+    restore_refused_for_version(dest, carried, "gemini", "gm")
     result = json.loads(dest.run("up", "--restore", str(carried), "--json").stdout)
     [obs] = [s for s in result["seats"] if s["name"] == "gm"]
     assert obs["continuity"] == "exact", obs

@@ -5,6 +5,9 @@ over ACP as the session's `mcpServers`; docs/mesh.md), a send it may not make is
 its model by name and reaches nobody; a write outside the seat's tree is refused by the seat's
 policy (its message dead-lettered, saying why); and `cotal move` takes the seat to the other
 host, where the same session under the same uid still knows what it was told and still sends.
+Before that move, one to the same host while its cotal.toml binds OpenCode to a program of
+another version is refused `harness-version` at the move's probe, before anything is fenced:
+the seat runs on at the source untouched (issue 41).
 """
 
 from __future__ import annotations
@@ -18,12 +21,22 @@ import pytest
 from connectors.meshtool.mcp import TOOLS
 from tests.conftest import Cli, FakeServer, SharedBroker
 from tests.e2e.test_move import committed_root
-from tests.e2e.test_opencode_seat import ENV, _installed, configure, model_requests
+from tests.e2e.test_move_probe import NOTHING_FENCED, move
+from tests.e2e.test_opencode_seat import (
+    ENV,
+    _installed,
+    another_version,
+    bind_binary,
+    configure,
+    model_requests,
+    version_refusal,
+)
 from tests.helpers import (
     ask,
     dm_messages,
     processes_mentioning,
     ps_row,
+    refused,
     seat_events,
     signer_key,
     wait_until,
@@ -46,6 +59,58 @@ def _tool(cli: Cli, seat: str, name: str, arguments: dict[str, Any]) -> str:
     reply = ask(cli, seat, prompt)
     assert reply.startswith(TOOL_RESULT), reply
     return reply.removeprefix(TOOL_RESULT)
+
+
+def _ancestry(pid: int) -> list[int] | None:
+    """`pid` and its parents up to init; None when it exited while being read."""
+    chain = []
+    while pid > 1:
+        chain.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return chain
+
+
+def untouched_at_the_source(a: Cli, b: Cli, row: dict[str, Any]) -> None:
+    """test_move_probe's `never_stopped`, from the seat's row just before the move was asked
+    rather than from its spawn (a seat may have been relaunched before: this OpenCode one was):
+    the very row, process and session at A, every process that names the seat's uid that
+    process or a child of it (the harness's own, its mesh tool among them), no cut journaled,
+    nothing pre-copied, nothing of it at B."""
+    assert ps_row(a, row["name"]) == row
+    found = processes_mentioning(row["lifecycleUid"])
+    assert row["pid"] in found, found
+    chains = [(pid, _ancestry(pid)) for pid in found]
+    assert [pid for pid, chain in chains if chain is not None and row["pid"] not in chain] == []
+    assert a.json("status")["state"] == "active"
+    assert not (a.root / ".cotal/maintenance/v1/journal.json").exists()
+    store = a.root / ".cotal/maintenance/v1/precopy"
+    assert not store.exists() or list(store.iterdir()) == []
+    assert row["name"] not in {r["name"] for r in b.ps()}
+
+
+def move_refused_for_version(
+    a: Cli, b: Cli, to_b: str, name: str, agent: str, tmp_path: Path
+) -> None:
+    """`cotal move` of seat `name` from A to B while B's cotal.toml binds `agent` to a program
+    of another version: refused `harness-version` at B's probe, nothing fenced, the seat
+    running at A as it was just before. The binding is then removed."""
+    seat = ps_row(a, name)
+    toml = b.root / "cotal.toml"
+    other = another_version(tmp_path / f"{agent}-other")
+    kept = bind_binary(toml, agent, other)
+    message = refused(move(a, to_b, name), "harness-version")
+    assert message == (
+        f"destination {to_b}: "
+        + version_refusal(agent, name, other, where=f"destination {to_b}", ran="runs")
+        + f"move to a manager that has it; {NOTHING_FENCED}; see the destination's message; "
+        "nothing was moved"
+    ), message
+    untouched_at_the_source(a, b, seat)
+    toml.write_text(kept)
 
 
 async def test_an_opencode_seat_sends_through_its_tool_then_moves_to_another_live_host(
@@ -112,7 +177,11 @@ async def test_an_opencode_seat_sends_through_its_tool_then_moves_to_another_liv
         # The move: the same uid and session at B, one process carrying it, and the provider is
         # sent the turns the seat had at A.
         b.run("trust", "add", signer_key(a.root), "--name", "host-a")
-        moved = a.json("move", "oc", "--to", b.json("status")["instanceId"])
+        to_b = b.json("status")["instanceId"]
+        # Where OpenCode is another version, B's probe refuses before A fences anything; without
+        # that binding, the same seat moves.
+        move_refused_for_version(a, b, to_b, "oc", "opencode", tmp_path)
+        moved = a.json("move", "oc", "--to", to_b)
         [carried] = moved["seats"]
         assert (carried["lifecycleUid"], carried["session"]) == (
             seat["lifecycleUid"],
