@@ -101,6 +101,8 @@ def test_doctor_reports_the_configured_standin_as_drain_only(root: Path, binary:
         "claude",
         "codex",
         "jcode",
+        "opencode",
+        "gemini",
         "scribe-fork",
         "isolation",
         "clock",
