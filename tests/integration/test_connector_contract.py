@@ -46,6 +46,7 @@ from connectors.opencode import OpenCodeConnector
 from connectors.opencode import pinned_program as opencode_program
 from connectors.pi import PiConnector, read_session_header
 from connectors.scribe.connector import ScribeConnector
+from manager import registry
 from protocol.errors import Refusal
 from protocol.session import SessionPointer
 from tests.conftest import PI_CLI, REPO, AnthropicServer, FakeServer
@@ -437,6 +438,14 @@ def live_params(*names: str) -> list[Any]:
 EXACT = ("scribe", "pi", "claude", "codex", "opencode", "gemini")
 # The exact connectors that also fork another session by id.
 FORKING = tuple(n for n in EXACT if CASES[n].capabilities.supports_resume)
+
+
+def test_the_contract_covers_every_harness_in_the_registry() -> None:
+    # `scribe-fork` is scribe's own connector with continuation withheld, so that the fork path
+    # of a resume runs offline; its fork is the `fork` extra of scribe's case. Every other
+    # harness `--agent` accepts is a case here, so a new one cannot be registered untested.
+    assert set(registry.KNOWN) - set(CASES) == {"scribe-fork"}
+    assert set(CASES) <= set(registry.KNOWN)
 
 
 @pytest.fixture(params=list(CASES))
