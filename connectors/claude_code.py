@@ -65,6 +65,7 @@ from connectors.launchkit import (
     one_key_source,
     pinned_binary,
     refuse_resume_with_continuation,
+    require_executable,
     seat_cwd,
     seat_files,
 )
@@ -659,13 +660,9 @@ def resolve_credential(config: ClaudeConfig) -> Credential:
 def _program(binary: str | None) -> str:
     if binary is None:
         binary = pinned_binary(NAME)
-    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-        raise Refusal(
-            Code.NOT_INSTALLED,
-            f"claude connector: binary {binary} does not exist or is not executable",
-            "run `python -m manager.cli.tools install` or fix agents.claude.binary",
-        )
-    return binary
+    return require_executable(
+        NAME, binary, "run `python -m manager.cli.tools install` or fix agents.claude.binary"
+    )
 
 
 def _check_session_id(session_id: str, what: str) -> None:

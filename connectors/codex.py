@@ -60,6 +60,7 @@ from connectors.launchkit import (
     extra_env_names,
     key_source,
     launch_prompt,
+    require_executable,
     seat_cwd,
     seat_files,
 )
@@ -279,12 +280,7 @@ class CodexConnector:
         files = seat_files(NAME, opts, ".home")
         cwd = seat_cwd(NAME, opts)
         binary = cfg.binary or str(pinned_program())
-        if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-            raise Refusal(
-                Code.NOT_INSTALLED,
-                f"codex connector: binary {binary} does not exist or is not executable",
-                "run `cotal tools install` or fix agents.codex.binary",
-            )
+        require_executable(NAME, binary, "run `cotal tools install` or fix agents.codex.binary")
         if opts.continue_session:
             if not UUID_RE.match(opts.continue_session):
                 raise Refusal(

@@ -62,6 +62,7 @@ from connectors.launchkit import (
     key_source,
     launch_prompt,
     pinned_binary,
+    refuse_fork,
     seat_cwd,
     seat_files,
 )
@@ -434,12 +435,11 @@ class GeminiConnector:
     session_versions: tuple[str, ...] = ()
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
-        if opts.resume:
-            raise Refusal(
-                Code.UNSUPPORTED,
-                f"gemini connector: forking session {opts.resume} is not supported",
-                "spawn the seat without --resume; a Gemini CLI seat continues its own session",
-            )
+        refuse_fork(
+            NAME,
+            opts,
+            "spawn the seat without --resume; a Gemini CLI seat continues its own session",
+        )
         check_prompt(NAME, opts.prompt)
         cfg = _check_config(opts)
         files = seat_files(NAME, opts, ".home")

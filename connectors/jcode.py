@@ -40,7 +40,14 @@ from connectors.jsonl_driver import (
     TurnEnded,
     TurnStarted,
 )
-from connectors.launchkit import base_env, check_prompt, decode_config, launch_prompt, seat_cwd
+from connectors.launchkit import (
+    base_env,
+    check_prompt,
+    decode_config,
+    launch_prompt,
+    require_executable,
+    seat_cwd,
+)
 from connectors.privatefs import UnsafeDirectory, ensure_private_dirs_below
 from protocol import names
 from protocol.errors import DecodeError, Refusal
@@ -242,13 +249,7 @@ def _program(binary: str | None, env: Mapping[str, str]) -> str:
                 "set agents.jcode.binary to an absolute path",
             )
         return found
-    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-        raise Refusal(
-            Code.NOT_INSTALLED,
-            f"jcode connector: binary {binary} does not exist or is not executable",
-            "fix agents.jcode.binary",
-        )
-    return binary
+    return require_executable(NAME, binary, "fix agents.jcode.binary")
 
 
 # -- the driver -----------------------------------------------------------------------------------

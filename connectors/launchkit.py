@@ -366,3 +366,25 @@ def resolve_key(agent: str, config: KeyedEndpointConfig, default_env: str) -> Pr
             f"spawn), or export {var} before starting the manager",
         )
     return ProviderKey(value, f"api_key_env {var}")
+
+
+def require_executable(agent: str, binary: str, cure: str) -> str:
+    """`binary`, once it is a regular file this process may execute."""
+    if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        raise Refusal(
+            Code.NOT_INSTALLED,
+            f"{agent} connector: binary {binary} does not exist or is not executable",
+            cure,
+        )
+    return binary
+
+
+def refuse_fork(agent: str, opts: LaunchOpts, cure: str) -> None:
+    """Refuse `--resume` (a new session forked from another) for a harness that only continues
+    its own session."""
+    if opts.resume:
+        raise Refusal(
+            Code.UNSUPPORTED,
+            f"{agent} connector: forking session {opts.resume} is not supported",
+            cure,
+        )

@@ -55,6 +55,8 @@ from connectors.launchkit import (
     extra_env_names,
     key_source,
     launch_prompt,
+    refuse_fork,
+    require_executable,
     seat_cwd,
     seat_files,
 )
@@ -317,24 +319,18 @@ class OpenCodeConnector:
     session_versions: tuple[str, ...] = ()
 
     def build_launch(self, opts: LaunchOpts) -> LaunchSpec:
-        if opts.resume:
-            raise Refusal(
-                Code.UNSUPPORTED,
-                f"opencode connector: forking session {opts.resume} is not supported",
-                "spawn the seat without --resume; an OpenCode seat continues its own session",
-            )
+        refuse_fork(
+            NAME,
+            opts,
+            "spawn the seat without --resume; an OpenCode seat continues its own session",
+        )
         check_prompt(NAME, opts.prompt)
         cfg = _check_config(opts)
         files = seat_files(NAME, opts, ".home")
         config_home = files.pointer.with_suffix(".config")
         cwd = seat_cwd(NAME, opts)
         binary = cfg.binary or str(pinned_program())
-        if not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-            raise Refusal(
-                Code.NOT_INSTALLED,
-                f"opencode connector: binary {binary} does not exist or is not executable",
-                "run `cotal tools install` or fix agents.opencode.binary",
-            )
+        require_executable(NAME, binary, "run `cotal tools install` or fix agents.opencode.binary")
         if opts.continue_session:
             if not SESSION_ID_RE.match(opts.continue_session):
                 raise Refusal(
