@@ -36,16 +36,15 @@ SYSTEM_PACKAGES := git-lfs chromium
 system:
 	sh deploy/system-packages.sh $(SYSTEM_PACKAGES)
 
-# Lint first: a test run that passes on code that does not lint is not a green build. Eight
+# Lint first: a test run that passes on code that does not lint is not a green build. Six
 # workers on two cores: since a test's CLI calls fork from a warm interpreter (tests/clifork.py)
 # the suite no longer keeps both cores busy, and most tests wait on real brokers, git and seats
-# and, since the real OpenCode and Gemini CLI seats, on real harnesses (measured on a clean
-# clone: 656 s of tests with 4 workers, 476 s with 6, for the same 1,817 tests and less CPU;
-# with 1,935 tests, 696 s with 6 workers while the CPU was busy 369 s of it). Each test owns its own temporary root, broker ports and processes; a
+# (measured on a clean clone: 656 s of tests with 4 workers, 476 s with 6, for the same 1,817
+# tests and less CPU). Each test owns its own temporary root, broker ports and processes; a
 # worker that runs out of tests takes some from a busy one (`worksteal`), so the long e2e tests
 # do not all end up in one worker's tail. Tests marked `serial` (races between private mount
 # namespaces) then run alone.
-TEST_WORKERS ?= 8
+TEST_WORKERS ?= 6
 test: lint harnesses system
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests
