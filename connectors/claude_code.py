@@ -57,12 +57,12 @@ from connectors.launchkit import (
     decode_config,
     drop_stale_pointer,
     endpoint_url,
-    extra_env_names,
     key_env_name,
     key_file_path,
     key_in_file,
     launch_prompt,
     one_key_source,
+    passthrough_names,
     pinned_binary,
     refuse_resume_with_continuation,
     require_executable,
@@ -484,15 +484,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "pass --model or set agents.claude.model in cotal.toml",
         )
     permission_mode = _permission_mode(config)
-    extra_env = extra_env_names(NAME, config.extra_env)
-    clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
-    if clash:
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            f"claude connector: extra_env names {', '.join(clash)}, "
-            "which the connector sets itself",
-            "remove them from agents.claude.extra_env",
-        )
+    extra_env = passthrough_names(NAME, config.extra_env, RESERVED_ENV)
     binary = configured_binary(NAME, config.binary, what="the claude executable")
     # Last among the checks: a launch refused for its config never reads a secret.
     credential = resolve_credential(config)

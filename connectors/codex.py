@@ -57,9 +57,9 @@ from connectors.launchkit import (
     decode_config,
     drop_stale_pointer,
     endpoint_url,
-    extra_env_names,
     key_source,
     launch_prompt,
+    passthrough_names,
     require_executable,
     seat_cwd,
     seat_files,
@@ -452,14 +452,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "pass --model or set agents.codex.model in cotal.toml",
         )
     approval, sandbox = _approval(config), _sandbox(config)
-    extra_env = extra_env_names(NAME, config.extra_env)
-    clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
-    if clash:
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            f"codex connector: extra_env names {', '.join(clash)}, which the connector sets itself",
-            "remove them from agents.codex.extra_env",
-        )
+    extra_env = passthrough_names(NAME, config.extra_env, RESERVED_ENV)
     binary = configured_binary(NAME, config.binary, what="the codex executable")
     # Last among the checks: a launch refused for its config never reads a secret.
     key = resolve_key(config)

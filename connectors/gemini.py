@@ -58,9 +58,9 @@ from connectors.launchkit import (
     decode_config,
     drop_stale_pointer,
     endpoint_url,
-    extra_env_names,
     key_source,
     launch_prompt,
+    passthrough_names,
     pinned_binary,
     refuse_fork,
     seat_cwd,
@@ -778,17 +778,13 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "pass --model or set agents.gemini.model in cotal.toml, e.g. gemini-2.5-flash",
         )
     permission = _permission(config)
-    extra_env = extra_env_names(NAME, config.extra_env)
-    clash = sorted(
-        n for n in extra_env if n in RESERVED_ENV or n.startswith(("COTAL_", "GEMINI_", "GOOGLE_"))
+    extra_env = passthrough_names(
+        NAME,
+        config.extra_env,
+        RESERVED_ENV,
+        prefixes=("COTAL_", "GEMINI_", "GOOGLE_"),
+        why="which the connector sets or which would configure Gemini CLI around it",
     )
-    if clash:
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            f"gemini connector: extra_env names {', '.join(clash)}, which the connector sets "
-            "or which would configure Gemini CLI around it",
-            "remove them from agents.gemini.extra_env",
-        )
     binary = configured_binary(NAME, config.binary, what="Gemini CLI's bundle/gemini.js")
     # Last among the checks: a launch refused for its config never reads a secret.
     key = resolve_key(config)

@@ -233,6 +233,27 @@ def extra_env_names(agent: str, extra_env: Sequence[str]) -> list[str]:
     return list(extra_env)
 
 
+def passthrough_names(
+    agent: str,
+    extra_env: Sequence[str],
+    reserved: frozenset[str],
+    *,
+    prefixes: tuple[str, ...] = ("COTAL_",),
+    why: str = "which the connector sets itself",
+) -> list[str]:
+    """`agents.<agent>.extra_env` checked: names of variables, none the connector sets itself
+    (`reserved`, or starting with one of `prefixes`)."""
+    names = extra_env_names(agent, extra_env)
+    clash = sorted(n for n in names if n in reserved or n.startswith(prefixes))
+    if clash:
+        raise Refusal(
+            Code.BAD_LAUNCH,
+            f"{agent} connector: extra_env names {', '.join(clash)}, {why}",
+            f"remove them from agents.{agent}.extra_env",
+        )
+    return names
+
+
 def configured_binary(agent: str, binary: str | None, *, what: str) -> str | None:
     """`binary` from the config, which must be an absolute path to `what`; None when unset."""
     if binary is not None and not os.path.isabs(binary):

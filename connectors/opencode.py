@@ -52,9 +52,9 @@ from connectors.launchkit import (
     decode_config,
     drop_stale_pointer,
     endpoint_url,
-    extra_env_names,
     key_source,
     launch_prompt,
+    passthrough_names,
     refuse_fork,
     require_executable,
     seat_cwd,
@@ -534,15 +534,7 @@ def _check_config(opts: LaunchOpts) -> _Config:
             "pass --model or set agents.opencode.model in cotal.toml, without a provider prefix",
         )
     permission = _permission(config)
-    extra_env = extra_env_names(NAME, config.extra_env)
-    clash = sorted(n for n in extra_env if n in RESERVED_ENV or n.startswith("COTAL_"))
-    if clash:
-        raise Refusal(
-            Code.BAD_LAUNCH,
-            f"opencode connector: extra_env names {', '.join(clash)}, which the connector sets "
-            "itself",
-            "remove them from agents.opencode.extra_env",
-        )
+    extra_env = passthrough_names(NAME, config.extra_env, RESERVED_ENV)
     binary = configured_binary(NAME, config.binary, what="the opencode executable")
     # Last among the checks: a launch refused for its config never reads a secret.
     key = resolve_key(config)
