@@ -154,7 +154,7 @@ def _git(repo: Path, *args: str) -> str:
 def inspections(repos: list[Path], env: dict[str, str]) -> float:
     """The git processes of each seat's three inspections, one shell per seat."""
     reading = (PROBE_ARGS, REFS_ARGS, STATUS_ARGS)
-    preflight = (*reading, ("ls-files", "-s", "-t", "-v", "-z", "--debug"))
+    preflight = (*reading, ("ls-files", "-s", "-t", "-v", "-z"))
     config = ("config", "--file", ".git/config", "--null", "--list")
     scripts = [
         "set -e\n"

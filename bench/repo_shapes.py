@@ -165,7 +165,7 @@ def phases(top: Path, out: Path, reps: int) -> dict[str, float]:
     functions of its steps wrapped, each call's wall summed per capture (medians of `reps`).
     `inspectBeforeMs` is the first inspection (`_facts`, its submodules' included) and
     `inspectAfterMs` the after-capture one, which reuses the index scan; `indexScanMs` is the
-    seat's repository's `ls-files --debug` run and its parse within the first; its bundle
+    seat's repository's `ls-files --stage` run and its parse within the first; its bundle
     (`bundleMs`) runs beside its tree's other artifacts (`treeArtifactsMs`), and
     `submodulesMs` captures the submodules after both."""
     names = {

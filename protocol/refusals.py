@@ -794,13 +794,6 @@ class Code(StrEnum):
         "a seat's inbox durable is not at the broker, so its lifecycle cannot be proven",
         "resume with the uid the checkpoint recorded, against the broker holding its inbox",
     )
-    LINKED_WORKTREE = (
-        "linked-worktree",
-        "a seat's cwd is a linked worktree (`git worktree add`) of a bare repository, a "
-        "submodule's or a separate git dir; a checkpoint carries a linked worktree as a "
-        "repository of its own only from an ordinary main repository",
-        "run the seat in a clone of its own (`git clone`), then cut again; nothing was stopped",
-    )
     LIVENESS_UNKNOWN = (
         "liveness-unknown",
         "a seat's presence cannot be read, so it cannot be adopted",

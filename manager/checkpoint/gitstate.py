@@ -39,7 +39,8 @@ Git LFS objects the checkout and the stash point at travel beside the bundle
 (manager/checkpoint/lfs.py).
 
 An inspection is few git runs, each answering what it can at once (docs/design.md decision 17):
-one `rev-parse`, one `for-each-ref`, one `ls-files --debug`, one `status`, one `config --list`.
+one `rev-parse`, one `for-each-ref`, one `ls-files --stage` (and two cached diffs where an entry
+names the empty blob), one `status`, one `config --list`.
 The preflight at prepare leaves what it learned for the capture at commit, which reuses only
 the parts whose input it proves unchanged (manager/checkpoint/inspect.py says why that is sound).
 
@@ -64,6 +65,7 @@ import tarfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
@@ -424,6 +426,10 @@ class GitDirFacts:
     # `config.worktree` and `info/sparse-checkout`, byte for byte, when the repository has them.
     worktree_config: bytes | None = None
     sparse_patterns: bytes | None = None
+    # The config keys (lower case) that describe where the source's work tree is rather than
+    # what the repository is, left out of the carried config: the restore rebuilds a
+    # repository of its own at the seat's cwd (`_layout_keys`).
+    layout_keys: frozenset[bytes] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -431,19 +437,22 @@ class IndexScan:
     """What the index alone decides, with the stamp of the index it was read from."""
 
     stamp: IndexStamp | None
+    # The entries `git add -N` made, sorted: neither diff carries one as an index entry.
     intent_to_add: list[str]
     # Every stage-0 entry marked skip-worktree, in index order.
     skip_worktree: tuple[bytes, ...] = ()
-    # The digest of every entry's mode, object, stage, path and meaningful flags, without the
-    # stat data: `git diff` rewrites the index to refresh that (GIT_OPTIONAL_LOCKS=0 does not
-    # stop it), which changes the stamp but not what the index says.
+    # The digest of `git ls-files -s -t -v -z`: every entry's tag (its skip-worktree and
+    # assume-unchanged bits), mode, object, stage and path, and the intent-to-add entries,
+    # without the stat data: `git diff` rewrites the index to refresh that
+    # (GIT_OPTIONAL_LOCKS=0 does not stop it), which changes the stamp but not what the index
+    # says.
     entries: str = ""
     # Every stage-0 gitlink (a submodule's pinned commit) as (path, commit), in index order.
     gitlinks: tuple[tuple[bytes, str], ...] = ()
-    # `skip_worktree` by parent directory (b"" for the top level), for `_check_skipped`, which
-    # every inspection runs, a reused scan's too: grouped once here, each check is one lstat a
-    # directory a sparse checkout left out.
-    skipped_by_dir: tuple[tuple[bytes, tuple[bytes, ...]], ...] = ()
+    # The parent directories of `skip_worktree` (b"" for the top level), for `_check_skipped`,
+    # which every inspection runs, a reused scan's too: each check is one lstat a directory a
+    # sparse checkout left out.
+    skipped_dirs: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -592,9 +601,13 @@ async def _gitdir_facts(
         common / "config", "git config", "replace it with a regular file, then cut again"
     )
     listing: ConfigListing | None = None
+    layout: frozenset[bytes] = frozenset()
     if config is not None:
         listing = await _list_config(cwd, config, earlier)
-        _check_core_worktree(config, listing, own_worktree)
+        if own_worktree is None:
+            layout = _layout_keys(listing, linked=git_dir is not None and git_dir != common)
+        else:
+            _check_core_worktree(config, listing, own_worktree)
     hooks: list[tuple[str, Path]] = []
     hooks_dir = common / "hooks"
     if os.path.isdir(hooks_dir) and not os.path.islink(hooks_dir):
@@ -632,7 +645,23 @@ async def _gitdir_facts(
         listing=listing,
         worktree_config=worktree_config,
         sparse_patterns=patterns,
+        layout_keys=layout,
     )
+
+
+# `core.worktree` in the seat's own repository can only name the seat's cwd (the probe refused
+# a cwd that is not the top level of the work tree git finds), and the restore puts the
+# repository there anyway; a linked worktree's repository says `core.bare = true` when it is a
+# bare one, which is true of the common dir and not of the repository of its own the worktree
+# is restored as (docs/design.md decision 17).
+_WORKTREE_KEY = b"core.worktree"
+_BARE_KEY = b"core.bare"
+
+
+def _layout_keys(listing: ConfigListing, *, linked: bool) -> frozenset[bytes]:
+    """The layout keys `listing` sets that the carried config leaves out."""
+    keys = {key.lower() for key, _ in _config_entries(listing.listing)}
+    return frozenset(keys & ({_WORKTREE_KEY, _BARE_KEY} if linked else {_WORKTREE_KEY}))
 
 
 def _check_core_worktree(config: Path, listing: ConfigListing, own_worktree: bytes | None) -> None:
@@ -697,64 +726,94 @@ def _names(paths: Sequence[bytes], limit: int = 5) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-# The in-memory flag `git ls-files --debug` prints for an entry `git add -N` made.
-_CE_INTENT_TO_ADD = 1 << 29
-_CE_VALID = 0x8000
-_CE_SKIP_WORKTREE = 1 << 30
-# The bits of an entry's flags that say what it is (stage, assume-valid, skip-worktree,
-# intent-to-add) rather than how git last saw its file.
-_CE_MEANING = 0x3000 | 0x8000 | (1 << 30) | _CE_INTENT_TO_ADD
+# `git ls-files -s -t -v -z` prints each entry as its tag (`H` cached, `S` skip-worktree, `M`
+# unmerged; lower case when also assume-unchanged), a space, its mode, object and stage, a
+# tab, its path and a NUL. Everything before the path has one width in a repository (the
+# object name's width is the hash's), so one slice takes a path out.
+_TAG_CACHED = ord("H")
+_TAG_SKIP_WORKTREE = ord("S")
+_GITLINK = b" 160000 "
+_SHA1_WIDTH = len("H 100644 ") + 40 + len(" 0\t")
+_SHA256_WIDTH = _SHA1_WIDTH + 24
+# `git diff --cached --name-status -z`, each way of showing an intent-to-add entry: as the
+# empty file it records (the default) or as no entry at all.
+_ITA_DIFF = ("diff", "--cached", "--name-status", "-z", "--no-renames", "--ignore-submodules=all")
 
 
-# One entry of `git ls-files -s -t -v -z --debug`: its meta and path up to the NUL, then five
-# newline-ended lines of stat data, the last ending in its flags. A path holds no NUL, and meta
-# no tab, so each NUL of the output ends exactly one entry's path.
-_DEBUG_ENTRY = re.compile(
-    rb"([^\t\0]*)\t([^\0]*)\0[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\t\n]*\tflags: ([0-9a-f]+)\n"
-)
+def _index_lines(cwd: Path, out: bytes) -> tuple[list[bytes], int]:
+    """The output's entries and the width of what precedes each path, checked."""
+    entries = out.split(b"\0")
+    if entries.pop() != b"":
+        raise _index_unreadable()
+    if not entries:
+        return entries, 0
+    width = entries[0].find(b"\t") + 1
+    # Every entry has the one width; a line that does not would be misread, so it refuses.
+    if width not in (_SHA1_WIDTH, _SHA256_WIDTH) or any(
+        e[width - 1] != 9 or e[1] != 32 for e in entries
+    ):
+        raise _index_unreadable()
+    return entries, width
 
 
-def _index_entries(out: bytes) -> list[tuple[bytes, bytes, bytes]]:
-    """`git ls-files -s -t -v -z --debug` as (meta, path, flags in hex). One `findall` over the
-    whole output: a 100,000-entry index parsed entry by entry in Python cost about 0.4 s of
-    the cut's core."""
-    entries: list[tuple[bytes, bytes, bytes]] = _DEBUG_ENTRY.findall(out)
-    if len(entries) != out.count(b"\0") or (out and not out.endswith(b"\n")):
-        raise Refusal(
-            Code.GIT_FAILED,
-            "`git ls-files --debug` printed an entry this version cannot read",
-            "report this with `git --version`; nothing was changed",
-        )
-    return entries
+async def _intent_to_add(cwd: Path) -> list[str]:
+    """The entries `git add -N` made: the paths the index's diff against HEAD shows differently
+    when such entries are shown as empty files and when they are hidden. An ordinary entry
+    shows the same either way; one made by `git add -N` always differs (added or modified
+    against nothing or deleted), whatever HEAD holds at its path."""
+    shown, hidden = await _side_by_side(
+        partial(run_git, cwd, *_ITA_DIFF, "--ita-visible-in-index"),
+        partial(run_git, cwd, *_ITA_DIFF, "--ita-invisible-in-index"),
+    )
+
+    def by_path(out: bytes) -> dict[bytes, bytes]:
+        items = out.split(b"\0")
+        return dict(zip(items[1::2], items[0::2], strict=False))
+
+    seen, unseen = by_path(shown.stdout), by_path(hidden.stdout)
+    differ = {p for p in seen.keys() | unseen.keys() if seen.get(p) != unseen.get(p)}
+    return sorted(p.decode("utf-8", "surrogateescape") for p in differ)
+
+
+def _index_unreadable() -> Refusal:
+    return Refusal(
+        Code.GIT_FAILED,
+        "`git ls-files --stage` printed an entry this version cannot read",
+        "report this with `git --version`; nothing was changed",
+    )
 
 
 async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
-    """Refuse the index states a checkpoint cannot carry; name the intent-to-add entries."""
-    index = await run_git(cwd, "ls-files", "-s", "-t", "-v", "-z", "--debug")
+    """Refuse the index states a checkpoint cannot carry; name the skip-worktree entries and
+    the gitlinks.
+
+    Python touches each of a 100,000-entry index's lines a few times at most: the common
+    questions are answered by counting tags and searching the whole output for a rare byte
+    string; only a hit is parsed entry by entry. What the index says is digested from the
+    output as printed, with the intent-to-add entries (`_intent_to_add`)."""
+    out = (await run_git(cwd, "ls-files", "-s", "-t", "-v", "-z")).stdout
+    entries, width = _index_lines(cwd, out)
+    tags = bytes(e[0] for e in entries)
+    plain = tags.count(_TAG_CACHED) + tags.count(_TAG_SKIP_WORKTREE) == len(entries)
     unmerged: list[bytes] = []
-    gitlinks: list[tuple[bytes, str]] = []
     flagged: list[bytes] = []
-    skipped: list[bytes] = []
+    if not plain:
+        for e in entries:
+            tag = e[0]
+            if e[width - 2] != ord("0"):
+                unmerged.append(e[width:])
+            elif tag not in (_TAG_CACHED, _TAG_SKIP_WORKTREE):
+                flagged.append(e[width:])
+    gitlinks: list[tuple[bytes, str]] = []
+    if _GITLINK in out:
+        gitlinks = [
+            (e[width:], e[9 : width - 3].decode("ascii"))
+            for e in entries
+            if e[1:9] == _GITLINK and e[width - 2] == ord("0")
+        ]
     control: list[bytes] = []
-    ita: list[bytes] = []
-    meaning: list[bytes] = []
-    for meta, path, hex_flags in _index_entries(index.stdout):
-        flags = int(hex_flags, 16)
-        meaning.append(b"%s\t%s\0%x\n" % (meta, path, flags & _CE_MEANING))
-        tag, mode, oid, stage = meta.split(b" ")
-        if stage != b"0":
-            unmerged.append(path)
-        elif mode == b"160000":
-            gitlinks.append((path, oid.decode("ascii")))
-        if stage == b"0" and (flags & _CE_VALID or tag not in (b"H", b"S")):
-            flagged.append(path)
-        elif stage == b"0" and flags & _CE_SKIP_WORKTREE:
-            skipped.append(path)
-        if path.startswith(_CONTROL_STARTS) and _in_control_dir(path):
-            control.append(path)
-        elif flags & _CE_INTENT_TO_ADD and stage == b"0":
-            ita.append(path)
-    digest = hashlib.sha256(b"".join(meaning))
+    if b"\t" + _CONTROL_STARTS[0] in out:
+        control = [e[width:] for e in entries if _in_control_dir(e[width:])]
     unmerged = sorted(set(unmerged))
     if unmerged:
         raise Refusal(
@@ -778,36 +837,48 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
             "credentials and must never enter a checkpoint",
             f"run `git rm -r --cached {CONTROL_DIR}` and add {CONTROL_DIR}/ to .gitignore",
         )
-    # Neither diff carries an intent-to-add entry as an index entry, so the record names them.
-    names = sorted(p.decode("utf-8", "surrogateescape") for p in ita)
+    skipped = (
+        [e[width:] for e in entries if e[0] == _TAG_SKIP_WORKTREE]
+        if _TAG_SKIP_WORKTREE in tags
+        else []
+    )
+    # `git add -N` records its entry as the empty blob, so an index without one has none.
+    empty = hashlib.new("sha1" if width == _SHA1_WIDTH else "sha256", b"blob 0\0")
+    ita = await _intent_to_add(cwd) if b" %s 0\t" % empty.hexdigest().encode() in out else []
+    digest = hashlib.sha256(out)
+    digest.update(b"".join(os.fsencode(p) + b"\0" for p in ita))
     return IndexScan(
         stamp=stamp,
-        intent_to_add=names,
+        intent_to_add=ita,
         entries=digest.hexdigest(),
         skip_worktree=tuple(skipped),
         gitlinks=tuple(gitlinks),
-        skipped_by_dir=_by_parent(skipped),
+        skipped_dirs=_parents(skipped),
     )
 
 
-def _by_parent(paths: Sequence[bytes]) -> tuple[tuple[bytes, tuple[bytes, ...]], ...]:
-    """`paths` grouped by parent directory (b"" for the top level), in first-seen order."""
-    groups: dict[bytes, list[bytes]] = {}
-    for path in paths:
-        groups.setdefault(path.rpartition(b"/")[0], []).append(path)
-    return tuple((parent, tuple(members)) for parent, members in groups.items())
+def _parents(paths: Sequence[bytes]) -> tuple[bytes, ...]:
+    """The parent directories of `paths` (b"" for the top level), each once, sorted."""
+    return tuple(sorted({path.rpartition(b"/")[0] for path in paths}))
 
 
-def _present_skipped(top: bytes, by_dir: Sequence[tuple[bytes, Sequence[bytes]]]) -> list[bytes]:
+def _present_skipped(top: bytes, index: IndexScan) -> list[bytes]:
     """The skip-worktree entries whose path exists in the worktree. A sparse checkout leaves
     whole directories out, so a directory found absent answers for every entry in it with one
-    lstat: on a 100,000-file cone of 1,000 entries, about 1,000 lstats instead of 100,000."""
-    found: list[bytes] = []
-    for parent, members in by_dir:
-        if parent and not os.path.lexists(top + b"/" + parent):
-            continue
-        found += [path for path in members if os.path.lexists(top + b"/" + path)]
-    return found
+    lstat: on a 100,000-file cone of 1,000 directories, about 1,000 lstats instead of 100,000;
+    only the entries of a directory that is there are looked at one by one."""
+    there = {
+        parent
+        for parent in index.skipped_dirs
+        if not parent or os.path.lexists(top + b"/" + parent)
+    }
+    if not there:
+        return []
+    return [
+        path
+        for path in index.skip_worktree
+        if path.rpartition(b"/")[0] in there and os.path.lexists(top + b"/" + path)
+    ]
 
 
 def _check_skipped(cwd: Path, index: IndexScan) -> None:
@@ -815,7 +886,7 @@ def _check_skipped(cwd: Path, index: IndexScan) -> None:
     worktree anyway (`git update-index --skip-worktree` on a present file) would carry bytes
     git does not look at, so it refuses by name; so does a name the record cannot spell."""
     skipped = index.skip_worktree
-    present = _present_skipped(os.fsencode(cwd), index.skipped_by_dir)
+    present = _present_skipped(os.fsencode(cwd), index)
     if present:
         raise Refusal(
             Code.INDEX_FLAGS,
@@ -900,30 +971,17 @@ def _check_top_level(cwd: Path, real: Path, probe: GitResult, lines: list[str]) 
 
 
 def _worktree_shape(cwd: Path, lines: list[str]) -> tuple[Path, Path]:
-    """The repository's common dir and this worktree's own git dir, refusing a linked worktree
-    whose repository cannot be carried as a repository of its own.
+    """The repository's common dir and this worktree's own git dir.
 
     A linked worktree (`git worktree add`: its git dir `<common>/worktrees/<id>` is not the
     common dir) travels as a repository of its own: its branch, HEAD, index, changes and the
     repository's refs and stash, never another worktree's HEAD, index or files (docs/design.md
-    decision 17). Its main repository must be an ordinary one, `<main>/.git` beside a main
-    worktree: a bare repository's, a submodule's or a `--separate-git-dir` common dir carries a
-    config (`core.bare`, `core.worktree`) that would describe another layout at the destination.
-    A main worktree with linked worktrees attached travels the same way, without them.
+    decision 17), whatever its common dir is: an ordinary `.git`, a bare repository, a
+    submodule's git dir or a `--separate-git-dir`. The settings that describe that layout
+    (`core.bare`, `core.worktree`) stay behind (`_layout_keys`). A main worktree with linked
+    worktrees attached travels the same way, without them.
     """
-    common = (cwd / lines[2]).resolve()
-    git_dir = Path(lines[5]).resolve()
-    if git_dir != common and common.name != ".git":
-        raise Refusal(
-            Code.LINKED_WORKTREE,
-            f"seat cwd {cwd} is a linked worktree (`git worktree add`) of the repository at "
-            f"{common}, which is a bare repository, a submodule's git dir or a separate git "
-            "dir, not the `.git` of a main worktree; a checkpoint carries a linked worktree "
-            "as a repository of its own only from an ordinary repository",
-            f"run the seat in a clone of its own (`git clone {common} DIR`, then spawn it with "
-            "`--cwd DIR`), then cut again",
-        )
-    return common, git_dir
+    return (cwd / lines[2]).resolve(), Path(lines[5]).resolve()
 
 
 def _refuse_operation_in_progress(cwd: Path, lines: list[str]) -> None:
@@ -1030,6 +1088,7 @@ async def _facts(
     prefix: str = "",
     own_worktree: bytes | None = None,
     earlier_subs: Mapping[Path, Reusable] | None = None,
+    probed: tuple[_Probe, list[StashEntry]] | None = None,
 ) -> RepoFacts:
     """Inspect the repository at `cwd`, refusing what a checkpoint cannot reproduce.
 
@@ -1038,14 +1097,19 @@ async def _facts(
     manager/checkpoint/inspect.py for why nothing else is). The stash reflog is read only for
     a capture (`stash`): it refuses nothing, and a capture reads it again anyway.
     `earlier_subs` are the submodules' earlier inspections by top level (without it, a
-    submodule's is taken from the preflight's cache).
+    submodule's is taken from the preflight's cache). `probed` is this inspection's probe and
+    stash reflog when the caller has read them already (`_probe_for_capture`).
     """
     cwd = Path(cwd)
-    probe = await _probe(cwd)
-    index = await _index_scan(cwd, probe.index, earlier)
+    probe = probed[0] if probed is not None else await _probe(cwd)
     # The status lists every untracked file (`--untracked-files=all`) with the same pathspec the
-    # untracked archive uses, so one git run answers both.
-    raw_status = (await run_git(cwd, *STATUS_ARGS)).stdout
+    # untracked archive uses, so one git run answers both. Both read only, so they run at once
+    # (the index scan's parse beside the status's git): the refusal raised is still the scan's
+    # first, as in the order written here.
+    index, status_run = await _side_by_side(
+        partial(_index_scan, cwd, probe.index, earlier), partial(run_git, cwd, *STATUS_ARGS)
+    )
+    raw_status = status_run.stdout
     untracked = await _untracked_paths(cwd, raw_status, include)
     _check_untracked(cwd, untracked)
     _check_skipped(cwd, index)
@@ -1053,7 +1117,10 @@ async def _facts(
     gitdir = await _gitdir_facts(
         cwd, probe.common, earlier.config if earlier else None, own_worktree, probe.git_dir
     )
-    entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
+    if probed is not None:
+        entries = probed[1]
+    else:
+        entries = await _read_stash_reflog(cwd) if stash and "refs/stash" in probe.refs else []
     shallow = (
         await anyio.to_thread.run_sync(_read_shallow, cwd, probe.common) if probe.shallow else None
     )
@@ -1241,19 +1308,19 @@ async def _one_submodule(
         )
     path = raw.decode("utf-8")
     worktree = probe.top / path
-    name = await anyio.to_thread.run_sync(_submodule_layout, probe, path, worktree)
-    if name is None:
+    layout = await anyio.to_thread.run_sync(_submodule_layout, probe, path, worktree)
+    if layout is None:
         return SubFacts(path=path, commit=commit, prefix=prefix, worktree=worktree)
-    # A linked worktree's submodules live under its own git dir (`worktrees/<id>/modules`), a
-    # main worktree's under the common dir: `git_dir` is the one either way.
-    gitdir = probe.git_dir / "modules" / name
+    name, gitdir = layout
+    own_gitdir = gitdir if gitdir is not None else worktree / ".git"
     earlier = earlier_subs.get(worktree) if earlier_subs is not None else None
     facts = await _facts(
         worktree,
         earlier=earlier if earlier_subs is not None else _INSPECTIONS.take(worktree),
         stash=stash,
         prefix=prefix,
-        own_worktree=os.fsencode(os.path.relpath(worktree, gitdir)),
+        # An embedded git dir is an ordinary repository's: no core.worktree of its own.
+        own_worktree=None if gitdir is None else os.fsencode(os.path.relpath(worktree, gitdir)),
         earlier_subs=earlier_subs,
     )
     if facts.gitdir.hooks or facts.gitdir.sparse_patterns is not None:
@@ -1261,7 +1328,7 @@ async def _one_submodule(
             worktree,
             "is a submodule with hooks or a sparse checkout of its own; a checkpoint carries "
             "neither for a submodule",
-            f"remove the hooks from {gitdir / 'hooks'} (the samples may stay) and disable the "
+            f"remove the hooks from {own_gitdir / 'hooks'} (the samples may stay) and disable the "
             f"sparse checkout (`git -C {worktree} sparse-checkout disable`)",
         )
     if facts.gitdir.worktree_config is not None or facts.index.skip_worktree:
@@ -1269,7 +1336,7 @@ async def _one_submodule(
             worktree,
             "is a submodule with a config.worktree or skip-worktree entries; a checkpoint "
             "carries neither for a submodule",
-            f"move the settings into {gitdir / 'config'} and clear the bits "
+            f"move the settings into {own_gitdir / 'config'} and clear the bits "
             "(`git update-index --no-skip-worktree <path>`)",
         )
     return SubFacts(
@@ -1283,14 +1350,19 @@ _GITFILE_CAP = 4096
 _SUBMODULE_JOBS = 4
 
 
-def _submodule_layout(probe: _Probe, path: str, worktree: Path) -> str | None:
-    """The module name of the submodule checked out at `worktree`, or None when it is not
-    checked out (an empty directory). Its `.git` must be the file git writes, naming
-    `modules/<name>` under its parent's git dir by the relative path git writes, so the
-    restore's layout gives back the same bytes; anything else refuses by name."""
+def _submodule_layout(probe: _Probe, path: str, worktree: Path) -> tuple[str, Path | None] | None:
+    """The module name of the submodule checked out at `worktree` and its git dir (None for a
+    `.git` directory of its own), or None when it is not checked out (an empty directory).
+
+    Its `.git` is either the file git writes, naming `modules/<name>` under its parent's git
+    dir by the relative path git writes, or a directory: a repository cloned in place and then
+    added (`git submodule add` of a path that already holds one keeps it there, and so does
+    `git add` of a nested clone). The latter travels as any submodule does and is restored as
+    git lays one out itself, under the parent's `.git/modules/<name>`, its name the one
+    `.gitmodules` gives its path (the path itself where none does, as `git submodule add`
+    names one). Anything else refuses by name."""
     cure = (
-        f"check it out as git does (`git submodule update --init {path}`; a submodule whose "
-        f"`.git` is a directory: `git submodule absorbgitdirs {path}`), or remove it "
+        f"check it out as git does (`git submodule update --init {path}`), or remove it "
         f"(`git rm {path}`)"
     )
     try:
@@ -1306,29 +1378,82 @@ def _submodule_layout(probe: _Probe, path: str, worktree: Path) -> str | None:
         if os.listdir(worktree):
             raise _submodule_refusal(worktree, "is a submodule with files but no .git", cure)
         return None
-    if not stat.S_ISREG(os.lstat(dotgit).st_mode):
+    dotgit_mode = os.lstat(dotgit).st_mode
+    if stat.S_ISDIR(dotgit_mode):
+        return _embedded_name(probe, path, worktree, cure), None
+    if not stat.S_ISREG(dotgit_mode):
         raise _submodule_refusal(
-            worktree, "is a submodule whose .git is not a file naming its git dir", cure
+            worktree, "is a submodule whose .git is neither a file nor a directory", cure
         )
     data = read_stable(dotgit, cap=_GITFILE_CAP, what="a submodule's .git").data
     modules = os.fspath(probe.git_dir / "modules")
+    named = data.startswith(b"gitdir: ") and data.endswith(b"\n") and data.count(b"\n") == 1
     rel = data[len(b"gitdir: ") : -1].decode("utf-8", "replace")
     target = os.path.normpath(os.path.join(worktree, rel))
-    name = target[len(modules) + 1 :]
-    canonical = target.startswith(modules + "/") and data == submodule_gitfile(worktree, target)
-    if not canonical or os.path.realpath(target) != target or not os.path.isdir(target):
+    if not named or os.path.realpath(target) != target or not os.path.isdir(target):
         raise _submodule_refusal(
             worktree,
-            f"is a submodule whose .git ({data[:200]!r}) does not name its git dir under "
-            f"{modules} as git writes it",
+            f"is a submodule whose .git ({data[:200]!r}) does not name a git dir (a directory "
+            "reached through no symlink)",
             cure,
         )
+    if target.startswith(modules + "/") and data == submodule_gitfile(worktree, target):
+        name = target[len(modules) + 1 :]
+        _check_module_name(worktree, name, cure)
+        # A linked worktree's submodules live under its own git dir (`worktrees/<id>/modules`),
+        # a main worktree's under the common dir: `git_dir` is the one either way.
+        return name, probe.git_dir / "modules" / name
+    # Not as git writes it now: an absolute path (as git before 1.7.10 wrote) or a git dir
+    # outside `modules/` (a clone made with `--separate-git-dir`, then added). Carried as an
+    # ordinary repository's git dir, restored as git lays a submodule out now.
+    if target.startswith(modules + "/"):
+        name = target[len(modules) + 1 :]
+        _check_module_name(worktree, name, cure)
+        return name, None
+    return _embedded_name(probe, path, worktree, cure), None
+
+
+def _check_module_name(worktree: Path, name: str, cure: str) -> None:
     try:
         check_relpath("submodule name", name)
     except ValueError as exc:
         raise _submodule_refusal(
             worktree, f"has a module name git would not write: {exc}", cure
         ) from None
+
+
+_GITMODULES_CAP = 1 << 20
+
+
+def _embedded_name(probe: _Probe, path: str, worktree: Path, cure: str) -> str:
+    """The module name `.gitmodules` gives `path`, else `path` itself."""
+    gitmodules = probe.top / ".gitmodules"
+    name = path
+    if os.path.lexists(gitmodules):
+        if not stat.S_ISREG(os.lstat(gitmodules).st_mode):
+            raise _submodule_refusal(worktree, "has a .gitmodules that is not a regular file", cure)
+        listing = subprocess.run(
+            [GIT, *SAFE_CONFIG, "config", "--file", str(gitmodules), "--null", "--list"],
+            cwd=probe.top,
+            env=git_env(),
+            capture_output=True,
+            check=False,
+        )
+        for key, value in _config_entries(listing.stdout):
+            section, _, rest = key.partition(b".")
+            module, _, field = rest.rpartition(b".")
+            if section == b"submodule" and field == b"path" and value == path.encode():
+                name = module.decode("utf-8", "surrogateescape")
+                break
+    _check_module_name(worktree, name, cure)
+    if os.path.lexists(probe.git_dir / "modules" / name):
+        raise _submodule_refusal(
+            worktree,
+            f"has a .git directory of its own while {probe.git_dir / 'modules' / name} exists "
+            "too; the restore would need that name twice",
+            f"remove the stale {probe.git_dir / 'modules' / name}, or `git submodule "
+            f"absorbgitdirs {path}` after it, then cut again",
+        )
     return name
 
 
@@ -1648,7 +1773,12 @@ def _redact_config(
 
 
 async def _capture_config(
-    cwd: Path, config: Path, seat_dir: Path, listed: ConfigListing | None, prefix: str = ""
+    cwd: Path,
+    config: Path,
+    seat_dir: Path,
+    listed: ConfigListing | None,
+    prefix: str = "",
+    layout_keys: frozenset[bytes] = frozenset(),
 ) -> tuple[FileRef, list[str]]:
     raw = read_stable(config, cap=_CONFIG_CAP, what="git config").data
     if listed is not None and listed.digest == _config_digest(raw):
@@ -1658,10 +1788,12 @@ async def _capture_config(
     else:
         listing = (await run_git(cwd, "config", "--file", str(config), "--null", "--list")).stdout
     entries = _config_entries(listing)
-    kept, redacted = _redact_config(raw, entries)
-    data = raw if not redacted else _render_config(kept)
+    placed = [(key, value) for key, value in entries if key.lower() not in layout_keys]
+    kept, redacted = _redact_config(raw, placed)
+    rewritten = bool(redacted) or len(placed) != len(entries)
+    data = raw if not rewritten else _render_config(kept)
     ref = await _write_small_off_loop(seat_dir, prefix + GIT_CONFIG_FILE, data)
-    if redacted:
+    if rewritten:
         reread = await run_git(
             cwd, "config", "--file", str(seat_dir / (prefix + GIT_CONFIG_FILE)), "--null", "--list"
         )
@@ -1672,6 +1804,7 @@ async def _capture_config(
                 "remove the credentials from the repository's remote URLs by hand "
                 "(`git remote set-url`), then cut again",
             )
+    if redacted:
         log.warning(
             "cut.config_redacted",
             repo=str(cwd),
@@ -1688,7 +1821,9 @@ async def _capture_gitdir(
     config: FileRef | None = None
     redacted: list[str] = []
     if facts.config is not None:
-        config, redacted = await _capture_config(cwd, facts.config, seat_dir, facts.listing, prefix)
+        config, redacted = await _capture_config(
+            cwd, facts.config, seat_dir, facts.listing, prefix, facts.layout_keys
+        )
     hooks: list[CarriedHook] = []
     for name, path in facts.hooks:
         mode = stat.S_IMODE(os.lstat(path).st_mode) & 0o777
@@ -2132,14 +2267,22 @@ async def capture_repository(
     cwd = Path(cwd)
     seat_dir = Path(seat_dir)
     declared = check_includes(include)
-    facts = await _facts(cwd, declared, _INSPECTIONS.take(cwd.resolve()))
-    _check_stash_head(cwd, facts.refs, facts.stash)
-    if facts.shallow is not None:
+    probe = await _probe(cwd)
+    stash = await _read_stash_reflog(cwd) if "refs/stash" in probe.refs else []
+    _check_stash_head(cwd, probe.refs, stash)
+    if probe.shallow:
         # A shallow history travels whole: the boundary commits' parents exist nowhere, so a
         # chain of bundles could only be unbundled with the boundary already in place at each
         # step; a shallow history is small by construction (docs/design.md decision 17).
         prerequisites = ()
-    bundle, tree = await _capture_artifacts(cwd, seat_dir, facts, prerequisites, progress)
+    earlier = _INSPECTIONS.take(cwd.resolve())
+
+    def inspect() -> Awaitable[RepoFacts]:
+        return _facts(cwd, declared, earlier, probed=(probe, stash))
+
+    facts, bundle, tree = await _capture_artifacts(
+        cwd, seat_dir, _Known(probe.refs, stash, probe.shallow), inspect, prerequisites, progress
+    )
     submodules = await _capture_submodules(seat_dir, facts)
     after = await _facts(cwd, declared, facts.reusable(), earlier_subs=facts.reusables())
     _verify_unmoved(cwd, facts, after)
@@ -2165,7 +2308,12 @@ async def _capture_submodules(seat_dir: Path, facts: RepoFacts) -> list[Submodul
     async def one(sub: SubFacts) -> SubmoduleRecord:
         repository: RepositoryRecord | None = None
         if sub.facts is not None:
-            bundle, tree = await _capture_artifacts(sub.worktree, seat_dir, sub.facts, (), None)
+            known = _Known(
+                sub.facts.refs, sub.facts.stash, sub.facts.shallow is not None, sub.facts.prefix
+            )
+            _, bundle, tree = await _capture_artifacts(
+                sub.worktree, seat_dir, known, partial(_given, sub.facts), (), None
+            )
             nested = await _capture_submodules(seat_dir, sub.facts)
             repository = _repository_record(
                 sub.worktree,
@@ -2199,37 +2347,72 @@ def _check_stash_head(cwd: Path, refs: dict[str, str], stash: list[StashEntry]) 
         )
 
 
+@dataclass(frozen=True)
+class _Known:
+    """What the bundle needs, known before the inspection ends: the refs it must carry, the
+    stash entries it carries without a ref, whether the history is shallow, and the prefix of
+    its artifacts' names."""
+
+    refs: dict[str, str]
+    stash: list[StashEntry]
+    shallow: bool
+    prefix: str = ""
+
+
+async def _given(facts: RepoFacts) -> RepoFacts:
+    return facts
+
+
 async def _capture_artifacts(
     cwd: Path,
     seat_dir: Path,
-    facts: RepoFacts,
+    known: _Known,
+    inspect: Callable[[], Awaitable[RepoFacts]],
     prerequisites: Sequence[str],
     progress: Progress | None,
-) -> tuple[FileRef | None, _TreeArtifacts]:
-    """The bundle, its refs proven, and every other artifact of the tree."""
-    refs = facts.refs
+) -> tuple[RepoFacts, FileRef | None, _TreeArtifacts]:
+    """The inspection, the bundle with its refs proven, and every other artifact of the tree.
+
+    The bundle is the long pole and needs only what the probe read (`known`), so it runs
+    beside the inspection and then beside the tree's other artifacts, which need the
+    inspection's facts (docs/design.md decision 19). A refusal is still the one the sequential
+    capture gave: the inspection's, then the bundle's, then the tree's. The after-capture
+    facts wait for both parts: they are the proof that nothing moved while any artifact was
+    being written.
+    """
     # Older stash entries live only in the reflog; naming their commits puts them in the pack
     # without adding a ref to the bundle's header.
-    stash_revs = list(dict.fromkeys(entry.oid for entry in facts.stash))
-    # The bundle is the long pole and nothing between it and the after-capture facts reads it,
-    # so it runs beside the rest (docs/design.md decision 19). The after-capture facts wait for
-    # both: they are the proof that nothing moved while any artifact was being written.
+    stash_revs = list(dict.fromkeys(entry.oid for entry in known.stash))
     order = _AfterBundle(progress)
+    inspected = anyio.Event()
 
     async def bundle_part() -> FileRef | None:
-        bundle = await _capture_bundle(
-            cwd, seat_dir, stash_revs, prerequisites, progress, facts.prefix
-        )
-        await _check_bundle_refs(cwd, seat_dir, bundle, refs, prerequisites)
-        if facts.shallow is not None and bundle is not None:
-            await _check_shallow_bundle(cwd, seat_dir / bundle.file)
+        try:
+            bundle = await _capture_bundle(
+                cwd, seat_dir, stash_revs, prerequisites, progress, known.prefix
+            )
+            await _check_bundle_refs(cwd, seat_dir, bundle, known.refs, prerequisites)
+            if known.shallow and bundle is not None:
+                await _check_shallow_bundle(cwd, seat_dir / bundle.file)
+        except Exception:
+            # An inspection refusal comes first, as in the sequential capture: its failure
+            # cancels this wait, and `_side_by_side` raises it.
+            await inspected.wait()
+            raise
         order.release()
         return bundle
 
-    async def tree_part() -> _TreeArtifacts:
-        return await _capture_tree(cwd, seat_dir, facts, None if progress is None else order.report)
+    async def tree_part() -> tuple[RepoFacts, _TreeArtifacts]:
+        facts = await inspect()
+        inspected.set()
+        report = None if progress is None else order.report
+        return facts, await _capture_tree(cwd, seat_dir, facts, report)
 
-    return await _side_by_side(bundle_part, tree_part)
+    # The bundle first: when both fail, its error is the one raised, as the sequential
+    # capture's bundle came before the tree's artifacts; it raises only once the inspection
+    # succeeded, so an inspection refusal still wins.
+    bundle, (facts, tree) = await _side_by_side(bundle_part, tree_part)
+    return facts, bundle, tree
 
 
 async def _check_shallow_bundle(cwd: Path, bundle: Path) -> None:

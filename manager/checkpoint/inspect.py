@@ -5,9 +5,10 @@ captures it at commit, after they are proven stopped. Between the two the seat m
 anything to its repository, so nothing the preflight learned is trusted because of *when* it was
 learned; a fact is reused only when the input it is a pure function of is proven unchanged:
 
-1. The index scan (`git ls-files --stage --debug`: unmerged entries, gitlinks, the skip-worktree
-   entries and the assume-unchanged bits, tracked control-dir paths, intent-to-add entries)
-   depends on nothing but the bytes of the index file. Its stamp is the file's size and its
+1. The index scan (`git ls-files --stage -t -v`: unmerged entries, gitlinks, the skip-worktree
+   entries and the assume-unchanged bits, tracked control-dir paths; and the intent-to-add
+   entries, from two diffs of the index against HEAD that differ exactly on them) depends on
+   nothing but the bytes of the index file. Its stamp is the file's size and its
    trailer, the checksum git writes over the whole content and checks on every read, so equal
    stamps mean equal bytes; timestamps are not used, since a rewrite in the same tick leaves
    them equal. A split index is covered too: the main file names its shared index by hash. An

@@ -29,13 +29,16 @@ from tests.gitrepo import git, init_repo, make_rich_repo, seat_dir_for, write
 
 pytestmark = pytest.mark.usefixtures("isolated_home")
 
-# The rich repository has a stash and a config without credentials: the capture reads the
-# stash reflog at each end, and there is no redaction read-back.
-PREFLIGHT = ["rev-parse", "for-each-ref", "ls-files", "status", "config"]
+# The rich repository has a stash, an intent-to-add entry and a config without credentials:
+# the index scan asks two diffs for the intent-to-add entries, the capture reads the stash
+# reflog at each end, and there is no redaction read-back. Runs that may overlap are listed
+# sorted (`_overlapping_sorted`).
+PREFLIGHT = ["rev-parse", "for-each-ref", *sorted(["ls-files", "diff", "diff", "status", "config"])]
+PROBE = ["rev-parse", "for-each-ref", "reflog"]
 CHECK = ["rev-parse", "for-each-ref", "status", "reflog"]
 ARTIFACTS = ["bundle", "diff", "diff"]
-CAPTURE_REUSING = CHECK + ARTIFACTS + CHECK
-CAPTURE_ALONE = [*PREFLIGHT, "reflog", *ARTIFACTS, *CHECK]
+CAPTURE_REUSING = PROBE + sorted(["status", *ARTIFACTS]) + CHECK
+CAPTURE_ALONE = PROBE + sorted(PREFLIGHT[2:] + ARTIFACTS) + CHECK
 
 
 class GitLog:
@@ -57,16 +60,21 @@ class GitLog:
     def take(self) -> list[str]:
         runs = self.path.read_text().splitlines()
         self.path.write_text("")
-        return _artifacts_sorted(runs)
+        return _overlapping_sorted(runs)
 
 
-def _artifacts_sorted(runs: list[str]) -> list[str]:
-    """`runs` with each stretch of artifact runs sorted: the bundle runs beside the diffs
-    (docs/design.md decision 19), so which of them git starts first is the scheduler's choice."""
+# The runs that may start in either order: the index scan (`ls-files` and its two intent-to-add
+# diffs) beside the status, and the bundle beside the whole inspection and the diffs (docs/
+# design.md decision 19); which git starts first is the scheduler's choice.
+OVERLAPPING = frozenset({"bundle", "diff", "ls-files", "status", "config"})
+
+
+def _overlapping_sorted(runs: list[str]) -> list[str]:
+    """`runs` with each stretch of runs that may overlap sorted."""
     out: list[str] = []
     stretch: list[str] = []
     for run in runs:
-        if run in ("bundle", "diff"):
+        if run in OVERLAPPING:
             stretch.append(run)
             continue
         out += sorted(stretch) + [run]
@@ -98,7 +106,7 @@ async def test_capture_after_an_unchanged_preflight_reuses_it(
     alone_seat = seat_dir_for(tmp_path, "alone")
     alone = await capture_repository(repo, alone_seat)
     assert runs.take() == CAPTURE_ALONE
-    assert len(CAPTURE_ALONE) == 13
+    assert len(CAPTURE_ALONE) == 15
 
     assert encode_json(reusing) == encode_json(alone)
     assert _artifacts(reusing, seat) == _artifacts(alone, alone_seat)
@@ -161,7 +169,7 @@ async def test_a_change_after_the_preflight_is_captured_as_without_it(
     runs = GitLog(tmp_path, monkeypatch)
     seat = seat_dir_for(tmp_path, "after-preflight")
     reusing = await capture_repository(repo, seat)
-    inspection = runs.take()[: -len(ARTIFACTS + CHECK)]
+    inspection = runs.take()[: -len(CHECK)]
     assert seen(reusing)
     # A changed index is scanned again; an unchanged one is not, and the worktree change
     # reaches the record through the status, which is always read again.
@@ -195,10 +203,12 @@ async def test_a_worktree_edit_during_the_capture_is_refused_after_a_preflight(
 ) -> None:
     repo = make_rich_repo(tmp_path / "repo")
     await preflight_repository(repo)
+    # Written once the status was read: the worktree diff runs after the inspection (the
+    # bundle may run before it, and an edit then is simply part of what is captured).
     GitLog(
         tmp_path,
         monkeypatch,
-        on='[ "$5" = bundle ] && echo "written during the bundle" >> dir/nested.txt',
+        on='[ "$5" = diff ] && echo "written during the diffs" >> dir/nested.txt',
     )
     with pytest.raises(Refusal) as err:
         await capture_repository(repo, seat_dir_for(tmp_path))

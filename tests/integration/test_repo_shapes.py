@@ -11,13 +11,18 @@ import hashlib
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from manager.checkpoint.admit import check_git_lfs_seat, check_repository
-from manager.checkpoint.gitstate import capture_repository, preflight_repository
+from manager.checkpoint.gitstate import (
+    capture_repository,
+    preflight_repository,
+    submodule_gitfile,
+)
 from manager.checkpoint.reader import verify_seat_files
 from manager.checkpoint.restore import restore_repository
 from protocol.checkpoint import RepositoryRecord, selection_rule
@@ -538,22 +543,90 @@ async def test_a_submodule_in_a_shape_that_cannot_travel_is_refused(
 ) -> None:
     repo = submodule_copy(submodule_template, tmp_path)
     sub = repo / "libs" / "sub"
-    # A `.git` that is not the file git writes: refused by name, before anything stops.
+    # A `.git` naming its git dir through a symlink: refused by name, before anything stops.
     gitfile = (sub / ".git").read_bytes()
     os.chmod(sub / ".git", 0o644)
-    (sub / ".git").write_bytes(
-        b"gitdir: " + os.fsencode(repo / ".git" / "modules" / "libs" / "sub") + b"\n"
-    )
+    (tmp_path / "link").symlink_to(repo / ".git" / "modules" / "libs" / "sub")
+    (sub / ".git").write_bytes(b"gitdir: " + os.fsencode(tmp_path / "link") + b"\n")
     with pytest.raises(Refusal) as exc:
         await preflight_repository(repo)
     assert exc.value.code == "submodule" and str(sub) in exc.value.message
-    assert "absorbgitdirs" in exc.value.cure
+    assert "does not name a git dir" in exc.value.message
+    assert f"git submodule update --init {'libs/sub'}" in exc.value.cure
     (sub / ".git").write_bytes(gitfile)
     # Hooks of a submodule do not travel: refused by name.
     write(repo / ".git" / "modules" / "libs" / "sub" / "hooks" / "pre-commit", "#!/bin/sh\n", 0o755)
     with pytest.raises(Refusal) as exc:
         await preflight_repository(repo)
     assert exc.value.code == "submodule" and "hooks" in exc.value.message
+
+
+def _outside_git(digest: dict[str, tuple[object, ...]]) -> dict[str, tuple[object, ...]]:
+    """A tree digest without anything under a `.git` (a file in one layout, a directory in
+    the other)."""
+    return {rel: v for rel, v in digest.items() if ".git" not in rel.split("/")}
+
+
+def _worked(repo: Path, name: str) -> None:
+    write(repo / f"{name}-beyond.txt", "beyond the pin\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "beyond the pin")
+    write(repo / f"{name}-beyond.txt", "stashed\n")
+    git(repo, "stash", "push", "-q", "-m", f"{name} stash")
+    write(repo / "a.txt", "staged\n")
+    git(repo, "add", "a.txt")
+    write(repo / "a.txt", "staged, then unstaged\n")
+    write(repo / "notes" / "untracked.txt", "untracked\n")
+
+
+async def test_submodules_git_did_not_absorb_travel(tmp_path: Path) -> None:
+    """A clone made in place and then added as a submodule keeps its `.git` directory (so does
+    a nested clone `git add` made a gitlink of, without `.gitmodules`), and one whose `.git`
+    file names its git dir by an absolute path (as git before 1.7.10 wrote it): each travels
+    with its history, its work and its stash, and comes back as git lays a submodule out now,
+    under `.git/modules/<name>`."""
+    origins = tmp_path / "origins"
+    for name in ("emb", "raw", "abs"):
+        _committed(origins / name, {"a.txt": f"{name} v1\n"})
+    repo = _committed(tmp_path / "super", {"top.txt": "top v1\n"})
+    git(repo, "clone", "-q", str(origins / "emb"), "libs/emb")
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q",
+        str(origins / "emb"), "libs/emb")  # fmt: skip
+    git(repo, "clone", "-q", str(origins / "raw"), "libs/raw")
+    git(repo, "add", "libs/raw")
+    _add_submodule(repo, origins / "abs", "libs/abs")
+    abs_gitdir = repo / ".git" / "modules" / "libs" / "abs"
+    (repo / "libs" / "abs" / ".git").write_bytes(b"gitdir: " + os.fsencode(abs_gitdir) + b"\n")
+    git(repo / "libs" / "abs", "config", "core.worktree", str(repo / "libs" / "abs"))
+    shutil.rmtree(origins)
+    assert (repo / "libs" / "emb" / ".git").is_dir() and (repo / "libs" / "raw" / ".git").is_dir()
+    subs = ("libs/emb", "libs/raw", "libs/abs")
+    for path in subs:
+        _worked(repo / path, path.rpartition("/")[2])
+    write(repo / "top.txt", "top, unstaged\n")
+    before = {path: fingerprint(repo / path) for path in subs}
+    top = fingerprint(repo)
+    status = git(repo, "submodule", "status", "--", "libs/emb", "libs/abs")
+
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.submodules is not msgspec.UNSET
+    assert [(s.path, s.name) for s in record.submodules] == [
+        ("libs/abs", "libs/abs"), ("libs/emb", "libs/emb"), ("libs/raw", "libs/raw")
+    ]  # fmt: skip
+    assert {path: fingerprint(target / path) for path in subs} == before
+    after = fingerprint(target)
+    assert {k: v for k, v in after.items() if k != "tree"} == {
+        k: v for k, v in top.items() if k != "tree"
+    }
+    assert isinstance(after["tree"], dict) and isinstance(top["tree"], dict)
+    assert _outside_git(after["tree"]) == _outside_git(top["tree"])
+    assert git(target, "submodule", "status", "--", "libs/emb", "libs/abs") == status
+    for path in subs:
+        assert (target / path / ".git").read_bytes() == submodule_gitfile(
+            target / path, target / ".git" / "modules" / path
+        )
+        git(target / path, "fsck", "--no-progress")
 
 
 def test_the_submodule_record_is_strict() -> None:
@@ -677,16 +750,92 @@ async def test_a_linked_worktree_travels_as_a_repository_of_its_own(tmp_path: Pa
     assert full_digest(other) == sources["other"]
 
 
-async def test_a_linked_worktree_that_cannot_travel_is_refused(tmp_path: Path) -> None:
-    # A linked worktree of a bare repository: its config says core.bare.
+def _work_in(tree: Path) -> None:
+    """A commit, a stash entry, staged, unstaged and untracked work in `tree`."""
+    write(tree / "wt.txt", "committed in the worktree\n")
+    git(tree, "add", "wt.txt")
+    git(tree, "commit", "-q", "-m", "worktree work")
+    write(tree / "wt.txt", "stashed\n")
+    git(tree, "stash", "push", "-q", "-m", "the worktree's stash")
+    write(tree / "src" / "mod.py", "VERSION = 'staged'\n")
+    git(tree, "add", "src/mod.py")
+    write(tree / "src" / "mod.py", "VERSION = 'unstaged'\n")
+    write(tree / "notes.txt", "untracked\n")
+
+
+def _bare_common(tmp_path: Path) -> Path:
     origin = small_history(tmp_path / "origin")
     git(tmp_path, "clone", "-q", "--bare", str(origin), "bare.git")
-    bare_wt = tmp_path / "bare-wt"
-    git(tmp_path / "bare.git", "worktree", "add", "-q", "-b", "wt", str(bare_wt))
-    with pytest.raises(Refusal) as exc:
-        await preflight_repository(bare_wt)
-    assert exc.value.code == "linked-worktree" and str(bare_wt) in exc.value.message
-    assert "a bare repository" in exc.value.message and "git clone" in exc.value.cure
+    tree = tmp_path / "bare-wt"
+    git(tmp_path / "bare.git", "worktree", "add", "-q", "-b", "wt", str(tree))
+    return tree
+
+
+def _separate_common(tmp_path: Path) -> Path:
+    main = tmp_path / "main"
+    git(tmp_path, "init", "-q", "-b", "main", "--separate-git-dir", "sep.git", str(main))
+    write(main / "src" / "mod.py", "VERSION = 'one'\n")
+    git(main, "add", "-A")
+    git(main, "commit", "-q", "-m", "one")
+    tree = tmp_path / "sep-wt"
+    git(main, "worktree", "add", "-q", "-b", "wt", str(tree))
+    return tree
+
+
+def _submodule_common(tmp_path: Path) -> Path:
+    superproject = with_submodules(tmp_path / "super", tmp_path / "origins")
+    module = superproject / "libs" / "sub"
+    tree = tmp_path / "module-wt"
+    git(module, "worktree", "add", "-q", "-b", "wt", str(tree))
+    write(tree / "src" / "mod.py", "VERSION = 'one'\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "a module file")
+    return tree
+
+
+@pytest.mark.parametrize(
+    ("make", "dropped"),
+    [
+        (_bare_common, "core.bare"),
+        (_separate_common, None),
+        (_submodule_common, "core.worktree"),
+    ],
+    ids=["bare", "separate-git-dir", "submodule-git-dir"],
+)
+async def test_a_linked_worktree_of_any_repository_travels_as_one_of_its_own(
+    tmp_path: Path, make: Callable[[Path], Path], dropped: str | None
+) -> None:
+    """A linked worktree of a bare repository (how several agent orchestrators lay theirs
+    out), of a `--separate-git-dir` or of a submodule's git dir: the settings that describe
+    the source's layout stay behind, everything else of the config travels."""
+    tree = make(tmp_path)
+    _work_in(tree)
+    before = fingerprint(tree)
+    common = Path(os.fsdecode(git(tree, "rev-parse", "--git-common-dir").strip()))
+    common = common if common.is_absolute() else tree / common
+    source_config = (common / "config").read_bytes()
+    if dropped is not None:
+        assert git(common, "config", "--file", "config", "--get", dropped) != b""
+    seat, record, target = await round_trip(tmp_path, tree)
+
+    assert fingerprint(target) == before
+    assert (target / ".git").is_dir() and not (target / ".git" / "worktrees").exists()
+    assert git(target, "rev-parse", "--is-bare-repository") == b"false\n"
+    assert git(target, "config", "--get", "core.worktree", check=False) == b""
+    assert git(target, "stash", "show", "-p") == git(tree, "stash", "show", "-p")
+    assert (common / "config").read_bytes() == source_config
+
+
+async def test_a_main_worktree_whose_config_names_it_as_core_worktree_travels(
+    tmp_path: Path,
+) -> None:
+    repo = small_history(tmp_path / "repo")
+    git(repo, "config", "core.worktree", str(repo))
+    _work_in(repo)
+    before = fingerprint(repo)
+    _, _, target = await round_trip(tmp_path, repo)
+    assert fingerprint(target) == before
+    assert git(target, "config", "--get", "core.worktree", check=False) == b""
 
 
 async def test_lfs_objects_travel_without_the_lfs_server(tmp_path: Path) -> None:
