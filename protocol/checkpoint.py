@@ -73,6 +73,8 @@ SHALLOW_CAP = 65 * 100_000
 # entries marked skip-worktree, each path NUL-ended in index order.
 SPARSE_PATTERNS_FILE = "git-sparse-checkout"
 SKIP_WORKTREE_FILE = "skip-worktree.z"
+ASSUME_UNCHANGED_FILE = "assume-unchanged.z"
+UNWATCHED_FILE = "unwatched.tar"
 SPARSE_PATTERNS_CAP = 1 << 20
 SKIP_WORKTREE_CAP = 64 << 20
 MAX_SKIP_WORKTREE = 1_000_000
@@ -341,30 +343,31 @@ def parse_shallow_list(data: bytes) -> list[str]:
     return lines
 
 
-def parse_skip_worktree(data: bytes) -> list[str]:
-    """The carried skip-worktree list: UTF-8 relative paths, each NUL-ended and named once,
-    none in `.git/` or the control directory. A malformed list is a ValueError naming why."""
+def parse_skip_worktree(data: bytes, what: str = "skip-worktree") -> list[str]:
+    """The carried skip-worktree (or assume-unchanged: `what`) list: UTF-8 relative paths,
+    each NUL-ended and named once, none in `.git/` or the control directory. A malformed list
+    is a ValueError naming why."""
     if not data:
-        raise ValueError("the skip-worktree list is empty; an empty list is not carried")
+        raise ValueError(f"the {what} list is empty; an empty list is not carried")
     if len(data) > SKIP_WORKTREE_CAP:
         raise ValueError(
-            f"the skip-worktree list holds {len(data)} bytes, over its {SKIP_WORKTREE_CAP} cap"
+            f"the {what} list holds {len(data)} bytes, over its {SKIP_WORKTREE_CAP} cap"
         )
     if not data.endswith(b"\0"):
-        raise ValueError("the skip-worktree list is not NUL-terminated")
+        raise ValueError(f"the {what} list is not NUL-terminated")
     try:
         paths = data.decode("utf-8").split("\0")[:-1]
     except UnicodeDecodeError:
-        raise ValueError("the skip-worktree list is not UTF-8") from None
+        raise ValueError(f"the {what} list is not UTF-8") from None
     if len(paths) > MAX_SKIP_WORKTREE:
-        raise ValueError(f"the skip-worktree list names more than {MAX_SKIP_WORKTREE} paths")
+        raise ValueError(f"the {what} list names more than {MAX_SKIP_WORKTREE} paths")
     for path in paths:
-        check_relpath("skip-worktree entry", path)
+        check_relpath(f"{what} entry", path)
         first = path.split("/")[0].casefold()
         if first in (".git", CONTROL_DIR):
-            raise ValueError(f"skip-worktree entry {path!r} is inside .git/ or {CONTROL_DIR}/")
+            raise ValueError(f"{what} entry {path!r} is inside .git/ or {CONTROL_DIR}/")
     if len(set(paths)) != len(paths):
-        raise ValueError("the skip-worktree list names a path twice")
+        raise ValueError(f"the {what} list names a path twice")
     return paths
 
 
@@ -551,6 +554,43 @@ class LfsRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", froz
             )
 
 
+class UnwatchedRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
+    """The index entries whose files git does not compare with the index, so no diff carries
+    their worktree bytes: `assumeUnchanged` lists every entry marked assume-unchanged
+    (`assume-unchanged.z`, `entries` paths), None when there were none; `files` is an archive
+    (`unwatched.tar`, `present` members) of the worktree bytes of each such entry, and of each
+    skip-worktree entry (`SparseRecord`), whose file was present at the cut, None when none
+    was. An assume-unchanged entry the archive does not hold had no file at the cut. How an
+    operator keeps a local edit of a tracked file out of git's sight travels as it was."""
+
+    assume_unchanged: FileRef | None = None
+    entries: Annotated[int, msgspec.Meta(ge=0, le=MAX_SKIP_WORKTREE)] = 0
+    files: FileRef | None = None
+    present: Annotated[int, msgspec.Meta(ge=0, le=MAX_SKIP_WORKTREE)] = 0
+
+    def __post_init__(self) -> None:
+        if self.assume_unchanged is None and self.files is None:
+            raise ValueError("unwatched carries assumeUnchanged, files or both, never neither")
+        if (self.assume_unchanged is None) != (self.entries == 0):
+            raise ValueError("unwatched.entries counts the assumeUnchanged list, and only it")
+        if (self.files is None) != (self.present == 0):
+            raise ValueError("unwatched.present counts the files archive's members, and only it")
+        for ref, name in (
+            (self.assume_unchanged, ASSUME_UNCHANGED_FILE),
+            (self.files, UNWATCHED_FILE),
+        ):
+            if ref is not None and ref.file != name:
+                raise ValueError(f"unwatched stores {name!r}, not {ref.file!r}")
+        if (
+            self.assume_unchanged is not None
+            and not 0 < self.assume_unchanged.bytes <= SKIP_WORKTREE_CAP
+        ):
+            raise ValueError(
+                f"unwatched.assumeUnchanged names {self.assume_unchanged.bytes} bytes; the list "
+                f"is 1 to {SKIP_WORKTREE_CAP} bytes"
+            )
+
+
 class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
     """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
 
@@ -585,7 +625,8 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     `SubmoduleRecord` whose checked-out submodule is a `RepositoryRecord` of its own, its files
     named with its prefix (`sm<n>-`) and listed by `files()`; `UNSET` without any. `lfs` is the
     Git LFS objects the checkout and the stash point at (`LfsRecord`), `UNSET` for a repository
-    that uses no LFS.
+    that uses no LFS. `unwatched` is the entries git does not compare with their files and the
+    bytes of those files (`UnwatchedRecord`), `UNSET` without any.
     """
 
     base: ObjectId
@@ -613,8 +654,11 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     worktree_config: FileRef | msgspec.UnsetType = msgspec.UNSET
     submodules: list[SubmoduleRecord] | msgspec.UnsetType = msgspec.UNSET
     lfs: LfsRecord | msgspec.UnsetType = msgspec.UNSET
+    unwatched: UnwatchedRecord | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
+        if self.unwatched is not msgspec.UNSET and self.file_prefix:
+            raise ValueError("a submodule's record carries no unwatched entries")
         if self.submodules is not msgspec.UNSET:
             self._check_submodules(self.submodules)
         if self.lfs is not msgspec.UNSET:
@@ -743,6 +787,12 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
             files.append(self.worktree_config)
         if self.lfs is not msgspec.UNSET:
             files += [self.lfs.objects, self.lfs.pack]
+        if self.unwatched is not msgspec.UNSET:
+            files.extend(
+                ref
+                for ref in (self.unwatched.assume_unchanged, self.unwatched.files)
+                if ref is not None
+            )
         if self.submodules is not msgspec.UNSET:
             for sub in self.submodules:
                 if sub.repository is not None:

@@ -90,6 +90,7 @@ from manager.checkpoint.inspect import IndexStamp, InspectionCache, index_stamp
 from manager.checkpoint.seal import ExclusiveFile, capture_file
 from manager.childrun import run_collect
 from protocol.checkpoint import (
+    ASSUME_UNCHANGED_FILE,
     BUNDLE_FILE,
     CONTROL_DIR,
     FILE_NAME_RE,
@@ -111,6 +112,7 @@ from protocol.checkpoint import (
     STATUS_FILE,
     SUPERSEDED_PREFIX,
     UNTRACKED_FILE,
+    UNWATCHED_FILE,
     WORKTREE_CONFIG_FILE,
     WORKTREE_DIFF_FILE,
     CarriedHook,
@@ -122,6 +124,7 @@ from protocol.checkpoint import (
     SparseRecord,
     StashEntry,
     SubmoduleRecord,
+    UnwatchedRecord,
     check_relpath,
     format_refs_list,
     parse_porcelain_z,
@@ -441,6 +444,8 @@ class IndexScan:
     intent_to_add: list[str]
     # Every stage-0 entry marked skip-worktree, in index order.
     skip_worktree: tuple[bytes, ...] = ()
+    # Every stage-0 entry marked assume-unchanged, in index order.
+    assume_unchanged: tuple[bytes, ...] = ()
     # The digest of `git ls-files -s -t -v -z`: every entry's tag (its skip-worktree and
     # assume-unchanged bits), mode, object, stage and path, and the intent-to-add entries,
     # without the stat data: `git diff` rewrites the index to refresh that
@@ -470,6 +475,8 @@ class RepoFacts:
     head: str | None
     status: str
     untracked: list[bytes]
+    # The files of the entries git does not compare that are present (`_unwatched_present`).
+    unwatched: list[bytes]
     gitdir: GitDirFacts
     refs: dict[str, str]
     index: IndexScan
@@ -732,6 +739,9 @@ def _names(paths: Sequence[bytes], limit: int = 5) -> str:
 # object name's width is the hash's), so one slice takes a path out.
 _TAG_CACHED = ord("H")
 _TAG_SKIP_WORKTREE = ord("S")
+_TAG_BOTH = ord("s")  # skip-worktree and assume-unchanged
+_TAGS_SKIP_WORKTREE = (_TAG_SKIP_WORKTREE, _TAG_BOTH)
+_TAGS_ASSUME_UNCHANGED = (ord("h"), _TAG_BOTH)
 _GITLINK = b" 160000 "
 _SHA1_WIDTH = len("H 100644 ") + 40 + len(" 0\t")
 _SHA256_WIDTH = _SHA1_WIDTH + 24
@@ -799,10 +809,9 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
     flagged: list[bytes] = []
     if not plain:
         for e in entries:
-            tag = e[0]
             if e[width - 2] != ord("0"):
                 unmerged.append(e[width:])
-            elif tag not in (_TAG_CACHED, _TAG_SKIP_WORKTREE):
+            elif e[0] in _TAGS_ASSUME_UNCHANGED:
                 flagged.append(e[width:])
     gitlinks: list[tuple[bytes, str]] = []
     if _GITLINK in out:
@@ -822,12 +831,12 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
             "them",
             "resolve them (`git add` the result) or abort the merge, then cut again",
         )
-    if flagged:
+    bad = [p for p in flagged if not _utf8(p)]
+    if bad:
         raise Refusal(
-            Code.INDEX_FLAGS,
-            f"{cwd} has index entries marked assume-unchanged ({_names(flagged)}); that bit "
-            "does not travel and the restored tree would differ",
-            "clear it (`git update-index --no-assume-unchanged <path>`), then cut again",
+            Code.NON_UTF8_PATH,
+            f"{cwd} has assume-unchanged entries whose names are not UTF-8 ({_names(bad)})",
+            "rename them to UTF-8 names, then cut again",
         )
     if control:
         raise Refusal(
@@ -838,8 +847,8 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
             f"run `git rm -r --cached {CONTROL_DIR}` and add {CONTROL_DIR}/ to .gitignore",
         )
     skipped = (
-        [e[width:] for e in entries if e[0] == _TAG_SKIP_WORKTREE]
-        if _TAG_SKIP_WORKTREE in tags
+        [e[width:] for e in entries if e[0] in _TAGS_SKIP_WORKTREE]
+        if _TAG_SKIP_WORKTREE in tags or _TAG_BOTH in tags
         else []
     )
     # `git add -N` records its entry as the empty blob, so an index without one has none.
@@ -852,6 +861,7 @@ async def _scan_index(cwd: Path, stamp: IndexStamp | None) -> IndexScan:
         intent_to_add=ita,
         entries=digest.hexdigest(),
         skip_worktree=tuple(skipped),
+        assume_unchanged=tuple(flagged),
         gitlinks=tuple(gitlinks),
         skipped_dirs=_parents(skipped),
     )
@@ -881,20 +891,14 @@ def _present_skipped(top: bytes, index: IndexScan) -> list[bytes]:
     ]
 
 
-def _check_skipped(cwd: Path, index: IndexScan) -> None:
-    """A skip-worktree entry travels as a name whose file is absent: one whose file is in the
-    worktree anyway (`git update-index --skip-worktree` on a present file) would carry bytes
-    git does not look at, so it refuses by name; so does a name the record cannot spell."""
+def _unwatched_present(cwd: Path, index: IndexScan) -> list[bytes]:
+    """The files git does not compare with their entries that are in the worktree: each
+    assume-unchanged entry's and each skip-worktree entry's found present (`git update-index
+    --skip-worktree` on a present file, how a local edit of a tracked file is kept out of
+    sight). No diff carries their bytes, so the capture archives them (`unwatched.tar`); each
+    must be a regular file or a symlink, and a skip-worktree name the record cannot spell
+    refuses."""
     skipped = index.skip_worktree
-    present = _present_skipped(os.fsencode(cwd), index)
-    if present:
-        raise Refusal(
-            Code.INDEX_FLAGS,
-            f"{cwd} has skip-worktree entries whose files are present in the worktree "
-            f"({_names(present)}); a checkpoint carries a skip-worktree entry as absent",
-            "clear the bit (`git update-index --no-skip-worktree <path>`) or bring the tree in "
-            "line with the sparse patterns (`git sparse-checkout reapply`), then cut again",
-        )
     bad = [] if _utf8(b"\0".join(skipped)) else [p for p in skipped if not _utf8(p)]
     if bad:
         raise Refusal(
@@ -902,6 +906,25 @@ def _check_skipped(cwd: Path, index: IndexScan) -> None:
             f"{cwd} has skip-worktree entries whose names are not UTF-8 ({_names(bad)})",
             "rename them to UTF-8 names, then cut again",
         )
+    top = os.fsencode(cwd)
+    present = _present_skipped(top, index)
+    present += [p for p in index.assume_unchanged if os.path.lexists(top + b"/" + p)]
+    present = sorted(set(present))
+    odd = [p for p in present if not _archivable(top + b"/" + p)]
+    if odd:
+        raise Refusal(
+            Code.INDEX_FLAGS,
+            f"{cwd} has assume-unchanged or skip-worktree entries whose worktree paths are not "
+            f"regular files or symlinks ({_names(odd)})",
+            "clear the bit (`git update-index --no-assume-unchanged --no-skip-worktree <path>`) "
+            "or put the file back, then cut again",
+        )
+    return present
+
+
+def _archivable(path: bytes) -> bool:
+    mode = os.lstat(path).st_mode
+    return stat.S_ISREG(mode) or stat.S_ISLNK(mode)
 
 
 @dataclass(frozen=True)
@@ -1112,7 +1135,7 @@ async def _facts(
     raw_status = status_run.stdout
     untracked = await _untracked_paths(cwd, raw_status, include)
     _check_untracked(cwd, untracked)
-    _check_skipped(cwd, index)
+    unwatched = _unwatched_present(cwd, index)
     status = _decode_status(cwd, raw_status)
     gitdir = await _gitdir_facts(
         cwd, probe.common, earlier.config if earlier else None, own_worktree, probe.git_dir
@@ -1134,6 +1157,7 @@ async def _facts(
         head=probe.head,
         status=status,
         untracked=untracked,
+        unwatched=unwatched,
         gitdir=gitdir,
         refs=probe.refs,
         index=index,
@@ -1331,13 +1355,17 @@ async def _one_submodule(
             f"remove the hooks from {own_gitdir / 'hooks'} (the samples may stay) and disable the "
             f"sparse checkout (`git -C {worktree} sparse-checkout disable`)",
         )
-    if facts.gitdir.worktree_config is not None or facts.index.skip_worktree:
+    if (
+        facts.gitdir.worktree_config is not None
+        or facts.index.skip_worktree
+        or facts.index.assume_unchanged
+    ):
         raise _submodule_refusal(
             worktree,
-            "is a submodule with a config.worktree or skip-worktree entries; a checkpoint "
-            "carries neither for a submodule",
+            "is a submodule with a config.worktree, skip-worktree or assume-unchanged entries; "
+            "a checkpoint carries none of them for a submodule",
             f"move the settings into {own_gitdir / 'config'} and clear the bits "
-            "(`git update-index --no-skip-worktree <path>`)",
+            "(`git update-index --no-skip-worktree --no-assume-unchanged <path>`)",
         )
     return SubFacts(
         path=path, commit=commit, prefix=prefix, worktree=worktree, name=name, facts=facts
@@ -1690,9 +1718,16 @@ def _write_untracked_tar(
 
 
 async def _capture_untracked(
-    top: Path, paths: Sequence[bytes], seat_dir: Path, progress: Progress | None, prefix: str = ""
+    top: Path,
+    paths: Sequence[bytes],
+    seat_dir: Path,
+    progress: Progress | None,
+    prefix: str = "",
+    *,
+    name: str = UNTRACKED_FILE,
 ) -> FileRef:
-    out = await anyio.to_thread.run_sync(ExclusiveFile, seat_dir, prefix + UNTRACKED_FILE)
+    """`paths` (untracked files, or the unwatched ones) archived as `prefix + name`."""
+    out = await anyio.to_thread.run_sync(ExclusiveFile, seat_dir, prefix + name)
 
     def report(done: int) -> None:
         if progress is not None:
@@ -2084,6 +2119,7 @@ class _TreeArtifacts:
     sparse: SparseRecord | None = None
     worktree_config: FileRef | None = None
     lfs: LfsRecord | None = None
+    unwatched: UnwatchedRecord | None = None
 
 
 def names_tracked_change(status: str) -> bool:
@@ -2112,6 +2148,7 @@ async def _capture_tree(
     if facts.shallow is not None:
         shallow = await _write_small_off_loop(seat_dir, prefix + SHALLOW_FILE, facts.shallow)
     sparse = await _capture_sparse(seat_dir, facts)
+    unwatched = await _capture_unwatched(seat_dir, facts)
     worktree_config: FileRef | None = None
     if facts.gitdir.worktree_config is not None:
         worktree_config = await _write_small_off_loop(
@@ -2139,6 +2176,7 @@ async def _capture_tree(
         sparse=sparse,
         worktree_config=worktree_config,
         lfs=lfs_record,
+        unwatched=unwatched,
     )
 
 
@@ -2204,6 +2242,30 @@ async def _capture_sparse(seat_dir: Path, facts: RepoFacts) -> SparseRecord | No
     if patterns is not None:
         carried = await _write_small_off_loop(seat_dir, SPARSE_PATTERNS_FILE, patterns)
     return SparseRecord(skip_worktree=listed, entries=len(skipped), patterns=carried)
+
+
+async def _capture_unwatched(seat_dir: Path, facts: RepoFacts) -> UnwatchedRecord | None:
+    """The assume-unchanged list and the bytes of every file git does not compare with its
+    entry, or None when the repository has neither."""
+    flagged = facts.index.assume_unchanged
+    if not flagged and not facts.unwatched:
+        return None
+    listed: FileRef | None = None
+    if flagged:
+        listed = await _write_small_off_loop(
+            seat_dir, ASSUME_UNCHANGED_FILE, b"".join(p + b"\0" for p in flagged)
+        )
+    files: FileRef | None = None
+    if facts.unwatched:
+        files = await _capture_untracked(
+            facts.top, facts.unwatched, seat_dir, None, name=UNWATCHED_FILE
+        )
+    return UnwatchedRecord(
+        assume_unchanged=listed,
+        entries=len(flagged),
+        files=files,
+        present=len(facts.unwatched),
+    )
 
 
 def settle_stat_data(top: Path) -> None:
@@ -2453,6 +2515,7 @@ def _verify_unmoved(cwd: Path, facts: RepoFacts, after: RepoFacts) -> None:
             ("index", after.index.entries == facts.index.entries),
             ("submodules", _submodule_shape(after) == _submodule_shape(facts)),
             ("LFS objects", _lfs_key(after) == _lfs_key(facts)),
+            ("unwatched files", after.unwatched == facts.unwatched),
         )
         if not same
     ]
@@ -2511,6 +2574,7 @@ def _repository_record(
             precopy=precopy,
             shallow=msgspec.UNSET if tree.shallow is None else tree.shallow,
             sparse=msgspec.UNSET if tree.sparse is None else tree.sparse,
+            unwatched=msgspec.UNSET if tree.unwatched is None else tree.unwatched,
             worktree_config=(
                 msgspec.UNSET if tree.worktree_config is None else tree.worktree_config
             ),

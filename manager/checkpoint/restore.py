@@ -165,16 +165,27 @@ def _check_member(member: tarfile.TarInfo, symlinks: set[str]) -> str:
     return name
 
 
-def _extract_untracked(tar_path: Path, root: Path) -> None:
-    """Extract the untracked archive into `root`, member by member, creating nothing it must
-    replace."""
+def _extract_untracked(tar_path: Path, root: Path, only: frozenset[str] | None = None) -> int:
+    """Extract the untracked archive (or the unwatched one, whose members must all be among
+    `only`) into `root`, member by member, creating nothing it must replace; how many members
+    it held."""
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     tar_fd = os.open(tar_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     symlinks: set[str] = set()
+    count = 0
     try:
         with os.fdopen(tar_fd, "rb") as stream, tarfile.open(fileobj=stream, mode="r:") as tar:
             for member in tar:
                 name = _check_member(member, symlinks)
+                count += 1
+                if only is not None and name not in only:
+                    raise Refusal(
+                        Code.UNSAFE_ARCHIVE,
+                        f"archive member {name!r} of {tar_path.name} is not an entry the record "
+                        "marks assume-unchanged or skip-worktree",
+                        "the checkpoint is not one cotal captured; cut a new one on the source "
+                        "host",
+                    )
                 parent, leaf = _open_dirs(root_fd, name, create=True)
                 try:
                     if member.issym():
@@ -222,6 +233,7 @@ def _extract_untracked(tar_path: Path, root: Path) -> None:
         ) from None
     finally:
         os.close(root_fd)
+    return count
 
 
 def _create_placeholder(root: Path, rel: str) -> None:
@@ -645,6 +657,64 @@ async def _restore_sparse(staging: Path, seat_dir: Path, record: RepositoryRecor
         )
 
 
+async def _restore_unwatched(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+    """The entries git does not compare with their files, back as they were: each
+    assume-unchanged entry's file replaced by the source's bytes, or removed where the source
+    had none, then marked; each skip-worktree entry's file that was present written back (the
+    sparse restore took every one out). After the sparse restore, whose checks see no file of
+    a skip-worktree entry, and before the status compare, which these files do not change."""
+    if record.unwatched is msgspec.UNSET:
+        return
+    unwatched = record.unwatched
+    cure = "copy the checkpoint again from the source host, or cut the seat again"
+    flagged: list[str] = []
+    raw = b""
+    if unwatched.assume_unchanged is not None:
+        raw = _carried_bytes(seat_dir, unwatched.assume_unchanged)
+        try:
+            flagged = parse_skip_worktree(raw, "assume-unchanged")
+        except ValueError as exc:
+            raise Refusal(
+                Code.BAD_RECORD,
+                f"the carried assume-unchanged list {seat_dir / unwatched.assume_unchanged.file}: "
+                f"{exc}",
+                cure,
+            ) from None
+        if len(flagged) != unwatched.entries:
+            raise Refusal(
+                Code.BAD_RECORD,
+                f"the carried assume-unchanged list names {len(flagged)} entries, the record "
+                f"{unwatched.entries}",
+                cure,
+            )
+    skipped: list[str] = []
+    if record.sparse is not msgspec.UNSET and record.sparse.skip_worktree is not None:
+        skipped = parse_skip_worktree(_carried_bytes(seat_dir, record.sparse.skip_worktree))
+    await anyio.to_thread.run_sync(_remove_skipped, staging, flagged)
+    if unwatched.files is not None:
+        only = frozenset(flagged) | frozenset(skipped)
+        held = await anyio.to_thread.run_sync(
+            _extract_untracked, seat_dir / unwatched.files.file, staging, only
+        )
+        if held != unwatched.present:
+            raise Refusal(
+                Code.BAD_RECORD,
+                f"the unwatched archive holds {held} files, the record {unwatched.present}",
+                cure,
+            )
+    if flagged:
+        await run_git(
+            staging,
+            "update-index",
+            "--assume-unchanged",
+            "-z",
+            "--stdin",
+            stdin=raw,
+            code=Code.BAD_RECORD,
+            cure="the assume-unchanged list names paths the restored index does not hold; " + cure,
+        )
+
+
 def _write_lfs_objects(
     gitdir: Path, storage: str, pack: Path, objects: Sequence[tuple[str, int]]
 ) -> None:
@@ -944,6 +1014,7 @@ async def _build(
     await _prove_selection(staging, record)
     await _reattach_head(staging, record, refs)
     await _restore_sparse(staging, seat_dir, record)
+    await _restore_unwatched(staging, seat_dir, record)
     await _restore_submodules(staging, staging / ".git", seat_dir, record)
     await _verify_staged_status(staging, status)
 

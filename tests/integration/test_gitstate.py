@@ -144,11 +144,16 @@ async def test_preflight_refuses_tracked_control_dir_nested_repos_and_flags(tmp_
     assert AUTH_TOKEN.decode() not in err.value.text
     git(repo, "rm", "-q", "--cached", ".cotal/auth/broker.creds")
 
+    # An entry git does not compare whose path is not a file it could archive.
     git(repo, "update-index", "--skip-worktree", "tracked.txt")
+    os.unlink(repo / "tracked.txt")
+    os.mkfifo(repo / "tracked.txt")
     with pytest.raises(Refusal) as err:
         await preflight_repository(repo)
-    assert err.value.code == "index-flags"
+    assert err.value.code == "index-flags" and "tracked.txt" in err.value.message
+    os.unlink(repo / "tracked.txt")
     git(repo, "update-index", "--no-skip-worktree", "tracked.txt")
+    git(repo, "checkout", "--", "tracked.txt")
 
     init_repo(repo / "inner")
     with pytest.raises(Refusal) as err:

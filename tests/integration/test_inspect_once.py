@@ -244,16 +244,16 @@ async def test_an_index_flag_set_during_the_capture_is_refused(
 ) -> None:
     repo = make_rich_repo(tmp_path / "repo")
     await preflight_repository(repo)
-    # A flag the preflight did not see is caught by the after-capture scan, by name.
+    # A flag set once the inspection read the index is caught by the after-capture scan.
     GitLog(
         tmp_path,
         monkeypatch,
-        on=f'[ "$5" = bundle ] && "{shutil.which("git")}" update-index --skip-worktree bin.dat',
+        on=f'[ "$5" = diff ] && "{shutil.which("git")}" update-index --skip-worktree bin.dat',
     )
     with pytest.raises(Refusal) as err:
         await capture_repository(repo, seat_dir_for(tmp_path))
-    assert err.value.code == "index-flags"
-    assert "bin.dat" in err.value.message
+    assert err.value.code == "changed-during-capture"
+    assert "index" in err.value.message
 
 
 @pytest.mark.anyio

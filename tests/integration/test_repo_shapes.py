@@ -8,9 +8,11 @@ checkout and the other worktrees never written to."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import shutil
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -258,6 +260,8 @@ def forge(seat: Path, record: RepositoryRecord, name: str, data: bytes) -> Repos
     doc = msgspec.json.decode(encode_json(record))
     if name == doc.get("shallow", {}).get("file"):
         doc["shallow"] = ref
+    elif name == doc.get("unwatched", {}).get("files", {}).get("file"):
+        doc["unwatched"]["files"] = ref
     else:
         doc["sparse"]["skipWorktree"] = ref
     return decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
@@ -356,22 +360,52 @@ async def test_a_sparse_checkout_travels_sparse(tmp_path: Path, mode: str) -> No
     assert git(target, "sparse-checkout", "list") == git(repo, "sparse-checkout", "list")
 
 
-async def test_a_skip_worktree_file_present_anyway_is_refused(tmp_path: Path) -> None:
-    """Marked by hand on a present file, outside any sparse checkout (inside one, git itself
-    clears the bit of a file that is present)."""
+async def test_files_git_does_not_look_at_travel_with_their_bits(tmp_path: Path) -> None:
+    """How an operator keeps a local edit of a tracked file out of git's sight: marked
+    skip-worktree on a present file (outside any sparse checkout; inside one, git itself clears
+    the bit of a file that is present), or assume-unchanged. No diff carries those bytes; the
+    archive of them does, and each bit comes back. An assume-unchanged entry whose file is gone
+    comes back without it."""
     repo = small_history(tmp_path / "work")
-    git(repo, "update-index", "--skip-worktree", "src/mod.py")
-    with pytest.raises(Refusal) as exc:
-        await preflight_repository(repo)
-    assert exc.value.code == "index-flags" and "src/mod.py" in exc.value.message
-    assert "present in the worktree" in exc.value.message
-    assert "--no-skip-worktree" in exc.value.cure
-    # Its file gone, the entry is what a sparse checkout has, and it travels.
-    (repo / "src" / "mod.py").unlink()
+    tracked = git(repo, "ls-files").decode().split()
+    local, hidden, gone, both = tracked[:4]
+    git(repo, "update-index", "--skip-worktree", local)
+    write(repo / local, "a local edit git does not see\n")
+    git(repo, "update-index", "--assume-unchanged", hidden, gone)
+    write(repo / hidden, "another local edit\n")
+    (repo / gone).unlink()
+    git(repo, "update-index", "--skip-worktree", both)
+    git(repo, "update-index", "--assume-unchanged", both)
+    write(repo / both, "both bits\n")
+    assert git(repo, "status", "--porcelain") == b""
     before = fingerprint(repo)
-    _, record, target = await round_trip(tmp_path, repo)
-    assert record.sparse is not msgspec.UNSET and record.sparse.patterns is None
+    files = {rel: (repo / rel).read_bytes() for rel in (local, hidden, both)}
+
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.unwatched is not msgspec.UNSET
+    assert (record.unwatched.entries, record.unwatched.present) == (3, 3)
+    assert record.sparse is not msgspec.UNSET and record.sparse.entries == 2
     assert fingerprint(target) == before
+    assert {rel: (target / rel).read_bytes() for rel in files} == files
+    assert not (target / gone).exists()
+    # The bytes git does not see are in no diff: only the archive carries them.
+    for name in (record.index_diff.file, record.worktree_diff.file):
+        assert b"local edit" not in (seat / name).read_bytes()
+    # The record names them and nothing else: a forged member is refused at the restore.
+    assert record.unwatched.files is not None
+    with tarfile.open(seat / record.unwatched.files.file) as tar:
+        assert sorted(tar.getnames()) == sorted(files)
+    forged = tmp_path / "forged.tar"
+    with tarfile.open(forged, "w", format=tarfile.PAX_FORMAT) as tar:
+        data = b"not an entry the record names\n"
+        info = tarfile.TarInfo("elsewhere.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    bad = forge(seat, record, record.unwatched.files.file, forged.read_bytes())
+    with pytest.raises(Refusal) as exc:
+        await restore_repository(seat, bad, tmp_path / "forged-target", stamp=STAMP)
+    assert exc.value.code == "unsafe-archive" and "elsewhere.txt" in exc.value.message
 
 
 async def test_a_tampered_sparse_list_is_refused_at_admission(tmp_path: Path) -> None:
