@@ -197,7 +197,7 @@ def prepare_shell_dir(parent: Path, seat_dir: Path, record: SeatCheckpoint) -> P
         ref = getattr(repo, field)
         os.link(seat_dir / ref.file, parent / name)
         lines.append(f"{ref.sha256}  {name}\n")
-    (parent / "ckpt-repo.base").write_text(repo.base + "\n")
+    (parent / "ckpt-repo.base").write_text(f"{repo.base}\n")
     (parent / "ckpt-repo.sha256").write_text("".join(lines))
     return parent / "repo"
 

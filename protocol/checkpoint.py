@@ -595,7 +595,10 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     """The seat's repository at the cut: history, the two diffs, untracked bytes, index extras.
 
     `base` is HEAD's commit; `head` is the branch HEAD pointed at (None when detached), so the
-    restore can reattach HEAD instead of leaving the seat on a detached checkout. `status` is
+    restore can reattach HEAD instead of leaving the seat on a detached checkout. `base` is None
+    on an unborn branch (no commit yet): `head` names it, the index diff stages every file
+    against the empty tree, and the bundle carries the repository's other refs (none: no
+    bundle). `status` is
     `git status --porcelain=v1 -z --untracked-files=all --no-renames` under the selection rule,
     re-read by the restore in the promoted tree. `intentToAdd` lists the `git add -N` entries the
     two diffs cannot carry (peers.md 6); their bytes travel in the worktree diff. When the two
@@ -629,7 +632,7 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     bytes of those files (`UnwatchedRecord`), `UNSET` without any.
     """
 
-    base: ObjectId
+    base: ObjectId | None
     untracked_selection: str
     bundle: FileRef | None
     index_diff: FileRef
@@ -686,9 +689,17 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
                 )
             if self.worktree_config.bytes > 1 << 20:
                 raise ValueError("worktreeConfig names more than 1 MiB; a config is smaller")
-        if self.bundle is None and not self.incremental:
+        if self.base is None:
+            if self.head is None:
+                raise ValueError("a record without a base is of an unborn branch, which head names")
+            if self.incremental or self.shallow is not msgspec.UNSET:
+                raise ValueError("an unborn branch's record builds on nothing and is not shallow")
+            if self.bundle is None and self.refs is not None:
+                raise ValueError("an unborn branch's record carries its refs in a bundle")
+        elif self.bundle is None and not self.incremental:
             raise ValueError(
-                "bundle may be absent only from an incremental record (since or precopy)"
+                "bundle may be absent only from an incremental record (since or precopy) or "
+                "from an unborn branch's without refs"
             )
         for pattern in self.include:
             check_carry_pattern(pattern)

@@ -1330,11 +1330,6 @@ class Code(StrEnum):
         "`.cotal/sessions`",
         "move the store under the workspace root, or name one a destination can resolve",
     )
-    UNBORN_HEAD = (
-        "unborn-head",
-        "a repository has no commit yet",
-        "make a first commit (`git add -A && git commit`), then cut again",
-    )
     UNBOUND_V1 = (
         "unbound-v1",
         "a version 1 inventory carries no attempt binding",

@@ -948,17 +948,16 @@ def _check_objects_present(
 ) -> None:
     """The base, every recorded ref and every prerequisite are objects in `scratch`."""
     prerequisites = record.prerequisites
-    wanted = [
-        f"{record.base}^{{commit}}",
-        *sorted(set(refs.values()) | set(prerequisites)),
-    ]
+    # An unborn branch's record has no base commit to look for.
+    base = [f"{record.base}^{{commit}}"] if record.base is not None else []
+    wanted = [*base, *sorted(set(refs.values()) | set(prerequisites))]
     found = _git(
         scratch, "cat-file", "--batch-check", stdin="".join(w + "\n" for w in wanted).encode()
     )
     lines = found.stdout.decode("utf-8", "replace").splitlines()
     if found.returncode != 0 or len(lines) != len(wanted):
         raise _bundle_invalid(name, bundle or seat_dir, found)
-    if lines[0].endswith(" missing"):
+    if base and lines[0].endswith(" missing"):
         raise _refuse(
             "integrity",
             Code.BASE_MISSING,
@@ -967,7 +966,11 @@ def _check_objects_present(
             "the bundle and the record do not belong together; copy the checkpoint again "
             "from the source host, or cut the seat again",
         )
-    absent = [w for w, line in zip(wanted[1:], lines[1:], strict=True) if line.endswith(" missing")]
+    absent = [
+        w
+        for w, line in zip(wanted[len(base) :], lines[len(base) :], strict=True)
+        if line.endswith(" missing")
+    ]
     if absent:
         raise _refuse(
             "integrity",

@@ -210,7 +210,8 @@ async def link_for(
         recorded = await anyio.to_thread.run_sync(_recorded_refs, path / seat, repo)
     except Refusal as exc:
         raise _since_refusal(attempt_id, exc) from None
-    candidates = [repo.base, *recorded.values(), *(entry.oid for entry in repo.stash)]
+    candidates = [*([repo.base] if repo.base else []), *recorded.values()]
+    candidates += [entry.oid for entry in repo.stash]
     present = await _commits_here(cwd, list(dict.fromkeys(candidates)))
     if not present:
         return None

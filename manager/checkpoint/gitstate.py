@@ -67,7 +67,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -471,7 +471,7 @@ class Reusable:
 @dataclass(frozen=True)
 class RepoFacts:
     top: Path
-    base: str
+    base: str | None
     head: str | None
     status: str
     untracked: list[bytes]
@@ -935,7 +935,9 @@ class _Probe:
     # worktree, where its HEAD, index, `config.worktree` and sparse patterns live.
     git_dir: Path
     index: Path
-    base: str
+    # HEAD's commit, None on an unborn branch (`git init`, or `git checkout --orphan`, with
+    # no commit yet): `head` then names that branch.
+    base: str | None
     head: str | None
     refs: dict[str, str]
     shallow: bool = False
@@ -960,6 +962,8 @@ PROBE_ARGS: tuple[str, ...] = (
 # The bundle's refs: every ref `REFS_ARGS` lists in this worktree (the repository's shared refs
 # and this worktree's own `refs/worktree/`...), and HEAD (`_capture_bundle`).
 BUNDLE_REVS: tuple[str, ...] = ("--glob=refs/*", "HEAD")
+# On an unborn branch HEAD names nothing, so the bundle carries the refs alone.
+BUNDLE_REFS_ONLY: tuple[str, ...] = ("--glob=refs/*",)
 # `%(HEAD)` is one character, `*` or a space, so it leads the line (`_read_refs_and_head`).
 REFS_ARGS: tuple[str, ...] = ("for-each-ref", "--format=%(HEAD)%(objectname) %(refname)")
 
@@ -1019,15 +1023,18 @@ def _refuse_operation_in_progress(cwd: Path, lines: list[str]) -> None:
             )
 
 
-async def _refuse_unborn(cwd: Path) -> NoReturn:
-    # Only a refusal needs the unborn branch's name; a capturable HEAD gets it from the refs.
+async def _unborn_branch(cwd: Path) -> str:
+    """The branch HEAD names when it has no commit yet. A HEAD that names no commit and no
+    branch (a detached HEAD whose object is gone) refuses by name."""
     head_ref = await run_git(cwd, "symbolic-ref", "-q", "HEAD", ok=(0, 1))
-    unborn = head_ref.stdout.decode().strip() if head_ref.rc == 0 else None
-    raise Refusal(
-        Code.UNBORN_HEAD,
-        f"{cwd} has no commit yet ({unborn or 'HEAD'} is unborn), so there is no history to bundle",
-        "make a first commit (`git add -A && git commit`), then cut again",
-    )
+    branch = head_ref.stdout.decode("utf-8", "surrogateescape").strip()
+    if head_ref.rc != 0 or not branch.startswith("refs/heads/"):
+        raise Refusal(
+            Code.GIT_FAILED,
+            f"HEAD of {cwd} names neither a commit nor a branch",
+            f"check out a branch or a commit (`git -C {cwd} checkout <branch>`), then cut again",
+        )
+    return branch
 
 
 async def _probe(cwd: Path) -> _Probe:
@@ -1048,15 +1055,18 @@ async def _probe(cwd: Path) -> _Probe:
     _check_top_level(cwd, real, probe, lines)
     common, git_dir = _worktree_shape(cwd, lines)
     _refuse_operation_in_progress(cwd, lines)
-    if probe.rc != 0:
-        await _refuse_unborn(cwd)
     refs, head = await _read_refs_and_head(cwd)
+    if probe.rc != 0:
+        # An unborn branch travels: no commit, its index and files as the two diffs against
+        # the empty tree carry them, and the refs the repository already has (docs/design.md
+        # decision 17).
+        head = await _unborn_branch(cwd)
     return _Probe(
         top=real,
         common=common,
         git_dir=git_dir,
         index=cwd / lines[4],
-        base=lines[-1],
+        base=lines[-1] if probe.rc == 0 else None,
         head=head,
         refs=refs,
         shallow=lines[3] == "true",
@@ -1972,6 +1982,7 @@ async def _capture_bundle(
     prerequisites: Sequence[str],
     progress: Progress | None,
     prefix: str = "",
+    revs: Sequence[str] = BUNDLE_REVS,
 ) -> FileRef | None:
     """`repo.bundle`, or None when an incremental capture has nothing new to carry."""
     try:
@@ -1985,7 +1996,7 @@ async def _capture_bundle(
                 # Every ref this worktree sees and its HEAD: what `--all` names, without the
                 # other worktrees' HEADs (`main-worktree/HEAD`, `worktrees/<id>/HEAD`) that
                 # `--all` adds where a repository has linked worktrees.
-                *BUNDLE_REVS,
+                *revs,
                 *stash_revs,
                 *(f"^{oid}" for oid in prerequisites),
             ],
@@ -2332,7 +2343,8 @@ async def capture_repository(
     probe = await _probe(cwd)
     stash = await _read_stash_reflog(cwd) if "refs/stash" in probe.refs else []
     _check_stash_head(cwd, probe.refs, stash)
-    if probe.shallow:
+    if probe.shallow or probe.base is None:
+        # An unborn branch's record builds on nothing (docs/design.md decision 17).
         # A shallow history travels whole: the boundary commits' parents exist nowhere, so a
         # chain of bundles could only be unbundled with the boundary already in place at each
         # step; a shallow history is small by construction (docs/design.md decision 17).
@@ -2342,8 +2354,9 @@ async def capture_repository(
     def inspect() -> Awaitable[RepoFacts]:
         return _facts(cwd, declared, earlier, probed=(probe, stash))
 
+    known = _Known(probe.refs, stash, probe.shallow, unborn=probe.base is None)
     facts, bundle, tree = await _capture_artifacts(
-        cwd, seat_dir, _Known(probe.refs, stash, probe.shallow), inspect, prerequisites, progress
+        cwd, seat_dir, known, inspect, prerequisites, progress
     )
     submodules = await _capture_submodules(seat_dir, facts)
     after = await _facts(cwd, declared, facts.reusable(), earlier_subs=facts.reusables())
@@ -2419,6 +2432,9 @@ class _Known:
     stash: list[StashEntry]
     shallow: bool
     prefix: str = ""
+    # HEAD is on a branch with no commit: the bundle names no HEAD, and with no ref at all
+    # there is no bundle.
+    unborn: bool = False
 
 
 async def _given(facts: RepoFacts) -> RepoFacts:
@@ -2450,8 +2466,18 @@ async def _capture_artifacts(
 
     async def bundle_part() -> FileRef | None:
         try:
-            bundle = await _capture_bundle(
-                cwd, seat_dir, stash_revs, prerequisites, progress, known.prefix
+            bundle = (
+                None
+                if known.unborn and not known.refs
+                else await _capture_bundle(
+                    cwd,
+                    seat_dir,
+                    stash_revs,
+                    prerequisites,
+                    progress,
+                    known.prefix,
+                    revs=BUNDLE_REFS_ONLY if known.unborn else BUNDLE_REVS,
+                )
             )
             await _check_bundle_refs(cwd, seat_dir, bundle, known.refs, prerequisites)
             if known.shallow and bundle is not None:

@@ -400,7 +400,7 @@ def governing(path: Path, maps: Mapping[Path, Path]) -> tuple[Path, Path] | None
 
 
 def check_tree(
-    tree: Path, maps: Mapping[Path, Path], *, dest_root: Path, base: str
+    tree: Path, maps: Mapping[Path, Path], *, dest_root: Path, base: str | None
 ) -> Landing | None:
     """The rule for a seat's tree that a `--map` places (None when no map holds it: the root's
     own tree): what admission checks per seat and the restore checks again at the write."""

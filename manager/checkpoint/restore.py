@@ -857,6 +857,10 @@ async def _require_lfs_filter(repo: Path, record: RepositoryRecord) -> None:
 
 
 async def _checkout_base(staging: Path, record: RepositoryRecord) -> None:
+    if record.base is None:
+        # An unborn branch: nothing to check out; the index diff stages every file against the
+        # empty tree, and HEAD is set to the branch with the refs.
+        return
     found = await run_git(
         staging, "rev-parse", "--verify", "-q", f"{record.base}^{{commit}}", ok=(0, 1, 128)
     )

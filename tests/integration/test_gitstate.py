@@ -49,13 +49,20 @@ async def test_preflight_refuses_a_subdirectory_of_a_repository(tmp_path: Path) 
 
 
 @pytest.mark.anyio
-async def test_preflight_refuses_an_unborn_head(tmp_path: Path) -> None:
+async def test_preflight_passes_an_unborn_head_and_refuses_one_naming_nothing(
+    tmp_path: Path,
+) -> None:
+    """An unborn branch travels (tests/integration/test_repo_shapes.py); a detached HEAD whose
+    commit is gone names neither a commit nor a branch, and refuses by name."""
     repo = init_repo(tmp_path / "repo")
     write(repo / "a.txt", "a\n")
+    await preflight_repository(repo)
+    (repo / ".git" / "HEAD").write_text("1" * 40 + "\n")
     with pytest.raises(Refusal) as err:
         await preflight_repository(repo)
-    assert err.value.code == "unborn-head"
-    assert "first commit" in err.value.cure
+    assert err.value.code == "git-failed"
+    assert "names neither a commit nor a branch" in err.value.message
+    assert "checkout" in err.value.cure
 
 
 def _conflict(repo: Path) -> None:

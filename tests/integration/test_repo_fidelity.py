@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import sys
 from datetime import UTC, datetime
@@ -188,9 +189,10 @@ def test_carry_include_in_the_root_config(tmp_path: Path) -> None:
         registry.load_config(tmp_path)
 
 
-async def test_a_submodule_not_absorbed_is_refused_at_preflight_by_name(tmp_path: Path) -> None:
-    """A submodule travels (tests/integration/test_repo_shapes.py), but only as git lays it
-    out: one whose `.git` is a directory of its own is refused by name, with the cure."""
+async def test_a_submodule_not_absorbed_passes_the_preflight(tmp_path: Path) -> None:
+    """A nested clone `git add` made a gitlink of keeps its `.git` directory: it travels as a
+    submodule (tests/integration/test_repo_shapes.py has the round trip); its files with no
+    `.git` at all cannot, and refuse by name with the cure."""
     inner = init_repo(tmp_path / "inner")
     write(inner / "i.txt", "inner\n")
     git(inner, "add", "-A")
@@ -202,10 +204,13 @@ async def test_a_submodule_not_absorbed_is_refused_at_preflight_by_name(tmp_path
     git(repo, "clone", "-q", str(inner), "libs/sub")
     git(repo, "add", "libs/sub")
     git(repo, "commit", "-q", "-m", "sub")
+    await preflight_repository(repo)
+    shutil.rmtree(repo / "libs" / "sub" / ".git")
     with pytest.raises(Refusal) as exc:
         await preflight_repository(repo)
     assert exc.value.code == "submodule" and "libs/sub" in exc.value.message
-    assert "git submodule absorbgitdirs libs/sub" in exc.value.cure
+    assert "files but no .git" in exc.value.message
+    assert "git submodule update --init libs/sub" in exc.value.cure
 
 
 async def test_twenty_thousand_changed_paths_round_trip(tmp_path: Path) -> None:

@@ -1059,3 +1059,49 @@ async def test_a_sparse_linked_worktree_with_a_submodule_travels(tmp_path: Path)
     assert dotgit.read_bytes() == b"gitdir: ../../.git/modules/libs/sub\n"
     assert git(target / "libs" / "sub", "config", "core.worktree") == b"../../../../libs/sub\n"
     git(target / "libs" / "sub", "fsck", "--no-progress")
+
+
+@pytest.mark.parametrize("orphan", [False, True], ids=["fresh-init", "orphan-branch"])
+async def test_an_unborn_branch_travels(tmp_path: Path, orphan: bool) -> None:
+    """A repository with no commit yet on HEAD's branch (`git init` and work, or `git
+    checkout --orphan` in a repository with history): its staged, unstaged, intent-to-add and
+    untracked work, the branch HEAD names, and the repository's other refs."""
+    if orphan:
+        repo = small_history(tmp_path / "work")
+        git(repo, "checkout", "-q", "--orphan", "fresh")
+        git(repo, "rm", "-q", "-r", "--cached", ".")
+    else:
+        repo = init_repo(tmp_path / "work")
+    write(repo / "src" / "app.py", "print('staged')\n")
+    git(repo, "add", "src/app.py")
+    write(repo / "src" / "app.py", "print('staged, then edited')\n")
+    write(repo / "later.txt", "intent to add\n")
+    git(repo, "add", "-N", "later.txt")
+    write(repo / "notes.txt", "untracked\n")
+    before = fingerprint_unborn(repo)
+
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.base is None
+    assert record.head == ("refs/heads/fresh" if orphan else "refs/heads/main")
+    assert (record.bundle is None) == (not orphan) and (record.refs is None) == (not orphan)
+    assert fingerprint_unborn(target) == before
+    assert git(target, "rev-parse", "--verify", "-q", "HEAD", check=False) == b""
+    # The first commit there is the seat's to make.
+    git(target, "commit", "-q", "-m", "first")
+    assert git(target, "show", "HEAD:src/app.py") == b"print('staged')\n"
+
+
+def fingerprint_unborn(repo: Path) -> dict[str, object]:
+    """`fingerprint` without what needs a HEAD commit."""
+    return {
+        "status": git(
+            repo, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ":!.cotal"
+        ),
+        "tree": tree_digest(repo),
+        "branch": git(repo, "symbolic-ref", "-q", "HEAD", check=False),
+        "refs": git(repo, "for-each-ref", "--format=%(objectname) %(refname)"),
+        "history": git(repo, "log", "--all", "--format=%H %P", check=False),
+        "index": git(repo, "ls-files", "-s", "-t", "-v", "-z"),
+        "cached": git(repo, "diff", "--cached", "--binary"),
+    }
