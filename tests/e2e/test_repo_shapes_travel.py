@@ -1,8 +1,9 @@
 """A shallow clone, a sparse checkout, a superproject with nested submodules, a linked worktree,
-a repository that uses Git LFS and the shapes combined (a sparse linked worktree with a
-submodule checked out) cut on one root and resumed on another (issue 42, items 1 to 5): each
-host runs its own embedded broker, the source's tree and broker are gone before the destination
-starts, the destination's root is at another path, and nothing reaches a remote. The
+a repository that uses Git LFS, the shapes combined (a sparse linked worktree with a submodule
+checked out), an unborn branch and a linked worktree of a bare repository with local edits git
+does not look at (assume-unchanged, skip-worktree) cut on one root and resumed on another (issue
+42): each host runs its own embedded broker, the source's tree and broker are gone before the
+destination starts, the destination's root is at another path, and nothing reaches a remote. The
 repository comes back identical by `fingerprint` (status, bytes, refs, history, stash, index
 flags, the shallow boundary, the sparse patterns and config, the LFS objects the checkout and
 the stash point at; for submodules, `git submodule status --recursive` and each submodule's
@@ -22,14 +23,17 @@ from tests.e2e.test_relocation import _carry, _hosts, _restore, _spawn_and_cut
 from tests.e2e.test_resume import PHRASE
 from tests.helpers import signer_key
 from tests.integration.test_repo_shapes import (
+    bare_worktree_with_unwatched,
     combined_fingerprint,
     fingerprint,
+    fingerprint_unborn,
     lfs_checkout,
     linked_worktree,
     shallow_clone,
     sparse_checkout,
     sparse_worktree_with_submodule,
     submodule_fingerprint,
+    unborn_repo,
     with_submodules,
 )
 
@@ -75,6 +79,15 @@ def _lfs(tmp_path: Path, root: Path) -> Path:
     return lfs_checkout(root / "repo")
 
 
+def _unborn(tmp_path: Path, root: Path) -> Path:
+    return unborn_repo(root / "repo")
+
+
+def _bare_worktree(tmp_path: Path, root: Path) -> Path:
+    # The bare repository is under the source root: gone before the destination starts.
+    return bare_worktree_with_unwatched(root, root / "repo")
+
+
 SHAPES: dict[str, Callable[[Path, Path], Path]] = {
     "shallow-depth-1": _shallow(1),
     "shallow-depth-3": _shallow(3),
@@ -84,11 +97,14 @@ SHAPES: dict[str, Callable[[Path, Path], Path]] = {
     "linked-worktree": _linked_worktree,
     "lfs": _lfs,
     "sparse-worktree-submodule": _combined,
+    "unborn": _unborn,
+    "bare-worktree-unwatched": _bare_worktree,
 }
 # A shape whose fingerprint reaches further than the repository's own.
 PRINTS: dict[str, Callable[[Path], dict[str, object]]] = {
     "submodules": submodule_fingerprint,
     "sparse-worktree-submodule": combined_fingerprint,
+    "unborn": fingerprint_unborn,
 }
 
 

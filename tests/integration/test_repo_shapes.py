@@ -797,12 +797,37 @@ def _work_in(tree: Path) -> None:
     write(tree / "notes.txt", "untracked\n")
 
 
-def _bare_common(tmp_path: Path) -> Path:
+def _bare_common(tmp_path: Path, tree: Path | None = None) -> Path:
     origin = small_history(tmp_path / "origin")
     git(tmp_path, "clone", "-q", "--bare", str(origin), "bare.git")
-    tree = tmp_path / "bare-wt"
+    tree = tree or tmp_path / "bare-wt"
     git(tmp_path / "bare.git", "worktree", "add", "-q", "-b", "wt", str(tree))
     return tree
+
+
+def bare_worktree_with_unwatched(tmp_path: Path, tree: Path) -> Path:
+    """A linked worktree (at `tree`) of a bare repository (under `tmp_path`) with work, a stash,
+    a local edit kept out of git's sight by skip-worktree and another by assume-unchanged."""
+    _bare_common(tmp_path, tree)
+    _work_in(tree)
+    tracked = git(tree, "ls-files").decode().split()
+    git(tree, "update-index", "--skip-worktree", tracked[0])
+    write(tree / tracked[0], "a local edit, skip-worktree\n")
+    git(tree, "update-index", "--assume-unchanged", tracked[1])
+    write(tree / tracked[1], "a local edit, assume-unchanged\n")
+    return tree
+
+
+def unborn_repo(path: Path) -> Path:
+    """`git init` and work, no commit: staged, unstaged, intent-to-add and untracked."""
+    repo = init_repo(path)
+    write(repo / "src" / "app.py", "print('staged')\n")
+    git(repo, "add", "src/app.py")
+    write(repo / "src" / "app.py", "print('staged, then edited')\n")
+    write(repo / "later.txt", "intent to add\n")
+    git(repo, "add", "-N", "later.txt")
+    write(repo / "notes.txt", "untracked\n")
+    return repo
 
 
 def _separate_common(tmp_path: Path) -> Path:
@@ -1070,14 +1095,14 @@ async def test_an_unborn_branch_travels(tmp_path: Path, orphan: bool) -> None:
         repo = small_history(tmp_path / "work")
         git(repo, "checkout", "-q", "--orphan", "fresh")
         git(repo, "rm", "-q", "-r", "--cached", ".")
+        write(repo / "src" / "app.py", "print('staged')\n")
+        git(repo, "add", "src/app.py")
+        write(repo / "src" / "app.py", "print('staged, then edited')\n")
+        write(repo / "later.txt", "intent to add\n")
+        git(repo, "add", "-N", "later.txt")
+        write(repo / "notes.txt", "untracked\n")
     else:
-        repo = init_repo(tmp_path / "work")
-    write(repo / "src" / "app.py", "print('staged')\n")
-    git(repo, "add", "src/app.py")
-    write(repo / "src" / "app.py", "print('staged, then edited')\n")
-    write(repo / "later.txt", "intent to add\n")
-    git(repo, "add", "-N", "later.txt")
-    write(repo / "notes.txt", "untracked\n")
+        repo = unborn_repo(tmp_path / "work")
     before = fingerprint_unborn(repo)
 
     seat, record, target = await round_trip(tmp_path, repo)
