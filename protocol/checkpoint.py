@@ -415,7 +415,8 @@ class FileRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen
 
 
 class CarriedHook(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):
-    """One `.git/hooks/<name>` (never a `*.sample`), its permission bits and its bytes."""
+    """One `.git/hooks/<name>` (never a `*.sample`), its permission bits and its bytes, stored
+    as `hook-<name>` after its repository's prefix (a submodule's `sm<n>-`)."""
 
     name: FileName
     mode: Annotated[int, msgspec.Meta(ge=0, le=0o777)]
@@ -424,10 +425,14 @@ class CarriedHook(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
     def __post_init__(self) -> None:
         if self.name.endswith(".sample"):
             raise ValueError(f"hook {self.name!r} is a sample; samples are not carried")
-        if self.file.file != HOOK_FILE_PREFIX + self.name:
+        stored = HOOK_FILE_PREFIX + self.name
+        prefix = self.file.file[: -len(stored)]
+        if not self.file.file.endswith(stored) or (
+            prefix and not SUBMODULE_PREFIX_RE.fullmatch(prefix)
+        ):
             raise ValueError(
-                f"hook {self.name!r} must be stored as {HOOK_FILE_PREFIX + self.name!r}, "
-                f"not {self.file.file!r}"
+                f"hook {self.name!r} must be stored as {stored!r} after its repository's "
+                f"prefix, not {self.file.file!r}"
             )
 
 
@@ -721,6 +726,12 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
         names = [hook.name for hook in self.hooks]
         if len(set(names)) != len(names):
             raise ValueError("hooks names a hook twice")
+        for hook in self.hooks:
+            if hook.file.file != self.file_prefix + HOOK_FILE_PREFIX + hook.name:
+                raise ValueError(
+                    f"hook {hook.name!r} of this repository must be stored as "
+                    f"{self.file_prefix + HOOK_FILE_PREFIX + hook.name!r}"
+                )
         for key in self.config_redacted:
             if not key or len(key) > 1024 or any(ord(c) < 32 for c in key):
                 raise ValueError("configRedacted entries must be printable config key names")
@@ -850,8 +861,8 @@ class SubmoduleRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
             raise ValueError("a submodule carries its config (its core.worktree, its remotes)")
         if repo.bundle is None or repo.incremental or repo.include:
             raise ValueError("a submodule carries a full bundle and no declared ignored paths")
-        if repo.hooks or repo.sparse is not msgspec.UNSET:
-            raise ValueError("a submodule carries no hooks and no sparse checkout")
+        if repo.sparse is not msgspec.UNSET:
+            raise ValueError("a submodule carries no sparse checkout")
         if repo.worktree_config is not msgspec.UNSET:
             raise ValueError("a submodule carries no config.worktree")
 

@@ -622,7 +622,8 @@ async def _gitdir_facts(
             if name.endswith(".sample"):
                 continue
             cure = f"remove {hooks_dir / name} or replace it with a regular file, then cut again"
-            if not FILE_NAME_RE.fullmatch(HOOK_FILE_PREFIX + name):
+            # Named with the longest prefix a submodule's may have, so any repository's fits.
+            if not FILE_NAME_RE.fullmatch(_LONGEST_PREFIX + HOOK_FILE_PREFIX + name):
                 raise Refusal(
                     Code.GITDIR_UNSUPPORTED,
                     f"hook {hooks_dir / name} has a name a checkpoint file cannot take",
@@ -1357,13 +1358,12 @@ async def _one_submodule(
         own_worktree=None if gitdir is None else os.fsencode(os.path.relpath(worktree, gitdir)),
         earlier_subs=earlier_subs,
     )
-    if facts.gitdir.hooks or facts.gitdir.sparse_patterns is not None:
+    if facts.gitdir.sparse_patterns is not None:
         raise _submodule_refusal(
             worktree,
-            "is a submodule with hooks or a sparse checkout of its own; a checkpoint carries "
-            "neither for a submodule",
-            f"remove the hooks from {own_gitdir / 'hooks'} (the samples may stay) and disable the "
-            f"sparse checkout (`git -C {worktree} sparse-checkout disable`)",
+            "is a submodule with a sparse checkout of its own; a checkpoint carries none for a "
+            "submodule",
+            f"disable the sparse checkout (`git -C {worktree} sparse-checkout disable`)",
         )
     if (
         facts.gitdir.worktree_config is not None
@@ -1383,6 +1383,8 @@ async def _one_submodule(
 
 
 _GITFILE_CAP = 4096
+# The longest artifact prefix a nested submodule's repository may carry (`sm999-` four deep).
+_LONGEST_PREFIX = "sm999-" * MAX_SUBMODULE_DEPTH
 # How many of one repository's submodules are inspected or captured at once (bounded again by
 # COTAL_JOBS): each is a string of short git runs, so two cores keep about four busy.
 _SUBMODULE_JOBS = 4
@@ -1872,7 +1874,9 @@ async def _capture_gitdir(
     hooks: list[CarriedHook] = []
     for name, path in facts.hooks:
         mode = stat.S_IMODE(os.lstat(path).st_mode) & 0o777
-        ref = await anyio.to_thread.run_sync(capture_file, path, seat_dir, HOOK_FILE_PREFIX + name)
+        ref = await anyio.to_thread.run_sync(
+            capture_file, path, seat_dir, prefix + HOOK_FILE_PREFIX + name
+        )
         if stat.S_IMODE(os.lstat(path).st_mode) & 0o777 != mode:
             raise Refusal(
                 Code.CHANGED_DURING_CAPTURE,

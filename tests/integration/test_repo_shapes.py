@@ -12,6 +12,7 @@ import io
 import os
 import re
 import shutil
+import stat
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -588,11 +589,33 @@ async def test_a_submodule_in_a_shape_that_cannot_travel_is_refused(
     assert "does not name a git dir" in exc.value.message
     assert f"git submodule update --init {'libs/sub'}" in exc.value.cure
     (sub / ".git").write_bytes(gitfile)
-    # Hooks of a submodule do not travel: refused by name.
-    write(repo / ".git" / "modules" / "libs" / "sub" / "hooks" / "pre-commit", "#!/bin/sh\n", 0o755)
+    # A sparse checkout of a submodule's own does not travel: refused by name.
+    # (Patterns and the switch only: `git sparse-checkout set` would also move the
+    # submodule's core.worktree into a config.worktree, refused on its own.)
+    git(sub, "config", "core.sparseCheckout", "true")
+    write(repo / ".git" / "modules" / "libs" / "sub" / "info" / "sparse-checkout", "/*\n")
     with pytest.raises(Refusal) as exc:
         await preflight_repository(repo)
-    assert exc.value.code == "submodule" and "hooks" in exc.value.message
+    assert exc.value.code == "submodule" and "sparse checkout" in exc.value.message
+    assert f"git -C {sub} sparse-checkout disable" in exc.value.cure
+
+
+async def test_a_submodules_hooks_travel(tmp_path: Path, submodule_template: Path) -> None:
+    repo = submodule_copy(submodule_template, tmp_path)
+    hooks = repo / ".git" / "modules" / "libs" / "sub" / "hooks"
+    write(hooks / "pre-commit", "#!/bin/sh\necho the submodule's hook\n", 0o750)
+    write(repo / ".git" / "hooks" / "pre-commit", "#!/bin/sh\necho the superproject's\n", 0o755)
+    _, record, target = await round_trip(tmp_path, repo)
+    assert record.submodules is not msgspec.UNSET
+    [sub] = record.submodules
+    assert sub.repository is not None
+    assert [h.file.file for h in sub.repository.hooks] == ["sm1-hook-pre-commit"]
+    assert [h.file.file for h in record.hooks] == ["hook-pre-commit"]
+    landed = target / ".git" / "modules" / "libs" / "sub" / "hooks" / "pre-commit"
+    assert landed.read_bytes() == (hooks / "pre-commit").read_bytes()
+    assert stat.S_IMODE(landed.stat().st_mode) == 0o750
+    top = (target / ".git" / "hooks" / "pre-commit").read_bytes()
+    assert top == b"#!/bin/sh\necho the superproject's\n"
 
 
 def _outside_git(digest: dict[str, tuple[object, ...]]) -> dict[str, tuple[object, ...]]:
