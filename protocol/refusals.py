@@ -652,8 +652,8 @@ class Code(StrEnum):
     )
     GITDIR_UNSUPPORTED = (
         "gitdir-unsupported",
-        "a repository's `.git` holds what a checkpoint cannot carry (a symlink, core.worktree, an "
-        "odd hook name)",
+        "a repository's `.git` holds what a checkpoint cannot carry (a symlink, a core.worktree "
+        "in config.worktree, an lfs.storage outside it, an odd hook name)",
         "do as the message says, then cut again",
     )
     HANDED_OFF = (
@@ -739,10 +739,10 @@ class Code(StrEnum):
     )
     INDEX_FLAGS = (
         "index-flags",
-        "a repository's index marks entries assume-unchanged, or skip-worktree entries whose files "
-        "are present anyway; neither travels",
-        "clear the bit (`git update-index --no-assume-unchanged` or `--no-skip-worktree`), or "
-        "`git sparse-checkout reapply`, then cut again",
+        "an assume-unchanged or skip-worktree entry's worktree path is neither a regular file "
+        "nor a symlink, so its bytes cannot travel behind the bit",
+        "clear the bit (`git update-index --no-assume-unchanged --no-skip-worktree`) or put "
+        "the file back, then cut again",
     )
     INSTALL_FAILED = (
         "install-failed",
@@ -1288,10 +1288,11 @@ class Code(StrEnum):
     )
     SUBMODULE = (
         "submodule",
-        "a submodule is in a shape a checkpoint cannot carry (missing, not absorbed into "
-        ".git/modules, with hooks or a sparse checkout, too many or nested too deep)",
-        "check it out as git does (`git submodule update --init`, `git submodule "
-        "absorbgitdirs`) or remove it, as the message says, then cut again",
+        "a submodule is in a shape a checkpoint cannot carry (missing, files but no .git, a "
+        "git dir reached through a symlink, a sparse checkout or index bits of its own, too "
+        "many or nested too deep)",
+        "check it out as git does (`git submodule update --init`) or remove it, as the message "
+        "says, then cut again",
     )
     TIMEOUT = (
         "timeout",

@@ -12,11 +12,15 @@ its commit in the bundle and its reflog subject in the record. Declared ignored 
 untracked set.
 
 States the procedure cannot reproduce are refused by name before anything is written: no
-repository, an unborn HEAD, an unmerged index or an operation in progress, a submodule in a
-shape that cannot travel (not absorbed into its parent's `.git/modules`, missing, sparse, with
-hooks), assume-unchanged entries and skip-worktree entries whose file is present anyway, a
-tracked or nested `.cotal`, and untracked entries that are not files or symlinks. Preflight
-changes nothing.
+repository at the cwd's top level, an unmerged index or an operation in progress, a nested
+repository, a submodule in a shape that cannot travel (missing, files but no `.git`, sparse or
+with index bits of its own), a tracked or nested `.cotal`, and untracked entries that are not
+files or symlinks (docs/cli.md lists them all). Preflight changes nothing.
+
+A branch with no commit yet travels with no base: its two diffs against the empty tree, the
+repository's other refs in a bundle of them alone. Assume-unchanged entries and skip-worktree
+entries whose files are present travel with their bits and the bytes no diff carries
+(`unwatched.tar`).
 
 Submodules travel with their checkouts, recursively: each gitlink of the index with the
 commit it pins, and each checked-out submodule captured as a repository of its own (its full
@@ -34,7 +38,8 @@ repository of its own: its HEAD, index, `config.worktree` and sparse patterns fr
 dir, the repository's shared refs, stash and config, never another worktree's HEAD, index or
 files; its submodules (git keeps them under the worktree's own git dir, `worktrees/<id>/modules`)
 travel as a main worktree's do and are restored under the restored repository's `.git/modules`;
-one of a bare repository, a submodule's or a separate git dir is refused `linked-worktree`.
+whatever its common dir (a bare repository's, a submodule's, a separate git dir), the settings
+that describe the source's layout (`core.bare`, `core.worktree`) staying behind.
 Git LFS objects the checkout and the stash point at travel beside the bundle
 (manager/checkpoint/lfs.py).
 
