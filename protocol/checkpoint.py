@@ -838,6 +838,9 @@ class SubmoduleRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
     prefix: str
     name: str | None = None
     repository: RepositoryRecord | None = None
+    # True for a gitlink whose directory was gone from the worktree (its status ` D`); `UNSET`
+    # otherwise, so a record of before encodes as it was signed.
+    absent: bool | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
         check_relpath("submodule path", self.path)
@@ -848,6 +851,8 @@ class SubmoduleRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
             raise ValueError(f"submodule prefix {self.prefix!r} is not sm<n>- up to four deep")
         if (self.name is None) != (self.repository is None):
             raise ValueError("a submodule carries its name and its repository together, or neither")
+        if self.absent is not msgspec.UNSET and (not self.absent or self.name is not None):
+            raise ValueError("absent is true, of a submodule with no checkout, or not there")
         if self.name is None or self.repository is None:
             return
         check_relpath("submodule name", self.name)

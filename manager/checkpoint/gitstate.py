@@ -13,8 +13,8 @@ untracked set.
 
 States the procedure cannot reproduce are refused by name before anything is written: no
 repository at the cwd's top level, an unmerged index or an operation in progress, a nested
-repository, a submodule in a shape that cannot travel (missing, files but no `.git`, sparse or
-with index bits of its own), a tracked or nested `.cotal`, and untracked entries that are not
+repository, a submodule in a shape that cannot travel (files but no `.git`, sparse or with
+index bits of its own), a tracked or nested `.cotal`, and untracked entries that are not
 files or symlinks (docs/cli.md lists them all). Preflight changes nothing.
 
 A branch with no commit yet travels with no base: its two diffs against the empty tree, the
@@ -518,6 +518,9 @@ class SubFacts:
     worktree: Path
     name: str | None = None
     facts: RepoFacts | None = None
+    # Its directory is gone from the worktree (`rm -rf` without `git rm`): the status shows the
+    # gitlink deleted, and the restore leaves no directory there either.
+    absent: bool = False
 
 
 # The preflights at prepare, kept for the capture at commit (manager/checkpoint/inspect.py).
@@ -1349,8 +1352,10 @@ async def _one_submodule(
     path = raw.decode("utf-8")
     worktree = probe.top / path
     layout = await anyio.to_thread.run_sync(_submodule_layout, probe, path, worktree)
-    if layout is None:
-        return SubFacts(path=path, commit=commit, prefix=prefix, worktree=worktree)
+    if layout is None or layout is _ABSENT:
+        return SubFacts(
+            path=path, commit=commit, prefix=prefix, worktree=worktree, absent=layout is _ABSENT
+        )
     name, gitdir = layout
     own_gitdir = gitdir if gitdir is not None else worktree / ".git"
     earlier = earlier_subs.get(worktree) if earlier_subs is not None else None
@@ -1395,6 +1400,10 @@ _LONGEST_PREFIX = "sm999-" * MAX_SUBMODULE_DEPTH
 _SUBMODULE_JOBS = 4
 
 
+# `_submodule_layout`'s answer for a gitlink whose directory is gone.
+_ABSENT = ("", None)
+
+
 def _submodule_layout(probe: _Probe, path: str, worktree: Path) -> tuple[str, Path | None] | None:
     """The module name of the submodule checked out at `worktree` and its git dir (None for a
     `.git` directory of its own), or None when it is not checked out (an empty directory).
@@ -1413,9 +1422,7 @@ def _submodule_layout(probe: _Probe, path: str, worktree: Path) -> tuple[str, Pa
     try:
         kind = os.lstat(worktree).st_mode
     except FileNotFoundError:
-        raise _submodule_refusal(
-            worktree, "is a submodule missing from the worktree", cure
-        ) from None
+        return _ABSENT
     if not stat.S_ISDIR(kind):
         raise _submodule_refusal(worktree, "is a submodule that is not a directory", cure)
     dotgit = worktree / ".git"
@@ -2253,15 +2260,18 @@ async def _capture_sparse(seat_dir: Path, facts: RepoFacts) -> SparseRecord | No
     patterns = facts.gitdir.sparse_patterns
     if not skipped and patterns is None:
         return None
-    listed: FileRef | None = None
-    if skipped:
-        listed = await _write_small_off_loop(
-            seat_dir, SKIP_WORKTREE_FILE, b"".join(p + b"\0" for p in skipped)
-        )
+    listed = await _write_path_list(seat_dir, SKIP_WORKTREE_FILE, skipped)
     carried: FileRef | None = None
     if patterns is not None:
         carried = await _write_small_off_loop(seat_dir, SPARSE_PATTERNS_FILE, patterns)
     return SparseRecord(skip_worktree=listed, entries=len(skipped), patterns=carried)
+
+
+async def _write_path_list(seat_dir: Path, name: str, paths: Sequence[bytes]) -> FileRef | None:
+    """`paths` NUL-ended in `name`, or None (no file) when there are none."""
+    if not paths:
+        return None
+    return await _write_small_off_loop(seat_dir, name, b"".join(p + b"\0" for p in paths))
 
 
 async def _capture_unwatched(seat_dir: Path, facts: RepoFacts) -> UnwatchedRecord | None:
@@ -2270,11 +2280,7 @@ async def _capture_unwatched(seat_dir: Path, facts: RepoFacts) -> UnwatchedRecor
     flagged = facts.index.assume_unchanged
     if not flagged and not facts.unwatched:
         return None
-    listed: FileRef | None = None
-    if flagged:
-        listed = await _write_small_off_loop(
-            seat_dir, ASSUME_UNCHANGED_FILE, b"".join(p + b"\0" for p in flagged)
-        )
+    listed = await _write_path_list(seat_dir, ASSUME_UNCHANGED_FILE, flagged)
     files: FileRef | None = None
     if facts.unwatched:
         files = await _capture_untracked(
@@ -2415,6 +2421,7 @@ async def _capture_submodules(seat_dir: Path, facts: RepoFacts) -> list[Submodul
             prefix=sub.prefix,
             name=sub.name,
             repository=repository,
+            absent=True if sub.absent else msgspec.UNSET,
         )
 
     # A few at once, as they were inspected; every artifact has a name of its own (its prefix).

@@ -600,22 +600,9 @@ async def _restore_sparse(staging: Path, seat_dir: Path, record: RepositoryRecor
         )
     skipped: list[str] = []
     if sparse.skip_worktree is not None:
-        raw = _carried_bytes(seat_dir, sparse.skip_worktree)
-        try:
-            skipped = parse_skip_worktree(raw)
-        except ValueError as exc:
-            raise Refusal(
-                Code.SPARSE_MISMATCH,
-                f"the carried skip-worktree list {seat_dir / sparse.skip_worktree.file}: {exc}",
-                cure,
-            ) from None
-        if len(skipped) != sparse.entries:
-            raise Refusal(
-                Code.SPARSE_MISMATCH,
-                f"the carried skip-worktree list names {len(skipped)} entries, the record "
-                f"{sparse.entries}",
-                cure,
-            )
+        raw, skipped = _carried_paths(
+            seat_dir, sparse.skip_worktree, sparse.entries, "skip-worktree", Code.SPARSE_MISMATCH
+        )
         await run_git(
             staging,
             "update-index",
@@ -657,6 +644,47 @@ async def _restore_sparse(staging: Path, seat_dir: Path, record: RepositoryRecor
         )
 
 
+def _remove_empty_dir(root: Path, rel: str) -> None:
+    """`rel` below `root` removed if it is an empty directory; gone already is as good."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        parent, leaf = _open_dirs(root_fd, rel, create=False)
+    except FileNotFoundError:
+        return
+    finally:
+        os.close(root_fd)
+    try:
+        os.rmdir(leaf, dir_fd=parent)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise Refusal(
+            Code.RESTORE_MISMATCH,
+            f"the submodule directory {rel} the cut found gone is not empty here ({exc.strerror})",
+            "the checkpoint is inconsistent; cut a new one",
+        ) from None
+    finally:
+        os.close(parent)
+
+
+def _carried_paths(
+    seat_dir: Path, ref: FileRef, entries: int, what: str, code: str
+) -> tuple[bytes, list[str]]:
+    """A carried list of index paths (skip-worktree, assume-unchanged): its bytes and its
+    paths, refused by `code` when malformed or not of the length the record says."""
+    cure = "copy the checkpoint again from the source host, or cut the seat again"
+    raw = _carried_bytes(seat_dir, ref)
+    try:
+        paths = parse_skip_worktree(raw, what)
+    except ValueError as exc:
+        raise Refusal(code, f"the carried {what} list {seat_dir / ref.file}: {exc}", cure) from None
+    if len(paths) != entries:
+        raise Refusal(
+            code, f"the carried {what} list names {len(paths)} entries, the record {entries}", cure
+        )
+    return raw, paths
+
+
 async def _restore_unwatched(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
     """The entries git does not compare with their files, back as they were: each
     assume-unchanged entry's file replaced by the source's bytes, or removed where the source
@@ -670,23 +698,13 @@ async def _restore_unwatched(staging: Path, seat_dir: Path, record: RepositoryRe
     flagged: list[str] = []
     raw = b""
     if unwatched.assume_unchanged is not None:
-        raw = _carried_bytes(seat_dir, unwatched.assume_unchanged)
-        try:
-            flagged = parse_skip_worktree(raw, "assume-unchanged")
-        except ValueError as exc:
-            raise Refusal(
-                Code.BAD_RECORD,
-                f"the carried assume-unchanged list {seat_dir / unwatched.assume_unchanged.file}: "
-                f"{exc}",
-                cure,
-            ) from None
-        if len(flagged) != unwatched.entries:
-            raise Refusal(
-                Code.BAD_RECORD,
-                f"the carried assume-unchanged list names {len(flagged)} entries, the record "
-                f"{unwatched.entries}",
-                cure,
-            )
+        raw, flagged = _carried_paths(
+            seat_dir,
+            unwatched.assume_unchanged,
+            unwatched.entries,
+            "assume-unchanged",
+            Code.BAD_RECORD,
+        )
     skipped: list[str] = []
     if record.sparse is not msgspec.UNSET and record.sparse.skip_worktree is not None:
         skipped = parse_skip_worktree(_carried_bytes(seat_dir, record.sparse.skip_worktree))
@@ -1036,6 +1054,9 @@ async def _restore_submodules(
         return
     await _set_gitlinks(worktree, record.submodules)
     for sub in record.submodules:
+        if sub.absent is True:
+            # Gone at the cut: the checkout of the base left an empty directory there.
+            await anyio.to_thread.run_sync(_remove_empty_dir, worktree, sub.path)
         if sub.repository is None or sub.name is None:
             continue
         sub_tree = await anyio.to_thread.run_sync(_make_dir_below, worktree, sub.path)

@@ -7,9 +7,11 @@ import os
 import stat
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from manager.checkpoint.gitstate import capture_repository, preflight_repository
+from manager.checkpoint.restore import restore_repository
 from protocol.checkpoint import UNTRACKED_SELECTION, parse_refs_list, porcelain_by_path
 from protocol.errors import Refusal
 from tests.gitrepo import (
@@ -126,7 +128,10 @@ async def test_preflight_refuses_each_operation_in_progress(tmp_path: Path, mark
 
 
 @pytest.mark.anyio
-async def test_preflight_refuses_submodules_by_name(tmp_path: Path) -> None:
+async def test_a_gitlink_whose_directory_is_gone_travels_gone(tmp_path: Path) -> None:
+    """A gitlink made by hand (no checkout, no `.gitmodules`) whose directory is not there: its
+    status says deleted, and the restore leaves it so; files where it should be, with no
+    `.git`, refuse by name."""
     repo = init_repo(tmp_path / "repo")
     write(repo / "a.txt", "a\n")
     git(repo, "add", "a.txt")
@@ -134,10 +139,23 @@ async def test_preflight_refuses_submodules_by_name(tmp_path: Path) -> None:
     head = git(repo, "rev-parse", "HEAD").decode().strip()
     git(repo, "update-index", "--add", "--cacheinfo", f"160000,{head},vendor/lib")
     git(repo, "commit", "-q", "-m", "gitlink")
+    status = git(repo, "status", "--porcelain=v1", "-z")
+    assert status == b" D vendor/lib\0"
+    seat = seat_dir_for(tmp_path)
+    record = await capture_repository(repo, seat)
+    assert record.submodules is not msgspec.UNSET
+    [sub] = record.submodules
+    assert (sub.path, sub.absent, sub.name) == ("vendor/lib", True, None)
+    target = tmp_path / "restored"
+    await restore_repository(seat, record, target, stamp="20261207T000000Z")
+    assert git(target, "status", "--porcelain=v1", "-z") == status
+    assert not (target / "vendor" / "lib").exists()
+
+    write(repo / "vendor" / "lib" / "x.txt", "a file, no .git\n")
     with pytest.raises(Refusal) as err:
         await preflight_repository(repo)
     assert err.value.code == "submodule"
-    assert "vendor/lib" in err.value.message and "missing from the worktree" in err.value.message
+    assert "vendor/lib" in err.value.message and "files but no .git" in err.value.message
     assert "git submodule update --init vendor/lib" in err.value.cure
 
 
