@@ -713,6 +713,8 @@ def test_the_submodule_record_is_strict() -> None:
     record = decode({**ok, "repository": repo("sm1-")})
     assert "sm1-repo.bundle" in [f.file for f in record.files()]
     assert decode({**ok, "name": None}).files()[-1].file == "git-config"
+    gone = decode({**ok, "name": None, "absent": True})
+    assert gone.submodules is not msgspec.UNSET and gone.submodules[0].absent is True
     for bad, said in (
         ({**ok, "path": "../up", "repository": repo("sm1-")}, "'..' segment"),
         ({**ok, "path": ".git/x", "repository": repo("sm1-")}, "inside .git/"),
@@ -723,6 +725,18 @@ def test_the_submodule_record_is_strict() -> None:
         ({**ok, "name": "../../x", "repository": repo("sm1-")}, "'..' segment"),
         ({**ok, "repository": None}, "name and its repository together"),
         ({**ok, "extra": 1}, "unknown field"),
+        ({**ok, "repository": repo("sm1-"), "absent": True}, "absent is true, of a submodule"),
+        ({**ok, "name": None, "absent": False}, "absent is true, of a submodule"),
+        (
+            {
+                **ok,
+                "repository": {
+                    **repo("sm1-"),
+                    "unwatched": {"files": ref("unwatched.tar"), "present": 1},
+                },
+            },
+            "a submodule's record carries no unwatched entries",
+        ),
     ):
         with pytest.raises(DecodeError) as exc:
             decode(bad)

@@ -34,7 +34,7 @@ from protocol.checkpoint import (
     signing_payload,
     with_signature,
 )
-from protocol.codec import encode_json
+from protocol.codec import decode_json, encode_json
 from protocol.errors import DecodeError
 from protocol.instant import format_instant, parse_instant
 
@@ -297,3 +297,71 @@ def test_porcelain_and_refs_lists() -> None:
     for bad in (b"x refs/heads/main\n", b"a" * 40 + b" refs/heads/main", b"a" * 40 + b" HEAD\n"):
         with pytest.raises(ValueError):
             parse_refs_list(bad)
+
+
+_SHA = "0" * 64
+_MINIMAL = {
+    "base": "1" * 40,
+    "untrackedSelection": "git ls-files --others --exclude-standard -z, excluding .cotal/",
+    "bundle": {"file": "repo.bundle", "bytes": 1, "sha256": _SHA},
+    "indexDiff": {"file": "index.diff", "bytes": 0, "sha256": _SHA},
+    "worktreeDiff": {"file": "worktree.diff", "bytes": 0, "sha256": _SHA},
+    "untracked": {"file": "untracked.tar", "bytes": 0, "sha256": _SHA},
+}
+
+
+def _repository(**extra: object) -> RepositoryRecord:
+    doc = {**_MINIMAL, **extra}
+    return decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
+
+
+def _refused(said: str, **extra: object) -> None:
+    with pytest.raises(DecodeError) as exc:
+        _repository(**extra)
+    assert exc.value.code == "malformed" and said in exc.value.message, exc.value.message
+
+
+def test_an_unborn_branchs_record_is_strict() -> None:
+    """No base: an unborn branch, which head names; no bundle only without refs; never
+    incremental or shallow."""
+    head = "refs/heads/main"
+    record = _repository(base=None, head=head, bundle=None)
+    assert (record.base, record.head, record.bundle) == (None, head, None)
+    refs = {"file": "refs.txt", "bytes": 10, "sha256": _SHA}
+    assert _repository(base=None, head=head, refs=refs).refs is not None
+    _refused("which head names", base=None, bundle=None)
+    _refused("carries its refs in a bundle", base=None, head=head, bundle=None, refs=refs)
+    shallow = {"file": "git-shallow", "bytes": 41, "sha256": _SHA}
+    _refused("builds on nothing and is not shallow", base=None, head=head, shallow=shallow)
+    _refused("bundle may be absent only", bundle=None)
+
+
+def test_the_unwatched_field_is_strict() -> None:
+    listed = {"file": "assume-unchanged.z", "bytes": 4, "sha256": _SHA}
+    files = {"file": "unwatched.tar", "bytes": 10240, "sha256": _SHA}
+    record = _repository(
+        unwatched={"assumeUnchanged": listed, "entries": 1, "files": files, "present": 1}
+    )
+    assert record.unwatched is not msgspec.UNSET
+    assert [ref.file for ref in record.files()][-2:] == ["assume-unchanged.z", "unwatched.tar"]
+    assert _repository().unwatched is msgspec.UNSET
+    for bad, said in (
+        ({}, "never neither"),
+        ({"assumeUnchanged": listed, "entries": 0}, "counts the assumeUnchanged list"),
+        ({"files": files, "present": 0}, "counts the files archive's members"),
+        ({"files": {**files, "file": "untracked.tar"}, "present": 1}, "stores 'unwatched.tar'"),
+        ({"assumeUnchanged": {**listed, "bytes": 0}, "entries": 1}, "the list is 1 to"),
+        ({"files": files, "present": 1, "more": 1}, "unknown field"),
+        ({"files": files, "present": -1}, "Expected `int` >= 0"),
+    ):
+        _refused(said, unwatched=bad)
+
+
+def test_a_hook_is_stored_with_its_repositorys_prefix() -> None:
+    hook = {"name": "pre-commit", "mode": 0o755}
+    ok = {**hook, "file": {"file": "hook-pre-commit", "bytes": 1, "sha256": _SHA}}
+    assert _repository(hooks=[ok]).hooks[0].file.file == "hook-pre-commit"
+    prefixed = {**hook, "file": {"file": "sm1-hook-pre-commit", "bytes": 1, "sha256": _SHA}}
+    _refused("must be stored as 'hook-pre-commit'", hooks=[prefixed])
+    odd = {**hook, "file": {"file": "xx-hook-pre-commit", "bytes": 1, "sha256": _SHA}}
+    _refused("after its repository's prefix", hooks=[odd])
