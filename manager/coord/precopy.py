@@ -74,6 +74,11 @@ async def _ship_one(
     from protocol import move
     from protocol.checkpoint import MAX_PREREQUISITES
 
+    head = await run_git(cwd, "rev-parse", "-q", "--verify", "HEAD", ok=(0, 1, 128))
+    if head.rc != 0:
+        # An unborn branch: its cut builds on nothing (docs/design.md decision 17), so no
+        # history is worth shipping ahead.
+        return None
     store = layout.precopy
     await anyio.to_thread.run_sync(ensure_private_dir, store)
     await anyio.to_thread.run_sync(sweep_precopies, store)

@@ -142,17 +142,19 @@ def travels_to_another_root(
     dest.run("down")
 
 
-@pytest.mark.parametrize("shape", ["shallow-depth-3", "sparse-cone"])
+@pytest.mark.parametrize("shape", ["shallow-depth-3", "sparse-cone", "unborn"])
 async def test_the_repository_shape_travels_with_cotal_move(
     tmp_path: Path,
     two_roots: tuple[Cli, Cli],  # noqa: F811
     shape: str,
 ) -> None:
     """A move pre-copies the history first: a sparse seat's cut builds on it, a shallow seat's
-    carries its full (shallow) history again, and both land in the shape they left."""
+    carries its full (shallow) history again, an unborn branch's ships none (its cut builds on
+    nothing), and each lands in the shape it left."""
     a, b = two_roots
     repo = SHAPES[shape](tmp_path, a.root)
-    before = fingerprint(repo)
+    print_of = PRINTS.get(shape, fingerprint)
+    before = print_of(repo)
     seat = a.json(
         "spawn", "shaped", "--agent", "scribe", "--cwd", str(repo),
         "--prompt", f"Remember the phrase {PHRASE}. Reply with it.",
@@ -164,6 +166,6 @@ async def test_the_repository_shape_travels_with_cotal_move(
     assert row["name"] == "shaped"
     at_b = {r["name"]: r for r in b.ps()}
     assert at_b["shaped"]["lifecycleUid"] == seat["lifecycleUid"]
-    assert fingerprint(Path(at_b["shaped"]["cwd"])) == before
+    assert print_of(Path(at_b["shaped"]["cwd"])) == before
     reply = b.json("send", "shaped", "What was the phrase?", "--wait")
     assert reply["reply"] == f"The phrase is {PHRASE}.", reply
