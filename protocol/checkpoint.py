@@ -343,6 +343,12 @@ def parse_shallow_list(data: bytes) -> list[str]:
     return lines
 
 
+def stored_as(ref: FileRef, name: str) -> bool:
+    """Whether `ref` is stored as `name`, after a submodule's prefix or none."""
+    prefix = ref.file[: -len(name)] if ref.file.endswith(name) else None
+    return prefix is not None and (prefix == "" or bool(SUBMODULE_PREFIX_RE.fullmatch(prefix)))
+
+
 def parse_skip_worktree(data: bytes, what: str = "skip-worktree") -> list[str]:
     """The carried skip-worktree (or assume-unchanged: `what`) list: UTF-8 relative paths,
     each NUL-ended and named once, none in `.git/` or the control directory. A malformed list
@@ -426,10 +432,7 @@ class CarriedHook(msgspec.Struct, forbid_unknown_fields=True, rename="camel", fr
         if self.name.endswith(".sample"):
             raise ValueError(f"hook {self.name!r} is a sample; samples are not carried")
         stored = HOOK_FILE_PREFIX + self.name
-        prefix = self.file.file[: -len(stored)]
-        if not self.file.file.endswith(stored) or (
-            prefix and not SUBMODULE_PREFIX_RE.fullmatch(prefix)
-        ):
+        if not stored_as(self.file, stored):
             raise ValueError(
                 f"hook {self.name!r} must be stored as {stored!r} after its repository's "
                 f"prefix, not {self.file.file!r}"
@@ -514,10 +517,10 @@ class SparseRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
             raise ValueError("sparse.entries counts the skipWorktree list, and only it")
         if self.skip_worktree is None:
             pass
-        elif self.skip_worktree.file != SKIP_WORKTREE_FILE:
+        elif not stored_as(self.skip_worktree, SKIP_WORKTREE_FILE):
             raise ValueError(
-                f"sparse.skipWorktree must be stored as {SKIP_WORKTREE_FILE!r}, not "
-                f"{self.skip_worktree.file!r}"
+                f"sparse.skipWorktree must be stored as {SKIP_WORKTREE_FILE!r} after its "
+                f"repository's prefix, not {self.skip_worktree.file!r}"
             )
         elif not 0 < self.skip_worktree.bytes <= SKIP_WORKTREE_CAP:
             raise ValueError(
@@ -525,10 +528,10 @@ class SparseRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel", f
                 f"{SKIP_WORKTREE_CAP} bytes"
             )
         if self.patterns is not None:
-            if self.patterns.file != SPARSE_PATTERNS_FILE:
+            if not stored_as(self.patterns, SPARSE_PATTERNS_FILE):
                 raise ValueError(
-                    f"sparse.patterns must be stored as {SPARSE_PATTERNS_FILE!r}, not "
-                    f"{self.patterns.file!r}"
+                    f"sparse.patterns must be stored as {SPARSE_PATTERNS_FILE!r} after its "
+                    f"repository's prefix, not {self.patterns.file!r}"
                 )
             if self.patterns.bytes > SPARSE_PATTERNS_CAP:
                 raise ValueError(
@@ -584,8 +587,10 @@ class UnwatchedRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
             (self.assume_unchanged, ASSUME_UNCHANGED_FILE),
             (self.files, UNWATCHED_FILE),
         ):
-            if ref is not None and ref.file != name:
-                raise ValueError(f"unwatched stores {name!r}, not {ref.file!r}")
+            if ref is not None and not stored_as(ref, name):
+                raise ValueError(
+                    f"unwatched stores {name!r} after its repository's prefix, not {ref.file!r}"
+                )
         if (
             self.assume_unchanged is not None
             and not 0 < self.assume_unchanged.bytes <= SKIP_WORKTREE_CAP
@@ -665,8 +670,9 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
     unwatched: UnwatchedRecord | msgspec.UnsetType = msgspec.UNSET
 
     def __post_init__(self) -> None:
-        if self.unwatched is not msgspec.UNSET and self.file_prefix:
-            raise ValueError("a submodule's record carries no unwatched entries")
+        for ref, name in self._prefixed_refs():
+            if ref.file != self.file_prefix + name:
+                raise ValueError(f"{ref.file!r} must be stored as {self.file_prefix + name!r}")
         if self.submodules is not msgspec.UNSET:
             self._check_submodules(self.submodules)
         if self.lfs is not msgspec.UNSET:
@@ -687,10 +693,10 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
             if self.incremental:
                 raise ValueError("a shallow record carries a full bundle, never since or precopy")
         if self.worktree_config is not msgspec.UNSET:
-            if self.worktree_config.file != WORKTREE_CONFIG_FILE:
+            if not stored_as(self.worktree_config, WORKTREE_CONFIG_FILE):
                 raise ValueError(
-                    f"worktreeConfig must be stored as {WORKTREE_CONFIG_FILE!r}, not "
-                    f"{self.worktree_config.file!r}"
+                    f"worktreeConfig must be stored as {WORKTREE_CONFIG_FILE!r} after its "
+                    f"repository's prefix, not {self.worktree_config.file!r}"
                 )
             if self.worktree_config.bytes > 1 << 20:
                 raise ValueError("worktreeConfig names more than 1 MiB; a config is smaller")
@@ -737,6 +743,24 @@ class RepositoryRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel
                 raise ValueError("configRedacted entries must be printable config key names")
         if self.config_redacted and self.config is None:
             raise ValueError("configRedacted names keys of a config the record does not carry")
+
+    def _prefixed_refs(self) -> list[tuple[FileRef, str]]:
+        """The artifacts of a fixed name a sparse checkout or unwatched entries add, each with
+        that name: stored after this repository's prefix (a submodule's `sm<n>-`)."""
+        found: list[tuple[FileRef | None, str]] = []
+        if self.sparse is not msgspec.UNSET:
+            found += [
+                (self.sparse.skip_worktree, SKIP_WORKTREE_FILE),
+                (self.sparse.patterns, SPARSE_PATTERNS_FILE),
+            ]
+        if self.worktree_config is not msgspec.UNSET:
+            found.append((self.worktree_config, WORKTREE_CONFIG_FILE))
+        if self.unwatched is not msgspec.UNSET:
+            found += [
+                (self.unwatched.assume_unchanged, ASSUME_UNCHANGED_FILE),
+                (self.unwatched.files, UNWATCHED_FILE),
+            ]
+        return [(ref, name) for ref, name in found if ref is not None]
 
     @property
     def file_prefix(self) -> str:
@@ -866,10 +890,6 @@ class SubmoduleRecord(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
             raise ValueError("a submodule carries its config (its core.worktree, its remotes)")
         if repo.bundle is None or repo.incremental or repo.include:
             raise ValueError("a submodule carries a full bundle and no declared ignored paths")
-        if repo.sparse is not msgspec.UNSET:
-            raise ValueError("a submodule carries no sparse checkout")
-        if repo.worktree_config is not msgspec.UNSET:
-            raise ValueError("a submodule carries no config.worktree")
 
 
 class SessionFile(msgspec.Struct, forbid_unknown_fields=True, rename="camel", frozen=True):

@@ -1288,9 +1288,8 @@ class Code(StrEnum):
     )
     SUBMODULE = (
         "submodule",
-        "a submodule is in a shape a checkpoint cannot carry (files but no .git, a "
-        "git dir reached through a symlink, a sparse checkout or index bits of its own, too "
-        "many or nested too deep)",
+        "a submodule is in a shape a checkpoint cannot carry (files but no .git, a git dir "
+        "reached through a symlink, too many or nested too deep)",
         "check it out as git does (`git submodule update --init`) or remove it, as the message "
         "says, then cut again",
     )

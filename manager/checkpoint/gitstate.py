@@ -13,8 +13,8 @@ untracked set.
 
 States the procedure cannot reproduce are refused by name before anything is written: no
 repository at the cwd's top level, an unmerged index or an operation in progress, a nested
-repository, a submodule in a shape that cannot travel (files but no `.git`, sparse or with
-index bits of its own), a tracked or nested `.cotal`, and untracked entries that are not
+repository, a submodule in a shape that cannot travel (files but no `.git`, a git dir reached
+through a symlink), a tracked or nested `.cotal`, and untracked entries that are not
 files or symlinks (docs/cli.md lists them all). Preflight changes nothing.
 
 A branch with no commit yet travels with no base: its two diffs against the empty tree, the
@@ -652,7 +652,7 @@ async def _gitdir_facts(
         "replace it with a regular file, then cut again",
     )
     own = common if git_dir is None else git_dir
-    worktree_config = await anyio.to_thread.run_sync(_read_worktree_config, own)
+    worktree_config = await anyio.to_thread.run_sync(_read_worktree_config, own, own_worktree)
     patterns = await anyio.to_thread.run_sync(_read_sparse_patterns, own)
     return GitDirFacts(
         config=config,
@@ -694,10 +694,12 @@ def _check_core_worktree(config: Path, listing: ConfigListing, own_worktree: byt
         )
 
 
-def _read_worktree_config(git_dir: Path) -> bytes | None:
+def _read_worktree_config(git_dir: Path, own_worktree: bytes | None = None) -> bytes | None:
     """`config.worktree`, where `git sparse-checkout` writes `core.sparseCheckout`,
     `core.sparseCheckoutCone` and `index.sparse`: carried byte for byte, so never with a
-    credential or a `core.worktree`, which it refuses by name instead."""
+    credential or a `core.worktree`, which it refuses by name instead; but for a submodule's
+    own `core.worktree` (`own_worktree`), which `git sparse-checkout` moves there from its
+    config and the restore sets again for the layout it makes."""
     cure = "move the setting into .git/config (`git config --worktree --unset KEY`), then cut again"
     path = _plain_file(git_dir / "config.worktree", "git config.worktree", cure)
     if path is None:
@@ -711,7 +713,8 @@ def _read_worktree_config(git_dir: Path) -> bytes | None:
             "checkpoint carries config.worktree byte for byte and never a credential",
             cure,
         )
-    if re.search(rb"(?m)^\s*worktree\s*=", lowered):
+    values = re.findall(rb"(?m)^\s*worktree\s*=\s*(.*?)\s*$", lowered)
+    if values and (own_worktree is None or values != [own_worktree.lower()]):
         raise Refusal(
             Code.GITDIR_UNSUPPORTED,
             f"{path} sets core.worktree, which names a path on this host; the restore rebuilds "
@@ -1357,7 +1360,6 @@ async def _one_submodule(
             path=path, commit=commit, prefix=prefix, worktree=worktree, absent=layout is _ABSENT
         )
     name, gitdir = layout
-    own_gitdir = gitdir if gitdir is not None else worktree / ".git"
     earlier = earlier_subs.get(worktree) if earlier_subs is not None else None
     facts = await _facts(
         worktree,
@@ -1368,25 +1370,6 @@ async def _one_submodule(
         own_worktree=None if gitdir is None else os.fsencode(os.path.relpath(worktree, gitdir)),
         earlier_subs=earlier_subs,
     )
-    if facts.gitdir.sparse_patterns is not None:
-        raise _submodule_refusal(
-            worktree,
-            "is a submodule with a sparse checkout of its own; a checkpoint carries none for a "
-            "submodule",
-            f"disable the sparse checkout (`git -C {worktree} sparse-checkout disable`)",
-        )
-    if (
-        facts.gitdir.worktree_config is not None
-        or facts.index.skip_worktree
-        or facts.index.assume_unchanged
-    ):
-        raise _submodule_refusal(
-            worktree,
-            "is a submodule with a config.worktree, skip-worktree or assume-unchanged entries; "
-            "a checkpoint carries none of them for a submodule",
-            f"move the settings into {own_gitdir / 'config'} and clear the bits "
-            "(`git update-index --no-skip-worktree --no-assume-unchanged <path>`)",
-        )
     return SubFacts(
         path=path, commit=commit, prefix=prefix, worktree=worktree, name=name, facts=facts
     )
@@ -2179,7 +2162,7 @@ async def _capture_tree(
     worktree_config: FileRef | None = None
     if facts.gitdir.worktree_config is not None:
         worktree_config = await _write_small_off_loop(
-            seat_dir, WORKTREE_CONFIG_FILE, facts.gitdir.worktree_config
+            seat_dir, prefix + WORKTREE_CONFIG_FILE, facts.gitdir.worktree_config
         )
     lfs_record: LfsRecord | None = None
     if facts.lfs is not None:
@@ -2260,10 +2243,12 @@ async def _capture_sparse(seat_dir: Path, facts: RepoFacts) -> SparseRecord | No
     patterns = facts.gitdir.sparse_patterns
     if not skipped and patterns is None:
         return None
-    listed = await _write_path_list(seat_dir, SKIP_WORKTREE_FILE, skipped)
+    listed = await _write_path_list(seat_dir, facts.prefix + SKIP_WORKTREE_FILE, skipped)
     carried: FileRef | None = None
     if patterns is not None:
-        carried = await _write_small_off_loop(seat_dir, SPARSE_PATTERNS_FILE, patterns)
+        carried = await _write_small_off_loop(
+            seat_dir, facts.prefix + SPARSE_PATTERNS_FILE, patterns
+        )
     return SparseRecord(skip_worktree=listed, entries=len(skipped), patterns=carried)
 
 
@@ -2280,11 +2265,11 @@ async def _capture_unwatched(seat_dir: Path, facts: RepoFacts) -> UnwatchedRecor
     flagged = facts.index.assume_unchanged
     if not flagged and not facts.unwatched:
         return None
-    listed = await _write_path_list(seat_dir, ASSUME_UNCHANGED_FILE, flagged)
+    listed = await _write_path_list(seat_dir, facts.prefix + ASSUME_UNCHANGED_FILE, flagged)
     files: FileRef | None = None
     if facts.unwatched:
         files = await _capture_untracked(
-            facts.top, facts.unwatched, seat_dir, None, name=UNWATCHED_FILE
+            facts.top, facts.unwatched, seat_dir, None, facts.prefix, name=UNWATCHED_FILE
         )
     return UnwatchedRecord(
         assume_unchanged=listed,

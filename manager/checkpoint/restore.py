@@ -579,16 +579,23 @@ async def _skip_worktree_entries(repo: Path) -> list[str]:
     return [e[2:] for e in entries if e[:2] == "S "]
 
 
-async def _restore_sparse(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+async def _restore_sparse(
+    staging: Path, seat_dir: Path, record: RepositoryRecord, gitdir: Path | None = None
+) -> None:
     """A sparse checkout back as it was: `config.worktree` and `info/sparse-checkout` byte for
     byte, exactly the recorded entries marked skip-worktree, and their files absent. Written
     after the applies, which must see every file of the base, and before the status compare.
     Where the config asks for a sparse index, `git sparse-checkout reapply` rebuilds it from
-    the patterns; the marked entries must still be exactly the recorded ones."""
-    gitdir = staging / ".git"
+    the patterns; the marked entries must still be exactly the recorded ones. `gitdir` is a
+    submodule's (`modules/<name>`), the seat's repository's `.git` by default."""
+    submodule = gitdir is not None
+    gitdir = gitdir if gitdir is not None else staging / ".git"
     if record.worktree_config is not msgspec.UNSET:
         data = _carried_bytes(seat_dir, record.worktree_config)
         await anyio.to_thread.run_sync(_write_gitdir_file, gitdir, "config.worktree", data, 0o644)
+        if submodule:
+            # Before any git run reads it: its core.worktree is the source layout's path.
+            await _place_worktree_setting(staging, gitdir, seat_dir, record)
     if record.sparse is msgspec.UNSET:
         return
     sparse = record.sparse
@@ -641,6 +648,41 @@ async def _restore_sparse(staging: Path, seat_dir: Path, record: RepositoryRecor
             "the restored index does not mark exactly the recorded skip-worktree entries, "
             f"absent from the tree ({', '.join(differ[:5])})",
             "the patterns and the list do not belong together; " + cure,
+        )
+
+
+async def _place_worktree_setting(
+    worktree: Path, gitdir: Path, seat_dir: Path, record: RepositoryRecord
+) -> None:
+    """A submodule's core.worktree where its source kept it. `git sparse-checkout` moves it
+    from the config into `config.worktree`; the build set it in the config (git needs it from
+    the first command on) and the sparse restore wrote `config.worktree` as it was, with the
+    source layout's path. So where `config.worktree` carried it, it is set there for this
+    layout and taken out of the config again unless the carried config had it too."""
+    if record.worktree_config is msgspec.UNSET or record.config is None:
+        return
+    env = {"GIT_DIR": str(gitdir), "GIT_WORK_TREE": str(worktree)}
+
+    async def has(path: Path) -> bool:
+        found = await run_git(
+            worktree, "config", "--file", str(path), "--get", "core.worktree", ok=(0, 1), env=env
+        )
+        return found.rc == 0
+
+    if not await has(gitdir / "config.worktree"):
+        return
+    rel = os.path.relpath(worktree, gitdir)
+    file = str(gitdir / "config.worktree")
+    await run_git(worktree, "config", "--file", file, "core.worktree", rel, env=env)
+    if not await has(seat_dir / record.config.file):
+        await run_git(
+            worktree,
+            "config",
+            "--file",
+            str(gitdir / "config"),
+            "--unset",
+            "core.worktree",
+            env=env,
         )
 
 
@@ -1185,6 +1227,8 @@ async def _build_submodule(
     await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, worktree)
     await _prove_selection(worktree, record)
     await _reattach_head(worktree, record, refs)
+    await _restore_sparse(worktree, seat_dir, record, gitdir)
+    await _restore_unwatched(worktree, seat_dir, record)
     await _restore_submodules(worktree, gitdir, seat_dir, record)
     await _verify_staged_status(worktree, status)
 

@@ -589,15 +589,14 @@ async def test_a_submodule_in_a_shape_that_cannot_travel_is_refused(
     assert "does not name a git dir" in exc.value.message
     assert f"git submodule update --init {'libs/sub'}" in exc.value.cure
     (sub / ".git").write_bytes(gitfile)
-    # A sparse checkout of a submodule's own does not travel: refused by name.
-    # (Patterns and the switch only: `git sparse-checkout set` would also move the
-    # submodule's core.worktree into a config.worktree, refused on its own.)
-    git(sub, "config", "core.sparseCheckout", "true")
-    write(repo / ".git" / "modules" / "libs" / "sub" / "info" / "sparse-checkout", "/*\n")
+    await preflight_repository(repo)
+    # A config.worktree naming another checkout than the submodule's own: refused by name.
+    git(sub, "config", "extensions.worktreeConfig", "true")
+    # The same checkout, spelled otherwise than the path git writes back to it.
+    git(sub, "config", "--worktree", "core.worktree", "../../../../libs/sub/.")
     with pytest.raises(Refusal) as exc:
         await preflight_repository(repo)
-    assert exc.value.code == "submodule" and "sparse checkout" in exc.value.message
-    assert f"git -C {sub} sparse-checkout disable" in exc.value.cure
+    assert exc.value.code == "gitdir-unsupported" and "core.worktree" in exc.value.message
 
 
 async def test_a_submodules_hooks_travel(tmp_path: Path, submodule_template: Path) -> None:
@@ -735,7 +734,7 @@ def test_the_submodule_record_is_strict() -> None:
                     "unwatched": {"files": ref("unwatched.tar"), "present": 1},
                 },
             },
-            "a submodule's record carries no unwatched entries",
+            "'unwatched.tar' must be stored as 'sm1-unwatched.tar'",
         ),
     ):
         with pytest.raises(DecodeError) as exc:
@@ -1159,3 +1158,61 @@ def fingerprint_unborn(repo: Path) -> dict[str, object]:
         "index": git(repo, "ls-files", "-s", "-t", "-v", "-z"),
         "cached": git(repo, "diff", "--cached", "--binary"),
     }
+
+
+def _sparse_submodule_work(sub: Path) -> None:
+    """A cone of the submodule's own (`git sparse-checkout` moves its core.worktree into its
+    config.worktree), an assume-unchanged local edit and a skip-worktree one."""
+    write(sub / "docs" / "guide.md", "the submodule's guide\n")
+    write(sub / "keep" / "k.txt", "kept in the cone\n")
+    git(sub, "add", "-A")
+    git(sub, "commit", "-q", "-m", "two directories")
+    git(sub, "sparse-checkout", "set", "--cone", "keep")
+    assert not (sub / "docs").exists()
+    git(sub, "update-index", "--assume-unchanged", "a.txt")
+    write(sub / "a.txt", "a local edit git does not see\n")
+
+
+@pytest.mark.parametrize("layout", ["main", "linked-worktree"])
+async def test_a_submodules_sparse_checkout_and_bits_travel(tmp_path: Path, layout: str) -> None:
+    """A submodule's own sparse checkout, config.worktree (with the core.worktree `git
+    sparse-checkout` moved there, set again for the layout restored) and assume-unchanged
+    edit, stored under its prefix: in a main checkout, and in a linked worktree restored as a
+    repository of its own (where that core.worktree's path changes)."""
+    if layout == "main":
+        repo = with_submodules(tmp_path / "super", tmp_path / "origins")
+        sub = repo / "libs" / "sub"
+        print_of = submodule_fingerprint
+    else:
+        repo = sparse_worktree_with_submodule(tmp_path / "src", tmp_path / "origins")
+        sub = repo / "libs" / "sub"
+        print_of = combined_fingerprint
+    _sparse_submodule_work(sub)
+
+    def without_layout(tree: Path) -> dict[str, object]:
+        # The one setting of the submodule's that names where its checkout is from its git dir,
+        # checked below for the layout restored.
+        found = print_of(tree)
+        own = found["sub" if layout != "main" else "libs/sub"]
+        assert isinstance(own, dict) and isinstance(own["worktree-config"], bytes)
+        lines = own["worktree-config"].split(b"\n")
+        own["worktree-config"] = b"\n".join(x for x in lines if not x.startswith(b"\tworktree"))
+        return found
+
+    before = without_layout(repo)
+    seat, record, target = await round_trip(tmp_path, repo)
+
+    assert record.submodules is not msgspec.UNSET
+    carried = record.submodules[0].repository
+    assert carried is not None and carried.sparse is not msgspec.UNSET
+    assert carried.worktree_config is not msgspec.UNSET
+    assert carried.worktree_config.file == "sm1-git-config-worktree"
+    assert carried.unwatched is not msgspec.UNSET and carried.unwatched.entries == 1
+    assert without_layout(target) == before
+    moved = target / "libs" / "sub"
+    assert (moved / "a.txt").read_bytes() == b"a local edit git does not see\n"
+    assert not (moved / "docs").exists()
+    gitdir = target / ".git" / "modules" / "libs" / "sub"
+    worktree_setting = git(gitdir, "config", "--file", "config.worktree", "core.worktree")
+    assert worktree_setting.strip().decode() == os.path.relpath(moved, gitdir)
+    assert git(gitdir, "config", "--file", "config", "core.worktree", check=False) == b""
