@@ -20,6 +20,7 @@ measured, is in docs/design.md, "ACP harnesses, measured".
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ import msgspec
 from connectors.base import ByteReceive, ByteSend, TurnOutcome, TurnUsage, token_count
 from connectors.driverkit import JsonStdioDriver, Turn, unavailable_outcome
 from connectors.interpreter import own_python
+from connectors.launchkit import ProviderKey
 from connectors.meshclient import MESH_DIR_ENV
 from connectors.meshtool.mcp import SERVER_NAME as MESH_SERVER
 from protocol.errors import Refusal
@@ -242,6 +244,45 @@ def policy_mode(agent: str, value: str | None) -> PolicyMode:
         f"set agents.{agent}.permission to one of {', '.join(POLICY_MODES)}, or unset it for "
         f"{DEFAULT_POLICY}",
     )
+
+
+# The file beside an ACP seat's settings where its launch records the model and the tools'
+# policy, so the driver built for the spawned process applies exactly those.
+LAUNCH_RECORD = "cotal-launch.json"
+
+
+@dataclass(frozen=True)
+class EndpointLaunch:
+    """What an ACP connector's config decides for one launch: the model endpoint, the model,
+    the tools' policy, the provider key (read at every spawn), a configured executable, and
+    the variables passed through to the seat."""
+
+    base_url: str
+    model: str
+    permission: PolicyMode
+    key: ProviderKey
+    binary: str | None
+    passthrough: tuple[str, ...]
+
+
+def launch_record(directory: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model and the tools' policy the launch recorded in `directory`, and the record as
+    written (for a connector's own members); a record that cannot be read leaves the
+    strictest policy and nothing else."""
+    out: dict[str, Any] = {"permission": "read-only"}
+    if directory is None:
+        return out, {}
+    try:
+        written = json.loads((directory / LAUNCH_RECORD).read_bytes())
+    except (OSError, ValueError):
+        return out, {}
+    if not isinstance(written, dict):
+        return out, {}
+    if isinstance(written.get("model"), str):
+        out["model"] = written["model"]
+    if written.get("permission") in POLICY_MODES:
+        out["permission"] = written["permission"]
+    return out, written
 
 
 # ACP's tool kinds, by what a call of each may do.

@@ -21,11 +21,13 @@ from typing import Any
 import anyio
 
 from connectors.acp import (
-    POLICY_MODES,
+    LAUNCH_RECORD,
     AcpDriver,
     AcpHarness,
+    EndpointLaunch,
     PermissionPolicy,
     PolicyMode,
+    launch_record,
     policy_mode,
 )
 from connectors.base import (
@@ -100,7 +102,6 @@ PROJECT_ROOT_FILE = ".project_root"
 # In the seat's store: Gemini's id of the seat's session, when it is not the seat's own (see
 # `prepare_continuation`).
 ALIAS_FILE = "cotal-gemini-session.json"
-LAUNCH_RECORD = "cotal-launch.json"
 SYSTEM_SETTINGS = "system-settings.json"
 # What Gemini CLI would read of the host, each replaced by the seat's own empty file.
 HOST_FILES = {
@@ -651,24 +652,13 @@ def quota_usage(quota: Any, model: str | None) -> TurnUsage | None:
 
 
 def _launched_config(spec: LaunchSpec) -> dict[str, Any]:
-    """The model and the tools' policy the launch recorded beside the seat's settings; a record
-    that cannot be read leaves the strictest policy."""
+    """The model and the tools' policy the launch recorded beside the seat's settings
+    (`acp.launch_record`), and the session it asked Gemini CLI to load."""
     settings = spec.env.get("GEMINI_CLI_SYSTEM_SETTINGS_PATH")
-    out: dict[str, Any] = {"permission": "read-only"}
-    if not settings:
-        return out
-    try:
-        written = json.loads((Path(settings).parent / LAUNCH_RECORD).read_bytes())
-    except (OSError, ValueError):
-        return out
-    if isinstance(written, dict):
-        if isinstance(written.get("model"), str):
-            out["model"] = written["model"]
-        if written.get("permission") in POLICY_MODES:
-            out["permission"] = written["permission"]
-        load = written.get("load", "")
-        if load is None or (isinstance(load, str) and SESSION_ID_RE.match(load)):
-            out["load"] = load
+    out, written = launch_record(Path(settings).parent if settings else None)
+    load = written.get("load", "")
+    if load is None or (isinstance(load, str) and SESSION_ID_RE.match(load)):
+        out["load"] = load
     return out
 
 
@@ -700,16 +690,6 @@ def _program(binary: str | None, env: Mapping[str, str]) -> list[str]:
 
 
 # -- configuration --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Config:
-    base_url: str
-    model: str
-    permission: PolicyMode
-    key: Key
-    binary: str | None
-    passthrough: tuple[str, ...]
 
 
 def _permission(config: GeminiConfig) -> PolicyMode:
@@ -758,7 +738,7 @@ def _doctor(check: HarnessCheck, cfg: GeminiConfig, pins: Pins) -> None:
         config_problem(check, exc)
 
 
-def _check_config(opts: LaunchOpts) -> _Config:
+def _check_config(opts: LaunchOpts) -> EndpointLaunch:
     config = decode_config(NAME, opts.config, GeminiConfig)
     base_url = endpoint_url(
         NAME,
@@ -788,4 +768,4 @@ def _check_config(opts: LaunchOpts) -> _Config:
     binary = configured_binary(NAME, config.binary, what="Gemini CLI's bundle/gemini.js")
     # Last among the checks: a launch refused for its config never reads a secret.
     key = resolve_key(config)
-    return _Config(base_url, model, permission, key, binary, tuple(extra_env))
+    return EndpointLaunch(base_url, model, permission, key, binary, tuple(extra_env))

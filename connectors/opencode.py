@@ -14,16 +14,18 @@ import shutil
 import sqlite3
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from connectors.acp import (
-    POLICY_MODES,
+    LAUNCH_RECORD,
     AcpDriver,
     AcpHarness,
+    EndpointLaunch,
     PermissionPolicy,
     PolicyMode,
+    launch_record,
     mesh_servers,
     policy_mode,
 )
@@ -244,9 +246,6 @@ def config_json(*, base_url: str, model: str) -> dict[str, Any]:
     }
 
 
-LAUNCH_RECORD = "cotal-launch.json"
-
-
 def write_config_dir(
     config_home: Path, pin: Pin | None, *, base_url: str, model: str, permission: PolicyMode
 ) -> None:
@@ -426,22 +425,10 @@ class OpenCodeDriver(AcpDriver):
 
 
 def _launched_config(spec: LaunchSpec) -> dict[str, Any]:
-    """The model and the tools' policy the launch recorded beside the seat's config; a record
-    that cannot be read leaves the strictest policy."""
+    """The model and the tools' policy the launch recorded beside the seat's config
+    (`acp.launch_record`)."""
     home = spec.env.get("XDG_CONFIG_HOME")
-    out: dict[str, Any] = {"permission": "read-only"}
-    if not home:
-        return out
-    try:
-        written = json.loads((Path(home) / LAUNCH_RECORD).read_bytes())
-    except (OSError, ValueError):
-        return out
-    if isinstance(written, dict):
-        if isinstance(written.get("model"), str):
-            out["model"] = written["model"]
-        if written.get("permission") in POLICY_MODES:
-            out["permission"] = written["permission"]
-    return out
+    return launch_record(Path(home) if home else None)[0]
 
 
 def pinned_program() -> Path:
@@ -452,7 +439,7 @@ def pinned_program() -> Path:
     return binary_of(pin if pin.native is not None else replace(pin, native=NATIVE))
 
 
-def _companion_pin(cfg: _Config) -> Pin | None:
+def _companion_pin(cfg: EndpointLaunch) -> Pin | None:
     """The pinned install whose plugin tree the seat's config directory links, or None for a
     configured binary (whose own version may want another plugin: OpenCode then installs it
     itself, as it would anywhere)."""
@@ -463,16 +450,6 @@ def _companion_pin(cfg: _Config) -> Pin | None:
 
 
 # -- configuration --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Config:
-    base_url: str
-    model: str
-    permission: PolicyMode
-    key: Key
-    binary: str | None
-    passthrough: tuple[str, ...]
 
 
 def _permission(config: OpenCodeConfig) -> PolicyMode:
@@ -513,7 +490,7 @@ def _doctor(check: HarnessCheck, cfg: OpenCodeConfig, pins: Pins) -> None:
         config_problem(check, exc)
 
 
-def _check_config(opts: LaunchOpts) -> _Config:
+def _check_config(opts: LaunchOpts) -> EndpointLaunch:
     config = decode_config(NAME, opts.config, OpenCodeConfig)
     base_url = endpoint_url(
         NAME,
@@ -538,4 +515,4 @@ def _check_config(opts: LaunchOpts) -> _Config:
     binary = configured_binary(NAME, config.binary, what="the opencode executable")
     # Last among the checks: a launch refused for its config never reads a secret.
     key = resolve_key(config)
-    return _Config(base_url, model, permission, key, binary, tuple(extra_env))
+    return EndpointLaunch(base_url, model, permission, key, binary, tuple(extra_env))
