@@ -581,13 +581,14 @@ async def _skip_worktree_entries(repo: Path) -> list[str]:
 
 async def _restore_sparse(
     staging: Path, seat_dir: Path, record: RepositoryRecord, gitdir: Path | None = None
-) -> None:
+) -> list[str]:
     """A sparse checkout back as it was: `config.worktree` and `info/sparse-checkout` byte for
     byte, exactly the recorded entries marked skip-worktree, and their files absent. Written
     after the applies, which must see every file of the base, and before the status compare.
     Where the config asks for a sparse index, `git sparse-checkout reapply` rebuilds it from
     the patterns; the marked entries must still be exactly the recorded ones. `gitdir` is a
-    submodule's (`modules/<name>`), the seat's repository's `.git` by default."""
+    submodule's (`modules/<name>`), the seat's repository's `.git` by default. Returns the
+    skip-worktree entries, for the unwatched files' restore."""
     submodule = gitdir is not None
     gitdir = gitdir if gitdir is not None else staging / ".git"
     if record.worktree_config is not msgspec.UNSET:
@@ -597,7 +598,7 @@ async def _restore_sparse(
             # Before any git run reads it: its core.worktree is the source layout's path.
             await _place_worktree_setting(staging, gitdir, seat_dir, record)
     if record.sparse is msgspec.UNSET:
-        return
+        return []
     sparse = record.sparse
     cure = "copy the checkpoint again from the source host, or cut the seat again"
     if sparse.patterns is not None:
@@ -649,6 +650,7 @@ async def _restore_sparse(
             f"absent from the tree ({', '.join(differ[:5])})",
             "the patterns and the list do not belong together; " + cure,
         )
+    return skipped
 
 
 async def _place_worktree_setting(
@@ -727,7 +729,9 @@ def _carried_paths(
     return raw, paths
 
 
-async def _restore_unwatched(staging: Path, seat_dir: Path, record: RepositoryRecord) -> None:
+async def _restore_unwatched(
+    staging: Path, seat_dir: Path, record: RepositoryRecord, skipped: Sequence[str]
+) -> None:
     """The entries git does not compare with their files, back as they were: each
     assume-unchanged entry's file replaced by the source's bytes, or removed where the source
     had none, then marked; each skip-worktree entry's file that was present written back (the
@@ -747,9 +751,6 @@ async def _restore_unwatched(staging: Path, seat_dir: Path, record: RepositoryRe
             "assume-unchanged",
             Code.BAD_RECORD,
         )
-    skipped: list[str] = []
-    if record.sparse is not msgspec.UNSET and record.sparse.skip_worktree is not None:
-        skipped = parse_skip_worktree(_carried_bytes(seat_dir, record.sparse.skip_worktree))
     await anyio.to_thread.run_sync(_remove_skipped, staging, flagged)
     if unwatched.files is not None:
         only = frozenset(flagged) | frozenset(skipped)
@@ -1077,8 +1078,8 @@ async def _build(
     await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, staging)
     await _prove_selection(staging, record)
     await _reattach_head(staging, record, refs)
-    await _restore_sparse(staging, seat_dir, record)
-    await _restore_unwatched(staging, seat_dir, record)
+    skipped = await _restore_sparse(staging, seat_dir, record)
+    await _restore_unwatched(staging, seat_dir, record, skipped)
     await _restore_submodules(staging, staging / ".git", seat_dir, record)
     await _verify_staged_status(staging, status)
 
@@ -1227,8 +1228,8 @@ async def _build_submodule(
     await anyio.to_thread.run_sync(_extract_untracked, seat_dir / record.untracked.file, worktree)
     await _prove_selection(worktree, record)
     await _reattach_head(worktree, record, refs)
-    await _restore_sparse(worktree, seat_dir, record, gitdir)
-    await _restore_unwatched(worktree, seat_dir, record)
+    skipped = await _restore_sparse(worktree, seat_dir, record, gitdir)
+    await _restore_unwatched(worktree, seat_dir, record, skipped)
     await _restore_submodules(worktree, gitdir, seat_dir, record)
     await _verify_staged_status(worktree, status)
 

@@ -304,45 +304,6 @@ async def test_a_tampered_shallow_boundary_is_refused_at_admission(tmp_path: Pat
         shutil.rmtree(target.with_name("work.incoming"))
 
 
-def test_the_shallow_field_is_strict() -> None:
-    sha = "0" * 64
-    base = {
-        "base": "1" * 40,
-        "untrackedSelection": "git ls-files --others --exclude-standard -z, excluding .cotal/",
-        "bundle": {"file": "repo.bundle", "bytes": 1, "sha256": sha},
-        "indexDiff": {"file": "index.diff", "bytes": 0, "sha256": sha},
-        "worktreeDiff": {"file": "worktree.diff", "bytes": 0, "sha256": sha},
-        "untracked": {"file": "untracked.tar", "bytes": 0, "sha256": sha},
-    }
-
-    def decode(**extra: object) -> RepositoryRecord:
-        doc = {**base, **extra}
-        return decode_json(encode_json(doc), RepositoryRecord, what="record", cap=1 << 20)
-
-    assert decode().shallow is msgspec.UNSET
-    ok = {"file": "git-shallow", "bytes": 41, "sha256": sha}
-    assert encode_json(decode(shallow=ok).shallow) == encode_json(ok)
-    for bad, said in (
-        (None, "Expected `object`, got `null`"),
-        ({**ok, "file": "shallow"}, "must be stored as 'git-shallow'"),
-        ({**ok, "bytes": 0}, "a shallow list is 1 to"),
-        ({**ok, "bytes": 10**8}, "a shallow list is 1 to"),
-        ({**ok, "extra": 1}, "unknown field"),
-    ):
-        with pytest.raises(DecodeError) as exc:
-            decode(shallow=bad)
-        assert exc.value.code == "malformed" and said in exc.value.message
-    link = {
-        "attemptId": "a" * 26,
-        "checkpointSha256": sha,
-        "bundleSha256": None,
-        "prerequisites": [],
-    }
-    with pytest.raises(DecodeError) as exc:
-        decode(shallow=ok, since=link)
-    assert "a shallow record carries a full bundle" in exc.value.message
-
-
 @pytest.mark.parametrize("mode", ["cone", "cone-index", "no-cone"])
 async def test_a_sparse_checkout_travels_sparse(tmp_path: Path, mode: str) -> None:
     repo = sparse_checkout(tmp_path / "work", mode)

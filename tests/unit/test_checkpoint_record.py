@@ -365,3 +365,24 @@ def test_a_hook_is_stored_with_its_repositorys_prefix() -> None:
     _refused("must be stored as 'hook-pre-commit'", hooks=[prefixed])
     odd = {**hook, "file": {"file": "xx-hook-pre-commit", "bytes": 1, "sha256": _SHA}}
     _refused("after its repository's prefix", hooks=[odd])
+
+
+def test_the_shallow_field_is_strict() -> None:
+    assert _repository().shallow is msgspec.UNSET
+    ok = {"file": "git-shallow", "bytes": 41, "sha256": _SHA}
+    assert encode_json(_repository(shallow=ok).shallow) == encode_json(ok)
+    for bad, said in (
+        (None, "Expected `object`, got `null`"),
+        ({**ok, "file": "shallow"}, "must be stored as 'git-shallow'"),
+        ({**ok, "bytes": 0}, "a shallow list is 1 to"),
+        ({**ok, "bytes": 10**8}, "a shallow list is 1 to"),
+        ({**ok, "extra": 1}, "unknown field"),
+    ):
+        _refused(said, shallow=bad)
+    link = {
+        "attemptId": "a" * 26,
+        "checkpointSha256": _SHA,
+        "bundleSha256": None,
+        "prerequisites": [],
+    }
+    _refused("a shallow record carries a full bundle", shallow=ok, since=link)
