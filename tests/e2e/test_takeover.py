@@ -243,7 +243,10 @@ async def test_two_standbys_take_a_dead_hosts_seats_each_exactly_once(
         _kill_tree(a)
 
         def all_taken() -> bool:
-            return sum(len(s.ps()) for s in standbys) == len(seats)
+            # A row appears while its seat is still starting (no session reported yet): wait
+            # for every seat to run, not merely to be listed.
+            rows = [r for s in standbys for r in s.ps()]
+            return len(rows) == len(seats) and all(r["state"] == "running" for r in rows)
 
         await wait_until(all_taken, timeout=90, every=0.5)
         where = {r["name"]: (s, r) for s in standbys for r in s.ps()}
