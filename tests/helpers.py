@@ -44,15 +44,28 @@ def pid_alive(pid: int) -> bool:
     return data[data.rindex(b")") + 2 :].split()[0] != b"Z"
 
 
+# The default poll starts at 50 ms and backs off to 400 ms: most predicates run a `cotal` call
+# (a fork, a control-socket or broker round trip, the manager's own work to answer), and the
+# suite is CPU-bound on two cores, so a fast poll of a slow condition (a lease lapsing, a standby
+# taking over) took CPU from the very processes it waited for (measured: 246 `ps --fleet` calls
+# in tests/e2e/test_takeover.py alone).
+_POLL_FIRST_S = 0.05
+_POLL_MAX_S = 0.4
+
+
 async def wait_until(
-    predicate: Callable[[], bool], timeout: float = 10.0, every: float = 0.05
+    predicate: Callable[[], bool], timeout: float = 10.0, every: float | None = None
 ) -> None:
-    """Poll a condition under a deadline: the test fails with TimeoutError, never hangs."""
+    """Poll a condition under a deadline: the test fails with TimeoutError, never hangs.
+    `every` fixes the interval (a test timing a narrow window); without it the poll backs off."""
+    pause = every if every is not None else _POLL_FIRST_S
     with anyio.fail_after(timeout):
         while True:
             if predicate():
                 return
-            await anyio.sleep(every)
+            await anyio.sleep(pause)
+            if every is None:
+                pause = min(pause * 1.5, _POLL_MAX_S)
 
 
 async def wait_gone(pids: list[int], timeout: float = 10.0) -> None:

@@ -39,10 +39,8 @@ from manager.broker.precopyfetch import decode_fetched
 from manager.checkpoint import clock
 from manager.checkpoint.chain import grow_seed, precopy_file, precopy_seed, sweep_precopies
 from manager.checkpoint.gitstate import BACKGROUND
-from manager.coord import restore
 from manager.coord.records import RestoreResult
 from manager.coord.report import reporting
-from manager.coord.requests import RestoreRequest
 from manager.daemon import movecheck
 from manager.daemon.events import Events
 from manager.daemon.metrics import Metrics
@@ -440,6 +438,12 @@ class Mover:
 
     async def _restore(self, path: Path, attempt: str, progress: str) -> RestoreResult:
         """The restore coordinator on `path`, each line it says logged as `progress`."""
+        # Imported here, not at the top: the restore coordinator and its admission are a sixth
+        # of the daemon's imports, and a manager that never adopts a cut never needs them
+        # (every manager start paid them; docs/operations.md, "Manager start").
+        from manager.coord import restore
+        from manager.coord.requests import RestoreRequest
+
         req = RestoreRequest(restore=str(path), space=self.mgr.space)
 
         def said(text: str) -> None:
