@@ -3,19 +3,32 @@ program (the pinned install or `agents.<name>.binary`), and the quick `--version
 
 A probe runs with an empty private home and only `PATH`, `LANG`, `LC_ALL` and `TMPDIR` of the
 operator's environment, so it neither reads nor writes the operator's harness state nor sees a
-token or key. Only `cotal doctor` calls these; a launch never does.
+token or key. `cotal doctor`, a cut (the harness each seat ran), a restore's admission and a
+move's probe call these; a launch never does.
+
+A `--version` run that answered is remembered (`probe_memo`): a Node.js harness's `--version`
+costs seconds of CPU (pi 0.73.1: 2.6 s on two cores), and every cut, admission and move of its
+seat asked again. The memo is keyed by the command, its environment and the identity of each
+file the command names (device, inode, size, mtime, ctime: a reinstall or an upgrade makes new
+files), so a changed binary is run again; a failure is never remembered.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from connectors.harnesses import Pin, binary_of, installed_version, load_pins, pin_file
+import msgspec
+
+from connectors.harnesses import Pin, binary_of, installed_version, load_pins, pin_file, tools_dir
+from connectors.privatefs import ensure_private_dir, write_private_atomic
 from protocol.errors import Refusal
 
 
@@ -126,8 +139,93 @@ def version_run(check: HarnessCheck, argv: list[str], env: dict[str, str]) -> No
         )
 
 
+# Under the tools directory (`cotal tools dir`), beside the installs the memos vouch for.
+PROBE_MEMO_DIR = ".probed"
+# A memo is one `--version` answer: its first 4 KiB are plenty, and a larger file is not one.
+_MEMO_CAP = 4096
+
+
+class ProbeMemo(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A `--version` run that answered: what it printed, for the command `key` names."""
+
+    key: str
+    detail: str
+
+
+def memo_key(argv: list[str], env: Mapping[str, str]) -> str | None:
+    """The memo's name for this run, or None when the run may not be remembered (a named
+    file is gone or not a regular file). A probe's private home is a new temporary directory
+    each time, so its path is spelled `~` wherever the environment names it."""
+    files = []
+    for arg in argv:
+        if not os.path.isabs(arg):
+            continue
+        try:
+            st = os.stat(arg)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        files.append([arg, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+    home = env.get("HOME")
+    spelled = {k: (v.replace(home, "~") if home else v) for k, v in sorted(env.items())}
+    blob = json.dumps([argv, spelled, files], separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _memo_path(key: str) -> Path:
+    return tools_dir() / PROBE_MEMO_DIR / key
+
+
+def _recalled(key: str) -> str | None:
+    """The remembered answer for `key`, or None. A memo that is not a small regular file of
+    the right shape for this key is ignored: the probe runs again and writes a good one."""
+    try:
+        fd = os.open(_memo_path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, _MEMO_CAP + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > _MEMO_CAP:
+        return None
+    try:
+        memo = msgspec.json.decode(data, type=ProbeMemo)
+    except msgspec.DecodeError:
+        return None
+    return memo.detail if memo.key == key else None
+
+
+def _remember(key: str, detail: str) -> None:
+    """Write the memo; a tools directory this process cannot write only costs the next probe
+    its run, so a failure here is not an error."""
+    data = msgspec.json.encode(ProbeMemo(key=key, detail=detail))
+    if len(data) > _MEMO_CAP:
+        return
+    try:
+        write_private_atomic(ensure_private_dir(_memo_path(key).parent) / key, data)
+    except (OSError, Refusal):
+        return
+
+
 def probe(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
-    """Whether `argv` exits 0 within the timeout, and its output or why not."""
+    """Whether `argv` exits 0 within the timeout, and its output or why not; an answer
+    remembered for the same command and files is returned without running it again."""
+    key = memo_key(argv, env)
+    if key is not None and (recalled := _recalled(key)) is not None:
+        return True, recalled
+    ok, detail = _run_probe(argv, env)
+    if ok and key is not None:
+        _remember(key, detail)
+    return ok, detail
+
+
+def _run_probe(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
     try:
         proc = subprocess.run(
             argv,
