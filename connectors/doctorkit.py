@@ -6,7 +6,7 @@ operator's environment, so it neither reads nor writes the operator's harness st
 token or key. `cotal doctor`, a cut (the harness each seat ran), a restore's admission and a
 move's probe call these; a launch never does.
 
-A `--version` run that answered is remembered (`probe_memo`): a Node.js harness's `--version`
+A `--version` run that answered is remembered (`probe`, `ProbeMemo`): a Node.js harness's `--version`
 costs seconds of CPU (pi 0.73.1: 2.6 s on two cores), and every cut, admission and move of its
 seat asked again. The memo is keyed by the command, its environment and the identity of each
 file the command names (device, inode, size, mtime, ctime: a reinstall or an upgrade makes new
