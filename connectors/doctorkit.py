@@ -6,11 +6,11 @@ operator's environment, so it neither reads nor writes the operator's harness st
 token or key. `cotal doctor`, a cut (the harness each seat ran), a restore's admission and a
 move's probe call these; a launch never does.
 
-A `--version` run that answered is remembered (`probe`, `ProbeMemo`): a Node.js harness's `--version`
-costs seconds of CPU (pi 0.73.1: 2.6 s on two cores), and every cut, admission and move of its
-seat asked again. The memo is keyed by the command, its environment and the identity of each
-file the command names (device, inode, size, mtime, ctime: a reinstall or an upgrade makes new
-files), so a changed binary is run again; a failure is never remembered.
+A `--version` run that answered is remembered (`probe`, `ProbeMemo`): a Node.js harness's
+`--version` costs seconds of CPU (pi 0.73.1: 2.6 s on two cores), and every cut, admission and
+move of its seat asked again. The memo is keyed by the command, its environment and the
+identity of each file the command names (device, inode, size, mtime, ctime: a reinstall or an
+upgrade makes new files), so a changed binary is run again; a failure is never remembered.
 """
 
 from __future__ import annotations
