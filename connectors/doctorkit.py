@@ -28,7 +28,12 @@ from pathlib import Path
 import msgspec
 
 from connectors.harnesses import Pin, binary_of, installed_version, load_pins, pin_file, tools_dir
-from connectors.privatefs import ensure_private_dir, write_private_atomic
+from connectors.privatefs import (
+    ensure_private_dir,
+    file_identity,
+    read_stable,
+    write_private_atomic,
+)
 from protocol.errors import Refusal
 
 
@@ -166,7 +171,7 @@ def memo_key(argv: list[str], env: Mapping[str, str]) -> str | None:
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        files.append([arg, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+        files.append([arg, *file_identity(st)])
     home = env.get("HOME")
     spelled = {k: (v.replace(home, "~") if home else v) for k, v in sorted(env.items())}
     blob = json.dumps([argv, spelled, files], separators=(",", ":")).encode()
@@ -181,22 +186,9 @@ def _recalled(key: str) -> str | None:
     """The remembered answer for `key`, or None. A memo that is not a small regular file of
     the right shape for this key is ignored: the probe runs again and writes a good one."""
     try:
-        fd = os.open(_memo_path(key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, _MEMO_CAP + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > _MEMO_CAP:
-        return None
-    try:
+        data = read_stable(_memo_path(key), cap=_MEMO_CAP, what="probe memo").data
         memo = msgspec.json.decode(data, type=ProbeMemo)
-    except msgspec.DecodeError:
+    except (OSError, Refusal, msgspec.DecodeError):
         return None
     return memo.detail if memo.key == key else None
 
