@@ -119,6 +119,13 @@ class Scanner:
             "Refusal": {Sink(0, "code")},
             "ErrorBody": {Sink(None, "code")},
         }
+        # One walk of each tree, read by every pass below: `_propagate` reads each function
+        # again on every round, and walking the trees each time made this scan seconds of CPU
+        # for each test worker that ran one of these tests.
+        self.nodes: dict[str, list[ast.AST]] = {}
+        self._within: dict[int, list[ast.AST]] = {}
+        for rel, tree in self.modules:
+            self._index(rel, tree)
         self._module_level()
         self.functions = self._functions()
 
@@ -157,42 +164,68 @@ class Scanner:
                         }
                         if firsts:
                             self.tuple_tables[target.id] = firsts
+        classes = [
+            node
+            for nodes in self.nodes.values()
+            for node in nodes
+            if isinstance(node, ast.ClassDef)
+        ]
         grew = True
         while grew:
             grew = False
-            for _, tree in self.modules:
-                for node in ast.walk(tree):
-                    if not isinstance(node, ast.ClassDef) or node.name in self.refusal_classes:
-                        continue
-                    if any(_name(base) in self.refusal_classes for base in node.bases):
-                        self.refusal_classes.add(node.name)
-                        grew = True
-                        own_init = any(
-                            isinstance(item, Function) and item.name == "__init__"
-                            for item in node.body
-                        )
-                        if not own_init:  # Refusal's own signature: the code comes first
-                            self.sinks[node.name] = {Sink(0, "code")}
+            for node in classes:
+                if node.name in self.refusal_classes:
+                    continue
+                if any(_name(base) in self.refusal_classes for base in node.bases):
+                    self.refusal_classes.add(node.name)
+                    grew = True
+                    own_init = any(
+                        isinstance(item, Function) and item.name == "__init__" for item in node.body
+                    )
+                    if not own_init:  # Refusal's own signature: the code comes first
+                        self.sinks[node.name] = {Sink(0, "code")}
 
     def _functions(self) -> list[tuple[str, Function, str | None]]:
         """Every function, with the refusal class whose `__init__` it is (else None)."""
         owners: dict[int, str] = {}
-        for _, tree in self.modules:
-            for node in ast.walk(tree):
+        for nodes in self.nodes.values():
+            for node in nodes:
                 if isinstance(node, ast.ClassDef) and node.name in self.refusal_classes:
                     for item in node.body:
                         if isinstance(item, Function) and item.name == "__init__":
                             owners[id(item)] = node.name
         return [
             (rel, node, owners.get(id(node)))
-            for rel, tree in self.modules
-            for node in ast.walk(tree)
+            for rel, nodes in self.nodes.items()
+            for node in nodes
             if isinstance(node, Function)
         ]
 
+    def _index(self, rel: str, tree: ast.Module) -> None:
+        """Every node of `tree` in `nodes`, and under each function and each top-level
+        statement the calls and dicts it holds (where a slot can be), nested ones included."""
+        nodes = self.nodes.setdefault(rel, [])
+        enclosing: list[list[ast.AST]] = []
+
+        def visit(node: ast.AST) -> None:
+            nodes.append(node)
+            if isinstance(node, ast.Call | ast.Dict):
+                for held in enclosing:
+                    held.append(node)
+            opens = isinstance(node, Function) or node in top
+            if opens:
+                enclosing.append(self._within.setdefault(id(node), []))
+            for child in ast.iter_child_nodes(node):
+                visit(child)
+            if opens:
+                enclosing.pop()
+
+        top = set(tree.body)
+        visit(tree)
+
     def _slots(self, body: ast.AST, owner: str | None) -> list[ast.expr]:
         slots: list[ast.expr] = []
-        for node in ast.walk(body):
+        for node in self._within[id(body)]:
             if isinstance(node, ast.Call):
                 name = _name(node.func)
                 sinks = set(self.sinks.get(name or "", ()))
@@ -377,7 +410,8 @@ def _is_code(expr: ast.expr) -> bool:
 def compared_literals(root: Path = ROOT) -> dict[str, str]:
     """Literals compared with a refusal's code (`exc.code == "missing"`, `code in {...}`)."""
     out: dict[str, str] = {}
-    for rel, tree in Scanner(root).modules:
+    scanner = checkout_scanner() if root == ROOT else Scanner(root)
+    for rel, tree in scanner.modules:
         # A module's sets of literals (`_BROKEN = frozenset({...})`), compared by name below.
         sets: dict[str, list[ast.expr]] = {}
         for stmt in tree.body:
@@ -387,7 +421,7 @@ def compared_literals(root: Path = ROOT) -> dict[str, str]:
                     value = value.args[0]
                 if isinstance(target, ast.Name) and isinstance(value, ast.Set | ast.Tuple):
                     sets[target.id] = list(value.elts)
-        for node in ast.walk(tree):
+        for node in scanner.nodes[rel]:
             if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
                 continue
             left, right = node.left, node.comparators[0]
@@ -429,6 +463,12 @@ def scan_source(root: Path = ROOT) -> Scan:
     return Scanner(root).run()
 
 
+@functools.cache
+def checkout_scanner() -> Scanner:
+    """This checkout's trees, parsed once for the scan and the comparisons alike."""
+    return Scanner(ROOT)
+
+
 def _admits_str(info: Any) -> bool:
     if isinstance(info, msgspec.inspect.StrType):
         return True
@@ -457,7 +497,7 @@ def string_argument_codes() -> set[str]:
 @functools.cache
 def source_scan() -> Scan:
     """The scan of this checkout, read once for every test that needs it (not at collection)."""
-    return scan_source()
+    return checkout_scanner().run()
 
 
 def raised() -> set[str]:
