@@ -30,6 +30,11 @@ MAX_SKEW_S = 60 * 60
 DEFAULT_CHANNEL_HISTORY = 100
 MAX_CHANNEL_HISTORY = 100_000
 DEFAULT_CHANNEL_MAX_AGE_S = 7 * 24 * 60 * 60
+DEFAULT_READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_MIN_S = 1.0
+# The CLI waits a little longer than this for a spawn, start or restart (manager/cli/seats.py),
+# so the manager's refusal, which names the seat's log, is what the operator reads.
+READY_TIMEOUT_LIMIT_S = 120.0
 
 # Module and class per agent name; imported lazily so a broken optional harness does not stop
 # the daemon from running the others. Every list of harnesses (`cotal doctor`, `spawn --help`,
@@ -129,6 +134,16 @@ class DeliveryConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
                 f"[delivery] backoff_max_s ({self.backoff_max_s:g}) is below backoff_initial_s "
                 f"({self.backoff_initial_s:g}): raise backoff_max_s or lower backoff_initial_s"
             )
+
+
+class LaunchConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """`[launch]`: how long a harness has, from its start, to prove it is ready before the
+    start is refused `seat-not-ready`. A harness that starts in five seconds on an idle host
+    (OpenCode does) can need several times that on a host whose cores are all busy."""
+
+    ready_timeout_s: Annotated[
+        float, msgspec.Meta(ge=READY_TIMEOUT_MIN_S, le=READY_TIMEOUT_LIMIT_S)
+    ] = DEFAULT_READY_TIMEOUT_S
 
 
 class SeatConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -259,6 +274,7 @@ class FileConfig(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     channels: ChannelsConfig = ChannelsConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     failover: FailoverConfig = FailoverConfig()
+    launch: LaunchConfig = LaunchConfig()
     metrics: MetricsConfig = MetricsConfig()
     # Keyed by the model's name as the harness reports it (a seat's usage record names it).
     prices: dict[str, PriceConfig] = {}

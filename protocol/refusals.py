@@ -1166,7 +1166,7 @@ class Code(StrEnum):
     SEAT_NOT_READY = (
         "seat-not-ready",
         "the harness did not report ready in time",
-        "read the seat's log the message names",
+        "read the seat's log the message names; on a busy host, raise `[launch] ready_timeout_s`",
     )
     SEAT_START_FAILED = (
         "seat-start-failed",

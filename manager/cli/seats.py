@@ -202,6 +202,14 @@ def _budget(sub: Subcommands) -> None:
     lift.set_defaults(run=run_budget_lift)
 
 
+# How long a spawn or a start waits for its reply: past the longest readiness window a root may
+# set (`[launch] ready_timeout_s`), so the manager's `seat-not-ready`, which names the seat's
+# log, reaches the operator rather than this command's own timeout. A restart stops the old
+# incarnation first.
+LAUNCH_WAIT_S = registry.READY_TIMEOUT_LIMIT_S + 30.0
+RESTART_WAIT_S = LAUNCH_WAIT_S + 30.0
+
+
 def _request(root: Path, op: control.Op[A, R], args: A, *, timeout: float = 60.0) -> R:
     from manager.control.oneshot import run_request
 
@@ -242,7 +250,7 @@ def run_spawn(args: argparse.Namespace) -> int:
         subscribe=list(args.subscribe),
         allow_post=list(args.allow_post),
     )
-    row = _request(root_of(args), control.SPAWN, spawn, timeout=90.0)
+    row = _request(root_of(args), control.SPAWN, spawn, timeout=LAUNCH_WAIT_S)
     if args.json:
         emit_json(row)
     else:
@@ -449,7 +457,7 @@ def _started(row: control.SeatRow, verb: str) -> None:
 
 def run_start(args: argparse.Namespace) -> int:
     start = control.StartSeatArgs(name=args.name)
-    row = _request(root_of(args), control.START_SEAT, start, timeout=90.0)
+    row = _request(root_of(args), control.START_SEAT, start, timeout=LAUNCH_WAIT_S)
     if args.json:
         emit_json(row)
     elif row.already_running:
@@ -461,7 +469,7 @@ def run_start(args: argparse.Namespace) -> int:
 
 def run_restart(args: argparse.Namespace) -> int:
     restart = control.RestartSeatArgs(name=args.name)
-    row = _request(root_of(args), control.RESTART_SEAT, restart, timeout=120.0)
+    row = _request(root_of(args), control.RESTART_SEAT, restart, timeout=RESTART_WAIT_S)
     if args.json:
         emit_json(row)
     else:

@@ -57,11 +57,9 @@ from protocol.lifecycle import exit_text
 from protocol.refusals import Code
 from protocol.session import SessionPointer
 
-__all__ = ["Incarnations", "LaunchFault", "StartFailed", "decode_fault", "READINESS_TIMEOUT_S"]
+__all__ = ["Incarnations", "LaunchFault", "StartFailed", "decode_fault"]
 
 log = structlog.get_logger("cotal.manager")
-
-READINESS_TIMEOUT_S = 30.0
 
 
 def exited_before_ready(seat: Seat, handle: SeatHandle) -> Refusal:
@@ -325,8 +323,9 @@ class Incarnations:
     ) -> Refusal | None:
         """Why the incarnation did not become ready, or None once it is."""
         mgr = self.mgr
+        within = mgr.config.launch.ready_timeout_s
         try:
-            with anyio.fail_after(READINESS_TIMEOUT_S):
+            with anyio.fail_after(within):
                 await self._prove_ready(seat, spec, driver, handle)
             # Lifecycle proof before presence: a uid whose durable is not at the broker never
             # becomes visible.
@@ -336,8 +335,9 @@ class Incarnations:
         except TimeoutError:
             return Refusal(
                 Code.SEAT_NOT_READY,
-                f"seat {seat.name} was not ready within {READINESS_TIMEOUT_S:.0f}s",
-                f"read {handle.log_path}",
+                f"seat {seat.name} was not ready within {within:g}s",
+                f"read {handle.log_path}, or on a busy host raise `[launch] ready_timeout_s` in "
+                f"{registry.CONFIG_NAME}",
             )
         except Refusal as exc:
             return exc
@@ -660,7 +660,7 @@ class Incarnations:
         if seat.current is not None:
             # The last incarnation's own cleanup reads the lifecycle to tell a crash from a
             # stop: it must have finished before the seat moves on.
-            with anyio.fail_after(READINESS_TIMEOUT_S):
+            with anyio.fail_after(mgr.config.launch.ready_timeout_s):
                 await seat.current.run_done.wait()
         await footprint.confirm_dm_durable(mgr.js, mgr.space, names.SEAT_OWNER, seat.name, seat.uid)
         continue_session, fork_from = session_to_reopen(seat)

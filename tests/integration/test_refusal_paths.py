@@ -199,6 +199,50 @@ def test_a_harness_that_exits_0_before_it_is_ready_fails_the_spawn(
     assert cli.ps() == []
 
 
+async def test_a_harness_silent_past_the_roots_readiness_window_is_refused_and_reaped(
+    tmp_path: Path, cli: Cli
+) -> None:
+    # A jcode binary that never says a word: the root gives it one second (`[launch]`), the
+    # spawn refuses by that window and names the log, and no process of it is left.
+    binary = tmp_path / "bin" / "jcode-silent"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\nexec sleep 613.25\n")
+    binary.chmod(0o755)
+    (cli.root / "cotal.toml").write_text(
+        f'[launch]\nready_timeout_s = 1\n[agents.jcode]\nbinary = "{binary}"\n'
+    )
+    cli.run("up", "--detach")
+    refused = _refusal(cli.run("spawn", "j1", "--agent", "jcode", "--json", check=False))
+    assert refused["code"] == "seat-not-ready"
+    [log] = (cli.root / ".cotal" / "logs").glob("seat-j1-*.log")
+    assert refused["error"] == (
+        f"seat j1 was not ready within 1s; read {log}, or on a busy host raise `[launch] "
+        "ready_timeout_s` in cotal.toml"
+    )
+    assert cli.ps() == []
+    await wait_until(lambda: _sleepers(b"613.25") == [])
+
+
+def _sleepers(mark: bytes) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if argv[:2] == [b"sleep", mark] and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def test_a_readiness_window_out_of_bounds_is_bad_config(cli: Cli) -> None:
+    (cli.root / "cotal.toml").write_text("[launch]\nready_timeout_s = 121\n")
+    refused = _refusal(cli.run("up", "--detach", "--json", check=False))
+    assert refused["code"] == "bad-config"
+    assert "Expected `float` <= 120.0 - at `$.launch.ready_timeout_s`" in refused["error"]
+    assert not (cli.root / ".cotal" / "manager.sock").exists()
+
+
 def test_a_seat_whose_harness_quit_its_session_is_not_started_again(cli: Cli) -> None:
     cli.run("up", "--detach")
     row = cli.json("spawn", "s1")
