@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from manager.control.client import (
+    HELLO_WAIT_S,
     check_reply,
     closed_at_hello,
     connection_lost,
@@ -32,7 +33,8 @@ from protocol.codec import encode_json
 A = TypeVar("A")
 R = TypeVar("R")
 
-HELLO_TIMEOUT_S = 5.0
+# The connect itself: a listening manager takes it at once, even with a backlog.
+CONNECT_TIMEOUT_S = 5.0
 REQUEST_ID = 1
 
 
@@ -69,14 +71,16 @@ def _send(sock: socket.socket, frame: bytes, deadline: float) -> None:
 
 
 def _hello(sock: socket.socket, token: str) -> None:
-    deadline = time.monotonic() + HELLO_TIMEOUT_S
+    deadline = time.monotonic() + HELLO_WAIT_S
     try:
         # A manager over its connection cap answers before reading and closes, so a refused
         # write is not yet a refusal: its frame may be waiting to be read.
         with contextlib.suppress(OSError):
             _send(sock, control.encode_frame({"op": "hello", "token": token}), deadline)
         reply = control.decode_reply(_read_frame(sock, deadline))
-    except (TimeoutError, _Closed, OSError):
+    except TimeoutError:
+        raise timed_out("hello", HELLO_WAIT_S) from None
+    except (_Closed, OSError):
         raise closed_at_hello() from None
     if not reply.ok:
         raise hello_refused(reply)
@@ -89,7 +93,7 @@ def request(
     words and refusals of `ControlClient.connect` and `ControlClient.request`."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(HELLO_TIMEOUT_S)
+        sock.settimeout(CONNECT_TIMEOUT_S)
         try:
             sock.connect(str(socket_path))
         except OSError as exc:

@@ -27,6 +27,13 @@ from protocol.refusals import Code
 A = TypeVar("A")
 R = TypeVar("R")
 
+# How long a client waits for the answer to its hello. The manager answers as soon as it reads
+# one, but it reads connections in the order they arrived: one draining a flood of idle
+# connections on a host whose cores are both busy took more than five seconds to reach the
+# operator's (tests/integration/test_control_limits.py), and the operator is better served
+# waiting than told the manager closed the door.
+HELLO_WAIT_S = 20.0
+
 
 class ControlError(Refusal):
     pass
@@ -39,7 +46,14 @@ class ControlClient:
         self._ids = itertools.count(1)
 
     @classmethod
-    async def connect(cls, socket_path: Path, token: str, *, timeout: float = 5.0) -> ControlClient:
+    async def connect(
+        cls,
+        socket_path: Path,
+        token: str,
+        *,
+        timeout: float = 5.0,
+        hello_within: float = HELLO_WAIT_S,
+    ) -> ControlClient:
         try:
             with anyio.fail_after(timeout):
                 stream = await anyio.connect_unix(socket_path)
@@ -47,14 +61,16 @@ class ControlClient:
             raise unreachable(socket_path, exc) from None
         client = cls(stream)
         try:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(hello_within):
                 # A manager over its connection cap answers before reading and closes, so a
                 # refused write is not yet a refusal: its frame may be waiting to be read.
                 with contextlib.suppress(anyio.BrokenResourceError, OSError):
                     await write_frame(stream, control.encode_frame({"op": "hello", "token": token}))
                 reply = control.decode_reply(await read_frame(client._buffered))
+        except TimeoutError:
+            await stream.aclose()
+            raise timed_out("hello", hello_within) from None
         except (
-            TimeoutError,
             anyio.IncompleteRead,
             anyio.EndOfStream,
             anyio.BrokenResourceError,

@@ -291,3 +291,43 @@ async def test_the_blocking_one_shot_client_says_what_the_async_client_says(
             slow = await refused(control.FLEET, token, 0.3, tmp_path / "t.sock")
             assert (slow.code, slow.message) == ("timeout", "fleet got no reply within 0s")
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_a_manager_that_accepts_but_never_answers_hello_is_a_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manager that accepted the connection has not closed the door: a hello left unanswered
+    (a daemon still draining a flood, on a busy host) is `timeout` in both clients, never
+    `auth-refused`."""
+    import anyio
+    import anyio.to_thread
+
+    from manager.control import blocking
+    from manager.control.client import ControlClient
+    from protocol import control
+    from protocol.errors import Refusal
+
+    path = tmp_path / "mute.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    monkeypatch.setattr(blocking, "HELLO_WAIT_S", 1.0)
+    try:
+        with anyio.fail_after(20):
+            with pytest.raises(Refusal) as caught:
+                await ControlClient.connect(path, "ab" * 32, hello_within=1.0)
+            assert (caught.value.code, caught.value.message) == (
+                "timeout",
+                "hello got no reply within 1s",
+            )
+            with pytest.raises(Refusal) as caught:
+                await anyio.to_thread.run_sync(
+                    blocking.request, path, "ab" * 32, control.METRICS, control.NoArgs(), 5.0
+                )
+            assert (caught.value.code, caught.value.message) == (
+                "timeout",
+                "hello got no reply within 1s",
+            )
+    finally:
+        listener.close()
