@@ -134,6 +134,7 @@ class Case:
     # A turn that produces no output, and its `unknown` detail; None where there is none.
     empty_prompt: str | None = None
     empty_detail: str = ""
+    # Each step's deadline: generous, as the suite's other workers may hold both cores.
     timeout: float = 20
     # Whether a fork by id is found only in the seat's own store (so it forks in place).
     fork_in_own_store: bool = False
@@ -300,7 +301,7 @@ CASES = {
         fail_detail="500 fake server error (fake:http-500)",
         empty_prompt="fake:empty hello",
         empty_detail="the model produced no output",
-        timeout=30,
+        timeout=60,
         extra={"reopen": _pi_reopen, "fork": _pi_fork},
     ),
     "claude": Case(
@@ -343,7 +344,7 @@ CASES = {
         # Codex passes on the provider's error body as it came.
         fail_detail='{"error": {"message": "fake provider refusal (fake:http-400)", '
         '"type": "invalid_request_error", "code": "invalid_request_error"}}',
-        timeout=20,
+        timeout=40,
         extra={"reopen": _codex_reopen},
     ),
     "opencode": Case(
@@ -368,7 +369,7 @@ CASES = {
         fail_detail="Internal error: fake provider refusal (fake:http-400)",
         empty_prompt="fake:empty hello",
         empty_detail="the model produced no output",
-        timeout=40,
+        timeout=90,
         extra={"reopen": _opencode_reopen},
     ),
     "gemini": Case(
@@ -387,7 +388,7 @@ CASES = {
         fail_prompt="fake:http-400 hello",
         fail_detail='{"error":{"code":400,"message":"fake error (fake:http-400)",'
         '"status":"INVALID_ARGUMENT"}}',
-        timeout=40,
+        timeout=90,
         extra={"reopen": _gemini_reopen},
     ),
     "jcode": Case(
