@@ -36,15 +36,16 @@ SYSTEM_PACKAGES := git-lfs chromium
 system:
 	sh deploy/system-packages.sh $(SYSTEM_PACKAGES)
 
-# Lint first: a test run that passes on code that does not lint is not a green build. Six
-# workers on two cores: since a test's CLI calls fork from a warm interpreter (tests/clifork.py)
-# the suite no longer keeps both cores busy, and most tests wait on real brokers, git and seats
-# (measured on a clean clone: 656 s of tests with 4 workers, 476 s with 6, for the same 1,817
-# tests and less CPU). Each test owns its own temporary root, broker ports and processes; a
-# worker that runs out of tests takes some from a busy one (`worksteal`), so the long e2e tests
-# do not all end up in one worker's tail. Tests marked `serial` (races between private mount
-# namespaces) then run alone.
-TEST_WORKERS ?= 6
+# Lint first: a test run that passes on code that does not lint is not a green build. Four
+# workers on two cores. The suite is CPU-bound now: a clean clone's tests took 1,161 to 1,325 s
+# with six workers (both cores more than 99% busy) and 1,159 s with four (92% busy, measured
+# with /proc/stat around the run), so the two extra workers only split the same cores thinner,
+# and a test whose harness needs a few seconds of CPU to start waited three times as long for
+# it. Each test owns its own temporary root, broker ports and processes; a worker that runs out
+# of tests takes some from a busy one (`worksteal`), so the long e2e tests do not all end up in
+# one worker's tail. Tests marked `serial` (races between private mount namespaces) then run
+# alone.
+TEST_WORKERS ?= 4
 test: lint harnesses system
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not serial" tests
 	$(PY) -m pytest -q -m serial tests

@@ -46,12 +46,12 @@ def anyio_backend() -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Spread each directory's files evenly over the run order, each file's tests kept together.
 
-    `--dist worksteal` first hands each worker one contiguous sixth of the list. In collection
-    order the end-to-end files (the longest tests: real managers, brokers and seats, lease TTLs
-    waited out) fill the first sixth, so one worker starts with most of them and the run's
-    tail is whichever of them it reaches last. Ordered by each file's place within its own
-    directory, every sixth holds its share of each kind. A file's tests stay together so its
-    module fixtures are built once per worker, as before."""
+    `--dist worksteal` first hands each worker one contiguous share of the list (a quarter,
+    with four workers). In collection order the end-to-end files (the longest tests: real
+    managers, brokers and seats, lease TTLs waited out) fill the first share, so one worker
+    starts with most of them and the run's tail is whichever of them it reaches last. Ordered by
+    each file's place within its own directory, every share holds its part of each kind. A
+    file's tests stay together so its module fixtures are built once per worker, as before."""
     files: dict[Path, list[pytest.Item]] = {}
     for item in items:
         files.setdefault(Path(item.path), []).append(item)

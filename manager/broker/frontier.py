@@ -109,23 +109,25 @@ async def export_frontier(
     record = durable_record(info, state, filter_subject=subject)
     filters = list(info.config.filter_subjects or []) or None
     posts: list[CarriedMessage] = []
-    queued = (info.num_pending or 0) + (info.num_ack_pending or 0)
     sizes = _Totals()
-    if queued:
-        # Closed here, as the inbox's reader is (space.export_inbox).
-        async with contextlib.aclosing(_read_from(js, stream, record, filters)) as read:
-            async for raw_seq, _subject, raw_headers, data in read:
-                try:
-                    post = meshcall.decode_post(data)
-                except DecodeError:
-                    # The seat would give it up unread (docs/mesh.md): a frontier carries posts.
-                    log.info("space.post_not_carried", seat=seat, channel=channel, seq=raw_seq)
-                    continue
-                if len(posts) >= room[0] or sizes.payload + len(data) > room[1]:
-                    raise _too_many(seat, channel, f"more than {len(posts)} posts")
-                headers = dict(raw_headers or {})
-                headers[MSG_ID] = meshcall.carried_post_id(uid, post.id)
-                posts.append(_carried(seat, raw_seq, subject, headers, data, sizes))
+    # Read whatever the durable's own counts say: the broker updates a durable's pending count
+    # after it acknowledges a publish, not with it, and on a busy host a durable asked right
+    # after three posts said none were pending, so the cut carried none of them. The reader's
+    # count is taken when the reader is made, from the stream itself. Closed here, as the
+    # inbox's reader is (space.export_inbox).
+    async with contextlib.aclosing(_read_from(js, stream, record, filters)) as read:
+        async for raw_seq, _subject, raw_headers, data in read:
+            try:
+                post = meshcall.decode_post(data)
+            except DecodeError:
+                # The seat would give it up unread (docs/mesh.md): a frontier carries posts.
+                log.info("space.post_not_carried", seat=seat, channel=channel, seq=raw_seq)
+                continue
+            if len(posts) >= room[0] or sizes.payload + len(data) > room[1]:
+                raise _too_many(seat, channel, f"more than {len(posts)} posts")
+            headers = dict(raw_headers or {})
+            headers[MSG_ID] = meshcall.carried_post_id(uid, post.id)
+            posts.append(_carried(seat, raw_seq, subject, headers, data, sizes))
     log.info(
         "space.frontier_exported",
         seat=seat,

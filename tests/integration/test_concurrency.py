@@ -109,13 +109,17 @@ async def test_twenty_seats_cut_and_resume_as_a_loop_would(
     journal = Journal(layout).load()
     assert journal is not None and journal.state == "cut-intent"
     # The capture progress the coordinator read came one seat after another, in seat order; a
-    # count the throttle held back is flushed, sorted, when the next phase begins.
+    # count the throttle held back is flushed, sorted, when the next phase begins. The failing
+    # seat reports progress or not depending on how far its capture got before the broken
+    # hook (on a busy host, far enough): its records are left out of the order.
     c = await ControlClient.connect(layout.socket, layout.control_token.read_text().strip())
     async with c:
         progress = await c.call("progress", {"attemptId": "conc-1", "after": 0})
     runs: list[str] = []
     for record in progress["records"]:
-        if record["phase"] == "capture" and (not runs or runs[-1] != record["seat"]):
+        if record["phase"] != "capture" or record["seat"] == FAILS_CAPTURE:
+            continue
+        if not runs or runs[-1] != record["seat"]:
             runs.append(record["seat"])
     captured = [name for name in SEATS if name != FAILS_CAPTURE]
     assert runs[: len(captured)] == captured, runs
