@@ -97,12 +97,17 @@ async def test_a_load_in_the_minute_of_the_sessions_file_keeps_the_session(
         ) as seat:
             with anyio.fail_after(TIMEOUT):
                 await seat.driver.state_known.wait()
-            with pytest.raises(Refusal) as exc:
+            refused: Refusal | None = None
+            try:
                 await seat.driver.get_state()
+            except Refusal as exc:
+                refused = exc
+    # Only a load in the file's own minute loses the session: on a busy host Gemini's start can
+    # cross into the next one, and then the control proves nothing either way.
     if minute() == stamped:
         # (Gemini's own words, in the error's data: `No previous sessions found for this
         # project.`)
-        assert "refused session/load" in exc.value.message, exc.value.message
+        assert refused is not None and "refused session/load" in refused.message, refused
         # For good: Gemini's fresh context was written over the session's own file.
         assert not [c for c in chat_files(store, sid) if c.resumable]
 
