@@ -87,6 +87,13 @@ async def running_seat(
     goes to `<log_dir>/<connector>-<seat>.stderr`, for a test to read after a failure.
     """
     spec = connector.build_launch(opts)
+    # Run outside a manager, the harness has no sandbox and so no /tmp of its own: what it
+    # writes to its temporary directory (Gemini CLI's error reports, say) stays in the test's.
+    env = spec.env
+    if "TMPDIR" not in env:
+        tmp = log_dir / f"{connector.name}-{opts.name}.tmp"
+        tmp.mkdir(mode=0o700, exist_ok=True)
+        env = {**env, "TMPDIR": str(tmp)}
     # The fd is the child's once it is spawned; ours is closed right after.
     err = os.open(
         log_dir / f"{connector.name}-{opts.name}.stderr",
@@ -97,7 +104,7 @@ async def running_seat(
         proc = await anyio.open_process(
             spec.argv,
             cwd=spec.cwd,
-            env=spec.env,
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=err,
