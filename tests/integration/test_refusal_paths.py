@@ -26,7 +26,14 @@ from manager.procs import processes_with_env
 from protocol import names
 from tests.conftest import REPO, Cli, cotal_env
 from tests.gitrepo import git, init_repo
-from tests.helpers import carry_to_new_host, pid_alive, trusting, wait_gone, wait_until
+from tests.helpers import (
+    carry_to_new_host,
+    pid_alive,
+    processes_mentioning,
+    trusting,
+    wait_gone,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("isolated_home")]
 
@@ -220,19 +227,7 @@ async def test_a_harness_silent_past_the_roots_readiness_window_is_refused_and_r
         "ready_timeout_s` in cotal.toml"
     )
     assert cli.ps() == []
-    await wait_until(lambda: _sleepers(b"613.25") == [])
-
-
-def _sleepers(mark: bytes) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if argv[:2] == [b"sleep", mark] and pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    await wait_until(lambda: processes_mentioning("sleep\0" + "613.25") == [])
 
 
 def test_a_readiness_window_out_of_bounds_is_bad_config(cli: Cli) -> None:
